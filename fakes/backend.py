@@ -1,0 +1,354 @@
+"""The fake inference backend and token store: one FastAPI app standing in for a vLLM worker.
+
+It outlives every Gym crash, so the calls it saw and the hold or gate it was told to keep are the checker's
+view of "the model". A call that must wait waits on asyncio events that only a control route sets, which is
+how the checker decides every interleaving (SPEC section 4): nothing here sleeps. Facts: reference section 11.
+
+Routes: `GET /v1/models`, `POST /v1/chat/completions`, and the test controls under `/_ctl/` (`hold`,
+`release`, `gate`, `step`, `script`, `calls`, `cuts`, plus our `reset`). Token capture (staging rows in the
+token store, `ng_commit_coords`) and the generation-cut route `POST /ng-control/v1/generation-cut` come with
+token capture; the seams are `tokens_from_text`, `Backend.capture_fields` and `Backend.cuts`.
+
+Run: `python -m fakes.backend --port N [--host 127.0.0.1]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from typing import Any
+
+import attrs
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ckpt_model.wire import error_body
+
+MODEL_NAME = "fake-model"
+CAPTURE_KEY_HEADER = "x-ng-capture-key"
+FINAL_TEXT = "It is cold in SF."
+TOKENS_MAX = 64
+USAGE = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+# nginx's "client closed request": nobody reads it, but the record of the call says what happened.
+CLIENT_GONE_STATUS = 499
+
+
+def tokens_from_text(text: str) -> list[int]:
+    """Deterministic token IDs of a text (char code mod 250, plus 1; at most 64): lineage compares them."""
+    return [ord(char) % 250 + 1 for char in text[:TOKENS_MAX]]
+
+
+class ScriptedToolCall(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1)
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+DEFAULT_SCRIPT: tuple[ScriptedToolCall, ...] = (ScriptedToolCall(name="get_weather", arguments={"city": "SF"}),)
+
+
+class ChatRequest(BaseModel):
+    """The fields of an OpenAI chat request the fake reads; everything else passes unread."""
+
+    model_config = ConfigDict(extra="allow")
+
+    messages: list[dict[str, Any]]
+    model: str = MODEL_NAME
+    ng_capture: dict[str, Any] | None = None
+
+
+class HoldRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    after_calls: int = Field(ge=0)
+
+
+class StepRequest(BaseModel):
+    """Release gated calls: `calls` (the n longest-waiting) or our `indices` (exactly those calls)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    calls: int | None = Field(default=None, ge=0)
+    indices: list[int] | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> StepRequest:
+        if (self.calls is None) == (self.indices is None):
+            raise ValueError("give exactly one of 'calls' (a count) or 'indices' (call indices)")
+        if self.indices is not None and len(set(self.indices)) != len(self.indices):
+            raise ValueError(f"'indices' must not repeat a call (got {self.indices})")
+        return self
+
+
+class ScriptRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tool_calls: list[ScriptedToolCall]
+
+
+@attrs.define(eq=False)
+class Call:
+    """One chat call as the backend saw it; `hold` and `gate` are set only for calls that wait for them."""
+
+    index: int
+    n_messages: int
+    admission: dict[str, Any] | None
+    capture_key: str | None
+    t: float
+    step: int
+    script: tuple[ScriptedToolCall, ...]
+    hold: asyncio.Event | None = None
+    gate: asyncio.Event | None = None
+    returned: bool = False
+    cancelled: bool = False
+
+    @property
+    def waiting(self) -> bool:
+        if self.returned or self.cancelled:
+            return False
+        return any(event is not None and not event.is_set() for event in (self.hold, self.gate))
+
+    @property
+    def at_gate(self) -> bool:
+        return self.gate is not None and not self.gate.is_set() and not self.cancelled
+
+    def release(self) -> None:
+        for event in (self.hold, self.gate):
+            if event is not None:
+                event.set()
+
+    async def wait_released(self) -> None:
+        # Hold first, then the gate: a call both held and gated needs a release and a step.
+        for event in (self.hold, self.gate):
+            if event is not None:
+                await event.wait()
+
+    def wire(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "n_messages": self.n_messages,
+            "admission": self.admission,
+            "capture_key": self.capture_key,
+            "t": self.t,
+            "returned": self.returned,
+            "waiting": self.waiting,
+            "cancelled": self.cancelled,
+        }
+
+
+class StepRefused(Exception):
+    """`/_ctl/step` named calls that are not waiting; nothing was released."""
+
+
+@attrs.define
+class Backend:
+    """Everything the backend remembers; only the control routes change what calls wait for."""
+
+    calls: list[Call] = attrs.field(factory=list)
+    cuts: list[list[str]] = attrs.field(factory=list)
+    hold_after_calls: int | None = None
+    gated: bool = False
+    script: tuple[ScriptedToolCall, ...] = DEFAULT_SCRIPT
+
+    def arrive(self, request: ChatRequest, capture_key: str | None) -> Call:
+        """Record a call on arrival, before it waits, so a held call is already counted (reference 11)."""
+        index = len(self.calls)
+        call = Call(
+            index=index,
+            n_messages=len(request.messages),
+            admission=request.ng_capture,
+            capture_key=capture_key,
+            t=time.time(),
+            step=sum(1 for message in request.messages if message.get("role") == "tool"),
+            # The script is read on arrival: what a call answers does not depend on when it is released.
+            script=self.script,
+        )
+        if self.hold_after_calls is not None and index >= self.hold_after_calls:
+            call.hold = asyncio.Event()
+        if self.gated:
+            call.gate = asyncio.Event()
+        self.calls.append(call)
+        return call
+
+    def waiting_calls(self) -> list[Call]:
+        return [call for call in self.calls if call.waiting]
+
+    def release_all(self) -> int:
+        """Clear hold and gate and release every waiter; returns how many were waiting."""
+        waiters = self.waiting_calls()
+        self.hold_after_calls = None
+        self.gated = False
+        for call in self.calls:
+            call.release()
+        return len(waiters)
+
+    def step_count(self, calls_max: int) -> list[int]:
+        chosen = [call for call in self.calls if call.at_gate][:calls_max]
+        for call in chosen:
+            assert call.gate is not None
+            call.gate.set()
+        return [call.index for call in chosen]
+
+    def step_indices(self, indices: list[int]) -> list[int]:
+        waiting = {call.index: call for call in self.waiting_calls()}
+        missing = [index for index in indices if index not in waiting]
+        if missing:
+            raise StepRefused(
+                f"'indices' must name waiting calls (got {missing} not waiting; waiting: {sorted(waiting)});"
+                " read GET /_ctl/calls for the calls that wait"
+            )
+        for index in indices:
+            waiting[index].release()
+        return list(indices)
+
+    def reset(self) -> int:
+        """Release every waiter, then forget everything, so one backend serves many test examples."""
+        released = self.release_all()
+        self.calls = []
+        self.cuts = []
+        self.script = DEFAULT_SCRIPT
+        return released
+
+    def capture_fields(self, call: Call) -> dict[str, Any]:
+        """Extra reply fields of token capture (`ng_commit_coords`); none until the token store is staged."""
+        return {}
+
+
+def chat_completion(call: Call, model: str) -> dict[str, Any]:
+    """The scripted turn policy: the step-th scripted tool call while the script lasts, then the answer."""
+    if call.step < len(call.script):
+        scripted = call.script[call.step]
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": f"call_{call.step}",
+                    "type": "function",
+                    "function": {"name": scripted.name, "arguments": json.dumps(scripted.arguments)},
+                }
+            ],
+        }
+        finish_reason = "tool_calls"
+    else:
+        message = {"role": "assistant", "content": FINAL_TEXT}
+        finish_reason = "stop"
+    return {
+        "id": f"chatcmpl-{call.index}",
+        "object": "chat.completion",
+        "created": int(call.t),
+        "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}],
+        "usage": dict(USAGE),
+    }
+
+
+async def _client_gone(request: Request) -> None:
+    """Return once the client disconnects; the body is already read, so the next message is the disconnect."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def released_or_gone(call: Call, request: Request) -> bool:
+    """Wait until the call is released (True) or its client goes away first (False, marked `cancelled`)."""
+    released = asyncio.ensure_future(call.wait_released())
+    gone = asyncio.ensure_future(_client_gone(request))
+    try:
+        await asyncio.wait({released, gone}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        call.cancelled = True
+        raise
+    finally:
+        released.cancel()
+        gone.cancel()
+    if released.done() and not released.cancelled():
+        return True
+    call.cancelled = True
+    return False
+
+
+def build_app() -> FastAPI:
+    """A fresh backend: its own calls, hold, gate and script."""
+    app = FastAPI(title="ckpt-model fake backend")
+    backend = Backend()
+    app.state.backend = backend
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": MODEL_NAME, "object": "model"}]}
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(body: ChatRequest, request: Request) -> dict[str, Any] | Response:
+        call = backend.arrive(body, request.headers.get(CAPTURE_KEY_HEADER))
+        if call.waiting and not await released_or_gone(call, request):
+            return Response(status_code=CLIENT_GONE_STATUS)
+        reply = chat_completion(call, body.model) | backend.capture_fields(call)
+        call.returned = True
+        return reply
+
+    @app.post("/_ctl/hold")
+    async def hold(body: HoldRequest) -> dict[str, Any]:
+        backend.hold_after_calls = body.after_calls
+        return {"after_calls": body.after_calls}
+
+    @app.post("/_ctl/release")
+    async def release() -> dict[str, Any]:
+        # Any body (`{}` or none) is accepted and ignored, as in Gym's backend.
+        return {"released": backend.release_all()}
+
+    @app.post("/_ctl/gate")
+    async def gate() -> dict[str, Any]:
+        backend.gated = True
+        return {"gated": True}
+
+    @app.post("/_ctl/step", response_model=None)
+    async def step(body: StepRequest) -> dict[str, Any] | JSONResponse:
+        try:
+            if body.indices is not None:
+                released = backend.step_indices(body.indices)
+            else:
+                assert body.calls is not None
+                released = backend.step_count(body.calls)
+        except StepRefused as refusal:
+            return JSONResponse(error_body("not_waiting", str(refusal)), status_code=409)
+        return {
+            "released": len(released),
+            "released_indices": released,
+            "waiting": len(backend.waiting_calls()),
+        }
+
+    @app.post("/_ctl/script")
+    async def script(body: ScriptRequest) -> dict[str, Any]:
+        backend.script = tuple(body.tool_calls)
+        return {"tool_calls": [tool_call.model_dump() for tool_call in backend.script]}
+
+    @app.get("/_ctl/calls")
+    async def calls() -> list[dict[str, Any]]:
+        return [call.wire() for call in backend.calls]
+
+    @app.get("/_ctl/cuts")
+    async def cuts() -> list[list[str]]:
+        return backend.cuts
+
+    @app.post("/_ctl/reset")
+    async def reset() -> dict[str, Any]:
+        return {"released": backend.reset()}
+
+    return app
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m fakes.backend", description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    args = parser.parse_args(argv)
+    uvicorn.run(build_app(), host=args.host, port=args.port, log_level="warning", access_log=False)
+
+
+if __name__ == "__main__":
+    main()

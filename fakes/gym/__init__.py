@@ -1,0 +1,1 @@
+"""Look-alike NeMo Gym participant servers and their shared checkpoint control plane."""

@@ -1,0 +1,59 @@
+"""How one look-alike server learns who it is: a JSON object in the `CKPT_FAKES_SERVER` environment variable.
+
+The launcher (`fakes.stack`) writes it; `fakes.gym.serve` reads it, builds the app for `role` and serves it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Literal
+
+import attrs
+
+CONFIG_ENV = "CKPT_FAKES_SERVER"
+Role = Literal["environment", "legacy_relay", "agent", "resources", "policy_model"]
+ROLES: tuple[str, ...] = ("environment", "legacy_relay", "agent", "resources", "policy_model")
+
+
+@attrs.frozen(kw_only=True)
+class ServerConfig:
+    """Everything one server process needs; `peers` maps instance names to base URLs."""
+
+    name: str
+    role: Role = attrs.field(validator=attrs.validators.in_(ROLES))
+    host: str = "127.0.0.1"
+    port: int
+    token: str
+    backend_url: str = ""
+    peers: dict[str, str] = attrs.field(factory=dict)
+    capture_dir: str = ""
+    faults: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    lease_grace_s: float = 600.0
+    resources_mode: str = "stateless"
+    verify_mode: str = "wait"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def peer(self, name: str) -> str:
+        try:
+            return self.peers[name]
+        except KeyError:
+            raise ValueError(f"server {self.name!r} has no peer {name!r} (peers: {sorted(self.peers)})") from None
+
+    def to_json(self) -> str:
+        return json.dumps(attrs.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> ServerConfig:
+        data: dict[str, Any] = json.loads(text)
+        return cls(**data)
+
+    @classmethod
+    def from_env(cls) -> ServerConfig:
+        text = os.environ.get(CONFIG_ENV)
+        if not text:
+            raise SystemExit(f"{CONFIG_ENV} is not set: start servers with `python -m fakes.stack`")
+        return cls.from_json(text)

@@ -1,0 +1,757 @@
+"""The checkpoint control plane every look-alike participant server shares (reference sections 2, 3 and 10).
+
+It owns what the wire contract says about a participant: phases, fencing of resumed IDs, one checkpoint at
+a time, idempotent replay of completed operations, deadlines, the lease, storage and the retired marks. The
+server's `Participant` owns only its live state and is reached through its hooks, so all four servers answer
+the control routes identically.
+
+Concurrency: one asyncio lock serialises the short state transitions. Long work runs outside it: the prepare's
+readiness wait, and commit and restore as a background `_Work` task that the request awaits under its
+deadline (the work keeps running past the deadline so a retry with the same arguments awaits it, as in Gym).
+A resume interrupts that work (cancels an export or a read, stops a write so it never publishes, waits for a
+cleanup or an install) before it re-opens admission.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import hmac
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from typing import Annotated, Any
+
+import attrs
+from fastapi import APIRouter, Header
+from pydantic import ValidationError
+
+from ckpt_model.wire import (
+    CHECKPOINT_ROUTE_PREFIX,
+    CheckpointRequest,
+    CommitRequest,
+    EpisodeId,
+    ForgetRequest,
+    RestoreRequest,
+    RetireRequest,
+)
+from fakes.gym.errors import (
+    CheckpointConflictError,
+    CheckpointStateError,
+    ControlError,
+    DeadlineExceededError,
+    InternalControlError,
+    InvalidPhaseError,
+    RestartInScopeError,
+    StaleAttemptError,
+    StaleCheckpointError,
+    UnauthorizedError,
+)
+from fakes.gym.participant import Participant, PrepareReport
+from fakes.gym.store import StopFlag, WriteStoppedError, read_participant_state, write_participant_state
+
+log = logging.getLogger(__name__)
+
+RESUMED_IDS_KEPT = 64
+READY_RECHECK_S = 1.0
+
+# "restoring" is internal: a restore holds its ID while it reads and installs, but the wire still shows idle.
+_WIRE_PHASE = {"restoring": "idle"}
+_ALLOWED_PHASES: dict[str, frozenset[str]] = {
+    "prepare": frozenset({"idle", "preparing"}),
+    "renew": frozenset({"preparing", "prepared", "committed", "restored", "restoring"}),
+    "commit": frozenset({"prepared"}),
+    "restore": frozenset({"idle"}),
+    "retire": frozenset({"idle", "restored"}),
+    "forget": frozenset({"idle", "restored"}),
+}
+
+Authorization = Annotated[str | None, Header()]
+Reply = dict[str, Any]
+
+
+class RetiredAttempts:
+    """Per rollout, the highest retired attempt: refusal starts before retire stops anything, ends at forget."""
+
+    def __init__(self) -> None:
+        self._marks: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._marks)
+
+    def mark(self, episode_ids: Iterable[EpisodeId]) -> None:
+        """Marks only go up, so a retire of an earlier attempt never re-admits a later retired one."""
+        for episode_id in episode_ids:
+            previous = self._marks.get(episode_id.rollout_id, -1)
+            self._marks[episode_id.rollout_id] = max(previous, episode_id.attempt)
+
+    def mark_of(self, rollout_id: str) -> int | None:
+        return self._marks.get(rollout_id)
+
+    def is_retired(self, episode_id: EpisodeId) -> bool:
+        mark = self._marks.get(episode_id.rollout_id)
+        return mark is not None and episode_id.attempt <= mark
+
+    def refuse_if_retired(self, episode_id: EpisodeId) -> None:
+        """Data-plane guard: 409 `stale_attempt` for a retired attempt or an earlier one of its rollout."""
+        if self.is_retired(episode_id):
+            mark = self._marks[episode_id.rollout_id]
+            raise StaleAttemptError(
+                f"attempt {episode_id.capture_key!r} is retired (rollout {episode_id.rollout_id!r} is retired "
+                f"up to attempt {mark}); run a later attempt, or forget the rollout first"
+            )
+
+    def forget(self, rollout_ids: Iterable[str]) -> None:
+        for rollout_id in rollout_ids:
+            self._marks.pop(rollout_id, None)
+
+
+@attrs.frozen
+class _Result:
+    """A completed operation's reply, replayed to a retry with the same arguments."""
+
+    args: tuple[Any, ...]
+    reply: Reply
+
+
+@attrs.define(eq=False)
+class _Work:
+    """A commit or restore running for the active checkpoint; `stage` says how a resume may interrupt it."""
+
+    checkpoint_id: str
+    op: str
+    args: tuple[Any, ...]
+    stop: StopFlag = attrs.Factory(StopFlag)
+    stage: str = "start"
+    task: asyncio.Task[Reply] | None = None
+
+
+def _op_args(checkpoint_dir: str, scope: list[EpisodeId] | None) -> tuple[Any, ...]:
+    """What a replay must match: the directory and the sorted scope capture keys (None: no scope given)."""
+    keys = None if scope is None else tuple(sorted({episode.capture_key for episode in scope}))
+    return (checkpoint_dir, keys)
+
+
+def _record_key(record: Any) -> str:
+    """The capture key of a record's `episode_id`; a record without a valid one is corrupt state."""
+    episode = record.get("episode_id") if isinstance(record, dict) else None
+    try:
+        return EpisodeId.model_validate(episode).capture_key
+    except ValidationError as exc:
+        raise CheckpointStateError(
+            f"record without a valid 'episode_id' (got {episode!r}); every record must name its episode"
+        ) from exc
+
+
+def _select_in_scope(scope_keys: frozenset[str], record: Any) -> Any:
+    return record if _record_key(record) in scope_keys else None
+
+
+def _being_cancelled() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+class ControlPlane:
+    """One participant server's side of the checkpoint contract, served under `CHECKPOINT_ROUTE_PREFIX`."""
+
+    def __init__(self, participant: Participant, *, instance: str, token: str, lease_grace_s: float = 600.0):
+        self.participant = participant
+        self.instance = instance
+        self.lease_grace_s = lease_grace_s
+        self.retired = RetiredAttempts()
+        self.checkpoint_id: str | None = None
+        self.lease_expires_at: float | None = None
+        self._bearer = f"Bearer {token}".encode()
+        self._phase = "idle"
+        self._resumed: OrderedDict[str, None] = OrderedDict()
+        self._results: dict[tuple[str, str], _Result] = {}
+        self._exported: tuple[str, tuple[Any, ...], list[Any]] | None = None
+        self._work: _Work | None = None
+        self._lock = asyncio.Lock()
+        self._changed = asyncio.Event()
+        self._lease_timer: asyncio.TimerHandle | None = None
+        self._background: set[asyncio.Task[Any]] = set()
+
+    # -- what participants use ------------------------------------------------------------------------------
+
+    @property
+    def kind(self) -> str:
+        return self.participant.kind
+
+    @property
+    def phase(self) -> str:
+        return _WIRE_PHASE.get(self._phase, self._phase)
+
+    def notify(self) -> None:
+        """Wake every wait on this server's state; participants call it (on the loop) whenever it changes."""
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    async def close(self) -> None:
+        """Stop the lease timer and background work (server shutdown; tests)."""
+        self._clear_lease()
+        tasks = list(self._background)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- routes ---------------------------------------------------------------------------------------------
+
+    def router(self) -> APIRouter:
+        """The control routes; bodies are validated (422) before the bearer is checked (401), as in Gym."""
+        router = APIRouter(prefix=CHECKPOINT_ROUTE_PREFIX)
+
+        @router.get("/status")
+        async def status(authorization: Authorization = None) -> Reply:
+            return await self._call(authorization, "status", self._status_op)
+
+        @router.post("/prepare")
+        async def prepare(body: CheckpointRequest, authorization: Authorization = None) -> Reply:
+            return await self._call(authorization, "prepare", self.prepare, body)
+
+        @router.post("/renew")
+        async def renew(body: CheckpointRequest, authorization: Authorization = None) -> Reply:
+            return await self._call(authorization, "renew", self.renew, body)
+
+        @router.post("/commit")
+        async def commit(body: CommitRequest, authorization: Authorization = None) -> Reply:
+            return await self._call(authorization, "commit", self.commit, body)
+
+        @router.post("/restore")
+        async def restore(body: RestoreRequest, authorization: Authorization = None) -> Reply:
+            return await self._call(authorization, "restore", self.restore, body)
+
+        @router.post("/resume")
+        async def resume(body: CheckpointRequest, authorization: Authorization = None) -> Reply:
+            return await self._call(authorization, "resume", self.resume, body)
+
+        @router.post("/retire")
+        async def retire(body: RetireRequest, authorization: Authorization = None) -> Reply:
+            return await self._call(authorization, "retire", self.retire, body)
+
+        @router.post("/forget")
+        async def forget(body: ForgetRequest, authorization: Authorization = None) -> Reply:
+            return await self._call(authorization, "forget", self.forget, body)
+
+        return router
+
+    async def _call(
+        self, authorization: str | None, op: str, operation: Callable[..., Awaitable[Reply]], *args: Any
+    ) -> Reply:
+        """Check the bearer, run the operation, and turn an unexpected exception into 500 checkpoint_error."""
+        given = (authorization or "").encode()
+        if not hmac.compare_digest(given, self._bearer):
+            raise UnauthorizedError("control routes need the header 'Authorization: Bearer <control token>'")
+        try:
+            return await operation(*args)
+        except ControlError:
+            raise
+        except Exception as exc:
+            log.exception("checkpoint %s failed on %s", op, self._name)
+            raise InternalControlError(
+                f"{op} failed unexpectedly on {self._name}: {exc!r}; this is a server bug, see the server log"
+            ) from exc
+
+    async def _status_op(self) -> Reply:
+        return self.status()
+
+    # -- operations -----------------------------------------------------------------------------------------
+
+    def status(self) -> Reply:
+        """What `GET status` shows; a restore still reading or installing shows `idle` with its ID."""
+        return {
+            "kind": self.kind,
+            "instance": self.instance,
+            "phase": self.phase,
+            "checkpoint_id": self.checkpoint_id,
+            "lease_expires_at": self.lease_expires_at,
+            "retired_rollouts": len(self.retired),
+            "report": self.participant.report().to_wire(),
+            **self.participant.status_extras(),
+        }
+
+    async def prepare(self, request: CheckpointRequest) -> Reply:
+        """Close admission, then wait until the participant is ready or the deadline passes."""
+        checkpoint_id = request.checkpoint_id
+        async with self._lock:
+            self._admit(checkpoint_id, "prepare")
+            replay = self._replay(checkpoint_id, "prepare", (), request.deadline_ts)
+            if replay is not None:
+                return replay
+            self._require_phase("prepare", checkpoint_id)
+            remaining_s = self._remaining_s(request.deadline_ts, f"prepare of {checkpoint_id!r}")
+            if self._phase == "idle":
+                await self._close_for_prepare(request, remaining_s)
+            else:
+                self._renew_lease(request.deadline_ts)
+        try:
+            report = await self._await_ready(checkpoint_id, request.deadline_ts)
+        except BaseException:
+            await self._abort_prepare(checkpoint_id)
+            raise
+        phase = self.phase if self.checkpoint_id == checkpoint_id else "idle"
+        return {"phase": phase, "report": report.to_wire()}
+
+    async def renew(self, request: CheckpointRequest) -> Reply:
+        """For a controller whose publication outlasts the last call's lease."""
+        async with self._lock:
+            self._admit(request.checkpoint_id, "renew")
+            self._require_phase("renew", request.checkpoint_id)
+            self._renew_lease(request.deadline_ts)
+            return {"lease_expires_at": self.lease_expires_at}
+
+    async def commit(self, request: CommitRequest) -> Reply:
+        """Export once, write records then manifest, then free restored state outside the scope."""
+        checkpoint_id = request.checkpoint_id
+        args = _op_args(request.checkpoint_dir, request.episode_ids)
+        async with self._lock:
+            self._admit(checkpoint_id, "commit")
+            replay = self._replay(checkpoint_id, "commit", args, request.deadline_ts)
+            if replay is not None:
+                return replay
+            work = self._running_work(checkpoint_id, "commit", args)
+            if work is None:
+                work = self._start_commit(request, args)
+            else:
+                self._renew_lease(request.deadline_ts)
+        return await self._await_work(work, request.deadline_ts)
+
+    async def restore(self, request: RestoreRequest) -> Reply:
+        """Verify and install the in-scope records under their next attempts; all or nothing."""
+        checkpoint_id = request.checkpoint_id
+        args = _op_args(request.checkpoint_dir, request.episode_ids)
+        async with self._lock:
+            self._admit(checkpoint_id, "restore")
+            replay = self._replay(checkpoint_id, "restore", args, request.deadline_ts)
+            if replay is not None:
+                return replay
+            work = self._running_work(checkpoint_id, "restore", args)
+            if work is None:
+                work = self._start_restore(request, args)
+            else:
+                self._renew_lease(request.deadline_ts)
+        return await self._await_work(work, request.deadline_ts)
+
+    async def resume(self, request: CheckpointRequest) -> Reply:
+        """End the checkpoint and re-open admission; no deadline check, since aborting must always work."""
+        idempotent = await self._resume(request.checkpoint_id)
+        return {"phase": "idle", "idempotent": idempotent}
+
+    async def retire(self, request: RetireRequest) -> Reply:
+        """Mark first (refusals start at once), then let the participant stop and free the attempts."""
+        checkpoint_id = request.checkpoint_id
+        async with self._lock:
+            self._admit(checkpoint_id, "retire")
+            self._require_phase("retire", checkpoint_id)
+            remaining_s = self._remaining_s(request.deadline_ts, f"retire under {checkpoint_id!r}")
+            if self._phase == "restored":
+                self._renew_lease(request.deadline_ts)
+            self.retired.mark(request.episode_ids)
+            self.notify()
+            async with self._bounded(remaining_s, f"retire under {checkpoint_id!r}"):
+                await self.participant.retire(list(request.episode_ids))
+        return {"retired": [episode.capture_key for episode in request.episode_ids]}
+
+    async def forget(self, request: ForgetRequest) -> Reply:
+        """Drop the marks once nothing of those rollouts can run; the participant may refuse first."""
+        checkpoint_id = request.checkpoint_id
+        rollout_ids = sorted(set(request.rollout_ids))
+        async with self._lock:
+            self._admit(checkpoint_id, "forget")
+            self._require_phase("forget", checkpoint_id)
+            remaining_s = self._remaining_s(request.deadline_ts, f"forget under {checkpoint_id!r}")
+            if self._phase == "restored":
+                self._renew_lease(request.deadline_ts)
+            async with self._bounded(remaining_s, f"forget under {checkpoint_id!r}"):
+                await self.participant.check_forget(rollout_ids)
+                self.retired.forget(rollout_ids)
+                await self.participant.forget(rollout_ids)
+            self.notify()
+        return {"forgotten": rollout_ids}
+
+    # -- admission, replay, deadlines -----------------------------------------------------------------------
+
+    @property
+    def _name(self) -> str:
+        return f"{self.kind}/{self.instance}"
+
+    def _admit(self, checkpoint_id: str, op: str) -> None:
+        """The first two admission checks; the phase check comes after replay (a completed op replays)."""
+        if checkpoint_id in self._resumed:
+            raise StaleCheckpointError(
+                f"checkpoint {checkpoint_id!r} was already resumed on {self._name}; {op} refused, "
+                "use a new checkpoint ID"
+            )
+        if self.checkpoint_id is not None and self.checkpoint_id != checkpoint_id:
+            raise CheckpointConflictError(
+                f"checkpoint {self.checkpoint_id!r} is active on {self._name}; {op} of {checkpoint_id!r} "
+                f"refused, resume {self.checkpoint_id!r} first"
+            )
+
+    def _replay(self, checkpoint_id: str, op: str, args: tuple[Any, ...], deadline_ts: float) -> Reply | None:
+        result = self._results.get((checkpoint_id, op))
+        if result is None:
+            return None
+        if result.args != args:
+            raise CheckpointConflictError(
+                f"{op} of {checkpoint_id!r} already completed on {self._name} with (checkpoint_dir, scope) = "
+                f"{result.args}; a retry must repeat them (got {args})"
+            )
+        self._renew_lease(deadline_ts)
+        return result.reply
+
+    def _require_phase(self, op: str, checkpoint_id: str) -> None:
+        if self._phase in _ALLOWED_PHASES[op]:
+            return
+        if op in ("retire", "forget"):
+            raise InvalidPhaseError(
+                f"{op} under {checkpoint_id!r} refused on {self._name}: checkpoint {self.checkpoint_id!r} "
+                f"is {self._phase}; resume first"
+            )
+        allowed = sorted(_ALLOWED_PHASES[op])
+        raise InvalidPhaseError(
+            f"{op} of {checkpoint_id!r} is not allowed on {self._name} in phase {self._phase!r} "
+            f"(allowed: {', '.join(allowed)})"
+        )
+
+    def _remaining_s(self, deadline_ts: float, what: str) -> float:
+        remaining_s = deadline_ts - time.time()
+        if remaining_s <= 0:
+            raise DeadlineExceededError(
+                f"{what} on {self._name}: deadline_ts {deadline_ts:.3f} passed {-remaining_s:.3f} s ago; "
+                "retry with a deadline in the future"
+            )
+        return remaining_s
+
+    @contextlib.asynccontextmanager
+    async def _bounded(self, remaining_s: float, what: str) -> AsyncIterator[None]:
+        """Run the body under the request's deadline; its expiry becomes 409 deadline_exceeded."""
+        timeout = asyncio.timeout(remaining_s)
+        try:
+            async with timeout:
+                yield
+        except TimeoutError as exc:
+            if not timeout.expired():
+                raise
+            raise DeadlineExceededError(
+                f"{what} did not finish by its deadline on {self._name}; retry with a later deadline"
+            ) from exc
+
+    # -- lease ----------------------------------------------------------------------------------------------
+
+    def _renew_lease(self, deadline_ts: float) -> None:
+        expires_at = deadline_ts + self.lease_grace_s
+        if self.lease_expires_at is not None:
+            expires_at = max(expires_at, self.lease_expires_at)
+        self.lease_expires_at = expires_at
+        self._arm_lease_timer()
+
+    def _arm_lease_timer(self) -> None:
+        if self._lease_timer is not None:
+            self._lease_timer.cancel()
+        assert self.lease_expires_at is not None
+        delay_s = max(0.0, self.lease_expires_at - time.time())
+        loop = asyncio.get_running_loop()
+        self._lease_timer = loop.call_later(delay_s, self._on_lease_timer, self.checkpoint_id)
+
+    def _clear_lease(self) -> None:
+        if self._lease_timer is not None:
+            self._lease_timer.cancel()
+        self._lease_timer = None
+        self.lease_expires_at = None
+
+    def _on_lease_timer(self, checkpoint_id: str | None) -> None:
+        self._lease_timer = None
+        self._spawn(self._expire_lease(checkpoint_id))
+
+    async def _expire_lease(self, checkpoint_id: str | None) -> None:
+        """An unreachable controller must not hold admission closed forever: re-open as its resume would."""
+        if checkpoint_id is None or self.checkpoint_id != checkpoint_id or self.lease_expires_at is None:
+            return
+        if self.lease_expires_at > time.time():
+            # The loop's monotonic timer can fire a hair before the wall clock reaches the lease.
+            self._arm_lease_timer()
+            return
+        log.warning("lease of checkpoint %r expired on %s; re-opening admission", checkpoint_id, self._name)
+        with contextlib.suppress(CheckpointConflictError):
+            await self._resume(checkpoint_id)
+
+    # -- prepare --------------------------------------------------------------------------------------------
+
+    async def _close_for_prepare(self, request: CheckpointRequest, remaining_s: float) -> None:
+        """idle -> preparing; if closing admission fails, admission re-opens and the phase is idle again."""
+        self._phase = "preparing"
+        self.checkpoint_id = request.checkpoint_id
+        self._renew_lease(request.deadline_ts)
+        self.notify()
+        try:
+            async with self._bounded(remaining_s, f"closing admission for {request.checkpoint_id!r}"):
+                await self.participant.close_admission()
+        except BaseException:
+            await self._abandon()
+            raise
+
+    async def _await_ready(self, checkpoint_id: str, deadline_ts: float) -> PrepareReport:
+        """Re-check readiness after every change notification (at least every second), outside the lock."""
+        while True:
+            changed = self._changed
+            report = self.participant.report()
+            if self.checkpoint_id != checkpoint_id or self._phase != "preparing":
+                return report
+            if report.ready:
+                self._phase = "prepared"
+                reply = {"phase": "prepared", "report": report.to_wire()}
+                self._results[(checkpoint_id, "prepare")] = _Result((), reply)
+                self.notify()
+                return report
+            remaining_s = deadline_ts - time.time()
+            if remaining_s <= 0:
+                return report
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(min(remaining_s, READY_RECHECK_S)):
+                    await changed.wait()
+
+    async def _abort_prepare(self, checkpoint_id: str) -> None:
+        """A prepare whose wait raised (e.g. was cancelled) must not leave admission closed."""
+        async with self._lock:
+            if self.checkpoint_id == checkpoint_id and self._phase == "preparing":
+                await self._abandon()
+
+    # -- commit ---------------------------------------------------------------------------------------------
+
+    def _start_commit(self, request: CommitRequest, args: tuple[Any, ...]) -> _Work:
+        checkpoint_id = request.checkpoint_id
+        self._require_phase("commit", checkpoint_id)
+        self._remaining_s(request.deadline_ts, f"commit of {checkpoint_id!r}")
+        self._check_commit_scope(checkpoint_id, request.episode_ids)
+        exported = self._exported
+        if exported is not None and exported[0] == checkpoint_id and exported[1] != args[1]:
+            raise CheckpointConflictError(
+                f"checkpoint {checkpoint_id!r} was already exported on {self._name} for scope {exported[1]}; "
+                f"a retried commit must repeat that scope (got {args[1]}), or resume and prepare again"
+            )
+        self._renew_lease(request.deadline_ts)
+        work = _Work(checkpoint_id, "commit", args)
+        work.task = self._spawn(self._run_commit(work, request))
+        self._work = work
+        return work
+
+    def _check_commit_scope(self, checkpoint_id: str, scope: list[EpisodeId] | None) -> None:
+        report = self.participant.report()
+        if not report.ready:
+            raise InvalidPhaseError(
+                f"{self._name} is no longer ready to commit {checkpoint_id!r} (blockers: "
+                f"{sorted(report.blockers)[:10]}); resume and prepare again"
+            )
+        if scope is None:
+            return
+        restarts = set(report.restarts) & {episode.capture_key for episode in scope}
+        if restarts:
+            raise RestartInScopeError(
+                f"the commit scope names {sorted(restarts)}, which {self._name} reported as restarts; "
+                "leave restarts out of the scope (they start over instead of continuing)"
+            )
+
+    async def _run_commit(self, work: _Work, request: CommitRequest) -> Reply:
+        records = await self._export_once(work, request.episode_ids)
+        keys = sorted({_record_key(record) for record in records})
+        work.stage = "write"
+        manifest = await asyncio.to_thread(
+            write_participant_state,
+            request.checkpoint_dir,
+            self.kind,
+            self.instance,
+            work.checkpoint_id,
+            records,
+            stop=work.stop,
+        )
+        work.stage = "cleanup"
+        if request.episode_ids is not None:
+            await self.participant.delete_restored({episode.capture_key for episode in request.episode_ids})
+        reply = {
+            "phase": "committed",
+            "manifest": manifest,
+            "episode_ids": keys,
+            **self._commit_extras(records),
+        }
+        self._finish(work, "committed", reply)
+        return reply
+
+    async def _export_once(self, work: _Work, scope: list[EpisodeId] | None) -> list[Any]:
+        """A retry after a failed or timed-out write stores the first export again, never a fresh one."""
+        exported = self._exported
+        if exported is not None and exported[0] == work.checkpoint_id:
+            return exported[2]
+        work.stage = "export"
+        records = list(await self.participant.export(scope))
+        self._exported = (work.checkpoint_id, work.args[1], records)
+        return records
+
+    def _commit_extras(self, records: list[Any]) -> Reply:
+        """Optional participant hook `commit_extras(records)` (the model adds `staging_keys`)."""
+        extras = getattr(self.participant, "commit_extras", None)
+        return dict(extras(records)) if extras is not None else {}
+
+    # -- restore --------------------------------------------------------------------------------------------
+
+    def _start_restore(self, request: RestoreRequest, args: tuple[Any, ...]) -> _Work:
+        self._require_phase("restore", request.checkpoint_id)
+        self._remaining_s(request.deadline_ts, f"restore of {request.checkpoint_id!r}")
+        self._phase = "restoring"
+        self.checkpoint_id = request.checkpoint_id
+        self._renew_lease(request.deadline_ts)
+        self.notify()
+        work = _Work(request.checkpoint_id, "restore", args)
+        work.task = self._spawn(self._run_restore(work, request))
+        self._work = work
+        return work
+
+    async def _run_restore(self, work: _Work, request: RestoreRequest) -> Reply:
+        try:
+            return await self._restore_steps(work, request)
+        except BaseException:
+            async with self._lock:
+                if self._work is work:
+                    await self._abandon()
+            raise
+
+    async def _restore_steps(self, work: _Work, request: RestoreRequest) -> Reply:
+        scope_keys = frozenset(episode.capture_key for episode in request.episode_ids)
+        work.stage = "read"
+        manifest, records = await asyncio.to_thread(
+            read_participant_state,
+            request.checkpoint_dir,
+            self.kind,
+            self.instance,
+            functools.partial(_select_in_scope, scope_keys),
+        )
+        for record in records:
+            self._validate_record(record)
+        work.stage = "install"
+        await self.participant.close_admission()
+        installed = await self.participant.install(records, list(request.episode_ids))
+        reply = {
+            "phase": "restored",
+            "source_checkpoint_id": manifest["checkpoint_id"],
+            "restored": sorted(installed),
+        }
+        self._finish(work, "restored", reply)
+        return reply
+
+    def _validate_record(self, record: Any) -> None:
+        try:
+            self.participant.validate_record(record)
+        except ControlError:
+            raise
+        except Exception as exc:
+            raise CheckpointStateError(
+                f"record of {_record_key(record)!r} is not one {self._name} can install: {exc}"
+            ) from exc
+
+    # -- background work shared by commit and restore -------------------------------------------------------
+
+    def _running_work(self, checkpoint_id: str, op: str, args: tuple[Any, ...]) -> _Work | None:
+        """A retry with the same arguments awaits the running work; other arguments conflict."""
+        work = self._work
+        if work is None or work.op != op or work.task is None or work.task.done():
+            return None
+        if work.args != args:
+            raise CheckpointConflictError(
+                f"a {op} of {checkpoint_id!r} with (checkpoint_dir, scope) = {work.args} is still running on "
+                f"{self._name}; retry with the same arguments (got {args}), or resume"
+            )
+        return work
+
+    async def _await_work(self, work: _Work, deadline_ts: float) -> Reply:
+        what = f"{work.op} of {work.checkpoint_id!r}"
+        remaining_s = self._remaining_s(deadline_ts, what)
+        assert work.task is not None  # set by _start_*
+        try:
+            async with self._bounded(remaining_s, f"{what} (still running; a retry awaits it)"):
+                return await asyncio.shield(work.task)
+        except WriteStoppedError as exc:
+            raise self._ended_during(work) from exc
+        except asyncio.CancelledError:
+            if work.task.cancelled() and not _being_cancelled():
+                raise self._ended_during(work) from None
+            raise
+
+    def _ended_during(self, work: _Work) -> StaleCheckpointError:
+        return StaleCheckpointError(
+            f"checkpoint {work.checkpoint_id!r} was resumed on {self._name} while its {work.op} ran; "
+            f"the {work.op} did not complete; use a new checkpoint ID"
+        )
+
+    def _finish(self, work: _Work, phase: str, reply: Reply) -> None:
+        """Record a completed commit or restore, unless a resume ended its checkpoint meanwhile."""
+        if self._work is not work or self.checkpoint_id != work.checkpoint_id:
+            raise self._ended_during(work)
+        self._phase = phase
+        self._results[(work.checkpoint_id, work.op)] = _Result(work.args, reply)
+        self._work = None
+        self.notify()
+
+    def _spawn(self, coroutine: Awaitable[Any]) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background_done)
+        return task
+
+    def _background_done(self, task: asyncio.Task[Any]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            # Retrieved here so a failure nobody awaited (its request gave up) is logged, not lost.
+            log.info("background checkpoint work on %s ended with %r", self._name, task.exception())
+
+    # -- ending a checkpoint --------------------------------------------------------------------------------
+
+    async def _resume(self, checkpoint_id: str) -> bool:
+        """End `checkpoint_id` as a resume does; True when there was nothing to end (idempotent)."""
+        ended = False
+        while True:
+            async with self._lock:
+                if checkpoint_id in self._resumed or self.checkpoint_id is None:
+                    self._remember(checkpoint_id)
+                    return not ended
+                self._admit(checkpoint_id, "resume")
+                work = self._work
+                if work is None or work.task is None or work.task.done():
+                    await self._end_checkpoint(checkpoint_id)
+                    return False
+                ended = True
+                await self._interrupt(work)
+            # Outside the lock: the work's own ending (a failed restore re-opening admission) takes the lock.
+            await asyncio.wait({work.task})
+
+    async def _interrupt(self, work: _Work) -> None:
+        """Cancel what may be cancelled; stop a write; let an install or a cleanup finish."""
+        assert work.task is not None
+        if work.stage in ("start", "export", "read"):
+            work.task.cancel()
+        elif work.stage == "write":
+            # Blocks only while a publication is already under the store's lock.
+            await asyncio.to_thread(work.stop.stop)
+
+    async def _end_checkpoint(self, checkpoint_id: str) -> None:
+        self._remember(checkpoint_id)
+        self._results = {key: result for key, result in self._results.items() if key[0] != checkpoint_id}
+        await self._abandon()
+
+    async def _abandon(self) -> None:
+        """Back to idle with admission open (the ID is remembered only by a resume)."""
+        self._phase = "idle"
+        self.checkpoint_id = None
+        self._work = None
+        self._exported = None
+        self._clear_lease()
+        self.notify()
+        await self.participant.open_admission()
+
+    def _remember(self, checkpoint_id: str) -> None:
+        self._resumed[checkpoint_id] = None
+        self._resumed.move_to_end(checkpoint_id)
+        while len(self._resumed) > RESUMED_IDS_KEPT:
+            self._resumed.popitem(last=False)

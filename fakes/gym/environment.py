@@ -1,0 +1,289 @@
+"""The environment server (`single_agent_turn` look-alike) and the `legacy_agent` relay.
+
+A native `/run` is an episode of five stages, seed -> invoke_agent -> close_agent -> verify -> return, with a
+boundary before each (reference 5.5). A replacement attempt finds its restored record, checks the task digest and
+continues from the recorded boundary, reusing the recorded session IDs and cookies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from ckpt_model.wire import EpisodeId, EpisodeRequest, task_digest
+from fakes.gym.config import ServerConfig
+from fakes.gym.control_plane import ControlPlane
+from fakes.gym.errors import (
+    AdmissionClosedError,
+    CheckpointStateError,
+    ControlError,
+    StaleAttemptError,
+    install_error_handlers,
+)
+from fakes.gym.http import DownstreamError, add_health, lifespan_with_client, post_json
+from fakes.gym.participant import PrepareReport
+from fakes.gym.steps import Episode, EpisodeOwner
+
+EPISODE_TIMEOUT_S = 600.0
+NEXT_STAGES = ("seed", "invoke_agent", "close_agent", "verify", "return")
+
+
+def covers(retired: list[EpisodeId]) -> Any:
+    """Retiring (r, a) covers every attempt <= a of rollout r."""
+    marks = {}
+    for episode_id in retired:
+        marks[episode_id.rollout_id] = max(marks.get(episode_id.rollout_id, -1), episode_id.attempt)
+    return lambda e: e.attempt <= marks.get(e.rollout_id, -1)
+
+
+class EnvironmentParticipant:
+    """Checkpoint hooks over the episode owner: episodes export their boundaries."""
+
+    kind = "environment"
+
+    def __init__(self, owner: EpisodeOwner, faults: frozenset[str]) -> None:
+        self.owner = owner
+        self.faults = faults
+
+    def report(self) -> PrepareReport:
+        blockers = self.owner.blockers()
+        return PrepareReport(
+            ready=not blockers, blockers=tuple(blockers), counts={"episodes": len(self.owner.episodes)}
+        )
+
+    async def close_admission(self) -> None:
+        self.owner.admission.clear()
+
+    async def open_admission(self) -> None:
+        self.owner.admission.set()
+
+    async def export(self, scope: list[EpisodeId] | None) -> list[dict[str, Any]]:
+        keys = None if scope is None else {e.capture_key for e in scope}
+        records = self.owner.export(keys)
+        if "environment_drops_unbounded" in self.faults:
+            records = [record for record in records if record["boundary"] is not None]
+        return records
+
+    def validate_record(self, record: dict[str, Any]) -> None:
+        boundary = record.get("boundary")
+        if not isinstance(record.get("task_digest"), str) or not (boundary is None or isinstance(boundary, dict)):
+            raise CheckpointStateError(f"environment record {record.get('episode_id')} is not an episode record")
+        if boundary is not None and boundary.get("next") not in NEXT_STAGES:
+            raise CheckpointStateError(f"environment record {record['episode_id']} has an unknown boundary")
+
+    async def install(self, records: list[dict[str, Any]], scope: list[EpisodeId]) -> list[str]:
+        if self.owner.episodes or self.owner.restored:
+            raise ControlError("restore requires a process without live episodes")
+        return self.owner.install(records)
+
+    async def delete_restored(self, keep: set[str]) -> None:
+        self.owner.delete_restored(keep)
+
+    async def retire(self, episode_ids: list[EpisodeId]) -> None:
+        await self.owner.retire(covers(episode_ids))
+
+    async def check_forget(self, rollout_ids: list[str]) -> None:
+        return None
+
+    async def forget(self, rollout_ids: list[str]) -> None:
+        return None
+
+    def status_extras(self) -> dict[str, Any]:
+        return {"restored_pending": sorted(self.owner.restored)}
+
+
+def session_handles(key: str) -> dict[str, Any]:
+    """Session IDs derived from the capture key, so a replayed run names the same sessions."""
+    digest = hashlib.sha256(key.encode()).hexdigest()[:32]
+    return {
+        "resources_session_id": f"resources-session-{digest}",
+        "resources_cookies": {},
+        "agent_session_id": f"agent-session-{digest}",
+        "agent_cookies": {},
+        "resources_verify": "wait",
+    }
+
+
+def cookie_header(cookies: dict[str, str]) -> dict[str, str]:
+    return {"cookie": "; ".join(f"{name}={value}" for name, value in cookies.items())} if cookies else {}
+
+
+class EpisodeRunner:
+    """Runs one native episode through its stages, talking to the agent and resources servers."""
+
+    def __init__(self, client: httpx.AsyncClient, config: ServerConfig, owner: EpisodeOwner) -> None:
+        self.client = client
+        self.agent_url = config.peer("agent")
+        self.resources_url = config.peer("resources")
+        self.owner = owner
+
+    async def run(self, episode: Episode, request: EpisodeRequest) -> dict[str, Any]:
+        key = episode.key
+        state: dict[str, Any] = dict(episode.boundary or {"next": "seed", "handles": session_handles(key)})
+        params = request.task.task_input.get("responses_create_params", {})
+        task_data = request.task.task_input.get("task_data", {})
+        task_id = request.task.task_id.model_dump()
+        while True:
+            stage = state["next"]
+            await self.owner.boundary(episode, state)
+            if stage == "return":
+                episode.finishing = True
+                return state["result"]
+            handles = state["handles"]
+            if stage == "seed":
+                handles = await self.owner.step(episode, "replay", self._seed(episode, handles, task_id, task_data))
+                state = {"next": "invoke_agent", "handles": handles}
+            elif stage == "invoke_agent":
+                response = await self.owner.step(episode, "replay", self._invoke(key, handles, params))
+                state = {"next": "close_agent", "handles": handles, "response": response}
+            elif stage == "close_agent":
+                closed = await self.owner.step(episode, "wait", self._close(episode, handles))
+                handles = {**handles, "resources_cookies": closed["resources_cookies"] or handles["resources_cookies"]}
+                state = {**state, "next": "verify", "handles": handles, "observations": closed["agent_observations"]}
+            else:
+                result = await self.owner.step(
+                    episode, handles["resources_verify"], self._verify(key, handles, params, state)
+                )
+                state = {"next": "return", "handles": handles, "result": result, "observations": state["observations"]}
+
+    async def _seed(
+        self, episode: Episode, handles: dict[str, Any], task_id: dict[str, Any], task_data: dict[str, Any]
+    ) -> dict[str, Any]:
+        key = episode.key
+        seeded = await post_json(
+            self.client,
+            f"{self.resources_url}/ng-rollout/{key}/seed_session",
+            {
+                "resources_session_id": handles["resources_session_id"],
+                "episode_id": episode.episode_id.wire(),
+                "task_id": task_id,
+                "task_data": task_data,
+            },
+        )
+        resources_cookies = dict(seeded.cookies)
+        verify_mode = seeded.headers.get("x-ng-checkpoint-verify", "wait")
+        agent = await post_json(
+            self.client,
+            f"{self.agent_url}/ng-rollout/{key}/v1/agent_sessions",
+            {
+                "agent_session_id": handles["agent_session_id"],
+                "episode_id": episode.episode_id.wire(),
+                "task_id": task_id,
+                "tool_accesses": [{"server": "resources", "cookies": resources_cookies}],
+                "sandbox_access": None,
+            },
+        )
+        return {
+            **handles,
+            "resources_cookies": resources_cookies,
+            "agent_cookies": dict(agent.cookies),
+            "resources_verify": verify_mode,
+        }
+
+    async def _invoke(self, key: str, handles: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+        reply = await post_json(
+            self.client,
+            f"{self.agent_url}/ng-rollout/{key}/v1/responses",
+            params,
+            headers=cookie_header(handles["agent_cookies"]),
+        )
+        return reply.json()
+
+    async def _close(self, episode: Episode, handles: dict[str, Any]) -> dict[str, Any]:
+        reply = await post_json(
+            self.client,
+            f"{self.agent_url}/ng-rollout/{episode.key}/v1/agent_sessions/close",
+            {"agent_session_id": handles["agent_session_id"], "episode_id": episode.episode_id.wire()},
+            headers=cookie_header(handles["agent_cookies"]),
+        )
+        return reply.json()
+
+    async def _verify(
+        self, key: str, handles: dict[str, Any], params: dict[str, Any], state: dict[str, Any]
+    ) -> dict[str, Any]:
+        reply = await post_json(
+            self.client,
+            f"{self.resources_url}/ng-rollout/{key}/verify",
+            {"responses_create_params": params, "response": state["response"]},
+            headers=cookie_header(handles["resources_cookies"]),
+        )
+        verified = reply.json()
+        return {"reward": verified["reward"], "ng_agent_observations": state.get("observations")}
+
+
+def build_app(config: ServerConfig) -> FastAPI:
+    """The `single_agent_turn` look-alike: `/run` plus the checkpoint control routes."""
+    runner: dict[str, EpisodeRunner] = {}
+    control_plane: ControlPlane
+    owner = EpisodeOwner(notify=lambda: control_plane.notify())
+    participant = EnvironmentParticipant(owner, frozenset(config.faults))
+    control_plane = ControlPlane(
+        participant, instance=config.name, token=config.token, lease_grace_s=config.lease_grace_s
+    )
+    app = FastAPI(lifespan=lifespan_with_client(lambda c: runner.update(r=EpisodeRunner(c, config, owner))))
+    install_error_handlers(app)
+    add_health(app)
+    app.include_router(control_plane.router())
+
+    @app.post("/run")
+    async def run(request: EpisodeRequest) -> JSONResponse:
+        episode_id = request.episode_id
+        if control_plane.retired.is_retired(episode_id):
+            raise StaleAttemptError(f"attempt {episode_id.capture_key} was retired")
+        key = episode_id.capture_key
+        replacement = key in owner.restored and control_plane.phase != "restored"
+        if not owner.admission.is_set() and not replacement:
+            raise AdmissionClosedError("a checkpoint is open; retry the /run after it resumes")
+        episode = owner.begin(episode_id, task_digest(request.task.model_dump()), EPISODE_TIMEOUT_S)
+        episode.task = asyncio.get_running_loop().create_task(runner["r"].run(episode, request))
+        watchdog = owner.watch_deadline(episode)
+        try:
+            await asyncio.wait({episode.task})
+        finally:
+            watchdog.cancel()
+            owner.end(episode)
+        return episode_reply(request, episode)
+
+    return app
+
+
+def episode_reply(request: EpisodeRequest, episode: Episode) -> JSONResponse:
+    base = {"episode_id": request.episode_id.wire(), "task_id": request.task.task_id.model_dump()}
+    task = episode.task
+    assert task is not None
+    if task.cancelled():
+        if episode.retiring:
+            raise StaleAttemptError(f"attempt {episode.key} was retired while it ran")
+        failure = {"failure_reason": "Episode timed out", "terminal": False, "stage": "agent"}
+        return JSONResponse({**base, "failure": failure})
+    error = task.exception()
+    if error is None:
+        return JSONResponse({**base, "result": task.result()})
+    if isinstance(error, ControlError):
+        raise error
+    reason = str(error)[:2000]
+    if isinstance(error, DownstreamError) and error.code == "stale_attempt":
+        raise StaleAttemptError(f"attempt {episode.key} was retired: {reason}")
+    return JSONResponse({**base, "failure": {"failure_reason": reason, "terminal": False, "stage": "agent"}})
+
+
+def build_relay_app(config: ServerConfig) -> FastAPI:
+    """The `legacy_agent` relay: forwards `/run` rows to the agent, keeps nothing, installs no participant."""
+    clients: dict[str, httpx.AsyncClient] = {}
+    app = FastAPI(lifespan=lifespan_with_client(lambda c: clients.update(c=c)))
+    add_health(app)
+    agent_url = config.peer("agent")
+
+    @app.post("/run")
+    async def run(request: Request) -> JSONResponse:
+        reply = await clients["c"].post(
+            f"{agent_url}/run", content=await request.body(), headers={"content-type": "application/json"}
+        )
+        return JSONResponse(reply.json(), status_code=reply.status_code)
+
+    return app

@@ -1,0 +1,183 @@
+"""Episodes run as steps with boundaries between them (reference 5.4).
+
+An owner (the environment server, or the agent for legacy `/run`) records a boundary, a JSON dict naming the next
+step and what it needs, after every completed step. While admission is closed an episode parks at its next
+boundary; a `wait` step blocks a checkpoint until it ends, a `replay` step does not (the episode counts as parked
+at the boundary before it and the step re-runs after a crash). Parked time does not count against the episode
+deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal
+
+import attrs
+
+from ckpt_model.wire import EpisodeId
+from fakes.gym.errors import ControlError
+
+EpisodeState = Literal["running", "wait_step", "replay_step", "parked"]
+StepMode = Literal["wait", "replay"]
+BLOCKING_STATES = frozenset({"running", "wait_step"})
+
+
+class EpisodeTimedOut(Exception):
+    """The episode used up its deadline while it was not parked."""
+
+
+@attrs.define(eq=False)
+class Episode:
+    """One live attempt: where it stands and the boundary a checkpoint would export."""
+
+    episode_id: EpisodeId
+    task_digest: str
+    boundary: dict[str, Any] | None = None
+    state: EpisodeState = "running"
+    task: asyncio.Task[Any] | None = None
+    finishing: bool = False
+    retiring: bool = False
+    timeout_s: float = 600.0
+    used_s: float = 0.0
+    active_since: float = attrs.field(factory=time.monotonic)
+
+    @property
+    def key(self) -> str:
+        return self.episode_id.capture_key
+
+    @property
+    def blocking(self) -> bool:
+        return self.retiring or self.state in BLOCKING_STATES
+
+    def record(self) -> dict[str, Any]:
+        return {"episode_id": self.episode_id.wire(), "task_digest": self.task_digest, "boundary": self.boundary}
+
+
+class EpisodeOwner:
+    """Tracks live episodes and restored-pending records; parks episodes while admission is closed."""
+
+    def __init__(self, notify: Callable[[], None]) -> None:
+        self._notify = notify
+        self.admission = asyncio.Event()
+        self.admission.set()
+        self.episodes: dict[str, Episode] = {}
+        self.restored: dict[str, dict[str, Any]] = {}
+
+    # -- lifecycle -------------------------------------------------------------------------------------------
+
+    def begin(self, episode_id: EpisodeId, digest: str, timeout_s: float = 600.0) -> Episode:
+        """Register a new attempt, picking up its restored record if a restore installed one."""
+        key = episode_id.capture_key
+        if key in self.episodes:
+            raise ControlError(f"episode {key} is already running; a duplicate /run owns nothing")
+        boundary = None
+        restored = self.restored.get(key)
+        if restored is not None:
+            if restored["task_digest"] != digest:
+                raise ControlError(f"restored episode {key} was checkpointed for a different task; send the same task")
+            boundary = restored["boundary"]
+            del self.restored[key]
+        episode = Episode(episode_id=episode_id, task_digest=digest, boundary=boundary, timeout_s=timeout_s)
+        self.episodes[key] = episode
+        self._notify()
+        return episode
+
+    def end(self, episode: Episode) -> None:
+        if self.episodes.get(episode.key) is episode:
+            del self.episodes[episode.key]
+        self._notify()
+
+    # -- steps and boundaries ---------------------------------------------------------------------------------
+
+    async def boundary(self, episode: Episode, boundary: dict[str, Any]) -> None:
+        """Record that `boundary` is where the episode would continue from; park there while closed."""
+        episode.boundary = boundary
+        await self._park_while_closed(episode)
+
+    async def step(self, episode: Episode, mode: StepMode, work: Awaitable[Any]) -> Any:
+        """Run one step; a replay step that raises while closed drops the boundary (restart from input)."""
+        self._set_state(episode, "wait_step" if mode == "wait" else "replay_step")
+        try:
+            result = await work
+        except Exception:
+            if mode == "replay" and not self.admission.is_set():
+                episode.boundary = None
+            raise
+        self._set_state(episode, "running")
+        return result
+
+    async def _park_while_closed(self, episode: Episode) -> None:
+        if self.admission.is_set():
+            return
+        self._set_state(episode, "parked")
+        episode.used_s += time.monotonic() - episode.active_since
+        while not self.admission.is_set():
+            await self.admission.wait()
+        episode.active_since = time.monotonic()
+        self._set_state(episode, "running")
+
+    def _set_state(self, episode: Episode, state: EpisodeState) -> None:
+        episode.state = state
+        self._notify()
+
+    # -- checkpoint views ---------------------------------------------------------------------------------------
+
+    def blockers(self) -> list[str]:
+        return [key for key, episode in self.episodes.items() if episode.blocking]
+
+    def export(self, scope_keys: set[str] | None) -> list[dict[str, Any]]:
+        """Every live episode, plus restored-pending records the scope carries forward."""
+        records = [episode.record() for episode in self.episodes.values() if not episode.retiring]
+        for key, record in sorted(self.restored.items()):
+            if scope_keys is not None and key in scope_keys:
+                records.append(record)
+        return records
+
+    def install(self, records: list[dict[str, Any]]) -> list[str]:
+        """Install every record under its next attempt as restored-pending."""
+        installed: dict[str, dict[str, Any]] = {}
+        for record in records:
+            next_id = EpisodeId(**record["episode_id"]).next_attempt()
+            installed[next_id.capture_key] = {**record, "episode_id": next_id.wire()}
+        self.restored.update(installed)
+        self._notify()
+        return sorted(installed)
+
+    def delete_restored(self, keep: set[str]) -> None:
+        for key in [key for key in self.restored if key not in keep]:
+            del self.restored[key]
+        self._notify()
+
+    async def retire(self, covered: Callable[[EpisodeId], bool]) -> None:
+        """Stop every covered episode (cancel once; wait for final cleanup), then drop covered restored records."""
+        victims = [episode for episode in self.episodes.values() if covered(episode.episode_id)]
+        for episode in victims:
+            episode.retiring = True
+            if episode.task is not None and not episode.finishing:
+                episode.task.cancel()
+        self._notify()
+        for episode in victims:
+            if episode.task is not None:
+                await asyncio.gather(episode.task, return_exceptions=True)
+            self.end(episode)
+        for key in [key for key in self.restored if covered(EpisodeId.from_capture_key(key))]:
+            del self.restored[key]
+        self._notify()
+
+    def watch_deadline(self, episode: Episode) -> asyncio.Task[None]:
+        """Cancel the episode once it has run (not parked) longer than its timeout."""
+
+        async def watchdog() -> None:
+            while True:
+                remaining_s = episode.timeout_s - episode.used_s
+                if episode.state != "parked":
+                    remaining_s -= time.monotonic() - episode.active_since
+                if remaining_s <= 0:
+                    if episode.task is not None and not episode.finishing:
+                        episode.task.cancel(msg="Episode timed out")
+                    return
+                await asyncio.sleep(min(remaining_s, 1.0))
+
+        return asyncio.get_running_loop().create_task(watchdog())

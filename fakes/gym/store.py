@@ -1,0 +1,336 @@
+"""One participant's share of a checkpoint directory: a digest-named records file and the manifest naming it.
+
+Layout and rules are reference section 6: `<dir>/gym/<kind>/<instance>/records-<sha256>.jsonl` plus
+`manifest.json`. The manifest is the commit point: it is published only after its records file is complete,
+fsynced and renamed to its digest; it is created by hard-linking (so it is never replaced, and of two racing
+writers exactly one publishes); and a `StopFlag` lets a resume guarantee that no manifest appears after it
+returns.
+
+Everything here is blocking file I/O: the control plane calls it through `asyncio.to_thread`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from ckpt_model.wire import MANIFEST_SCHEMA_VERSION, NAME_PATTERN, RECORDS_FILE_RE, is_valid_name
+from fakes.gym.errors import CheckpointStateError
+
+MANIFEST_NAME = "manifest.json"
+_RECORDS_TEMP_PREFIX = ".records.jsonl."
+_MANIFEST_TEMP_PREFIX = ".manifest.json."
+
+Select = Callable[[Any], Any]
+
+
+class WriteStoppedError(CheckpointStateError):
+    """The write was stopped (by a resume) before it published; nothing was published."""
+
+
+class StopFlag:
+    """Stops a write; once `stop()` returns, the write it guards will never publish a manifest.
+
+    The writer checks the flag before each record and once more under the lock right before publishing, so
+    `stop()` waits only for a publication that is already under way.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stopped = False
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+
+    def raise_if_stopped(self, what: str) -> None:
+        if self._stopped:
+            raise WriteStoppedError(f"the write of {what} was stopped by a resume before it published")
+
+    @contextlib.contextmanager
+    def publishing(self, what: str) -> Iterator[None]:
+        with self._lock:
+            self.raise_if_stopped(what)
+            yield
+
+
+def participant_dir(checkpoint_dir: str | os.PathLike[str], kind: str, instance: str) -> Path:
+    """`<dir>/gym/<kind>/<instance>`, refusing names that could leave the checkpoint directory."""
+    for field, value in (("kind", kind), ("instance", instance)):
+        if not isinstance(value, str) or not is_valid_name(value):
+            raise CheckpointStateError(
+                f"'{field}' must match {NAME_PATTERN} (got {value!r}); fix the server's configured name"
+            )
+    return Path(checkpoint_dir) / "gym" / kind / instance
+
+
+def write_participant_state(
+    checkpoint_dir: str | os.PathLike[str],
+    kind: str,
+    instance: str,
+    checkpoint_id: str,
+    records: Iterable[Any],
+    *,
+    stop: StopFlag | None = None,
+) -> dict[str, Any]:
+    """Write the records, then publish the manifest; return the manifest (also when it already existed)."""
+    directory = participant_dir(checkpoint_dir, kind, instance)
+    what = f"checkpoint {checkpoint_id!r} to {directory}"
+    flag = stop if stop is not None else StopFlag()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        return _write(directory, kind, instance, checkpoint_id, records, flag, what)
+    except OSError as exc:
+        raise CheckpointStateError(
+            f"cannot write {what}: {exc}; check that the directory is writable and has space, then retry the commit"
+        ) from exc
+
+
+def _write(
+    directory: Path,
+    kind: str,
+    instance: str,
+    checkpoint_id: str,
+    records: Iterable[Any],
+    flag: StopFlag,
+    what: str,
+) -> dict[str, Any]:
+    temp_path, digest, count = _write_records_temp(directory, records, flag, what)
+    try:
+        manifest = {
+            "schema_version": MANIFEST_SCHEMA_VERSION,
+            "kind": kind,
+            "instance": instance,
+            "checkpoint_id": checkpoint_id,
+            "records_file": f"records-{digest}.jsonl",
+            "records_sha256": digest,
+            "record_count": count,
+        }
+        return _publish(directory, temp_path, manifest, flag, what)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            temp_path.unlink()
+
+
+def _write_records_temp(directory: Path, records: Iterable[Any], flag: StopFlag, what: str) -> tuple[Path, str, int]:
+    """Records, one JSON line each, into a fsynced temporary file, hashed as written."""
+    fd, name = tempfile.mkstemp(dir=directory, prefix=_RECORDS_TEMP_PREFIX)
+    temp_path = Path(name)
+    digest = hashlib.sha256()
+    count = 0
+    try:
+        with os.fdopen(fd, "wb") as file:
+            for record in records:
+                flag.raise_if_stopped(what)
+                line = _record_line(record, count)
+                digest.update(line)
+                file.write(line)
+                count += 1
+            file.flush()
+            os.fsync(file.fileno())
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            temp_path.unlink()
+        raise
+    return temp_path, digest.hexdigest(), count
+
+
+def _record_line(record: Any, index: int) -> bytes:
+    try:
+        return (json.dumps(record, allow_nan=False) + "\n").encode()
+    except (TypeError, ValueError) as exc:
+        raise CheckpointStateError(
+            f"record {index} is not JSON ({exc}); the participant's export must return JSON values only"
+        ) from exc
+
+
+def _publish(
+    directory: Path, temp_records: Path, manifest: dict[str, Any], flag: StopFlag, what: str
+) -> dict[str, Any]:
+    """Rename the records to their digest name, then create the manifest without ever replacing one."""
+    manifest_bytes = (json.dumps(manifest, sort_keys=True, indent=1) + "\n").encode()
+    temp_manifest = _fsynced_temp(directory, _MANIFEST_TEMP_PREFIX, manifest_bytes)
+    records_path = directory / manifest["records_file"]
+    manifest_path = directory / MANIFEST_NAME
+    renamed = published = False
+    try:
+        with flag.publishing(what):
+            # A directory that holds a manifest never changes, so an existing one is only compared with.
+            if not manifest_path.exists():
+                os.replace(temp_records, records_path)
+                renamed = True
+                published = _link_new(temp_manifest, manifest_path)
+                _fsync_dir(directory)
+    finally:
+        temp_manifest.unlink()
+    if published:
+        return manifest
+    return _existing_manifest(manifest_path, records_path if renamed else None, manifest, what)
+
+
+def _link_new(source: Path, target: Path) -> bool:
+    """Create `target` as a hard link; False when it exists (of two racing writers exactly one wins)."""
+    try:
+        os.link(source, target)
+    except FileExistsError:
+        return False
+    return True
+
+
+def _existing_manifest(
+    manifest_path: Path, own_records: Path | None, manifest: dict[str, Any], what: str
+) -> dict[str, Any]:
+    """An identical manifest makes the write idempotent; a different one is another commit, never replaced."""
+    try:
+        existing = json.loads(manifest_path.read_bytes())
+    except ValueError:
+        existing = None
+    if existing == manifest:
+        return manifest
+    existing_file = existing.get("records_file") if isinstance(existing, dict) else None
+    if own_records is not None and existing_file != own_records.name:
+        own_records.unlink(missing_ok=True)
+    raise CheckpointStateError(
+        f"cannot write {what}: the directory already holds a different commit; "
+        "commit into a fresh checkpoint_dir (a committed checkpoint never changes)"
+    )
+
+
+def _fsynced_temp(directory: Path, prefix: str, content: bytes) -> Path:
+    fd, name = tempfile.mkstemp(dir=directory, prefix=prefix)
+    with os.fdopen(fd, "wb") as file:
+        file.write(content)
+        file.flush()
+        os.fsync(file.fileno())
+    return Path(name)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_participant_state(
+    checkpoint_dir: str | os.PathLike[str],
+    kind: str,
+    instance: str,
+    select: Select | None = None,
+) -> tuple[dict[str, Any], list[Any]]:
+    """Verify and read one participant's commit; `select(record)` returns what to keep, or None to drop it.
+
+    The digest and the count always cover the whole file, whatever `select` keeps. A `CheckpointStateError`
+    raised by `select` is reported only after the whole file verified, so corruption is named first.
+    """
+    directory = participant_dir(checkpoint_dir, kind, instance)
+    try:
+        manifest = _read_manifest(directory, kind, instance)
+        records = _read_records(directory, manifest, select)
+    except OSError as exc:
+        raise CheckpointStateError(
+            f"cannot read the checkpoint of {kind}/{instance} in {directory}: {exc}; "
+            "check that checkpoint_dir names a committed checkpoint visible to this server"
+        ) from exc
+    return manifest, records
+
+
+def _read_manifest(directory: Path, kind: str, instance: str) -> dict[str, Any]:
+    path = directory / MANIFEST_NAME
+    if not path.is_file():
+        raise CheckpointStateError(
+            f"{path} does not exist: this directory holds no commit of {kind}/{instance}; "
+            "restore from a checkpoint whose commit succeeded on this participant"
+        )
+    try:
+        manifest = json.loads(path.read_bytes())
+    except ValueError as exc:
+        raise CheckpointStateError(f"{path} is not JSON ({exc}); the checkpoint is corrupt") from exc
+    if not isinstance(manifest, dict):
+        raise CheckpointStateError(f"{path} must hold a JSON object (got {type(manifest).__name__})")
+    problems = list(_manifest_problems(manifest, kind, instance))
+    if problems:
+        raise CheckpointStateError(
+            f"{path}: {'; '.join(problems)}; the checkpoint is corrupt or belongs to another server"
+        )
+    return manifest
+
+
+def _manifest_problems(manifest: dict[str, Any], kind: str, instance: str) -> Iterator[str]:
+    version = manifest.get("schema_version")
+    if type(version) is not int or version != MANIFEST_SCHEMA_VERSION:
+        yield f"'schema_version' must be {MANIFEST_SCHEMA_VERSION} (got {version!r})"
+    for field, expected in (("kind", kind), ("instance", instance)):
+        if manifest.get(field) != expected:
+            yield f"'{field}' must be {expected!r} (got {manifest.get(field)!r})"
+    if not isinstance(manifest.get("checkpoint_id"), str):
+        yield f"'checkpoint_id' must be a string (got {manifest.get('checkpoint_id')!r})"
+    records_file = manifest.get("records_file")
+    name_ok = isinstance(records_file, str) and RECORDS_FILE_RE.fullmatch(records_file) is not None
+    if not name_ok:
+        yield f"'records_file' must match {RECORDS_FILE_RE.pattern} (got {records_file!r})"
+    digest = manifest.get("records_sha256")
+    if not isinstance(digest, str):
+        yield f"'records_sha256' must be a hex string (got {digest!r})"
+    elif name_ok and records_file not in ("records.jsonl", f"records-{digest}.jsonl"):
+        yield f"'records_file' must be named after 'records_sha256' (got {records_file!r} and {digest!r})"
+    count = manifest.get("record_count")
+    if type(count) is not int or count < 0:
+        yield f"'record_count' must be a non-negative integer (got {count!r})"
+
+
+def _read_records(directory: Path, manifest: dict[str, Any], select: Select | None) -> list[Any]:
+    path = directory / manifest["records_file"]
+    digest = hashlib.sha256()
+    count = 0
+    kept: list[Any] = []
+    deferred: CheckpointStateError | None = None
+    with path.open("rb") as file:
+        for line in file:
+            digest.update(line)
+            count += 1
+            record = _parse_line(line, path, count)
+            try:
+                chosen = record if select is None else select(record)
+            except CheckpointStateError as exc:
+                deferred = deferred or exc
+                continue
+            if chosen is not None:
+                kept.append(chosen)
+    _check_totals(path, manifest, digest.hexdigest(), count)
+    if deferred is not None:
+        raise deferred
+    return kept
+
+
+def _parse_line(line: bytes, path: Path, line_number: int) -> Any:
+    try:
+        return json.loads(line)
+    except ValueError as exc:
+        raise CheckpointStateError(
+            f"line {line_number} of {path} is not JSON ({exc}); the checkpoint is corrupt"
+        ) from exc
+
+
+def _check_totals(path: Path, manifest: dict[str, Any], digest: str, count: int) -> None:
+    if digest != manifest["records_sha256"]:
+        raise CheckpointStateError(
+            f"SHA-256 of {path} is {digest}, but the manifest says {manifest['records_sha256']}; "
+            "the records were changed or truncated after the commit"
+        )
+    if count != manifest["record_count"]:
+        raise CheckpointStateError(
+            f"{path} holds {count} records, but the manifest says {manifest['record_count']}; the checkpoint is corrupt"
+        )

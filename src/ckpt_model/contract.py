@@ -1,0 +1,330 @@
+"""The abstract model of the controller contract: a pure, frozen value and one function per rule.
+
+No I/O lives here: no sockets, clocks, threads or randomness. Every rule is a function from one `Model` to the
+next; the machine applies it after the real operation succeeded and then waits until the system shows what
+`expect(model)` derives from the new value (each attempt's backend calls, each participant's phase and counts).
+
+Vocabulary. A *rollout* (`r0`, `r1`, ...) is a task the controller wants done; each try at it is an *attempt*
+(`EpisodeId(rollout, attempt)`, named by its capture key). Gating makes every attempt stop at a model call: at
+quiescence a running attempt has exactly one call outstanding, waiting at the backend or, once released while a
+checkpoint is open, held by the model server. A checkpoint's *snapshot* is the controller's own state published
+with it; restoring the checkpoint rolls the controller back to that snapshot (work dispatched later is abandoned)
+and continues every exported attempt as attempt + 1 from its boundary.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import attrs
+
+Topology = Literal["native", "legacy"]
+Status = Literal["running", "pending", "replied", "dead", "retired", "dropped"]
+Phase = Literal["idle", "prepared", "committed"]
+
+# Message counts of the model calls an uninterrupted weather episode makes (reference 9.4).
+SCRIPTS: dict[str, tuple[int, ...]] = {"native": (2, 4), "legacy": (1, 3)}
+FULL_REWARD = 1.0
+
+
+def capture_key(rollout: str, attempt: int) -> str:
+    return rollout if attempt == 0 else f"{rollout}-a{attempt}"
+
+
+@attrs.frozen
+class Attempt:
+    """One attempt of a rollout and where it stands in its script.
+
+    `start_call` is the boundary it continues from (0 for a fresh start), `calls_made` how many model calls it
+    sent, `delivered` how many responses reached the agent. `held`: its outstanding call returned at the backend
+    while a checkpoint was open and the model server holds the response.
+    """
+
+    rollout: str
+    attempt: int
+    status: Status
+    script: tuple[int, ...]
+    start_call: int = 0
+    calls_made: int = 0
+    delivered: int = 0
+    held: bool = False
+
+    @property
+    def key(self) -> str:
+        return capture_key(self.rollout, self.attempt)
+
+    @property
+    def next_call_messages(self) -> int:
+        """Message count of the call it sends next (P4: a continued attempt re-sends only what is left)."""
+        return self.script[self.start_call + self.calls_made]
+
+    @property
+    def boundary(self) -> int:
+        """Index in the script of the call it would make next if continued from a checkpoint now."""
+        return self.start_call + self.delivered
+
+    @property
+    def waiting(self) -> bool:
+        """Its outstanding call waits at the backend for a release."""
+        return self.status == "running" and self.calls_made > self.delivered and not self.held
+
+    @property
+    def finished_script(self) -> bool:
+        return self.boundary >= len(self.script)
+
+    def deliver(self) -> Attempt:
+        """The outstanding call's response reaches the agent; with the script done, the attempt replies."""
+        delivered = attrs.evolve(self, delivered=self.delivered + 1, held=False)
+        return attrs.evolve(delivered, status="replied") if delivered.finished_script else delivered
+
+
+@attrs.frozen
+class Checkpoint:
+    """A committed checkpoint: the exported attempts' keys and the controller snapshot published with it."""
+
+    checkpoint_id: str
+    exported: tuple[str, ...]
+    snapshot: tuple[Attempt, ...]
+
+
+@attrs.frozen
+class Model:
+    """The whole controller-visible state of one run."""
+
+    topology: Topology
+    rollouts_max: int = 3
+    attempts: tuple[Attempt, ...] = ()
+    phase: Phase = "idle"
+    open_checkpoint: str | None = None
+    checkpoint_seq: int = 0
+    rollout_seq: int = 0
+    committed: tuple[Checkpoint, ...] = ()
+    sent: tuple[tuple[str, int], ...] = ()
+    resumed: tuple[str, ...] = ()
+    retired_marks: tuple[str, ...] = ()
+    fresh: bool = True
+    restored_pending_reported: tuple[str, ...] = ()
+
+    # -- views ------------------------------------------------------------------------------------------------
+
+    @property
+    def script(self) -> tuple[int, ...]:
+        return SCRIPTS[self.topology]
+
+    def current(self) -> dict[str, Attempt]:
+        """The latest attempt of each rollout."""
+        latest: dict[str, Attempt] = {}
+        for attempt in self.attempts:
+            latest[attempt.rollout] = attempt
+        return latest
+
+    def with_status(self, *statuses: Status) -> list[Attempt]:
+        return [a for a in self.current().values() if a.status in statuses]
+
+    def waiting(self) -> list[str]:
+        return sorted(a.rollout for a in self.current().values() if a.waiting)
+
+    def live(self) -> list[Attempt]:
+        return self.with_status("running", "pending", "dead")
+
+    def scope(self) -> list[Attempt]:
+        """What a commit continues: every unfinished dispatched attempt (running), plus restored-pending ones."""
+        return self.with_status("running", "pending")
+
+    @property
+    def checkpoint_open(self) -> bool:
+        return self.phase != "idle"
+
+    def can_dispatch(self) -> bool:
+        return not self.checkpoint_open and len(self.live()) < self.rollouts_max
+
+    def can_restore(self) -> bool:
+        """Restore needs processes that have served nothing since they started, and a committed checkpoint."""
+        return self.fresh and not self.checkpoint_open and bool(self.committed)
+
+    def can_prepare(self) -> bool:
+        return not self.checkpoint_open and not self.with_status("dead")
+
+    # -- rules --------------------------------------------------------------------------------------------------
+
+    def dispatch(self) -> tuple[Model, str]:
+        """A new rollout starts as attempt 0 and stops at its first model call."""
+        rollout = f"r{self.rollout_seq}"
+        attempt = Attempt(rollout=rollout, attempt=0, status="running", script=self.script)
+        model = attrs.evolve(self, attempts=(*self.attempts, attempt), rollout_seq=self.rollout_seq + 1, fresh=False)
+        return model._send(attempt), rollout
+
+    def release(self, rollout: str) -> Model:
+        """The rollout's waiting call returns: delivered when admission is open, held by the model otherwise."""
+        attempt = self._current(rollout)
+        if not attempt.waiting:
+            raise ValueError(f"release needs a waiting call; {attempt.key} is {attempt.status}")
+        if self.checkpoint_open:
+            return self._replace(attrs.evolve(attempt, held=True))
+        return self._deliver(attempt)
+
+    def prepare(self) -> tuple[Model, str]:
+        checkpoint_id = f"c{self.checkpoint_seq + 1}"
+        model = attrs.evolve(
+            self, phase="prepared", open_checkpoint=checkpoint_id, checkpoint_seq=self.checkpoint_seq + 1
+        )
+        return model, checkpoint_id
+
+    def commit(self) -> tuple[Model, Checkpoint]:
+        assert self.open_checkpoint is not None, "commit needs an open checkpoint"
+        assert self.phase == "prepared", "commit needs a prepared checkpoint"
+        checkpoint = Checkpoint(
+            checkpoint_id=self.open_checkpoint,
+            exported=tuple(sorted(a.key for a in self.scope())),
+            snapshot=tuple(self.current().values()),
+        )
+        model = attrs.evolve(
+            self, phase="committed", committed=(*self.committed, checkpoint), restored_pending_reported=()
+        )
+        return model, checkpoint
+
+    def resume(self) -> Model:
+        """Admission re-opens everywhere and every held response is delivered."""
+        assert self.open_checkpoint is not None
+        model = attrs.evolve(self, phase="idle", open_checkpoint=None, resumed=(*self.resumed, self.open_checkpoint))
+        for attempt in model.with_status("running"):
+            if attempt.held:
+                model = model._deliver(attempt)
+        return model
+
+    def crash(self) -> Model:
+        """Every Gym process dies: running attempts are lost; so are restored state, marks and remembered IDs."""
+        model = attrs.evolve(
+            self,
+            phase="idle",
+            open_checkpoint=None,
+            retired_marks=(),
+            resumed=(),
+            fresh=True,
+            restored_pending_reported=(),
+        )
+        for attempt in model.with_status("running", "pending"):
+            model = model._replace(attrs.evolve(attempt, status="dead", held=False))
+        return model
+
+    def restore(self, checkpoint_id: str) -> tuple[Model, str]:
+        """Roll the controller back to the checkpoint's snapshot; exported attempts continue as attempt + 1."""
+        checkpoint = self.checkpoint(checkpoint_id)
+        restore_id = f"{checkpoint_id}-restore{self.checkpoint_seq + 1}"
+        continued = [a for a in checkpoint.snapshot if a.key in checkpoint.exported]
+        kept = [a for a in checkpoint.snapshot if a.key not in checkpoint.exported]
+        pending = [
+            Attempt(rollout=a.rollout, attempt=a.attempt + 1, status="pending", script=a.script, start_call=a.boundary)
+            for a in continued
+        ]
+        model = attrs.evolve(
+            self,
+            attempts=(*kept, *pending),
+            fresh=False,
+            checkpoint_seq=self.checkpoint_seq + 1,
+            resumed=(*self.resumed, restore_id),
+            restored_pending_reported=tuple(sorted(a.key for a in pending)),
+        )
+        return model, restore_id
+
+    def start_replacement(self, rollout: str) -> Model:
+        """Send the restored-pending attempt's `/run`: it continues from its boundary."""
+        attempt = self._current(rollout)
+        assert attempt.status == "pending"
+        model = self._send(attrs.evolve(attempt, status="running"))
+        pending = tuple(k for k in model.restored_pending_reported if k != attempt.key)
+        return attrs.evolve(model, restored_pending_reported=pending)
+
+    def start_over(self, rollout: str) -> Model:
+        """Dispatch attempt + 1 of a rollout from the beginning of its script (after a crash or a retire)."""
+        attempt = self._current(rollout)
+        fresh_attempt = Attempt(rollout=rollout, attempt=attempt.attempt + 1, status="running", script=self.script)
+        return attrs.evolve(self, attempts=(*self.attempts, fresh_attempt), fresh=False)._send(fresh_attempt)
+
+    def retire(self, rollout: str) -> Model:
+        attempt = self._current(rollout)
+        model = self._replace(attrs.evolve(attempt, status="retired", held=False))
+        pending = tuple(k for k in model.restored_pending_reported if k != attempt.key)
+        marks = tuple(sorted({*self.retired_marks, rollout}))
+        return attrs.evolve(model, retired_marks=marks, restored_pending_reported=pending)
+
+    def forget(self) -> Model:
+        return attrs.evolve(self, retired_marks=())
+
+    def drop(self, rollout: str) -> Model:
+        """The controller gives a retired rollout up for good."""
+        attempt = self._current(rollout)
+        assert attempt.status == "retired"
+        return self._replace(attrs.evolve(attempt, status="dropped"))
+
+    # -- helpers ----------------------------------------------------------------------------------------------
+
+    def checkpoint(self, checkpoint_id: str) -> Checkpoint:
+        for checkpoint in self.committed:
+            if checkpoint.checkpoint_id == checkpoint_id:
+                return checkpoint
+        raise KeyError(f"no committed checkpoint {checkpoint_id!r}")
+
+    def attempt(self, key: str) -> Attempt:
+        for attempt in self.attempts:
+            if attempt.key == key:
+                return attempt
+        raise KeyError(key)
+
+    def _current(self, rollout: str) -> Attempt:
+        try:
+            return self.current()[rollout]
+        except KeyError:
+            raise ValueError(f"no rollout {rollout!r}") from None
+
+    def _replace(self, updated: Attempt) -> Model:
+        attempts = tuple(updated if a.key == updated.key else a for a in self.attempts)
+        return attrs.evolve(self, attempts=attempts)
+
+    def _send(self, attempt: Attempt) -> Model:
+        """The attempt sends its next model call; the backend records it under the attempt's capture key."""
+        sent = (*self.sent, (attempt.key, attempt.next_call_messages))
+        return attrs.evolve(self._replace(attrs.evolve(attempt, calls_made=attempt.calls_made + 1)), sent=sent)
+
+    def _deliver(self, attempt: Attempt) -> Model:
+        delivered = attempt.deliver()
+        model = self._replace(delivered)
+        return model if delivered.status == "replied" else model._send(delivered)
+
+
+@attrs.frozen
+class Expectation:
+    """What the system must show once quiet: derived from the model, compared with observations."""
+
+    calls: dict[str, tuple[int, ...]]
+    waiting: frozenset[str]
+    phase: str
+    checkpoint_id: str | None
+    held: int
+    inflight: int
+    episodes: int
+    sessions: int
+    restored_pending: tuple[str, ...]
+    retired_rollouts: int
+
+
+def expect(model: Model) -> Expectation:
+    """The quiescent state `model` predicts."""
+    calls: dict[str, tuple[int, ...]] = {}
+    for key, messages in model.sent:
+        calls[key] = (*calls.get(key, ()), messages)
+    current = model.current().values()
+    running = [a for a in current if a.status == "running"]
+    pending = [a for a in current if a.status == "pending"]
+    return Expectation(
+        calls=calls,
+        waiting=frozenset(a.key for a in running if a.waiting),
+        phase=model.phase,
+        checkpoint_id=model.open_checkpoint,
+        held=sum(1 for a in running if a.held),
+        inflight=len(running),
+        episodes=len(running) if model.topology == "native" else 0,
+        sessions=len(running) + len(pending),
+        restored_pending=tuple(sorted(model.restored_pending_reported)) if model.topology == "native" else (),
+        retired_rollouts=len(model.retired_marks),
+    )

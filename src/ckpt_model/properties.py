@@ -1,0 +1,201 @@
+"""The controller contract's properties (SPEC section 5), each a named check with its own violation type.
+
+Hypothesis tells bugs apart by exception type and raise location, so every property raises its own subclass of
+`PropertyViolation`; one shared `AssertionError` would merge them into one "bug" while shrinking. Each check is
+a plain function over model values, observations and the history; it raises or returns None.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal
+
+import attrs
+
+from ckpt_model.errors import PropertyViolation
+from ckpt_model.history import History
+from ckpt_model.storage import CheckpointUnreadable, Fingerprint
+
+
+@attrs.frozen
+class PropertyInfo:
+    property_id: str
+    title: str
+    scope: Literal["step", "teardown", "step and teardown"]
+    checked: bool
+
+
+class P1Violation(PropertyViolation):
+    property_id = "P1"
+    title = "replied or exported: at a commit every unretired attempt replied before it or is exported"
+
+
+class P2Violation(PropertyViolation):
+    property_id = "P2"
+    title = "silent while prepared: no /run reply and no held model response while a checkpoint is open"
+
+
+class P3Violation(PropertyViolation):
+    property_id = "P3"
+    title = "continuations complete: every attempt completes with the reward of an uninterrupted run"
+
+
+class P4Violation(PropertyViolation):
+    property_id = "P4"
+    title = "continued, not redone: an attempt makes exactly the model calls its episode still needs"
+
+
+class P7Violation(PropertyViolation):
+    property_id = "P7"
+    title = "retire stops everywhere: a retired attempt is refused and leaves no state; forget clears it"
+
+
+class P9Violation(PropertyViolation):
+    property_id = "P9"
+    title = "checkpoints are durable and immutable: every committed checkpoint verifies and never changes"
+
+
+class P10Violation(PropertyViolation):
+    property_id = "P10"
+    title = "phases and fencing: status matches the model, resumed IDs are refused, one checkpoint at a time"
+
+
+class P13Violation(PropertyViolation):
+    property_id = "P13"
+    title = "clean end: drained, every server is idle with no episodes, sessions, in-flight work or marks"
+
+
+REGISTRY: dict[str, PropertyInfo] = {
+    info.property_id: info
+    for info in (
+        PropertyInfo("P1", P1Violation.title, "step", True),
+        PropertyInfo("P2", P2Violation.title, "step", True),
+        PropertyInfo("P3", P3Violation.title, "step and teardown", True),
+        PropertyInfo("P4", P4Violation.title, "step and teardown", True),
+        PropertyInfo("P5", "token lineage (needs token capture: a later stack issue)", "step", False),
+        PropertyInfo("P6", "state restored (needs the counter topology: a later stack issue)", "step", False),
+        PropertyInfo("P7", P7Violation.title, "step", True),
+        PropertyInfo("P8", "restore is all or nothing (needs restore-failure faults)", "step", False),
+        PropertyInfo("P9", P9Violation.title, "step and teardown", True),
+        PropertyInfo("P10", P10Violation.title, "step", True),
+        PropertyInfo("P11", "verification waited for or replayed (needs the slow topology)", "step", False),
+        PropertyInfo("P12", "generation cuts (needs generation cuts: a later stack issue)", "step", False),
+        PropertyInfo("P13", P13Violation.title, "teardown", True),
+    )
+}
+
+
+def p1_replied_or_exported(
+    checkpoint_id: str, continued: Iterable[str], replied: Iterable[str], exported: Iterable[str], owner: str
+) -> None:
+    """At a commit: every attempt the controller continues is exported by the episode owner; no replied one is."""
+    continued_keys, replied_keys, exported_keys = set(continued), set(replied), set(exported)
+    lost = sorted(continued_keys - exported_keys)
+    if lost:
+        raise P1Violation(
+            rollout=lost[0],
+            expected=f"{owner} exports {sorted(continued_keys)} in {checkpoint_id}",
+            observed=f"{owner} exported {sorted(exported_keys)}: {lost} neither replied nor exported",
+        )
+    both = sorted(replied_keys & exported_keys)
+    if both:
+        raise P1Violation(
+            rollout=both[0],
+            expected=f"attempts that replied before {checkpoint_id} are not exported",
+            observed=f"{owner} exported {both}, which already replied",
+        )
+
+
+def p2_no_reply_while_prepared(history: History) -> None:
+    """No `/run` completed with a reply inside a prepared interval (from prepared to resume or crash)."""
+    spans = history.intervals("prepared", ("resume", "crash"))
+    if not spans:
+        return
+    for event in history.events:
+        if event.f != "run" or event.type != "ok":
+            continue
+        for start_s, end_s in spans:
+            if start_s < event.time_s < end_s:
+                raise P2Violation(
+                    rollout=event.process,
+                    expected=f"no /run reply between prepared at {start_s:.3f}s and the end at {end_s:.3f}s",
+                    observed=f"{event.process} replied at {event.time_s:.3f}s: {event.value}",
+                    history_indices=[event.index],
+                )
+
+
+def p2_held_responses(checkpoint_id: str, expected_held: int, observed_held: Any) -> None:
+    if observed_held != expected_held:
+        raise P2Violation(
+            rollout=None,
+            expected=f"the model server holds {expected_held} released response(s) while {checkpoint_id} is open",
+            observed=f"it holds {observed_held}: a held response was delivered while prepared",
+        )
+
+
+def p3_reply_complete(key: str, status_code: int | None, body: Any, reward: float) -> None:
+    """A finished attempt replied 200 with the reward an uninterrupted run gets."""
+    result = body.get("result") if isinstance(body, dict) and "result" in body else body
+    got = result.get("reward") if isinstance(result, dict) else None
+    if status_code != 200 or got != reward:
+        raise P3Violation(
+            rollout=key,
+            expected=f"HTTP 200 with reward {reward}",
+            observed=f"HTTP {status_code}: {_short(body)}",
+        )
+
+
+def p4_calls(expected: Mapping[str, tuple[int, ...]], observed: Mapping[str, tuple[int, ...]]) -> list[str]:
+    """Raise on a call the model cannot explain; return the keys still missing calls (not yet made)."""
+    missing = []
+    for key in sorted(set(expected) | set(observed)):
+        want, got = expected.get(key, ()), observed.get(key, ())
+        if got == want:
+            continue
+        if len(got) > len(want) or got != want[: len(got)]:
+            raise P4Violation(
+                rollout=key,
+                expected=f"model calls with message counts {list(want)}",
+                observed=f"backend calls with message counts {list(got)}",
+            )
+        missing.append(key)
+    return missing
+
+
+def p7_refused(key: str, status_code: int | None, body: Any) -> None:
+    code = body.get("error", {}).get("code") if isinstance(body, dict) else None
+    if status_code != 409 or code != "stale_attempt":
+        raise P7Violation(
+            rollout=key,
+            expected="a /run of a retired attempt is refused with 409 stale_attempt until forget",
+            observed=f"HTTP {status_code}: {_short(body)}",
+        )
+
+
+def p9_unchanged(checkpoint_id: str, before: Mapping[str, Fingerprint], read: Mapping[str, Any]) -> None:
+    """Every participant directory of a committed checkpoint still verifies and is byte-identical."""
+    for name, fingerprint in before.items():
+        now = read.get(name)
+        if isinstance(now, CheckpointUnreadable):
+            raise P9Violation(rollout=None, expected=f"{checkpoint_id}/{name} verifies", observed=str(now))
+        if now != fingerprint:
+            raise P9Violation(
+                rollout=None,
+                expected=f"{checkpoint_id}/{name} unchanged since its commit: {fingerprint}",
+                observed=f"{now}",
+            )
+
+
+def p10_refused(operation: str, expected_code: str, error: Any) -> None:
+    codes = sorted({failure.code for failure in getattr(error, "failures", {}).values()})
+    if codes != [expected_code]:
+        raise P10Violation(
+            rollout=None,
+            expected=f"{operation} refused everywhere with {expected_code}",
+            observed=f"{error!s}" if error is not None else "it was accepted",
+        )
+
+
+def _short(value: Any, limit: int = 300) -> str:
+    text = str(value)
+    return text if len(text) <= limit else text[:limit] + "..."

@@ -1,0 +1,53 @@
+"""The tasks the controller dispatches: Gym's weather episode, native and legacy (reference 5.2, 5.3, 9.4).
+
+An uninterrupted native weather episode makes two model calls with 2 and 4 messages; a legacy row's calls have
+1 and 3 messages (the row has no developer message).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+WEATHER_TOOL: dict[str, Any] = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Get the current weather for a city.",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "description": "The city name."}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+    "strict": True,
+}
+DEVELOPER_MESSAGE = {"role": "developer", "content": "You are a helpful assistant. Use tools when needed."}
+USER_MESSAGE = {"role": "user", "content": "What is the weather in SF?"}
+
+
+def weather_task() -> dict[str, Any]:
+    """`task` of a native `/run`: taskset `example_single_tool_call:e2e`, task `weather-sf`."""
+    return {
+        "task_id": {"taskset": "example_single_tool_call:e2e", "task_id": "weather-sf"},
+        "task_input": {
+            "responses_create_params": {"input": [DEVELOPER_MESSAGE, USER_MESSAGE], "tools": [WEATHER_TOOL]},
+            "task_data": {},
+        },
+    }
+
+
+def native_run_body(rollout_id: str, attempt: int) -> dict[str, Any]:
+    return {"episode_id": {"rollout_id": rollout_id, "attempt": attempt}, "task": weather_task()}
+
+
+def legacy_run_body(rollout_id: str, attempt: int) -> dict[str, Any]:
+    """A legacy `/run` row: the agent holds the episode, keyed by the logical rollout."""
+    return {
+        "responses_create_params": {"input": [USER_MESSAGE], "tools": [WEATHER_TOOL]},
+        "_ng_rollout_id": rollout_id,
+        "_ng_attempt_index": attempt,
+    }
+
+
+# Model calls an uninterrupted weather episode makes, as message counts per call.
+NATIVE_CALL_MESSAGES: tuple[int, ...] = (2, 4)
+LEGACY_CALL_MESSAGES: tuple[int, ...] = (1, 3)

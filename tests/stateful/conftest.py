@@ -1,0 +1,28 @@
+"""Stateful suite: our Hypothesis profile loaded explicitly, and one harness per topology per session."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from ckpt_model import profiles
+from ckpt_model.deployment import Harness
+
+ACTIVE_PROFILE = profiles.load()
+
+
+def pytest_report_header() -> str:
+    return f"ckpt-model: Hypothesis profile {ACTIVE_PROFILE!r}"
+
+
+@pytest.fixture(scope="session")
+def native_harness() -> Iterator[Harness]:
+    with Harness("native") as harness:
+        yield harness
+
+
+@pytest.fixture(scope="session")
+def legacy_harness() -> Iterator[Harness]:
+    with Harness("legacy") as harness:
+        yield harness

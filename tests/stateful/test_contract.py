@@ -1,0 +1,16 @@
+"""The controller contract, checked by the state machine against the fault-free stack, in both topologies."""
+
+from __future__ import annotations
+
+from hypothesis.stateful import run_state_machine_as_test
+
+from ckpt_model.deployment import Harness
+from ckpt_model.machine import machine_for
+
+
+def test_native_stack_keeps_the_contract(native_harness: Harness) -> None:
+    run_state_machine_as_test(machine_for(native_harness))
+
+
+def test_legacy_stack_keeps_the_contract(legacy_harness: Harness) -> None:
+    run_state_machine_as_test(machine_for(legacy_harness))

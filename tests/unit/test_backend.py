@@ -1,0 +1,260 @@
+"""The fake backend in-process: scripted turns, calls recorded before waiting, hold, gate and step, reset."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from fakes.backend import FINAL_TEXT, build_app, tokens_from_text
+
+POLL_INTERVAL_S = 0.005
+TIMEOUT_S = 5.0
+DEVELOPER_USER = [
+    {"role": "developer", "content": "You answer."},
+    {"role": "user", "content": "Weather in SF?"},
+]
+
+
+def after_tool_rounds(rounds: int) -> list[dict[str, Any]]:
+    """The conversation of a weather episode after `rounds` tool rounds (2 + 2 * rounds messages)."""
+    messages = list(DEVELOPER_USER)
+    for index in range(rounds):
+        messages.append({"role": "assistant", "content": None, "tool_calls": [{"id": f"call_{index}"}]})
+        messages.append({"role": "tool", "tool_call_id": f"call_{index}", "content": "cold"})
+    return messages
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=build_app())
+    async with httpx.AsyncClient(transport=transport, base_url="http://backend") as http:
+        yield http
+
+
+async def wait_until(predicate: Callable[[], Awaitable[bool]], timeout_s: float = TIMEOUT_S) -> None:
+    """Poll `predicate` until it holds; fail with a timeout rather than hang."""
+    deadline = time.monotonic() + timeout_s
+    while not await predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not reached within {timeout_s} s")
+        await asyncio.sleep(POLL_INTERVAL_S)
+
+
+async def calls(client: httpx.AsyncClient) -> list[dict[str, Any]]:
+    response = await client.get("/_ctl/calls")
+    response.raise_for_status()
+    return response.json()
+
+
+async def wait_for_waiting(client: httpx.AsyncClient, indices: list[int]) -> None:
+    async def reached() -> bool:
+        return [call["index"] for call in await calls(client) if call["waiting"]] == indices
+
+    await wait_until(reached)
+
+
+def chat(client: httpx.AsyncClient, messages: list[dict[str, Any]], **extra: Any) -> Awaitable[httpx.Response]:
+    return client.post("/v1/chat/completions", json={"model": "fake-model", "messages": messages, **extra})
+
+
+async def start_waiting_call(client: httpx.AsyncClient, index: int) -> asyncio.Task[httpx.Response]:
+    """Start a call in the background and return once the backend shows it waiting as call `index`."""
+    task = asyncio.ensure_future(chat(client, DEVELOPER_USER))
+
+    async def recorded() -> bool:
+        return any(call["index"] == index and call["waiting"] for call in await calls(client))
+
+    await wait_until(recorded)
+    return task
+
+
+def tool_name(reply: dict[str, Any]) -> str:
+    return reply["choices"][0]["message"]["tool_calls"][0]["function"]["name"]
+
+
+@pytest.mark.anyio
+async def test_models_lists_the_fake_model(client: httpx.AsyncClient) -> None:
+    response = await client.get("/v1/models")
+    assert response.json() == {"object": "list", "data": [{"id": "fake-model", "object": "model"}]}
+
+
+@pytest.mark.anyio
+async def test_first_turn_gets_the_scripted_tool_call_and_second_the_final_answer(
+    client: httpx.AsyncClient,
+) -> None:
+    first = (await chat(client, after_tool_rounds(0))).json()
+    second = (await chat(client, after_tool_rounds(1))).json()
+
+    assert first["object"] == "chat.completion"
+    assert first["choices"][0]["finish_reason"] == "tool_calls"
+    tool_call = first["choices"][0]["message"]["tool_calls"][0]
+    assert tool_call == {
+        "id": "call_0",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "SF"}'},
+    }
+    assert second["choices"][0]["finish_reason"] == "stop"
+    assert second["choices"][0]["message"] == {"role": "assistant", "content": FINAL_TEXT}
+    assert second["usage"] == {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+    assert [(call["n_messages"], call["returned"]) for call in await calls(client)] == [(2, True), (4, True)]
+
+
+@pytest.mark.anyio
+async def test_call_records_capture_key_header_and_admission(client: httpx.AsyncClient) -> None:
+    admission = {"model_call_id": "m0", "rollout_id": "r0"}
+    await client.post(
+        "/v1/chat/completions",
+        json={"messages": DEVELOPER_USER, "ng_capture": admission},
+        headers={"x-ng-capture-key": "r0-a1"},
+    )
+    await chat(client, DEVELOPER_USER)
+
+    recorded = await calls(client)
+    assert [(call["capture_key"], call["admission"]) for call in recorded] == [
+        ("r0-a1", admission),
+        (None, None),
+    ]
+    assert all(call["cancelled"] is False for call in recorded)
+
+
+@pytest.mark.anyio
+async def test_held_call_is_recorded_before_it_waits_and_answers_after_release(
+    client: httpx.AsyncClient,
+) -> None:
+    await chat(client, DEVELOPER_USER)
+    assert (await client.post("/_ctl/hold", json={"after_calls": 1})).status_code == 200
+
+    held = await start_waiting_call(client, index=1)
+    [_, recorded] = await calls(client)
+    assert (recorded["returned"], recorded["waiting"]) == (False, True)
+    assert not held.done()
+
+    assert (await client.post("/_ctl/release")).json() == {"released": 1}
+    assert (await held).status_code == 200
+    assert [call["returned"] for call in await calls(client)] == [True, True]
+    # Release clears the hold: the next call answers at once.
+    assert (await chat(client, DEVELOPER_USER)).status_code == 200
+
+
+@pytest.mark.anyio
+async def test_release_accepts_an_empty_json_body(client: httpx.AsyncClient) -> None:
+    assert (await client.post("/_ctl/release", json={})).json() == {"released": 0}
+
+
+@pytest.mark.anyio
+async def test_step_by_count_releases_the_longest_waiting_gated_calls(client: httpx.AsyncClient) -> None:
+    await client.post("/_ctl/gate")
+    tasks = [await start_waiting_call(client, index) for index in range(3)]
+
+    reply = (await client.post("/_ctl/step", json={"calls": 2})).json()
+
+    assert reply == {"released": 2, "released_indices": [0, 1], "waiting": 1}
+    await asyncio.gather(*tasks[:2])
+    await wait_for_waiting(client, [2])
+    assert not tasks[2].done()
+    assert (await client.post("/_ctl/step", json={"calls": 5})).json()["released"] == 1
+    await tasks[2]
+
+
+@pytest.mark.anyio
+async def test_step_by_indices_releases_exactly_those_calls(client: httpx.AsyncClient) -> None:
+    await client.post("/_ctl/gate")
+    tasks = [await start_waiting_call(client, index) for index in range(3)]
+
+    reply = (await client.post("/_ctl/step", json={"indices": [2, 0]})).json()
+
+    assert reply == {"released": 2, "released_indices": [2, 0], "waiting": 1}
+    await asyncio.gather(tasks[0], tasks[2])
+    await wait_for_waiting(client, [1])
+    await client.post("/_ctl/release")
+    await tasks[1]
+
+
+@pytest.mark.anyio
+async def test_step_by_indices_refuses_calls_that_do_not_wait_and_releases_nothing(
+    client: httpx.AsyncClient,
+) -> None:
+    await chat(client, DEVELOPER_USER)
+    await client.post("/_ctl/gate")
+    waiting = await start_waiting_call(client, index=1)
+
+    refused = await client.post("/_ctl/step", json={"indices": [1, 0, 7]})
+
+    assert refused.status_code == 409
+    assert refused.json()["error"]["code"] == "not_waiting"
+    assert "[0, 7]" in refused.json()["error"]["detail"]
+    await wait_for_waiting(client, [1])
+    await client.post("/_ctl/step", json={"indices": [1]})
+    await waiting
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("body", [{}, {"calls": 1, "indices": [0]}, {"indices": [0, 0]}, {"calls": -1}])
+async def test_step_needs_exactly_one_valid_selector(client: httpx.AsyncClient, body: dict[str, Any]) -> None:
+    assert (await client.post("/_ctl/step", json=body)).status_code == 422
+
+
+@pytest.mark.anyio
+async def test_a_call_whose_client_goes_away_is_marked_cancelled(client: httpx.AsyncClient) -> None:
+    await client.post("/_ctl/gate")
+    task = await start_waiting_call(client, index=0)
+
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+    [recorded] = await calls(client)
+    assert (recorded["cancelled"], recorded["waiting"], recorded["returned"]) == (True, False, False)
+    assert (await client.post("/_ctl/step", json={"calls": 1})).json()["released"] == 0
+
+
+@pytest.mark.anyio
+async def test_reset_releases_waiters_and_forgets_calls_gate_hold_and_script(
+    client: httpx.AsyncClient,
+) -> None:
+    await client.post("/_ctl/script", json={"tool_calls": []})
+    await client.post("/_ctl/gate")
+    await client.post("/_ctl/hold", json={"after_calls": 0})
+    waiting = await start_waiting_call(client, index=0)
+
+    assert (await client.post("/_ctl/reset")).json() == {"released": 1}
+
+    assert (await waiting).status_code == 200
+    assert await calls(client) == []
+    assert (await client.get("/_ctl/cuts")).json() == []
+    # Neither gate nor hold survives, and the default script is back.
+    assert tool_name((await chat(client, DEVELOPER_USER)).json()) == "get_weather"
+
+
+@pytest.mark.anyio
+async def test_script_replaces_the_scripted_tool_calls(client: httpx.AsyncClient) -> None:
+    script = [{"name": "lookup", "arguments": {"q": "SF"}}, {"name": "convert", "arguments": {"unit": "C"}}]
+    assert (await client.post("/_ctl/script", json={"tool_calls": script})).status_code == 200
+
+    replies = [(await chat(client, after_tool_rounds(rounds))).json() for rounds in range(3)]
+
+    assert [tool_name(reply) for reply in replies[:2]] == ["lookup", "convert"]
+    assert replies[1]["choices"][0]["message"]["tool_calls"][0]["id"] == "call_1"
+    assert replies[2]["choices"][0]["message"]["content"] == FINAL_TEXT
+
+
+@pytest.mark.anyio
+async def test_script_refuses_unknown_fields(client: httpx.AsyncClient) -> None:
+    response = await client.post("/_ctl/script", json={"tool_calls": [{"name": "x", "extra": 1}]})
+    assert response.status_code == 422
+
+
+def test_tokens_are_a_deterministic_function_of_text_capped_at_64() -> None:
+    assert tokens_from_text("Ab") == [ord("A") % 250 + 1, ord("b") % 250 + 1]
+    assert tokens_from_text("x" * 100) == [ord("x") % 250 + 1] * 64
+    assert tokens_from_text("\u00fa") == [ord("\u00fa") % 250 + 1]
