@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import http.cookiejar
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -36,8 +37,17 @@ def rollout_key(scope_state: Any) -> str | None:
 
 
 def new_client() -> httpx.AsyncClient:
-    """One client per server process: building one costs ~42 ms, so it is made once and reused."""
-    return httpx.AsyncClient(timeout=httpx.Timeout(10.0, read=None), limits=httpx.Limits(max_connections=1000))
+    """One client per server process: building one costs ~42 ms, so it is made once and reused.
+
+    Its cookie jar accepts nothing: one client serves every episode, and a session cookie one episode received
+    must never ride along on another episode's request. Cookies are sent explicitly, per request."""
+    no_cookies = http.cookiejar.CookieJar(policy=http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(10.0, read=None),
+        limits=httpx.Limits(max_connections=1000),
+        cookies=no_cookies,
+        trust_env=False,
+    )
 
 
 def lifespan_with_client(

@@ -10,16 +10,20 @@ from __future__ import annotations
 
 import os
 
-from hypothesis import HealthCheck, Verbosity, settings
+from hypothesis import HealthCheck, Phase, Verbosity, settings
 
 PROFILE_ENV = "HYPOTHESIS_PROFILE"
 SLOW_CHECKS = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
+# No `explain` phase: it re-runs the shrunk example many times over (each run starts processes) to print which
+# lines only failing runs reached, which our own failure report already says more plainly.
+PHASES = (Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink)
 
 # Each example starts real processes, so a few examples of a dozen steps keep the default run to a few minutes.
 DEFAULT = settings(
     max_examples=8,
     stateful_step_count=14,
     deadline=None,
+    phases=PHASES,
     suppress_health_check=SLOW_CHECKS,
     print_blob=True,
 )
@@ -27,6 +31,7 @@ CI = settings(
     max_examples=200,
     stateful_step_count=40,
     deadline=None,
+    phases=PHASES,
     suppress_health_check=SLOW_CHECKS,
     print_blob=True,
 )
@@ -34,6 +39,7 @@ DEBUG = settings(
     max_examples=1,
     stateful_step_count=14,
     deadline=None,
+    phases=PHASES,
     suppress_health_check=SLOW_CHECKS,
     print_blob=True,
     verbosity=Verbosity.verbose,

@@ -1,0 +1,125 @@
+"""Fixtures for tests that run the look-alike stack as real processes and drive it over HTTP only."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from ckpt_model.coordination import ControlClient
+from fakes.stack import Stack
+
+WAIT_TIMEOUT_S = 30.0
+POLL_S = 0.01
+DEADLINE_S = 20.0
+
+
+def wait_until(predicate: Callable[[], Any], what: str, timeout_s: float = WAIT_TIMEOUT_S) -> Any:
+    """Poll `predicate` until it returns something truthy; fail naming `what` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(POLL_S)
+
+
+def deadline() -> float:
+    return time.time() + DEADLINE_S
+
+
+class Deployment:
+    """A started stack plus the clients a controller would hold: control plane, backend, `/run`."""
+
+    def __init__(self, stack: Stack) -> None:
+        self.stack = stack
+        self.http = httpx.Client(timeout=httpx.Timeout(30.0, read=None), trust_env=False)
+        self.control = ControlClient(stack.token, http=self.http)
+        self.discover()
+
+    def discover(self) -> None:
+        self.control.discover_from_servers({name: server.url for name, server in self.stack.gym.items()})
+
+    def backend(self, path: str, body: dict[str, Any] | None = None) -> Any:
+        url = f"{self.stack.backend_url}{path}"
+        response = self.http.post(url, json=body or {}) if path != "/_ctl/calls" else self.http.get(url)
+        response.raise_for_status()
+        return response.json()
+
+    def calls(self) -> list[dict[str, Any]]:
+        return self.backend("/_ctl/calls")
+
+    def url(self, name: str) -> str:
+        return self.stack.gym[name].url
+
+    def run(self, body: dict[str, Any]) -> httpx.Response:
+        return self.http.post(self.url("environment") + "/run", json=body)
+
+    def run_in_background(self, body: dict[str, Any]) -> BackgroundRun:
+        return BackgroundRun(lambda: self.run(body))
+
+    def crash_and_restart(self) -> None:
+        """SIGKILL every Gym process group, release what the backend held, start fresh Gym processes."""
+        self.stack.crash_gym()
+        self.backend("/_ctl/release")
+        self.stack.start_gym()
+        self.discover()
+
+
+class BackgroundRun:
+    """A `/run` on its own thread: the reply (or the transport error of a crash) is kept for the test."""
+
+    def __init__(self, send: Callable[[], httpx.Response]) -> None:
+        self.reply: httpx.Response | None = None
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(send,), daemon=True)
+        self._thread.start()
+
+    def _run(self, send: Callable[[], httpx.Response]) -> None:
+        try:
+            self.reply = send()
+        except httpx.HTTPError as error:
+            self.error = error
+
+    @property
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def wait(self, timeout_s: float = WAIT_TIMEOUT_S) -> None:
+        self._thread.join(timeout_s)
+        assert self.done, f"/run neither replied nor failed within {timeout_s:g} s"
+
+    def result(self, timeout_s: float = WAIT_TIMEOUT_S) -> httpx.Response:
+        self.wait(timeout_s)
+        assert self.reply is not None, f"/run did not reply within {timeout_s:g} s (error: {self.error})"
+        return self.reply
+
+
+@pytest.fixture
+def deploy(tmp_path: Path) -> Iterator[Callable[[str], Deployment]]:
+    """Start a whole deployment of a topology; everything it started is stopped at teardown."""
+    started: list[Deployment] = []
+
+    def start(topology: str) -> Deployment:
+        stack = Stack(topology, tmp_path / topology)
+        try:
+            stack.start_backend()
+            stack.start_gym()
+        except BaseException:
+            stack.stop()
+            raise
+        deployment = Deployment(stack)
+        started.append(deployment)
+        return deployment
+
+    yield start
+    for deployment in started:
+        deployment.http.close()
+        deployment.stack.stop()
