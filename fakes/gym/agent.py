@@ -378,7 +378,7 @@ class AgentParticipant:
                 activations=hook.get("activations", 0),
                 completed_activation=hook.get("completed_activation", 0),
                 completed_reply=hook.get("completed_reply"),
-                continuation=record["boundary"],
+                continuation=self._continuation(record["boundary"]),
                 restored_pending=True,
             )
             core.sessions[session.key] = session
@@ -387,6 +387,11 @@ class AgentParticipant:
             restored.append(next_id.capture_key)
         core.notify()
         return sorted(restored)
+
+    def _continuation(self, boundary: dict[str, Any] | None) -> dict[str, Any] | None:
+        if boundary is not None and "agent_restore_drops_outputs" in self.core.config.faults:
+            return {**boundary, "new_outputs": []}
+        return boundary
 
     async def delete_restored(self, keep: set[str]) -> None:
         core = self.core
@@ -408,7 +413,8 @@ class AgentParticipant:
         for session in victims:
             if session.task is not None:
                 await asyncio.gather(session.task, return_exceptions=True)
-            core.sessions.pop(session.key, None)
+            if "agent_retire_keeps_sessions" not in core.config.faults:
+                core.sessions.pop(session.key, None)
         await core.episodes.retire(covered)
         core.notify()
 
@@ -497,9 +503,7 @@ def build_app(config: ServerConfig) -> FastAPI:
     """The Simple Agent look-alike with the checkpoint control routes."""
     control_plane: ControlPlane
     core = AgentCore(config, notify=lambda: control_plane.notify())
-    control_plane = ControlPlane(
-        AgentParticipant(core), instance=config.name, token=config.token, lease_grace_s=config.lease_grace_s
-    )
+    control_plane = ControlPlane.from_config(AgentParticipant(core), config)
     core.control_plane = control_plane
     legacy = LegacyEpisodes(core)
     app = FastAPI(lifespan=lifespan_with_client(lambda c: setattr(core, "client", c)))

@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 import attrs
 
+from fakes.faults import validate as validate_faults
+
 CONFIG_ENV = "CKPT_FAKES_SERVER"
 Role = Literal["environment", "legacy_relay", "agent", "resources", "policy_model"]
 ROLES: tuple[str, ...] = ("environment", "legacy_relay", "agent", "resources", "policy_model")
@@ -28,7 +30,7 @@ class ServerConfig:
     backend_url: str = ""
     peers: dict[str, str] = attrs.field(factory=dict)
     capture_dir: str = ""
-    faults: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    faults: tuple[str, ...] = attrs.field(default=(), converter=validate_faults)
     lease_grace_s: float = 600.0
     resources_mode: str = "stateless"
     verify_mode: str = "wait"

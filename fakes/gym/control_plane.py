@@ -37,6 +37,7 @@ from ckpt_model.wire import (
     RestoreRequest,
     RetireRequest,
 )
+from fakes.gym.config import ServerConfig
 from fakes.gym.errors import (
     CheckpointConflictError,
     CheckpointStateError,
@@ -50,7 +51,13 @@ from fakes.gym.errors import (
     UnauthorizedError,
 )
 from fakes.gym.participant import Participant, PrepareReport
-from fakes.gym.store import StopFlag, WriteStoppedError, read_participant_state, write_participant_state
+from fakes.gym.store import (
+    StopFlag,
+    WriteStoppedError,
+    participant_dir,
+    read_participant_state,
+    write_participant_state,
+)
 
 log = logging.getLogger(__name__)
 
@@ -157,8 +164,17 @@ def _being_cancelled() -> bool:
 class ControlPlane:
     """One participant server's side of the checkpoint contract, served under `CHECKPOINT_ROUTE_PREFIX`."""
 
-    def __init__(self, participant: Participant, *, instance: str, token: str, lease_grace_s: float = 600.0):
+    def __init__(
+        self,
+        participant: Participant,
+        *,
+        instance: str,
+        token: str,
+        lease_grace_s: float = 600.0,
+        faults: Iterable[str] = (),
+    ):
         self.participant = participant
+        self.faults = frozenset(faults)
         self.instance = instance
         self.lease_grace_s = lease_grace_s
         self.retired = RetiredAttempts()
@@ -174,6 +190,17 @@ class ControlPlane:
         self._changed = asyncio.Event()
         self._lease_timer: asyncio.TimerHandle | None = None
         self._background: set[asyncio.Task[Any]] = set()
+
+    @classmethod
+    def from_config(cls, participant: Participant, config: ServerConfig) -> ControlPlane:
+        """The control plane of the server `config` describes (name, bearer, lease, planted faults)."""
+        return cls(
+            participant,
+            instance=config.name,
+            token=config.token,
+            lease_grace_s=config.lease_grace_s,
+            faults=config.faults,
+        )
 
     # -- what participants use ------------------------------------------------------------------------------
 
@@ -736,6 +763,8 @@ class ControlPlane:
             await asyncio.to_thread(work.stop.stop)
 
     async def _end_checkpoint(self, checkpoint_id: str) -> None:
+        if "resume_deletes_records" in self.faults:
+            self._delete_committed_records(checkpoint_id)
         self._remember(checkpoint_id)
         self._results = {key: result for key, result in self._results.items() if key[0] != checkpoint_id}
         await self._abandon()
@@ -750,7 +779,18 @@ class ControlPlane:
         self.notify()
         await self.participant.open_admission()
 
+    def _delete_committed_records(self, checkpoint_id: str) -> None:
+        """Planted fault: clean up the records file of the checkpoint this participant committed."""
+        committed = self._results.get((checkpoint_id, "commit"))
+        if committed is None:
+            return
+        directory = participant_dir(committed.args[0], self.kind, self.instance)
+        for records in directory.glob("records-*.jsonl"):
+            records.unlink()
+
     def _remember(self, checkpoint_id: str) -> None:
+        if "resumed_id_not_fenced" in self.faults:
+            return
         self._resumed[checkpoint_id] = None
         self._resumed.move_to_end(checkpoint_id)
         while len(self._resumed) > RESUMED_IDS_KEPT:

@@ -64,10 +64,9 @@ class EnvironmentParticipant:
 
     async def export(self, scope: list[EpisodeId] | None) -> list[dict[str, Any]]:
         keys = None if scope is None else {e.capture_key for e in scope}
-        records = self.owner.export(keys)
-        if "environment_drops_unbounded" in self.faults:
-            records = [record for record in records if record["boundary"] is not None]
-        return records
+        if "environment_drops_restored_pending" in self.faults:
+            keys = set()
+        return self.owner.export(keys)
 
     def validate_record(self, record: dict[str, Any]) -> None:
         boundary = record.get("boundary")
@@ -79,6 +78,8 @@ class EnvironmentParticipant:
     async def install(self, records: list[dict[str, Any]], scope: list[EpisodeId]) -> list[str]:
         if self.owner.episodes or self.owner.restored:
             raise ControlError("restore requires a process without live episodes")
+        if "environment_restore_ignores_boundary" in self.faults:
+            records = [{**record, "boundary": None} for record in records]
         return self.owner.install(records)
 
     async def delete_restored(self, keep: set[str]) -> None:
@@ -222,9 +223,7 @@ def build_app(config: ServerConfig) -> FastAPI:
     control_plane: ControlPlane
     owner = EpisodeOwner(notify=lambda: control_plane.notify())
     participant = EnvironmentParticipant(owner, frozenset(config.faults))
-    control_plane = ControlPlane(
-        participant, instance=config.name, token=config.token, lease_grace_s=config.lease_grace_s
-    )
+    control_plane = ControlPlane.from_config(participant, config)
     app = FastAPI(lifespan=lifespan_with_client(lambda c: runner.update(r=EpisodeRunner(c, config, owner))))
     install_error_handlers(app)
     add_health(app)

@@ -299,9 +299,7 @@ def build_app(config: ServerConfig) -> FastAPI:
         is_retired=lambda episode_id: control_plane.retired.is_retired(episode_id),
         notify=lambda: control_plane.notify(),
     )
-    control_plane = ControlPlane(
-        PolicyParticipant(gate), instance=config.name, token=config.token, lease_grace_s=config.lease_grace_s
-    )
+    control_plane = ControlPlane.from_config(PolicyParticipant(gate), config)
     forwarder = BackendForwarder(url=config.backend_url.rstrip("/") + GENERATION_PATH)
     app = FastAPI(lifespan=lifespan_with_client(lambda client: setattr(forwarder, "client", client)))
     app.add_middleware(RolloutPrefixMiddleware)

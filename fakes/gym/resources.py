@@ -206,9 +206,7 @@ def build_app(config: ServerConfig) -> FastAPI:
     """The weather resources server with session tracking and the checkpoint control routes."""
     control_plane: ControlPlane
     core = ResourcesCore(config, notify=lambda: control_plane.notify())
-    control_plane = ControlPlane(
-        ResourcesParticipant(core), instance=config.name, token=config.token, lease_grace_s=config.lease_grace_s
-    )
+    control_plane = ControlPlane.from_config(ResourcesParticipant(core), config)
     core.control_plane = control_plane
     app = FastAPI()
     app.add_middleware(RolloutPrefixMiddleware)

@@ -32,8 +32,27 @@ from ckpt_model.wire import EpisodeId
 CONTROL_DEADLINE_S = 20.0
 SETTLE_TIMEOUT_S = 10.0
 SETTLE_POLL_S = 0.002
+COUNT_GRACE_S = 1.0
+COUNT_PREFIX = "status of "
 PICK = st.integers(min_value=0, max_value=7)
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+@attrs.frozen
+class ExampleStat:
+    steps: int
+    crashes: int
+    seconds: float
+
+
+@attrs.define
+class SearchStats:
+    """Counts examples, their steps and crashes, and times the first failure (benchmarks and fault tests)."""
+
+    started_s: float = attrs.field(factory=time.monotonic)
+    examples: int = 0
+    first_failure_s: float | None = None
+    finished: list[ExampleStat] = attrs.field(factory=list)
 
 
 @attrs.frozen
@@ -86,20 +105,26 @@ class CheckpointMachine(RuleBasedStateMachine):
 
     harness: ClassVar[Harness]
     settle_timeout_s: ClassVar[float] = SETTLE_TIMEOUT_S
+    stats: ClassVar[SearchStats | None] = None
 
     def __init__(self) -> None:
         super().__init__()
+        if self.stats is not None:
+            self.stats.examples += 1
         self.harness.begin_example()
         self.model = Model(topology=self.harness.topology)  # type: ignore[arg-type]
         self.history = History()
         self.pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="run")
         self.outcomes: dict[str, RunOutcome] = {}
+        self.futures: dict[str, Future[RunOutcome]] = {}
         self.must_refuse: set[str] = set()
         self.retired_attempts: dict[str, Attempt] = {}
         self.fingerprints: dict[str, dict[str, Any]] = {}
         self.steps: list[str] = []
         self.retire_seq = 0
+        self.crashes = 0
         self.broken = False
+        self.started_s = time.monotonic()
 
     # -- rules ------------------------------------------------------------------------------------------------
 
@@ -179,7 +204,9 @@ class CheckpointMachine(RuleBasedStateMachine):
     def crash(self) -> None:
         """SIGKILL every Gym process group and start fresh processes; the backend and the disk survive."""
         self.history.invoke("controller", "crash")
+        self.crashes += 1
         self.harness.crash()
+        self._wait_runs_ended()
         stale = sorted(self._observe().waiting.values())
         if stale:
             self.harness.backend.release(stale)  # type: ignore[union-attr]
@@ -298,6 +325,10 @@ class CheckpointMachine(RuleBasedStateMachine):
             raise
         finally:
             self.pool.shutdown(wait=False, cancel_futures=True)
+            if self.stats is not None:
+                rules = sum(1 for label in self.steps if not label.startswith("-- "))
+                seconds = time.monotonic() - self.started_s
+                self.stats.finished.append(ExampleStat(steps=rules, crashes=self.crashes, seconds=seconds))
 
     def _drain(self) -> None:
         """Resume, start everything unfinished, release every call; then P3, P4, P7, P9 and P13."""
@@ -376,9 +407,30 @@ class CheckpointMachine(RuleBasedStateMachine):
         return RunOutcome(status_code=response.status_code, body=body)
 
     def _send_run(self, attempt: Attempt) -> None:
-        """`/run` in the background: its completion is an event, attributed whenever it arrives."""
+        """`/run` in the background: its completion is an event, attributed whenever it arrives.
+
+        A capture key can be sent again (restoring one checkpoint twice reuses the attempt number); the earlier
+        `/run` of that key has ended by then (crashes wait for theirs), so its outcome is cleared first."""
+        self.outcomes.pop(attempt.key, None)
+        self.must_refuse.discard(attempt.key)
         future: Future[RunOutcome] = self.pool.submit(self._post_run, attempt)
         future.add_done_callback(lambda f, key=attempt.key: self.outcomes.__setitem__(key, f.result()))
+        self.futures[attempt.key] = future
+
+    def _wait_runs_ended(self) -> None:
+        """After a crash every `/run` in flight ends with a transport error; wait for each (bounded)."""
+        deadline = time.monotonic() + self.settle_timeout_s
+        for key, future in list(self.futures.items()):
+            try:
+                future.result(timeout=max(deadline - time.monotonic(), 0.0))
+            except TimeoutError:
+                raise QuiescenceTimeout(
+                    prediction="every /run in flight ends when its server is killed",
+                    observed=f"the /run of {key} is still open",
+                    pending=[key],
+                    timeout_s=self.settle_timeout_s,
+                ) from None
+        self.futures.clear()
 
     def _observe(self) -> Observation:
         calls: dict[str, tuple[int, ...]] = {}
@@ -406,14 +458,25 @@ class CheckpointMachine(RuleBasedStateMachine):
     # -- settling: wait for the predicted quiet state, then check ------------------------------------------------
 
     def _settle(self, violation: type[PropertyViolation] | None = None) -> Observation:
+        """Poll until the system shows what the model predicts; then check the history and the checkpoints.
+
+        Calls, replies and waits may take up to `settle_timeout_s`. Status counts change in the same process
+        step as the calls and replies already observed, so once only counts differ they get `COUNT_GRACE_S`.
+        """
         expected = expect(self.model)
         deadline = time.monotonic() + self.settle_timeout_s
+        counts_deadline: float | None = None
         while True:
             observation = self._observe()
             pending = self._pending(expected, observation)
             if not pending:
                 break
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if all(item.startswith(COUNT_PREFIX) for item in pending):
+                counts_deadline = counts_deadline or now + COUNT_GRACE_S
+            else:
+                counts_deadline = None
+            if now > deadline or (counts_deadline is not None and now > counts_deadline):
                 self._timed_out(expected, observation, pending, violation)
             time.sleep(SETTLE_POLL_S)
         props.p2_no_reply_while_prepared(self.history)
@@ -436,7 +499,7 @@ class CheckpointMachine(RuleBasedStateMachine):
                     expected=f"{name} in phase {self._expected_phase(expected)}",
                     observed=f"{name} in phase {(status['phase'], status.get('checkpoint_id'))}",
                 )
-            pending += [f"{name} {what}" for what in _count_mismatches(expected, status)]
+            pending += [f"{COUNT_PREFIX}{name} {what}" for what in _count_mismatches(expected, status)]
         return pending
 
     def _expected_phase(self, expected: Expectation) -> tuple[str, str | None]:
@@ -489,7 +552,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         held = observation.statuses.get(self._model_server(), {}).get("report", {}).get("counts", {}).get("held")
         if self.model.checkpoint_open and held != expected.held:
             props.p2_held_responses(self.model.open_checkpoint or "", expected.held, held)
-        if violation is not None and any(" count " in item or "retired" in item for item in pending):
+        if violation is not None and any(item.startswith(COUNT_PREFIX) for item in pending):
             raise violation(rollout=None, expected=_describe(expected), observed="; ".join(pending))
         raise QuiescenceTimeout(
             prediction=_describe(expected),
@@ -507,6 +570,8 @@ class CheckpointMachine(RuleBasedStateMachine):
         """Attach the readable steps, the history tail, the server logs and how to replay."""
         if getattr(error, "_ckpt_annotated", False):
             return
+        if self.stats is not None and self.stats.first_failure_s is None:
+            self.stats.first_failure_s = time.monotonic() - self.stats.started_s
         error._ckpt_annotated = True  # type: ignore[attr-defined]
         error.add_note("Steps (model names):\n" + "\n".join(f"  {i}. {s}" for i, s in enumerate(self.steps, 1)))
         rollout = getattr(error, "rollout", None)
@@ -546,7 +611,7 @@ def _count_mismatches(expected: Expectation, status: dict[str, Any]) -> list[str
         wanted["sessions"] = expected.sessions
     elif status["kind"] == "model":
         wanted.update(inflight=expected.inflight, held=expected.held)
-    problems = [f"count {k}={counts.get(k)} (expected {v})" for k, v in wanted.items() if counts.get(k) != v]
+    problems = [f"counts {k}={counts.get(k)} (expected {v})" for k, v in wanted.items() if counts.get(k) != v]
     if status.get("retired_rollouts") != expected.retired_rollouts:
         problems.append(f"retired_rollouts={status.get('retired_rollouts')} (expected {expected.retired_rollouts})")
     if status["kind"] == "environment" and tuple(status.get("restored_pending", ())) != expected.restored_pending:
@@ -566,7 +631,8 @@ def _describe(expected: Expectation) -> str:
     )
 
 
-def machine_for(harness: Harness) -> type[CheckpointMachine]:
+def machine_for(harness: Harness, stats: SearchStats | None = None) -> type[CheckpointMachine]:
     """Bind a harness to the machine (the class keeps its source, so Hypothesis's database key stays stable)."""
     CheckpointMachine.harness = harness
+    CheckpointMachine.stats = stats
     return CheckpointMachine

@@ -1,0 +1,77 @@
+"""The catalogue of injectable faults: each a real bug class, planted in one server, off by default.
+
+Select faults when a deployment starts (`python -m fakes.stack --faults a,b`, `Stack(faults=...)`,
+`Harness(faults=...)`); every server reads the list once at start, so a fault costs nothing when off. The
+checker must find each one and shrink it to a short sequence (`tests/stateful/test_finds_faults.py`); the
+property named here is the one expected to catch it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import attrs
+
+
+@attrs.frozen
+class Fault:
+    name: str
+    server: str
+    caught_by: str
+    description: str
+
+
+CATALOGUE: tuple[Fault, ...] = (
+    Fault(
+        "model_delivers_held",
+        "policy_model",
+        "P2",
+        "a model server that delivers held responses while a checkpoint is open",
+    ),
+    Fault(
+        "environment_drops_restored_pending",
+        "environment",
+        "P1",
+        "restored-pending episodes dropped by a second checkpoint taken before their replacement starts",
+    ),
+    Fault(
+        "environment_restore_ignores_boundary",
+        "environment",
+        "P4",
+        "a restore that installs an episode without its boundary, so the continuation redoes delivered calls",
+    ),
+    Fault(
+        "agent_restore_drops_outputs",
+        "agent",
+        "P3",
+        "an agent restore that rebuilds the loop without the outputs made before the checkpoint",
+    ),
+    Fault(
+        "agent_retire_keeps_sessions",
+        "agent",
+        "P7",
+        "a retire that stops an attempt but leaves its agent session tracked",
+    ),
+    Fault(
+        "resumed_id_not_fenced",
+        "every participant",
+        "P10",
+        "a control plane that forgets resumed checkpoint IDs, so a delayed prepare of one is accepted",
+    ),
+    Fault(
+        "resume_deletes_records",
+        "every participant",
+        "P9",
+        "a resume that cleans up the records file of the checkpoint it just committed",
+    ),
+)
+BY_NAME: dict[str, Fault] = {fault.name: fault for fault in CATALOGUE}
+
+
+def validate(names: Iterable[str]) -> tuple[str, ...]:
+    """The names, checked against the catalogue; an unknown name is an error that lists the known ones."""
+    chosen = tuple(names)
+    unknown = sorted(set(chosen) - set(BY_NAME))
+    if unknown:
+        raise ValueError(f"unknown fault(s) {unknown}; known faults: {', '.join(sorted(BY_NAME))}")
+    return chosen

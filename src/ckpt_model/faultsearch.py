@@ -1,0 +1,78 @@
+"""Run the state machine against a stack with one planted fault, and measure what finding it took.
+
+Used by `tests/stateful/test_finds_faults.py` (the checker must catch every catalogued fault with the property
+the catalogue names, in a short shrunk sequence) and by `benchmarks/find_faults.py` (the published figures).
+"""
+
+from __future__ import annotations
+
+import time
+
+import attrs
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from ckpt_model.deployment import Harness
+from ckpt_model.errors import PropertyViolation
+from ckpt_model.machine import SearchStats, machine_for
+from ckpt_model.profiles import PHASES
+
+# Derandomized, so a fault is found by the same examples on every run; no database, so a run stands alone.
+FAULT_SEARCH = settings(
+    max_examples=300,
+    stateful_step_count=20,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    phases=PHASES,
+    suppress_health_check=list(HealthCheck),
+    print_blob=False,
+)
+
+
+@attrs.frozen
+class Finding:
+    """What one search produced: the violation, the shrunk steps, and the times."""
+
+    fault: str
+    violation: BaseException | None
+    shrunk_steps: tuple[str, ...]
+    examples: int
+    first_failure_s: float | None
+    total_s: float
+
+    @property
+    def property_id(self) -> str | None:
+        return getattr(self.violation, "property_id", None)
+
+
+def shrunk_steps(error: BaseException) -> tuple[str, ...]:
+    """The rule calls of the falsifying example Hypothesis attached to the exception, teardown excluded."""
+    text = "\n".join(getattr(error, "__notes__", ()))
+    start = text.rfind("Falsifying example:")
+    lines = text[start:].splitlines() if start >= 0 else []
+    return tuple(
+        line.strip()
+        for line in lines
+        if line.strip().startswith("state.") and not line.strip().startswith("state.teardown(")
+    )
+
+
+def search(harness: Harness, search_settings: settings = FAULT_SEARCH) -> Finding:
+    """Run the machine until it fails (and shrinks) or runs out of examples."""
+    stats = SearchStats()
+    violation: PropertyViolation | None = None
+    try:
+        run_state_machine_as_test(machine_for(harness, stats), settings=search_settings)
+    except PropertyViolation as error:
+        violation = error
+    finally:
+        machine_for(harness, None)
+    return Finding(
+        fault=",".join(harness.faults) or "(none)",
+        violation=violation,
+        shrunk_steps=shrunk_steps(violation) if violation is not None else (),
+        examples=stats.examples,
+        first_failure_s=stats.first_failure_s,
+        total_s=time.monotonic() - stats.started_s,
+    )

@@ -1,0 +1,29 @@
+"""Each planted fault is found, by the property the catalogue names, and shrunk to a short sequence.
+
+The fault-free stack is the control: `test_contract.py` runs the same machine against it and must pass.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ckpt_model.deployment import Harness
+from ckpt_model.faultsearch import search
+from fakes.faults import CATALOGUE, Fault
+
+SHRUNK_STEPS_MAX = 10
+
+
+@pytest.mark.parametrize("fault", CATALOGUE, ids=lambda fault: fault.name)
+def test_the_checker_finds_the_planted_fault(fault: Fault) -> None:
+    with Harness("native", faults=(fault.name,)) as harness:
+        finding = search(harness)
+
+    assert finding.violation is not None, f"{fault.name} ({fault.description}) was not found"
+    assert finding.property_id == fault.caught_by, f"caught by {finding.property_id}:\n{finding.violation}"
+    assert 0 < len(finding.shrunk_steps) <= SHRUNK_STEPS_MAX, finding.shrunk_steps
+    print(
+        f"\n{fault.name}: {finding.property_id} after {finding.examples} examples, first failure at "
+        f"{finding.first_failure_s:.1f} s, shrunk to {len(finding.shrunk_steps)} steps in {finding.total_s:.1f} s: "
+        + "; ".join(finding.shrunk_steps)
+    )
