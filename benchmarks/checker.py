@@ -1,0 +1,75 @@
+"""The checker's headline figures, measured in one run: throughput of the default profile, and finding faults.
+
+    python benchmarks/checker.py                 # both: fault-free default profile, then every planted fault
+    python benchmarks/checker.py --no-faults     # only the default profile against the fault-free stack
+    python benchmarks/checker.py --faults model_delivers_held,resume_deletes_records
+
+Steps per example count rules run, the teardown drain included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+from hypothesis.stateful import run_state_machine_as_test
+
+from ckpt_model import profiles
+from ckpt_model.deployment import Harness
+from ckpt_model.faultsearch import search
+from ckpt_model.machine import SearchStats, machine_for
+from fakes.faults import BY_NAME, CATALOGUE
+
+
+def default_profile(topology: str) -> None:
+    stats = SearchStats()
+    with Harness(topology) as harness:
+        run_state_machine_as_test(machine_for(harness, stats), settings=profiles.DEFAULT)
+        machine_for(harness, None)
+    total_s = time.monotonic() - stats.started_s
+    done = stats.finished
+    print(
+        f"{topology:<7} examples {len(done):>3}  steps/example median {statistics.median(e.steps for e in done):>4.1f}"
+        f"  crashes/example mean {statistics.mean(e.crashes for e in done):.2f}"
+        f"  s/example median {statistics.median(e.seconds for e in done):.2f}  total {total_s:.1f} s",
+        flush=True,
+    )
+
+
+def faults(names: list[str]) -> None:
+    print(f"{'fault':<38} {'caught':>6} {'first failure':>14} {'total':>8} {'examples':>8} {'shrunk':>6}  sequence")
+    for name in names:
+        with Harness("native", faults=(name,)) as harness:
+            finding = search(harness)
+        first = f"{finding.first_failure_s:.1f} s" if finding.first_failure_s is not None else "-"
+        caught = finding.property_id or "MISSED"
+        print(
+            f"{name:<38} {caught:>6} {first:>14} {finding.total_s:>6.1f} s {finding.examples:>8} "
+            f"{len(finding.shrunk_steps):>6}  {'; '.join(finding.shrunk_steps)}",
+            flush=True,
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--no-faults", action="store_true", help="skip the planted faults")
+    parser.add_argument("--no-default", action="store_true", help="skip the default-profile throughput run")
+    parser.add_argument("--faults", default="", help="comma-separated fault names (default: every one)")
+    args = parser.parse_args(argv)
+    if not args.no_default:
+        for topology in ("native", "legacy"):
+            default_profile(topology)
+    if not args.no_faults:
+        names = [n for n in args.faults.split(",") if n] or [fault.name for fault in CATALOGUE]
+        unknown = sorted(set(names) - set(BY_NAME))
+        if unknown:
+            print(f"unknown faults {unknown}; known: {sorted(BY_NAME)}", file=sys.stderr)
+            return 2
+        faults(names)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
