@@ -15,16 +15,15 @@ from hypothesis.stateful import run_state_machine_as_test
 from ckpt_model.deployment import Harness
 from ckpt_model.errors import PropertyViolation
 from ckpt_model.machine import SearchStats, machine_for
-from ckpt_model.profiles import PHASES
+from ckpt_model.profiles import BASE
 
 # Derandomized, so a fault is found by the same examples on every run; no database, so a run stands alone.
 FAULT_SEARCH = settings(
+    BASE,
     max_examples=300,
     stateful_step_count=20,
-    deadline=None,
     derandomize=True,
     database=None,
-    phases=PHASES,
     suppress_health_check=list(HealthCheck),
     print_blob=False,
 )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 from hypothesis import HealthCheck, Phase, Verbosity, settings
+from hypothesis.database import DirectoryBasedExampleDatabase
 
 PROFILE_ENV = "HYPOTHESIS_PROFILE"
 SLOW_CHECKS = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
@@ -18,32 +19,21 @@ SLOW_CHECKS = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.fil
 # lines only failing runs reached, which our own failure report already says more plainly.
 PHASES = (Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink)
 
+# Shared by every profile: examples start processes, so no deadline and no speed health checks. The database and
+# derandomize are explicit because a settings object inherits the profile in force when it is built, and under
+# CI=true that is Hypothesis's own `ci` (no database, derandomized), already loaded when hypothesis is imported.
+BASE = settings(
+    deadline=None,
+    phases=PHASES,
+    suppress_health_check=SLOW_CHECKS,
+    print_blob=True,
+    derandomize=False,
+    database=DirectoryBasedExampleDatabase(".hypothesis/examples"),
+)
 # Each example starts real processes, so a few examples of a dozen steps keep the default run to a few minutes.
-DEFAULT = settings(
-    max_examples=8,
-    stateful_step_count=14,
-    deadline=None,
-    phases=PHASES,
-    suppress_health_check=SLOW_CHECKS,
-    print_blob=True,
-)
-CI = settings(
-    max_examples=200,
-    stateful_step_count=40,
-    deadline=None,
-    phases=PHASES,
-    suppress_health_check=SLOW_CHECKS,
-    print_blob=True,
-)
-DEBUG = settings(
-    max_examples=1,
-    stateful_step_count=14,
-    deadline=None,
-    phases=PHASES,
-    suppress_health_check=SLOW_CHECKS,
-    print_blob=True,
-    verbosity=Verbosity.verbose,
-)
+DEFAULT = settings(BASE, max_examples=8, stateful_step_count=14)
+CI = settings(BASE, max_examples=200, stateful_step_count=40)
+DEBUG = settings(BASE, max_examples=1, stateful_step_count=14, verbosity=Verbosity.verbose)
 PROFILES = {"default": DEFAULT, "ci": CI, "debug": DEBUG}
 
 
