@@ -1,16 +1,23 @@
 """Launch a look-alike Gym deployment: the fake backend plus the four Gym servers, each in its own process group.
 
-As a program: `python -m fakes.stack --topology native --state-dir DIR [--backend-url URL] [--faults a,b]`
-starts everything, writes `DIR/deployment.json` and stays in the foreground until SIGTERM or SIGINT. As a library:
-`Stack` starts, crashes (SIGKILL of every Gym process group) and restarts the Gym servers against a backend that
-survives, which is what the checker's deployment harness builds on.
+As a program: `python -m fakes.stack --topology native --state-dir DIR [--backend-url URL] [--faults a,b]
+[--no-fork-server]` starts everything, writes `DIR/deployment.json` and stays in the foreground until SIGTERM or
+SIGINT. As a library: `Stack` starts, crashes (SIGKILL of every Gym process group) and restarts the Gym servers
+against a backend that survives, which is what the checker's deployment harness builds on.
+
+By default the Gym servers are forked from a warmed fork server (`fakes.forkserver`), so a restart costs
+milliseconds; `fork_server=False` cold-starts `python -m fakes.gym.serve` per server instead (the fallback, and
+the baseline of `benchmarks/restart.py`). Either way a crashed server's port refuses connections until the next
+start binds it again, as after a real crash.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import json
+import logging
 import os
 import secrets
 import signal
@@ -18,18 +25,27 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 import httpx
 
+from fakes.forkserver import ForkServer, ForkServerError, SpawnRequest
 from fakes.gym.config import CONFIG_ENV, ServerConfig
+
+log = logging.getLogger(__name__)
 
 PORT_RANGE = (20000, 32767)
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
 POLL_INTERVAL_S = 0.005
+# Waiting for a killed group to vanish starts this fine: a SIGKILLed server is usually gone within a millisecond.
+GONE_POLL_FIRST_S = 0.0002
+# One health request: a forked server's socket listens before the server runs, so a request waits here while the
+# server starts; a server that hangs before accepting is looked at again after this long.
+HEALTH_REQUEST_TIMEOUT_S = 1.0
 LOG_TAIL_LINES = 30
 
 # Server instance names as in Gym's suite, with the role each plays per topology.
@@ -85,51 +101,100 @@ class StackStartError(RuntimeError):
     """A server exited or never became healthy; the message carries its log tail."""
 
 
+class StackStopError(RuntimeError):
+    """A process group still had processes after SIGKILL and the stop timeout."""
+
+
+def log_tail(log_path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        text = log_path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
 @attrs.define(eq=False)
 class ServerProcess:
-    """One server process in its own process group, with its log file."""
+    """One server process leading its own process group, with its log file.
+
+    Its parent is either this process (`process` is the Popen, which reaps it) or the fork server (which reaps
+    it and is asked, through `exit_status_of`, how it exited).
+    """
 
     name: str
     url: str
     kind: str | None
-    process: subprocess.Popen[bytes]
+    pid: int
     log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+    exit_status_of: Callable[[int], int | None] | None = None
 
     @property
     def pgid(self) -> int:
-        return self.process.pid
+        return self.pid
+
+    def poll(self) -> int | None:
+        """The exit status once the process is gone (-1 if no one recorded it), None while it runs."""
+        if self.process is not None:
+            return self.process.poll()
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            # Gone means reaped, and the fork server records the status as it reaps.
+            status = self.exit_status_of(self.pid) if self.exit_status_of is not None else None
+            return -1 if status is None else status
+        return None
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
+        return log_tail(self.log_path, lines)
 
     def describe(self) -> dict[str, Any]:
         return {"url": self.url, "kind": self.kind, "pgid": self.pgid}
 
 
-def spawn(name: str, argv: list[str], env: dict[str, str], log_path: Path, url: str, kind: str | None) -> ServerProcess:
+def log_start(log_path: Path, name: str) -> None:
+    """Mark a (re)start in the server's log, which every start of that server appends to."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("ab") as log:
-        log.write(f"--- start {name} at {time.time():.3f}\n".encode())
+    with log_path.open("ab") as log_file:
+        log_file.write(f"--- start {name} at {time.time():.3f}\n".encode())
+
+
+def spawn(name: str, argv: list[str], env: dict[str, str], log_path: Path, url: str, kind: str | None) -> ServerProcess:
+    """Cold-start one server as our child, in a new session (so its own process group)."""
+    log_start(log_path, name)
+    with log_path.open("ab") as log_file:
         process = subprocess.Popen(
-            argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            argv, env=env, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
         )
-    return ServerProcess(name=name, url=url, kind=kind, process=process, log_path=log_path)
+    return ServerProcess(name=name, url=url, kind=kind, pid=process.pid, log_path=log_path, process=process)
 
 
-def wait_healthy(servers: list[ServerProcess], path: str, timeout_s: float = START_TIMEOUT_S) -> None:
-    """Poll each server's health route until it answers < 500; a server that exits fails the start."""
-    deadline = time.monotonic() + timeout_s
+def health_client() -> httpx.Client:
+    """The client health checks reuse: building one costs ~42 ms (its SSL context), so a Stack builds one."""
+    return httpx.Client(timeout=HEALTH_REQUEST_TIMEOUT_S, trust_env=False)
+
+
+def wait_healthy(
+    servers: Sequence[ServerProcess],
+    path: str,
+    timeout_s: float = START_TIMEOUT_S,
+    http: httpx.Client | None = None,
+) -> None:
+    """Poll each server's health route until it answers < 500; a server that exits fails the start.
+
+    A cold server refuses connections until it binds, hence the polling; a forked server's socket listens
+    before the server runs, so its first request simply waits in the backlog until the server answers.
+    """
+    deadline_s = time.monotonic() + timeout_s
     pending = list(servers)
-    with httpx.Client(timeout=2.0) as client:
+    with contextlib.ExitStack() as resources:
+        client = http if http is not None else resources.enter_context(health_client())
         while pending:
             server = pending[0]
-            if server.process.poll() is not None:
+            status = server.poll()
+            if status is not None:
                 raise StackStartError(
-                    f"{server.name} exited with status {server.process.returncode} before it was healthy; "
+                    f"{server.name} exited with status {status} before it was healthy; "
                     f"log {server.log_path}:\n{server.log_tail()}"
                 )
             try:
@@ -138,7 +203,7 @@ def wait_healthy(servers: list[ServerProcess], path: str, timeout_s: float = STA
                     continue
             except httpx.TransportError:
                 pass
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline_s:
                 raise StackStartError(
                     f"{server.name} was not healthy at {server.url}{path} within {timeout_s:.0f} s; "
                     f"log {server.log_path}:\n{server.log_tail()}"
@@ -146,22 +211,48 @@ def wait_healthy(servers: list[ServerProcess], path: str, timeout_s: float = STA
             time.sleep(POLL_INTERVAL_S)
 
 
-def kill_group(server: ServerProcess, sig: int = signal.SIGKILL, timeout_s: float = STOP_TIMEOUT_S) -> None:
-    """Signal the whole process group, reap the leader, and wait (bounded) until the group is gone."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(server.pgid, sig)
-    try:
-        server.process.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(server.pgid, signal.SIGKILL)
-        server.process.wait(timeout=timeout_s)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+def wait_group_gone(server: ServerProcess, timeout_s: float = STOP_TIMEOUT_S) -> bool:
+    """Wait (bounded) until no process is left in the server's group; SIGKILL it once if the timeout passes.
+
+    `killpg(pgid, 0)` still succeeds while the leader is a zombie, so the leader is reaped first: here through
+    its Popen on the cold path, by the fork server's SIGCHLD handler otherwise.
+    """
+    deadline_s = time.monotonic() + timeout_s
+    interval_s = GONE_POLL_FIRST_S
+    escalated = False
+    while True:
+        if server.process is not None:
+            server.process.poll()
         try:
             os.killpg(server.pgid, 0)
         except ProcessLookupError:
-            return
-        time.sleep(POLL_INTERVAL_S)
+            return True
+        if time.monotonic() > deadline_s:
+            if escalated:
+                return False
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(server.pgid, signal.SIGKILL)
+            escalated = True
+            deadline_s = time.monotonic() + timeout_s
+        time.sleep(interval_s)
+        interval_s = min(interval_s * 2, POLL_INTERVAL_S)
+
+
+def kill_groups(servers: Sequence[ServerProcess], sig: int = signal.SIGKILL, timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """Signal every server's process group first (they die in parallel), then wait until each group is gone."""
+    for server in servers:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pgid, sig)
+    stuck = [server for server in servers if not wait_group_gone(server, timeout_s)]
+    if stuck:
+        names = ", ".join(f"{server.name} (pgid {server.pgid})" for server in stuck)
+        waited_s = 2 * timeout_s
+        raise StackStopError(f"process groups still alive {waited_s:.0f} s after signal {sig}, then SIGKILL: {names}")
+
+
+def kill_group(server: ServerProcess, sig: int = signal.SIGKILL, timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """Signal one server's process group and wait (bounded) until it is gone."""
+    kill_groups([server], sig, timeout_s)
 
 
 class Stack:
@@ -175,6 +266,7 @@ class Stack:
         backend_url: str | None = None,
         faults: tuple[str, ...] = (),
         token: str | None = None,
+        fork_server: bool = True,
     ) -> None:
         if topology not in TOPOLOGIES:
             raise ValueError(f"'topology' must be one of {sorted(TOPOLOGIES)} (got {topology!r})")
@@ -183,11 +275,14 @@ class Stack:
         self.faults = tuple(faults)
         self.token = token or "ckpt-" + secrets.token_hex(8)
         self.backend_url = backend_url
+        self.use_fork_server = fork_server
         self.backend: ServerProcess | None = None
         self.gym: dict[str, ServerProcess] = {}
+        self.fork_server: ForkServer | None = None
         self.capture_dir = self.state_dir / "capture"
         self.checkpoint_root = self.state_dir / "checkpoints"
         self._ports: dict[str, int] = {}
+        self._http: httpx.Client | None = None
 
     # -- processes -------------------------------------------------------------------------------------------
 
@@ -195,8 +290,16 @@ class Stack:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         argv = [sys.executable, "-m", "fakes.backend", "--port", str(port)]
-        self.backend = spawn("backend", argv, dict(os.environ), self.state_dir / "logs" / "backend.log", url, None)
-        wait_healthy([self.backend], "/v1/models")
+        self._stop_at_exit()
+        if self.use_fork_server and self.fork_server is None:
+            # Its seconds of warm-up overlap the backend's start.
+            self.fork_server = ForkServer.launch(self.log_path("forkserver"))
+        self.backend = spawn("backend", argv, dict(os.environ), self.log_path("backend"), url, None)
+        try:
+            wait_healthy([self.backend], "/v1/models", http=self.http)
+        except BaseException:
+            self._stop_backend()
+            raise
         self.backend_url = url
         return url
 
@@ -221,34 +324,139 @@ class Stack:
         }
 
     def start_gym(self) -> None:
-        """Start every Gym server in parallel and wait until all are healthy."""
+        """Start every Gym server in parallel and wait until all are healthy; on any failure none is left."""
         if self.backend_url is None:
             raise RuntimeError("start the backend (or pass backend_url) before the Gym servers")
+        if self.gym:
+            raise RuntimeError(f"the Gym servers {sorted(self.gym)} are running: call crash_gym() first")
         self.capture_dir.mkdir(parents=True, exist_ok=True)
         self.checkpoint_root.mkdir(parents=True, exist_ok=True)
-        for name, config in self.configs().items():
+        self._stop_at_exit()
+        configs = self.configs()
+        try:
+            if self.use_fork_server:
+                self._fork_gym(configs)
+            else:
+                self._spawn_gym(configs)
+            wait_healthy(list(self.gym.values()), "/health", http=self.http)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self.crash_gym()
+            raise
+        if self.use_fork_server:
+            self._prebuild(configs)
+
+    def _prebuild(self, configs: Mapping[str, ServerConfig]) -> None:
+        """Let the fork server build the next restart's apps now, while the servers just started do their work."""
+        assert self.fork_server is not None
+        requests = [SpawnRequest(name, config.to_json(), self.log_path(name)) for name, config in configs.items()]
+        try:
+            self.fork_server.prebuild(requests)
+        except ForkServerError as error:
+            # Only a speed-up: the next start notices a dead fork server and reports it with its log.
+            log.warning("the fork server did not take the prebuild request: %s", error)
+
+    def _spawn_gym(self, configs: Mapping[str, ServerConfig]) -> None:
+        for name, config in configs.items():
             env = {**os.environ, CONFIG_ENV: config.to_json()}
             argv = [sys.executable, "-m", "fakes.gym.serve"]
-            log_path = self.state_dir / "logs" / f"{name}.log"
-            self.gym[name] = spawn(name, argv, env, log_path, config.url, KIND_OF_ROLE[config.role])
+            kind = KIND_OF_ROLE.get(config.role)
+            self.gym[name] = spawn(name, argv, env, self.log_path(name), config.url, kind)
+
+    def _fork_gym(self, configs: Mapping[str, ServerConfig]) -> None:
+        fork_server = self._running_fork_server()
+        requests = []
+        for name, config in configs.items():
+            log_start(self.log_path(name), name)
+            requests.append(SpawnRequest(name, config.to_json(), self.log_path(name)))
         try:
-            wait_healthy(list(self.gym.values()), "/health")
-        except StackStartError:
-            self.crash_gym()
-            raise
+            pids = fork_server.spawn(requests)
+        except ForkServerError as error:
+            raise StackStartError(f"{error}; log {fork_server.log_path}:\n{log_tail(fork_server.log_path)}") from error
+        for name, config in configs.items():
+            self.gym[name] = ServerProcess(
+                name=name,
+                url=config.url,
+                kind=KIND_OF_ROLE.get(config.role),
+                pid=pids[name],
+                log_path=self.log_path(name),
+                exit_status_of=fork_server.exit_status,
+            )
+
+    def _running_fork_server(self) -> ForkServer:
+        """The warmed-up fork server, started on first use and again if it died."""
+        if self.fork_server is not None and not self.fork_server.alive():
+            log.warning("the fork server (pid %d) died; starting a new one", self.fork_server.pid)
+            self._stop_fork_server()
+        if self.fork_server is None:
+            self.fork_server = ForkServer.launch(self.log_path("forkserver"))
+        try:
+            self.fork_server.wait_ready(START_TIMEOUT_S)
+        except ForkServerError as error:
+            log_path = self.fork_server.log_path
+            self.fork_server = None  # wait_ready stopped it
+            raise StackStartError(f"{error}; log {log_path}:\n{log_tail(log_path)}") from error
+        return self.fork_server
 
     def crash_gym(self) -> None:
-        """SIGKILL every Gym process group; the backend and the directories survive."""
-        for server in self.gym.values():
-            kill_group(server)
+        """SIGKILL every Gym process group and wait until each is gone; the backend, fork server and dirs survive."""
+        servers = list(self.gym.values())
         self.gym = {}
+        kill_groups(servers)
 
     def stop(self) -> None:
-        """Stop everything this stack started (idempotent)."""
-        self.crash_gym()
-        if self.backend is not None:
-            kill_group(self.backend, signal.SIGTERM)
-            self.backend = None
+        """Stop everything this stack started (idempotent); every step runs, then the first error is raised."""
+        errors: list[Exception] = []
+        for step in (self.crash_gym, self._stop_fork_server, self._stop_backend, self._close_http):
+            try:
+                step()
+            except Exception as error:
+                log.warning("stopping the stack in %s: %s", self.state_dir, error)
+                errors.append(error)
+        atexit.unregister(self.stop)
+        if errors:
+            raise errors[0]
+
+    def reap_exited(self) -> None:
+        """Collect every exited child of this process (cold-started servers, the backend, the fork server)."""
+        children = [self.backend, *self.gym.values()]
+        for server in children:
+            if server is not None and server.process is not None:
+                server.process.poll()
+        if self.fork_server is not None:
+            self.fork_server.alive()
+
+    def _stop_fork_server(self) -> None:
+        fork_server, self.fork_server = self.fork_server, None
+        if fork_server is not None:
+            fork_server.stop(STOP_TIMEOUT_S)
+
+    def _stop_backend(self) -> None:
+        backend, self.backend = self.backend, None
+        if backend is not None:
+            kill_groups([backend], signal.SIGTERM)
+
+    def _close_http(self) -> None:
+        http, self._http = self._http, None
+        if http is not None:
+            http.close()
+
+    def _stop_at_exit(self) -> None:
+        # Registered again on every start: stop() unregisters it (registering twice would stop twice).
+        atexit.unregister(self.stop)
+        atexit.register(self.stop)
+
+    # -- views --------------------------------------------------------------------------------------------------
+
+    @property
+    def http(self) -> httpx.Client:
+        """The stack's health-check client, built once."""
+        if self._http is None:
+            self._http = health_client()
+        return self._http
+
+    def log_path(self, name: str) -> Path:
+        return self.state_dir / "logs" / f"{name}.log"
 
     def describe(self) -> dict[str, Any]:
         backend = None
@@ -267,8 +475,14 @@ class Stack:
     def __enter__(self) -> Stack:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def __exit__(self, exc_type: object, exc: BaseException | None, traceback: object) -> None:
+        try:
+            self.stop()
+        except Exception:
+            if exc is None:
+                raise
+            # Never let a teardown error hide the exception that ended the block.
+            log.exception("stopping the stack after %r", exc)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -278,6 +492,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend-url", help="use a running backend (one that survived a crash) instead")
     parser.add_argument("--faults", default="", help="comma-separated fault names (see fakes.faults)")
     parser.add_argument("--token", help="control bearer token (default: a fresh random one)")
+    parser.add_argument(
+        "--no-fork-server", action="store_true", help="cold-start every Gym server (slow restarts; the fallback)"
+    )
     args = parser.parse_args(argv)
     faults = tuple(name for name in args.faults.split(",") if name)
     stop_requested = False
@@ -288,7 +505,14 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
-    stack = Stack(args.topology, args.state_dir, backend_url=args.backend_url, faults=faults, token=args.token)
+    stack = Stack(
+        args.topology,
+        args.state_dir,
+        backend_url=args.backend_url,
+        faults=faults,
+        token=args.token,
+        fork_server=not args.no_fork_server,
+    )
     try:
         if args.backend_url is None:
             stack.start_backend()
@@ -296,10 +520,12 @@ def main(argv: list[str] | None = None) -> int:
         description_path = stack.state_dir / "deployment.json"
         description_path.write_text(json.dumps(stack.describe(), indent=2) + "\n")
         print(f"deployment ready: {description_path}", flush=True)
-        # Block the stop signals only now: children inherit the mask, and they must stay killable.
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
-        if not stop_requested:
-            signal.sigwait({signal.SIGTERM, signal.SIGINT})
+        # Block the stop signals only now: children inherit the mask, and they must stay killable. SIGCHLD too:
+        # a server killed from outside must be reaped at once, or its process group never disappears.
+        waited = {signal.SIGTERM, signal.SIGINT, signal.SIGCHLD}
+        signal.pthread_sigmask(signal.SIG_BLOCK, waited)
+        while not stop_requested and signal.sigwait(waited) == signal.SIGCHLD:
+            stack.reap_exited()
     except StackStartError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

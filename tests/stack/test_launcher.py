@@ -33,7 +33,8 @@ def group_gone(pgid: int) -> bool:
 
 def stop(launcher: subprocess.Popen[bytes]) -> None:
     launcher.send_signal(signal.SIGTERM)
-    assert launcher.wait(timeout=30) == 0
+    _, stderr = launcher.communicate(timeout=30)
+    assert launcher.returncode == 0, stderr.decode(errors="replace")
 
 
 def test_the_launcher_serves_a_described_deployment_and_stops_everything(tmp_path: Path) -> None:

@@ -1,0 +1,595 @@
+"""A fork server ("zygote") for the look-alike Gym servers: restarts in milliseconds instead of a cold start.
+
+A cold `python -m fakes.gym.serve` spends ~380 ms importing and warming up before its first reply, and the
+checker restarts all four Gym servers for every example and every crash. This process pays that once: it
+imports every server module and uvicorn and serves warm-up requests through each role's app on a throwaway event
+loop (closed again, so no thread runs when it forks). A start is then a `fork()`: the child makes its own session
+(so `os.killpg(pid, SIGKILL)` is a crash of exactly that server), takes a fresh app (built from its config ahead
+of time when the owner asked for a `prebuild`, else now) and serves a listening socket the fork server bound to
+the server's fixed port just before forking it (`listening_socket`: IPPROTO_TCP, SO_REUSEADDR).
+
+The fork server closes its copy of that socket right after the fork, so the child holds the only one and a crash
+looks like a real one: connections waiting in the backlog are reset and new ones are refused until the next
+start, which binds the same port again. (A socket kept by the fork server across children would keep accepting
+connections for a dead server and hand them to the next process.) At most one child per server name lives.
+
+Channel: the owner (`fakes.stack.Stack`, through `ForkServer`) writes one JSON object per line to this
+process's stdin and reads one JSON reply per line from its stdout:
+
+    started                                     -> {"ready": true, "pid": P, "warm_up_ms": W}  (or "ready": false)
+    {"op": "spawn", "servers": [{"name", "config", "log_path"}, ...]}  -> {"ok": true, "pids": {name: pid}}
+    {"op": "exit_status", "pid": P}             -> {"ok": true, "exit_status": int | null}
+    {"op": "prebuild", "servers": [{"name", "config"}, ...]}  -> {"ok": true}, then it builds each app so the
+                                                   next child of that server (same config) starts with it built
+    {"op": "ping"}                              -> {"ok": true} once every earlier request's work is done
+    end of stdin (the owner closed it or died)  -> every child's group is killed and reaped, then it exits
+
+Reaping: a SIGCHLD handler reaps children as they die and keeps their exit statuses, so a killed server's process
+group disappears at once (`killpg(pgid, 0)` succeeds on zombies) and the owner can still ask how a server exited.
+Children also get SIGKILL if the fork server dies (PR_SET_PDEATHSIG), so none is ever orphaned.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ctypes
+import gc
+import json
+import os
+import select
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import FrameType
+from typing import IO, Any, NoReturn
+
+import attrs
+
+LISTEN_BACKLOG = 2048  # uvicorn's default
+READY_TIMEOUT_S = 60.0
+REPLY_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 10.0
+REAP_POLL_INTERVAL_S = 0.001
+EXIT_STATUSES_KEPT_MAX = 1024
+WARM_UP_TOKEN = "warm-up"
+# Peers no warm-up request reaches: a closed loopback port (the discard service is never listened on here).
+WARM_UP_PEER_URL = "http://127.0.0.1:9"
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+PR_SET_NAME = 15
+PROCESS_NAME_BYTES_MAX = 15
+# Signals whose fork-server handlers a child must not keep.
+HANDLED_SIGNALS = (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+
+def listening_socket(host: str, port: int, backlog: int = LISTEN_BACKLOG) -> socket.socket:
+    """A bound, listening TCP socket for a server to inherit.
+
+    The protocol must be IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted connections only when the
+    listening socket says TCP, and without it every request after a connection's first stalls ~44 ms (Nagle
+    plus delayed ACK; SPEC section 11). SO_REUSEADDR lets a port be bound again while old connections linger.
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(backlog)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+# --- the fork server process ---------------------------------------------------------------------------------
+
+
+def warm_up() -> float:
+    """Import and exercise everything a server runs, so a forked child pays none of it; returns the cost in ms."""
+    started_s = time.perf_counter()
+    import fakes.gym.agent
+    import fakes.gym.environment
+    import fakes.gym.model
+    import fakes.gym.resources
+    import fakes.gym.serve  # noqa: F401 - imported for its side effect: loaded before any fork
+
+    with tempfile.TemporaryDirectory(prefix="ckpt-forkserver-warm-up-") as capture_dir:
+        # asyncio.run closes its loop and joins the default executor's threads before it returns.
+        asyncio.run(_warm_up_requests(capture_dir))
+    if threading.active_count() != 1:
+        raise RuntimeError(f"warm-up left {threading.active_count() - 1} thread(s) running; forking now is unsafe")
+    # Keep the warmed objects out of the children's garbage collections: fewer copy-on-write page faults.
+    gc.collect()
+    gc.freeze()
+    return (time.perf_counter() - started_s) * 1000
+
+
+async def _warm_up_requests(capture_dir: str) -> None:
+    """One app per role, with its lifespan, answers in-process requests; one answers through uvicorn over TCP."""
+    import httpx
+    import uvicorn
+
+    from ckpt_model.wire import CHECKPOINT_ROUTE_PREFIX
+    from fakes.gym.config import ROLES, ServerConfig
+    from fakes.gym.serve import build_app
+
+    peers = dict.fromkeys(("environment", "agent", "resources", "policy_model"), WARM_UP_PEER_URL)
+    headers = {"Authorization": f"Bearer {WARM_UP_TOKEN}"}
+    app = None
+    for role in ROLES:
+        config = ServerConfig(
+            name=f"warm-up-{role}",
+            role=role,  # type: ignore[arg-type]
+            port=0,
+            token=WARM_UP_TOKEN,
+            backend_url=WARM_UP_PEER_URL,
+            peers=peers,
+            capture_dir=capture_dir,
+        )
+        app = build_app(config)
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://warm-up") as client,
+        ):
+            await client.get("/health")
+            await client.get(CHECKPOINT_ROUTE_PREFIX + "/status", headers=headers)
+            await client.get(CHECKPOINT_ROUTE_PREFIX + "/status")  # 401: the error handlers
+    # The path a child takes: uvicorn serving an inherited socket, answering a real TCP client.
+    sock = listening_socket("127.0.0.1", 0)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
+    serving = asyncio.ensure_future(server.serve(sockets=[sock]))
+    try:
+        host, port = sock.getsockname()
+        # No readiness wait needed: the socket listens already, so the request waits in its backlog.
+        async with httpx.AsyncClient(trust_env=False) as client:
+            await client.get(f"http://{host}:{port}/health")
+    finally:
+        server.should_exit = True
+        await serving
+        sock.close()
+
+
+class Zygote:
+    """The fork server's state: the live children, how the dead exited, and apps built ahead for the next ones."""
+
+    def __init__(self, control_files: Sequence[IO[bytes]]) -> None:
+        self.control_files = tuple(control_files)
+        # Both are changed by the SIGCHLD handler, which can run between any two bytecodes of other code (and of
+        # itself): read them through single calls (`list(...)`, `.get`), never by iterating them in Python.
+        self.children: dict[int, str] = {}
+        self.exit_statuses: OrderedDict[int, int] = OrderedDict()
+        # Per server name: an app built from this config JSON and never served, for the next child to take.
+        self.spares: dict[str, tuple[str, Any]] = {}
+        self.builds_pending: list[tuple[str, str]] = []
+        self.requests_fd: int | None = None
+        self.pid = os.getpid()
+        # Loaded before any fork, so a child only calls it.
+        self.libc = ctypes.CDLL(None, use_errno=True)
+
+    # -- requests ---------------------------------------------------------------------------------------------
+
+    def handle(self, line: bytes) -> dict[str, Any]:
+        """One request line to one reply; a bad request gets an error reply, never kills the fork server."""
+        try:
+            request = json.loads(line)
+            op = request.get("op")
+            if op == "spawn":
+                return {"ok": True, "pids": self.spawn_all(request["servers"])}
+            if op == "exit_status":
+                return {"ok": True, "exit_status": self.exit_statuses.get(int(request["pid"]))}
+            if op == "ping":
+                self.build_spares(interruptible=False)
+                return {"ok": True}
+            if op == "prebuild":
+                # Built after the reply is sent (see `serve`), so the owner does not wait for it.
+                self.builds_pending = [(server["name"], server["config"]) for server in request["servers"]]
+                return {"ok": True}
+            return {"ok": False, "error": f"'op' must be 'spawn', 'exit_status', 'prebuild' or 'ping' (got {op!r})"}
+        except Exception as error:
+            return {"ok": False, "error": f"{type(error).__name__}: {error}"}
+
+    def spawn_all(self, servers: list[dict[str, str]]) -> dict[str, int]:
+        """Fork one child per server; returns once every child leads its own process group.
+
+        All forks go first and the wait comes once after them, so no fork waits for an earlier child to be
+        scheduled. If anything fails, the children already forked for this request die too.
+        """
+        # Builds a start interrupted would now compete with its children for the CPU; the owner asks for the
+        # next start's apps once these children serve.
+        self.builds_pending = []
+        pids: dict[str, int] = {}
+        ready_read_fd, ready_write_fd = os.pipe()
+        try:
+            try:
+                for server in servers:
+                    name, log_path = server["name"], Path(server["log_path"])
+                    pids[name] = self.spawn(name, server["config"], log_path, (ready_read_fd, ready_write_fd))
+            finally:
+                os.close(ready_write_fd)
+                # EOF once every child has closed its copy of the write end, which each does right after
+                # setsid() (or by dying). Until then killpg(pid) could miss it: replying earlier would hand out
+                # process groups that do not exist yet.
+                while os.read(ready_read_fd, 64):
+                    pass
+                os.close(ready_read_fd)
+        except BaseException:
+            for pid in pids.values():
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+            raise
+        return pids
+
+    def spawn(self, name: str, config_json: str, log_path: Path, ready_pipe: tuple[int, int]) -> int:
+        """Fork a child serving `name`; the child closes `ready_pipe`'s write end once it leads its own group."""
+        running = [pid for pid, child_name in list(self.children.items()) if child_name == name]
+        if running:
+            raise RuntimeError(f"server {name!r} still runs as pid {running[0]}: kill its process group first")
+        address = json.loads(config_json)
+        try:
+            sock = listening_socket(address["host"], address["port"])
+        except OSError as error:
+            raise OSError(f"server {name!r} cannot listen on {address['host']}:{address['port']}: {error}") from None
+        spare_config_json, spare_app = self.spares.pop(name, ("", None))
+        app = spare_app if spare_config_json == config_json else None
+        if threading.active_count() != 1:
+            raise RuntimeError(f"{threading.active_count() - 1} thread(s) running in the fork server; fork is unsafe")
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()  # or the child would write our buffered bytes again
+        with sock:  # our copy closes right after the fork: the child must hold the only one
+            pid = os.fork()
+            if pid == 0:
+                os.close(ready_pipe[0])
+                self.die_with_parent()
+                self.name_process(name)
+                child_main(name, config_json, app, log_path, sock, self.control_files, ready_pipe[1])
+        self.children[pid] = name
+        self.reap()  # the handler reaps only recorded children: one that died already is collected here
+        return pid
+
+    # -- children -----------------------------------------------------------------------------------------------
+
+    def die_with_parent(self) -> None:
+        """In a child: be SIGKILLed when the fork server dies, even by SIGKILL, so no server is ever orphaned."""
+        if self.libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL) != 0 or os.getppid() != self.pid:
+            os._exit(1)  # the fork server died before the request took effect
+
+    def name_process(self, name: str) -> None:
+        """In a child: `ps`/`pgrep` show `gym-<name>` instead of the fork server's name (argv stays its own)."""
+        self.libc.prctl(PR_SET_NAME, f"gym-{name}".encode()[:PROCESS_NAME_BYTES_MAX])
+
+    def reap(self, signum: int | None = None, frame: FrameType | None = None) -> None:
+        """SIGCHLD handler: collect every recorded child that died, keeping its exit status for the owner.
+
+        Only recorded children are waited for, so a child is never reaped before `spawn` records it. The handler
+        may interrupt other code and itself (a second SIGCHLD), so each change is one atomic dict call; and it
+        never raises, since an exception would surface in whatever code the signal interrupted.
+        """
+        try:
+            for pid in list(self.children):
+                try:
+                    reaped_pid, status = os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    self.children.pop(pid, None)  # collected by an interrupted call of this same handler
+                    continue
+                if reaped_pid == 0:
+                    continue
+                self.exit_statuses[pid] = os.waitstatus_to_exitcode(status)
+                self.children.pop(pid, None)
+                while len(self.exit_statuses) > EXIT_STATUSES_KEPT_MAX:
+                    self.exit_statuses.popitem(last=False)
+        except Exception:
+            traceback.print_exc()
+
+    def kill_children(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """SIGKILL every live child's group and reap them (bounded), so none outlives the fork server."""
+        for pid in list(self.children):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+        deadline_s = time.monotonic() + timeout_s
+        while self.children and time.monotonic() < deadline_s:
+            self.reap()
+            if self.children:
+                time.sleep(REAP_POLL_INTERVAL_S)
+
+    def build_spares(self, *, interruptible: bool = True) -> None:
+        """Build the apps a `prebuild` asked for, each for the next child of its server to take.
+
+        Building an app (FastAPI routes, pydantic adapters) and its first request (FastAPI builds per-route state
+        lazily) cost ~40 ms of CPU per server; done here while the checker runs an example, that is off the path
+        from a crash to serving again. A spare's lifespan never runs here and it answers only requests that
+        touch no server state (see `touch_stateless_routes`), so its child starts from a pristine app. A request
+        that arrives meanwhile (a start, most likely) goes first; the rest are built after it.
+        """
+        from fakes.gym.config import ServerConfig
+        from fakes.gym.serve import build_app
+
+        while self.builds_pending:
+            if interruptible and self.request_waiting():
+                return
+            name, config_json = self.builds_pending.pop(0)
+            try:
+                app = build_app(ServerConfig.from_json(config_json))
+                asyncio.run(touch_stateless_routes(app))
+            except Exception:
+                # Not fatal: the child builds the app itself and reports the error in its own log.
+                traceback.print_exc()
+                continue
+            self.spares[name] = (config_json, app)
+            gc.freeze()  # as after the warm-up: the children's collections skip these objects
+
+    def request_waiting(self) -> bool:
+        """Whether the owner sent a request we have not read (it waits for each reply, so none is buffered)."""
+        return self.requests_fd is not None and bool(select.select([self.requests_fd], [], [], 0)[0])
+
+    def serve(self, requests: IO[bytes], replies: IO[bytes]) -> None:
+        """Answer request lines until the owner closes our stdin."""
+        self.requests_fd = requests.fileno()
+        for line in iter(requests.readline, b""):
+            if line.strip():
+                write_message(replies, self.handle(line))
+                if self.builds_pending:
+                    self.build_spares()
+
+
+async def touch_stateless_routes(app: Any) -> None:
+    """Send `app` the two requests that read or change no server state: health, and status without the token
+    (refused with 401 before the control plane looks at anything). Both walk the app's routers, so FastAPI
+    builds its lazy per-route state and Starlette its middleware stack here, not on a child's first request."""
+    import httpx
+
+    from ckpt_model.wire import CHECKPOINT_ROUTE_PREFIX
+
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://warm-up") as client:
+        await client.get("/health")
+        await client.get(CHECKPOINT_ROUTE_PREFIX + "/status")
+
+
+def child_main(
+    name: str,
+    config_json: str,
+    app: Any,
+    log_path: Path,
+    sock: socket.socket,
+    inherited: Sequence[IO[bytes]],
+    ready_fd: int,
+) -> NoReturn:
+    """The forked server: own session, default signals, stdio to its log, no control channel; never returns."""
+    exit_code = 1
+    try:
+        os.setsid()
+        os.close(ready_fd)  # tells the fork server this child is its own process group now
+        for signum in HANDLED_SIGNALS:
+            signal.signal(signum, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, set())
+        for resource in inherited:
+            resource.close()
+        redirect_stdio(log_path)
+        exit_code = serve_config(config_json, app, sock)
+    except SystemExit as exit_:
+        exit_code = exit_.code if isinstance(exit_.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+        print(f"server {name!r} failed to start from the fork server", file=sys.stderr)
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        # Never return into the fork server's loop, and skip its atexit handlers and buffers.
+        os._exit(exit_code)
+
+
+def redirect_stdio(log_path: Path) -> None:
+    """stdin from /dev/null, stdout and stderr appended to the server's log (this also drops the control pipes)."""
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    null_fd = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null_fd, 0)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    for fd in (null_fd, log_fd):
+        if fd > 2:
+            os.close(fd)
+
+
+def serve_config(config_json: str, app: Any, sock: socket.socket) -> int:
+    """Serve `sock` until killed with `app` (or one built from the config); the exit code uvicorn's runner gives."""
+    import uvicorn
+
+    from fakes.gym.config import CONFIG_ENV, ServerConfig
+    from fakes.gym.serve import build_app
+
+    os.environ[CONFIG_ENV] = config_json  # as a cold-started server would see it
+    if app is None:
+        app = build_app(ServerConfig.from_json(config_json))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
+    server.run(sockets=[sock])
+    return 0 if server.started else 3  # uvicorn's STARTUP_FAILURE
+
+
+def write_message(stream: IO[bytes], message: Mapping[str, Any]) -> None:
+    stream.write(json.dumps(message).encode() + b"\n")
+    stream.flush()
+
+
+def _raise_exit(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fakes.forkserver", description=__doc__.splitlines()[0])
+    parser.parse_args(argv)
+    # The protocol gets a private copy of stdout; fd 1 then points at the log, so nothing printed by an
+    # imported module can corrupt the channel.
+    replies = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    requests = sys.stdin.buffer
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(signum, _raise_exit)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGHUP, signal.SIGINT})
+    try:
+        warm_up_ms = warm_up()
+    except Exception as error:
+        traceback.print_exc()
+        write_message(replies, {"ready": False, "error": f"{type(error).__name__}: {error}"})
+        return 1
+    # stdin needs no closing in a child: redirect_stdio replaces fd 0, which drops the request pipe.
+    zygote = Zygote([replies])
+    signal.signal(signal.SIGCHLD, zygote.reap)
+    try:
+        write_message(replies, {"ready": True, "pid": os.getpid(), "warm_up_ms": round(warm_up_ms, 1)})
+        zygote.serve(requests, replies)
+    except BrokenPipeError:
+        pass  # the owner is gone: clean up below
+    finally:
+        zygote.kill_children()
+    return 0
+
+
+# --- the owner's handle ----------------------------------------------------------------------------------------
+
+
+class ForkServerError(RuntimeError):
+    """The fork server did not start, refused a request, or stopped answering."""
+
+
+@attrs.frozen
+class SpawnRequest:
+    """One server to fork: its name, its JSON config (whose host and port it listens on), its log file."""
+
+    name: str
+    config_json: str
+    log_path: Path
+
+    def to_wire(self) -> dict[str, str]:
+        return {"name": self.name, "config": self.config_json, "log_path": str(self.log_path)}
+
+
+class ForkServer:
+    """The owner's end of a running fork server: start it, ask it for children and exit statuses, stop it."""
+
+    def __init__(self, process: subprocess.Popen[bytes], log_path: Path) -> None:
+        self.process = process
+        self.log_path = log_path
+        self._buffer = b""
+        # Set when a reply did not come in time: a late one would be taken for the next request's.
+        self._out_of_step = False
+        self._ready = False
+
+    @classmethod
+    def launch(cls, log_path: Path) -> ForkServer:
+        """Start a fork server in its own session; it warms up in the background (see `wait_ready`)."""
+        argv = [sys.executable, "-m", "fakes.forkserver"]
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("ab") as log:
+            log.write(f"--- start fork server at {time.time():.3f}\n".encode())
+            log.flush()
+            process = subprocess.Popen(
+                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, start_new_session=True
+            )
+        return cls(process, log_path)
+
+    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
+        """Wait until the fork server has warmed up (seconds, once); stop it if it cannot."""
+        if self._ready:
+            return
+        try:
+            reply = self._read_message(timeout_s)
+            if not reply.get("ready"):
+                raise ForkServerError(f"the fork server could not start: {reply.get('error')}")
+        except BaseException:
+            self.stop()
+            raise
+        self._ready = True
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        """Running and answering in step; the owner replaces a fork server that is not."""
+        return self.process.poll() is None and not self._out_of_step
+
+    def spawn(self, requests: Sequence[SpawnRequest], timeout_s: float = REPLY_TIMEOUT_S) -> dict[str, int]:
+        """Fork every requested server; returns {name: pid}, each pid leading its own process group."""
+        reply = self._request({"op": "spawn", "servers": [request.to_wire() for request in requests]}, timeout_s)
+        return {name: int(pid) for name, pid in reply["pids"].items()}
+
+    def prebuild(self, requests: Sequence[SpawnRequest], timeout_s: float = REPLY_TIMEOUT_S) -> None:
+        """Have the next child of each server find its app built (from this config) when it is forked."""
+        servers = [{"name": request.name, "config": request.config_json} for request in requests]
+        self._request({"op": "prebuild", "servers": servers}, timeout_s)
+
+    def wait_idle(self, timeout_s: float = REPLY_TIMEOUT_S) -> None:
+        """Return once the fork server has done all earlier work (requests are served in order), spares included."""
+        self._request({"op": "ping"}, timeout_s)
+
+    def exit_status(self, pid: int, timeout_s: float = REPLY_TIMEOUT_S) -> int | None:
+        """How a reaped child exited (negative: killed by that signal); None while it runs or if unknown."""
+        status = self._request({"op": "exit_status", "pid": pid}, timeout_s)["exit_status"]
+        return None if status is None else int(status)
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Close its stdin (it kills and reaps its children, then exits); SIGKILL its group if it does not."""
+        if not self._ready:
+            # Still warming up, so no child yet, and closing stdin would be noticed only after the warm-up.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+        if self.process.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.process.stdin.close()
+        try:
+            self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=timeout_s)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+
+    # -- the channel ----------------------------------------------------------------------------------------
+
+    def _request(self, message: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
+        assert self.process.stdin is not None
+        self.wait_ready()
+        if self._out_of_step:
+            raise ForkServerError(f"the fork server (pid {self.pid}) missed a reply before; stop it and start another")
+        try:
+            write_message(self.process.stdin, message)
+        except (BrokenPipeError, ValueError) as error:
+            raise ForkServerError(f"the fork server (pid {self.pid}) is gone: {error}") from error
+        reply = self._read_message(timeout_s)
+        if not reply.get("ok"):
+            raise ForkServerError(f"the fork server refused {message.get('op')!r}: {reply.get('error')}")
+        return reply
+
+    def _read_message(self, timeout_s: float) -> dict[str, Any]:
+        """The next reply line, bounded by `timeout_s` (a hung fork server must not hang the checker)."""
+        assert self.process.stdout is not None
+        fd = self.process.stdout.fileno()
+        deadline_s = time.monotonic() + timeout_s
+        with selectors.DefaultSelector() as selector:
+            selector.register(fd, selectors.EVENT_READ)
+            while b"\n" not in self._buffer:
+                remaining_s = deadline_s - time.monotonic()
+                if remaining_s <= 0 or not selector.select(remaining_s):
+                    self._out_of_step = True
+                    raise ForkServerError(f"the fork server (pid {self.pid}) did not answer within {timeout_s:.0f} s")
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    status = self.process.wait(timeout=STOP_TIMEOUT_S)
+                    raise ForkServerError(f"the fork server (pid {self.pid}) exited with status {status}")
+                self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return json.loads(line)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
