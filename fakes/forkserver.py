@@ -539,9 +539,10 @@ class ForkServer:
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
         """Close its stdin (it kills and reaps its children, then exits); SIGKILL its group if it does not."""
         if not self._ready:
-            # Still warming up, so no child yet, and closing stdin would be noticed only after the warm-up.
+            # Still warming up, so no child yet, and closing stdin would be noticed only after the warm-up. SIGTERM
+            # first: it exits through its handlers and removes its warm-up directory; SIGKILL below if it does not.
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
+                os.killpg(self.process.pid, signal.SIGTERM)
         if self.process.stdin is not None:
             with contextlib.suppress(OSError):
                 self.process.stdin.close()

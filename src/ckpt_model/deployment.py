@@ -64,7 +64,7 @@ class Harness:
         self.control: ControlClient | None = None
         self.backend: BackendControl | None = None
         self.example = 0
-        self.checkpoint_dir = self.root / "checkpoints"
+        self.checkpoint_dir = self.root / "example-0" / "checkpoints"
         atexit.register(self.close)
         try:
             self.backend = BackendControl(self._start(self.stack.start_backend), self.http)
@@ -81,7 +81,7 @@ class Harness:
         self.backend.reset()
         self.backend.gate()
         self.example += 1
-        shutil.rmtree(self.checkpoint_dir, ignore_errors=True)
+        shutil.rmtree(self.checkpoint_dir.parent, ignore_errors=True)
         self.checkpoint_dir = self.root / f"example-{self.example}" / "checkpoints"
         self.checkpoint_dir.mkdir(parents=True)
         self.start_gym()

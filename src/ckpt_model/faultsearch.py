@@ -20,8 +20,8 @@ from ckpt_model.profiles import BASE
 # Derandomized, so a fault is found by the same examples on every run; no database, so a run stands alone.
 FAULT_SEARCH = settings(
     BASE,
-    max_examples=300,
-    stateful_step_count=20,
+    max_examples=200,
+    stateful_step_count=12,
     derandomize=True,
     database=None,
     suppress_health_check=list(HealthCheck),

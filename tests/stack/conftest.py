@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -29,6 +30,15 @@ def wait_until(predicate: Callable[[], Any], what: str, timeout_s: float = WAIT_
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
         time.sleep(POLL_S)
+
+
+def group_gone(pgid: int) -> bool:
+    """No process is left in the group (zombies count as present until reaped)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
 
 
 def deadline() -> float:

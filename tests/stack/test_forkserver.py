@@ -14,9 +14,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import attrs
 import httpx
@@ -27,31 +26,11 @@ from ckpt_model.wire import CHECKPOINT_ROUTE_PREFIX
 from fakes.forkserver import EXIT_STATUSES_KEPT_MAX, listening_socket
 from fakes.gym.config import ServerConfig
 from fakes.stack import Stack, StackStartError
+from tests.stack.conftest import WAIT_TIMEOUT_S, group_gone, wait_until
 
 processes = pytest.mark.processes
-WAIT_TIMEOUT_S = 30.0
-POLL_INTERVAL_S = 0.005
+
 DEADLINE_S = 20.0
-
-
-def wait_until(condition: Callable[[], Any], what: str, timeout_s: float = WAIT_TIMEOUT_S) -> Any:
-    """Poll `condition` until it is truthy; fail naming `what` after `timeout_s`."""
-    deadline_s = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline_s:
-            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
-        time.sleep(POLL_INTERVAL_S)
-
-
-def group_gone(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 def process_gone(pid: int) -> bool:
@@ -149,7 +128,7 @@ print(json.dumps({"status": statuses[pid], "kept": len(statuses), "oldest_droppe
 
 
 def test_reap__records_how_a_child_exited_and_keeps_a_bounded_history() -> None:
-    # In a process of its own: reap() collects any child, and pytest's own children are not its business.
+    # In a process of its own: it forks, and forking pytest (which may run threads) is not safe.
     reaper = subprocess.run([sys.executable, "-c", REAPER], capture_output=True, text=True, timeout=WAIT_TIMEOUT_S)
     assert reaper.returncode == 0, reaper.stderr
     assert json.loads(reaper.stdout) == {"status": 7, "kept": EXIT_STATUSES_KEPT_MAX, "oldest_dropped": True}

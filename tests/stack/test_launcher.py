@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.stack.conftest import wait_until
+from tests.stack.conftest import group_gone, wait_until
 
 pytestmark = pytest.mark.processes
 STATUS = "/ng-control/v1/checkpoint/status"
@@ -21,14 +21,6 @@ STATUS = "/ng-control/v1/checkpoint/status"
 def launch(state_dir: Path, *extra: str) -> subprocess.Popen[bytes]:
     argv = [sys.executable, "-m", "fakes.stack", "--topology", "native", "--state-dir", str(state_dir), *extra]
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-
-
-def group_gone(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 def stop(launcher: subprocess.Popen[bytes]) -> None:
