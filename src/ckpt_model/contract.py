@@ -178,9 +178,7 @@ class Model:
             exported=tuple(sorted(a.key for a in self.scope())),
             snapshot=tuple(self.current().values()),
         )
-        model = attrs.evolve(
-            self, phase="committed", committed=(*self.committed, checkpoint), restored_pending_reported=()
-        )
+        model = attrs.evolve(self, phase="committed", committed=(*self.committed, checkpoint))
         return model, checkpoint
 
     def resume(self) -> Model:

@@ -105,6 +105,7 @@ def test_a_second_checkpoint_carries_restored_pending_attempts() -> None:
     model, checkpoint = model.commit()
     assert checkpoint_id == "c3"
     assert checkpoint.exported == ("r0-a1",)
+    assert expect(model).restored_pending == ("r0-a1",), "a commit keeps restored state its scope names"
     model, _ = model.crash().restore("c3")
     assert model.current()["r0"].key == "r0-a2"
 
