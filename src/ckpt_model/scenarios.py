@@ -22,16 +22,11 @@ def steps(*calls: str | tuple[str, dict[str, Any]]) -> tuple[Step, ...]:
 
 FIRST = {"pick": 0}
 
+# r0 delivered its first call, was checkpointed in c1 before its second, and Gym crashed and restored c1.
+RESTORED_AT_CALL_1 = steps("dispatch", ("release", FIRST), "prepare", "commit", "crash", ("restore", FIRST))
+
 SCENARIOS: dict[str, tuple[Step, ...]] = {
-    "crash_after_prepare__continues_from_boundary": steps(
-        "dispatch",
-        ("release", FIRST),
-        "prepare",
-        "commit",
-        "crash",
-        ("restore", FIRST),
-        ("start_replacement", FIRST),
-    ),
+    "crash_after_prepare__continues_from_boundary": RESTORED_AT_CALL_1 + steps(("start_replacement", FIRST)),
     "checkpoint_without_crash__parks_then_resumes": steps(
         "dispatch",
         "prepare",
@@ -39,31 +34,11 @@ SCENARIOS: dict[str, tuple[Step, ...]] = {
         "commit",
         "resume",
     ),
-    "second_crash_before_replacement__still_continues": steps(
-        "dispatch",
-        ("release", FIRST),
-        "prepare",
-        "commit",
-        "crash",
-        ("restore", FIRST),
-        "prepare",
-        "commit",
-        "crash",
-        ("restore", {"pick": 1}),
-        ("start_replacement", FIRST),
-    ),
-    "same_checkpoint_restored_again__continues_from_its_boundary": steps(
-        "dispatch",
-        ("release", FIRST),
-        "prepare",
-        "commit",
-        "crash",
-        ("restore", FIRST),
-        ("start_replacement", FIRST),
-        ("release", FIRST),
-        "crash",
-        ("restore", FIRST),
-        ("start_replacement", FIRST),
+    "second_crash_before_replacement__still_continues": RESTORED_AT_CALL_1
+    + steps("prepare", "commit", "crash", ("restore", {"pick": 1}), ("start_replacement", FIRST)),
+    "same_checkpoint_restored_again__continues_from_its_boundary": RESTORED_AT_CALL_1
+    + steps(
+        ("start_replacement", FIRST), ("release", FIRST), "crash", ("restore", FIRST), ("start_replacement", FIRST)
     ),
     "retired_episode__stops_everywhere": steps(
         "dispatch",
