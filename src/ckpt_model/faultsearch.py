@@ -46,14 +46,16 @@ class Finding:
 
 
 def shrunk_steps(error: BaseException) -> tuple[str, ...]:
-    """The rule calls of the falsifying example Hypothesis attached to the exception, teardown excluded."""
-    text = "\n".join(getattr(error, "__notes__", ()))
-    start = text.rfind("Falsifying example:")
-    lines = text[start:].splitlines() if start >= 0 else []
+    """The rule calls of the failing example Hypothesis attached to the exception, teardown excluded.
+
+    Read from the lines after the last `state = ...` line, so it holds whatever header a Hypothesis version
+    puts before them ("Falsifying example:", "Failing test case: ...")."""
+    lines = [line.strip() for note in getattr(error, "__notes__", ()) for line in str(note).splitlines()]
+    starts = [index for index, line in enumerate(lines) if line.startswith("state = ")]
+    if not starts:
+        return ()
     return tuple(
-        line.strip()
-        for line in lines
-        if line.strip().startswith("state.") and not line.strip().startswith("state.teardown(")
+        line for line in lines[starts[-1] + 1 :] if line.startswith("state.") and not line.startswith("state.teardown(")
     )
 
 
