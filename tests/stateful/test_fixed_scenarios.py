@@ -45,3 +45,19 @@ def test_the_scenario_catches_the_planted_fault(fault: str, faulty_harnesses: di
     with pytest.raises(PropertyViolation) as caught:
         run(harness, SCENARIOS[FAULT_SCENARIOS[fault]])
     assert type(caught.value) is expected, f"caught by {caught.value.property_id}:\n{caught.value}"
+
+
+REPLAYS = 20
+
+
+def test_a_failing_example_fails_identically_on_every_replay(faulty_harnesses: dict[str, Harness]) -> None:
+    """The machine owns every race, so the same steps give the same violation, message and all, every time."""
+    fault = "model_delivers_held"
+    harness = faulty_harnesses.setdefault(fault, Harness("native", faults=(fault,)))
+    messages = []
+    for _ in range(REPLAYS):
+        with pytest.raises(PropertyViolation) as caught:
+            run(harness, SCENARIOS[FAULT_SCENARIOS[fault]])
+        messages.append((type(caught.value).__name__, str(caught.value)))
+    assert len(set(messages)) == 1, sorted(set(messages))
+    assert messages[0][0] == "P2Violation"
