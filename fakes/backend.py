@@ -17,6 +17,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import signal
+import sys
+import threading
 import time
 from typing import Any
 
@@ -342,11 +346,22 @@ def build_app() -> FastAPI:
     return app
 
 
+def _stop_at_stdin_eof() -> None:
+    """Block until stdin closes, then stop as on SIGTERM (uvicorn shuts down cleanly)."""
+    sys.stdin.buffer.read()
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m fakes.backend", description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument(
+        "--exit-with-stdin", action="store_true", help="stop when stdin closes (the process that started us died)"
+    )
     args = parser.parse_args(argv)
+    if args.exit_with_stdin:
+        threading.Thread(target=_stop_at_stdin_eof, name="stdin-watch", daemon=True).start()
     uvicorn.run(build_app(), host=args.host, port=args.port, log_level="warning", access_log=False)
 
 

@@ -159,12 +159,25 @@ def log_start(log_path: Path, name: str) -> None:
         log_file.write(f"--- start {name} at {time.time():.3f}\n".encode())
 
 
-def spawn(name: str, argv: list[str], env: dict[str, str], log_path: Path, url: str, kind: str | None) -> ServerProcess:
-    """Cold-start one server as our child, in a new session (so its own process group)."""
+def spawn(
+    name: str,
+    argv: list[str],
+    env: dict[str, str],
+    log_path: Path,
+    url: str,
+    kind: str | None,
+    *,
+    stdin_pipe: bool = False,
+) -> ServerProcess:
+    """Cold-start one server as our child, in a new session (so its own process group).
+
+    With `stdin_pipe` the child's stdin is a pipe from us: a server started with `--exit-with-stdin` stops when
+    it closes, which happens however we die (SIGTERM and SIGKILL skip atexit)."""
     log_start(log_path, name)
+    stdin = subprocess.PIPE if stdin_pipe else subprocess.DEVNULL
     with log_path.open("ab") as log_file:
         process = subprocess.Popen(
-            argv, env=env, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            argv, env=env, stdout=log_file, stderr=subprocess.STDOUT, stdin=stdin, start_new_session=True
         )
     return ServerProcess(name=name, url=url, kind=kind, pid=process.pid, log_path=log_path, process=process)
 
@@ -289,12 +302,12 @@ class Stack:
     def start_backend(self) -> str:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        argv = [sys.executable, "-m", "fakes.backend", "--port", str(port)]
+        argv = [sys.executable, "-m", "fakes.backend", "--port", str(port), "--exit-with-stdin"]
         self._stop_at_exit()
         if self.use_fork_server and self.fork_server is None:
             # Its seconds of warm-up overlap the backend's start.
             self.fork_server = ForkServer.launch(self.log_path("forkserver"))
-        self.backend = spawn("backend", argv, dict(os.environ), self.log_path("backend"), url, None)
+        self.backend = spawn("backend", argv, dict(os.environ), self.log_path("backend"), url, None, stdin_pipe=True)
         try:
             wait_healthy([self.backend], "/v1/models", http=self.http)
         except BaseException:
@@ -435,6 +448,8 @@ class Stack:
         backend, self.backend = self.backend, None
         if backend is not None:
             kill_groups([backend], signal.SIGTERM)
+            if backend.process is not None and backend.process.stdin is not None:
+                backend.process.stdin.close()
 
     def _close_http(self) -> None:
         http, self._http = self._http, None

@@ -63,3 +63,32 @@ def test_the_launcher_serves_a_described_deployment_and_stops_everything(tmp_pat
     finally:
         stop(first)
     wait_until(lambda: group_gone(described["backend"]["pgid"]), "the backend to stop")
+
+
+OWNER = """
+import sys, threading
+from pathlib import Path
+from fakes.stack import Stack
+stack = Stack("native", Path(sys.argv[1]))
+stack.start_backend()
+print(stack.backend.pid, flush=True)
+threading.Event().wait()
+"""
+
+
+def test_an_owner_killed_with_sigterm_leaves_no_backend_behind(tmp_path: Path) -> None:
+    """SIGTERM skips atexit; the backend still stops, because its stdin pipe from the owner closes."""
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER, str(tmp_path)], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL
+    )
+    try:
+        assert owner.stdout is not None
+        backend_pid = int(owner.stdout.readline())
+        owner.send_signal(signal.SIGTERM)
+        owner.wait(timeout=30)
+    finally:
+        owner.kill()
+        owner.wait(timeout=30)
+        if owner.stdout is not None:
+            owner.stdout.close()
+    wait_until(lambda: group_gone(backend_pid), "the orphaned backend to stop")
