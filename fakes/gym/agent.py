@@ -35,6 +35,7 @@ from fakes.gym.http import (
     DownstreamError,
     RolloutPrefixMiddleware,
     add_health,
+    cookie_header,
     lifespan_with_client,
     post_json,
 )
@@ -172,7 +173,7 @@ class AgentCore:
                 self._client(),
                 f"{self.config.peer('resources')}/ng-rollout/{session.episode_id.capture_key}/{call['name']}",
                 json.loads(call["arguments"] or "{}"),
-                headers=_cookies(session.resources_cookies),
+                headers=cookie_header(session.resources_cookies),
             )
             output = reply.text
             session.observations.append({"tool": call["name"], "output": output})
@@ -428,10 +429,6 @@ class AgentParticipant:
         return {"accepting": self.core.admission.is_set()}
 
 
-def _cookies(cookies: dict[str, str]) -> dict[str, str]:
-    return {"cookie": "; ".join(f"{k}={v}" for k, v in cookies.items())} if cookies else {}
-
-
 class LegacyEpisodes:
     """Legacy `/run`: seed -> loop -> verify -> return, owned by the agent (reference 9.3)."""
 
@@ -490,7 +487,7 @@ class LegacyEpisodes:
             self.core._client(),
             f"{self.core.config.peer('resources')}/ng-rollout/{key}/verify",
             {"responses_create_params": params, "response": state["response"]},
-            headers=_cookies(state["cookies"]),
+            headers=cookie_header(state["cookies"]),
         )
         return reply.json()
 

@@ -25,7 +25,7 @@ from fakes.gym.errors import (
     StaleAttemptError,
     install_error_handlers,
 )
-from fakes.gym.http import DownstreamError, add_health, lifespan_with_client, post_json
+from fakes.gym.http import DownstreamError, add_health, cookie_header, lifespan_with_client, post_json
 from fakes.gym.participant import PrepareReport
 from fakes.gym.steps import Episode, EpisodeOwner
 
@@ -108,10 +108,6 @@ def session_handles(key: str) -> dict[str, Any]:
         "agent_cookies": {},
         "resources_verify": "wait",
     }
-
-
-def cookie_header(cookies: dict[str, str]) -> dict[str, str]:
-    return {"cookie": "; ".join(f"{name}={value}" for name, value in cookies.items())} if cookies else {}
 
 
 class EpisodeRunner:

@@ -71,6 +71,11 @@ def lifespan_with_client(
     return lifespan
 
 
+def cookie_header(cookies: dict[str, str]) -> dict[str, str]:
+    """Send a session's cookies explicitly: the shared client's jar keeps none (see `new_client`)."""
+    return {"cookie": "; ".join(f"{name}={value}" for name, value in cookies.items())} if cookies else {}
+
+
 def add_health(app: FastAPI) -> None:
     @app.get("/health")
     async def health() -> dict[str, str]:

@@ -75,6 +75,14 @@ class Deployment:
     def run_in_background(self, body: dict[str, Any]) -> BackgroundRun:
         return BackgroundRun(lambda: self.run(body))
 
+    def start_held(self, body: dict[str, Any], calls_delivered: int) -> BackgroundRun:
+        """Send `/run` in the background with the backend holding every call after the first `calls_delivered`;
+        return once the held call has reached the backend."""
+        self.backend("/_ctl/hold", {"after_calls": calls_delivered})
+        run = self.run_in_background(body)
+        wait_until(lambda: len(self.calls()) == calls_delivered + 1, f"model call {calls_delivered} to be held")
+        return run
+
     def crash_and_restart(self) -> None:
         """SIGKILL every Gym process group, release what the backend held, start fresh Gym processes."""
         self.stack.crash_gym()

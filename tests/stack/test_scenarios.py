@@ -46,9 +46,7 @@ def test_an_episode_continues_from_its_last_boundary_after_a_crash(
     deploy: Deploy, topology: str, body: Callable, expected_messages: list[int], reward_of: Callable
 ) -> None:
     deployment = deploy(topology)
-    deployment.backend("/_ctl/hold", {"after_calls": 1})
-    original = deployment.run_in_background(body("crash-1", 0))
-    wait_until(lambda: len(deployment.calls()) == 2, "the second model call to reach the backend")
+    original = deployment.start_held(body("crash-1", 0), calls_delivered=1)
     scope = [EpisodeId(rollout_id="crash-1", attempt=0)]
     directory = checkpoint(deployment, "c1", scope)
 
@@ -64,9 +62,7 @@ def test_an_episode_continues_from_its_last_boundary_after_a_crash(
 
 def test_a_checkpoint_without_a_crash_parks_the_episode_then_resumes_it(deploy: Deploy) -> None:
     deployment = deploy("native")
-    deployment.backend("/_ctl/hold", {"after_calls": 0})
-    run = deployment.run_in_background(native_run_body("park-1", 0))
-    wait_until(lambda: len(deployment.calls()) == 1, "the first model call to reach the backend")
+    run = deployment.start_held(native_run_body("park-1", 0), calls_delivered=0)
     prepared = deployment.control.prepare("c1", deadline())
     assert prepared.prepared, prepared.blockers()
 
@@ -86,9 +82,7 @@ def test_a_checkpoint_without_a_crash_parks_the_episode_then_resumes_it(deploy: 
 
 def test_a_retired_episode_stops_everywhere_and_leaves_nothing_behind(deploy: Deploy) -> None:
     deployment = deploy("native")
-    deployment.backend("/_ctl/hold", {"after_calls": 1})
-    run = deployment.run_in_background(native_run_body("gone-1", 0))
-    wait_until(lambda: len(deployment.calls()) == 2, "the second model call to reach the backend")
+    run = deployment.start_held(native_run_body("gone-1", 0), calls_delivered=1)
 
     deployment.control.retire("retire", [EpisodeId(rollout_id="gone-1")], deadline())
     calls_at_retire = len(deployment.calls())
@@ -119,9 +113,7 @@ def test_a_retired_episode_stops_everywhere_and_leaves_nothing_behind(deploy: De
 def test_a_retired_rollout_started_over_as_the_next_attempt_completes(deploy: Deploy) -> None:
     """Found by the state machine: a session cookie of the retired attempt rode along on the next attempt's seed."""
     deployment = deploy("native")
-    deployment.backend("/_ctl/hold", {"after_calls": 0})
-    run = deployment.run_in_background(native_run_body("again-1", 0))
-    wait_until(lambda: len(deployment.calls()) == 1, "the first model call to reach the backend")
+    run = deployment.start_held(native_run_body("again-1", 0), calls_delivered=0)
     deployment.control.retire("retire", [EpisodeId(rollout_id="again-1")], deadline())
     assert run.result().json()["error"]["code"] == "stale_attempt"
     deployment.backend("/_ctl/release")
