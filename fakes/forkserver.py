@@ -179,6 +179,8 @@ class Zygote:
 
     def handle(self, line: bytes) -> dict[str, Any]:
         """One request line to one reply; a bad request gets an error reply, never kills the fork server."""
+        # Also here, not only in the SIGCHLD handler: should a signal ever go unhandled, no zombie outlives a request.
+        self.reap()
         try:
             request = json.loads(line)
             op = request.get("op")

@@ -224,6 +224,28 @@ def wait_healthy(
             time.sleep(POLL_INTERVAL_S)
 
 
+def process_state(pid: int) -> str | None:
+    """The one-letter state `/proc` shows for `pid` (R, S, D, Z, ...), None once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
+def group_members(pgid: int) -> str:
+    """`pid state ppid` of every process left in a group, for an error message a person can act on."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid:
+                members.append(f"pid {entry.name} state {fields[0]} parent {fields[1]}")
+    return "; ".join(members) or "no members visible"
+
+
 def wait_group_gone(server: ServerProcess, timeout_s: float = STOP_TIMEOUT_S) -> bool:
     """Wait (bounded) until no process is left in the server's group; SIGKILL it once if the timeout passes.
 
@@ -240,6 +262,10 @@ def wait_group_gone(server: ServerProcess, timeout_s: float = STOP_TIMEOUT_S) ->
             os.killpg(server.pgid, 0)
         except ProcessLookupError:
             return True
+        if server.exit_status_of is not None and process_state(server.pid) == "Z":
+            # A zombie the fork server has not collected yet: any request makes it reap before answering.
+            with contextlib.suppress(ForkServerError):
+                server.exit_status_of(server.pid)
         if time.monotonic() > deadline_s:
             if escalated:
                 return False
@@ -258,7 +284,7 @@ def kill_groups(servers: Sequence[ServerProcess], sig: int = signal.SIGKILL, tim
             os.killpg(server.pgid, sig)
     stuck = [server for server in servers if not wait_group_gone(server, timeout_s)]
     if stuck:
-        names = ", ".join(f"{server.name} (pgid {server.pgid})" for server in stuck)
+        names = ", ".join(f"{server.name} (pgid {server.pgid}: {group_members(server.pgid)})" for server in stuck)
         waited_s = 2 * timeout_s
         raise StackStopError(f"process groups still alive {waited_s:.0f} s after signal {sig}, then SIGKILL: {names}")
 
