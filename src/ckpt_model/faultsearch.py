@@ -1,7 +1,7 @@
 """Run the state machine against a stack with one planted fault, and measure what finding it took.
 
 Used by `tests/stateful/test_finds_faults.py` (the checker must catch every catalogued fault with the property
-the catalogue names, in a short shrunk sequence) and by `benchmarks/find_faults.py` (the published figures).
+the catalogue names, in a short shrunk sequence) and by `benchmarks/checker.py` (the published figures).
 """
 
 from __future__ import annotations
