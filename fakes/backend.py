@@ -31,9 +31,14 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ckpt_model.wire import error_body
+from fakes.gym.http import ClientGone, unless_client_gone
 
 MODEL_NAME = "fake-model"
 CAPTURE_KEY_HEADER = "x-ng-capture-key"
+# A judge verifier (the slow topology's blockable verify) marks its calls, so the checker tells them from policy
+# calls; both wait at the same gate.
+CALL_KIND_HEADER = "x-ng-call-kind"
+CALL_KINDS = ("policy", "judge")
 FINAL_TEXT = "It is cold in SF."
 TOKENS_MAX = 64
 USAGE = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
@@ -106,6 +111,7 @@ class Call:
     t: float
     step: int
     script: tuple[ScriptedToolCall, ...]
+    kind: str = "policy"
     hold: asyncio.Event | None = None
     gate: asyncio.Event | None = None
     returned: bool = False
@@ -138,6 +144,7 @@ class Call:
             "n_messages": self.n_messages,
             "admission": self.admission,
             "capture_key": self.capture_key,
+            "kind": self.kind,
             "t": self.t,
             "returned": self.returned,
             "waiting": self.waiting,
@@ -159,7 +166,7 @@ class Backend:
     gated: bool = False
     script: tuple[ScriptedToolCall, ...] = DEFAULT_SCRIPT
 
-    def arrive(self, request: ChatRequest, capture_key: str | None) -> Call:
+    def arrive(self, request: ChatRequest, capture_key: str | None, kind: str = "policy") -> Call:
         """Record a call on arrival, before it waits, so a held call is already counted (reference 11)."""
         index = len(self.calls)
         call = Call(
@@ -171,6 +178,7 @@ class Backend:
             step=sum(1 for message in request.messages if message.get("role") == "tool"),
             # The script is read on arrival: what a call answers does not depend on when it is released.
             script=self.script,
+            kind=kind,
         )
         if self.hold_after_calls is not None and index >= self.hold_after_calls:
             call.hold = asyncio.Event()
@@ -252,28 +260,17 @@ def chat_completion(call: Call, model: str) -> dict[str, Any]:
     }
 
 
-async def _client_gone(request: Request) -> None:
-    """Return once the client disconnects; the body is already read, so the next message is the disconnect."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
 async def released_or_gone(call: Call, request: Request) -> bool:
     """Wait until the call is released (True) or its client goes away first (False, marked `cancelled`)."""
-    released = asyncio.ensure_future(call.wait_released())
-    gone = asyncio.ensure_future(_client_gone(request))
     try:
-        await asyncio.wait({released, gone}, return_when=asyncio.FIRST_COMPLETED)
+        await unless_client_gone(request, call.wait_released())
+    except ClientGone:
+        call.cancelled = True
+        return False
     except asyncio.CancelledError:
         call.cancelled = True
         raise
-    finally:
-        released.cancel()
-        gone.cancel()
-    if released.done() and not released.cancelled():
-        return True
-    call.cancelled = True
-    return False
+    return True
 
 
 def build_app() -> FastAPI:
@@ -288,7 +285,11 @@ def build_app() -> FastAPI:
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(body: ChatRequest, request: Request) -> dict[str, Any] | Response:
-        call = backend.arrive(body, request.headers.get(CAPTURE_KEY_HEADER))
+        kind = request.headers.get(CALL_KIND_HEADER, "policy")
+        if kind not in CALL_KINDS:
+            detail = f"header {CALL_KIND_HEADER} must be one of {list(CALL_KINDS)} (got {kind!r})"
+            return JSONResponse(error_body("invalid_request", detail), status_code=422)
+        call = backend.arrive(body, request.headers.get(CAPTURE_KEY_HEADER), kind)
         if call.waiting and not await released_or_gone(call, request):
             return Response(status_code=CLIENT_GONE_STATUS)
         reply = chat_completion(call, body.model) | backend.capture_fields(call)

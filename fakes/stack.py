@@ -1,9 +1,10 @@
 """Launch a look-alike Gym deployment: the fake backend plus the four Gym servers, each in its own process group.
 
-As a program: `python -m fakes.stack --topology native --state-dir DIR [--backend-url URL] [--faults a,b]
-[--no-fork-server]` starts everything, writes `DIR/deployment.json` and stays in the foreground until SIGTERM or
-SIGINT. As a library: `Stack` starts, crashes (SIGKILL of every Gym process group) and restarts the Gym servers
-against a backend that survives, which is what the checker's deployment harness builds on.
+As a program: `python -m fakes.stack --topology native|legacy|slow --state-dir DIR [--backend-url URL]
+[--faults a,b] [--no-fork-server] [--verify-mode wait|replay]` starts everything, writes `DIR/deployment.json`
+and stays in the foreground until SIGTERM or SIGINT. As a library: `Stack` starts, crashes (SIGKILL of every Gym
+process group) and restarts the Gym servers against a backend that survives, which is what the checker's
+deployment harness builds on.
 
 By default the Gym servers are forked from a warmed fork server (`fakes.forkserver`), so a restart costs
 milliseconds; `fork_server=False` cold-starts `python -m fakes.gym.serve` per server instead (the fallback, and
@@ -62,7 +63,15 @@ TOPOLOGIES: dict[str, dict[str, str]] = {
         "resources": "resources",
         "policy_model": "policy_model",
     },
+    # native, with a verification that asks a judge model on the backend: it blocks until the checker releases it
+    "slow": {
+        "environment": "environment",
+        "agent": "agent",
+        "resources": "resources",
+        "policy_model": "policy_model",
+    },
 }
+VERIFY_MODES = ("wait", "replay")
 KIND_OF_ROLE = {
     "environment": "environment",
     "legacy_relay": None,
@@ -306,10 +315,14 @@ class Stack:
         faults: tuple[str, ...] = (),
         token: str | None = None,
         fork_server: bool = True,
+        verify_mode: str = "wait",
     ) -> None:
         if topology not in TOPOLOGIES:
             raise ValueError(f"'topology' must be one of {sorted(TOPOLOGIES)} (got {topology!r})")
+        if verify_mode not in VERIFY_MODES:
+            raise ValueError(f"'verify_mode' must be one of {list(VERIFY_MODES)} (got {verify_mode!r})")
         self.topology = topology
+        self.verify_mode = verify_mode
         self.state_dir = Path(state_dir).resolve()
         self.faults = tuple(faults)
         self.token = token or "ckpt-" + secrets.token_hex(8)
@@ -358,6 +371,8 @@ class Stack:
                 peers={peer: urls[peer] for peer in PEERS[role]},
                 capture_dir=str(self.capture_dir),
                 faults=self.faults,
+                verify_mode=self.verify_mode,
+                verify_judge=self.topology == "slow" and role == "resources",
             )
             for name, role in roles.items()
         }
@@ -511,6 +526,7 @@ class Stack:
             "capture_dir": str(self.capture_dir),
             "checkpoint_root": str(self.checkpoint_root),
             "faults": list(self.faults),
+            "verify_mode": self.verify_mode,
         }
 
     def __enter__(self) -> Stack:
@@ -536,6 +552,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-fork-server", action="store_true", help="cold-start every Gym server (slow restarts; the fallback)"
     )
+    parser.add_argument(
+        "--verify-mode", choices=VERIFY_MODES, default="wait", help="how a checkpoint treats verification in flight"
+    )
     args = parser.parse_args(argv)
     faults = tuple(name for name in args.faults.split(",") if name)
     stop_requested = False
@@ -553,6 +572,7 @@ def main(argv: list[str] | None = None) -> int:
         faults=faults,
         token=args.token,
         fork_server=not args.no_fork_server,
+        verify_mode=args.verify_mode,
     )
     try:
         if args.backend_url is None:

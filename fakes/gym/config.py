@@ -33,7 +33,8 @@ class ServerConfig:
     faults: tuple[str, ...] = attrs.field(default=(), converter=validate_faults)
     lease_grace_s: float = 600.0
     resources_mode: str = "stateless"
-    verify_mode: str = "wait"
+    verify_mode: str = attrs.field(default="wait", validator=attrs.validators.in_(("wait", "replay")))
+    verify_judge: bool = False
 
     @property
     def url(self) -> str:

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import http.cookiejar
 import ssl
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 import httpx
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 ROLLOUT_PREFIX = "/ng-rollout/"
+T = TypeVar("T")
 
 
 class RolloutPrefixMiddleware:
@@ -108,3 +110,31 @@ async def post_json(client: httpx.AsyncClient, url: str, body: Any, **kwargs: An
             payload = response.text
         raise DownstreamError(url, response.status_code, payload)
     return response
+
+
+class ClientGone(Exception):
+    """The client disconnected before the work it asked for finished; the work was cancelled."""
+
+
+async def _disconnected(request: Request) -> None:
+    # The body is already read, so the next ASGI message is the disconnect.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_client_gone(request: Request, work: Awaitable[T]) -> T:
+    """Await `work`, or cancel it and raise `ClientGone` once the client disconnects first.
+
+    A handler that waits on something slow (a gated backend call) must stop when its caller gives up (a retire
+    cancels the caller), or whatever the caller's retire waits for would never end."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not task.done():
+            task.cancel()
+    if task.done() and not task.cancelled():
+        return task.result()
+    raise ClientGone(request.url.path)

@@ -1,5 +1,9 @@
 """The resources server: Gym's weather example (`get_weather`, mode `stateless`) with session tracking.
 
+In the slow topology its `/verify` asks a judge model on the backend first (`Judge`): a verification step that
+takes as long as the checker says, since the judge call waits at the backend's gate like a policy call. The
+verify mode (`wait` or `replay`) is reported on every seed reply.
+
 Sessions are bound to the episode whose `/seed_session` created them (the rollout path prefix names it) and
 ended by `/verify` or `/close_session`. While a checkpoint is open every request except replayable verification
 waits for re-open instead of failing (reference 8.2); retire refuses a covered session's requests until forget.
@@ -10,13 +14,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 import attrs
+import httpx
 from fastapi import FastAPI, Request, Response
 
 from ckpt_model.wire import EpisodeId
+from fakes.backend import CALL_KIND_HEADER, CAPTURE_KEY_HEADER, CLIENT_GONE_STATUS
 from fakes.gym.config import ServerConfig
 from fakes.gym.control_plane import ControlPlane
 from fakes.gym.environment import covers
@@ -27,7 +34,15 @@ from fakes.gym.errors import (
     StaleAttemptError,
     install_error_handlers,
 )
-from fakes.gym.http import RolloutPrefixMiddleware, add_health, rollout_key
+from fakes.gym.http import (
+    ClientGone,
+    RolloutPrefixMiddleware,
+    add_health,
+    lifespan_with_client,
+    post_json,
+    rollout_key,
+    unless_client_gone,
+)
 from fakes.gym.participant import PrepareReport
 
 SESSION_COOKIE = "resources_session_id"
@@ -88,7 +103,8 @@ class ResourcesCore:
         session = self.sessions.get(session_id or "")
         if session is None and session_id and episode_id is not None and not seed:
             session = self._bind(session_id, episode_id)
-        counted = not (replayable and not self.admission.is_set())
+        # Replayable verification never holds up a checkpoint, so it is never counted (its session still is).
+        counted = not replayable
         self.served = True
         if counted:
             self.inflight += 1
@@ -202,13 +218,38 @@ def weather_reward(response: dict[str, Any]) -> float:
     return 1.0 if any(i.get("type") == "function_call" and i.get("name") == "get_weather" for i in output) else 0.0
 
 
+class Judge:
+    """Asks a judge model on the backend before verifying: the slow topology's blockable verification.
+
+    The call carries the rollout's capture key and `x-ng-call-kind: judge`, so the checker sees it in the
+    backend's call list next to the rollout's policy calls and releases it like one."""
+
+    def __init__(self, backend_url: str) -> None:
+        self.url = backend_url + "/v1/chat/completions"
+        self.client: httpx.AsyncClient | None = None
+
+    async def ask(self, key: str, response: dict[str, Any]) -> None:
+        assert self.client is not None, "the judge's client starts with the server"
+        question = "Does this response call get_weather? " + json.dumps(response)[:2000]
+        await post_json(
+            self.client,
+            self.url,
+            {"model": "judge", "messages": [{"role": "user", "content": question}]},
+            headers={CAPTURE_KEY_HEADER: key, CALL_KIND_HEADER: "judge"},
+        )
+
+
 def build_app(config: ServerConfig) -> FastAPI:
     """The weather resources server with session tracking and the checkpoint control routes."""
     control_plane: ControlPlane
     core = ResourcesCore(config, notify=lambda: control_plane.notify())
     control_plane = ControlPlane.from_config(ResourcesParticipant(core), config)
     core.control_plane = control_plane
-    app = FastAPI()
+    judge = Judge(config.backend_url) if config.verify_judge else None
+    if judge is not None:
+        app = FastAPI(lifespan=lifespan_with_client(lambda client: setattr(judge, "client", client)))
+    else:
+        app = FastAPI()
     app.add_middleware(RolloutPrefixMiddleware)
     install_error_handlers(app)
     add_health(app)
@@ -233,11 +274,17 @@ def build_app(config: ServerConfig) -> FastAPI:
             city = body.get("city", "")
             return {"city": city, "weather": f"It is cold in {city}."}
 
-    @app.post("/verify")
-    async def verify(request: Request) -> dict[str, Any]:
+    @app.post("/verify", response_model=None)
+    async def verify(request: Request) -> dict[str, Any] | Response:
         body = await request.json()
+        response = body.get("response") or {}
         async with core.admit(request, replayable=core.verify_mode == "replay") as session:
-            reward = weather_reward(body.get("response") or {})
+            if judge is not None:
+                try:
+                    await unless_client_gone(request, judge.ask(rollout_key(request.state) or "", response))
+                except ClientGone:
+                    return Response(status_code=CLIENT_GONE_STATUS)
+            reward = weather_reward(response)
         core.end(session)
         return {"reward": reward}
 

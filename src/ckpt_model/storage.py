@@ -39,6 +39,29 @@ def participant_dir(checkpoint_dir: Path, kind: str, instance: str) -> Path:
 
 def fingerprint(directory: Path, kind: str, instance: str) -> Fingerprint:
     """Verify one participant's directory and describe it; raise `CheckpointUnreadable` on any defect."""
+    checked = _read_verified(directory, kind, instance)
+    return Fingerprint(
+        manifest_sha256=hashlib.sha256(checked.manifest_bytes).hexdigest(),
+        records_file=checked.manifest["records_file"],
+        records_sha256=checked.manifest["records_sha256"],
+        record_count=checked.manifest["record_count"],
+        episode_ids=tuple(sorted(_capture_key(record) for record in checked.records)),
+    )
+
+
+def read_records(directory: Path, kind: str, instance: str) -> list[Any]:
+    """The records of one participant's directory, after every check `fingerprint` makes."""
+    return _read_verified(directory, kind, instance).records
+
+
+@attrs.frozen
+class _Verified:
+    manifest_bytes: bytes
+    manifest: dict[str, Any]
+    records: list[Any]
+
+
+def _read_verified(directory: Path, kind: str, instance: str) -> _Verified:
     manifest_path = directory / "manifest.json"
     try:
         manifest_bytes = manifest_path.read_bytes()
@@ -60,20 +83,13 @@ def fingerprint(directory: Path, kind: str, instance: str) -> Fingerprint:
         raise CheckpointUnreadable(
             f"{records_path}: {len(lines)} records, the manifest says {manifest['record_count']}"
         )
-    keys = []
+    records = []
     for number, line in enumerate(lines, start=1):
         try:
-            record = json.loads(line)
+            records.append(json.loads(line))
         except ValueError:
             raise CheckpointUnreadable(f"{records_path}:{number}: not JSON") from None
-        keys.append(_capture_key(record))
-    return Fingerprint(
-        manifest_sha256=hashlib.sha256(manifest_bytes).hexdigest(),
-        records_file=manifest["records_file"],
-        records_sha256=digest,
-        record_count=manifest["record_count"],
-        episode_ids=tuple(sorted(keys)),
-    )
+    return _Verified(manifest_bytes=manifest_bytes, manifest=manifest, records=records)
 
 
 def _manifest(path: Path, data: bytes, kind: str, instance: str) -> dict[str, Any]:

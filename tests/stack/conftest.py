@@ -121,12 +121,12 @@ class BackgroundRun:
 
 
 @pytest.fixture
-def deploy(tmp_path: Path) -> Iterator[Callable[[str], Deployment]]:
+def deploy(tmp_path: Path) -> Iterator[Callable[..., Deployment]]:
     """Start a whole deployment of a topology; everything it started is stopped at teardown."""
     started: list[Deployment] = []
 
-    def start(topology: str) -> Deployment:
-        stack = Stack(topology, tmp_path / topology)
+    def start(topology: str, verify_mode: str = "wait") -> Deployment:
+        stack = Stack(topology, tmp_path / f"{topology}-{verify_mode}", verify_mode=verify_mode)
         try:
             stack.start_backend()
             stack.start_gym()

@@ -2,21 +2,33 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+from ckpt_model.storage import participant_dir, read_records
 from ckpt_model.tasks import legacy_run_body, native_run_body
 from ckpt_model.wire import EpisodeId
 from tests.stack.conftest import Deployment, deadline, wait_until
 
 pytestmark = pytest.mark.processes
 
-Deploy = Callable[[str], Deployment]
+Deploy = Callable[..., Deployment]
 
 
 def n_messages(deployment: Deployment) -> list[int]:
     return [call["n_messages"] for call in deployment.calls()]
+
+
+def n_messages_of_policy(deployment: Deployment) -> list[int]:
+    return [call["n_messages"] for call in deployment.calls() if call["kind"] == "policy"]
+
+
+def environment_records(directory: str) -> list[Any]:
+    return read_records(participant_dir(Path(directory), "environment", "environment"), "environment", "environment")
 
 
 def checkpoint(deployment: Deployment, checkpoint_id: str, scope: list[EpisodeId]) -> str:
@@ -126,3 +138,55 @@ def test_a_retired_rollout_started_over_as_the_next_attempt_completes(deploy: De
         ("again-1-a1", 2),
         ("again-1-a1", 4),
     ]
+
+
+def release_when_waiting(deployment: Deployment, index: int, kind: str) -> None:
+    """Wait until call `index` (a policy or judge call) waits at the gated backend, then let exactly it go."""
+
+    def waiting() -> bool:
+        calls = deployment.calls()
+        return len(calls) > index and calls[index]["waiting"] and calls[index]["kind"] == kind
+
+    wait_until(waiting, f"{kind} call {index} to wait at the backend")
+    deployment.backend("/_ctl/step", {"indices": [index]})
+
+
+def judge_calls(deployment: Deployment, key: str) -> int:
+    return sum(1 for call in deployment.calls() if call["kind"] == "judge" and call["capture_key"] == key)
+
+
+@pytest.mark.parametrize("verify_mode", ["wait", "replay"])
+def test_verification_in_flight_is_waited_for_or_replayed(deploy: Deploy, verify_mode: str) -> None:
+    """Gym's scenario 9: `wait` verification blocks prepare and never runs again after restore; `replay` does
+    not block, is exported as the step still to do, and runs again for the continued attempt."""
+    deployment = deploy("slow", verify_mode)
+    deployment.backend("/_ctl/gate")
+    run = deployment.run_in_background(native_run_body("verify-1", 0))
+    release_when_waiting(deployment, 0, "policy")
+    release_when_waiting(deployment, 1, "policy")
+    wait_until(lambda: judge_calls(deployment, "verify-1") == 1, "the judge call of verify-1")
+
+    early = deployment.control.prepare("c1", time.time() + 0.5)
+    scope = [EpisodeId(rollout_id="verify-1", attempt=0)]
+    if verify_mode == "wait":
+        assert not early.prepared
+        assert early.blockers() == {"environment": ["verify-1"]}
+        deployment.backend("/_ctl/step", {"indices": [2]})  # verification ends; the episode parks at `return`
+    else:
+        assert early.prepared, early.blockers()
+    directory = checkpoint(deployment, "c1", scope)
+    assert not run.done, "no reply while the checkpoint is open"
+    (record,) = environment_records(directory)
+    assert record["boundary"]["next"] == ("return" if verify_mode == "wait" else "verify")
+
+    crash_and_restore(deployment, "c1-restore", directory, scope)
+    deployment.backend("/_ctl/gate")  # the crash released (and ungated) everything
+    replacement = deployment.run_in_background(native_run_body("verify-1", 1))
+    if verify_mode == "replay":
+        release_when_waiting(deployment, 3, "judge")
+    reply = replacement.result()
+
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["result"]["reward"] == 1.0
+    assert n_messages_of_policy(deployment) == [2, 4]
+    assert judge_calls(deployment, "verify-1-a1") == (0 if verify_mode == "wait" else 1)
