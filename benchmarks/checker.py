@@ -18,7 +18,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from ckpt_model import profiles
 from ckpt_model.deployment import Harness
-from ckpt_model.faultsearch import search
+from ckpt_model.faultsearch import harness_for, search
 from ckpt_model.machine import SearchStats, machine_for
 from fakes.faults import BY_NAME, CATALOGUE
 
@@ -41,10 +41,10 @@ def default_profile(topology: str) -> None:
 def faults(names: list[str]) -> None:
     print(f"{'fault':<38} {'caught':>6} {'first failure':>14} {'total':>8} {'examples':>8} {'shrunk':>6}  sequence")
     for name in names:
-        with Harness("native", faults=(name,)) as harness:
+        with harness_for(name) as harness:
             finding = search(harness)
         first = f"{finding.first_failure_s:.1f} s" if finding.first_failure_s is not None else "-"
-        caught = finding.property_id or "MISSED"
+        caught = finding.property_id or (type(finding.violation).__name__ if finding.violation else "MISSED")
         print(
             f"{name:<38} {caught:>6} {first:>14} {finding.total_s:>6.1f} s {finding.examples:>8} "
             f"{len(finding.shrunk_steps):>6}  {'; '.join(finding.shrunk_steps)}",

@@ -15,10 +15,20 @@ import attrs
 
 @attrs.frozen
 class Fault:
+    """A planted bug; `topology` and `verify_mode` name the deployment it shows in."""
+
     name: str
     server: str
     caught_by: str
     description: str
+    topology: str = "native"
+    verify_mode: str = "wait"
+    # Properties a random search may report first: a bug with more than one symptom shows the one it reaches first.
+    also_shows_as: tuple[str, ...] = ()
+
+    @property
+    def shows_as(self) -> tuple[str, ...]:
+        return (self.caught_by, *self.also_shows_as)
 
 
 CATALOGUE: tuple[Fault, ...] = (
@@ -39,6 +49,9 @@ CATALOGUE: tuple[Fault, ...] = (
         "environment",
         "P4",
         "a restore that installs an episode without its boundary, so the continuation redoes delivered calls",
+        # With no call delivered yet nothing is redone, but the continuation seeds a new agent session and the
+        # restored one is left behind, which the agent's status counts show.
+        also_shows_as=("P10",),
     ),
     Fault(
         "agent_restore_drops_outputs",
@@ -63,6 +76,13 @@ CATALOGUE: tuple[Fault, ...] = (
         "every participant",
         "P9",
         "a resume that cleans up the records file of the checkpoint it just committed",
+    ),
+    Fault(
+        "environment_verify_never_waits",
+        "environment",
+        "P11",
+        "an environment that runs `wait` verification as `replay`, so a checkpoint does not wait for it",
+        topology="slow",
     ),
 )
 BY_NAME: dict[str, Fault] = {fault.name: fault for fault in CATALOGUE}

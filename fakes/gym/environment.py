@@ -118,6 +118,7 @@ class EpisodeRunner:
         self.agent_url = config.peer("agent")
         self.resources_url = config.peer("resources")
         self.owner = owner
+        self.verify_never_waits = "environment_verify_never_waits" in config.faults
 
     async def run(self, episode: Episode, request: EpisodeRequest) -> dict[str, Any]:
         key = episode.key
@@ -143,9 +144,8 @@ class EpisodeRunner:
                 handles = {**handles, "resources_cookies": closed["resources_cookies"] or handles["resources_cookies"]}
                 state = {**state, "next": "verify", "handles": handles, "observations": closed["agent_observations"]}
             else:
-                result = await self.owner.step(
-                    episode, handles["resources_verify"], self._verify(key, handles, params, state)
-                )
+                mode = "replay" if self.verify_never_waits else handles["resources_verify"]
+                result = await self.owner.step(episode, mode, self._verify(key, handles, params, state))
                 state = {"next": "return", "handles": handles, "result": result, "observations": state["observations"]}
 
     async def _seed(

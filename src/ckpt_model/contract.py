@@ -18,12 +18,17 @@ from typing import Literal
 
 import attrs
 
-Topology = Literal["native", "legacy"]
+Topology = Literal["native", "legacy", "slow"]
+VerifyMode = Literal["wait", "replay"]
 Status = Literal["running", "pending", "replied", "dead", "retired", "dropped"]
 Phase = Literal["idle", "prepared", "committed"]
 
-# Message counts of the model calls an uninterrupted weather episode makes (reference 9.4).
-SCRIPTS: dict[str, tuple[int, ...]] = {"native": (2, 4), "legacy": (1, 3)}
+# A script entry is a policy call's message count, or VERIFY: the slow topology's judge call, made by the
+# verification step after the agent has finished. Both wait at the backend until the checker releases them.
+VERIFY = "verify"
+ScriptCall = int | str
+# What an uninterrupted weather episode calls, in order (reference 9.4).
+SCRIPTS: dict[str, tuple[ScriptCall, ...]] = {"native": (2, 4), "legacy": (1, 3), "slow": (2, 4, VERIFY)}
 FULL_REWARD = 1.0
 
 
@@ -43,7 +48,7 @@ class Attempt:
     rollout: str
     attempt: int
     status: Status
-    script: tuple[int, ...]
+    script: tuple[ScriptCall, ...]
     start_call: int = 0
     calls_made: int = 0
     delivered: int = 0
@@ -54,9 +59,29 @@ class Attempt:
         return capture_key(self.rollout, self.attempt)
 
     @property
-    def next_call_messages(self) -> int:
-        """Message count of the call it sends next (P4: a continued attempt re-sends only what is left)."""
+    def next_call(self) -> ScriptCall:
+        """The call it sends next (P4: a continued attempt re-sends only what is left)."""
         return self.script[self.start_call + self.calls_made]
+
+    @property
+    def outstanding(self) -> ScriptCall | None:
+        """The call it made and has no result of yet, if any."""
+        if self.calls_made <= self.delivered:
+            return None
+        return self.script[self.start_call + self.calls_made - 1]
+
+    @property
+    def verifying(self) -> bool:
+        """Running and in its verification step (its judge call is outstanding)."""
+        return self.status == "running" and self.outstanding == VERIFY
+
+    @property
+    def needs_agent(self) -> bool:
+        """The agent holds a session for it: it runs or would continue before its verification step."""
+        if self.status == "running":
+            return not self.verifying
+        index = self.start_call + self.calls_made
+        return self.status == "pending" and index < len(self.script) and self.script[index] != VERIFY
 
     @property
     def boundary(self) -> int:
@@ -92,6 +117,7 @@ class Model:
     """The whole controller-visible state of one run."""
 
     topology: Topology
+    verify_mode: VerifyMode = "wait"
     rollouts_max: int = 3
     attempts: tuple[Attempt, ...] = ()
     phase: Phase = "idle"
@@ -108,7 +134,7 @@ class Model:
     # -- views ------------------------------------------------------------------------------------------------
 
     @property
-    def script(self) -> tuple[int, ...]:
+    def script(self) -> tuple[ScriptCall, ...]:
         return SCRIPTS[self.topology]
 
     def current(self) -> dict[str, Attempt]:
@@ -123,6 +149,24 @@ class Model:
 
     def waiting(self) -> list[str]:
         return sorted(a.rollout for a in self.current().values() if a.waiting)
+
+    def releasable(self) -> list[str]:
+        """Waiting calls a release may let go. A judge call is not released while a checkpoint is open: when
+        the episode would record its next boundary against the commit is a race the checker cannot observe."""
+        current = self.current()
+        return [r for r in self.waiting() if not (self.checkpoint_open and current[r].verifying)]
+
+    def before_verification(self) -> list[str]:
+        """Rollouts whose policy calls can all be released now, up to their verification step (slow topology)."""
+        if self.checkpoint_open or VERIFY not in self.script:
+            return []
+        return sorted(a.rollout for a in self.current().values() if a.waiting and not a.verifying)
+
+    def blockers(self) -> list[str]:
+        """Capture keys that keep a prepare from becoming ready: attempts in a `wait` verification step."""
+        if self.verify_mode != "wait":
+            return []
+        return sorted(a.key for a in self.current().values() if a.verifying)
 
     def live(self) -> list[Attempt]:
         return self.with_status("running", "pending", "dead")
@@ -143,7 +187,10 @@ class Model:
         return self.fresh and not self.checkpoint_open and bool(self.committed)
 
     def can_prepare(self) -> bool:
-        return not self.checkpoint_open and not self.with_status("dead")
+        return not self.checkpoint_open and not self.with_status("dead") and not self.blockers()
+
+    def can_prepare_blocked(self) -> bool:
+        return not self.checkpoint_open and not self.with_status("dead") and bool(self.blockers())
 
     # -- rules --------------------------------------------------------------------------------------------------
 
@@ -159,6 +206,8 @@ class Model:
         attempt = self._current(rollout)
         if not attempt.waiting:
             raise ValueError(f"release needs a waiting call; {attempt.key} is {attempt.status}")
+        if self.checkpoint_open and attempt.verifying:
+            raise ValueError(f"{attempt.key}'s judge call is not released while a checkpoint is open")
         if self.checkpoint_open:
             return self._replace(attrs.evolve(attempt, held=True))
         return self._deliver(attempt)
@@ -168,6 +217,13 @@ class Model:
         model = attrs.evolve(
             self, phase="prepared", open_checkpoint=checkpoint_id, checkpoint_seq=self.checkpoint_seq + 1
         )
+        return model, checkpoint_id
+
+    def prepare_blocked(self) -> tuple[Model, str]:
+        """A prepare that ran out of its deadline on blockers, and the controller's resume of it: the ID is used
+        up and remembered as resumed; nothing else changes (the controller retires the blockers next)."""
+        checkpoint_id = f"c{self.checkpoint_seq + 1}"
+        model = attrs.evolve(self, checkpoint_seq=self.checkpoint_seq + 1, resumed=(*self.resumed, checkpoint_id))
         return model, checkpoint_id
 
     def commit(self) -> tuple[Model, Checkpoint]:
@@ -281,7 +337,7 @@ class Model:
 
     def _send(self, attempt: Attempt) -> Model:
         """The attempt sends its next model call; the backend records it under the attempt's capture key."""
-        sent = (*self.sent, (attempt.key, attempt.next_call_messages))
+        sent = (*self.sent, (attempt.key, attempt.next_call))
         return attrs.evolve(self._replace(attrs.evolve(attempt, calls_made=attempt.calls_made + 1)), sent=sent)
 
     def _deliver(self, attempt: Attempt) -> Model:
@@ -294,7 +350,7 @@ class Model:
 class Expectation:
     """What the system must show once quiet: derived from the model, compared with observations."""
 
-    calls: dict[str, tuple[int, ...]]
+    calls: dict[str, tuple[ScriptCall, ...]]
     waiting: frozenset[str]
     phase: str
     checkpoint_id: str | None
@@ -308,21 +364,21 @@ class Expectation:
 
 def expect(model: Model) -> Expectation:
     """The quiescent state `model` predicts."""
-    calls: dict[str, tuple[int, ...]] = {}
+    calls: dict[str, tuple[ScriptCall, ...]] = {}
     for key, messages in model.sent:
         calls[key] = (*calls.get(key, ()), messages)
     current = model.current().values()
     running = [a for a in current if a.status == "running"]
-    pending = [a for a in current if a.status == "pending"]
+    owner_is_environment = model.topology != "legacy"
     return Expectation(
         calls=calls,
         waiting=frozenset(a.key for a in running if a.waiting),
         phase=model.phase,
         checkpoint_id=model.open_checkpoint,
         held=sum(1 for a in running if a.held),
-        inflight=len(running),
-        episodes=len(running) if model.topology == "native" else 0,
-        sessions=len(running) + len(pending),
-        restored_pending=tuple(sorted(model.restored_pending_reported)) if model.topology == "native" else (),
+        inflight=sum(1 for a in running if not a.verifying),
+        episodes=len(running) if owner_is_environment else 0,
+        sessions=sum(1 for a in current if a.needs_agent),
+        restored_pending=tuple(sorted(model.restored_pending_reported)) if owner_is_environment else (),
         retired_rollouts=len(model.retired_marks),
     )

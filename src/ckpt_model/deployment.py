@@ -54,12 +54,15 @@ class BackendControl:
 class Harness:
     """One topology of the look-alike stack, reused across the examples of a test session."""
 
-    def __init__(self, topology: str, *, faults: tuple[str, ...] = (), root: Path | None = None) -> None:
+    def __init__(
+        self, topology: str, *, faults: tuple[str, ...] = (), verify_mode: str = "wait", root: Path | None = None
+    ) -> None:
         self.topology = topology
+        self.verify_mode = verify_mode
         self.faults = tuple(faults)
         self._own_root = root is None
         self.root = Path(tempfile.mkdtemp(prefix=f"ckpt-model-{topology}-")) if root is None else Path(root)
-        self.stack = Stack(topology, self.root / "stack", faults=self.faults)
+        self.stack = Stack(topology, self.root / "stack", faults=self.faults, verify_mode=verify_mode)
         self.http = httpx.Client(timeout=httpx.Timeout(30.0, read=None), trust_env=False)
         self.control: ControlClient | None = None
         self.backend: BackendControl | None = None

@@ -13,9 +13,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from ckpt_model.deployment import Harness
-from ckpt_model.errors import PropertyViolation
+from ckpt_model.errors import HarnessError, PropertyViolation
 from ckpt_model.machine import SearchStats, machine_for
 from ckpt_model.profiles import BASE
+from fakes.faults import BY_NAME
 
 # Derandomized, so a fault is found by the same examples on every run; no database, so a run stands alone.
 FAULT_SEARCH = settings(
@@ -27,6 +28,12 @@ FAULT_SEARCH = settings(
     suppress_health_check=list(HealthCheck),
     print_blob=False,
 )
+
+
+def harness_for(fault: str) -> Harness:
+    """A harness of the deployment the fault shows in (its topology and verify mode), with the fault planted."""
+    planted = BY_NAME[fault]
+    return Harness(planted.topology, faults=(fault,), verify_mode=planted.verify_mode)
 
 
 @attrs.frozen
@@ -62,10 +69,10 @@ def shrunk_steps(error: BaseException) -> tuple[str, ...]:
 def search(harness: Harness, search_settings: settings = FAULT_SEARCH) -> Finding:
     """Run the machine until it fails (and shrinks) or runs out of examples."""
     stats = SearchStats()
-    violation: PropertyViolation | None = None
+    violation: PropertyViolation | HarnessError | None = None
     try:
         run_state_machine_as_test(machine_for(harness, stats), settings=search_settings)
-    except PropertyViolation as error:
+    except (PropertyViolation, HarnessError) as error:
         violation = error
     finally:
         machine_for(harness, None)

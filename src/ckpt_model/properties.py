@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 import attrs
 
+from ckpt_model.contract import VERIFY, ScriptCall
 from ckpt_model.errors import PropertyViolation
 from ckpt_model.history import History
 from ckpt_model.storage import CheckpointUnreadable, Fingerprint
@@ -57,7 +58,15 @@ class P9Violation(PropertyViolation):
 
 class P10Violation(PropertyViolation):
     property_id = "P10"
-    title = "phases and fencing: status matches the model, resumed IDs are refused, one checkpoint at a time"
+    title = (
+        "phases and fencing: status (phase, checkpoint ID, counts) matches the model, resumed IDs are refused, "
+        "one checkpoint at a time"
+    )
+
+
+class P11Violation(PropertyViolation):
+    property_id = "P11"
+    title = "verification: a wait verify blocks prepare and never runs again; a replay verify runs again"
 
 
 class P13Violation(PropertyViolation):
@@ -78,7 +87,7 @@ REGISTRY: dict[str, PropertyInfo] = {
         PropertyInfo("P8", "restore is all or nothing (needs restore-failure faults)", "step", False),
         PropertyInfo("P9", P9Violation.title, "step and teardown", True),
         PropertyInfo("P10", P10Violation.title, "step", True),
-        PropertyInfo("P11", "verification waited for or replayed (needs the slow topology)", "step", False),
+        PropertyInfo("P11", P11Violation.title, "step and teardown", True),
         PropertyInfo("P12", "generation cuts (needs generation cuts: a later stack issue)", "step", False),
         PropertyInfo("P13", P13Violation.title, "teardown", True),
     )
@@ -145,18 +154,25 @@ def p3_reply_complete(key: str, status_code: int | None, body: Any, reward: floa
         )
 
 
-def p4_calls(expected: Mapping[str, tuple[int, ...]], observed: Mapping[str, tuple[int, ...]]) -> list[str]:
-    """Raise on a call the model cannot explain; return the keys still missing calls (not yet made)."""
+def p4_calls(
+    expected: Mapping[str, tuple[ScriptCall, ...]], observed: Mapping[str, tuple[ScriptCall, ...]]
+) -> list[str]:
+    """Raise on a call the model cannot explain; return the keys still missing calls (not yet made).
+
+    Calls are message counts, or `verify` for a judge call; a wrong or missing judge call is a P11 violation
+    (verification run again, or skipped), any other difference P4."""
     missing = []
     for key in sorted(set(expected) | set(observed)):
         want, got = expected.get(key, ()), observed.get(key, ())
         if got == want:
             continue
         if len(got) > len(want) or got != want[: len(got)]:
-            raise P4Violation(
+            first = next(i for i in range(len(got)) if i >= len(want) or got[i] != want[i])
+            verification = VERIFY in (got[first], want[first] if first < len(want) else None)
+            raise (P11Violation if verification else P4Violation)(
                 rollout=key,
-                expected=f"model calls with message counts {list(want)}",
-                observed=f"backend calls with message counts {list(got)}",
+                expected=f"calls {list(want)} (policy calls by message count, judge calls as {VERIFY!r})",
+                observed=f"backend calls {list(got)}",
             )
         missing.append(key)
     return missing

@@ -21,6 +21,7 @@ def steps(*calls: str | tuple[str, dict[str, Any]]) -> tuple[Step, ...]:
 
 
 FIRST = {"pick": 0}
+CHECKPOINT = ("checkpoint", {"then_resume": True})
 
 # r0 delivered its first call, was checkpointed in c1 before its second, and Gym crashed and restored c1.
 RESTORED_AT_CALL_1 = steps("dispatch", ("release", FIRST), "prepare", "commit", "crash", ("restore", FIRST))
@@ -48,7 +49,7 @@ SCENARIOS: dict[str, tuple[Step, ...]] = {
         "forget",
     ),
     "retired_then_started_over__completes": steps("dispatch", ("retire", {"pick": 0, "again": True})),
-    "resumed_id__is_refused": steps("prepare", "resume", ("stale_prepare", FIRST)),
+    "resumed_id__is_refused": steps("prepare", "resume"),
     "earlier_checkpoint__restored_after_later_work": steps(
         "dispatch",
         "prepare",
@@ -62,6 +63,34 @@ SCENARIOS: dict[str, tuple[Step, ...]] = {
     ),
 }
 
+# The slow topology's verification (Gym's scenario 9), per verify mode: `wait` blocks a prepare, which the
+# controller ends by retiring and redispatching the blocker; `replay` does not block, is exported as the step
+# still to do, and runs again for the continued attempt.
+SLOW_SCENARIOS: dict[str, dict[str, tuple[Step, ...]]] = {
+    "wait": {
+        "verification_in_flight__blocks_prepare_then_redispatched": steps(
+            "dispatch", ("release_to_verification", FIRST), "prepare_blocked"
+        ),
+        "blocker_redispatched__checkpointed_and_restored_with_the_rest": steps(
+            "dispatch",
+            ("release_to_verification", FIRST),
+            "dispatch",
+            "prepare_blocked",
+            CHECKPOINT,
+            ("recover", FIRST),
+        ),
+    },
+    "replay": {
+        "verification_in_flight__exported_and_run_again": steps(
+            "dispatch",
+            ("release_to_verification", FIRST),
+            CHECKPOINT,
+            ("recover", FIRST),
+            ("start_replacement", FIRST),
+        ),
+    },
+}
+
 # The scenario that trips each planted fault (`fakes.faults`).
 FAULT_SCENARIOS: dict[str, str] = {
     "model_delivers_held": "checkpoint_without_crash__parks_then_resumes",
@@ -71,7 +100,16 @@ FAULT_SCENARIOS: dict[str, str] = {
     "agent_retire_keeps_sessions": "retired_episode__stops_everywhere",
     "resumed_id_not_fenced": "resumed_id__is_refused",
     "resume_deletes_records": "checkpoint_without_crash__parks_then_resumes",
+    "environment_verify_never_waits": "verification_in_flight__blocks_prepare_then_redispatched",
 }
+
+
+def named(name: str) -> tuple[Step, ...]:
+    """A scenario by name, from any topology's list."""
+    for scenarios in (SCENARIOS, *SLOW_SCENARIOS.values()):
+        if name in scenarios:
+            return scenarios[name]
+    raise KeyError(f"no scenario {name!r}")
 
 
 def run(harness: Harness, scenario: Sequence[Step]) -> None:

@@ -26,3 +26,15 @@ def native_harness() -> Iterator[Harness]:
 def legacy_harness() -> Iterator[Harness]:
     with Harness("legacy") as harness:
         yield harness
+
+
+@pytest.fixture(scope="session")
+def slow_wait_harness() -> Iterator[Harness]:
+    with Harness("slow", verify_mode="wait") as harness:
+        yield harness
+
+
+@pytest.fixture(scope="session")
+def slow_replay_harness() -> Iterator[Harness]:
+    with Harness("slow", verify_mode="replay") as harness:
+        yield harness

@@ -1,4 +1,4 @@
-"""The controller contract, checked by the state machine against the fault-free stack, in both topologies."""
+"""The controller contract, checked by the state machine against the fault-free stack, in every topology."""
 
 from __future__ import annotations
 
@@ -14,3 +14,11 @@ def test_native_stack_keeps_the_contract(native_harness: Harness) -> None:
 
 def test_legacy_stack_keeps_the_contract(legacy_harness: Harness) -> None:
     run_state_machine_as_test(machine_for(legacy_harness))
+
+
+def test_slow_stack_with_wait_verification_keeps_the_contract(slow_wait_harness: Harness) -> None:
+    run_state_machine_as_test(machine_for(slow_wait_harness))
+
+
+def test_slow_stack_with_replay_verification_keeps_the_contract(slow_replay_harness: Harness) -> None:
+    run_state_machine_as_test(machine_for(slow_replay_harness))

@@ -10,7 +10,8 @@ import pytest
 from ckpt_model import properties
 from ckpt_model.deployment import Harness
 from ckpt_model.errors import PropertyViolation
-from ckpt_model.scenarios import FAULT_SCENARIOS, SCENARIOS, run
+from ckpt_model.faultsearch import harness_for
+from ckpt_model.scenarios import FAULT_SCENARIOS, SCENARIOS, SLOW_SCENARIOS, named, run
 from fakes.faults import BY_NAME, CATALOGUE
 
 
@@ -22,6 +23,16 @@ def test_native_scenario(native_harness: Harness, name: str) -> None:
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_legacy_scenario(legacy_harness: Harness, name: str) -> None:
     run(legacy_harness, SCENARIOS[name])
+
+
+@pytest.mark.parametrize("name", sorted(SLOW_SCENARIOS["wait"]))
+def test_slow_wait_scenario(slow_wait_harness: Harness, name: str) -> None:
+    run(slow_wait_harness, SLOW_SCENARIOS["wait"][name])
+
+
+@pytest.mark.parametrize("name", sorted(SLOW_SCENARIOS["replay"]))
+def test_slow_replay_scenario(slow_replay_harness: Harness, name: str) -> None:
+    run(slow_replay_harness, SLOW_SCENARIOS["replay"][name])
 
 
 @pytest.fixture(scope="module")
@@ -40,10 +51,10 @@ def test_every_fault_has_a_scenario() -> None:
 
 @pytest.mark.parametrize("fault", sorted(FAULT_SCENARIOS))
 def test_the_scenario_catches_the_planted_fault(fault: str, faulty_harnesses: dict[str, Harness]) -> None:
-    harness = faulty_harnesses.setdefault(fault, Harness("native", faults=(fault,)))
+    harness = faulty_harnesses.get(fault) or faulty_harnesses.setdefault(fault, harness_for(fault))
     expected = getattr(properties, f"{BY_NAME[fault].caught_by}Violation")
     with pytest.raises(PropertyViolation) as caught:
-        run(harness, SCENARIOS[FAULT_SCENARIOS[fault]])
+        run(harness, named(FAULT_SCENARIOS[fault]))
     assert type(caught.value) is expected, f"caught by {caught.value.property_id}:\n{caught.value}"
 
 
@@ -53,11 +64,11 @@ REPLAYS = 20
 def test_a_failing_example_fails_identically_on_every_replay(faulty_harnesses: dict[str, Harness]) -> None:
     """The machine owns every race, so the same steps give the same violation, message and all, every time."""
     fault = "model_delivers_held"
-    harness = faulty_harnesses.setdefault(fault, Harness("native", faults=(fault,)))
+    harness = faulty_harnesses.get(fault) or faulty_harnesses.setdefault(fault, harness_for(fault))
     messages = []
     for _ in range(REPLAYS):
         with pytest.raises(PropertyViolation) as caught:
-            run(harness, SCENARIOS[FAULT_SCENARIOS[fault]])
+            run(harness, named(FAULT_SCENARIOS[fault]))
         messages.append((type(caught.value).__name__, str(caught.value)))
     assert len(set(messages)) == 1, sorted(set(messages))
     assert messages[0][0] == "P2Violation"

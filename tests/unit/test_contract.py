@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ckpt_model.contract import Model, expect
+from ckpt_model.contract import VERIFY, Model, expect
 
 
 def native() -> Model:
@@ -132,3 +132,54 @@ def test_preconditions_keep_runs_meaningful() -> None:
     assert expect(model.start_over("r0")).calls == {"r0": (1,), "r0-a1": (1,)}
     with pytest.raises(ValueError, match="waiting call"):
         model.release("r0")
+
+
+def verifying(verify_mode: str) -> Model:
+    """A slow-topology rollout whose two policy calls are done and whose judge call waits."""
+    model, _ = Model(topology="slow", verify_mode=verify_mode).dispatch()  # type: ignore[arg-type]
+    return model.release("r0").release("r0")
+
+
+def test_a_wait_verification_blocks_prepare_and_holds_no_model_or_agent_state() -> None:
+    model = verifying("wait")
+    expected = expect(model)
+    assert expected.calls == {"r0": (2, 4, VERIFY)}
+    assert expected.waiting == {"r0"}
+    assert (expected.inflight, expected.episodes, expected.sessions) == (0, 1, 0)
+    assert model.blockers() == ["r0"]
+    assert not model.can_prepare()
+    assert model.can_prepare_blocked()
+
+
+def test_a_blocked_prepare_uses_up_its_id_and_is_remembered_as_resumed() -> None:
+    model, checkpoint_id = verifying("wait").prepare_blocked()
+    assert checkpoint_id == "c1"
+    assert model.resumed == ("c1",)
+    assert (model.phase, model.open_checkpoint) == ("idle", None)
+    assert model.prepare()[1] == "c2"
+
+
+def test_a_replay_verification_does_not_block_and_runs_again_when_continued() -> None:
+    model = verifying("replay")
+    assert model.blockers() == []
+    model, _ = model.prepare()
+    assert model.releasable() == [], "a judge call is not released while a checkpoint is open"
+    with pytest.raises(ValueError, match="not released while a checkpoint is open"):
+        model.release("r0")
+    model, checkpoint = model.commit()
+    model = model.crash()
+    model, _ = model.restore(checkpoint.checkpoint_id)
+    continued = model.current()["r0"]
+    assert (continued.key, continued.start_call, continued.next_call) == ("r0-a1", 2, VERIFY)
+    assert expect(model).sessions == 0, "the agent exported no session: it had closed it before verification"
+    model = model.start_replacement("r0").release("r0")
+    assert expect(model).calls == {"r0": (2, 4, VERIFY), "r0-a1": (VERIFY,)}
+    assert model.current()["r0"].status == "replied"
+
+
+def test_release_to_verification_candidates_exclude_rollouts_already_verifying() -> None:
+    model, _ = Model(topology="slow").dispatch()
+    model, _ = model.dispatch()
+    model = model.release("r1").release("r1")
+    assert model.before_verification() == ["r0"]
+    assert native().dispatch()[0].before_verification() == [], "no verification step outside the slow topology"

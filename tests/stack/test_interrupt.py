@@ -1,0 +1,95 @@
+"""Ctrl-C in the middle of a checker run leaves nothing behind: no process, no listening port, no directory.
+
+A whole pytest run is started in its own process group, as a terminal starts a foreground job; its test starts a
+harness (backend, fork server, four Gym servers), writes down what it started, and waits. Ctrl-C is SIGINT to
+that process group: the servers each lead their own group, so only pytest sees it, and its cleanup must reach them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from fakes.stack import process_state
+from tests.stack.conftest import wait_until
+
+pytestmark = pytest.mark.processes
+
+INNER_TEST = textwrap.dedent(
+    """
+    import json, os, threading
+    from pathlib import Path
+
+    from ckpt_model.deployment import Harness
+
+
+    def test_started_then_interrupted():
+        harness = Harness("native")
+        harness.begin_example()
+        stack = harness.stack
+        started = {
+            "pids": [stack.backend.pid, stack.fork_server.pid, *(s.pid for s in stack.gym.values())],
+            "ports": [int(url.rsplit(":", 1)[1]) for url in [stack.backend_url, *(s.url for s in stack.gym.values())]],
+            "root": str(harness.root),
+        }
+        Path(os.environ["STARTED_FILE"]).write_text(json.dumps(started))
+        threading.Event().wait()  # until Ctrl-C
+    """
+)
+
+
+def alive(pid: int) -> bool:
+    """Running; a zombie does not count (its parent died, and whoever adopted it may reap it late)."""
+    return process_state(pid) not in (None, "Z")
+
+
+def port_free(port: int) -> bool:
+    """Nothing listens on it. SO_REUSEADDR, as every server here binds: closed connections in TIME_WAIT may
+    outlive their process for a minute, and do not keep a server from binding the port again."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def test_ctrl_c_during_a_run_leaves_no_process_port_or_directory(tmp_path: Path) -> None:
+    test_file = tmp_path / "test_inner.py"
+    test_file.write_text(INNER_TEST)
+    started_file = tmp_path / "started.json"
+    temp_root = tmp_path / "tmp"
+    temp_root.mkdir()
+    env = {**os.environ, "STARTED_FILE": str(started_file), "TMPDIR": str(temp_root)}
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", str(test_file)]
+    run = subprocess.Popen(
+        argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    try:
+        wait_until(lambda: started_file.exists() or run.poll() is not None, "the inner run to start its harness")
+        assert started_file.exists(), run.communicate()[0].decode(errors="replace")
+        started = json.loads(started_file.read_text())
+        assert all(alive(pid) for pid in started["pids"])
+        assert Path(started["root"]).is_dir()
+
+        os.killpg(run.pid, signal.SIGINT)
+        output = run.communicate(timeout=60)[0].decode(errors="replace")
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+
+    assert "KeyboardInterrupt" in output, output
+    wait_until(lambda: not any(alive(pid) for pid in started["pids"]), "every started process to be gone", 10)
+    assert all(port_free(port) for port in started["ports"]), started["ports"]
+    assert not Path(started["root"]).exists()
+    assert list(temp_root.iterdir()) == [], "the run left files in its temporary directory"
