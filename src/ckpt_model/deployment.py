@@ -64,6 +64,8 @@ class Harness:
         self.root = Path(tempfile.mkdtemp(prefix=f"ckpt-model-{topology}-")) if root is None else Path(root)
         self.stack = Stack(topology, self.root / "stack", faults=self.faults, verify_mode=verify_mode)
         self.http = httpx.Client(timeout=httpx.Timeout(30.0, read=None), trust_env=False)
+        # Where a failing run writes its regression file (None: `ckpt_model.regression.directory()`).
+        self.regressions_dir: Path | None = None
         self.control: ControlClient | None = None
         self.backend: BackendControl | None = None
         self.example = 0

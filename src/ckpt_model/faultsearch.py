@@ -33,7 +33,9 @@ FAULT_SEARCH = settings(
 def harness_for(fault: str) -> Harness:
     """A harness of the deployment the fault shows in (its topology and verify mode), with the fault planted."""
     planted = BY_NAME[fault]
-    return Harness(planted.topology, faults=(fault,), verify_mode=planted.verify_mode)
+    harness = Harness(planted.topology, faults=(fault,), verify_mode=planted.verify_mode)
+    harness.regressions_dir = harness.root / "regressions"  # expected failures: kept with the harness, not the user
+    return harness
 
 
 @attrs.frozen

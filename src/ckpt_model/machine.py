@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
 from ckpt_model import properties as props
+from ckpt_model import regression
 from ckpt_model.contract import VERIFY, Attempt, Expectation, Model, ScriptCall, expect
 from ckpt_model.deployment import Harness
 from ckpt_model.errors import CoordinationError, HarnessError, PropertyViolation, QuiescenceTimeout
@@ -90,12 +91,17 @@ def step(method: F) -> F:
 
     @functools.wraps(method)
     def wrapper(self: CheckpointMachine, *args: Any, **kwargs: Any) -> Any:
+        if self.rule_depth == 0 and not self.draining:
+            self.rule_calls.append((method.__name__, dict(kwargs)))
         self.broken = True
+        self.rule_depth += 1
         try:
             result = method(self, *args, **kwargs)
         except (PropertyViolation, HarnessError, CoordinationError) as error:
             self.annotate(error)
             raise
+        finally:
+            self.rule_depth -= 1
         self.broken = False
         return result
 
@@ -123,6 +129,10 @@ class CheckpointMachine(RuleBasedStateMachine):
         self.retired_attempts: dict[str, Attempt] = {}
         self.fingerprints: dict[str, dict[str, Any]] = {}
         self.steps: list[str] = []
+        # The rules as called (name, keyword arguments), outermost only: what a regression file replays.
+        self.rule_calls: list[tuple[str, dict[str, Any]]] = []
+        self.rule_depth = 0
+        self.draining = False
         self.retire_seq = 0
         self.crashes = 0
         self.broken = False
@@ -383,6 +393,7 @@ class CheckpointMachine(RuleBasedStateMachine):
     def _drain(self) -> None:
         """Resume, start everything unfinished, release every call; then P3, P4, P7, P9 and P13."""
         self.steps.append("-- teardown: drain --")
+        self.draining = True
         if self.model.checkpoint_open:
             self.resume()
         while self.model.with_status("pending"):
@@ -648,6 +659,12 @@ class CheckpointMachine(RuleBasedStateMachine):
             "Reproduce: rerun the same pytest command; Hypothesis replays this example from its database "
             "(.hypothesis/), and prints @reproduce_failure(...) when print_blob is on (the ci and debug profiles)."
         )
+        try:
+            path = regression.write(self.harness, self.rule_calls, error)
+        except OSError as write_error:
+            error.add_note(f"Replay file not written: {write_error}")
+        else:
+            error.add_note(f"Replay without Hypothesis (survives code edits): python -m ckpt_model.regression {path}")
 
 
 def _pick(items: list[Any], pick: int) -> Any:

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from ckpt_model import properties
+from ckpt_model import properties, regression
 from ckpt_model.deployment import Harness
 from ckpt_model.errors import PropertyViolation
 from ckpt_model.faultsearch import harness_for
@@ -72,3 +72,20 @@ def test_a_failing_example_fails_identically_on_every_replay(faulty_harnesses: d
         messages.append((type(caught.value).__name__, str(caught.value)))
     assert len(set(messages)) == 1, sorted(set(messages))
     assert messages[0][0] == "P2Violation"
+
+
+def test_a_failure_writes_a_regression_file_that_replays_it(faulty_harnesses: dict[str, Harness]) -> None:
+    fault = "resume_deletes_records"
+    harness = faulty_harnesses.get(fault) or faulty_harnesses.setdefault(fault, harness_for(fault))
+    scenario = named(FAULT_SCENARIOS[fault])
+    with pytest.raises(PropertyViolation) as caught:
+        run(harness, scenario)
+    assert harness.regressions_dir is not None
+    path = harness.regressions_dir / f"P9-native-{fault}.json"
+    assert f"python -m ckpt_model.regression {path}" in "\n".join(caught.value.__notes__)
+
+    document = regression.load(path)
+    assert [tuple(step) for step in document["steps"]] == list(scenario)
+    assert (document["topology"], document["faults"], document["failure"]["property"]) == ("native", [fault], "P9")
+    with pytest.raises(properties.P9Violation):
+        regression.replay(document)

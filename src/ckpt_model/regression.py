@@ -1,0 +1,114 @@
+"""Regression files: a failing run as data (topology, verify mode, faults, rule calls), replayed without Hypothesis.
+
+Hypothesis's database key depends on the test's source and its `@reproduce_failure` blob on its version, so
+neither survives an edit of the checker. When a run fails, the machine writes the rules it called to a JSON file
+named after the property and the deployment; Hypothesis runs the shrunk example last, so the file ends up holding
+the shrunk sequence. Replay it with `python -m ckpt_model.regression FILE`, or keep it as a fixed scenario.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from ckpt_model.errors import PropertyViolation
+
+REGRESSIONS_ENV = "CKPT_MODEL_REGRESSIONS"
+DEFAULT_DIR = Path(".ckpt-model") / "regressions"
+FORMAT_VERSION = 1
+
+
+def directory() -> Path:
+    """Where regression files go: `$CKPT_MODEL_REGRESSIONS`, or `.ckpt-model/regressions` (git ignores it)."""
+    return Path(os.environ.get(REGRESSIONS_ENV) or DEFAULT_DIR)
+
+
+def write(harness: Any, rule_calls: list[tuple[str, dict[str, Any]]], error: BaseException) -> Path:
+    """Write (overwrite) the file for this failure's property and deployment; returns its path."""
+    label = getattr(error, "property_id", None) or type(error).__name__
+    deployment = [harness.topology]
+    if harness.topology == "slow":
+        deployment.append(harness.verify_mode)
+    deployment.extend(harness.faults)
+    target_dir = harness.regressions_dir or directory()
+    path = target_dir / f"{label}-{'-'.join(deployment)}.json"
+    document = {
+        "format": FORMAT_VERSION,
+        "failure": {"type": type(error).__name__, "property": getattr(error, "property_id", None)},
+        "topology": harness.topology,
+        "verify_mode": harness.verify_mode,
+        "faults": list(harness.faults),
+        "steps": [[name, arguments] for name, arguments in rule_calls],
+    }
+    target_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(document, indent=2) + "\n")
+    return path
+
+
+def load(path: Path) -> dict[str, Any]:
+    """Read a regression file; a malformed one gets an error that says what is wrong."""
+    try:
+        document = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{path}: not a readable regression file ({error})") from None
+    if not isinstance(document, dict) or document.get("format") != FORMAT_VERSION:
+        raise ValueError(f"{path}: 'format' must be {FORMAT_VERSION}")
+    steps = document.get("steps")
+    if not isinstance(steps, list) or not all(
+        isinstance(step, list) and len(step) == 2 and isinstance(step[0], str) and isinstance(step[1], dict)
+        for step in steps
+    ):
+        raise ValueError(f"{path}: 'steps' must be a list of [rule name, {{arguments}}]")
+    return document
+
+
+def replay(document: dict[str, Any]) -> None:
+    """Run the file's steps on a fresh deployment of its topology and faults; raises what the run raises."""
+    from ckpt_model.deployment import Harness
+    from ckpt_model.scenarios import run
+
+    with Harness(
+        document["topology"], faults=tuple(document["faults"]), verify_mode=document.get("verify_mode", "wait")
+    ) as harness:
+        harness.regressions_dir = harness.root / "regressions"  # a replay does not overwrite the file it replays
+        run(harness, [(name, arguments) for name, arguments in document["steps"]])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ckpt_model.regression", description=__doc__.splitlines()[0])
+    parser.add_argument("file", type=Path, help="a regression file the checker wrote")
+    args = parser.parse_args(argv)
+    try:
+        document = load(args.file)
+    except ValueError as error:
+        print(error, file=sys.stderr)
+        return 2
+    recorded = document["failure"]["type"]
+    print(f"replaying {args.file}: {describe(document)}", flush=True)
+    try:
+        replay(document)
+    except PropertyViolation as violation:
+        same = type(violation).__name__ == recorded
+        print(f"FAILED as recorded ({recorded}):" if same else f"FAILED differently (recorded {recorded}):")
+        print(violation)
+        return 1
+    print(f"passed: the recorded {recorded} no longer happens")
+    return 0
+
+
+def describe(document: dict[str, Any]) -> str:
+    """One line: the deployment and the rule calls, as a person would type them."""
+    calls = [
+        f"{name}({', '.join(f'{key}={value!r}' for key, value in arguments.items())})"
+        for name, arguments in document["steps"]
+    ]
+    faults = f" with {', '.join(document['faults'])}" if document["faults"] else ""
+    return f"{document['topology']}{faults}: " + "; ".join(calls)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
