@@ -167,8 +167,8 @@ class CheckpointMachine(RuleBasedStateMachine):
     @rule(pick=PICK)
     @step
     def release_to_verification(self, pick: int) -> None:
-        """Release one rollout's policy calls until its judge call waits (slow topology): with every rule equally
-        likely, two releases of the same rollout in a row would make verification rare."""
+        """Release one rollout's policy calls until its judge call waits (slow topology): a random run rarely
+        releases the same rollout twice in a row, so without this rule verification would be rare."""
         rollout = _pick(self.model.before_verification(), pick)
         while not self.model.current()[rollout].verifying:
             self.release(self.model.releasable().index(rollout))
