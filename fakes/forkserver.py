@@ -3,10 +3,14 @@
 A cold `python -m fakes.gym.serve` spends ~380 ms importing and warming up before its first reply, and the
 checker restarts all four Gym servers for every example and every crash. This process pays that once: it
 imports every server module and uvicorn and serves warm-up requests through each role's app on a throwaway event
-loop (closed again, so no thread runs when it forks). A start is then a `fork()`: the child makes its own session
-(so `os.killpg(pid, SIGKILL)` is a crash of exactly that server), takes a fresh app (built from its config ahead
-of time when the owner asked for a `prebuild`, else now) and serves a listening socket the fork server bound to
-the server's fixed port just before forking it (`listening_socket`: IPPROTO_TCP, SO_REUSEADDR).
+loop (closed again, so no thread runs when it forks). Children make their own session (so
+`os.killpg(pid, SIGKILL)` is a crash of exactly that server) and serve a listening socket the fork server bound
+to the server's fixed port at the start (`listening_socket`: IPPROTO_TCP, SO_REUSEADDR).
+
+After a start the owner asks for a `prebuild`: the fork server forks a *standby* child per server, which builds
+its app and uvicorn server while the checker runs an example and then waits on a socket pair. The next start
+binds the port and passes the standby the listening socket (SCM_RIGHTS); it runs its lifespan and serves. A
+start without a usable standby forks a child that builds everything itself.
 
 The fork server closes its copy of that socket right after the fork, so the child holds the only one and a crash
 looks like a real one: connections waiting in the backlog are reset and new ones are refused until the next
@@ -19,9 +23,9 @@ process's stdin and reads one JSON reply per line from its stdout:
     started                                     -> {"ready": true, "pid": P, "warm_up_ms": W}  (or "ready": false)
     {"op": "spawn", "servers": [{"name", "config", "log_path"}, ...]}  -> {"ok": true, "pids": {name: pid}}
     {"op": "exit_status", "pid": P}             -> {"ok": true, "exit_status": int | null}
-    {"op": "prebuild", "servers": [{"name", "config"}, ...]}  -> {"ok": true}, then it builds each app so the
-                                                   next child of that server (same config) starts with it built
-    {"op": "ping"}                              -> {"ok": true} once every earlier request's work is done
+    {"op": "prebuild", "servers": [{"name", "config", "log_path"}, ...]}  -> {"ok": true} once it has forked a
+                                                   standby child per server, which builds its app and waits
+    {"op": "ping"}                              -> {"ok": true} once every standby is built and waiting
     end of stdin (the owner closed it or died)  -> every child's group is killed and reaped, then it exits
 
 Reaping: a SIGCHLD handler reaps children as they die and keeps their exit statuses, so a killed server's process
@@ -38,7 +42,6 @@ import ctypes
 import gc
 import json
 import os
-import select
 import selectors
 import signal
 import socket
@@ -49,7 +52,7 @@ import threading
 import time
 import traceback
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any, NoReturn
@@ -68,6 +71,9 @@ WARM_UP_PEER_URL = "http://127.0.0.1:9"
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 PR_SET_NAME = 15
 PROCESS_NAME_BYTES_MAX = 15
+STANDBY_PREFIX = "standby:"
+READY = b"r"  # standby -> fork server: built, waiting for its socket
+GO = b"g"  # fork server -> standby, with the listening socket's descriptor
 # Signals whose fork-server handlers a child must not keep.
 HANDLED_SIGNALS = (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
@@ -167,10 +173,8 @@ class Zygote:
         # itself): read them through single calls (`list(...)`, `.get`), never by iterating them in Python.
         self.children: dict[int, str] = {}
         self.exit_statuses: OrderedDict[int, int] = OrderedDict()
-        # Per server name: an app built from this config JSON and never served, for the next child to take.
-        self.spares: dict[str, tuple[str, Any]] = {}
-        self.builds_pending: list[tuple[str, str]] = []
-        self.requests_fd: int | None = None
+        # Per server name: a standby child, forked ahead for the next start of that server with this config.
+        self.standbys: dict[str, Standby] = {}
         self.pid = os.getpid()
         # Loaded before any fork, so a child only calls it.
         self.libc = ctypes.CDLL(None, use_errno=True)
@@ -189,11 +193,10 @@ class Zygote:
             if op == "exit_status":
                 return {"ok": True, "exit_status": self.exit_statuses.get(int(request["pid"]))}
             if op == "ping":
-                self.build_spares(interruptible=False)
+                self.wait_standbys_ready()
                 return {"ok": True}
             if op == "prebuild":
-                # Built after the reply is sent (see `serve`), so the owner does not wait for it.
-                self.builds_pending = [(server["name"], server["config"]) for server in request["servers"]]
+                self.fork_standbys(request["servers"])
                 return {"ok": True}
             return {"ok": False, "error": f"'op' must be 'spawn', 'exit_status', 'prebuild' or 'ping' (got {op!r})"}
         except Exception as error:
@@ -205,14 +208,18 @@ class Zygote:
         All forks go first and the wait comes once after them, so no fork waits for an earlier child to be
         scheduled. If anything fails, the children already forked for this request die too.
         """
-        # Builds a start interrupted would now compete with its children for the CPU; the owner asks for the
-        # next start's apps once these children serve.
-        self.builds_pending = []
         pids: dict[str, int] = {}
+        to_fork = []
+        for server in servers:
+            pid = self.promote_standby(server["name"], server["config"])
+            if pid is None:
+                to_fork.append(server)
+            else:
+                pids[server["name"]] = pid
         ready_read_fd, ready_write_fd = os.pipe()
         try:
             try:
-                for server in servers:
+                for server in to_fork:
                     name, log_path = server["name"], Path(server["log_path"])
                     pids[name] = self.spawn(name, server["config"], log_path, (ready_read_fd, ready_write_fd))
             finally:
@@ -240,8 +247,6 @@ class Zygote:
             sock = listening_socket(address["host"], address["port"])
         except OSError as error:
             raise OSError(f"server {name!r} cannot listen on {address['host']}:{address['port']}: {error}") from None
-        spare_config_json, spare_app = self.spares.pop(name, ("", None))
-        app = spare_app if spare_config_json == config_json else None
         if threading.active_count() != 1:
             raise RuntimeError(f"{threading.active_count() - 1} thread(s) running in the fork server; fork is unsafe")
         for stream in (sys.stdout, sys.stderr):
@@ -252,7 +257,7 @@ class Zygote:
                 os.close(ready_pipe[0])
                 self.die_with_parent()
                 self.name_process(name)
-                child_main(name, config_json, app, log_path, sock, self.control_files, ready_pipe[1])
+                child_main(name, config_json, None, log_path, sock, self.control_files, ready_pipe[1])
         self.children[pid] = name
         self.reap()  # the handler reaps only recorded children: one that died already is collected here
         return pid
@@ -302,44 +307,114 @@ class Zygote:
             if self.children:
                 time.sleep(REAP_POLL_INTERVAL_S)
 
-    def build_spares(self, *, interruptible: bool = True) -> None:
-        """Build the apps a `prebuild` asked for, each for the next child of its server to take.
+    # -- standby children ---------------------------------------------------------------------------------------
 
-        Building an app (FastAPI routes, pydantic adapters) and its first request (FastAPI builds per-route state
-        lazily) cost ~40 ms of CPU per server; done here while the checker runs an example, that is off the path
-        from a crash to serving again. A spare's lifespan never runs here and it answers only requests that
-        touch no server state (see `touch_stateless_routes`), so its child starts from a pristine app. A request
-        that arrives meanwhile (a start, most likely) goes first; the rest are built after it.
+    def fork_standbys(self, servers: Sequence[Mapping[str, str]]) -> None:
+        """Fork a standby child per server, for its next start (one kept with the same config stays).
+
+        A standby forks now, while the checker runs an example, and then builds its app and uvicorn server and
+        waits; a start only hands it the listening socket (`promote_standby`), so the fork, the app build and
+        uvicorn's set-up are all off the path from a crash to serving again.
         """
-        from fakes.gym.config import ServerConfig
-        from fakes.gym.serve import build_app
-
-        while self.builds_pending:
-            if interruptible and self.request_waiting():
-                return
-            name, config_json = self.builds_pending.pop(0)
-            try:
-                app = build_app(ServerConfig.from_json(config_json))
-                asyncio.run(touch_stateless_routes(app))
-            except Exception:
-                # Not fatal: the child builds the app itself and reports the error in its own log.
-                traceback.print_exc()
+        for server in servers:
+            name, config_json = server["name"], server["config"]
+            kept = self.standbys.get(name)
+            if kept is not None and kept.config_json == config_json and kept.pid in self.children:
                 continue
-            self.spares[name] = (config_json, app)
-            gc.freeze()  # as after the warm-up: the children's collections skip these objects
+            self.discard_standby(name)
+            self.standbys[name] = self.fork_standby(name, config_json, Path(server["log_path"]))
 
-    def request_waiting(self) -> bool:
-        """Whether the owner sent a request we have not read (it waits for each reply, so none is buffered)."""
-        return self.requests_fd is not None and bool(select.select([self.requests_fd], [], [], 0)[0])
+    def fork_standby(self, name: str, config_json: str, log_path: Path) -> Standby:
+        if threading.active_count() != 1:
+            raise RuntimeError(f"{threading.active_count() - 1} thread(s) running in the fork server; fork is unsafe")
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        ready_read_fd, ready_write_fd = os.pipe()
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        try:
+            pid = os.fork()
+            if pid == 0:
+                os.close(ready_read_fd)
+                ours.close()
+                self.die_with_parent()
+                self.name_process(f"standby-{name}")
+                standby_main(name, config_json, log_path, theirs, self.control_files, ready_write_fd, self.name_process)
+            self.children[pid] = STANDBY_PREFIX + name
+            self.reap()
+        finally:
+            theirs.close()
+            os.close(ready_write_fd)
+        # As for a started child: returned only once it leads its own process group.
+        while os.read(ready_read_fd, 64):
+            pass
+        os.close(ready_read_fd)
+        return Standby(pid=pid, config_json=config_json, channel=ours)
+
+    def promote_standby(self, name: str, config_json: str) -> int | None:
+        """Hand the standby for `name` its listening socket: it serves from then on. None: no usable standby."""
+        standby = self.standbys.pop(name, None)
+        if standby is None:
+            return None
+        if standby.config_json != config_json or standby.pid not in self.children:
+            self.discard(standby)
+            return None
+        running = [pid for pid, child_name in list(self.children.items()) if child_name == name]
+        if running:
+            self.discard(standby)
+            raise RuntimeError(f"server {name!r} still runs as pid {running[0]}: kill its process group first")
+        address = json.loads(config_json)
+        try:
+            sock = listening_socket(address["host"], address["port"])
+        except OSError as error:
+            self.discard(standby)
+            raise OSError(f"server {name!r} cannot listen on {address['host']}:{address['port']}: {error}") from None
+        with sock, standby.channel:  # our copies close once sent: the child must hold the only ones
+            try:
+                socket.send_fds(standby.channel, [GO], [sock.fileno()])
+            except OSError:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(standby.pid, signal.SIGKILL)
+                return None
+        self.children[standby.pid] = name
+        return standby.pid
+
+    def wait_standbys_ready(self, timeout_s: float = REPLY_TIMEOUT_S) -> None:
+        """Wait until every standby has built its server and waits for its socket (or died trying)."""
+        deadline_s = time.monotonic() + timeout_s
+        for standby in list(self.standbys.values()):
+            if standby.ready:
+                continue
+            standby.channel.settimeout(max(deadline_s - time.monotonic(), 0.001))
+            with contextlib.suppress(OSError):
+                standby.ready = standby.channel.recv(len(READY)) == READY
+            standby.channel.settimeout(None)
+
+    def discard_standby(self, name: str) -> None:
+        standby = self.standbys.pop(name, None)
+        if standby is not None:
+            self.discard(standby)
+
+    def discard(self, standby: Standby) -> None:
+        """Stop a standby that will not be used (its channel closing tells it to exit; SIGKILL makes sure)."""
+        standby.channel.close()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(standby.pid, signal.SIGKILL)
 
     def serve(self, requests: IO[bytes], replies: IO[bytes]) -> None:
         """Answer request lines until the owner closes our stdin."""
-        self.requests_fd = requests.fileno()
         for line in iter(requests.readline, b""):
             if line.strip():
                 write_message(replies, self.handle(line))
-                if self.builds_pending:
-                    self.build_spares()
+
+
+@attrs.define(eq=False)
+class Standby:
+    """A forked child that will serve `config_json` once it receives its listening socket over `channel`."""
+
+    pid: int
+    config_json: str
+    channel: socket.socket
+    ready: bool = False
 
 
 async def touch_stateless_routes(app: Any) -> None:
@@ -389,6 +464,90 @@ def child_main(
         os._exit(exit_code)
 
 
+def standby_main(
+    name: str,
+    config_json: str,
+    log_path: Path,
+    channel: socket.socket,
+    inherited: Sequence[IO[bytes]],
+    ready_fd: int,
+    name_process: Callable[[str], None],
+) -> NoReturn:
+    """A standby: own session, then build the server and wait for the socket that makes it `name`'s server.
+
+    Everything a started server does before it accepts is done here ahead of time: the app (and the lazy
+    per-route state its first stateless requests build), uvicorn's config. Its lifespan runs only once it is
+    handed its socket, so it starts from a pristine app, like any started server."""
+    exit_code = 1
+    try:
+        os.setsid()
+        os.close(ready_fd)  # tells the fork server this child is its own process group now
+        for signum in HANDLED_SIGNALS:
+            signal.signal(signum, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, set())
+        for resource in inherited:
+            resource.close()
+        redirect_stdio(log_path)
+        server = standby_server(build_config(config_json, None), channel, lambda: name_process(name))
+        server.run()
+        exit_code = 0 if server.started or server.stood_down else 3
+    except SystemExit as exit_:
+        exit_code = exit_.code if isinstance(exit_.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+        print(f"standby for server {name!r} failed", file=sys.stderr)
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(exit_code)
+
+
+def standby_server(config: Any, channel: socket.socket, on_promotion: Callable[[], None]) -> Any:
+    """A uvicorn server that runs its lifespan, reports READY on `channel`, and only then waits there for the
+    listening socket it is to serve; with the event loop and the lifespan already up, serving starts at once."""
+    import uvicorn
+
+    class StandbyServer(uvicorn.Server):
+        stood_down = False
+
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await self.lifespan.startup()
+            if self.lifespan.should_exit:
+                sys.exit(3)  # uvicorn's STARTUP_FAILURE
+            with contextlib.suppress(OSError):  # promoted before it was built: its socket already waits for it
+                channel.sendall(READY)
+            fds = await _receive_fds(channel)
+            channel.close()
+            if not fds:  # stood down: the fork server discarded this standby, or is gone
+                self.stood_down = True
+                self.should_exit = True
+                return
+            on_promotion()
+            sock = socket.socket(fileno=fds[0])  # family, type and protocol (IPPROTO_TCP) come from the descriptor
+            self.lifespan.startup = _started  # type: ignore[method-assign] - it ran above; base startup calls it
+            await super().startup(sockets=[sock])
+
+    return StandbyServer(config)
+
+
+async def _started() -> None:
+    return None
+
+
+async def _receive_fds(channel: socket.socket) -> list[int]:
+    """The descriptors of the next message on `channel` (none at end of stream), without blocking the loop."""
+    loop = asyncio.get_running_loop()
+    readable = loop.create_future()
+    loop.add_reader(channel.fileno(), lambda: readable.done() or readable.set_result(None))
+    try:
+        await readable
+    finally:
+        loop.remove_reader(channel.fileno())
+    _, fds, _, _ = socket.recv_fds(channel, len(GO), 1)
+    return list(fds)
+
+
 def redirect_stdio(log_path: Path) -> None:
     """stdin from /dev/null, stdout and stderr appended to the server's log (this also drops the control pipes)."""
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -403,6 +562,20 @@ def redirect_stdio(log_path: Path) -> None:
 
 def serve_config(config_json: str, app: Any, sock: socket.socket) -> int:
     """Serve `sock` until killed with `app` (or one built from the config); the exit code uvicorn's runner gives."""
+    server = build_server(config_json, app)
+    server.run(sockets=[sock])
+    return 0 if server.started else 3  # uvicorn's STARTUP_FAILURE
+
+
+def build_server(config_json: str, app: Any) -> Any:
+    """A uvicorn server for the config (its app built now unless given), loaded and ready to run on a socket."""
+    import uvicorn
+
+    return uvicorn.Server(build_config(config_json, app))
+
+
+def build_config(config_json: str, app: Any) -> Any:
+    """uvicorn's loaded config for a server: its app built now unless given, warmed by stateless requests."""
     import uvicorn
 
     from fakes.gym.config import CONFIG_ENV, ServerConfig
@@ -411,9 +584,10 @@ def serve_config(config_json: str, app: Any, sock: socket.socket) -> int:
     os.environ[CONFIG_ENV] = config_json  # as a cold-started server would see it
     if app is None:
         app = build_app(ServerConfig.from_json(config_json))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
-    server.run(sockets=[sock])
-    return 0 if server.started else 3  # uvicorn's STARTUP_FAILURE
+        asyncio.run(touch_stateless_routes(app))
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
+    config.load()
+    return config
 
 
 def write_message(stream: IO[bytes], message: Mapping[str, Any]) -> None:
@@ -525,12 +699,12 @@ class ForkServer:
         return {name: int(pid) for name, pid in reply["pids"].items()}
 
     def prebuild(self, requests: Sequence[SpawnRequest], timeout_s: float = REPLY_TIMEOUT_S) -> None:
-        """Have the next child of each server find its app built (from this config) when it is forked."""
-        servers = [{"name": request.name, "config": request.config_json} for request in requests]
-        self._request({"op": "prebuild", "servers": servers}, timeout_s)
+        """Fork a standby child per server (from this config) that the next start of that server hands its socket."""
+        self._request({"op": "prebuild", "servers": [request.to_wire() for request in requests]}, timeout_s)
 
     def wait_idle(self, timeout_s: float = REPLY_TIMEOUT_S) -> None:
-        """Return once the fork server has done all earlier work (requests are served in order), spares included."""
+        """Return once the fork server has done all earlier work (requests are served in order) and every standby
+        child is built and waiting for its socket."""
         self._request({"op": "ping"}, timeout_s)
 
     def exit_status(self, pid: int, timeout_s: float = REPLY_TIMEOUT_S) -> int | None:

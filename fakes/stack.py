@@ -401,7 +401,7 @@ class Stack:
             self._prebuild(configs)
 
     def _prebuild(self, configs: Mapping[str, ServerConfig]) -> None:
-        """Let the fork server build the next restart's apps now, while the servers just started do their work."""
+        """Have the fork server fork the next restart's standby servers now, while these servers do their work."""
         assert self.fork_server is not None
         requests = [SpawnRequest(name, config.to_json(), self.log_path(name)) for name, config in configs.items()]
         try:

@@ -42,17 +42,24 @@ def process_gone(pid: int) -> bool:
     return state == "Z"
 
 
-def children_of(pid: int) -> list[int]:
-    found = []
+def children_of(pid: int) -> dict[int, str]:
+    """{pid: process name} of the live children of `pid`."""
+    found = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                name, _, rest = (entry / "stat").read_text().partition(" (")[2].rpartition(")")
+                fields = rest.split()
             except (FileNotFoundError, ProcessLookupError):
                 continue
             if int(fields[1]) == pid and fields[0] != "Z":
-                found.append(int(entry.name))
+                found[int(entry.name)] = name
     return found
+
+
+def servers_of(pid: int) -> list[int]:
+    """The fork server's children that serve, standbys (named `gym-standby-...`) left out."""
+    return [child for child, name in children_of(pid).items() if not name.startswith("gym-standby")]
 
 
 def fd_targets(pid: int) -> set[str]:
@@ -184,6 +191,25 @@ def test_restart__fresh_processes_on_the_same_ports_without_the_old_state(runnin
 
 
 @processes
+def test_restart__promotes_the_standbys_forked_after_the_last_start(running: Stack) -> None:
+    """Each start leaves one standby per server (built while the servers work); the next start serves with them."""
+    stack = running
+    assert stack.fork_server is not None
+    stack.fork_server.wait_idle()
+    standbys = {pid: name for pid, name in children_of(stack.fork_server.pid).items() if name.startswith("gym-standby")}
+    assert len(standbys) == 4, children_of(stack.fork_server.pid)
+
+    stack.crash_gym()
+    stack.start_gym()
+
+    assert {server.pid for server in stack.gym.values()} == set(standbys)
+    names = children_of(stack.fork_server.pid)
+    for name, server in stack.gym.items():
+        assert names[server.pid] == f"gym-{name}"[:15], "a promoted standby is named after its server"
+        assert os.getpgid(server.pid) == server.pid
+
+
+@processes
 def test_sigkill_of_a_server_group__leaves_no_process_in_it(running: Stack) -> None:
     stack = running
     assert stack.fork_server is not None
@@ -194,7 +220,7 @@ def test_sigkill_of_a_server_group__leaves_no_process_in_it(running: Stack) -> N
     assert server.poll() == -signal.SIGKILL
     assert stack.fork_server.exit_status(server.pid) == -signal.SIGKILL
     stack.crash_gym()
-    assert not children_of(stack.fork_server.pid)
+    assert not servers_of(stack.fork_server.pid)
 
 
 @processes
@@ -259,7 +285,7 @@ def test_a_server_that_exits_at_start__fails_the_start_naming_it_with_its_log(
     assert str(stack.log_path("resources")) in message
     assert "no_such_role" in message
     assert stack.gym == {}
-    assert not children_of(stack.fork_server.pid)
+    assert not servers_of(stack.fork_server.pid)
 
     monkeypatch.undo()
     stack.start_gym()

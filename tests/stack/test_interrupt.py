@@ -1,8 +1,9 @@
 """Ctrl-C in the middle of a checker run leaves nothing behind: no process, no listening port, no directory.
 
 A whole pytest run is started in its own process group, as a terminal starts a foreground job; its test starts a
-harness (backend, fork server, four Gym servers), writes down what it started, and waits. Ctrl-C is SIGINT to
-that process group: the servers each lead their own group, so only pytest sees it, and its cleanup must reach them.
+harness (backend, fork server, four Gym servers and their four standbys), writes down what it started, and waits.
+Ctrl-C is SIGINT to that process group: the servers each lead their own group, so only pytest sees it, and its
+cleanup must reach them.
 """
 
 from __future__ import annotations
@@ -35,8 +36,18 @@ INNER_TEST = textwrap.dedent(
         harness = Harness("native")
         harness.begin_example()
         stack = harness.stack
+        stack.fork_server.wait_idle()  # its standby servers for the next start are forked and built
+        children = []
+        for entry in Path("/proc").iterdir():
+            try:  # a process may exit between the listing and the read
+                parent = (entry / "stat").read_text().rpartition(")")[2].split()[1]
+            except OSError:
+                continue
+            if entry.name.isdigit() and parent == str(stack.fork_server.pid):
+                children.append(int(entry.name))
+        assert len(children) == 8, children  # four servers, four standbys
         started = {
-            "pids": [stack.backend.pid, stack.fork_server.pid, *(s.pid for s in stack.gym.values())],
+            "pids": [stack.backend.pid, stack.fork_server.pid, *children],
             "ports": [int(url.rsplit(":", 1)[1]) for url in [stack.backend_url, *(s.url for s in stack.gym.values())]],
             "root": str(harness.root),
         }
