@@ -175,6 +175,7 @@ class Zygote:
         self.exit_statuses: OrderedDict[int, int] = OrderedDict()
         # Per server name: a standby child, forked ahead for the next start of that server with this config.
         self.standbys: dict[str, Standby] = {}
+        self.standbys_wanted: list[Mapping[str, str]] = []
         self.pid = os.getpid()
         # Loaded before any fork, so a child only calls it.
         self.libc = ctypes.CDLL(None, use_errno=True)
@@ -196,7 +197,8 @@ class Zygote:
                 self.wait_standbys_ready()
                 return {"ok": True}
             if op == "prebuild":
-                self.fork_standbys(request["servers"])
+                # Forked after the reply is sent (see `serve`), so the owner does not wait for it.
+                self.standbys_wanted = list(request["servers"])
                 return {"ok": True}
             return {"ok": False, "error": f"'op' must be 'spawn', 'exit_status', 'prebuild' or 'ping' (got {op!r})"}
         except Exception as error:
@@ -405,6 +407,13 @@ class Zygote:
         for line in iter(requests.readline, b""):
             if line.strip():
                 write_message(replies, self.handle(line))
+                if self.standbys_wanted:
+                    wanted, self.standbys_wanted = self.standbys_wanted, []
+                    try:
+                        self.fork_standbys(wanted)
+                    except Exception:
+                        # Only a speed-up: the next start forks its servers itself.
+                        traceback.print_exc()
 
 
 @attrs.define(eq=False)
