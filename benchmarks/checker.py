@@ -22,16 +22,19 @@ from ckpt_model.faultsearch import harness_for, search
 from ckpt_model.machine import SearchStats, machine_for
 from fakes.faults import BY_NAME, CATALOGUE
 
+DEPLOYMENTS = (("native", "wait"), ("legacy", "wait"), ("slow", "wait"), ("slow", "replay"))
 
-def default_profile(topology: str) -> None:
+
+def default_profile(topology: str, verify_mode: str) -> None:
     stats = SearchStats()
-    with Harness(topology) as harness:
+    with Harness(topology, verify_mode=verify_mode) as harness:
         run_state_machine_as_test(machine_for(harness, stats), settings=profiles.DEFAULT)
         machine_for(harness, None)
     total_s = time.monotonic() - stats.started_s
     done = stats.finished
+    label = f"{topology}/{verify_mode}" if topology == "slow" else topology
     print(
-        f"{topology:<7} examples {len(done):>3}  steps/example median {statistics.median(e.steps for e in done):>4.1f}"
+        f"{label:<11} examples {len(done):>3}  steps/example median {statistics.median(e.steps for e in done):>4.1f}"
         f"  crashes/example mean {statistics.mean(e.crashes for e in done):.2f}"
         f"  s/example median {statistics.median(e.seconds for e in done):.2f}  total {total_s:.1f} s",
         flush=True,
@@ -59,8 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--faults", default="", help="comma-separated fault names (default: every one)")
     args = parser.parse_args(argv)
     if not args.no_default:
-        for topology in ("native", "legacy"):
-            default_profile(topology)
+        for topology, verify_mode in DEPLOYMENTS:
+            default_profile(topology, verify_mode)
     if not args.no_faults:
         names = [n for n in args.faults.split(",") if n] or [fault.name for fault in CATALOGUE]
         unknown = sorted(set(names) - set(BY_NAME))
