@@ -259,12 +259,16 @@ class Zygote:
                 os.close(ready_pipe[0])
                 self.die_with_parent()
                 self.name_process(name)
-                child_main(name, config_json, None, log_path, sock, self.control_files, ready_pipe[1])
+                child_main(name, config_json, None, log_path, sock, self.inherited(), ready_pipe[1])
         self.children[pid] = name
         self.reap()  # the handler reaps only recorded children: one that died already is collected here
         return pid
 
     # -- children -----------------------------------------------------------------------------------------------
+
+    def inherited(self) -> tuple[IO[bytes] | socket.socket, ...]:
+        """What a child gets from the fork and must close: the control channel, other standbys' socket pairs."""
+        return (*self.control_files, *(standby.channel for standby in self.standbys.values()))
 
     def die_with_parent(self) -> None:
         """In a child: be SIGKILLed when the fork server dies, even by SIGKILL, so no server is ever orphaned."""
@@ -340,7 +344,7 @@ class Zygote:
                 ours.close()
                 self.die_with_parent()
                 self.name_process(f"standby-{name}")
-                standby_main(name, config_json, log_path, theirs, self.control_files, ready_write_fd, self.name_process)
+                standby_main(name, config_json, log_path, theirs, self.inherited(), ready_write_fd, self.name_process)
             self.children[pid] = STANDBY_PREFIX + name
             self.reap()
         finally:
@@ -445,7 +449,7 @@ def child_main(
     app: Any,
     log_path: Path,
     sock: socket.socket,
-    inherited: Sequence[IO[bytes]],
+    inherited: Sequence[IO[bytes] | socket.socket],
     ready_fd: int,
 ) -> NoReturn:
     """The forked server: own session, default signals, stdio to its log, no control channel; never returns."""
@@ -478,7 +482,7 @@ def standby_main(
     config_json: str,
     log_path: Path,
     channel: socket.socket,
-    inherited: Sequence[IO[bytes]],
+    inherited: Sequence[IO[bytes] | socket.socket],
     ready_fd: int,
     name_process: Callable[[str], None],
 ) -> NoReturn:
