@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from ckpt_model.coordination import ControlClient
-from fakes.stack import Stack
+from fakes.stack import Stack, process_state
 
 WAIT_TIMEOUT_S = 30.0
 POLL_S = 0.01
@@ -39,6 +39,11 @@ def group_gone(pgid: int) -> bool:
     except ProcessLookupError:
         return True
     return False
+
+
+def process_gone(pid: int) -> bool:
+    """Gone or a zombie: an orphan is reaped by whoever adopts it, which may take its time."""
+    return process_state(pid) in (None, "Z")
 
 
 def deadline() -> float:

@@ -26,20 +26,11 @@ from ckpt_model.wire import CHECKPOINT_ROUTE_PREFIX
 from fakes.forkserver import EXIT_STATUSES_KEPT_MAX, listening_socket
 from fakes.gym.config import ServerConfig
 from fakes.stack import Stack, StackStartError
-from tests.stack.conftest import WAIT_TIMEOUT_S, group_gone, wait_until
+from tests.stack.conftest import WAIT_TIMEOUT_S, group_gone, process_gone, wait_until
 
 processes = pytest.mark.processes
 
 DEADLINE_S = 20.0
-
-
-def process_gone(pid: int) -> bool:
-    """Gone or a zombie: an orphan is reaped by init, which may take its time."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return True
-    return state == "Z"
 
 
 def children_of(pid: int) -> dict[int, str]:

@@ -19,8 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from fakes.stack import process_state
-from tests.stack.conftest import wait_until
+from tests.stack.conftest import process_gone, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -57,11 +56,6 @@ INNER_TEST = textwrap.dedent(
 )
 
 
-def alive(pid: int) -> bool:
-    """Running; a zombie does not count (its parent died, and whoever adopted it may reap it late)."""
-    return process_state(pid) not in (None, "Z")
-
-
 def port_free(port: int) -> bool:
     """Nothing listens on it. SO_REUSEADDR, as every server here binds: closed connections in TIME_WAIT may
     outlive their process for a minute, and do not keep a server from binding the port again."""
@@ -89,7 +83,7 @@ def test_ctrl_c_during_a_run_leaves_no_process_port_or_directory(tmp_path: Path)
         wait_until(lambda: started_file.exists() or run.poll() is not None, "the inner run to start its harness")
         assert started_file.exists(), run.communicate()[0].decode(errors="replace")
         started = json.loads(started_file.read_text())
-        assert all(alive(pid) for pid in started["pids"])
+        assert not any(process_gone(pid) for pid in started["pids"])
         assert Path(started["root"]).is_dir()
 
         os.killpg(run.pid, signal.SIGINT)
@@ -100,7 +94,7 @@ def test_ctrl_c_during_a_run_leaves_no_process_port_or_directory(tmp_path: Path)
             run.wait()
 
     assert "KeyboardInterrupt" in output, output
-    wait_until(lambda: not any(alive(pid) for pid in started["pids"]), "every started process to be gone", 10)
+    wait_until(lambda: all(process_gone(pid) for pid in started["pids"]), "every started process to be gone", 10)
     assert all(port_free(port) for port in started["ports"]), started["ports"]
     assert not Path(started["root"]).exists()
     assert list(temp_root.iterdir()) == [], "the run left files in its temporary directory"
