@@ -5,9 +5,10 @@ next; the machine applies it after the real operation succeeded and then waits u
 `expect(model)` derives from the new value (each attempt's backend calls, each participant's phase and counts).
 
 Vocabulary. A *rollout* (`r0`, `r1`, ...) is a task the controller wants done; each try at it is an *attempt*
-(`EpisodeId(rollout, attempt)`, named by its capture key). Gating makes every attempt stop at a model call: at
-quiescence a running attempt has exactly one call outstanding, waiting at the backend or, once released while a
-checkpoint is open, held by the model server. A checkpoint's *snapshot* is the controller's own state published
+(`EpisodeId(rollout, attempt)`, named by its capture key). Gating makes every attempt stop at a backend call (a
+policy call, or the slow topology's judge call): at quiescence a running attempt has exactly one call
+outstanding, waiting at the backend or, once a policy call is released while a checkpoint is open, held by the
+model server. A checkpoint's *snapshot* is the controller's own state published
 with it; restoring the checkpoint rolls the controller back to that snapshot (work dispatched later is abandoned)
 and continues every exported attempt as attempt + 1 from its boundary.
 """
