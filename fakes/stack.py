@@ -359,7 +359,8 @@ class Stack:
         """Each Gym server's configuration; ports are chosen once and kept across restarts."""
         roles = TOPOLOGIES[self.topology]
         for name in roles:
-            self._ports.setdefault(name, free_port())
+            if name not in self._ports:  # not setdefault: its argument, a fresh port, would be handed out every time
+                self._ports[name] = free_port()
         urls = {name: f"http://127.0.0.1:{port}" for name, port in self._ports.items()}
         return {
             name: ServerConfig(

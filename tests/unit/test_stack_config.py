@@ -1,0 +1,26 @@
+"""The launcher's per-server configuration, without starting anything."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fakes import stack
+from fakes.stack import Stack
+
+
+def test_ports_are_chosen_once_and_kept_across_restarts(tmp_path: Path) -> None:
+    """Every start asks for the configs; a port handed out per call would exhaust the range in a long run."""
+    deployment = Stack("native", tmp_path, backend_url="http://127.0.0.1:1")
+    handed_out = len(stack._handed_out)
+    first = {name: config.port for name, config in deployment.configs().items()}
+    for _ in range(50):
+        assert {name: config.port for name, config in deployment.configs().items()} == first
+    assert len(stack._handed_out) == handed_out + 4
+
+
+def test_only_the_slow_topologys_resources_server_asks_a_judge(tmp_path: Path) -> None:
+    slow = Stack("slow", tmp_path / "slow", backend_url="http://127.0.0.1:1", verify_mode="replay").configs()
+    native = Stack("native", tmp_path / "native", backend_url="http://127.0.0.1:1").configs()
+    assert {name for name, config in slow.items() if config.verify_judge} == {"resources"}
+    assert {config.verify_mode for config in slow.values()} == {"replay"}
+    assert not any(config.verify_judge for config in native.values())
