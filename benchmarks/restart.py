@@ -7,10 +7,11 @@ For each path, one `Stack` (backend plus the four Gym servers) is started, then 
 After each restart (cold and fork paths, once the fork server is idle again) it also times `--requests` status
 requests on one kept-alive client: a median near a millisecond shows there is no ~44 ms Nagle stall (SPEC 11).
 
-Paths: `cold` starts each server with `python -m fakes.gym.serve`; `fork` forks them from the fork server and,
-between rounds, waits until the fork server is idle, as when an example runs between two restarts (that is when
-it builds the next children's apps); `fork-b2b` restarts back to back, so each restart also waits for the apps
-the previous one asked for. The figures are wall clock on a shared machine: the load average is printed too.
+Paths: `cold` starts each server with `python -m fakes.gym.serve`; `fork` starts them from the fork server's
+standbys and, between rounds, waits until the next standbys are built, as when an example runs between two
+restarts; `fork-b2b` restarts back to back, so each restart competes with the standbys the previous one asked
+for, or forks its servers itself. The figures are wall clock on a shared machine: the load average is printed
+too.
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ def measure(path: str, topology: str, rounds: int, requests: int, root: Path) ->
             if path == "fork-b2b":
                 continue
             if stack.fork_server is not None:
-                # The servers' round trip, not the CPU the fork server spends building the next apps meanwhile.
+                # The servers' round trip, not the CPU the next start's standbys spend building their apps meanwhile.
                 stack.fork_server.wait_idle()
             round_trip_ms.extend(round_trips_ms(http, urls, stack.token, requests))
     return PathResult(path, tuple(restart_ms), tuple(crash_ms), tuple(round_trip_ms))
