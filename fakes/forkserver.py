@@ -249,22 +249,33 @@ class Zygote:
             sock = listening_socket(address["host"], address["port"])
         except OSError as error:
             raise OSError(f"server {name!r} cannot listen on {address['host']}:{address['port']}: {error}") from None
-        if threading.active_count() != 1:
-            raise RuntimeError(f"{threading.active_count() - 1} thread(s) running in the fork server; fork is unsafe")
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()  # or the child would write our buffered bytes again
         with sock:  # our copy closes right after the fork: the child must hold the only one
-            pid = os.fork()
+            pid = self.fork()
             if pid == 0:
                 os.close(ready_pipe[0])
                 self.die_with_parent()
                 self.name_process(name)
-                child_main(name, config_json, None, log_path, sock, self.inherited(), ready_pipe[1])
+                run_child(
+                    f"server {name!r}",
+                    log_path,
+                    self.inherited(),
+                    ready_pipe[1],
+                    lambda: serve_config(config_json, sock),
+                )
         self.children[pid] = name
         self.reap()  # the handler reaps only recorded children: one that died already is collected here
         return pid
 
     # -- children -----------------------------------------------------------------------------------------------
+
+    def fork(self) -> int:
+        """`os.fork()`, refused while a thread runs (the child would inherit its locks held) and with stdout and
+        stderr flushed first (or the child would write our buffered bytes again)."""
+        if threading.active_count() != 1:
+            raise RuntimeError(f"{threading.active_count() - 1} thread(s) running in the fork server; fork is unsafe")
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        return os.fork()
 
     def inherited(self) -> tuple[IO[bytes] | socket.socket, ...]:
         """What a child gets from the fork and must close: the control channel, other standbys' socket pairs."""
@@ -331,20 +342,22 @@ class Zygote:
             self.standbys[name] = self.fork_standby(name, config_json, Path(server["log_path"]))
 
     def fork_standby(self, name: str, config_json: str, log_path: Path) -> Standby:
-        if threading.active_count() != 1:
-            raise RuntimeError(f"{threading.active_count() - 1} thread(s) running in the fork server; fork is unsafe")
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         ready_read_fd, ready_write_fd = os.pipe()
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
         try:
-            pid = os.fork()
+            pid = self.fork()
             if pid == 0:
                 os.close(ready_read_fd)
                 ours.close()
                 self.die_with_parent()
                 self.name_process(f"standby-{name}")
-                standby_main(name, config_json, log_path, theirs, self.inherited(), ready_write_fd, self.name_process)
+                run_child(
+                    f"standby for server {name!r}",
+                    log_path,
+                    self.inherited(),
+                    ready_write_fd,
+                    lambda: run_standby(config_json, theirs, lambda: self.name_process(name)),
+                )
             self.children[pid] = STANDBY_PREFIX + name
             self.reap()
         finally:
@@ -443,16 +456,15 @@ async def touch_stateless_routes(app: Any) -> None:
         await client.get(CHECKPOINT_ROUTE_PREFIX + "/status")
 
 
-def child_main(
-    name: str,
-    config_json: str,
-    app: Any,
+def run_child(
+    label: str,
     log_path: Path,
-    sock: socket.socket,
     inherited: Sequence[IO[bytes] | socket.socket],
     ready_fd: int,
+    serve: Callable[[], int],
 ) -> NoReturn:
-    """The forked server: own session, default signals, stdio to its log, no control channel; never returns."""
+    """A forked child: own session, default signals, stdio to its log, nothing of the fork server's channels;
+    then `serve()` until it returns its exit code. Never returns into the fork server's loop."""
     exit_code = 1
     try:
         os.setsid()
@@ -463,57 +475,27 @@ def child_main(
         for resource in inherited:
             resource.close()
         redirect_stdio(log_path)
-        exit_code = serve_config(config_json, app, sock)
+        exit_code = serve()
     except SystemExit as exit_:
         exit_code = exit_.code if isinstance(exit_.code, int) else 1
     except BaseException:
         traceback.print_exc()
-        print(f"server {name!r} failed to start from the fork server", file=sys.stderr)
+        print(f"{label} failed to start from the fork server", file=sys.stderr)
     finally:
         with contextlib.suppress(Exception):
             sys.stdout.flush()
             sys.stderr.flush()
-        # Never return into the fork server's loop, and skip its atexit handlers and buffers.
+        # Skip the fork server's atexit handlers and buffers.
         os._exit(exit_code)
 
 
-def standby_main(
-    name: str,
-    config_json: str,
-    log_path: Path,
-    channel: socket.socket,
-    inherited: Sequence[IO[bytes] | socket.socket],
-    ready_fd: int,
-    name_process: Callable[[str], None],
-) -> NoReturn:
-    """A standby: own session, then build the server and wait for the socket that makes it `name`'s server.
-
-    Everything a started server does before it accepts is done here ahead of time: the app (and the lazy
-    per-route state its first stateless requests build), uvicorn's config. Its lifespan runs only once it is
-    handed its socket, so it starts from a pristine app, like any started server."""
-    exit_code = 1
-    try:
-        os.setsid()
-        os.close(ready_fd)  # tells the fork server this child is its own process group now
-        for signum in HANDLED_SIGNALS:
-            signal.signal(signum, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_SETMASK, set())
-        for resource in inherited:
-            resource.close()
-        redirect_stdio(log_path)
-        server = standby_server(build_config(config_json, None), channel, lambda: name_process(name))
-        server.run()
-        exit_code = 0 if server.started or server.stood_down else 3
-    except SystemExit as exit_:
-        exit_code = exit_.code if isinstance(exit_.code, int) else 1
-    except BaseException:
-        traceback.print_exc()
-        print(f"standby for server {name!r} failed", file=sys.stderr)
-    finally:
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(exit_code)
+def run_standby(config_json: str, channel: socket.socket, on_promotion: Callable[[], None]) -> int:
+    """A standby's life: build the app and uvicorn's config, start the loop and the lifespan, report READY, wait
+    for the listening socket, serve it. Only the socket is left for a start to supply; no request is served
+    before it, so the server starts as clean as a freshly forked one."""
+    server = standby_server(build_config(config_json), channel, on_promotion)
+    server.run()
+    return 0 if server.started or server.stood_down else 3  # uvicorn's STARTUP_FAILURE
 
 
 def standby_server(config: Any, channel: socket.socket, on_promotion: Callable[[], None]) -> Any:
@@ -573,31 +555,25 @@ def redirect_stdio(log_path: Path) -> None:
             os.close(fd)
 
 
-def serve_config(config_json: str, app: Any, sock: socket.socket) -> int:
-    """Serve `sock` until killed with `app` (or one built from the config); the exit code uvicorn's runner gives."""
-    server = build_server(config_json, app)
+def serve_config(config_json: str, sock: socket.socket) -> int:
+    """Serve `sock` with the config's server until killed; the exit code uvicorn's runner gives."""
+    import uvicorn
+
+    server = uvicorn.Server(build_config(config_json))
     server.run(sockets=[sock])
     return 0 if server.started else 3  # uvicorn's STARTUP_FAILURE
 
 
-def build_server(config_json: str, app: Any) -> Any:
-    """A uvicorn server for the config (its app built now unless given), loaded and ready to run on a socket."""
-    import uvicorn
-
-    return uvicorn.Server(build_config(config_json, app))
-
-
-def build_config(config_json: str, app: Any) -> Any:
-    """uvicorn's loaded config for a server: its app built now unless given, warmed by stateless requests."""
+def build_config(config_json: str) -> Any:
+    """uvicorn's loaded config for a server, its app built now and warmed by stateless requests."""
     import uvicorn
 
     from fakes.gym.config import CONFIG_ENV, ServerConfig
     from fakes.gym.serve import build_app
 
     os.environ[CONFIG_ENV] = config_json  # as a cold-started server would see it
-    if app is None:
-        app = build_app(ServerConfig.from_json(config_json))
-        asyncio.run(touch_stateless_routes(app))
+    app = build_app(ServerConfig.from_json(config_json))
+    asyncio.run(touch_stateless_routes(app))
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
     config.load()
     return config
