@@ -138,6 +138,11 @@ class Model:
     def script(self) -> tuple[ScriptCall, ...]:
         return SCRIPTS[self.topology]
 
+    @property
+    def episode_owner(self) -> str:
+        """The server that holds episodes and lists them in its commit reply: the agent for legacy `/run`."""
+        return "agent" if self.topology == "legacy" else "environment"
+
     def current(self) -> dict[str, Attempt]:
         """The latest attempt of each rollout."""
         latest: dict[str, Attempt] = {}
@@ -370,7 +375,7 @@ def expect(model: Model) -> Expectation:
         calls[key] = (*calls.get(key, ()), messages)
     current = model.current().values()
     running = [a for a in current if a.status == "running"]
-    owner_is_environment = model.topology != "legacy"
+    owner_is_environment = model.episode_owner == "environment"
     return Expectation(
         calls=calls,
         waiting=frozenset(a.key for a in running if a.waiting),

@@ -207,7 +207,7 @@ class CheckpointMachine(RuleBasedStateMachine):
             checkpoint_id,
             lambda _: self.control.prepare(checkpoint_id, time.time() + BLOCKED_PREPARE_DEADLINE_S),
         )
-        owner = self._episode_owner()
+        owner = self.model.episode_owner
         if result.prepared or result.blockers() != {owner: blockers}:
             raise props.P11Violation(
                 rollout=blockers[0],
@@ -232,7 +232,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         replies = self._control(
             "commit", checkpoint_id, lambda d: self.control.commit(checkpoint_id, str(directory), episode_ids, d)
         )
-        owner = self._episode_owner()
+        owner = self.model.episode_owner
         replied = [a.key for a in self.model.with_status("replied")]
         props.p1_replied_or_exported(
             checkpoint_id, [a.key for a in scope], replied, replies[owner]["episode_ids"], owner
@@ -452,10 +452,6 @@ class CheckpointMachine(RuleBasedStateMachine):
         self.history.complete(invocation, "ok")
         props.p10_refused(f"prepare({checkpoint_id})", code, None)
 
-    def _episode_owner(self) -> str:
-        """The server whose commit reply lists the exported episodes: the agent holds legacy `/run` episodes."""
-        return "agent" if self.model.topology == "legacy" else "environment"
-
     def _run_body(self, attempt: Attempt) -> dict[str, Any]:
         build = legacy_run_body if self.model.topology == "legacy" else native_run_body
         return build(attempt.rollout, attempt.attempt)
@@ -618,12 +614,12 @@ class CheckpointMachine(RuleBasedStateMachine):
         held = observation.statuses.get(self._model_server(), {}).get("report", {}).get("counts", {}).get("held")
         if self.model.checkpoint_open and held != expected.held:
             props.p2_held_responses(self.model.open_checkpoint or "", expected.held, held)
+        if violation is not None and any(item.startswith(COUNT_PREFIX) for item in pending):
+            raise violation(rollout=None, expected=_describe(expected), observed="; ".join(pending))
         if all(item.startswith(COUNT_PREFIX) for item in pending):
             # Calls, replies and phases all arrived; a participant's counts still disagree with the model, so it
-            # holds state (or lacks it) that the contract does not explain: the step's property, or P10.
-            raise (violation or props.P10Violation)(
-                rollout=None, expected=_describe(expected), observed="; ".join(pending)
-            )
+            # holds state (or lacks it) that the contract does not explain.
+            raise props.P10Violation(rollout=None, expected=_describe(expected), observed="; ".join(pending))
         raise QuiescenceTimeout(
             prediction=_describe(expected),
             observed=observation.summary(),
