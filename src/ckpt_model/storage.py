@@ -1,21 +1,37 @@
 """The checker's own reader of Gym's checkpoint directory layout (reference section 6).
 
-Written independently of any participant's code: P9 must not trust the system's reader to judge the system's
-writes. `fingerprint` validates a participant directory exactly as Gym's reader does (schema version, kind,
-instance, records-file name, per-line JSON, whole-file SHA-256 and record count) and returns what a later check
-compares byte for byte.
+Written independently of any participant's code, and importing none of the protocol descriptions the look-alike
+stack also uses: P9 must not trust the system's reader to judge the system's writes. `fingerprint` validates a
+participant directory as Gym's `read_participant_state` does (6.3: safe kind and instance names, a manifest that
+is a UTF-8 JSON object, schema version, kind, instance, checkpoint ID, records-file name, per-line JSON,
+whole-file SHA-256 and record count) and returns what a later check compares byte for byte.
+
+It is stricter than Gym where Gym's checks only happen to pass on what Gym's writer produces (6.2): integers must
+not be bools, the records-file name must match the pattern in full and carry the manifest's digest, the digest
+must be 64 lowercase hex digits, and the caller may name the checkpoint the manifest must belong to.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import attrs
 
-from ckpt_model.wire import MANIFEST_SCHEMA_VERSION, RECORDS_FILE_RE
+MANIFEST_NAME = "manifest.json"
+SCHEMA_VERSION = 1
+# Reference 6.1: named after the digest, or the fixed name that older checkpoints used (Gym reads both).
+RECORDS_FILE_PATTERN = r"^records(-[0-9a-f]{64})?\.jsonl$"
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+# Always `fullmatch`: with `match`, `$` also accepts a trailing newline. Neither pattern admits a path separator
+# or `..`, so a name that matches cannot leave the participant's (or the checkpoint's) directory.
+_RECORDS_FILE_RE = re.compile(RECORDS_FILE_PATTERN)
+_NAME_RE = re.compile(NAME_PATTERN)
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
 
 
 class CheckpointUnreadable(Exception):
@@ -34,12 +50,18 @@ class Fingerprint:
 
 
 def participant_dir(checkpoint_dir: Path, kind: str, instance: str) -> Path:
+    """`<dir>/gym/<kind>/<instance>`; a name Gym refuses (it could leave the directory) is unreadable."""
+    _check_names(kind, instance)
     return Path(checkpoint_dir) / "gym" / kind / instance
 
 
-def fingerprint(directory: Path, kind: str, instance: str) -> Fingerprint:
-    """Verify one participant's directory and describe it; raise `CheckpointUnreadable` on any defect."""
-    checked = _read_verified(directory, kind, instance)
+def fingerprint(directory: Path, kind: str, instance: str, *, checkpoint_id: str | None = None) -> Fingerprint:
+    """Verify one participant's directory and describe it; raise `CheckpointUnreadable` on any defect.
+
+    `checkpoint_id`, when given, is the checkpoint the caller committed there: a manifest naming another one
+    is a commit that landed in the wrong directory.
+    """
+    checked = _read_verified(Path(directory), kind, instance, checkpoint_id)
     return Fingerprint(
         manifest_sha256=hashlib.sha256(checked.manifest_bytes).hexdigest(),
         records_file=checked.manifest["records_file"],
@@ -49,9 +71,9 @@ def fingerprint(directory: Path, kind: str, instance: str) -> Fingerprint:
     )
 
 
-def read_records(directory: Path, kind: str, instance: str) -> list[Any]:
-    """The records of one participant's directory, after every check `fingerprint` makes."""
-    return _read_verified(directory, kind, instance).records
+def read_records(directory: Path, kind: str, instance: str, *, checkpoint_id: str | None = None) -> list[Any]:
+    """The records of one participant's directory, in file order, after every check `fingerprint` makes."""
+    return _read_verified(Path(directory), kind, instance, checkpoint_id).records
 
 
 @attrs.frozen
@@ -61,58 +83,106 @@ class _Verified:
     records: list[Any]
 
 
-def _read_verified(directory: Path, kind: str, instance: str) -> _Verified:
-    manifest_path = directory / "manifest.json"
-    try:
-        manifest_bytes = manifest_path.read_bytes()
-    except OSError as error:
-        raise CheckpointUnreadable(f"{manifest_path}: cannot read the manifest ({error})") from None
-    manifest = _manifest(manifest_path, manifest_bytes, kind, instance)
+def _read_verified(directory: Path, kind: str, instance: str, checkpoint_id: str | None) -> _Verified:
+    _check_names(kind, instance)
+    manifest_path = directory / MANIFEST_NAME
+    manifest_bytes = _read_bytes(manifest_path, "the manifest")
+    manifest = _manifest(manifest_path, manifest_bytes, kind, instance, checkpoint_id)
     records_path = directory / manifest["records_file"]
+    records = _records(records_path, _read_bytes(records_path, "the records"), manifest)
+    return _Verified(manifest_bytes=manifest_bytes, manifest=manifest, records=records)
+
+
+def _check_names(kind: str, instance: str) -> None:
+    problems = [
+        f"'{field}' must match {NAME_PATTERN} (got {value!r})"
+        for field, value in (("kind", kind), ("instance", instance))
+        if not isinstance(value, str) or _NAME_RE.fullmatch(value) is None
+    ]
+    if problems:
+        raise CheckpointUnreadable("; ".join(problems) + "; Gym refuses to name a participant directory so")
+
+
+def _read_bytes(path: Path, what: str) -> bytes:
     try:
-        records_bytes = records_path.read_bytes()
+        return path.read_bytes()
     except OSError as error:
-        raise CheckpointUnreadable(f"{records_path}: cannot read the records ({error})") from None
-    digest = hashlib.sha256(records_bytes).hexdigest()
+        raise CheckpointUnreadable(f"{path}: cannot read {what} ({error})") from None
+
+
+def _manifest(path: Path, data: bytes, kind: str, instance: str, checkpoint_id: str | None) -> dict[str, Any]:
+    """The manifest, with every problem of its fields reported at once."""
+    try:
+        # Gym reads the manifest as text; `json.loads(bytes)` would also take UTF-16, UTF-32 and a BOM.
+        manifest = json.loads(data.decode("utf-8"))
+    except ValueError:  # UnicodeDecodeError is a ValueError too
+        raise CheckpointUnreadable(f"{path}: not UTF-8 JSON") from None
+    if not isinstance(manifest, dict):
+        raise CheckpointUnreadable(f"{path}: must be a JSON object (got {type(manifest).__name__})")
+    problems = [
+        *_identity_problems(manifest, kind, instance, checkpoint_id),
+        *_records_field_problems(manifest),
+    ]
+    if problems:
+        raise CheckpointUnreadable(f"{path}: " + "; ".join(problems))
+    return manifest
+
+
+def _identity_problems(manifest: dict[str, Any], kind: str, instance: str, checkpoint_id: str | None) -> Iterator[str]:
+    """Schema version, and whose commit this is: participant and checkpoint."""
+    version = manifest.get("schema_version")
+    # `type(...) is int`: `True == 1`, and `isinstance(True, int)` holds too.
+    if type(version) is not int or version != SCHEMA_VERSION:
+        yield f"'schema_version' must be the integer {SCHEMA_VERSION} (got {version!r})"
+    if manifest.get("kind") != kind or manifest.get("instance") != instance:
+        yield f"belongs to {manifest.get('kind')!r}/{manifest.get('instance')!r}, not {kind!r}/{instance!r}"
+    found = manifest.get("checkpoint_id")
+    if not isinstance(found, str):
+        yield f"'checkpoint_id' must be a string (got {found!r})"
+    elif checkpoint_id is not None and found != checkpoint_id:
+        yield f"belongs to checkpoint {found!r}, not {checkpoint_id!r}"
+
+
+def _records_field_problems(manifest: dict[str, Any]) -> Iterator[str]:
+    """The records file's name, digest and count, and that the name carries the digest."""
+    name = manifest.get("records_file")
+    match = _RECORDS_FILE_RE.fullmatch(name) if isinstance(name, str) else None
+    if match is None:
+        yield f"'records_file' must be a plain file name matching {RECORDS_FILE_PATTERN} (got {name!r})"
+    digest = manifest.get("records_sha256")
+    if not isinstance(digest, str) or _SHA256_RE.fullmatch(digest) is None:
+        yield f"'records_sha256' must be 64 lowercase hex digits (got {digest!r})"
+    elif match is not None and match.group(1) is not None and match.group(1) != f"-{digest}":
+        yield f"'records_file' must be named after 'records_sha256' {digest} (got {name!r})"
+    count = manifest.get("record_count")
+    if type(count) is not int or count < 0:
+        yield f"'record_count' must be a non-negative integer (got {count!r})"
+
+
+def _records(path: Path, data: bytes, manifest: dict[str, Any]) -> list[Any]:
+    """Digest and count first, over the whole file, so corruption is named before any line's content."""
+    digest = hashlib.sha256(data).hexdigest()
     if digest != manifest["records_sha256"]:
-        raise CheckpointUnreadable(
-            f"{records_path}: SHA-256 {digest} is not the manifest's {manifest['records_sha256']}"
-        )
-    lines = records_bytes.splitlines()
+        raise CheckpointUnreadable(f"{path}: SHA-256 {digest} is not the manifest's {manifest['records_sha256']}")
+    lines = _lines(data)
     if len(lines) != manifest["record_count"]:
-        raise CheckpointUnreadable(
-            f"{records_path}: {len(lines)} records, the manifest says {manifest['record_count']}"
-        )
+        raise CheckpointUnreadable(f"{path}: {len(lines)} records, the manifest says {manifest['record_count']}")
     records = []
     for number, line in enumerate(lines, start=1):
         try:
             records.append(json.loads(line))
         except ValueError:
-            raise CheckpointUnreadable(f"{records_path}:{number}: not JSON") from None
-    return _Verified(manifest_bytes=manifest_bytes, manifest=manifest, records=records)
+            raise CheckpointUnreadable(f"{path}:{number}: not JSON") from None
+    return records
 
 
-def _manifest(path: Path, data: bytes, kind: str, instance: str) -> dict[str, Any]:
-    try:
-        manifest = json.loads(data)
-    except ValueError:
-        raise CheckpointUnreadable(f"{path}: not JSON") from None
-    if not isinstance(manifest, dict):
-        raise CheckpointUnreadable(f"{path}: must be a JSON object")
-    problems = []
-    if manifest.get("schema_version") != MANIFEST_SCHEMA_VERSION:
-        problems.append(f"schema_version must be {MANIFEST_SCHEMA_VERSION} (got {manifest.get('schema_version')!r})")
-    if manifest.get("kind") != kind or manifest.get("instance") != instance:
-        problems.append(f"belongs to {manifest.get('kind')}/{manifest.get('instance')}, not {kind}/{instance}")
-    if not isinstance(manifest.get("checkpoint_id"), str):
-        problems.append("checkpoint_id must be a string")
-    if not isinstance(manifest.get("records_file"), str) or not RECORDS_FILE_RE.match(manifest["records_file"]):
-        problems.append(f"records_file must match {RECORDS_FILE_RE.pattern} (got {manifest.get('records_file')!r})")
-    if not isinstance(manifest.get("records_sha256"), str) or not isinstance(manifest.get("record_count"), int):
-        problems.append("records_sha256 must be a string and record_count an integer")
-    if problems:
-        raise CheckpointUnreadable(f"{path}: " + "; ".join(problems))
-    return manifest
+def _lines(data: bytes) -> list[bytes]:
+    """The lines as Gym counts them, iterating the file in binary: each ends at b"\\n" (not at a lone b"\\r",
+    where `bytes.splitlines` also splits), and a last line without one still counts."""
+    lines = data.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()
+    return lines
 
 
 def _capture_key(record: Any) -> str:
