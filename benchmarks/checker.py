@@ -4,7 +4,9 @@
     python benchmarks/checker.py --no-faults     # only the default profile against the fault-free stack
     python benchmarks/checker.py --faults model_delivers_held,resume_deletes_records
 
-Steps per example count rules run, the teardown drain included.
+Steps per example count rules run, the teardown drain included. A fault's search prints a line for the first
+failure (what the fault tests check), then one line for every distinct failure the search met: its property (or
+exception type), its kind (violation, harness, checker) and its shrunk steps.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from ckpt_model import profiles
 from ckpt_model.deployment import Harness
-from ckpt_model.faultsearch import harness_for, search
+from ckpt_model.faultsearch import Failure, harness_for, search
 from ckpt_model.machine import SearchStats, machine_for
 from fakes.faults import BY_NAME, CATALOGUE
 
@@ -42,6 +44,7 @@ def default_profile(topology: str, verify_mode: str) -> None:
 
 
 def faults(names: list[str]) -> None:
+    """One line per fault (the first failure, as the fault tests read it), then one line per failure it met."""
     print(f"{'fault':<38} {'caught':>6} {'first failure':>14} {'total':>8} {'examples':>8} {'shrunk':>6}  sequence")
     for name in names:
         with harness_for(name) as harness:
@@ -53,6 +56,14 @@ def faults(names: list[str]) -> None:
             f"{len(finding.shrunk_steps):>6}  {'; '.join(finding.shrunk_steps)}",
             flush=True,
         )
+        for number, failure in enumerate(finding.failures, start=1):
+            print(f"    failure {number}/{len(finding.failures)}: {failure_line(failure)}", flush=True)
+
+
+def failure_line(failure: Failure) -> str:
+    """Property (or exception type), kind, shrunk steps count, and the steps."""
+    what = failure.property_id or type(failure.error).__name__
+    return f"{what:<24} {failure.kind:<9} {len(failure.shrunk_steps):>3} steps  {'; '.join(failure.shrunk_steps)}"
 
 
 def main(argv: list[str] | None = None) -> int:

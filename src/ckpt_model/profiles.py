@@ -2,18 +2,34 @@
 
 Hypothesis loads a built-in profile named `ci` by itself whenever a CI environment variable is set (CI sets
 `CI=true`): derandomized, no example database. Our `ci` profile (the nightly deep search) replaces that
-definition, and `load()` always loads a profile explicitly, `default` unless `HYPOTHESIS_PROFILE` names another,
-so the default test run is the same fast run on a laptop and in CI.
+definition, and `load()` always loads a profile explicitly, `default` unless `HYPOTHESIS_PROFILE` names another.
+
+Which run gets what:
+
+    run                                   profile   exploration                         example database
+    developer (`CI` unset, empty, 0, ...)  default   random                              .hypothesis/examples
+    pull request (`CI=true`)              default   derandomized: same commit, same     none
+                                                    examples, same verdict
+    nightly (`HYPOTHESIS_PROFILE=ci`)     ci        random, deep                        .hypothesis/examples (kept)
+    `HYPOTHESIS_PROFILE=debug`            debug     random, one verbose example         .hypothesis/examples
+
+The CI rule (`in_ci`): the `CI` environment variable, stripped and lower-cased, is anything but "", "0", "false",
+"no" or "off". Only `CI` counts (every CI service we run on sets it); Hypothesis's own wider test (any value of
+`CI`, or `GITHUB_ACTIONS`, `TF_BUILD`, ...) does not matter here because we never let its `ci` profile stand.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 from hypothesis import HealthCheck, Phase, Verbosity, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 PROFILE_ENV = "HYPOTHESIS_PROFILE"
+CI_ENV = "CI"
+CI_OFF_VALUES = frozenset({"", "0", "false", "no", "off"})
+DATABASE_DIR = ".hypothesis/examples"
 SLOW_CHECKS = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
 # No `explain` phase: it re-runs the shrunk example many times over (each run starts processes) to print which
 # lines only failing runs reached, which our own failure report already says more plainly.
@@ -28,25 +44,71 @@ BASE = settings(
     suppress_health_check=SLOW_CHECKS,
     print_blob=True,
     derandomize=False,
-    database=DirectoryBasedExampleDatabase(".hypothesis/examples"),
+    database=DirectoryBasedExampleDatabase(DATABASE_DIR),
 )
 # Each example starts real processes, so a few examples of a dozen steps keep the default run to a few minutes.
 DEFAULT = settings(BASE, max_examples=8, stateful_step_count=14)
+# The pull-request run: the same examples on every run of a commit, and no database, so a verdict depends on the
+# commit only (a database would replay whatever failed on that machine before).
+DEFAULT_UNDER_CI = settings(DEFAULT, derandomize=True, database=None)
 CI = settings(BASE, max_examples=200, stateful_step_count=40)
 DEBUG = settings(BASE, max_examples=1, stateful_step_count=14, verbosity=Verbosity.verbose)
 PROFILES = {"default": DEFAULT, "ci": CI, "debug": DEBUG}
 
+_loaded: str | None = None
 
-def register() -> None:
-    for name, profile in PROFILES.items():
-        settings.register_profile(name, profile)
+
+def in_ci(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether this run is a CI run: `CI` is set to anything but "", "0", "false", "no" or "off" (any case)."""
+    return environ.get(CI_ENV, "").strip().lower() not in CI_OFF_VALUES
+
+
+def chosen_name(environ: Mapping[str, str] = os.environ) -> str:
+    """The profile `HYPOTHESIS_PROFILE` names, `default` if unset or empty; an unknown name ends the run."""
+    name = environ.get(PROFILE_ENV) or "default"
+    if name not in PROFILES:
+        raise SystemExit(
+            f"{PROFILE_ENV} must be one of {sorted(PROFILES)} (got {name!r}); unset it for the default run"
+        )
+    return name
+
+
+def profile_for(name: str, ci: bool) -> settings:
+    """The settings of profile `name`; under CI the `default` profile is derandomized and has no database."""
+    return DEFAULT_UNDER_CI if name == "default" and ci else PROFILES[name]
+
+
+def register(environ: Mapping[str, str] = os.environ) -> None:
+    ci = in_ci(environ)
+    for name in PROFILES:
+        settings.register_profile(name, profile_for(name, ci))
 
 
 def load() -> str:
-    """Register our profiles and load the chosen one explicitly; return its name."""
+    """Register our profiles and load the chosen one explicitly (`HYPOTHESIS_PROFILE`, else `default`).
+
+    Returns its name; `describe()` says how it explores."""
+    global _loaded
+    name = chosen_name()
     register()
-    name = os.environ.get(PROFILE_ENV, "default")
-    if name not in PROFILES:
-        raise SystemExit(f"{PROFILE_ENV} must be one of {sorted(PROFILES)} (got {name!r})")
     settings.load_profile(name)
+    _loaded = name
     return name
+
+
+def describe() -> str:
+    """The loaded profile and how it explores, for a report header.
+
+    For example "default (derandomized: CI, no example database)" or
+    "ci (random, example database .hypothesis/examples)". The name is the one `load()` loaded; exploration and
+    database are read from the settings in force."""
+    current = settings.default
+    name = _loaded if _loaded is not None else "(not loaded: Hypothesis's own)"
+    if current.derandomize:
+        reason = f": {CI_ENV}" if _loaded == "default" and in_ci() else ""
+        exploration = f"derandomized{reason}"
+    else:
+        exploration = "random"
+    database = current.database
+    stored = "no example database" if database is None else f"example database {getattr(database, 'path', database)}"
+    return f"{name} ({exploration}, {stored})"

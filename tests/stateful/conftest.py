@@ -13,7 +13,7 @@ ACTIVE_PROFILE = profiles.load()
 
 
 def pytest_report_header() -> str:
-    return f"ckpt-model: Hypothesis profile {ACTIVE_PROFILE!r}"
+    return f"ckpt-model: Hypothesis profile {profiles.describe()}"
 
 
 @pytest.fixture(scope="session")

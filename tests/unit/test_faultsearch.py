@@ -1,10 +1,31 @@
-"""Reading the shrunk steps off a failure, whatever header the Hypothesis version prints."""
+"""Reading the shrunk steps off a failure, and classifying every failure a search meets, without servers.
+
+The search itself runs tiny state machines defined here: two rules that break two properties (Hypothesis reports
+both, as an exception group), a harness error, a failure that never comes back (Hypothesis calls it flaky), a
+Hypothesis error about the machine itself, and a plain bug in the checker (which must propagate).
+"""
 
 from __future__ import annotations
 
-import pytest
+from typing import ClassVar
 
-from ckpt_model.faultsearch import shrunk_steps
+import pytest
+from hypothesis import Phase, settings
+from hypothesis.errors import Flaky, InvalidDefinition
+from hypothesis.stateful import RuleBasedStateMachine, rule
+
+from ckpt_model.errors import QuiescenceTimeout
+from ckpt_model.faultsearch import Failure, Finding, classify, run_search, shrunk_steps
+from ckpt_model.properties import P1Violation, P9Violation
+
+SMALL = settings(
+    max_examples=100,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    phases=(Phase.generate, Phase.shrink),
+    print_blob=False,
+)
 
 
 @pytest.mark.parametrize("header", ["Falsifying example:", "Failing test case: <state machine>"])
@@ -18,3 +39,187 @@ def test_shrunk_steps_are_the_rule_calls_after_the_machine(header: str) -> None:
 
 def test_no_example_means_no_steps() -> None:
     assert shrunk_steps(AssertionError("no notes")) == ()
+
+
+# --- tiny machines --------------------------------------------------------------------------------------------
+
+
+def p1() -> P1Violation:
+    return P1Violation(rollout="r0", expected="replied", observed="silent")
+
+
+def p9() -> P9Violation:
+    return P9Violation(rollout=None, expected="verifies", observed="changed")
+
+
+class TwoViolations(RuleBasedStateMachine):
+    """P1 after exactly one `grow`, P9 after two or more: two distinct bugs, each with its own shortest example."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.grown = 0
+
+    @rule()
+    def grow(self) -> None:
+        self.grown += 1
+
+    @rule()
+    def check_p1(self) -> None:
+        if self.grown == 1:
+            raise p1()
+
+    @rule()
+    def check_p9(self) -> None:
+        if self.grown >= 2:
+            raise p9()
+
+
+class HarnessFails(RuleBasedStateMachine):
+    @rule()
+    def wait_quiet(self) -> None:
+        raise QuiescenceTimeout(prediction="idle", observed="busy", pending=["r0"], timeout_s=1.0)
+
+
+class FailsOnce(RuleBasedStateMachine):
+    """Breaks P1 on its very first step and never again: the replay of the same steps passes."""
+
+    steps: ClassVar[int] = 0
+
+    @rule()
+    def step(self) -> None:
+        type(self).steps += 1
+        if type(self).steps == 1:
+            raise p1()
+
+
+class NoRules(RuleBasedStateMachine):
+    """Hypothesis refuses a machine without rules (`InvalidDefinition`): an error about the checker."""
+
+
+class CheckerBug(RuleBasedStateMachine):
+    @rule()
+    def step(self) -> None:
+        raise KeyError("r0")
+
+
+class ViolationAndCheckerBug(TwoViolations):
+    @rule()
+    def check_bug(self) -> None:
+        if self.grown >= 3:
+            raise KeyError("r0")
+
+
+# --- searching them -------------------------------------------------------------------------------------------
+
+
+def finding(failures: tuple[Failure, ...]) -> Finding:
+    return Finding(fault="(test)", failures=failures, examples=0, first_failure_s=None, total_s=0.0)
+
+
+def test_two_distinct_violations_are_both_reported_each_with_its_own_steps() -> None:
+    failures = run_search(TwoViolations, SMALL)
+
+    assert [(f.kind, f.property_id, type(f.error)) for f in failures] == [
+        ("violation", "P1", P1Violation),
+        ("violation", "P9", P9Violation),
+    ]
+    assert failures[0].shrunk_steps == ("state.grow()", "state.check_p1()")
+    assert failures[1].shrunk_steps == ("state.grow()", "state.grow()", "state.check_p9()")
+    found = finding(failures)
+    assert found.property_ids == ("P1", "P9")
+    assert (found.property_id, found.shrunk_steps) == ("P1", failures[0].shrunk_steps)
+    assert found.violation is failures[0].error
+
+
+def test_a_harness_error_is_reported_as_harness_without_a_property() -> None:
+    failures = run_search(HarnessFails, SMALL)
+
+    assert [(f.kind, f.property_id, type(f.error)) for f in failures] == [("harness", None, QuiescenceTimeout)]
+    assert failures[0].shrunk_steps == ("state.wait_quiet()",)
+    found = finding(failures)
+    assert found.violation is failures[0].error
+    assert found.property_id is None
+    assert found.property_ids == ()
+
+
+def test_a_failure_that_does_not_come_back_is_a_checker_error_not_a_violation() -> None:
+    FailsOnce.steps = 0
+    failures = run_search(FailsOnce, SMALL)
+
+    assert [(f.kind, f.property_id) for f in failures] == [("checker", None)]
+    assert isinstance(failures[0].error, Flaky)
+    assert finding(failures).property_ids == ()
+
+
+def test_a_hypothesis_error_about_the_machine_is_a_checker_error() -> None:
+    failures = run_search(NoRules, SMALL)
+
+    assert [(f.kind, type(f.error)) for f in failures] == [("checker", InvalidDefinition)]
+
+
+def test_a_plain_exception_in_the_checker_propagates() -> None:
+    with pytest.raises(KeyError, match="r0"):
+        run_search(CheckerBug, SMALL)
+
+
+def test_a_checker_bug_beside_violations_propagates_with_them() -> None:
+    with pytest.raises(BaseExceptionGroup) as raised:
+        run_search(ViolationAndCheckerBug, SMALL)
+
+    assert {type(error) for error in raised.value.exceptions} == {P1Violation, P9Violation, KeyError}
+
+
+def test_a_passing_machine_has_no_failures() -> None:
+    class Passes(RuleBasedStateMachine):
+        @rule()
+        def step(self) -> None:
+            pass
+
+    found = finding(run_search(Passes, SMALL))
+    assert found.failures == ()
+    assert (found.violation, found.property_id, found.shrunk_steps, found.property_ids) == (None, None, (), ())
+
+
+# --- classifying by hand --------------------------------------------------------------------------------------
+
+
+def noted(error: BaseException, *steps: str) -> BaseException:
+    for line in ("Failing test case: <state machine>", "state = M()", *steps, "state.teardown()"):
+        error.add_note(line)
+    return error
+
+
+def test_violations_come_first_then_harness_then_checker_each_by_fewest_steps() -> None:
+    group = BaseExceptionGroup(
+        "Hypothesis found 4 distinct failures.",
+        [
+            noted(InvalidDefinition("bad"), "state.a()"),
+            noted(QuiescenceTimeout(prediction="p", observed="o", pending=()), "state.a()"),
+            noted(p9(), "state.a()", "state.b()", "state.c()"),
+            noted(p1(), "state.a()"),
+        ],
+    )
+
+    failures = classify(group)
+
+    assert failures is not None
+    assert [(f.kind, f.property_id, len(f.shrunk_steps)) for f in failures] == [
+        ("violation", "P1", 1),
+        ("violation", "P9", 3),
+        ("harness", None, 1),
+        ("checker", None, 1),
+    ]
+
+
+def test_a_flaky_failure_group_is_one_checker_error_whatever_it_holds() -> None:
+    from hypothesis.errors import FlakyFailure
+
+    failures = classify(FlakyFailure("Inconsistent results", [p1()]))
+
+    assert failures is not None
+    assert [(f.kind, f.property_id) for f in failures] == [("checker", None)]
+
+
+def test_an_unknown_exception_is_not_classified() -> None:
+    assert classify(RuntimeError("bug")) is None
+    assert classify(ExceptionGroup("two", [p1(), RuntimeError("bug")])) is None

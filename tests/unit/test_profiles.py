@@ -1,4 +1,8 @@
-"""Our profile is the one in force, whatever CI says (Hypothesis would otherwise auto-load its own `ci`)."""
+"""Our profile is the one in force, whatever CI says, and the pull-request run is derandomized.
+
+`load()` changes Hypothesis's global settings, so each case loads it in a fresh interpreter: nothing leaks into the
+rest of the test session.
+"""
 
 from __future__ import annotations
 
@@ -12,29 +16,74 @@ from ckpt_model import profiles
 
 SHOW = (
     "from ckpt_model import profiles; name = profiles.load(); from hypothesis import settings; "
-    "s = settings.default; print(name, s.max_examples, s.stateful_step_count, s.database is not None, s.derandomize)"
+    "s = settings.default; "
+    "print(name, s.max_examples, s.stateful_step_count, s.derandomize, getattr(s.database, 'path', None)); "
+    "print(profiles.describe())"
 )
 
 
-def active(**env: str) -> str:
+def active(**env: str) -> list[str]:
+    """The loaded profile (name, examples, steps, derandomize, database path) and its description."""
     environment = {k: v for k, v in os.environ.items() if k not in ("CI", profiles.PROFILE_ENV)} | env
     done = subprocess.run([sys.executable, "-c", SHOW], env=environment, capture_output=True, text=True, check=True)
-    return done.stdout.strip()
+    return done.stdout.strip().splitlines()
 
 
-def test_the_default_profile_is_loaded_under_ci_true() -> None:
-    assert active(CI="true") == "default 8 14 True False"
+def test_under_ci_true_the_default_profile_is_derandomized_without_a_database() -> None:
+    assert active(CI="true") == [
+        "default 8 14 True None",
+        "default (derandomized: CI, no example database)",
+    ]
 
 
-def test_the_default_profile_is_loaded_without_ci() -> None:
-    assert active() == "default 8 14 True False"
+def test_without_ci_the_default_profile_explores_randomly_with_its_database() -> None:
+    assert active() == [
+        "default 8 14 False .hypothesis/examples",
+        "default (random, example database .hypothesis/examples)",
+    ]
 
 
-def test_our_ci_profile_is_the_nightly_one() -> None:
-    assert active(CI="true", HYPOTHESIS_PROFILE="ci") == "ci 200 40 True False"
+@pytest.mark.parametrize("value", ["", "0", "false", "FALSE", "no", " off "])
+def test_a_ci_variable_that_says_no_is_a_developer_run(value: str) -> None:
+    assert active(CI=value)[0] == "default 8 14 False .hypothesis/examples"
+
+
+@pytest.mark.parametrize("value", ["true", "1", "yes", "True", "github"])
+def test_any_other_ci_value_is_a_ci_run(value: str) -> None:
+    assert profiles.in_ci({"CI": value})
+
+
+def test_no_ci_variable_is_a_developer_run() -> None:
+    assert not profiles.in_ci({})
+
+
+def test_our_ci_profile_is_the_nightly_one_random_with_its_database_under_ci_true() -> None:
+    assert active(CI="true", HYPOTHESIS_PROFILE="ci") == [
+        "ci 200 40 False .hypothesis/examples",
+        "ci (random, example database .hypothesis/examples)",
+    ]
+
+
+def test_the_debug_profile_is_unchanged_under_ci_true() -> None:
+    assert active(CI="true", HYPOTHESIS_PROFILE="debug")[0] == "debug 1 14 False .hypothesis/examples"
+
+
+def test_an_empty_profile_variable_means_the_default_profile() -> None:
+    assert active(HYPOTHESIS_PROFILE="")[0] == "default 8 14 False .hypothesis/examples"
 
 
 def test_an_unknown_profile_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    # load() checks the name before it registers or loads anything, so this runs in-process without side effects.
     monkeypatch.setenv(profiles.PROFILE_ENV, "fast")
-    with pytest.raises(SystemExit, match="HYPOTHESIS_PROFILE must be one of"):
+    with pytest.raises(SystemExit, match=r"HYPOTHESIS_PROFILE must be one of \['ci', 'debug', 'default'\]"):
         profiles.load()
+
+
+def test_an_unknown_profile_ends_the_run_with_the_message_under_ci_true() -> None:
+    environment = {k: v for k, v in os.environ.items() if k != profiles.PROFILE_ENV} | {
+        "CI": "true",
+        profiles.PROFILE_ENV: "fast",
+    }
+    done = subprocess.run([sys.executable, "-c", SHOW], env=environment, capture_output=True, text=True, check=False)
+    assert done.returncode == 1
+    assert "HYPOTHESIS_PROFILE must be one of ['ci', 'debug', 'default'] (got 'fast')" in done.stderr
