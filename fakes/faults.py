@@ -84,6 +84,64 @@ CATALOGUE: tuple[Fault, ...] = (
         "an environment that runs `wait` verification as `replay`, so a checkpoint does not wait for it",
         topology="slow",
     ),
+    Fault(
+        "agent_export_drops_unstarted",
+        "agent",
+        "P1",
+        "an agent export that drops sessions with no delivered response yet, so a checkpoint at a first call loses"
+        " them",
+    ),
+    Fault(
+        "agent_forgets_resumed_ids",
+        "agent",
+        "P10",
+        "an agent control plane that forgets resumed checkpoint IDs while the other participants fence them",
+    ),
+    Fault(
+        "resources_restore_skips_fence",
+        "resources",
+        "P10",
+        "a resources control plane whose restore skips the resumed-ID fence, so a stale controller's restore is not"
+        " refused with stale_checkpoint",
+    ),
+    Fault(
+        "resources_retire_keeps_sessions",
+        "resources",
+        "P7",
+        "a resources retire that marks the attempt but leaves its session tracked",
+    ),
+    Fault(
+        "environment_admits_while_closed",
+        "environment",
+        "P10",
+        "an environment that admits a new /run while a checkpoint is open instead of refusing it with admission_closed",
+    ),
+    Fault(
+        "lease_never_expires",
+        "every participant",
+        "P10",
+        "a control plane that never arms its lease, so a controller that went quiet leaves admission closed for good",
+    ),
+    Fault(
+        "retried_commit_conflicts",
+        "environment",
+        "P10",
+        "idempotent replay that compares the whole request, deadline included, so a retried commit is refused with"
+        " checkpoint_conflict instead of returning the first result",
+    ),
+    Fault(
+        "agent_stays_closed_after_commit",
+        "agent",
+        "P10",
+        "an agent whose resume after a committed checkpoint re-opens its phase but not session admission",
+    ),
+    Fault(
+        "environment_drops_finished_during_prepare",
+        "environment",
+        "P1",
+        "an environment export that leaves out an episode whose verification finished while a prepare waited for it",
+        topology="slow",
+    ),
 )
 BY_NAME: dict[str, Fault] = {fault.name: fault for fault in CATALOGUE}
 

@@ -1,10 +1,10 @@
 """Launch a look-alike Gym deployment: the fake backend plus the four Gym servers, each in its own process group.
 
 As a program: `python -m fakes.stack --topology native|legacy|slow --state-dir DIR [--backend-url URL]
-[--faults a,b] [--no-fork-server] [--verify-mode wait|replay]` starts everything, writes `DIR/deployment.json`
-and stays in the foreground until SIGTERM or SIGINT. As a library: `Stack` starts, crashes (SIGKILL of every Gym
-process group) and restarts the Gym servers against a backend that survives, which is what the checker's
-deployment harness builds on.
+[--faults a,b] [--no-fork-server] [--verify-mode wait|replay] [--lease-grace-s S]` starts everything, writes
+`DIR/deployment.json` and stays in the foreground until SIGTERM or SIGINT. As a library: `Stack` starts, crashes
+(SIGKILL of every Gym process group) and restarts the Gym servers against a backend that survives, which is what
+the checker's deployment harness builds on.
 
 By default the Gym servers are forked from a warmed fork server (`fakes.forkserver`), so a restart costs
 milliseconds; `fork_server=False` cold-starts `python -m fakes.gym.serve` per server instead (the fallback, and
@@ -34,7 +34,7 @@ import attrs
 import httpx
 
 from fakes.forkserver import ForkServer, ForkServerError, SpawnRequest
-from fakes.gym.config import CONFIG_ENV, ServerConfig
+from fakes.gym.config import CONFIG_ENV, DEFAULT_LEASE_GRACE_S, ServerConfig, lease_grace
 
 log = logging.getLogger(__name__)
 
@@ -316,6 +316,7 @@ class Stack:
         token: str | None = None,
         fork_server: bool = True,
         verify_mode: str = "wait",
+        lease_grace_s: float = DEFAULT_LEASE_GRACE_S,
     ) -> None:
         if topology not in TOPOLOGIES:
             raise ValueError(f"'topology' must be one of {sorted(TOPOLOGIES)} (got {topology!r})")
@@ -323,6 +324,8 @@ class Stack:
             raise ValueError(f"'verify_mode' must be one of {list(VERIFY_MODES)} (got {verify_mode!r})")
         self.topology = topology
         self.verify_mode = verify_mode
+        # Every start (first, restart, a fork server standby) builds its configs from this, so it survives restarts.
+        self.lease_grace_s = lease_grace(lease_grace_s)
         self.state_dir = Path(state_dir).resolve()
         self.faults = tuple(faults)
         self.token = token or "ckpt-" + secrets.token_hex(8)
@@ -373,6 +376,7 @@ class Stack:
                 capture_dir=str(self.capture_dir),
                 faults=self.faults,
                 verify_mode=self.verify_mode,
+                lease_grace_s=self.lease_grace_s,
                 verify_judge=self.topology == "slow" and role == "resources",
             )
             for name, role in roles.items()
@@ -528,6 +532,7 @@ class Stack:
             "checkpoint_root": str(self.checkpoint_root),
             "faults": list(self.faults),
             "verify_mode": self.verify_mode,
+            "lease_grace_s": self.lease_grace_s,
         }
 
     def __enter__(self) -> Stack:
@@ -556,6 +561,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--verify-mode", choices=VERIFY_MODES, default="wait", help="how a checkpoint treats verification in flight"
     )
+    parser.add_argument(
+        "--lease-grace-s",
+        type=lease_grace,
+        default=DEFAULT_LEASE_GRACE_S,
+        help="seconds a checkpoint's lease outlives the last call's deadline (default %(default)s)",
+    )
     args = parser.parse_args(argv)
     faults = tuple(name for name in args.faults.split(",") if name)
     stop_requested = False
@@ -574,6 +585,7 @@ def main(argv: list[str] | None = None) -> int:
         token=args.token,
         fork_server=not args.no_fork_server,
         verify_mode=args.verify_mode,
+        lease_grace_s=args.lease_grace_s,
     )
     try:
         if args.backend_url is None:

@@ -6,6 +6,7 @@ The launcher (`fakes.stack`) writes it; `fakes.gym.serve` reads it, builds the a
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Any, Literal
 
@@ -16,6 +17,15 @@ from fakes.faults import validate as validate_faults
 CONFIG_ENV = "CKPT_FAKES_SERVER"
 Role = Literal["environment", "legacy_relay", "agent", "resources", "policy_model"]
 ROLES: tuple[str, ...] = ("environment", "legacy_relay", "agent", "resources", "policy_model")
+DEFAULT_LEASE_GRACE_S = 600.0
+
+
+def lease_grace(value: float) -> float:
+    """A lease grace in seconds: finite and >= 0, or a ValueError that says so."""
+    seconds = float(value)
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise ValueError(f"'lease_grace_s' must be a finite number of seconds >= 0 (got {value!r})")
+    return seconds
 
 
 @attrs.frozen(kw_only=True)
@@ -31,7 +41,8 @@ class ServerConfig:
     peers: dict[str, str] = attrs.field(factory=dict)
     capture_dir: str = ""
     faults: tuple[str, ...] = attrs.field(default=(), converter=validate_faults)
-    lease_grace_s: float = 600.0
+    # Seconds a checkpoint's lease outlives the last call's deadline_ts (reference 2.7); short in lease tests.
+    lease_grace_s: float = attrs.field(default=DEFAULT_LEASE_GRACE_S, converter=lease_grace)
     resources_mode: str = "stateless"
     verify_mode: str = attrs.field(default="wait", validator=attrs.validators.in_(("wait", "replay")))
     verify_judge: bool = False

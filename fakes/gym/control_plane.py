@@ -117,10 +117,14 @@ class RetiredAttempts:
 
 @attrs.frozen
 class _Result:
-    """A completed operation's reply, replayed to a retry with the same arguments."""
+    """A completed operation's reply, replayed to a retry with the same arguments.
+
+    `request` is the whole first request (deadline included), kept only for the `retried_commit_conflicts` fault.
+    """
 
     args: tuple[Any, ...]
     reply: Reply
+    request: Reply | None = None
 
 
 @attrs.define(eq=False)
@@ -130,6 +134,7 @@ class _Work:
     checkpoint_id: str
     op: str
     args: tuple[Any, ...]
+    request: Reply | None = None
     stop: StopFlag = attrs.Factory(StopFlag)
     stage: str = "start"
     task: asyncio.Task[Reply] | None = None
@@ -175,6 +180,14 @@ class ControlPlane:
     ):
         self.participant = participant
         self.faults = frozenset(faults)
+        kind = participant.kind
+        # Planted faults, read once here so each costs nothing when off (fakes/faults.py says what each plants).
+        self._fences_resumed = not (
+            "resumed_id_not_fenced" in self.faults or (kind == "agent" and "agent_forgets_resumed_ids" in self.faults)
+        )
+        self._restore_skips_fence = kind == "resources" and "resources_restore_skips_fence" in self.faults
+        self._arms_lease = "lease_never_expires" not in self.faults
+        self._commit_replay_compares_request = kind == "environment" and "retried_commit_conflicts" in self.faults
         self.instance = instance
         self.lease_grace_s = lease_grace_s
         self.retired = RetiredAttempts()
@@ -336,7 +349,7 @@ class ControlPlane:
         args = _op_args(request.checkpoint_dir, request.episode_ids)
         async with self._lock:
             self._admit(checkpoint_id, "commit")
-            replay = self._replay(checkpoint_id, "commit", args, request.deadline_ts)
+            replay = self._replay(checkpoint_id, "commit", args, request.deadline_ts, request=self._kept(request))
             if replay is not None:
                 return replay
             work = self._running_work(checkpoint_id, "commit", args)
@@ -351,7 +364,7 @@ class ControlPlane:
         checkpoint_id = request.checkpoint_id
         args = _op_args(request.checkpoint_dir, request.episode_ids)
         async with self._lock:
-            self._admit(checkpoint_id, "restore")
+            self._admit(checkpoint_id, "restore", fenced=not self._restore_skips_fence)
             replay = self._replay(checkpoint_id, "restore", args, request.deadline_ts)
             if replay is not None:
                 return replay
@@ -405,9 +418,12 @@ class ControlPlane:
     def _name(self) -> str:
         return f"{self.kind}/{self.instance}"
 
-    def _admit(self, checkpoint_id: str, op: str) -> None:
-        """The first two admission checks; the phase check comes after replay (a completed op replays)."""
-        if checkpoint_id in self._resumed:
+    def _admit(self, checkpoint_id: str, op: str, *, fenced: bool = True) -> None:
+        """The first two admission checks; the phase check comes after replay (a completed op replays).
+
+        `fenced=False` skips the resumed-ID check: only the `resources_restore_skips_fence` fault passes it.
+        """
+        if fenced and checkpoint_id in self._resumed:
             raise StaleCheckpointError(
                 f"checkpoint {checkpoint_id!r} was already resumed on {self._name}; {op} refused, "
                 "use a new checkpoint ID"
@@ -418,10 +434,24 @@ class ControlPlane:
                 f"refused, resume {self.checkpoint_id!r} first"
             )
 
-    def _replay(self, checkpoint_id: str, op: str, args: tuple[Any, ...], deadline_ts: float) -> Reply | None:
+    def _replay(
+        self,
+        checkpoint_id: str,
+        op: str,
+        args: tuple[Any, ...],
+        deadline_ts: float,
+        *,
+        request: Reply | None = None,
+    ) -> Reply | None:
+        """The recorded reply of a completed op when its arguments match; a retry's deadline never matters."""
         result = self._results.get((checkpoint_id, op))
         if result is None:
             return None
+        if self._commit_replay_compares_request and op == "commit" and result.request != request:
+            raise CheckpointConflictError(
+                f"{op} of {checkpoint_id!r} already completed on {self._name} with the request {result.request}; "
+                f"a retry must repeat it exactly (got {request})"
+            )
         if result.args != args:
             raise CheckpointConflictError(
                 f"{op} of {checkpoint_id!r} already completed on {self._name} with (checkpoint_dir, scope) = "
@@ -429,6 +459,10 @@ class ControlPlane:
             )
         self._renew_lease(deadline_ts)
         return result.reply
+
+    def _kept(self, request: CommitRequest) -> Reply | None:
+        """The whole commit request, kept only under the `retried_commit_conflicts` fault (which compares it)."""
+        return request.model_dump() if self._commit_replay_compares_request else None
 
     def _require_phase(self, op: str, checkpoint_id: str) -> None:
         if self._phase in _ALLOWED_PHASES[op]:
@@ -477,6 +511,8 @@ class ControlPlane:
         self._arm_lease_timer()
 
     def _arm_lease_timer(self) -> None:
+        if not self._arms_lease:
+            return  # planted fault `lease_never_expires`: the expiry is computed and shown but never acted on
         if self._lease_timer is not None:
             self._lease_timer.cancel()
         assert self.lease_expires_at is not None
@@ -561,7 +597,7 @@ class ControlPlane:
                 f"a retried commit must repeat that scope (got {args[1]}), or resume and prepare again"
             )
         self._renew_lease(request.deadline_ts)
-        work = _Work(checkpoint_id, "commit", args)
+        work = _Work(checkpoint_id, "commit", args, request=self._kept(request))
         work.task = self._spawn(self._run_commit(work, request))
         self._work = work
         return work
@@ -717,7 +753,7 @@ class ControlPlane:
         if self._work is not work or self.checkpoint_id != work.checkpoint_id:
             raise self._ended_during(work)
         self._phase = phase
-        self._results[(work.checkpoint_id, work.op)] = _Result(work.args, reply)
+        self._results[(work.checkpoint_id, work.op)] = _Result(work.args, reply, work.request)
         self._work = None
         self.notify()
 
@@ -789,8 +825,8 @@ class ControlPlane:
             records.unlink()
 
     def _remember(self, checkpoint_id: str) -> None:
-        if "resumed_id_not_fenced" in self.faults:
-            return
+        if not self._fences_resumed:
+            return  # planted fault `resumed_id_not_fenced` (or `agent_forgets_resumed_ids` on the agent)
         self._resumed[checkpoint_id] = None
         self._resumed.move_to_end(checkpoint_id)
         while len(self._resumed) > RESUMED_IDS_KEPT:

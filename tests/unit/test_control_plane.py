@@ -16,8 +16,10 @@ import pytest
 from fastapi import FastAPI
 
 from ckpt_model.wire import CHECKPOINT_ROUTE_PREFIX, EpisodeId
+from fakes import faults as fault_catalogue
 from fakes.gym import control_plane as control_plane_module
 from fakes.gym import store
+from fakes.gym.config import ServerConfig
 from fakes.gym.control_plane import ControlPlane
 from fakes.gym.errors import CheckpointStateError, ControlError, install_error_handlers
 from fakes.gym.participant import PrepareReport
@@ -27,6 +29,7 @@ pytestmark = pytest.mark.anyio
 TOKEN = "s3cret"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 WAIT_TIMEOUT_S = 5.0
+KINDS = ("environment", "agent", "resources", "model")
 
 
 @pytest.fixture
@@ -149,9 +152,13 @@ class Stack:
 
 
 @contextlib.asynccontextmanager
-async def open_stack(checkpoint_dir: Path, *, lease_grace_s: float = 600.0) -> AsyncIterator[Stack]:
+async def open_stack(
+    checkpoint_dir: Path, *, lease_grace_s: float = 600.0, kind: str = "environment", faults: tuple[str, ...] = ()
+) -> AsyncIterator[Stack]:
+    """One control plane over HTTP; `kind` makes it answer as that participant kind (planted faults check it)."""
     participant = FakeParticipant()
-    plane = ControlPlane(participant, instance="env-1", token=TOKEN, lease_grace_s=lease_grace_s)
+    participant.kind = kind
+    plane = ControlPlane(participant, instance="env-1", token=TOKEN, lease_grace_s=lease_grace_s, faults=faults)
     participant.plane = plane
     app = FastAPI()
     install_error_handlers(app)
@@ -445,8 +452,10 @@ async def test_unexpected_exception_in_a_control_route_is_500_checkpoint_error(t
     assert "export bug" in reply.json()["error"]["detail"]
 
 
-async def _commit_checkpoint(checkpoint_dir: Path, live: dict[str, dict[str, Any]]) -> None:
-    async with open_stack(checkpoint_dir) as stack:
+async def _commit_checkpoint(
+    checkpoint_dir: Path, live: dict[str, dict[str, Any]], *, kind: str = "environment"
+) -> None:
+    async with open_stack(checkpoint_dir, kind=kind) as stack:
         stack.participant.live = live
         await stack.ok("prepare", "c1")
         await stack.ok("commit", "c1", checkpoint_dir=str(checkpoint_dir))
@@ -680,3 +689,257 @@ async def test_the_last_64_resumed_ids_are_remembered(tmp_path: Path) -> None:
 
     assert oldest.json()["phase"] == "prepared"  # c0 was forgotten after 64 newer IDs
     assert error_of(newest) == (409, "stale_checkpoint")
+
+
+# -- retries, fencing and the lease as the checker probes them (reference 2.6, 2.7, 3) ---------------------------
+
+
+async def test_retries_with_a_new_deadline_return_the_first_result(tmp_path: Path) -> None:
+    async with open_stack(tmp_path) as stack:
+        stack.participant.live = {"r0": {"step": 1}, "r1": {"step": 2}}
+        first_prepare = await stack.ok("prepare", deadline_s=10)
+        first_lease = stack.plane.lease_expires_at
+        again_prepare = await stack.ok("prepare", deadline_s=20)
+        first = await stack.commit(scope=["r1", "r0"], deadline_s=10)
+        stack.participant.live["r0"] = {"step": 99}  # a fresh export would now differ
+        again = await stack.commit(scope=["r0", "r1", "r0"], deadline_s=30)  # same scope, other order, new deadline
+        prepare_after_commit = await stack.ok("prepare", deadline_s=40)
+        lease_after_retries = stack.plane.lease_expires_at
+        resumed = await stack.ok("resume")
+        resumed_again = await stack.ok("resume", deadline_s=50)
+        retire = [await stack.ok("retire", "c2", episode_ids=[{"rollout_id": "r1", "attempt": 0}]) for _ in range(2)]
+        forget = [await stack.ok("forget", "c2", rollout_ids=["r1"]) for _ in range(2)]
+        export_calls = stack.participant.export_calls
+
+    assert first_prepare["phase"] == again_prepare["phase"] == prepare_after_commit["phase"] == "prepared"
+    assert again_prepare == first_prepare
+    assert first.status_code == again.status_code == 200, (first.text, again.text)
+    assert again.content == first.content  # the recorded reply, byte for byte: same manifest, same episode_ids
+    assert again.json()["episode_ids"] == ["r0", "r1"]
+    assert export_calls == 1
+    assert first_lease is not None
+    assert lease_after_retries is not None
+    assert lease_after_retries > first_lease  # the replayed prepare and commit renewed the lease
+    assert resumed == {"phase": "idle", "idempotent": False}
+    assert resumed_again == {"phase": "idle", "idempotent": True}
+    assert retire == [{"retired": ["r1"]}] * 2
+    assert forget == [{"forgotten": ["r1"]}] * 2
+
+
+async def test_restore_retried_with_a_new_deadline_returns_the_first_result(tmp_path: Path) -> None:
+    await _commit_checkpoint(tmp_path, {"r0": {"step": 1}})
+    async with open_stack(tmp_path) as stack:
+        first = await stack.restore("c2", ["r0"], deadline_s=10)
+        again = await stack.restore("c2", ["r0"], deadline_s=30)
+
+    assert first.status_code == 200, first.text
+    assert again.content == first.content
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_every_operation_naming_a_resumed_id_is_stale_on_every_kind(tmp_path: Path, kind: str) -> None:
+    async with open_stack(tmp_path, kind=kind) as stack:
+        await stack.ok("prepare", "c1")
+        await stack.ok("resume", "c1")
+        await stack.ok("resume", "c2")  # c1 is now an older resumed ID, not the latest
+        await stack.ok("prepare", "c3")  # and another checkpoint is open: the fence is checked before the conflict
+        replies = {
+            "prepare": await stack.post("prepare", "c1"),
+            "renew": await stack.post("renew", "c1"),
+            "commit": await stack.commit("c1"),
+            "restore": await stack.restore("c1", ["r0"]),
+            "retire": await stack.post("retire", "c1", episode_ids=[{"rollout_id": "r0", "attempt": 0}]),
+            "forget": await stack.post("forget", "c1", rollout_ids=["r0"]),
+        }
+        resumed_again = await stack.ok("resume", "c1")
+        status = await stack.status()
+
+    assert {op: error_of(reply) for op, reply in replies.items()} == dict.fromkeys(replies, (409, "stale_checkpoint"))
+    assert resumed_again == {"phase": "idle", "idempotent": True}
+    assert (status["phase"], status["checkpoint_id"]) == ("prepared", "c3")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("closed_in", ["prepared", "committed"])
+async def test_lease_expiry_reopens_admission_and_fences_a_late_commit(
+    tmp_path: Path, kind: str, closed_in: str
+) -> None:
+    async with open_stack(tmp_path, kind=kind, lease_grace_s=0.05) as stack:
+        await stack.ok("prepare", deadline_s=0.5)
+        if closed_in == "committed":
+            await stack.ok("commit", checkpoint_dir=str(tmp_path), deadline_s=0.5, episode_ids=[])
+        closed = await stack.status()
+        await wait_until(lambda: stack.plane.phase == "idle", "the lease expired")
+        status = await stack.status()
+        late_commit = await stack.commit(episode_ids=[])
+        late_resume = await stack.ok("resume")
+
+    assert (closed["phase"], closed["accepting"]) == (closed_in, False)
+    assert (status["phase"], status["checkpoint_id"], status["lease_expires_at"], status["accepting"]) == (
+        "idle",
+        None,
+        None,
+        True,
+    )
+    assert error_of(late_commit) == (409, "stale_checkpoint")
+    assert late_resume == {"phase": "idle", "idempotent": True}
+
+
+# -- planted faults: each next to the fault-free behaviour it breaks ---------------------------------------------
+
+
+def test_the_faults_planted_in_the_control_plane_are_in_the_catalogue() -> None:
+    planted = {"agent_forgets_resumed_ids", "resources_restore_skips_fence", "lease_never_expires"}
+    planted |= {"retried_commit_conflicts", "resumed_id_not_fenced", "resume_deletes_records"}
+    assert planted <= set(fault_catalogue.BY_NAME)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_agent_forgets_resumed_ids_only_on_the_agent(tmp_path: Path, kind: str) -> None:
+    async with open_stack(tmp_path, kind=kind, faults=("agent_forgets_resumed_ids",)) as stack:
+        await stack.ok("prepare", "c1")
+        await stack.ok("resume", "c1")
+        late = await stack.post("prepare", "c1")
+        status = await stack.status()
+
+    if kind == "agent":
+        assert late.status_code == 200, late.text
+        assert (status["phase"], status["checkpoint_id"], status["accepting"]) == ("prepared", "c1", False)
+    else:
+        assert error_of(late) == (409, "stale_checkpoint")
+        assert (status["phase"], status["checkpoint_id"], status["accepting"]) == ("idle", None, True)
+
+
+@pytest.mark.parametrize("faults", [(), ("resources_restore_skips_fence",)], ids=["fault-free", "fault"])
+async def test_resources_restore_skips_fence_lets_a_stale_restore_through(
+    tmp_path: Path, faults: tuple[str, ...]
+) -> None:
+    await _commit_checkpoint(tmp_path, {"r0": {"step": 1}}, kind="resources")
+    async with open_stack(tmp_path, kind="resources", faults=faults) as stack:
+        await stack.ok("resume", "c2")  # a fresh process whose controller already resumed c2
+        others = [await stack.post("prepare", "c2"), await stack.post("renew", "c2")]
+        stale_restore = await stack.restore("c2", ["r0"])
+        status = await stack.status()
+
+    assert [error_of(reply) for reply in others] == [(409, "stale_checkpoint")] * 2  # only restore skips the fence
+    if faults:
+        assert stale_restore.status_code == 200, stale_restore.text
+        assert stale_restore.json()["restored"] == ["r0-a1"]
+        assert (status["phase"], status["checkpoint_id"], status["accepting"]) == ("restored", "c2", False)
+    else:
+        assert error_of(stale_restore) == (409, "stale_checkpoint")
+        assert (status["phase"], status["checkpoint_id"], status["accepting"]) == ("idle", None, True)
+
+
+async def test_resources_restore_skips_fence_only_on_resources(tmp_path: Path) -> None:
+    await _commit_checkpoint(tmp_path, {"r0": {"step": 1}})
+    async with open_stack(tmp_path, faults=("resources_restore_skips_fence",)) as stack:
+        await stack.ok("resume", "c2")
+        stale_restore = await stack.restore("c2", ["r0"])
+
+    assert error_of(stale_restore) == (409, "stale_checkpoint")
+
+
+async def test_resources_restore_skips_fence_still_answers_the_phase_check(tmp_path: Path) -> None:
+    await _commit_checkpoint(tmp_path, {"r0": {"step": 1}}, kind="resources")
+    async with open_stack(tmp_path, kind="resources", faults=("resources_restore_skips_fence",)) as stack:
+        await stack.ok("resume", "c1")
+        await stack.ok("prepare", "c2")
+        await stack.ok("resume", "c2")
+        await stack.ok("prepare", "c3")
+        while_open = await stack.restore("c1", ["r0"])
+        await stack.ok("resume", "c3")
+        stack.participant.live = {"r5": {}}
+        into_live_process = await stack.restore("c2", ["r0"])
+
+    assert error_of(while_open) == (409, "checkpoint_conflict")
+    assert error_of(into_live_process) == (409, "checkpoint_error")  # "restore requires a process without live ..."
+
+
+@pytest.mark.parametrize("faults", [(), ("lease_never_expires",)], ids=["fault-free", "fault"])
+async def test_lease_never_expires_leaves_admission_closed_past_the_lease(
+    tmp_path: Path, faults: tuple[str, ...]
+) -> None:
+    # A fault-free plane with the same lease is the witness that the lease time has passed and its timer fired.
+    async with (
+        open_stack(tmp_path, lease_grace_s=0.05, faults=faults) as stack,
+        open_stack(tmp_path / "witness", lease_grace_s=0.05) as witness,
+    ):
+        await stack.ok("prepare", deadline_s=0.3)
+        await witness.ok("prepare", deadline_s=0.3)
+        lease_expires_at = stack.plane.lease_expires_at
+        await wait_until(lambda: witness.plane.phase == "idle", "the witness's lease expired")
+        assert lease_expires_at is not None
+        await wait_until(lambda: time.time() > lease_expires_at, "the lease time passed")
+        if not faults:
+            await wait_until(lambda: stack.plane.phase == "idle", "the lease expired")
+        status = await stack.status()
+        late_commit = await stack.commit(episode_ids=[])
+
+    if faults:
+        assert (status["phase"], status["checkpoint_id"], status["accepting"]) == ("prepared", "c1", False)
+        assert status["lease_expires_at"] == lease_expires_at  # shown, never acted on
+        assert late_commit.status_code == 200, late_commit.text
+    else:
+        assert (status["phase"], status["checkpoint_id"], status["accepting"]) == ("idle", None, True)
+        assert error_of(late_commit) == (409, "stale_checkpoint")
+
+
+@pytest.mark.parametrize("kind", ["environment", "agent"])
+@pytest.mark.parametrize("faults", [(), ("retried_commit_conflicts",)], ids=["fault-free", "fault"])
+async def test_retried_commit_conflicts_on_the_environment_only(
+    tmp_path: Path, kind: str, faults: tuple[str, ...]
+) -> None:
+    async with open_stack(tmp_path, kind=kind, faults=faults) as stack:
+        stack.participant.live = {"r0": {"step": 1}}
+        await stack.ok("prepare")
+        body = {
+            "checkpoint_id": "c1",
+            "deadline_ts": time.time() + 10,
+            "checkpoint_dir": str(tmp_path),
+            "episode_ids": [{"rollout_id": "r0", "attempt": 0}],
+        }
+        first = await stack.client.post(f"{CHECKPOINT_ROUTE_PREFIX}/commit", json=body)
+        identical = await stack.client.post(f"{CHECKPOINT_ROUTE_PREFIX}/commit", json=body)
+        new_deadline = await stack.commit(scope=["r0"], deadline_s=20)
+
+    assert first.status_code == 200, first.text
+    assert identical.content == first.content
+    if faults and kind == "environment":
+        assert error_of(new_deadline) == (409, "checkpoint_conflict")
+    else:
+        assert new_deadline.content == first.content
+
+
+# -- the lease grace a deployment chooses --------------------------------------------------------------------------
+
+
+def test_the_deployments_lease_grace_reaches_every_control_plane(tmp_path: Path) -> None:
+    from fakes.stack import Stack as Deployment
+
+    deployment = Deployment("native", tmp_path, backend_url="http://127.0.0.1:1", lease_grace_s=0.25)
+    first = deployment.configs()
+    restarted = deployment.configs()  # a restart (and the fork server's standbys) build from the same configs
+    default = Deployment("native", tmp_path / "default", backend_url="http://127.0.0.1:1").configs()
+    planes = {
+        name: ControlPlane.from_config(FakeParticipant(), ServerConfig.from_json(config.to_json()))
+        for name, config in first.items()
+    }
+
+    assert {config.lease_grace_s for config in first.values()} == {0.25}
+    assert {name: config.to_json() for name, config in restarted.items()} == {
+        name: config.to_json() for name, config in first.items()
+    }
+    assert {plane.lease_grace_s for plane in planes.values()} == {0.25}
+    assert {config.lease_grace_s for config in default.values()} == {600.0}
+    assert deployment.describe()["lease_grace_s"] == 0.25
+
+
+@pytest.mark.parametrize("grace", [-1.0, float("nan"), float("inf")])
+def test_a_lease_grace_must_be_finite_and_not_negative(tmp_path: Path, grace: float) -> None:
+    from fakes.stack import Stack as Deployment
+
+    with pytest.raises(ValueError, match="lease_grace_s"):
+        Deployment("native", tmp_path, backend_url="http://127.0.0.1:1", lease_grace_s=grace)
+    with pytest.raises(ValueError, match="lease_grace_s"):
+        ServerConfig(name="agent", role="agent", port=1, token=TOKEN, lease_grace_s=grace)
