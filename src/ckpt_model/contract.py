@@ -54,6 +54,7 @@ class Attempt:
     calls_made: int = 0
     delivered: int = 0
     held: bool = False
+    continued: bool = False
 
     @property
     def key(self) -> str:
@@ -80,7 +81,7 @@ class Attempt:
     def needs_agent(self) -> bool:
         """The agent holds a session for it: it runs or would continue before its verification step."""
         if self.status == "running":
-            return not self.verifying
+            return not self.verifying and not self.at_return
         index = self.start_call + self.calls_made
         return self.status == "pending" and index < len(self.script) and self.script[index] != VERIFY
 
@@ -98,10 +99,32 @@ class Attempt:
     def finished_script(self) -> bool:
         return self.boundary >= len(self.script)
 
-    def deliver(self) -> Attempt:
-        """The outstanding call's response reaches the agent; with the script done, the attempt replies."""
+    @property
+    def at_return(self) -> bool:
+        """Running with every call delivered: its episode finished while a checkpoint was open and waits at its
+        `return` boundary, replying at the resume (Gym's scenario 10: finished during prepare)."""
+        return self.status == "running" and self.finished_script
+
+    def holds_resources_session(self, topology: Topology) -> bool:
+        """The resources server tracks a session for it: from its seed until its verification ends. A continued
+        attempt was seeded before the checkpoint and the stateless weather server restores no session; a native
+        one binds one again with its first request: the tool round (continued from call 0) or a replayed
+        verification; a legacy agent's restored session carries no resources binding to renew."""
+        if self.status != "running" or self.at_return:
+            return False
+        if not self.continued:
+            return True
+        if topology == "legacy":
+            return False
+        return (self.start_call == 0 and self.delivered >= 1) or self.verifying
+
+    def deliver(self, *, admission_open: bool = True) -> Attempt:
+        """The outstanding call's response reaches the agent; with the script done, the attempt replies (or, while a
+        checkpoint is open, waits at its `return` boundary)."""
         delivered = attrs.evolve(self, delivered=self.delivered + 1, held=False)
-        return attrs.evolve(delivered, status="replied") if delivered.finished_script else delivered
+        if delivered.finished_script and admission_open:
+            return attrs.evolve(delivered, status="replied")
+        return delivered
 
 
 @attrs.frozen
@@ -126,9 +149,10 @@ class Model:
     checkpoint_seq: int = 0
     rollout_seq: int = 0
     committed: tuple[Checkpoint, ...] = ()
-    sent: tuple[tuple[str, int], ...] = ()
+    sent: tuple[tuple[str, ScriptCall], ...] = ()
     resumed: tuple[str, ...] = ()
-    retired_marks: tuple[str, ...] = ()
+    # Per rollout, the highest retired attempt the participants refuse (`stale_attempt`) until forget.
+    retired_marks: tuple[tuple[str, int], ...] = ()
     fresh: bool = True
     restored_pending_reported: tuple[str, ...] = ()
 
@@ -198,7 +222,39 @@ class Model:
     def can_prepare_blocked(self) -> bool:
         return not self.checkpoint_open and not self.with_status("dead") and bool(self.blockers())
 
+    def marked_rollouts(self) -> tuple[str, ...]:
+        return tuple(rollout for rollout, _ in self.retired_marks)
+
+    def marks_covering(self, checkpoint_id: str) -> list[str]:
+        """Rollouts whose retire mark would refuse the attempts a restore of the checkpoint continues.
+
+        Marks outlive a restore (reference section 10: only forget removes them), and restoring a checkpoint again
+        reuses its attempt numbers, so a controller that retired a continuation must forget the rollout before it
+        restores the same checkpoint again."""
+        marks = dict(self.retired_marks)
+        checkpoint = self.checkpoint(checkpoint_id)
+        continued = [a for a in checkpoint.snapshot if a.key in checkpoint.exported]
+        return sorted(a.rollout for a in continued if a.rollout in marks and a.attempt + 1 <= marks[a.rollout])
+
+    def exports(self, kind: str) -> tuple[str, ...]:
+        """The capture keys a participant of `kind` writes at a commit of the current scope (P1, exactly).
+
+        The episode owner writes every scoped episode; the agent of a native episode writes the sessions of the
+        scoped attempts that still need it; the weather resources server is stateless and the policy model
+        exports ledger rows only with token capture on, so both write nothing here."""
+        scope = self.scope()
+        if kind == self.episode_owner:
+            return tuple(sorted(a.key for a in scope))
+        if kind == "agent":
+            return tuple(sorted(a.key for a in scope if a.needs_agent))
+        return ()
+
     # -- rules --------------------------------------------------------------------------------------------------
+
+    def refused_dispatch(self) -> tuple[Model, str]:
+        """A new `/run` while a checkpoint is open is refused (`admission_closed`) and owns nothing; its name is
+        used up so that it never names a later rollout."""
+        return attrs.evolve(self, rollout_seq=self.rollout_seq + 1), f"r{self.rollout_seq}"
 
     def dispatch(self) -> tuple[Model, str]:
         """A new rollout starts as attempt 0 and stops at its first model call."""
@@ -225,6 +281,21 @@ class Model:
         )
         return model, checkpoint_id
 
+    def prepare_waited(self) -> tuple[Model, str]:
+        """A prepare that waited for `wait` verifications while the controller released their judge calls: each
+        episode finished during the prepare and waits at its `return` boundary, so the prepare succeeds."""
+        model, checkpoint_id = self.prepare()
+        for attempt in model.current().values():
+            if attempt.verifying:
+                model = model._replace(attempt.deliver(admission_open=False))
+        return model, checkpoint_id
+
+    def lease_expired(self) -> tuple[Model, str]:
+        """A prepare after which the controller went quiet: the lease expires and every participant re-opens as a
+        resume would, remembering the ID."""
+        model, checkpoint_id = self.prepare()
+        return model.resume(), checkpoint_id
+
     def prepare_blocked(self) -> tuple[Model, str]:
         """A prepare that ran out of its deadline on blockers, and the controller's resume of it: the ID is used
         up and remembered as resumed; nothing else changes (the controller retires the blockers next)."""
@@ -250,6 +321,8 @@ class Model:
         for attempt in model.with_status("running"):
             if attempt.held:
                 model = model._deliver(attempt)
+            elif attempt.at_return:
+                model = model._replace(attrs.evolve(attempt, status="replied"))
         return model
 
     def crash(self) -> Model:
@@ -274,7 +347,14 @@ class Model:
         continued = [a for a in checkpoint.snapshot if a.key in checkpoint.exported]
         kept = [a for a in checkpoint.snapshot if a.key not in checkpoint.exported]
         pending = [
-            Attempt(rollout=a.rollout, attempt=a.attempt + 1, status="pending", script=a.script, start_call=a.boundary)
+            Attempt(
+                rollout=a.rollout,
+                attempt=a.attempt + 1,
+                status="pending",
+                script=a.script,
+                start_call=a.boundary,
+                continued=True,
+            )
             for a in continued
         ]
         model = attrs.evolve(
@@ -288,10 +368,14 @@ class Model:
         return model, restore_id
 
     def start_replacement(self, rollout: str) -> Model:
-        """Send the restored-pending attempt's `/run`: it continues from its boundary."""
+        """Send the restored-pending attempt's `/run`: it continues from its boundary (an episode restored at its
+        `return` boundary replies without another call)."""
         attempt = self._current(rollout)
         assert attempt.status == "pending"
-        model = self._send(attrs.evolve(attempt, status="running"))
+        if attempt.finished_script:
+            model = self._replace(attrs.evolve(attempt, status="replied"))
+        else:
+            model = self._send(attrs.evolve(attempt, status="running"))
         pending = tuple(k for k in model.restored_pending_reported if k != attempt.key)
         return attrs.evolve(model, restored_pending_reported=pending)
 
@@ -305,11 +389,14 @@ class Model:
         attempt = self._current(rollout)
         model = self._replace(attrs.evolve(attempt, status="retired", held=False))
         pending = tuple(k for k in model.restored_pending_reported if k != attempt.key)
-        marks = tuple(sorted({*self.retired_marks, rollout}))
-        return attrs.evolve(model, retired_marks=marks, restored_pending_reported=pending)
+        marks = dict(self.retired_marks)
+        marks[rollout] = max(marks.get(rollout, -1), attempt.attempt)
+        return attrs.evolve(model, retired_marks=tuple(sorted(marks.items())), restored_pending_reported=pending)
 
-    def forget(self) -> Model:
-        return attrs.evolve(self, retired_marks=())
+    def forget(self, rollouts: tuple[str, ...] | None = None) -> Model:
+        """Drop the marks of `rollouts` (every mark when None)."""
+        kept = () if rollouts is None else tuple(m for m in self.retired_marks if m[0] not in rollouts)
+        return attrs.evolve(self, retired_marks=kept)
 
     def drop(self, rollout: str) -> Model:
         """The controller gives a retired rollout up for good."""
@@ -366,6 +453,8 @@ class Expectation:
     sessions: int
     restored_pending: tuple[str, ...]
     retired_rollouts: int
+    resources_sessions: int = 0
+    accepting: bool = True
 
 
 def expect(model: Model) -> Expectation:
@@ -382,9 +471,11 @@ def expect(model: Model) -> Expectation:
         phase=model.phase,
         checkpoint_id=model.open_checkpoint,
         held=sum(1 for a in running if a.held),
-        inflight=sum(1 for a in running if not a.verifying),
+        inflight=sum(1 for a in running if not a.verifying and not a.at_return),
         episodes=len(running) if owner_is_environment else 0,
         sessions=sum(1 for a in current if a.needs_agent),
         restored_pending=tuple(sorted(model.restored_pending_reported)) if owner_is_environment else (),
         retired_rollouts=len(model.retired_marks),
+        resources_sessions=sum(1 for a in running if a.holds_resources_session(model.topology)),
+        accepting=not model.checkpoint_open,
     )

@@ -562,6 +562,15 @@ class ControlClient:
             replies.update(self._post_stage(operation, self.participants.of_kinds(kinds), body, deadline_ts, replies))
         return _sorted_dict(replies.items())
 
+    def post_each(self, operation: str, body: Reply, deadline_ts: float) -> dict[str, Reply | ParticipantFailure]:
+        """Sends one control call to every participant separately and returns each answer, refusals included.
+
+        Unlike the coordination functions it neither stages nor stops at the first refusal: a checker probing
+        fencing or idempotent replay must hear every participant."""
+        members = self.participants.members
+        outcomes = self._map(lambda member: self._post(member, operation, body, deadline_ts), members)
+        return _sorted_dict(zip((m.name for m in members), outcomes, strict=True))
+
     # --- transport -----------------------------------------------------------------------------------------
 
     def _post_stage(
@@ -612,6 +621,33 @@ class ControlClient:
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"}
+
+
+def request_body(
+    operation: str,
+    checkpoint_id: str,
+    deadline_ts: float,
+    *,
+    checkpoint_dir: str = "",
+    episode_ids: Sequence[EpisodeId] = (),
+    rollout_ids: Sequence[str] = (),
+) -> Reply:
+    """The wire body of `operation` (prepare, renew, resume, commit, restore, retire, forget), validated."""
+    base = {"checkpoint_id": checkpoint_id, "deadline_ts": deadline_ts}
+    request: pydantic.BaseModel
+    if operation in ("prepare", "renew", "resume"):
+        request = CheckpointRequest(**base)
+    elif operation == "commit":
+        request = CommitRequest(**base, checkpoint_dir=checkpoint_dir, episode_ids=list(episode_ids))
+    elif operation == "restore":
+        request = RestoreRequest(**base, checkpoint_dir=checkpoint_dir, episode_ids=list(episode_ids))
+    elif operation == "retire":
+        request = RetireRequest(**base, episode_ids=list(episode_ids))
+    elif operation == "forget":
+        request = ForgetRequest(**base, rollout_ids=list(rollout_ids))
+    else:
+        raise ValueError(f"'operation' must be a control operation (got {operation!r})")
+    return _body(request)
 
 
 def _body(request: pydantic.BaseModel) -> Reply:

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import shutil
 import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +20,14 @@ import httpx
 
 from ckpt_model.coordination import ControlClient
 from ckpt_model.errors import ServerStartError
+from ckpt_model.tasks import WEATHER_SCRIPT
 from fakes.stack import Stack, StackStartError
 
 log = logging.getLogger(__name__)
+
+# The participants' lease grace: short, so the machine can let a lease lapse in well under a second (its rule
+# `quiet_controller`); every other control call sets a deadline far enough ahead that no lease lapses by itself.
+LEASE_GRACE_S = 0.25
 
 
 class BackendControl:
@@ -50,19 +56,32 @@ class BackendControl:
     def release(self, indices: list[int]) -> Any:
         return self._post("/_ctl/step", {"indices": indices})
 
+    def script(self, tool_calls: Sequence[Mapping[str, Any]]) -> Any:
+        """Pin the policy's tool calls, so the checker knows what an uninterrupted episode earns (P3)."""
+        return self._post("/_ctl/script", {"tool_calls": [dict(call) for call in tool_calls]})
+
 
 class Harness:
     """One topology of the look-alike stack, reused across the examples of a test session."""
 
     def __init__(
-        self, topology: str, *, faults: tuple[str, ...] = (), verify_mode: str = "wait", root: Path | None = None
+        self,
+        topology: str,
+        *,
+        faults: tuple[str, ...] = (),
+        verify_mode: str = "wait",
+        root: Path | None = None,
+        lease_grace_s: float = LEASE_GRACE_S,
     ) -> None:
         self.topology = topology
         self.verify_mode = verify_mode
         self.faults = tuple(faults)
+        self.lease_grace_s = lease_grace_s
         self._own_root = root is None
         self.root = Path(tempfile.mkdtemp(prefix=f"ckpt-model-{topology}-")) if root is None else Path(root)
-        self.stack = Stack(topology, self.root / "stack", faults=self.faults, verify_mode=verify_mode)
+        self.stack = Stack(
+            topology, self.root / "stack", faults=self.faults, verify_mode=verify_mode, lease_grace_s=lease_grace_s
+        )
         self.http = httpx.Client(timeout=httpx.Timeout(30.0, read=None), trust_env=False)
         # Where a failing run writes its regression file (None: `ckpt_model.regression.directory()`).
         self.regressions_dir: Path | None = None
@@ -84,6 +103,7 @@ class Harness:
         assert self.backend is not None
         self.stack.crash_gym()
         self.backend.reset()
+        self.backend.script(WEATHER_SCRIPT)
         self.backend.gate()
         self.example += 1
         shutil.rmtree(self.checkpoint_dir.parent, ignore_errors=True)

@@ -12,7 +12,8 @@ inherit from `AssertionError`.
     ├── HarnessError                   the checker itself could not decide: the run's outcome is unknown
     │   ├── ServerStartError           a server process exited or never became healthy
     │   ├── QuiescenceTimeout          the quiet state the model predicted never arrived
-    │   └── ProtocolError              a reply does not match the wire schema, so it cannot be judged
+    │   ├── ProtocolError              a reply does not match the wire schema, so it cannot be judged
+    │   └── StepNotEnabled             a scenario or regression file calls a rule whose precondition fails
     └── CoordinationError              a controller operation failed on some participants (`coordination.py`)
         .failures: {server name: ParticipantFailure}
 
@@ -152,6 +153,22 @@ class ProtocolError(_KeywordPickle, HarnessError):
         self.reply = reply
         listed = "\n".join(f"  - {problem}" for problem in self.problems)
         super().__init__(f"{source} does not match the wire schema:\n{listed}")
+
+
+class StepNotEnabled(_KeywordPickle, HarnessError):
+    """A fixed scenario or a replayed file calls a rule the machine would not draw in that state: the scenario
+    no longer means what its name says, so nothing it shows could be trusted."""
+
+    _fields = ("step", "index", "rule")
+
+    def __init__(self, *, step: str, index: int, rule: str) -> None:
+        self.step = step
+        self.index = index
+        self.rule = rule
+        super().__init__(
+            f"step {index} ({step}) is not enabled: the precondition of rule {rule!r} does not hold in the state "
+            "the steps before it reach; fix the scenario (or re-record the regression file)"
+        )
 
 
 # --- coordination ------------------------------------------------------------------------------------------

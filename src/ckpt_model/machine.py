@@ -23,21 +23,29 @@ from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 from ckpt_model import properties as props
 from ckpt_model import regression
 from ckpt_model.contract import VERIFY, Attempt, Expectation, Model, ScriptCall, expect
+from ckpt_model.coordination import request_body
 from ckpt_model.deployment import Harness
-from ckpt_model.errors import CoordinationError, HarnessError, PropertyViolation, QuiescenceTimeout
+from ckpt_model.errors import CoordinationError, HarnessError, ParticipantFailure, PropertyViolation, QuiescenceTimeout
 from ckpt_model.history import Event, History
 from ckpt_model.storage import CheckpointUnreadable, fingerprint, participant_dir
-from ckpt_model.tasks import legacy_run_body, native_run_body
+from ckpt_model.tasks import WEATHER_SCRIPT, expected_reward, legacy_run_body, native_run_body, task_tools
 from ckpt_model.wire import EpisodeId
 
-CONTROL_DEADLINE_S = 20.0
+# Far ahead, so a lease (deadline + grace) never lapses between two steps of an example, even on a loaded machine.
+CONTROL_DEADLINE_S = 60.0
 # A prepare the model knows will not become ready waits this long for its blockers, then reports them.
 BLOCKED_PREPARE_DEADLINE_S = 0.25
+# The quiet controller's prepare: short, so its lease lapses soon after (deadline + the harness's lease grace).
+QUIET_PREPARE_DEADLINE_S = 0.5
+QUIET_LEASE_GRACE_MAX_S = 1.0
 SETTLE_TIMEOUT_S = 10.0
-SETTLE_POLL_S = 0.002
-COUNT_GRACE_S = 1.0
-COUNT_PREFIX = "status of "
+# Polls back off from the first to the last interval: quick when the state is almost there, and gentle on two
+# loaded cores when a participant lags.
+POLL_INTERVAL_MIN_S = 0.001
+POLL_INTERVAL_MAX_S = 0.02
 PICK = st.integers(min_value=0, max_value=7)
+# Operations a delayed call of an older controller can carry (resume of a resumed ID is idempotent instead).
+LATE_OPERATIONS = ("prepare", "renew", "commit", "restore", "retire", "forget")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -86,6 +94,17 @@ class Observation:
         return {"calls": self.calls, "waiting": sorted(self.waiting), "phases": phases, "counts": counts}
 
 
+@attrs.frozen
+class SentCall:
+    """The last control call the controller completed, kept to retry it with the same arguments."""
+
+    operation: str
+    checkpoint_id: str
+    arguments: dict[str, Any]
+    replies: dict[str, Any]
+    after_crash: bool = False
+
+
 def step(method: F) -> F:
     """Mark the machine broken while a rule runs and attach the failure report to whatever it raises."""
 
@@ -126,7 +145,10 @@ class CheckpointMachine(RuleBasedStateMachine):
         self.outcomes: dict[str, RunOutcome] = {}
         self.futures: dict[str, Future[RunOutcome]] = {}
         self.must_refuse: set[str] = set()
+        self.must_refuse_closed: set[str] = set()
         self.retired_attempts: dict[str, Attempt] = {}
+        self.last_call: SentCall | None = None
+        self.reward = expected_reward(task_tools(self.model.topology), WEATHER_SCRIPT)
         self.fingerprints: dict[str, dict[str, Any]] = {}
         self.steps: list[str] = []
         # The rules as called (name, keyword arguments), outermost only: what a regression file replays.
@@ -156,11 +178,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         """Let one rollout's waiting call return: a policy call (held by the model server while a checkpoint is
         open) or, in the slow topology, a judge call (its verification step ends)."""
         rollout = _pick(self.model.releasable(), pick)
-        key = self.model.current()[rollout].key
-        index = self._observe().waiting.get(key)
-        if index is None:
-            raise QuiescenceTimeout(prediction=f"{key} waits at the backend", observed="it does not", pending=[key])
-        self.harness.backend.release([index])  # type: ignore[union-attr]
+        self._release_keys([self.model.current()[rollout].key])
         self._advance(self.model.release(rollout), f"release({rollout})")
 
     @precondition(lambda self: bool(self.model.before_verification()))
@@ -177,8 +195,8 @@ class CheckpointMachine(RuleBasedStateMachine):
     @rule()
     @step
     def prepare(self) -> None:
-        """Prepare a new checkpoint: everything is at a boundary, so every stage must become prepared. A prepare
-        of another ID is then refused with checkpoint_conflict (P10: one checkpoint at a time)."""
+        """Prepare a new checkpoint: everything is at a boundary, so every stage must become prepared. Every
+        participant, asked on its own, then refuses a prepare of another ID (P10: one checkpoint at a time)."""
         model, checkpoint_id = self.model.prepare()
         result = self._control("prepare", checkpoint_id, lambda d: self.control.prepare(checkpoint_id, d))
         if not result.prepared:
@@ -189,10 +207,13 @@ class CheckpointMachine(RuleBasedStateMachine):
                 + (f"; {verifying} verify in mode replay, which never blocks)" if verifying else ")"),
                 observed=f"not prepared; blockers {result.blockers()}",
             )
+        self._prepared(checkpoint_id, result.replies)
+        self._advance(model, f"prepare() -> {checkpoint_id}; prepare(other{model.checkpoint_seq}) refused")
+
+    def _prepared(self, checkpoint_id: str, replies: dict[str, Any]) -> None:
         self.history.note("controller", "prepared", checkpoint_id)
-        other = f"other{model.checkpoint_seq}"
-        self._refused_prepare(other, "checkpoint_conflict")
-        self._advance(model, f"prepare() -> {checkpoint_id}; prepare({other}) refused")
+        self.last_call = SentCall("prepare", checkpoint_id, {}, replies)
+        self._probe("prepare", f"other{self.model.checkpoint_seq + 1}", "checkpoint_conflict")
 
     @precondition(lambda self: self.model.can_prepare_blocked())
     @rule()
@@ -214,16 +235,45 @@ class CheckpointMachine(RuleBasedStateMachine):
                 expected=f"{checkpoint_id} not prepared: {owner} blocked by {blockers} (verification in mode wait)",
                 observed="prepared" if result.prepared else f"blockers {result.blockers()}",
             )
-        self._control("resume", checkpoint_id, lambda d: self.control.resume(checkpoint_id, d))
+        self._resume_call(checkpoint_id)
         self._advance(model, f"prepare_blocked() -> {checkpoint_id} blocked by {blockers}; resume({checkpoint_id})")
         for key in blockers:
             self._retire(EpisodeId.from_capture_key(key).rollout_id, again=True)
+
+    @precondition(lambda self: self.model.can_prepare_blocked())
+    @rule()
+    @step
+    def prepare_waiting(self) -> None:
+        """A prepare left waiting on `wait` verifications while the controller releases their judge calls: each
+        episode finishes during the prepare, which then succeeds; the episode is neither lost nor redone
+        (Gym's scenario 10). P11: the prepare waits for the verification and names it as its blocker."""
+        blockers = self.model.blockers()
+        model, checkpoint_id = self.model.prepare_waited()
+        invocation = self.history.invoke("controller", "prepare", checkpoint_id)
+        future = self.pool.submit(self.control.prepare, checkpoint_id, time.time() + CONTROL_DEADLINE_S)
+        self._wait_preparing(checkpoint_id, blockers, future)
+        self._release_keys(blockers)
+        try:
+            result = future.result(timeout=CONTROL_DEADLINE_S)
+        except CoordinationError as error:
+            self.history.complete(invocation, "fail", str(error))
+            raise
+        self.history.complete(invocation, "ok")
+        if not result.prepared:
+            raise props.P11Violation(
+                rollout=blockers[0],
+                expected=f"{checkpoint_id} prepared once the verifications of {blockers} finished",
+                observed=f"not prepared; blockers {result.blockers()}",
+            )
+        self._prepared(checkpoint_id, result.replies)
+        self._advance(model, f"prepare_waiting() -> {checkpoint_id}; {blockers} finished during it")
 
     @precondition(lambda self: self.model.phase == "prepared")
     @rule()
     @step
     def commit(self) -> None:
-        """Commit every unfinished attempt (running, or restored and not yet started) and check P1 and P9."""
+        """Commit every unfinished attempt (running, or restored and not yet started); check P1 on every
+        participant's reply and records, and P9 (the checkpoint verifies)."""
         checkpoint_id = self.model.open_checkpoint
         assert checkpoint_id is not None
         scope = self.model.scope()
@@ -237,7 +287,23 @@ class CheckpointMachine(RuleBasedStateMachine):
         props.p1_replied_or_exported(
             checkpoint_id, [a.key for a in scope], replied, replies[owner]["episode_ids"], owner
         )
-        self.fingerprints[checkpoint_id] = self._read_checkpoint(directory)
+        read = self._read_checkpoint(directory, checkpoint_id)
+        props.p9_verifies(checkpoint_id, read)
+        for member in self.control.participants:
+            props.p1_exports_exact(
+                checkpoint_id,
+                member.name,
+                self.model.exports(member.kind),
+                replies[member.name]["episode_ids"],
+                read[member.name].episode_ids,
+            )
+        self.fingerprints[checkpoint_id] = read
+        self.last_call = SentCall(
+            "commit",
+            checkpoint_id,
+            {"checkpoint_dir": str(directory), "episode_ids": tuple(episode_ids)},
+            replies,
+        )
         model, _ = self.model.commit()
         self._advance(model, f"commit() -> {checkpoint_id} exports {sorted(a.key for a in scope)}")
 
@@ -245,13 +311,17 @@ class CheckpointMachine(RuleBasedStateMachine):
     @rule()
     @step
     def resume(self) -> None:
-        """End the open checkpoint: admission re-opens and held responses are delivered. A prepare naming the
-        resumed ID is then refused with stale_checkpoint (P10: a delayed prepare never re-opens it)."""
+        """End the open checkpoint: admission re-opens and held responses are delivered. Every participant, asked
+        on its own, then refuses a prepare naming the resumed ID (P10: a delayed prepare never re-opens it)."""
         checkpoint_id = self.model.open_checkpoint
         assert checkpoint_id is not None
-        self._control("resume", checkpoint_id, lambda d: self.control.resume(checkpoint_id, d))
-        self._refused_prepare(checkpoint_id, "stale_checkpoint")
+        self._resume_call(checkpoint_id)
+        self._probe("prepare", checkpoint_id, "stale_checkpoint")
         self._advance(self.model.resume(), f"resume({checkpoint_id}); prepare({checkpoint_id}) refused")
+
+    def _resume_call(self, checkpoint_id: str) -> None:
+        replies = self._control("resume", checkpoint_id, lambda d: self.control.resume(checkpoint_id, d))
+        self.last_call = SentCall("resume", checkpoint_id, {}, replies)
 
     @precondition(lambda self: not self.model.fresh)
     @rule()
@@ -262,23 +332,30 @@ class CheckpointMachine(RuleBasedStateMachine):
         self.crashes += 1
         self.harness.crash()
         self._wait_runs_ended()
-        stale = sorted(self._observe().waiting.values())
+        stale = sorted(self.observe().waiting.values())
         if stale:
             self.harness.backend.release(stale)  # type: ignore[union-attr]
         self.retired_attempts.clear()
+        # A commit retried after the crash reaches processes that never saw it (P10: refused, P9: disk unchanged).
+        last = self.last_call
+        self.last_call = attrs.evolve(last, after_crash=True) if last and last.operation == "commit" else None
         self._advance(self.model.crash(), "crash()")
 
     @precondition(lambda self: self.model.can_restore())
     @rule(pick=PICK)
     @step
     def restore(self, pick: int) -> None:
-        """Restore the latest or an earlier checkpoint into the fresh processes, then resume."""
+        """Restore the latest or an earlier checkpoint into the fresh processes, then resume. Rollouts retired
+        since, whose marks would refuse the continued attempts, are forgotten first, as a controller must."""
         checkpoint = _pick(list(self.model.committed), pick)
+        covered = self.model.marks_covering(checkpoint.checkpoint_id)
+        if covered:
+            self._forget(covered)
         model, restore_id = self.model.restore(checkpoint.checkpoint_id)
         scope = [EpisodeId.from_capture_key(key) for key in checkpoint.exported]
         directory = str(self.harness.checkpoint_dir / checkpoint.checkpoint_id)
         self._control("restore", restore_id, lambda d: self.control.restore(restore_id, directory, scope, d))
-        self._control("resume", restore_id, lambda d: self.control.resume(restore_id, d))
+        self._resume_call(restore_id)
         self._advance(model, f"restore({checkpoint.checkpoint_id}) as {restore_id}")
 
     # The controller's two routines as single steps as well. A bug that needs a checkpoint, a crash and a
@@ -336,7 +413,8 @@ class CheckpointMachine(RuleBasedStateMachine):
         self.retire_seq += 1
         retire_id = f"retire{self.retire_seq}"
         episode = EpisodeId(rollout_id=rollout, attempt=attempt.attempt)
-        self._control("retire", retire_id, lambda d: self.control.retire(retire_id, [episode], d))
+        replies = self._control("retire", retire_id, lambda d: self.control.retire(retire_id, [episode], d))
+        self.last_call = SentCall("retire", retire_id, {"episode_ids": (episode,)}, replies)
         if attempt.status == "running":
             self.must_refuse.add(attempt.key)
         self.retired_attempts[rollout] = attempt
@@ -346,19 +424,24 @@ class CheckpointMachine(RuleBasedStateMachine):
             model = model.start_over(rollout)
             self._send_run(model.current()[rollout])
             label += f", then start_over as {model.current()[rollout].key}"
-        self._advance(model, label, violation=props.P7Violation)
+        self._advance(model, label, violation=props.P7Violation, counts_final=True)
 
     @precondition(lambda self: not self.model.checkpoint_open and bool(self.model.retired_marks))
     @rule()
     @step
     def forget(self) -> None:
         """Forget every retired rollout: the marks go everywhere."""
-        rollouts = list(self.model.retired_marks)
+        self._forget(list(self.model.marked_rollouts()))
+
+    def _forget(self, rollouts: list[str]) -> None:
         self.retire_seq += 1
         forget_id = f"forget{self.retire_seq}"
-        self._control("forget", forget_id, lambda d: self.control.forget(forget_id, rollouts, d))
-        self.retired_attempts.clear()
-        self._advance(self.model.forget(), f"forget({rollouts})", violation=props.P7Violation)
+        replies = self._control("forget", forget_id, lambda d: self.control.forget(forget_id, rollouts, d))
+        self.last_call = SentCall("forget", forget_id, {"rollout_ids": tuple(rollouts)}, replies)
+        for rollout in rollouts:
+            self.retired_attempts.pop(rollout, None)
+        model = self.model.forget(tuple(rollouts))
+        self._advance(model, f"forget({rollouts})", violation=props.P7Violation, counts_final=True)
 
     @precondition(lambda self: bool(self.retired_attempts))
     @rule(pick=PICK)
@@ -371,6 +454,76 @@ class CheckpointMachine(RuleBasedStateMachine):
         self.steps.append(f"late_run({attempt.key}) -> HTTP {outcome.status_code}")
         props.p7_refused(attempt.key, outcome.status_code, outcome.body)
         self._settle(violation=props.P7Violation)
+
+    @precondition(lambda self: self.model.checkpoint_open)
+    @rule()
+    @step
+    def run_while_open(self) -> None:
+        """A new `/run` while a checkpoint is open is refused with admission_closed and owns nothing (P10)."""
+        model, rollout = self.model.refused_dispatch()
+        attempt = Attempt(rollout=rollout, attempt=0, status="running", script=self.model.script)
+        self.must_refuse_closed.add(attempt.key)
+        self._send_run(attempt)
+        self._advance(model, f"run_while_open() -> {rollout} refused", violation=props.P10Violation)
+
+    @precondition(lambda self: bool(self.model.resumed))
+    @rule(operation=st.sampled_from(LATE_OPERATIONS), pick=PICK)
+    @step
+    def late_call(self, operation: str, pick: int) -> None:
+        """A delayed call of an older controller names a checkpoint ID the participants resumed: every one of
+        them, asked on its own, refuses it with stale_checkpoint, whatever the operation (P10)."""
+        checkpoint_id = self.model.resumed[pick % len(self.model.resumed)]
+        self._probe(operation, checkpoint_id, "stale_checkpoint")
+        self._advance(self.model, f"late_call({operation}, {checkpoint_id}) refused")
+
+    @precondition(lambda self: self.last_call is not None)
+    @rule()
+    @step
+    def retry(self) -> None:
+        """The controller retries its last control call with the same arguments and a new deadline: a completed
+        call answers its first result again (resume: idempotent); after a crash a commit is refused (P10)."""
+        last = self.last_call
+        assert last is not None
+        body = request_body(last.operation, last.checkpoint_id, time.time() + CONTROL_DEADLINE_S, **last.arguments)
+        invocation = self.history.invoke("controller", f"retry {last.operation}", last.checkpoint_id)
+        outcomes = self.control.post_each(last.operation, body, time.time() + CONTROL_DEADLINE_S)
+        self.history.complete(invocation, "ok", {name: _outcome_text(o) for name, o in outcomes.items()})
+        label = f"retry({last.operation} {last.checkpoint_id})"
+        if last.after_crash:
+            props.p10_each_refused(f"{label} after a crash", "invalid_phase", outcomes)
+        elif last.operation == "resume":
+            idempotent = {"phase": "idle", "idempotent": True}
+            props.p10_each_replied(label, dict.fromkeys(outcomes, idempotent), outcomes)
+        else:
+            props.p10_each_replied(label, last.replies, outcomes)
+        self._advance(self.model, label)
+
+    @precondition(lambda self: self.model.can_prepare() and self.harness.lease_grace_s <= QUIET_LEASE_GRACE_MAX_S)
+    @rule()
+    @step
+    def quiet_controller(self) -> None:
+        """The controller prepares and goes quiet: the lease lapses, every participant re-opens as a resume would
+        and remembers the ID, and the controller's late commit of it is refused (P10)."""
+        model, checkpoint_id = self.model.lease_expired()
+        deadline_ts = time.time() + QUIET_PREPARE_DEADLINE_S
+        invocation = self.history.invoke("controller", "prepare", checkpoint_id)
+        try:
+            prepared = self.control.prepare(checkpoint_id, deadline_ts).prepared
+        except CoordinationError as error:
+            if {f.code for f in error.failures.values()} != {"deadline_exceeded"}:
+                self.history.complete(invocation, "fail", str(error))
+                raise
+            prepared = False
+        self.history.complete(invocation, "ok" if prepared else "info", "prepared" if prepared else "missed")
+        if prepared:
+            self._wait_lease_lapsed(checkpoint_id, deadline_ts + self.harness.lease_grace_s)
+        else:
+            # On a loaded machine the short prepare can miss its deadline; ending it as a controller would
+            # leaves the participants exactly where a lapsed lease does.
+            self._control("resume", checkpoint_id, lambda d: self.control.resume(checkpoint_id, d))
+        self.last_call = None
+        self._probe("commit", checkpoint_id, "stale_checkpoint")
+        self._advance(model, f"quiet_controller() -> {checkpoint_id} lapsed; commit({checkpoint_id}) refused")
 
     # -- teardown: drain and the end-of-run properties ---------------------------------------------------------
 
@@ -404,21 +557,7 @@ class CheckpointMachine(RuleBasedStateMachine):
             self.release(0)
         if self.model.retired_marks:
             self.forget()
-        self._check_clean_end()
-
-    def _check_clean_end(self) -> None:
-        observation = self._observe()
-        for name, status in observation.statuses.items():
-            leftovers = {k: v for k, v in status["report"]["counts"].items() if v and k not in ("cut_skipped",)}
-            dirty = status["phase"] != "idle" or status.get("retired_rollouts") or leftovers
-            dirty = dirty or status.get("restored_pending") or status.get("retired_sessions")
-            if dirty:
-                raise props.P13Violation(
-                    rollout=None,
-                    expected=f"{name} idle with nothing left after the drain",
-                    observed={k: status.get(k) for k in ("phase", "retired_rollouts", "restored_pending")}
-                    | {"counts": status["report"]["counts"], "retired_sessions": status.get("retired_sessions")},
-                )
+        props.p13_clean_end(self.observe().statuses)
 
     # -- the machinery ----------------------------------------------------------------------------------------
 
@@ -426,10 +565,16 @@ class CheckpointMachine(RuleBasedStateMachine):
     def control(self) -> Any:
         return self.harness.control
 
-    def _advance(self, model: Model, label: str, violation: type[PropertyViolation] | None = None) -> None:
+    def _advance(
+        self,
+        model: Model,
+        label: str,
+        violation: type[PropertyViolation] | None = None,
+        counts_final: bool = False,
+    ) -> None:
         self.model = model
         self.steps.append(label)
-        self._settle(violation=violation)
+        self._settle(violation=violation, counts_final=counts_final)
 
     def _control(self, operation: str, checkpoint_id: str, call: Callable[[float], Any]) -> Any:
         invocation = self.history.invoke("controller", operation, checkpoint_id)
@@ -441,16 +586,31 @@ class CheckpointMachine(RuleBasedStateMachine):
         self.history.complete(invocation, "ok")
         return result
 
-    def _refused_prepare(self, checkpoint_id: str, code: str) -> None:
-        invocation = self.history.invoke("controller", "prepare", checkpoint_id)
-        try:
-            self.control.prepare(checkpoint_id, time.time() + CONTROL_DEADLINE_S)
-        except CoordinationError as error:
-            self.history.complete(invocation, "fail", str(error))
-            props.p10_refused(f"prepare({checkpoint_id})", code, error)
-            return
-        self.history.complete(invocation, "ok")
-        props.p10_refused(f"prepare({checkpoint_id})", code, None)
+    def _probe(self, operation: str, checkpoint_id: str, code: str) -> None:
+        """Send `operation` naming `checkpoint_id` to every participant on its own; each must refuse with `code`."""
+        arguments: dict[str, Any] = {
+            "commit": {"checkpoint_dir": str(self.harness.checkpoint_dir / f"probe-{checkpoint_id}")},
+            "restore": {"checkpoint_dir": str(self.harness.checkpoint_dir / f"probe-{checkpoint_id}")},
+            "retire": {"episode_ids": (EpisodeId(rollout_id="probe", attempt=0),)},
+            "forget": {"rollout_ids": ("probe",)},
+        }.get(operation, {})
+        deadline_ts = time.time() + CONTROL_DEADLINE_S
+        invocation = self.history.invoke("controller", f"probe {operation}", checkpoint_id)
+        outcomes = self.control.post_each(
+            operation, request_body(operation, checkpoint_id, deadline_ts, **arguments), deadline_ts
+        )
+        self.history.complete(invocation, "ok", {name: _outcome_text(o) for name, o in outcomes.items()})
+        props.p10_each_refused(f"{operation}({checkpoint_id})", code, outcomes)
+
+    def _release_keys(self, keys: list[str]) -> None:
+        """Release the call each capture key has waiting at the backend."""
+        waiting = self.observe().waiting
+        missing = [key for key in keys if key not in waiting]
+        if missing:
+            raise QuiescenceTimeout(
+                prediction=f"{missing} wait at the backend", observed="they do not", pending=missing
+            )
+        self.harness.backend.release([waiting[key] for key in keys])  # type: ignore[union-attr]
 
     def _run_body(self, attempt: Attempt) -> dict[str, Any]:
         build = legacy_run_body if self.model.topology == "legacy" else native_run_body
@@ -493,7 +653,45 @@ class CheckpointMachine(RuleBasedStateMachine):
                 ) from None
         self.futures.clear()
 
-    def _observe(self) -> Observation:
+    def _wait_preparing(self, checkpoint_id: str, blockers: list[str], future: Future[Any]) -> None:
+        """Poll until the episode owner reports the prepare waiting on exactly `blockers` (P11: `wait` blocks)."""
+        owner = self.model.episode_owner
+        deadline = time.monotonic() + self.settle_timeout_s
+        interval = POLL_INTERVAL_MIN_S
+        while True:
+            status = self.control.status_all()[owner]
+            seen = (status["phase"], status.get("checkpoint_id"), sorted(status["report"].get("blockers", ())))
+            if seen == ("preparing", checkpoint_id, blockers):
+                return
+            if future.done() or time.monotonic() > deadline:
+                raise props.P11Violation(
+                    rollout=blockers[0],
+                    expected=f"{owner} preparing {checkpoint_id}, waiting for the verifications of {blockers}",
+                    observed=f"(phase, checkpoint, blockers) {seen}"
+                    + ("; the prepare returned" if future.done() else ""),
+                )
+            time.sleep(interval)
+            interval = min(interval * 2, POLL_INTERVAL_MAX_S)
+
+    def _wait_lease_lapsed(self, checkpoint_id: str, lapses_at_ts: float) -> None:
+        """Poll until every participant is idle again after the lease of `checkpoint_id` lapsed (P10)."""
+        deadline = max(lapses_at_ts - time.time(), 0.0) + self.settle_timeout_s + time.monotonic()
+        interval = POLL_INTERVAL_MIN_S
+        while True:
+            statuses = self.control.status_all()
+            phases = {name: (s["phase"], s.get("checkpoint_id")) for name, s in statuses.items()}
+            if all(phase == ("idle", None) for phase in phases.values()):
+                return
+            if time.monotonic() > deadline:
+                raise props.P10Violation(
+                    rollout=None,
+                    expected=f"every participant idle again once the lease of {checkpoint_id} lapsed",
+                    observed=f"phases {phases} {time.time() - lapses_at_ts:.1f} s after it lapsed",
+                )
+            time.sleep(interval)
+            interval = min(interval * 2, POLL_INTERVAL_MAX_S)
+
+    def observe(self) -> Observation:
         calls: dict[str, tuple[ScriptCall, ...]] = {}
         waiting: dict[str, int] = {}
         for call in self.harness.backend.calls():  # type: ignore[union-attr]
@@ -506,12 +704,15 @@ class CheckpointMachine(RuleBasedStateMachine):
                 waiting[key] = call["index"]
         return Observation(calls=calls, waiting=waiting, statuses=self.control.status_all())
 
-    def _read_checkpoint(self, directory: Path) -> dict[str, Any]:
+    def _read_checkpoint(self, directory: Path, checkpoint_id: str) -> dict[str, Any]:
         read: dict[str, Any] = {}
         for member in self.control.participants:
             try:
                 read[member.name] = fingerprint(
-                    participant_dir(directory, member.kind, member.name), member.kind, member.name
+                    participant_dir(directory, member.kind, member.name),
+                    member.kind,
+                    member.name,
+                    checkpoint_id=checkpoint_id,
                 )
             except CheckpointUnreadable as error:
                 read[member.name] = error
@@ -519,32 +720,44 @@ class CheckpointMachine(RuleBasedStateMachine):
 
     # -- settling: wait for the predicted quiet state, then check ------------------------------------------------
 
-    def _settle(self, violation: type[PropertyViolation] | None = None) -> Observation:
+    def _settle(self, violation: type[PropertyViolation] | None = None, counts_final: bool = False) -> Observation:
         """Poll until the system shows what the model predicts; then check the history and the checkpoints.
 
-        Calls, replies and waits may take up to `settle_timeout_s`. Status counts change in the same process
-        step as the calls and replies already observed, so once only counts differ they get `COUNT_GRACE_S`.
+        Calls, replies, refusals and phases are definite: a wrong one fails at once, a missing one is waited for.
+        A participant's counts, marks and admission are judged only once nothing else is pending, and only when
+        confirmed: by the step's own reply (`counts_final`: retire and forget free everything before they reply,
+        reference section 10), or by a mismatch that outlived the whole settle timeout and one fresh poll.
+        Slowness alone is never a verdict.
         """
         expected = expect(self.model)
         deadline = time.monotonic() + self.settle_timeout_s
-        counts_deadline: float | None = None
+        interval = POLL_INTERVAL_MIN_S
         while True:
-            observation = self._observe()
+            observation = self.observe()
             pending = self._pending(expected, observation)
-            if not pending:
+            mismatches = self._status_mismatches(expected, observation)
+            if not pending and not mismatches:
                 break
-            now = time.monotonic()
-            if all(item.startswith(COUNT_PREFIX) for item in pending):
-                counts_deadline = counts_deadline or now + COUNT_GRACE_S
-            else:
-                counts_deadline = None
-            if now > deadline or (counts_deadline is not None and now > counts_deadline):
-                self._timed_out(expected, observation, pending, violation)
-            time.sleep(SETTLE_POLL_S)
+            if not pending and (counts_final or time.monotonic() > deadline):
+                fresh = self.observe()
+                if not self._pending(expected, fresh) and self._status_mismatches(expected, fresh):
+                    self._status_violation(expected, fresh, violation)
+                observation = fresh
+                if not self._status_mismatches(expected, fresh) and not self._pending(expected, fresh):
+                    break
+            if time.monotonic() > deadline:
+                raise QuiescenceTimeout(
+                    prediction=_describe(expected),
+                    observed=observation.summary(),
+                    pending=pending + mismatches,
+                    timeout_s=self.settle_timeout_s,
+                )
+            time.sleep(interval)
+            interval = min(interval * 2, POLL_INTERVAL_MAX_S)
         props.p2_no_reply_while_prepared(self.history)
         for checkpoint_id, before in self.fingerprints.items():
             props.p9_unchanged(
-                checkpoint_id, before, self._read_checkpoint(self.harness.checkpoint_dir / checkpoint_id)
+                checkpoint_id, before, self._read_checkpoint(self.harness.checkpoint_dir / checkpoint_id, checkpoint_id)
             )
         return observation
 
@@ -555,17 +768,29 @@ class CheckpointMachine(RuleBasedStateMachine):
         pending += [f"{key} released" for key in observation.waiting if key not in expected.waiting]
         pending += self._pending_runs()
         for name, status in observation.statuses.items():
-            if (status["phase"], status.get("checkpoint_id")) != self._expected_phase(expected):
-                raise props.P10Violation(
-                    rollout=None,
-                    expected=f"{name} in phase {self._expected_phase(expected)}",
-                    observed=f"{name} in phase {(status['phase'], status.get('checkpoint_id'))}",
-                )
-            pending += [f"{COUNT_PREFIX}{name} {what}" for what in _count_mismatches(expected, status)]
+            props.p10_phase(name, (expected.phase, expected.checkpoint_id), status)
         return pending
 
-    def _expected_phase(self, expected: Expectation) -> tuple[str, str | None]:
-        return expected.phase, expected.checkpoint_id
+    def _status_mismatches(self, expected: Expectation, observation: Observation) -> list[str]:
+        return [
+            f"status of {name} {problem}"
+            for name, status in observation.statuses.items()
+            for problem in props.status_mismatches(expected, status)
+        ]
+
+    def _status_violation(
+        self, expected: Expectation, observation: Observation, violation: type[PropertyViolation] | None
+    ) -> None:
+        """A confirmed status mismatch: a held response delivered while prepared is P2; otherwise the step's own
+        property (P7 after retire and forget) or P10."""
+        model_status = observation.statuses.get(self._model_server(), {})
+        held = model_status.get("report", {}).get("counts", {}).get("held")
+        if self.model.checkpoint_open and held != expected.held:
+            props.p2_held_responses(self.model.open_checkpoint or "", expected.held, held)
+        mismatches = self._status_mismatches(expected, observation)
+        raise (violation or props.P10Violation)(
+            rollout=None, expected=_describe(expected), observed="; ".join(mismatches)
+        )
 
     def _pending_runs(self) -> list[str]:
         pending = []
@@ -575,7 +800,7 @@ class CheckpointMachine(RuleBasedStateMachine):
                 if outcome is None:
                     pending.append(f"{attempt.key} reply")
                 else:
-                    props.p3_reply_complete(attempt.key, outcome.status_code, outcome.body, 1.0)
+                    props.p3_reply_complete(attempt.key, outcome.status_code, outcome.body, self.reward)
             elif attempt.status == "running" and outcome is not None and attempt.key not in self.must_refuse:
                 self._unexpected_reply(attempt, outcome)
         for key in sorted(self.must_refuse):
@@ -584,6 +809,12 @@ class CheckpointMachine(RuleBasedStateMachine):
                 pending.append(f"{key} refused after retire")
             elif outcome.error is None:
                 props.p7_refused(key, outcome.status_code, outcome.body)
+        for key in sorted(self.must_refuse_closed):
+            outcome = self.outcomes.get(key)
+            if outcome is None:
+                pending.append(f"{key} refused while a checkpoint is open")
+            else:
+                props.p10_admission_refused(key, outcome.status_code, outcome.body)
         return pending
 
     def _unexpected_reply(self, attempt: Attempt, outcome: RunOutcome) -> None:
@@ -602,29 +833,6 @@ class CheckpointMachine(RuleBasedStateMachine):
             rollout=attempt.key,
             expected=f"the /run still running at call {attempt.calls_made} of {len(attempt.script)}",
             observed=f"it ended with HTTP {outcome.status_code}: {outcome.body}",
-        )
-
-    def _timed_out(
-        self,
-        expected: Expectation,
-        observation: Observation,
-        pending: list[str],
-        violation: type[PropertyViolation] | None,
-    ) -> None:
-        held = observation.statuses.get(self._model_server(), {}).get("report", {}).get("counts", {}).get("held")
-        if self.model.checkpoint_open and held != expected.held:
-            props.p2_held_responses(self.model.open_checkpoint or "", expected.held, held)
-        if violation is not None and any(item.startswith(COUNT_PREFIX) for item in pending):
-            raise violation(rollout=None, expected=_describe(expected), observed="; ".join(pending))
-        if all(item.startswith(COUNT_PREFIX) for item in pending):
-            # Calls, replies and phases all arrived; a participant's counts still disagree with the model, so it
-            # holds state (or lacks it) that the contract does not explain.
-            raise props.P10Violation(rollout=None, expected=_describe(expected), observed="; ".join(pending))
-        raise QuiescenceTimeout(
-            prediction=_describe(expected),
-            observed=observation.summary(),
-            pending=pending,
-            timeout_s=self.settle_timeout_s,
         )
 
     def _model_server(self) -> str:
@@ -646,7 +854,7 @@ class CheckpointMachine(RuleBasedStateMachine):
             events = [e for e in events if e.process in (rollout, "controller")]
         error.add_note("History (last events):\n" + self.history.format(events, last=30))
         try:
-            calls = self._observe().calls
+            calls = self.observe().calls
         except Exception as observe_error:
             calls = {"unavailable": str(observe_error)}
         error.add_note(f"Backend calls (message counts per capture key): {calls}")
@@ -667,6 +875,11 @@ def _pick(items: list[Any], pick: int) -> Any:
     return items[pick % len(items)]
 
 
+def _outcome_text(outcome: Any) -> Any:
+    """A participant's answer as the history shows it: the reply, or the refusal's description."""
+    return outcome.describe() if isinstance(outcome, ParticipantFailure) else outcome
+
+
 def _json(response: httpx.Response) -> Any:
     try:
         return response.json()
@@ -674,32 +887,14 @@ def _json(response: httpx.Response) -> Any:
         return response.text
 
 
-def _count_mismatches(expected: Expectation, status: dict[str, Any]) -> list[str]:
-    counts = status["report"]["counts"]
-    wanted: dict[str, int] = {}
-    if status["kind"] == "environment":
-        wanted["episodes"] = expected.episodes
-    elif status["kind"] == "agent":
-        wanted["sessions"] = expected.sessions
-    elif status["kind"] == "model":
-        wanted.update(inflight=expected.inflight, held=expected.held)
-    problems = [f"counts {k}={counts.get(k)} (expected {v})" for k, v in wanted.items() if counts.get(k) != v]
-    if status.get("retired_rollouts") != expected.retired_rollouts:
-        problems.append(f"retired_rollouts={status.get('retired_rollouts')} (expected {expected.retired_rollouts})")
-    if status["kind"] == "environment" and tuple(status.get("restored_pending", ())) != expected.restored_pending:
-        problems.append(
-            f"restored_pending={status.get('restored_pending')} (expected {list(expected.restored_pending)})"
-        )
-    return problems
-
-
 def _describe(expected: Expectation) -> str:
     return (
         f"phase {expected.phase} ({expected.checkpoint_id}); calls {expected.calls}; "
         f"waiting {sorted(expected.waiting)}; "
         f"model inflight {expected.inflight} held {expected.held}; episodes {expected.episodes}; "
-        f"sessions {expected.sessions}; restored_pending {list(expected.restored_pending)}; "
-        f"retired_rollouts {expected.retired_rollouts}"
+        f"sessions {expected.sessions}; resources sessions {expected.resources_sessions}; "
+        f"restored_pending {list(expected.restored_pending)}; retired_rollouts {expected.retired_rollouts}; "
+        f"admission {'open' if expected.accepting else 'closed'}"
     )
 
 

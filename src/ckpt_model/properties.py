@@ -12,8 +12,8 @@ from typing import Any, Literal
 
 import attrs
 
-from ckpt_model.contract import VERIFY, ScriptCall
-from ckpt_model.errors import PropertyViolation
+from ckpt_model.contract import VERIFY, Expectation, ScriptCall
+from ckpt_model.errors import ParticipantFailure, PropertyViolation
 from ckpt_model.history import History
 from ckpt_model.storage import CheckpointUnreadable, Fingerprint
 
@@ -59,8 +59,8 @@ class P9Violation(PropertyViolation):
 class P10Violation(PropertyViolation):
     property_id = "P10"
     title = (
-        "phases and fencing: status (phase, checkpoint ID, counts) matches the model, resumed IDs are refused, "
-        "one checkpoint at a time"
+        "phases and fencing: status (phase, checkpoint ID, counts, admission) matches the model, resumed IDs are "
+        "refused, one checkpoint at a time, a retried call returns its first result, a lapsed lease re-opens"
     )
 
 
@@ -92,6 +92,28 @@ REGISTRY: dict[str, PropertyInfo] = {
         PropertyInfo("P13", P13Violation.title, "teardown", True),
     )
 }
+
+
+def p1_exports_exact(
+    checkpoint_id: str,
+    participant: str,
+    expected: Iterable[str],
+    reply_keys: Iterable[str],
+    disk_keys: Iterable[str],
+) -> None:
+    """At a commit: the participant's reply and its records on disk both name exactly the expected capture keys."""
+    want = sorted(set(expected))
+    for source, keys in (("commit reply", reply_keys), ("records on disk", disk_keys)):
+        got = sorted(keys)
+        if got != want:
+            missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+            raise P1Violation(
+                rollout=(missing or extra or [None])[0],
+                expected=f"{participant} writes exactly {want} in {checkpoint_id}",
+                observed=f"its {source} names {got}"
+                + (f"; lost {missing}" if missing else "")
+                + (f"; not continued {extra}" if extra else ""),
+            )
 
 
 def p1_replied_or_exported(
@@ -178,8 +200,15 @@ def p4_calls(
     return missing
 
 
+def error_code(body: Any) -> str | None:
+    """The `code` of a `{"error": {"code", "detail"}}` envelope, or None for any other body."""
+    error = body.get("error") if isinstance(body, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if isinstance(code, str) else None
+
+
 def p7_refused(key: str, status_code: int | None, body: Any) -> None:
-    code = body.get("error", {}).get("code") if isinstance(body, dict) else None
+    code = error_code(body)
     if status_code != 409 or code != "stale_attempt":
         raise P7Violation(
             rollout=key,
@@ -202,8 +231,111 @@ def p9_unchanged(checkpoint_id: str, before: Mapping[str, Fingerprint], read: Ma
             )
 
 
+def p10_each_refused(operation: str, expected_code: str, outcomes: Mapping[str, Any]) -> None:
+    """Every participant, asked on its own, refused `operation` with `expected_code`."""
+    wrong = {
+        name: outcome.describe() if isinstance(outcome, ParticipantFailure) else f"accepted: {_short(outcome, 120)}"
+        for name, outcome in outcomes.items()
+        if not (isinstance(outcome, ParticipantFailure) and outcome.code == expected_code)
+    }
+    if wrong:
+        raise P10Violation(
+            rollout=None,
+            expected=f"{operation} refused by every participant with {expected_code}",
+            observed="; ".join(f"{name}: {what}" for name, what in sorted(wrong.items())),
+        )
+
+
+def p10_each_replied(operation: str, expected: Mapping[str, Any], outcomes: Mapping[str, Any]) -> None:
+    """Every participant answered `operation` with exactly the expected reply (a retry returns the first result)."""
+    wrong = {name: outcome for name, outcome in outcomes.items() if outcome != expected.get(name)}
+    if wrong:
+        name = sorted(wrong)[0]
+        outcome = wrong[name]
+        shown = outcome.describe() if isinstance(outcome, ParticipantFailure) else _short(outcome)
+        raise P10Violation(
+            rollout=None,
+            expected=f"{operation} answered by {name} with {_short(expected.get(name))}",
+            observed=f"{name} answered {shown}" + (f" (and {sorted(wrong)[1:]} differ too)" if len(wrong) > 1 else ""),
+        )
+
+
+def p10_admission_refused(key: str, status_code: int | None, body: Any) -> None:
+    """A new `/run` while a checkpoint is open is refused with 409 admission_closed and owns nothing."""
+    code = error_code(body)
+    if status_code != 409 or code != "admission_closed":
+        raise P10Violation(
+            rollout=key,
+            expected="a new /run while a checkpoint is open is refused with 409 admission_closed",
+            observed=f"HTTP {status_code}: {_short(body)}",
+        )
+
+
+def p10_phase(participant: str, expected: tuple[str, str | None], status: Mapping[str, Any]) -> None:
+    """The participant's phase and active checkpoint ID are the model's (changed only by control calls)."""
+    observed = (status.get("phase"), status.get("checkpoint_id"))
+    if observed != expected:
+        raise P10Violation(
+            rollout=None,
+            expected=f"{participant} in phase {expected}",
+            observed=f"{participant} in phase {observed}",
+        )
+
+
+def status_mismatches(expected: Expectation, status: Mapping[str, Any]) -> list[str]:
+    """Where one participant's status disagrees with the model's counts, marks and admission (empty: agrees).
+
+    Counts come from each kind's report (reference 2.4): environment `episodes` and `restored_pending`, agent
+    `sessions` and `accepting`, resources `sessions`, model `inflight` and `held`; `retired_rollouts` everywhere."""
+    counts = status.get("report", {}).get("counts", {})
+    kind = status.get("kind")
+    wanted: dict[str, int] = {}
+    if kind == "environment":
+        wanted["episodes"] = expected.episodes
+    elif kind == "agent":
+        wanted["sessions"] = expected.sessions
+    elif kind == "resources":
+        wanted["sessions"] = expected.resources_sessions
+    elif kind == "model":
+        wanted.update(inflight=expected.inflight, held=expected.held)
+    problems = [f"counts {k}={counts.get(k)} (expected {v})" for k, v in wanted.items() if counts.get(k) != v]
+    if status.get("retired_rollouts") != expected.retired_rollouts:
+        problems.append(f"retired_rollouts={status.get('retired_rollouts')} (expected {expected.retired_rollouts})")
+    if kind == "environment" and tuple(status.get("restored_pending", ())) != expected.restored_pending:
+        problems.append(
+            f"restored_pending={status.get('restored_pending')} (expected {list(expected.restored_pending)})"
+        )
+    if "accepting" in status and status["accepting"] is not expected.accepting:
+        problems.append(f"accepting={status['accepting']} (expected {expected.accepting})")
+    return problems
+
+
+def p13_clean_end(statuses: Mapping[str, Mapping[str, Any]]) -> None:
+    """Drained: every participant idle, admission open, nothing counted, no marks, nothing restored or retired."""
+    for name, status in statuses.items():
+        counts = status.get("report", {}).get("counts", {})
+        leftovers = {k: v for k, v in counts.items() if v and k != "cut_skipped"}
+        dirty = status.get("phase") != "idle" or status.get("retired_rollouts") or leftovers
+        dirty = dirty or status.get("restored_pending") or status.get("retired_sessions")
+        dirty = dirty or status.get("accepting") is False
+        if dirty:
+            raise P13Violation(
+                rollout=None,
+                expected=f"{name} idle and accepting with nothing left after the drain",
+                observed={k: status.get(k) for k in ("phase", "retired_rollouts", "restored_pending", "accepting")}
+                | {"counts": counts, "retired_sessions": status.get("retired_sessions")},
+            )
+
+
+def p9_verifies(checkpoint_id: str, read: Mapping[str, Any]) -> None:
+    """Every participant directory of a checkpoint just committed verifies with the checker's own reader."""
+    for name, outcome in sorted(read.items()):
+        if isinstance(outcome, CheckpointUnreadable):
+            raise P9Violation(rollout=None, expected=f"{checkpoint_id}/{name} verifies", observed=str(outcome))
+
+
 def p10_refused(operation: str, expected_code: str, error: Any) -> None:
-    codes = sorted({failure.code for failure in getattr(error, "failures", {}).values()})
+    codes = sorted({str(failure.code) for failure in getattr(error, "failures", {}).values()})
     if codes != [expected_code]:
         raise P10Violation(
             rollout=None,

@@ -1,19 +1,38 @@
 """Fixed scenarios: known-important sequences, run as the state machine's own rules in a fixed order.
 
 Each is a named list of rule calls (the same vocabulary Hypothesis draws from), so a scenario checks exactly
-what a random run checks after every step and at the drain. They are the fast, explicit examples of the
-contract, and each planted fault has one that must trip the property the catalogue names.
+what a random run checks after every step and at the drain. Two things keep a scenario meaning what its name
+says: every step's precondition must hold when it runs (a step the machine would never draw there is a harness
+error, `StepNotEnabled`), and most scenarios pin Gym's own facts, the backend calls each attempt made (by script
+position, so one fact serves every topology: native weather calls carry 2 and 4 messages, legacy 1 and 3).
+Each planted fault has a scenario that must trip the property the catalogue names.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+import attrs
+
+from ckpt_model.contract import ScriptCall
 from ckpt_model.deployment import Harness
-from ckpt_model.machine import machine_for
+from ckpt_model.errors import StepNotEnabled
+from ckpt_model.machine import CheckpointMachine, machine_for
 
 Step = tuple[str, dict[str, Any]]
+# Per capture key, the script positions of the calls the backend saw for it, in order.
+Facts = Mapping[str, tuple[int, ...]]
+
+
+class ScenarioFactMismatch(AssertionError):
+    """A scenario ran clean but the system did not show the facts Gym's own e2e test asserts for it."""
+
+
+@attrs.frozen
+class Scenario:
+    steps: tuple[Step, ...]
+    calls: Facts | None = None
 
 
 def steps(*calls: str | tuple[str, dict[str, Any]]) -> tuple[Step, ...]:
@@ -26,67 +45,155 @@ CHECKPOINT = ("checkpoint", {"then_resume": True})
 # r0 delivered its first call, was checkpointed in c1 before its second, and Gym crashed and restored c1.
 RESTORED_AT_CALL_1 = steps("dispatch", ("release", FIRST), "prepare", "commit", "crash", ("restore", FIRST))
 
-SCENARIOS: dict[str, tuple[Step, ...]] = {
-    "crash_after_prepare__continues_from_boundary": RESTORED_AT_CALL_1 + steps(("start_replacement", FIRST)),
-    "checkpoint_without_crash__parks_then_resumes": steps(
-        "dispatch",
-        "prepare",
-        ("release", FIRST),
-        "commit",
-        "resume",
+SCENARIOS: dict[str, Scenario] = {
+    # Gym's scenario 1: the continuation makes only the call still needed (weather [2, 4, 4]).
+    "crash_after_prepare__continues_from_boundary": Scenario(
+        RESTORED_AT_CALL_1 + steps(("start_replacement", FIRST)), calls={"r0": (0, 1), "r0-a1": (1,)}
     ),
-    "second_crash_before_replacement__still_continues": RESTORED_AT_CALL_1
-    + steps("prepare", "commit", "crash", ("restore", {"pick": 1}), ("start_replacement", FIRST)),
-    "same_checkpoint_restored_again__continues_from_its_boundary": RESTORED_AT_CALL_1
-    + steps(
-        ("start_replacement", FIRST), ("release", FIRST), "crash", ("restore", FIRST), ("start_replacement", FIRST)
+    # Checkpointed at its first call, nothing delivered: the continuation starts at the first call again.
+    "checkpoint_at_first_call__restored_from_the_start": Scenario(
+        steps("dispatch", "prepare", "commit", "crash", ("restore", FIRST), ("start_replacement", FIRST)),
+        calls={"r0": (0,), "r0-a1": (0, 1)},
     ),
-    "retired_episode__stops_everywhere": steps(
-        "dispatch",
-        ("release", FIRST),
-        ("retire", {"pick": 0, "again": False}),
-        ("late_run", FIRST),
-        "forget",
+    # Gym's scenario 8: park then release; exactly two calls, the second delivered only after the resume.
+    "checkpoint_without_crash__parks_then_resumes": Scenario(
+        steps("dispatch", "prepare", ("release", FIRST), "commit", "resume"), calls={"r0": (0, 1)}
     ),
-    "retired_then_started_over__completes": steps("dispatch", ("retire", {"pick": 0, "again": True})),
-    "resumed_id__is_refused": steps("prepare", "resume"),
-    "earlier_checkpoint__restored_after_later_work": steps(
-        "dispatch",
-        "prepare",
-        "commit",
-        "resume",
-        "dispatch",
-        ("release", FIRST),
-        "crash",
-        ("restore", FIRST),
-        ("start_replacement", FIRST),
+    # Gym's scenario 2: a second checkpoint carries the restored-pending episode through a second crash.
+    "second_crash_before_replacement__still_continues": Scenario(
+        RESTORED_AT_CALL_1
+        + steps("prepare", "commit", "crash", ("restore", {"pick": 1}), ("start_replacement", FIRST)),
+        calls={"r0": (0, 1), "r0-a2": (1,)},
+    ),
+    # Gym's scenario 3 (without token capture): the same checkpoint restored again after its replacement made
+    # a call; each replacement continues from the checkpoint's boundary.
+    "same_checkpoint_restored_again__continues_from_its_boundary": Scenario(
+        RESTORED_AT_CALL_1
+        + steps(
+            ("start_replacement", FIRST), ("release", FIRST), "crash", ("restore", FIRST), ("start_replacement", FIRST)
+        ),
+        calls={"r0": (0, 1), "r0-a1": (1, 1)},
+    ),
+    # Gym's scenario 14: retire stops everywhere, a late /run is refused until forget.
+    "retired_episode__stops_everywhere": Scenario(
+        steps("dispatch", ("release", FIRST), ("retire", {"pick": 0, "again": False}), ("late_run", FIRST), "forget"),
+        calls={"r0": (0, 1)},
+    ),
+    "retired_then_started_over__completes": Scenario(
+        steps("dispatch", ("retire", {"pick": 0, "again": True})), calls={"r0": (0,), "r0-a1": (0, 1)}
+    ),
+    # The false alarm of issue 7: a continuation that died in a crash is retired, then the same checkpoint is
+    # restored again, which reuses its attempt number. Marks outlive a restore (reference section 10), so the
+    # controller forgets the rollout first; the replacement then runs.
+    "retired_continuation__forgotten_before_its_checkpoint_is_restored_again": Scenario(
+        RESTORED_AT_CALL_1
+        + steps(
+            ("start_replacement", FIRST),
+            "crash",
+            ("retire", {"pick": 0, "again": False}),
+            ("restore", FIRST),
+            ("start_replacement", FIRST),
+        ),
+        calls={"r0": (0, 1), "r0-a1": (1, 1)},
+    ),
+    "resumed_id__is_refused": Scenario(steps("prepare", "resume")),
+    "late_calls_of_an_older_controller__are_refused": Scenario(
+        steps("prepare", "resume", "prepare", "resume")
+        + tuple(
+            ("late_call", {"operation": op, "pick": pick}) for op in ("prepare", "commit", "restore") for pick in (0, 1)
+        )
+        + tuple(("late_call", {"operation": op, "pick": 0}) for op in ("renew", "retire", "forget"))
+    ),
+    "run_while_open__is_refused": Scenario(
+        steps("dispatch", "prepare", "run_while_open", "commit", "run_while_open", "resume"), calls={"r0": (0, 1)}
+    ),
+    "retried_calls__return_their_first_result": Scenario(
+        steps(
+            "dispatch",
+            "prepare",
+            "retry",
+            "commit",
+            "retry",
+            "resume",
+            "retry",
+            ("retire", {"pick": 0, "again": True}),
+            "retry",
+            "forget",
+            "retry",
+        ),
+        calls={"r0": (0,), "r0-a1": (0, 1)},
+    ),
+    "commit_retried_after_a_crash__is_refused": Scenario(
+        steps("dispatch", "prepare", "commit", "crash", "retry", ("restore", FIRST), ("start_replacement", FIRST)),
+        calls={"r0": (0,), "r0-a1": (0, 1)},
+    ),
+    "quiet_controller__lease_lapses_and_admission_reopens": Scenario(
+        steps("dispatch", "quiet_controller", ("late_call", {"operation": "commit", "pick": 0})), calls={"r0": (0, 1)}
+    ),
+    "earlier_checkpoint__restored_after_later_work": Scenario(
+        steps(
+            "dispatch",
+            "prepare",
+            "commit",
+            "resume",
+            "dispatch",
+            ("release", FIRST),
+            "crash",
+            ("restore", FIRST),
+            ("start_replacement", FIRST),
+        ),
+        calls={"r0": (0, 1), "r1": (0,), "r0-a1": (0, 1)},
     ),
 }
 
-# The slow topology's verification (Gym's scenario 9), per verify mode: `wait` blocks a prepare, which the
-# controller ends by retiring and redispatching the blocker; `replay` does not block, is exported as the step
-# still to do, and runs again for the continued attempt.
-SLOW_SCENARIOS: dict[str, dict[str, tuple[Step, ...]]] = {
+# The slow topology's verification (Gym's scenarios 9 and 10), per verify mode: `wait` blocks a prepare, which
+# the controller either ends by retiring and redispatching the blocker, or waits out while the verification
+# finishes during it; `replay` does not block, is exported as the step still to do, and runs again.
+SLOW_SCENARIOS: dict[str, dict[str, Scenario]] = {
     "wait": {
-        "verification_in_flight__blocks_prepare_then_redispatched": steps(
-            "dispatch", ("release_to_verification", FIRST), "prepare_blocked"
+        "verification_in_flight__blocks_prepare_then_redispatched": Scenario(
+            steps("dispatch", ("release_to_verification", FIRST), "prepare_blocked"),
+            calls={"r0": (0, 1, 2), "r0-a1": (0, 1, 2)},
         ),
-        "blocker_redispatched__checkpointed_and_restored_with_the_rest": steps(
-            "dispatch",
-            ("release_to_verification", FIRST),
-            "dispatch",
-            "prepare_blocked",
-            CHECKPOINT,
-            ("recover", FIRST),
+        "blocker_redispatched__checkpointed_and_restored_with_the_rest": Scenario(
+            steps(
+                "dispatch",
+                ("release_to_verification", FIRST),
+                "dispatch",
+                "prepare_blocked",
+                CHECKPOINT,
+                ("recover", FIRST),
+            )
+        ),
+        # Gym's scenario 10, without a crash: the episode finishes during the prepare and replies at the resume,
+        # its verification run once.
+        "finished_during_prepare__replies_at_resume": Scenario(
+            steps("dispatch", ("release_to_verification", FIRST), "prepare_waiting", "commit", "resume"),
+            calls={"r0": (0, 1, 2)},
+        ),
+        # ... and with a crash: the continuation replies with no call at all (verification never runs again).
+        "finished_during_prepare__neither_lost_nor_redone": Scenario(
+            steps(
+                "dispatch",
+                ("release_to_verification", FIRST),
+                "prepare_waiting",
+                "commit",
+                ("recover", FIRST),
+                ("start_replacement", FIRST),
+            ),
+            calls={"r0": (0, 1, 2)},
         ),
     },
     "replay": {
-        "verification_in_flight__exported_and_run_again": steps(
-            "dispatch",
-            ("release_to_verification", FIRST),
-            CHECKPOINT,
-            ("recover", FIRST),
-            ("start_replacement", FIRST),
+        "verification_in_flight__exported_and_run_again": Scenario(
+            steps(
+                "dispatch",
+                ("release_to_verification", FIRST),
+                CHECKPOINT,
+                ("recover", FIRST),
+                ("start_replacement", FIRST),
+            ),
+            calls={"r0": (0, 1, 2), "r0-a1": (2,)},
         ),
     },
 }
@@ -101,10 +208,19 @@ FAULT_SCENARIOS: dict[str, str] = {
     "resumed_id_not_fenced": "resumed_id__is_refused",
     "resume_deletes_records": "checkpoint_without_crash__parks_then_resumes",
     "environment_verify_never_waits": "verification_in_flight__blocks_prepare_then_redispatched",
+    "agent_export_drops_unstarted": "checkpoint_at_first_call__restored_from_the_start",
+    "agent_forgets_resumed_ids": "resumed_id__is_refused",
+    "resources_restore_skips_fence": "late_calls_of_an_older_controller__are_refused",
+    "resources_retire_keeps_sessions": "retired_episode__stops_everywhere",
+    "environment_admits_while_closed": "run_while_open__is_refused",
+    "lease_never_expires": "quiet_controller__lease_lapses_and_admission_reopens",
+    "retried_commit_conflicts": "retried_calls__return_their_first_result",
+    "agent_stays_closed_after_commit": "checkpoint_without_crash__parks_then_resumes",
+    "environment_drops_finished_during_prepare": "finished_during_prepare__neither_lost_nor_redone",
 }
 
 
-def named(name: str) -> tuple[Step, ...]:
+def named(name: str) -> Scenario:
     """A scenario by name, from any topology's list."""
     for scenarios in (SCENARIOS, *SLOW_SCENARIOS.values()):
         if name in scenarios:
@@ -112,11 +228,32 @@ def named(name: str) -> tuple[Step, ...]:
     raise KeyError(f"no scenario {name!r}")
 
 
-def run(harness: Harness, scenario: Sequence[Step]) -> None:
-    """Run the rules in order on a fresh machine, then drain and check the end, as a random run would."""
+def run(harness: Harness, scenario: Scenario | Sequence[Step]) -> None:
+    """Run the rules in order on a fresh machine, each only if enabled, then drain, check the end and the facts."""
+    if not isinstance(scenario, Scenario):
+        scenario = Scenario(tuple(scenario))
     machine = machine_for(harness)()
     try:
-        for rule, arguments in scenario:
+        for index, (rule, arguments) in enumerate(scenario.steps, start=1):
+            check_enabled(machine, rule, arguments, index)
             getattr(machine, rule)(**arguments)
     finally:
         machine.teardown()
+    if scenario.calls is not None:
+        check_calls(scenario.calls, machine.model.script, machine.observe().calls)
+
+
+def check_enabled(machine: CheckpointMachine, rule: str, arguments: Mapping[str, Any], index: int) -> None:
+    """Raise `StepNotEnabled` unless every precondition of `rule` holds now, as Hypothesis would require."""
+    declared = getattr(getattr(type(machine), rule, None), "hypothesis_stateful_rule", None)
+    if declared is None:
+        raise StepNotEnabled(step=f"{rule}({arguments})", index=index, rule=f"{rule} (no such rule)")
+    if not all(precondition(machine) for precondition in declared.preconditions):
+        raise StepNotEnabled(step=f"{rule}({dict(arguments)})", index=index, rule=rule)
+
+
+def check_calls(facts: Facts, script: tuple[ScriptCall, ...], observed: Mapping[str, tuple[ScriptCall, ...]]) -> None:
+    """The backend saw exactly the pinned calls per capture key (by script position), and no other key."""
+    expected = {key: tuple(script[i] for i in positions) for key, positions in facts.items() if positions}
+    if dict(observed) != expected:
+        raise ScenarioFactMismatch(f"backend calls per attempt: expected {expected}, observed {dict(observed)}")

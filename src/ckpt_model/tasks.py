@@ -48,6 +48,26 @@ def legacy_run_body(rollout_id: str, attempt: int) -> dict[str, Any]:
     }
 
 
+# The backend's script, pinned by the checker at the start of every example: the policy's one tool call.
+WEATHER_SCRIPT: tuple[dict[str, Any], ...] = ({"name": "get_weather", "arguments": {"city": "SF"}},)
+
+
+def task_tools(topology: str) -> tuple[str, ...]:
+    """Names of the tools the dispatched task offers the policy (both weather tasks offer `get_weather`)."""
+    del topology  # native, legacy and slow rows all carry the one weather tool
+    return (WEATHER_TOOL["name"],)
+
+
+def expected_reward(tools: tuple[str, ...], script: tuple[dict[str, Any], ...]) -> float:
+    """The reward an uninterrupted weather episode earns, computed by the checker, not read from the system.
+
+    Gym's weather verifier rewards a response that calls `get_weather`; the policy makes exactly the scripted
+    tool calls, and the agent runs those the task offers. So the reward is 1.0 exactly when the script calls
+    `get_weather` and the task offers it."""
+    offered = {call["name"] for call in script} & set(tools)
+    return 1.0 if "get_weather" in offered else 0.0
+
+
 # Model calls an uninterrupted weather episode makes, as message counts per call.
 NATIVE_CALL_MESSAGES: tuple[int, ...] = (2, 4)
 LEGACY_CALL_MESSAGES: tuple[int, ...] = (1, 3)

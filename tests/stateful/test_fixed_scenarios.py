@@ -1,5 +1,5 @@
-"""Fixed scenarios through the machine's own rules: the fault-free stack keeps the contract in each, and every
-planted fault is caught by the property the catalogue names."""
+"""Fixed scenarios through the machine's own rules: the fault-free stack keeps the contract in each (and shows
+Gym's facts for it), and every planted fault is caught by the property the catalogue names."""
 
 from __future__ import annotations
 
@@ -9,9 +9,18 @@ import pytest
 
 from ckpt_model import properties, regression
 from ckpt_model.deployment import Harness
-from ckpt_model.errors import PropertyViolation
+from ckpt_model.errors import PropertyViolation, StepNotEnabled
 from ckpt_model.faultsearch import harness_for
-from ckpt_model.scenarios import FAULT_SCENARIOS, SCENARIOS, SLOW_SCENARIOS, named, run
+from ckpt_model.scenarios import (
+    FAULT_SCENARIOS,
+    SCENARIOS,
+    SLOW_SCENARIOS,
+    Scenario,
+    ScenarioFactMismatch,
+    named,
+    run,
+    steps,
+)
 from fakes.faults import BY_NAME, CATALOGUE
 
 
@@ -85,7 +94,19 @@ def test_a_failure_writes_a_regression_file_that_replays_it(faulty_harnesses: di
     assert f"python -m ckpt_model.regression {path}" in "\n".join(caught.value.__notes__)
 
     document = regression.load(path)
-    assert [tuple(step) for step in document["steps"]] == list(scenario)
+    assert [tuple(step) for step in document["steps"]] == list(scenario.steps)
     assert (document["topology"], document["faults"], document["failure"]["property"]) == ("native", [fault], "P9")
     with pytest.raises(properties.P9Violation):
         regression.replay(document)
+
+
+def test_a_step_that_is_not_enabled_is_a_harness_error(native_harness: Harness) -> None:
+    """A scenario that drifts from its preconditions cannot pass silently: `commit` needs a prepared checkpoint."""
+    with pytest.raises(StepNotEnabled, match=r"step 2 \(commit"):
+        run(native_harness, steps("dispatch", "commit"))
+
+
+def test_a_scenario_whose_facts_do_not_hold_fails(native_harness: Harness) -> None:
+    """The facts are checked, not decoration: the same steps pinned to a call the backend never saw fail."""
+    with pytest.raises(ScenarioFactMismatch, match="backend calls per attempt"):
+        run(native_harness, Scenario(steps("dispatch"), calls={"r0": (0, 0, 1)}))

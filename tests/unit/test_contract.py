@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from ckpt_model.contract import VERIFY, Model, expect
@@ -183,3 +184,254 @@ def test_release_to_verification_candidates_exclude_rollouts_already_verifying()
     model = model.release("r1").release("r1")
     assert model.before_verification() == ["r0"]
     assert native().dispatch()[0].before_verification() == [], "no verification step outside the slow topology"
+
+
+# -- retire marks, forget and restores of an earlier checkpoint -----------------------------------------------------
+
+
+def committed_then_crashed() -> Model:
+    """r0 exported in c1 (attempt 0), c1 resumed, then every process crashed: r0's attempt 0 is dead."""
+    model, _ = native().dispatch()
+    model, _ = model.prepare()
+    model, _ = model.commit()
+    return model.resume().crash()
+
+
+def test_a_mark_on_the_continued_attempt_covers_a_restore_of_the_checkpoint_again() -> None:
+    model, _ = committed_then_crashed().restore("c1")
+    model = model.start_replacement("r0").crash()
+    model = model.retire("r0")
+    assert model.retired_marks == (("r0", 1),)
+    assert model.can_restore()
+    assert model.marks_covering("c1") == ["r0"], "restoring c1 again continues r0-a1, which the mark refuses"
+    assert model.forget(("r0",)).marks_covering("c1") == []
+
+
+def test_a_lower_mark_does_not_cover_the_continued_attempt() -> None:
+    model = committed_then_crashed().retire("r0")
+    assert model.retired_marks == (("r0", 0),)
+    assert model.marks_covering("c1") == [], "c1 continues r0 as attempt 1, above the mark"
+
+
+def test_marks_cover_only_exported_attempts_of_the_checkpoint() -> None:
+    model, _ = native().dispatch()
+    model, _ = model.dispatch()
+    model = model.release("r1").release("r1")
+    model, _ = model.prepare()
+    model, checkpoint = model.commit()
+    assert checkpoint.exported == ("r0",)
+    model = model.resume().crash()
+    model = attrs.evolve(model, retired_marks=(("r0", 0), ("r1", 5)))
+    assert model.marks_covering("c1") == [], "r1 replied before c1, so a restore continues nothing of it"
+    with pytest.raises(KeyError, match="c9"):
+        model.marks_covering("c9")
+
+
+def test_a_crash_clears_every_mark_so_none_covers_a_restore() -> None:
+    model, _ = committed_then_crashed().restore("c1")
+    model = model.start_replacement("r0").retire("r0")
+    assert model.marks_covering("c1") == ["r0"]
+    assert model.crash().marks_covering("c1") == []
+
+
+def test_forget_of_some_rollouts_keeps_the_other_marks() -> None:
+    model, _ = native().dispatch()
+    model, _ = model.dispatch()
+    model, _ = model.dispatch()
+    model = model.retire("r0").retire("r1").retire("r2")
+    assert model.retired_marks == (("r0", 0), ("r1", 0), ("r2", 0))
+    assert model.forget(("r1",)).retired_marks == (("r0", 0), ("r2", 0))
+    assert model.forget(("r0", "r2", "r9")).retired_marks == (("r1", 0),)
+    assert model.forget(()).retired_marks == model.retired_marks
+    assert model.forget().retired_marks == ()
+    assert expect(model.forget(("r1",))).retired_rollouts == 2
+    assert model.forget(("r1",)).marked_rollouts() == ("r0", "r2")
+
+
+def test_a_retire_mark_keeps_the_highest_attempt_retired() -> None:
+    model, _ = native().dispatch()
+    model = model.retire("r0")
+    model = model.start_over("r0").retire("r0")
+    assert model.retired_marks == (("r0", 1),), "a later attempt raises the mark"
+    higher = attrs.evolve(model.start_over("r0"), retired_marks=(("r0", 5),))
+    assert higher.retire("r0").retired_marks == (("r0", 5),), "retiring attempt 2 keeps the mark at 5"
+    assert expect(higher.retire("r0")).retired_rollouts == 1
+
+
+# -- what each participant writes at a commit -------------------------------------------------------------------
+
+
+def test_native_exports_the_environment_writes_the_scope_and_the_agent_its_sessions() -> None:
+    model, _ = native().dispatch()
+    model, _ = model.dispatch()
+    model, _ = model.dispatch()
+    model = model.release("r2").release("r2")  # r2 replied: out of the scope
+    model, _ = model.prepare()
+    assert model.exports("environment") == ("r0", "r1")
+    assert model.exports("agent") == ("r0", "r1")
+    assert model.exports("model") == ()
+    assert model.exports("resources") == ()
+
+
+def test_legacy_exports_the_agent_owns_the_episodes_and_the_environment_writes_nothing() -> None:
+    model, _ = Model(topology="legacy").dispatch()
+    model, _ = model.dispatch()
+    model = model.retire("r1")
+    model, _ = model.prepare()
+    assert model.episode_owner == "agent"
+    assert model.exports("agent") == ("r0",)
+    assert model.exports("environment") == ()
+    assert (model.exports("model"), model.exports("resources")) == ((), ())
+
+
+def test_slow_exports_the_agent_writes_no_session_for_an_attempt_in_verification() -> None:
+    model = verifying("replay")
+    model, _ = model.dispatch()
+    model, _ = model.prepare()
+    assert model.exports("environment") == ("r0", "r1")
+    assert model.exports("agent") == ("r1",), "r0 is verifying: the agent closed its session"
+    assert (model.exports("model"), model.exports("resources")) == ((), ())
+
+
+def test_exports_include_restored_pending_attempts() -> None:
+    model, _ = committed_then_crashed().restore("c1")
+    model, _ = model.prepare()
+    assert model.exports("environment") == ("r0-a1",)
+    assert model.exports("agent") == ("r0-a1",), "it continues before verification, so the agent needs it"
+
+
+# -- a prepare that waited for a verification, a lapsed lease, a refused dispatch -------------------------------
+
+
+def test_a_prepare_that_waited_finishes_the_verification_at_its_return_boundary() -> None:
+    model, checkpoint_id = verifying("wait").prepare_waited()
+    attempt = model.current()["r0"]
+    expected = expect(model)
+    assert checkpoint_id == "c1"
+    assert (model.phase, model.open_checkpoint) == ("prepared", "c1")
+    assert (attempt.status, attempt.at_return, attempt.verifying) == ("running", True, False)
+    assert expected.calls == {"r0": (2, 4, VERIFY)}, "the judge call is not made again"
+    assert (expected.waiting, expected.held, expected.inflight) == (frozenset(), 0, 0)
+    assert (expected.episodes, expected.resources_sessions, expected.accepting) == (1, 0, False)
+    model, checkpoint = model.commit()
+    assert checkpoint.exported == ("r0",), "an episode waiting at its return boundary is exported"
+    resumed = model.resume()
+    assert resumed.current()["r0"].status == "replied", "it replies at the resume"
+    assert expect(resumed).calls == {"r0": (2, 4, VERIFY)}
+
+
+def test_a_replacement_restored_at_its_return_boundary_replies_without_a_call() -> None:
+    model, _ = verifying("wait").prepare_waited()
+    model, _ = model.commit()
+    model, _ = model.crash().restore("c1")
+    continued = model.current()["r0"]
+    assert (continued.key, continued.start_call, continued.finished_script) == ("r0-a1", 3, True)
+    assert not continued.needs_agent
+    model = model.start_replacement("r0")
+    assert model.current()["r0"].status == "replied"
+    assert expect(model).calls == {"r0": (2, 4, VERIFY)}, "no call of r0-a1"
+    assert model.restored_pending_reported == ()
+
+
+def test_a_prepare_that_waited_leaves_policy_calls_alone() -> None:
+    model, _ = Model(topology="slow").dispatch()
+    model = model.release("r0")
+    model, _ = model.prepare_waited()
+    assert model.current()["r0"] == Model(topology="slow").dispatch()[0].release("r0").current()["r0"]
+    assert expect(model).waiting == {"r0"}
+
+
+def test_an_attempt_at_its_return_boundary_holds_no_agent_session() -> None:
+    model, _ = verifying("wait").prepare_waited()
+    assert expect(model).sessions == 0
+    assert model.exports("agent") == ()
+
+
+def test_a_lapsed_lease_re_opens_and_remembers_the_id_as_resumed() -> None:
+    model, _ = native().dispatch()
+    model, checkpoint_id = model.lease_expired()
+    assert checkpoint_id == "c1"
+    assert (model.phase, model.open_checkpoint, model.resumed) == ("idle", None, ("c1",))
+    assert model.committed == ()
+    assert expect(model).accepting
+    assert model.prepare()[1] == "c2"
+
+
+def test_a_refused_dispatch_uses_up_its_name_and_changes_nothing_else() -> None:
+    model, _ = native().dispatch()
+    model, _ = model.prepare()
+    refused, rollout = model.refused_dispatch()
+    assert rollout == "r1"
+    assert refused == attrs.evolve(model, rollout_seq=2)
+    assert expect(refused) == expect(model)
+    later, name = refused.resume().dispatch()
+    assert name == "r2"
+    assert "r1" not in later.current()
+
+
+# -- expect(): resources sessions and admission ---------------------------------------------------------------------
+
+
+def test_every_fresh_running_attempt_holds_a_resources_session() -> None:
+    model, _ = native().dispatch()
+    model, _ = model.dispatch()
+    assert expect(model).resources_sessions == 2
+    model = model.release("r1")
+    assert expect(model).resources_sessions == 2
+    model = model.release("r1").retire("r0")
+    assert expect(model).resources_sessions == 0, "replied and retired attempts hold none"
+    slow = verifying("wait")
+    assert expect(slow).resources_sessions == 1, "a fresh attempt keeps its session through verification"
+
+
+def test_a_native_continuation_from_call_0_binds_a_session_with_its_tool_round() -> None:
+    model, _ = committed_then_crashed().restore("c1")
+    assert expect(model).resources_sessions == 0, "pending: not running"
+    model = model.start_replacement("r0")
+    assert expect(model).resources_sessions == 0, "its first policy call has not returned"
+    model = model.release("r0")
+    assert model.current()["r0"].status == "running"
+    assert expect(model).resources_sessions == 1, "the tool round seeds the resources session again"
+
+
+def test_a_native_continuation_after_its_tool_round_holds_no_session() -> None:
+    model, _ = native().dispatch()
+    model = model.release("r0")
+    model, _ = model.prepare()
+    model, _ = model.commit()
+    model, _ = model.crash().restore("c1")
+    model = model.start_replacement("r0")
+    assert model.current()["r0"].start_call == 1
+    assert expect(model).resources_sessions == 0
+
+
+def test_a_replayed_verification_binds_a_session_again() -> None:
+    model, _ = verifying("replay").prepare()
+    model, _ = model.commit()
+    model, _ = model.crash().restore("c1")
+    model = model.start_replacement("r0")
+    assert model.current()["r0"].verifying
+    assert expect(model).resources_sessions == 1
+
+
+def test_a_legacy_continuation_holds_no_resources_session() -> None:
+    model, _ = Model(topology="legacy").dispatch()
+    model = model.release("r0")
+    model, _ = model.prepare()
+    model, _ = model.commit()
+    model, _ = model.crash().restore("c1")
+    model = model.start_replacement("r0")
+    assert expect(model).resources_sessions == 0
+    fresh = Model(topology="legacy").dispatch()[0]
+    assert expect(fresh).resources_sessions == 1
+
+
+def test_admission_is_closed_while_a_checkpoint_is_open() -> None:
+    model, _ = native().dispatch()
+    assert expect(model).accepting
+    model, _ = model.prepare()
+    assert not expect(model).accepting
+    model, _ = model.commit()
+    assert not expect(model).accepting, "committed is still open until the resume"
+    assert expect(model.resume()).accepting
+    assert expect(model.crash()).accepting

@@ -1,11 +1,46 @@
-"""The property checks on plain values: which violation a difference in backend calls is."""
+"""The property checks on plain, hand-built values: each passes on a good value and raises its own violation type
+on every way a value can be bad, naming the rollout or participant it is about."""
 
 from __future__ import annotations
 
+from typing import Any, Literal
+
+import attrs
 import pytest
 
-from ckpt_model.contract import VERIFY
-from ckpt_model.properties import P4Violation, P11Violation, p4_calls
+from ckpt_model.contract import VERIFY, Expectation, Model, expect
+from ckpt_model.errors import CoordinationError, ParticipantFailure
+from ckpt_model.history import Event, EventType, History
+from ckpt_model.properties import (
+    P1Violation,
+    P2Violation,
+    P3Violation,
+    P4Violation,
+    P7Violation,
+    P9Violation,
+    P10Violation,
+    P11Violation,
+    P13Violation,
+    p1_exports_exact,
+    p1_replied_or_exported,
+    p2_held_responses,
+    p2_no_reply_while_prepared,
+    p3_reply_complete,
+    p4_calls,
+    p7_refused,
+    p9_unchanged,
+    p9_verifies,
+    p10_admission_refused,
+    p10_each_refused,
+    p10_each_replied,
+    p10_phase,
+    p10_refused,
+    p13_clean_end,
+    status_mismatches,
+)
+from ckpt_model.storage import CheckpointUnreadable, Fingerprint
+
+# -- P4 and P11: backend calls (kept from the first version of this file) ----------------------------------------
 
 
 def test_calls_not_yet_made_are_pending_not_a_violation() -> None:
@@ -25,3 +60,573 @@ def test_a_verification_run_again_is_p11() -> None:
 def test_a_verification_skipped_for_a_policy_call_is_p11() -> None:
     with pytest.raises(P11Violation):
         p4_calls({"r0-a1": (VERIFY,)}, {"r0-a1": (4,)})
+
+
+def test_p4_calls_exactly_as_expected_leave_nothing_missing() -> None:
+    calls = {"r0": (2, 4, VERIFY), "r1": (2,)}
+    assert p4_calls(calls, dict(calls)) == []
+
+
+def test_p4_keys_with_no_call_yet_are_returned_missing_in_order() -> None:
+    assert p4_calls({"r1": (2,), "r0": (2, 4)}, {}) == ["r0", "r1"]
+
+
+def test_p4_a_wrong_policy_call_names_the_attempt() -> None:
+    with pytest.raises(P4Violation, match=r"rollout r0-a1") as caught:
+        p4_calls({"r0-a1": (4,)}, {"r0-a1": (2,)})
+    assert type(caught.value) is P4Violation
+    assert caught.value.rollout == "r0-a1"
+
+
+def test_p4_an_extra_call_after_the_script_is_p4() -> None:
+    with pytest.raises(P4Violation, match=r"rollout r0\)") as caught:
+        p4_calls({"r0": (2, 4)}, {"r0": (2, 4, 4)})
+    assert type(caught.value) is P4Violation
+
+
+def test_p4_calls_of_an_attempt_the_model_never_started_are_p4() -> None:
+    with pytest.raises(P4Violation, match=r"rollout r9") as caught:
+        p4_calls({"r0": (2,)}, {"r0": (2,), "r9": (2,)})
+    assert type(caught.value) is P4Violation
+
+
+def test_p11_a_judge_call_made_after_the_script_is_p11() -> None:
+    with pytest.raises(P11Violation, match=r"rollout r0-a1") as caught:
+        p4_calls({"r0-a1": (4,)}, {"r0-a1": (4, VERIFY)})
+    assert type(caught.value) is P11Violation
+
+
+def test_p11_a_policy_call_in_place_of_the_judge_call_is_p11() -> None:
+    with pytest.raises(P11Violation, match=r"rollout r0"):
+        p4_calls({"r0": (2, 4, VERIFY)}, {"r0": (2, 4, 4)})
+
+
+# -- P1 -----------------------------------------------------------------------------------------------------------
+
+
+def test_p1_exports_exact_passes_when_reply_and_disk_name_the_expected_keys() -> None:
+    p1_exports_exact("c1", "env", ["r1", "r0"], ["r0", "r1"], ("r1", "r0"))
+    p1_exports_exact("c1", "policy", [], [], [])
+
+
+def test_p1_exports_exact_a_key_missing_from_the_reply_is_lost() -> None:
+    with pytest.raises(P1Violation, match=r"\(rollout r1\)") as caught:
+        p1_exports_exact("c1", "env", ["r0", "r1"], ["r0"], ["r0", "r1"])
+    assert type(caught.value) is P1Violation
+    assert "env writes exactly ['r0', 'r1'] in c1" in str(caught.value)
+    assert "commit reply names ['r0']; lost ['r1']" in str(caught.value)
+
+
+def test_p1_exports_exact_an_extra_key_on_disk_is_not_continued() -> None:
+    with pytest.raises(P1Violation, match=r"\(rollout r2\)") as caught:
+        p1_exports_exact("c1", "agent", ["r0"], ["r0"], ["r0", "r2"])
+    assert "records on disk names ['r0', 'r2']; not continued ['r2']" in str(caught.value)
+    assert "agent writes exactly" in str(caught.value)
+
+
+def test_p1_exports_exact_a_key_written_twice_is_a_violation_without_a_rollout() -> None:
+    with pytest.raises(P1Violation, match=r"names \['r0', 'r0'\]") as caught:
+        p1_exports_exact("c1", "env", ["r0"], ["r0", "r0"], ["r0"])
+    assert caught.value.rollout is None
+
+
+def test_p1_replied_or_exported_passes_when_every_continued_attempt_is_exported() -> None:
+    p1_replied_or_exported("c1", ["r0", "r1-a1"], ["r2"], ["r1-a1", "r0"], "environment")
+
+
+def test_p1_replied_or_exported_a_continued_attempt_not_exported_is_lost() -> None:
+    with pytest.raises(P1Violation, match=r"\(rollout r1\)") as caught:
+        p1_replied_or_exported("c1", ["r0", "r1"], [], ["r0"], "environment")
+    assert type(caught.value) is P1Violation
+    assert "environment exported ['r0']: ['r1'] neither replied nor exported" in str(caught.value)
+
+
+def test_p1_replied_or_exported_an_attempt_that_replied_and_is_exported_is_both() -> None:
+    with pytest.raises(P1Violation, match=r"\(rollout r2\)") as caught:
+        p1_replied_or_exported("c1", ["r0"], ["r2"], ["r0", "r2"], "agent")
+    assert "agent exported ['r2'], which already replied" in str(caught.value)
+    assert "replied before c1" in str(caught.value)
+
+
+# -- P2 -----------------------------------------------------------------------------------------------------------
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def timed(*steps: tuple[float, str, str, EventType | Literal["note"]]) -> History:
+    """A history of (time, process, f, type) steps; a `run` completion pairs with that process's last invoke."""
+    clock = FakeClock()
+    history = History(clock=clock)
+    open_runs: dict[str, Event] = {}
+    for time_s, process, f, type_ in steps:
+        clock.now_s = time_s
+        if type_ == "note":
+            history.note(process, f)
+        elif type_ == "invoke":
+            open_runs[process] = history.invoke(process, f)
+        else:
+            history.complete(open_runs.pop(process), type_, {"result": {"reward": 1.0}})
+    return history
+
+
+def test_p2_replies_outside_every_prepared_interval_pass() -> None:
+    history = timed(
+        (0.0, "r0", "run", "invoke"),
+        (1.0, "r0", "run", "ok"),
+        (2.0, "controller", "prepared", "note"),
+        (3.0, "r1", "run", "invoke"),
+        (3.5, "r1", "run", "fail"),  # a refused /run is not a reply
+        (4.0, "controller", "resume", "invoke"),
+        (5.0, "r2", "run", "invoke"),
+        (6.0, "r2", "run", "ok"),
+    )
+    p2_no_reply_while_prepared(history)
+
+
+def test_p2_no_prepared_interval_passes_whatever_replied() -> None:
+    p2_no_reply_while_prepared(timed((0.0, "r0", "run", "invoke"), (1.0, "r0", "run", "ok")))
+
+
+def test_p2_a_reply_at_an_interval_end_is_outside_it() -> None:
+    history = timed(
+        (0.0, "r0", "run", "invoke"),
+        (1.0, "controller", "prepared", "note"),
+        (1.0, "r0", "run", "ok"),
+        (2.0, "r1", "run", "invoke"),
+        (3.0, "controller", "crash", "invoke"),
+        (3.0, "r1", "run", "ok"),
+    )
+    p2_no_reply_while_prepared(history)
+
+
+def test_p2_a_reply_while_prepared_names_the_attempt_and_its_event() -> None:
+    history = timed(
+        (0.0, "r0-a1", "run", "invoke"),
+        (1.0, "controller", "prepared", "note"),
+        (1.5, "r0-a1", "run", "ok"),
+        (2.0, "controller", "resume", "invoke"),
+    )
+    with pytest.raises(P2Violation, match=r"\(rollout r0-a1\)") as caught:
+        p2_no_reply_while_prepared(history)
+    assert type(caught.value) is P2Violation
+    assert caught.value.history_indices == (2,)
+    assert "replied at 1.500s" in str(caught.value)
+
+
+def test_p2_a_reply_in_a_later_or_still_open_interval_is_caught() -> None:
+    later = timed(
+        (0.0, "controller", "prepared", "note"),
+        (1.0, "controller", "crash", "invoke"),
+        (2.0, "r1", "run", "invoke"),
+        (3.0, "controller", "prepared", "note"),
+        (4.0, "controller", "resume", "invoke"),
+        (5.0, "controller", "prepared", "note"),
+        (9.0, "r1", "run", "ok"),
+    )
+    with pytest.raises(P2Violation, match=r"\(rollout r1\)"):
+        p2_no_reply_while_prepared(later)
+
+
+def test_p2_held_responses_as_expected_pass() -> None:
+    p2_held_responses("c1", 2, 2)
+
+
+@pytest.mark.parametrize("observed", [1, 3, None])
+def test_p2_held_responses_that_differ_are_p2(observed: Any) -> None:
+    with pytest.raises(P2Violation, match=rf"while c1 is open[\s\S]*it holds {observed}") as caught:
+        p2_held_responses("c1", 2, observed)
+    assert type(caught.value) is P2Violation
+
+
+# -- P3 -----------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("body", [{"result": {"reward": 1.0}}, {"reward": 1.0}, {"reward": 1}])
+def test_p3_a_200_with_the_full_reward_passes(body: Any) -> None:
+    p3_reply_complete("r0-a1", 200, body, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("status_code", "body"),
+    [
+        (200, {"result": {"reward": 0.0}}),
+        (200, {"reward": 0.5}),
+        (500, {"result": {"reward": 1.0}}),
+        (None, None),
+        (200, {"result": None}),
+        (200, ["reward", 1.0]),
+    ],
+)
+def test_p3_a_wrong_status_or_reward_names_the_attempt(status_code: int | None, body: Any) -> None:
+    with pytest.raises(P3Violation, match=r"\(rollout r0-a1\)") as caught:
+        p3_reply_complete("r0-a1", status_code, body, 1.0)
+    assert type(caught.value) is P3Violation
+    assert f"HTTP {status_code}" in str(caught.value)
+
+
+def test_p3_a_long_body_is_shortened() -> None:
+    with pytest.raises(P3Violation) as caught:
+        p3_reply_complete("r0", 500, "x" * 1000, 1.0)
+    assert "x" * 300 + "..." in str(caught.value)
+    assert "x" * 301 not in str(caught.value)
+
+
+# -- P7 and P10 admission: refusals of a /run ---------------------------------------------------------------------
+
+
+def refusal(code: str) -> dict[str, Any]:
+    return {"error": {"code": code, "detail": "refused"}}
+
+
+def test_p7_a_409_stale_attempt_passes() -> None:
+    p7_refused("r0", 409, refusal("stale_attempt"))
+
+
+@pytest.mark.parametrize(
+    ("status_code", "body"),
+    [
+        (200, {"result": {"reward": 1.0}}),
+        (409, refusal("admission_closed")),
+        (400, refusal("stale_attempt")),
+        (409, {"detail": "no envelope"}),
+        (None, None),
+    ],
+)
+def test_p7_anything_else_names_the_attempt(status_code: int | None, body: Any) -> None:
+    with pytest.raises(P7Violation, match=r"\(rollout r0-a2\)") as caught:
+        p7_refused("r0-a2", status_code, body)
+    assert type(caught.value) is P7Violation
+
+
+@pytest.mark.parametrize("error", ["stale_attempt", None])
+def test_p7_an_error_that_is_not_an_object_is_p7(error: Any) -> None:
+    with pytest.raises(P7Violation):
+        p7_refused("r0", 409, {"error": error})
+
+
+def test_p10_admission_a_409_admission_closed_passes() -> None:
+    p10_admission_refused("r3", 409, refusal("admission_closed"))
+
+
+@pytest.mark.parametrize(
+    ("status_code", "body"),
+    [(200, {"result": {"reward": 1.0}}), (409, refusal("stale_attempt")), (503, refusal("admission_closed"))],
+)
+def test_p10_admission_anything_else_names_the_rollout(status_code: int, body: Any) -> None:
+    with pytest.raises(P10Violation, match=r"\(rollout r3\)") as caught:
+        p10_admission_refused("r3", status_code, body)
+    assert type(caught.value) is P10Violation
+    assert f"HTTP {status_code}" in str(caught.value)
+
+
+def test_p10_admission_an_error_that_is_not_an_object_is_p10() -> None:
+    with pytest.raises(P10Violation):
+        p10_admission_refused("r3", 409, {"error": "admission_closed"})
+
+
+# -- P9 -----------------------------------------------------------------------------------------------------------
+
+
+def fingerprint(records_sha256: str = "b" * 64, episode_ids: tuple[str, ...] = ("r0",)) -> Fingerprint:
+    return Fingerprint(
+        manifest_sha256="a" * 64,
+        records_file="records.jsonl",
+        records_sha256=records_sha256,
+        record_count=len(episode_ids),
+        episode_ids=episode_ids,
+    )
+
+
+def test_p9_verifies_passes_when_every_directory_reads() -> None:
+    p9_verifies("c1", {"env": fingerprint(), "agent": fingerprint()})
+    p9_verifies("c1", {})
+
+
+def test_p9_verifies_an_unreadable_directory_names_it() -> None:
+    read = {"agent": fingerprint(), "env": CheckpointUnreadable("records digest mismatch")}
+    with pytest.raises(P9Violation, match=r"c1/env verifies[\s\S]*records digest mismatch") as caught:
+        p9_verifies("c1", read)
+    assert type(caught.value) is P9Violation
+
+
+def test_p9_unchanged_passes_on_an_equal_fingerprint() -> None:
+    p9_unchanged("c1", {"env": fingerprint()}, {"env": fingerprint(), "extra": object()})
+
+
+def test_p9_unchanged_an_unreadable_directory_is_p9() -> None:
+    with pytest.raises(P9Violation, match=r"c1/env verifies[\s\S]*manifest missing") as caught:
+        p9_unchanged("c1", {"env": fingerprint()}, {"env": CheckpointUnreadable("manifest missing")})
+    assert type(caught.value) is P9Violation
+
+
+def test_p9_unchanged_a_directory_that_changed_but_still_verifies_is_p9() -> None:
+    changed = fingerprint(records_sha256="c" * 64, episode_ids=("r0", "r1"))
+    with pytest.raises(P9Violation, match=r"c1/agent unchanged since its commit") as caught:
+        p9_unchanged("c1", {"agent": fingerprint()}, {"agent": changed})
+    assert "c" * 64 in str(caught.value)
+
+
+def test_p9_unchanged_a_directory_gone_from_the_read_is_p9() -> None:
+    with pytest.raises(P9Violation, match=r"c1/env unchanged[\s\S]*observed: None"):
+        p9_unchanged("c1", {"env": fingerprint()}, {})
+
+
+# -- P10: control calls -------------------------------------------------------------------------------------------
+
+
+def failure(name: str, code: str | None, http_status: int | None = 409) -> ParticipantFailure:
+    return ParticipantFailure(participant=name, http_status=http_status, code=code, detail="refused")
+
+
+def test_p10_each_refused_passes_when_every_participant_refused_with_the_code() -> None:
+    outcomes = {name: failure(name, "stale_checkpoint") for name in ("env", "agent", "policy")}
+    p10_each_refused("commit(c1)", "stale_checkpoint", outcomes)
+
+
+def test_p10_each_refused_one_participant_that_accepted_is_named() -> None:
+    outcomes = {"env": failure("env", "stale_checkpoint"), "agent": {"phase": "committed"}}
+    with pytest.raises(P10Violation, match=r"agent: accepted: \{'phase': 'committed'\}") as caught:
+        p10_each_refused("commit(c1)", "stale_checkpoint", outcomes)
+    assert type(caught.value) is P10Violation
+    assert "env" not in str(caught.value.observed)
+
+
+def test_p10_each_refused_one_refused_with_another_code_is_named() -> None:
+    outcomes = {"env": failure("env", "stale_checkpoint"), "policy": failure("policy", "invalid_phase")}
+    with pytest.raises(P10Violation, match=r"policy: HTTP 409 invalid_phase refused"):
+        p10_each_refused("resume(c1)", "stale_checkpoint", outcomes)
+
+
+def test_p10_each_refused_lists_every_wrong_participant_in_order() -> None:
+    outcomes = {"z": failure("z", None, None), "a": {"ok": True}}
+    with pytest.raises(P10Violation) as caught:
+        p10_each_refused("prepare(c1)", "stale_checkpoint", outcomes)
+    assert caught.value.observed == "a: accepted: {'ok': True}; z: refused"
+
+
+def test_p10_each_replied_passes_when_every_reply_is_the_expected_one() -> None:
+    replies = {"env": {"phase": "idle", "idempotent": True}, "agent": {"phase": "idle", "idempotent": True}}
+    p10_each_replied("retry(resume c1)", replies, dict(replies))
+
+
+def test_p10_each_replied_a_different_reply_names_the_participant() -> None:
+    expected = {"agent": {"phase": "committed"}, "env": {"phase": "committed"}}
+    outcomes = {"agent": {"phase": "committed"}, "env": {"phase": "prepared"}}
+    with pytest.raises(P10Violation, match=r"answered by env with[\s\S]*env answered \{'phase': 'prepared'\}") as c:
+        p10_each_replied("retry(commit c1)", expected, outcomes)
+    assert type(c.value) is P10Violation
+    assert "differ too" not in str(c.value)
+
+
+def test_p10_each_replied_a_refusal_is_described_and_the_others_listed() -> None:
+    expected = {"agent": {"phase": "idle"}, "env": {"phase": "idle"}, "policy": {"phase": "idle"}}
+    outcomes = {"agent": failure("agent", "invalid_phase"), "env": {"phase": "idle"}, "policy": None}
+    with pytest.raises(P10Violation, match=r"agent answered HTTP 409 invalid_phase refused \(and \['policy'\]"):
+        p10_each_replied("retry(resume c1)", expected, outcomes)
+
+
+def test_p10_each_replied_a_participant_the_model_expects_nothing_of_differs() -> None:
+    with pytest.raises(P10Violation, match=r"answered by extra with None"):
+        p10_each_replied("retry(resume c1)", {}, {"extra": {"phase": "idle"}})
+
+
+def test_p10_phase_passes_on_the_expected_phase_and_id() -> None:
+    p10_phase("env", ("prepared", "c1"), {"phase": "prepared", "checkpoint_id": "c1", "kind": "environment"})
+    p10_phase("env", ("idle", None), {"phase": "idle", "checkpoint_id": None})
+
+
+@pytest.mark.parametrize(
+    "status",
+    [{"phase": "idle", "checkpoint_id": "c1"}, {"phase": "prepared", "checkpoint_id": "c2"}, {}],
+)
+def test_p10_phase_a_wrong_phase_or_id_names_the_participant(status: dict[str, Any]) -> None:
+    with pytest.raises(P10Violation, match=r"agent in phase \('prepared', 'c1'\)[\s\S]*observed: agent in") as c:
+        p10_phase("agent", ("prepared", "c1"), status)
+    assert type(c.value) is P10Violation
+
+
+def test_p10_refused_passes_when_every_failure_has_the_code() -> None:
+    error = CoordinationError(
+        "prepare", {"env": failure("env", "checkpoint_conflict"), "agent": failure("agent", "checkpoint_conflict")}
+    )
+    p10_refused("prepare(c2)", "checkpoint_conflict", error)
+
+
+def test_p10_refused_a_participant_that_failed_without_any_code_alone_is_p10() -> None:
+    error = CoordinationError("prepare", {"agent": "connection refused"})
+    with pytest.raises(P10Violation, match=r"agent: connection refused"):
+        p10_refused("prepare(c2)", "checkpoint_conflict", error)
+
+
+def test_p10_refused_a_codeless_failure_next_to_a_refusal_is_p10() -> None:
+    error = CoordinationError("prepare", {"env": failure("env", "checkpoint_conflict"), "agent": "timed out"})
+    with pytest.raises(P10Violation):
+        p10_refused("prepare(c2)", "checkpoint_conflict", error)
+
+
+def test_p10_refused_an_accepted_call_is_p10() -> None:
+    with pytest.raises(P10Violation, match=r"prepare\(c2\) refused everywhere[\s\S]*it was accepted") as caught:
+        p10_refused("prepare(c2)", "checkpoint_conflict", None)
+    assert type(caught.value) is P10Violation
+
+
+def test_p10_refused_with_another_or_mixed_codes_is_p10() -> None:
+    other = CoordinationError("commit", {"env": failure("env", "invalid_phase")})
+    with pytest.raises(P10Violation, match=r"env: HTTP 409 invalid_phase"):
+        p10_refused("commit(c1)", "stale_checkpoint", other)
+    mixed = CoordinationError(
+        "commit", {"env": failure("env", "stale_checkpoint"), "agent": failure("agent", "invalid_phase")}
+    )
+    with pytest.raises(P10Violation, match=r"agent: HTTP 409 invalid_phase"):
+        p10_refused("commit(c1)", "stale_checkpoint", mixed)
+
+
+# -- status_mismatches --------------------------------------------------------------------------------------------
+
+
+def expectation(**changes: Any) -> Expectation:
+    base = Expectation(
+        calls={},
+        waiting=frozenset(),
+        phase="idle",
+        checkpoint_id=None,
+        held=0,
+        inflight=0,
+        episodes=0,
+        sessions=0,
+        restored_pending=(),
+        retired_rollouts=0,
+    )
+    return attrs.evolve(base, **changes)
+
+
+def status(kind: str, counts: dict[str, int], **fields: Any) -> dict[str, Any]:
+    return {"kind": kind, "phase": "idle", "report": {"counts": counts}, "retired_rollouts": 0, **fields}
+
+
+def test_status_environment_agrees() -> None:
+    expected = expectation(episodes=2, restored_pending=("r0-a1", "r1-a1"))
+    observed = status("environment", {"episodes": 2}, restored_pending=["r0-a1", "r1-a1"])
+    assert status_mismatches(expected, observed) == []
+
+
+def test_status_environment_episodes_and_restored_pending_differ() -> None:
+    expected = expectation(episodes=2, restored_pending=("r0-a1",))
+    observed = status("environment", {"episodes": 1}, restored_pending=[])
+    assert status_mismatches(expected, observed) == [
+        "counts episodes=1 (expected 2)",
+        "restored_pending=[] (expected ['r0-a1'])",
+    ]
+
+
+def test_status_environment_without_restored_pending_reads_as_none_pending() -> None:
+    assert status_mismatches(expectation(), status("environment", {"episodes": 0})) == []
+    assert status_mismatches(expectation(restored_pending=("r0-a1",)), status("environment", {"episodes": 0})) == [
+        "restored_pending=None (expected ['r0-a1'])"
+    ]
+
+
+def test_status_agent_sessions_and_accepting() -> None:
+    expected = expectation(sessions=1, accepting=False, restored_pending=("r0-a1",))
+    assert status_mismatches(expected, status("agent", {"sessions": 1}, accepting=False)) == []
+    assert status_mismatches(expected, status("agent", {"sessions": 0}, accepting=True)) == [
+        "counts sessions=0 (expected 1)",
+        "accepting=True (expected False)",
+    ]
+
+
+def test_status_accepting_is_compared_only_when_present() -> None:
+    assert status_mismatches(expectation(sessions=1, accepting=False), status("agent", {"sessions": 1})) == []
+    assert status_mismatches(expectation(accepting=False), status("resources", {"sessions": 0})) == []
+    assert status_mismatches(expectation(accepting=False), status("model", {"inflight": 0, "held": 0})) == []
+    assert status_mismatches(expectation(), status("model", {"inflight": 0, "held": 0}, accepting=False)) == [
+        "accepting=False (expected True)"
+    ]
+
+
+def test_status_resources_sessions() -> None:
+    expected = expectation(sessions=5, resources_sessions=2)
+    assert status_mismatches(expected, status("resources", {"sessions": 2})) == []
+    assert status_mismatches(expected, status("resources", {"sessions": 5})) == ["counts sessions=5 (expected 2)"]
+
+
+def test_status_model_inflight_and_held() -> None:
+    expected = expectation(inflight=2, held=1)
+    assert status_mismatches(expected, status("model", {"inflight": 2, "held": 1})) == []
+    assert status_mismatches(expected, status("model", {"inflight": 1})) == [
+        "counts inflight=1 (expected 2)",
+        "counts held=None (expected 1)",
+    ]
+
+
+def test_status_retired_rollouts_are_compared_for_every_kind() -> None:
+    expected = expectation(retired_rollouts=1)
+    for kind, counts in (("environment", {"episodes": 0}), ("agent", {"sessions": 0}), ("resources", {"sessions": 0})):
+        assert status_mismatches(expected, status(kind, counts, retired_rollouts=1)) == []
+        assert status_mismatches(expected, status(kind, counts)) == ["retired_rollouts=0 (expected 1)"]
+
+
+def test_status_of_other_kinds_ignores_their_counts_and_restored_pending() -> None:
+    expected = expectation(episodes=3, restored_pending=("r0-a1",))
+    observed = status("agent", {"sessions": 0, "episodes": 9}, restored_pending=[])
+    assert status_mismatches(expected, observed) == []
+
+
+def test_status_from_the_model_agrees_with_a_matching_report() -> None:
+    model, _ = Model(topology="native").dispatch()
+    model, _ = model.prepare()
+    expected = expect(model)
+    assert status_mismatches(expected, status("agent", {"sessions": 1}, accepting=False)) == []
+    assert status_mismatches(expected, status("resources", {"sessions": 1})) == []
+    assert status_mismatches(expected, status("model", {"inflight": 1, "held": 0})) == []
+
+
+# -- P13 ----------------------------------------------------------------------------------------------------------
+
+
+def clean(kind: str = "environment", **changes: Any) -> dict[str, Any]:
+    base = {
+        "kind": kind,
+        "phase": "idle",
+        "retired_rollouts": 0,
+        "restored_pending": [],
+        "retired_sessions": [],
+        "accepting": True,
+        "report": {"counts": {"episodes": 0, "sessions": 0, "cut_skipped": 4}},
+    }
+    return base | changes
+
+
+def test_p13_idle_and_clean_participants_pass() -> None:
+    p13_clean_end({"env": clean(), "agent": clean("agent"), "policy": {"phase": "idle"}})
+    p13_clean_end({})
+
+
+@pytest.mark.parametrize(
+    "leftover",
+    [
+        {"phase": "prepared"},
+        {"phase": "committed"},
+        {"report": {"counts": {"episodes": 1}}},
+        {"report": {"counts": {"sessions": 0, "inflight": 2}}},
+        {"retired_rollouts": 1},
+        {"restored_pending": ["r0-a1"]},
+        {"retired_sessions": ["s-r0"]},
+        {"accepting": False},
+    ],
+    ids=["prepared", "committed", "episodes", "inflight", "retired", "restored_pending", "retired_sessions", "closed"],
+)
+def test_p13_each_kind_of_leftover_names_the_participant(leftover: dict[str, Any]) -> None:
+    statuses = {"agent": clean("agent"), "env": clean(**leftover)}
+    with pytest.raises(P13Violation, match=r"env idle and accepting with nothing left") as caught:
+        p13_clean_end(statuses)
+    assert type(caught.value) is P13Violation
+    observed = caught.value.observed
+    assert isinstance(observed, dict)
+    assert set(observed) == {"phase", "retired_rollouts", "restored_pending", "accepting", "counts", "retired_sessions"}
