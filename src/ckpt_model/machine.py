@@ -44,6 +44,9 @@ SETTLE_TIMEOUT_S = 10.0
 POLL_INTERVAL_MIN_S = 0.001
 POLL_INTERVAL_MAX_S = 0.02
 PICK = st.integers(min_value=0, max_value=7)
+# How pending items and status mismatches are told apart when the settle timeout has passed.
+REFUSAL_PENDING = "refusal"
+ADMISSION_MISMATCH = "accepting="
 # Operations a delayed call of an older controller can carry (resume of a resumed ID is idempotent instead).
 LATE_OPERATIONS = ("prepare", "renew", "commit", "restore", "retire", "forget")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -746,12 +749,7 @@ class CheckpointMachine(RuleBasedStateMachine):
                 if not self._status_mismatches(expected, fresh) and not self._pending(expected, fresh):
                     break
             if time.monotonic() > deadline:
-                raise QuiescenceTimeout(
-                    prediction=_describe(expected),
-                    observed=observation.summary(),
-                    pending=pending + mismatches,
-                    timeout_s=self.settle_timeout_s,
-                )
+                self._timed_out(expected, violation)
             time.sleep(interval)
             interval = min(interval * 2, POLL_INTERVAL_MAX_S)
         props.p2_no_reply_while_prepared(self.history)
@@ -770,6 +768,34 @@ class CheckpointMachine(RuleBasedStateMachine):
         for name, status in observation.statuses.items():
             props.p10_phase(name, (expected.phase, expected.checkpoint_id), status)
         return pending
+
+    def _timed_out(self, expected: Expectation, violation: type[PropertyViolation] | None) -> None:
+        """The whole settle timeout passed with something still pending; one fresh poll decides what it was.
+
+        A participant whose admission contradicts the model (closed after a resume, open while prepared)
+        explains whatever stalled behind it, so it is P10. A refusal that never came while the statuses show the
+        request was taken in (an episode counted) is the step's own property. Anything else is a harness error
+        that names what was predicted and what is still pending: slowness alone is never a verdict."""
+        fresh = self.observe()
+        pending = self._pending(expected, fresh)
+        mismatches = self._status_mismatches(expected, fresh)
+        admission = [item for item in mismatches if ADMISSION_MISMATCH in item]
+        if admission:
+            raise props.P10Violation(
+                rollout=None,
+                expected=_describe(expected),
+                observed="; ".join(admission) + f" (still pending after {self.settle_timeout_s:g} s: {pending})",
+            )
+        if mismatches and pending and all(REFUSAL_PENDING in item for item in pending):
+            raise (violation or props.P10Violation)(
+                rollout=None, expected=_describe(expected), observed="; ".join(pending + mismatches)
+            )
+        raise QuiescenceTimeout(
+            prediction=_describe(expected),
+            observed=fresh.summary(),
+            pending=pending + mismatches,
+            timeout_s=self.settle_timeout_s,
+        )
 
     def _status_mismatches(self, expected: Expectation, observation: Observation) -> list[str]:
         return [
@@ -806,13 +832,13 @@ class CheckpointMachine(RuleBasedStateMachine):
         for key in sorted(self.must_refuse):
             outcome = self.outcomes.get(key)
             if outcome is None:
-                pending.append(f"{key} refused after retire")
+                pending.append(f"{key} {REFUSAL_PENDING} after retire")
             elif outcome.error is None:
                 props.p7_refused(key, outcome.status_code, outcome.body)
         for key in sorted(self.must_refuse_closed):
             outcome = self.outcomes.get(key)
             if outcome is None:
-                pending.append(f"{key} refused while a checkpoint is open")
+                pending.append(f"{key} {REFUSAL_PENDING} while a checkpoint is open")
             else:
                 props.p10_admission_refused(key, outcome.status_code, outcome.body)
         return pending
