@@ -82,6 +82,11 @@ class AgentSession:
     task: asyncio.Task[Any] | None = None
     restored_pending: bool = False
 
+    def responses_delivered(self) -> bool:
+        """Whether any model response reached this session (a completed activation, or a loop past call 0)."""
+        boundary = self.loop or self.continuation or {}
+        return self.completed_activation > 0 or boundary.get("model_calls", 0) > 0
+
     def exported_boundary(self) -> dict[str, Any] | None:
         if self.state in ("at_boundary", "parked"):
             return self.loop
@@ -313,6 +318,11 @@ class AgentParticipant:
 
     def __init__(self, core: AgentCore) -> None:
         self.core = core
+        faults = core.config.faults
+        self.drops_unstarted = "agent_export_drops_unstarted" in faults
+        self.stays_closed_after_commit = "agent_stays_closed_after_commit" in faults
+        # Set by a commit's export, cleared when admission closes: whether the open checkpoint was committed.
+        self._exported = False
 
     def report(self) -> PrepareReport:
         core = self.core
@@ -327,14 +337,18 @@ class AgentParticipant:
         )
 
     async def close_admission(self) -> None:
+        self._exported = False
         self.core.admission.clear()
         self.core.episodes.admission.clear()
 
     async def open_admission(self) -> None:
-        self.core.admission.set()
         self.core.episodes.admission.set()
+        if self.stays_closed_after_commit and self._exported:
+            return  # planted fault: after a committed checkpoint, session seeds and activations keep waiting
+        self.core.admission.set()
 
     async def export(self, scope: list[EpisodeId] | None) -> list[dict[str, Any]]:
+        self._exported = True
         keys = None if scope is None else {e.capture_key for e in scope}
         legacy = {EpisodeId(**r["episode_id"]).rollout_id: r for r in self.core.episodes.export(keys)}
         records = []
@@ -343,6 +357,8 @@ class AgentParticipant:
                 continue
             if session.restored_pending and keys is not None and session.episode_id.capture_key not in keys:
                 continue
+            if self.drops_unstarted and not session.responses_delivered():
+                continue  # planted fault: a session still waiting for its first model response is lost
             episode = legacy.get(session.episode_id.rollout_id) if session.key.startswith("run:") else None
             records.append(
                 {

@@ -49,6 +49,9 @@ class EnvironmentParticipant:
     def __init__(self, owner: EpisodeOwner, faults: frozenset[str]) -> None:
         self.owner = owner
         self.faults = faults
+        self.drops_finished_during_prepare = "environment_drops_finished_during_prepare" in faults
+        # Planted fault only: episodes whose `wait` verification ended while admission was closed.
+        self._finished_while_closed: set[str] = set()
 
     def report(self) -> PrepareReport:
         blockers = self.owner.blockers()
@@ -60,13 +63,22 @@ class EnvironmentParticipant:
         self.owner.admission.clear()
 
     async def open_admission(self) -> None:
+        self._finished_while_closed.clear()
         self.owner.admission.set()
 
     async def export(self, scope: list[EpisodeId] | None) -> list[dict[str, Any]]:
         keys = None if scope is None else {e.capture_key for e in scope}
         if "environment_drops_restored_pending" in self.faults:
             keys = set()
-        return self.owner.export(keys)
+        records = self.owner.export(keys)
+        dropped = self._finished_while_closed
+        return [r for r in records if EpisodeId(**r["episode_id"]).capture_key not in dropped] if dropped else records
+
+    def verified(self, episode: Episode, mode: str) -> None:
+        """An episode's verification step ended. Only the planted fault `environment_drops_finished_during_prepare`
+        cares: a `wait` verification that a prepare waited for (admission closed) drops the episode from export."""
+        if self.drops_finished_during_prepare and mode == "wait" and not self.owner.admission.is_set():
+            self._finished_while_closed.add(episode.key)
 
     def validate_record(self, record: dict[str, Any]) -> None:
         boundary = record.get("boundary")
@@ -113,11 +125,12 @@ def session_handles(key: str) -> dict[str, Any]:
 class EpisodeRunner:
     """Runs one native episode through its stages, talking to the agent and resources servers."""
 
-    def __init__(self, client: httpx.AsyncClient, config: ServerConfig, owner: EpisodeOwner) -> None:
+    def __init__(self, client: httpx.AsyncClient, config: ServerConfig, participant: EnvironmentParticipant) -> None:
         self.client = client
         self.agent_url = config.peer("agent")
         self.resources_url = config.peer("resources")
-        self.owner = owner
+        self.participant = participant
+        self.owner = participant.owner
         self.verify_never_waits = "environment_verify_never_waits" in config.faults
 
     async def run(self, episode: Episode, request: EpisodeRequest) -> dict[str, Any]:
@@ -146,6 +159,7 @@ class EpisodeRunner:
             else:
                 mode = "replay" if self.verify_never_waits else handles["resources_verify"]
                 result = await self.owner.step(episode, mode, self._verify(key, handles, params, state))
+                self.participant.verified(episode, mode)
                 state = {"next": "return", "handles": handles, "result": result, "observations": state["observations"]}
 
     async def _seed(
@@ -220,10 +234,12 @@ def build_app(config: ServerConfig) -> FastAPI:
     owner = EpisodeOwner(notify=lambda: control_plane.notify())
     participant = EnvironmentParticipant(owner, frozenset(config.faults))
     control_plane = ControlPlane.from_config(participant, config)
-    app = FastAPI(lifespan=lifespan_with_client(lambda c: runner.update(r=EpisodeRunner(c, config, owner))))
+    app = FastAPI(lifespan=lifespan_with_client(lambda c: runner.update(r=EpisodeRunner(c, config, participant))))
     install_error_handlers(app)
     add_health(app)
     app.include_router(control_plane.router())
+    # Planted fault: a new /run is admitted while a checkpoint is open (it then parks at its first boundary).
+    admits_while_closed = "environment_admits_while_closed" in config.faults
 
     @app.post("/run")
     async def run(request: EpisodeRequest) -> JSONResponse:
@@ -232,7 +248,7 @@ def build_app(config: ServerConfig) -> FastAPI:
             raise StaleAttemptError(f"attempt {episode_id.capture_key} was retired")
         key = episode_id.capture_key
         replacement = key in owner.restored and control_plane.phase != "restored"
-        if not owner.admission.is_set() and not replacement:
+        if not owner.admission.is_set() and not replacement and not admits_while_closed:
             raise AdmissionClosedError("a checkpoint is open; retry the /run after it resumes")
         episode = owner.begin(episode_id, task_digest(request.task.model_dump()), EPISODE_TIMEOUT_S)
         episode.task = asyncio.get_running_loop().create_task(runner["r"].run(episode, request))

@@ -137,8 +137,9 @@ class ResourcesParticipant:
 
     kind = "resources"
 
-    def __init__(self, core: ResourcesCore) -> None:
+    def __init__(self, core: ResourcesCore, faults: frozenset[str]) -> None:
         self.core = core
+        self.retire_keeps_sessions = "resources_retire_keeps_sessions" in faults
 
     def report(self) -> PrepareReport:
         core = self.core
@@ -187,7 +188,8 @@ class ResourcesParticipant:
         while any(session.inflight for session in victims):
             await core.wait_change()
         for session in victims:
-            core.end(session)
+            if not self.retire_keeps_sessions:  # planted fault: marked and refused, but never freed
+                core.end(session)
             core.unfreed.discard(session.session_id)
         core.notify()
 
@@ -243,7 +245,7 @@ def build_app(config: ServerConfig) -> FastAPI:
     """The weather resources server with session tracking and the checkpoint control routes."""
     control_plane: ControlPlane
     core = ResourcesCore(config, notify=lambda: control_plane.notify())
-    control_plane = ControlPlane.from_config(ResourcesParticipant(core), config)
+    control_plane = ControlPlane.from_config(ResourcesParticipant(core, frozenset(config.faults)), config)
     core.control_plane = control_plane
     judge = Judge(config.backend_url) if config.verify_judge else None
     if judge is not None:

@@ -7,17 +7,19 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import httpx
 import pytest
 
-from ckpt_model.coordination import ControlClient
+from ckpt_model.coordination import ControlClient, PrepareResult
+from ckpt_model.tasks import native_run_body
 from fakes.stack import Stack, process_state
 
 WAIT_TIMEOUT_S = 30.0
 POLL_S = 0.01
 DEADLINE_S = 20.0
+T = TypeVar("T")
 
 
 def wait_until(predicate: Callable[[], Any], what: str, timeout_s: float = WAIT_TIMEOUT_S) -> Any:
@@ -74,6 +76,25 @@ class Deployment:
     def url(self, name: str) -> str:
         return self.stack.gym[name].url
 
+    def status(self, name: str) -> dict[str, Any]:
+        """The status reply of the participant server `name` (`environment`, `agent`, `resources`, ...)."""
+        (member,) = [member for member in self.control.participants if member.name == name]
+        return self.control.status(member)
+
+    def wait_call_waiting(self, index: int, kind: str) -> None:
+        """Wait until backend call `index` (a `policy` or `judge` call) has arrived and waits at the backend."""
+
+        def waiting() -> bool:
+            calls = self.calls()
+            return len(calls) > index and calls[index]["waiting"] and calls[index]["kind"] == kind
+
+        wait_until(waiting, f"{kind} call {index} to wait at the backend")
+
+    def release_when_waiting(self, index: int, kind: str) -> None:
+        """Wait until call `index` waits at the gated backend, then let exactly it go."""
+        self.wait_call_waiting(index, kind)
+        self.backend("/_ctl/step", {"indices": [index]})
+
     def run(self, body: dict[str, Any]) -> httpx.Response:
         return self.http.post(self.url("environment") + "/run", json=body)
 
@@ -88,12 +109,61 @@ class Deployment:
         wait_until(lambda: len(self.calls()) == calls_delivered + 1, f"model call {calls_delivered} to be held")
         return run
 
+    def finish_verification_during_prepare(
+        self, rollout_id: str, checkpoint_id: str
+    ) -> tuple[BackgroundRun, PrepareResult]:
+        """Gym's scenario 10 up to its prepare (slow topology, `wait` mode): gate the backend, start attempt 0 of
+        `rollout_id` and release its two policy calls, so its judge call (call 2) waits; start a prepare, which
+        must wait on the environment with that episode as its blocker; release the judge call; return the
+        prepare's result with the `/run`, still waiting for its reply."""
+        self.backend("/_ctl/gate")
+        run = self.run_in_background(native_run_body(rollout_id, 0))
+        self.release_when_waiting(0, "policy")
+        self.release_when_waiting(1, "policy")
+        self.wait_call_waiting(2, "judge")
+        prepare = InBackground(lambda: self.control.prepare(checkpoint_id, deadline()))
+
+        def environment_waits_for_verification() -> bool:
+            status = self.status("environment")
+            return status["phase"] == "preparing" and status["report"]["blockers"] == [rollout_id]
+
+        wait_until(environment_waits_for_verification, f"the environment's prepare to wait for {rollout_id}")
+        self.backend("/_ctl/step", {"indices": [2]})
+        return run, prepare.result()
+
     def crash_and_restart(self) -> None:
         """SIGKILL every Gym process group, release what the backend held, start fresh Gym processes."""
         self.stack.crash_gym()
         self.backend("/_ctl/release")
         self.stack.start_gym()
         self.discover()
+
+
+class InBackground(Generic[T]):
+    """Any blocking call (a prepare that must wait, say) on its own thread; its value or exception is kept."""
+
+    def __init__(self, call: Callable[[], T]) -> None:
+        self._value: T | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(call,), daemon=True)
+        self._thread.start()
+
+    def _run(self, call: Callable[[], T]) -> None:
+        try:
+            self._value = call()
+        except BaseException as error:  # re-raised on the test's thread by result()
+            self._error = error
+
+    @property
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def result(self, timeout_s: float = WAIT_TIMEOUT_S) -> T:
+        self._thread.join(timeout_s)
+        assert self.done, f"the background call did not return within {timeout_s:g} s"
+        if self._error is not None:
+            raise self._error
+        return self._value  # type: ignore[return-value]  # set when no error was raised
 
 
 class BackgroundRun:
@@ -127,11 +197,12 @@ class BackgroundRun:
 
 @pytest.fixture
 def deploy(tmp_path: Path) -> Iterator[Callable[..., Deployment]]:
-    """Start a whole deployment of a topology; everything it started is stopped at teardown."""
+    """Start a whole deployment of a topology (optionally with planted faults); all of it stops at teardown."""
     started: list[Deployment] = []
 
-    def start(topology: str, verify_mode: str = "wait") -> Deployment:
-        stack = Stack(topology, tmp_path / f"{topology}-{verify_mode}", verify_mode=verify_mode)
+    def start(topology: str, verify_mode: str = "wait", faults: tuple[str, ...] = ()) -> Deployment:
+        state_dir = tmp_path / f"{len(started)}-{topology}-{verify_mode}"
+        stack = Stack(topology, state_dir, verify_mode=verify_mode, faults=faults)
         try:
             stack.start_backend()
             stack.start_gym()

@@ -140,17 +140,6 @@ def test_a_retired_rollout_started_over_as_the_next_attempt_completes(deploy: De
     ]
 
 
-def release_when_waiting(deployment: Deployment, index: int, kind: str) -> None:
-    """Wait until call `index` (a policy or judge call) waits at the gated backend, then let exactly it go."""
-
-    def waiting() -> bool:
-        calls = deployment.calls()
-        return len(calls) > index and calls[index]["waiting"] and calls[index]["kind"] == kind
-
-    wait_until(waiting, f"{kind} call {index} to wait at the backend")
-    deployment.backend("/_ctl/step", {"indices": [index]})
-
-
 def judge_calls(deployment: Deployment, key: str) -> int:
     return sum(1 for call in deployment.calls() if call["kind"] == "judge" and call["capture_key"] == key)
 
@@ -162,8 +151,8 @@ def test_verification_in_flight_is_waited_for_or_replayed(deploy: Deploy, verify
     deployment = deploy("slow", verify_mode)
     deployment.backend("/_ctl/gate")
     run = deployment.run_in_background(native_run_body("verify-1", 0))
-    release_when_waiting(deployment, 0, "policy")
-    release_when_waiting(deployment, 1, "policy")
+    deployment.release_when_waiting(0, "policy")
+    deployment.release_when_waiting(1, "policy")
     wait_until(lambda: judge_calls(deployment, "verify-1") == 1, "the judge call of verify-1")
 
     early = deployment.control.prepare("c1", time.time() + 0.5)
@@ -183,10 +172,57 @@ def test_verification_in_flight_is_waited_for_or_replayed(deploy: Deploy, verify
     deployment.backend("/_ctl/gate")  # the crash released (and ungated) everything
     replacement = deployment.run_in_background(native_run_body("verify-1", 1))
     if verify_mode == "replay":
-        release_when_waiting(deployment, 3, "judge")
+        deployment.release_when_waiting(3, "judge")
     reply = replacement.result()
 
     assert reply.status_code == 200, reply.text
     assert reply.json()["result"]["reward"] == 1.0
     assert n_messages_of_policy(deployment) == [2, 4]
     assert judge_calls(deployment, "verify-1-a1") == (0 if verify_mode == "wait" else 1)
+
+
+def call_kinds(deployment: Deployment) -> list[str]:
+    return [call["kind"] for call in deployment.calls()]
+
+
+@pytest.mark.parametrize("crash", [False, True], ids=["resume", "crash"])
+def test_an_episode_that_finishes_during_prepare_is_neither_lost_nor_redone(deploy: Deploy, crash: bool) -> None:
+    """Gym's scenario 10: a prepare waits for a `wait` verification; once it ends, the episode parks at `return`
+    without replying, the commit exports it there, and it replies exactly once: after resume, or as attempt 1
+    after a crash without asking the judge again."""
+    deployment = deploy("slow", "wait")
+    run, prepared = deployment.finish_verification_during_prepare("done-1", "c1")
+
+    assert prepared.prepared, prepared.blockers()
+    statuses = deployment.control.status_all()
+    assert {name: status["phase"] for name, status in statuses.items()} == dict.fromkeys(statuses, "prepared")
+    # The episode is parked at `return`: still live (a reply would have ended it), and nothing else holds it.
+    assert statuses["environment"]["report"]["counts"] == {"episodes": 1}
+    assert statuses["environment"]["report"]["blockers"] == []
+    assert statuses["agent"]["report"]["counts"] == {"sessions": 0, "at_boundary": 0}
+    assert statuses["resources"]["report"]["counts"] == {"inflight": 0, "sessions": 0}
+    assert statuses["policy_model"]["report"]["counts"]["inflight"] == 0
+    assert statuses["policy_model"]["report"]["counts"]["held"] == 0
+    assert not run.done, "the /run replied while the checkpoint was prepared"
+
+    scope = [EpisodeId(rollout_id="done-1", attempt=0)]
+    directory = str(deployment.stack.checkpoint_root / "c1")
+    committed = deployment.control.commit("c1", directory, scope, deadline())
+    assert committed["environment"]["episode_ids"] == ["done-1"]
+    (record,) = environment_records(directory)
+    assert record["boundary"]["next"] == "return"
+    assert not run.done, "the /run replied while the checkpoint was committed"
+
+    if crash:
+        crash_and_restore(deployment, "r1", directory, scope)
+        reply = deployment.run(native_run_body("done-1", 1))
+        run.wait()
+        assert run.error is not None, "the crashed attempt's /run should have been cut off"
+    else:
+        deployment.control.resume("c1", deadline())
+        reply = run.result()
+
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["result"]["reward"] == 1.0
+    # Two policy calls and one judge call in all: the restored `return` boundary replies without verifying again.
+    assert call_kinds(deployment) == ["policy", "policy", "judge"]
