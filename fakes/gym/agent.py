@@ -18,7 +18,6 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 
-from ckpt_model.wire import EpisodeId, task_digest
 from fakes.gym.config import ServerConfig
 from fakes.gym.control_plane import ControlPlane
 from fakes.gym.environment import covers
@@ -41,6 +40,7 @@ from fakes.gym.http import (
 )
 from fakes.gym.participant import PrepareReport
 from fakes.gym.steps import Episode, EpisodeOwner
+from fakes.gym.wire import EpisodeId, task_digest
 
 SessionState = Literal["idle", "running", "at_boundary", "parked", "closing", "retiring"]
 BLOCKING = frozenset({"running", "closing", "retiring"})

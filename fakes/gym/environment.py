@@ -15,7 +15,6 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from ckpt_model.wire import EpisodeId, EpisodeRequest, task_digest
 from fakes.gym.config import ServerConfig
 from fakes.gym.control_plane import ControlPlane
 from fakes.gym.errors import (
@@ -28,6 +27,7 @@ from fakes.gym.errors import (
 from fakes.gym.http import DownstreamError, add_health, cookie_header, lifespan_with_client, post_json
 from fakes.gym.participant import PrepareReport
 from fakes.gym.steps import Episode, EpisodeOwner
+from fakes.gym.wire import EpisodeId, EpisodeRequest, task_digest
 
 EPISODE_TIMEOUT_S = 600.0
 NEXT_STAGES = ("seed", "invoke_agent", "close_agent", "verify", "return")

@@ -1,7 +1,7 @@
 """The refusals every look-alike server answers with, and the handler that renders them.
 
-Each class is one row of reference section 2.3: an HTTP status and a `code` from
-`ckpt_model.wire.ERROR_STATUS` (the single description of the table, shared with the controller client).
+Each class is one row of reference section 2.3: an HTTP status and a `code` from the stack's own wire table
+`fakes.gym.wire.ERROR_STATUS` (written from the reference; the checker keeps its own, STYLE rule 2).
 Every error is rendered as `{"error": {"code", "detail"}}`, on control routes and data-plane routes alike,
 so a client reads one shape.
 
@@ -25,10 +25,15 @@ so a client reads one shape.
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from ckpt_model.wire import ERROR_STATUS, error_body
+from fakes.gym.wire import ERROR_STATUS, INTERNAL_ERROR_STATUS, error_body
 
 
 class ControlError(Exception):
@@ -138,7 +143,7 @@ class RetireIncompleteError(ControlError):
 class InternalControlError(ControlError):
     """An unexpected exception inside a control route: a bug in the server, never a refusal to act on."""
 
-    status_code = 500
+    status_code = INTERNAL_ERROR_STATUS
 
 
 async def _render_control_error(request: Request, exc: Exception) -> JSONResponse:
@@ -146,6 +151,26 @@ async def _render_control_error(request: Request, exc: Exception) -> JSONRespons
     return JSONResponse(status_code=exc.status_code, content=exc.to_wire())
 
 
+def _json_safe(value: Any) -> Any:
+    """`value` with non-finite floats written as text (`nan`, `inf`), which strict JSON cannot carry."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, dict):
+        return {key: _json_safe(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(item) for item in value]
+    return value
+
+
+async def _render_validation_error(request: Request, exc: Exception) -> JSONResponse:
+    """FastAPI's own 422 `{"detail": [...]}` (reference 2.2), also for a body such as `"deadline_ts": NaN`:
+    FastAPI's default handler echoes the non-finite input back and fails to render it, answering 500."""
+    assert isinstance(exc, RequestValidationError)  # registered for RequestValidationError only
+    return JSONResponse(status_code=422, content={"detail": _json_safe(jsonable_encoder(exc.errors()))})
+
+
 def install_error_handlers(app: FastAPI) -> None:
-    """Render every `ControlError` raised by any route as the wire envelope with its status."""
+    """Render every `ControlError` raised by any route as the wire envelope with its status, and body-validation
+    failures as FastAPI's standard 422."""
     app.add_exception_handler(ControlError, _render_control_error)
+    app.add_exception_handler(RequestValidationError, _render_validation_error)

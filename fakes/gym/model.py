@@ -24,7 +24,6 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
-from ckpt_model.wire import EpisodeId, error_body
 from fakes.backend import CAPTURE_KEY_HEADER
 from fakes.gym.config import ServerConfig
 from fakes.gym.control_plane import ControlPlane
@@ -38,6 +37,7 @@ from fakes.gym.errors import (
 )
 from fakes.gym.http import RolloutPrefixMiddleware, add_health, lifespan_with_client, rollout_key
 from fakes.gym.participant import PrepareReport
+from fakes.gym.wire import EpisodeId, error_body
 
 GENERATION_PATH = "/v1/chat/completions"
 FAULT_DELIVERS_HELD = "model_delivers_held"

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from ckpt_model.wire import BLOCKERS_SHOWN_MAX, EpisodeId
+from fakes.gym.wire import BLOCKERS_SHOWN_MAX, EpisodeId
 
 
 @attrs.frozen

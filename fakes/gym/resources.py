@@ -22,7 +22,6 @@ import attrs
 import httpx
 from fastapi import FastAPI, Request, Response
 
-from ckpt_model.wire import EpisodeId
 from fakes.backend import CALL_KIND_HEADER, CAPTURE_KEY_HEADER, CLIENT_GONE_STATUS
 from fakes.gym.config import ServerConfig
 from fakes.gym.control_plane import ControlPlane
@@ -44,6 +43,7 @@ from fakes.gym.http import (
     unless_client_gone,
 )
 from fakes.gym.participant import PrepareReport
+from fakes.gym.wire import EpisodeId
 
 SESSION_COOKIE = "resources_session_id"
 

@@ -16,8 +16,8 @@ from typing import Any, Literal
 
 import attrs
 
-from ckpt_model.wire import EpisodeId
 from fakes.gym.errors import ControlError
+from fakes.gym.wire import EpisodeId
 
 EpisodeState = Literal["running", "wait_step", "replay_step", "parked"]
 StepMode = Literal["wait", "replay"]

@@ -21,10 +21,18 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ckpt_model.wire import MANIFEST_SCHEMA_VERSION, NAME_PATTERN, RECORDS_FILE_RE, is_valid_name
 from fakes.gym.errors import CheckpointStateError
+from fakes.gym.wire import (
+    MANIFEST_FILE,
+    MANIFEST_SCHEMA_VERSION,
+    NAME_PATTERN,
+    RECORDS_FILE_RE,
+    is_valid_name,
+    manifest_text,
+    records_file_name,
+)
 
-MANIFEST_NAME = "manifest.json"
+MANIFEST_NAME = MANIFEST_FILE
 _RECORDS_TEMP_PREFIX = ".records.jsonl."
 _MANIFEST_TEMP_PREFIX = ".manifest.json."
 
@@ -113,7 +121,7 @@ def _write(
             "kind": kind,
             "instance": instance,
             "checkpoint_id": checkpoint_id,
-            "records_file": f"records-{digest}.jsonl",
+            "records_file": records_file_name(digest),
             "records_sha256": digest,
             "record_count": count,
         }
@@ -159,7 +167,7 @@ def _publish(
     directory: Path, temp_records: Path, manifest: dict[str, Any], flag: StopFlag, what: str
 ) -> dict[str, Any]:
     """Rename the records to their digest name, then create the manifest without ever replacing one."""
-    manifest_bytes = (json.dumps(manifest, sort_keys=True, indent=1) + "\n").encode()
+    manifest_bytes = (manifest_text(manifest) + "\n").encode()
     temp_manifest = _fsynced_temp(directory, _MANIFEST_TEMP_PREFIX, manifest_bytes)
     records_path = directory / manifest["records_file"]
     manifest_path = directory / MANIFEST_NAME
@@ -284,7 +292,7 @@ def _manifest_problems(manifest: dict[str, Any], kind: str, instance: str) -> It
     digest = manifest.get("records_sha256")
     if not isinstance(digest, str):
         yield f"'records_sha256' must be a hex string (got {digest!r})"
-    elif name_ok and records_file not in ("records.jsonl", f"records-{digest}.jsonl"):
+    elif name_ok and records_file not in ("records.jsonl", records_file_name(digest)):
         yield f"'records_file' must be named after 'records_sha256' (got {records_file!r} and {digest!r})"
     count = manifest.get("record_count")
     if type(count) is not int or count < 0:

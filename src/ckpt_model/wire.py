@@ -1,7 +1,9 @@
 """Gym's partial-rollout checkpoint protocol, described once as schemas.
 
-Both sides speak it from here: the controller client (`ckpt_model.coordination`) builds and reads these
-shapes, and the look-alike stack in `fakes/` validates requests with the same models. Nothing here does I/O.
+The controller client (`ckpt_model.coordination`) builds and reads these shapes. The look-alike stack in
+`fakes/` has its own description (`fakes.gym.wire`), written separately from the same reference, so a misreading
+cannot hide on both sides at once; `tests/contract` holds both to literal bodies from the reference. Nothing here
+does I/O.
 The facts come from the reference (`shared/reference/gym-checkpoint-protocol.md`, sections 2, 5 and 6).
 """
 
@@ -25,7 +27,8 @@ PHASES: tuple[str, ...] = ("idle", "preparing", "prepared", "committed", "restor
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 _NAME_RE = re.compile(NAME_PATTERN)
-_ATTEMPT_SUFFIX_RE = re.compile(r"-a([1-9][0-9]*)$")
+# `\Z`, not `$`: `$` also matches before a trailing newline, and "r-a1\n" must not read as attempt 1.
+_ATTEMPT_SUFFIX_RE = re.compile(r"-a([1-9][0-9]*)\Z")
 RECORDS_FILE_RE = re.compile(r"^records(-[0-9a-f]{64})?\.jsonl$")
 BLOCKERS_SHOWN_MAX = 100
 MANIFEST_SCHEMA_VERSION = 1
@@ -46,6 +49,7 @@ ERROR_STATUS: dict[str, int] = {
     "invalid_checkpoint_state": 422,
     "activation_out_of_order": 409,
     "checkpoint_coordinator_unavailable": 503,
+    # Not known from Gym's source (reference 2.3: "likely 409"); a guess both sides share, not a fact.
     "retire_incomplete": 409,
 }
 
@@ -130,9 +134,10 @@ class ForgetRequest(CheckpointRequest):
 
 
 class PrepareReportWire(_Strict):
-    """`report` in status and prepare replies."""
+    """`report` in status and prepare replies. Strict: the reference says bool and int, so "yes" or "2" is a
+    malformed reply, not a coerced one."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     ready: bool
     blockers: list[str]
