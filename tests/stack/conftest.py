@@ -14,7 +14,8 @@ import pytest
 
 from ckpt_model.coordination import ControlClient, PrepareResult
 from ckpt_model.tasks import native_run_body
-from fakes.stack import Stack, process_state
+from fakes.process_groups import process_state
+from fakes.stack import Stack
 
 WAIT_TIMEOUT_S = 30.0
 POLL_S = 0.01

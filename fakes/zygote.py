@@ -1,4 +1,6 @@
-"""A fork server ("zygote") for the look-alike Gym servers: restarts in milliseconds instead of a cold start.
+"""The fork server ("zygote") for the look-alike Gym servers: restarts in milliseconds instead of a cold start.
+
+    python -m fakes.zygote     (started by `fakes.zygote_client.ForkServer.launch`, never by hand)
 
 A cold `python -m fakes.gym.serve` spends ~380 ms importing and warming up before its first reply, and the
 checker restarts all four Gym servers for every example and every crash. This process pays that once: it
@@ -17,16 +19,8 @@ looks like a real one: connections waiting in the backlog are reset and new ones
 start, which binds the same port again. (A socket kept by the fork server across children would keep accepting
 connections for a dead server and hand them to the next process.) At most one child per server name lives.
 
-Channel: the owner (`fakes.stack.Stack`, through `ForkServer`) writes one JSON object per line to this
-process's stdin and reads one JSON reply per line from its stdout:
-
-    started                                     -> {"ready": true, "pid": P, "warm_up_ms": W}  (or "ready": false)
-    {"op": "spawn", "servers": [{"name", "config", "log_path"}, ...]}  -> {"ok": true, "pids": {name: pid}}
-    {"op": "exit_status", "pid": P}             -> {"ok": true, "exit_status": int | null}
-    {"op": "prebuild", "servers": [{"name", "config", "log_path"}, ...]}  -> {"ok": true} once it has forked a
-                                                   standby child per server, which builds its app and waits
-    {"op": "ping"}                              -> {"ok": true} once every standby is built and waiting
-    end of stdin (the owner closed it or died)  -> every child's group is killed and reaped, then it exits
+The owner (`fakes.stack.Stack`, through `fakes.zygote_client.ForkServer`) talks to this process over its stdin
+and stdout, one JSON line each way (`fakes.zygote_protocol` lists the requests and replies).
 
 Reaping: a SIGCHLD handler reaps children as they die and keeps their exit statuses, so a killed server's process
 group disappears at once (`killpg(pgid, 0)` succeeds on zombies) and the owner can still ask how a server exited.
@@ -42,10 +36,8 @@ import ctypes
 import gc
 import json
 import os
-import selectors
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -59,11 +51,13 @@ from typing import IO, Any, NoReturn
 
 import attrs
 
+from fakes import process_groups
+from fakes.zygote_protocol import write_message
+
 LISTEN_BACKLOG = 2048  # uvicorn's default
-READY_TIMEOUT_S = 60.0
-REPLY_TIMEOUT_S = 30.0
-STOP_TIMEOUT_S = 10.0
-REAP_POLL_INTERVAL_S = 0.001
+# How long a ping waits for the standbys to be built; how long stopping waits for the children to be gone.
+STANDBYS_READY_TIMEOUT_S = 30.0
+CHILDREN_GONE_TIMEOUT_S = 10.0
 EXIT_STATUSES_KEPT_MAX = 1024
 WARM_UP_TOKEN = "warm-up"
 # Peers no warm-up request reaches: a closed loopback port (the discard service is never listened on here).
@@ -78,7 +72,7 @@ GO = b"g"  # fork server -> standby, with the listening socket's descriptor
 HANDLED_SIGNALS = (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
 
-def listening_socket(host: str, port: int, backlog: int = LISTEN_BACKLOG) -> socket.socket:
+def listening_socket(host: str, port: int) -> socket.socket:
     """A bound, listening TCP socket for a server to inherit.
 
     The protocol must be IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted connections only when the
@@ -89,14 +83,14 @@ def listening_socket(host: str, port: int, backlog: int = LISTEN_BACKLOG) -> soc
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
-        sock.listen(backlog)
+        sock.listen(LISTEN_BACKLOG)
     except BaseException:
         sock.close()
         raise
     return sock
 
 
-# --- the fork server process ---------------------------------------------------------------------------------
+# --- warm-up, once, before any fork ------------------------------------------------------------------------------
 
 
 def warm_up() -> float:
@@ -124,9 +118,9 @@ async def _warm_up_requests(capture_dir: str) -> None:
     import httpx
     import uvicorn
 
-    from ckpt_model.wire import CHECKPOINT_ROUTE_PREFIX
     from fakes.gym.config import ROLES, ServerConfig
     from fakes.gym.serve import build_app
+    from fakes.gym.wire import CHECKPOINT_ROUTE_PREFIX
 
     peers = dict.fromkeys(("environment", "agent", "resources", "policy_model"), WARM_UP_PEER_URL)
     headers = {"Authorization": f"Bearer {WARM_UP_TOKEN}"}
@@ -162,6 +156,9 @@ async def _warm_up_requests(capture_dir: str) -> None:
         server.should_exit = True
         await serving
         sock.close()
+
+
+# --- the fork server's state and requests -----------------------------------------------------------------------
 
 
 class Zygote:
@@ -234,8 +231,7 @@ class Zygote:
                 os.close(ready_read_fd)
         except BaseException:
             for pid in pids.values():
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pid, signal.SIGKILL)
+                process_groups.kill(pid)
             raise
         return pids
 
@@ -313,16 +309,15 @@ class Zygote:
         except Exception:
             traceback.print_exc()
 
-    def kill_children(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
-        """SIGKILL every live child's group and reap them (bounded), so none outlives the fork server."""
-        for pid in list(self.children):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
+    def kill_children(self, timeout_s: float = CHILDREN_GONE_TIMEOUT_S) -> None:
+        """SIGKILL every live child's group and wait (bounded) until each is reaped and gone, so none outlives the
+        fork server."""
+        pids = list(self.children)
+        for pid in pids:
+            process_groups.kill(pid)
         deadline_s = time.monotonic() + timeout_s
-        while self.children and time.monotonic() < deadline_s:
-            self.reap()
-            if self.children:
-                time.sleep(REAP_POLL_INTERVAL_S)
+        for pid in pids:
+            process_groups.wait_gone(pid, self.reap, deadline_s - time.monotonic())
 
     # -- standby children ---------------------------------------------------------------------------------------
 
@@ -391,13 +386,12 @@ class Zygote:
             try:
                 socket.send_fds(standby.channel, [GO], [sock.fileno()])
             except OSError:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(standby.pid, signal.SIGKILL)
+                process_groups.kill(standby.pid)
                 return None
         self.children[standby.pid] = name
         return standby.pid
 
-    def wait_standbys_ready(self, timeout_s: float = REPLY_TIMEOUT_S) -> None:
+    def wait_standbys_ready(self, timeout_s: float = STANDBYS_READY_TIMEOUT_S) -> None:
         """Wait until every standby has built its server and waits for its socket (or died trying)."""
         deadline_s = time.monotonic() + timeout_s
         for standby in list(self.standbys.values()):
@@ -416,8 +410,7 @@ class Zygote:
     def discard(self, standby: Standby) -> None:
         """Stop a standby that will not be used (its channel closing tells it to exit; SIGKILL makes sure)."""
         standby.channel.close()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(standby.pid, signal.SIGKILL)
+        process_groups.kill(standby.pid)
 
     def serve(self, requests: IO[bytes], replies: IO[bytes]) -> None:
         """Answer request lines until the owner closes our stdin."""
@@ -443,13 +436,16 @@ class Standby:
     ready: bool = False
 
 
+# --- in a forked child ------------------------------------------------------------------------------------------
+
+
 async def touch_stateless_routes(app: Any) -> None:
     """Send `app` the two requests that read or change no server state: health, and status without the token
     (refused with 401 before the control plane looks at anything). Both walk the app's routers, so FastAPI
     builds its lazy per-route state and Starlette its middleware stack here, not on a child's first request."""
     import httpx
 
-    from ckpt_model.wire import CHECKPOINT_ROUTE_PREFIX
+    from fakes.gym.wire import CHECKPOINT_ROUTE_PREFIX
 
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://warm-up") as client:
         await client.get("/health")
@@ -569,19 +565,20 @@ def build_config(config_json: str) -> Any:
     import uvicorn
 
     from fakes.gym.config import CONFIG_ENV, ServerConfig
+    from fakes.gym.http import SERVER_KEEP_ALIVE_S
     from fakes.gym.serve import build_app
 
     os.environ[CONFIG_ENV] = config_json  # as a cold-started server would see it
     app = build_app(ServerConfig.from_json(config_json))
     asyncio.run(touch_stateless_routes(app))
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
+    config = uvicorn.Config(
+        app, log_level="warning", access_log=False, lifespan="on", timeout_keep_alive=SERVER_KEEP_ALIVE_S
+    )
     config.load()
     return config
 
 
-def write_message(stream: IO[bytes], message: Mapping[str, Any]) -> None:
-    stream.write(json.dumps(message).encode() + b"\n")
-    stream.flush()
+# --- the program ------------------------------------------------------------------------------------------------
 
 
 def _raise_exit(signum: int, frame: FrameType | None) -> None:
@@ -589,7 +586,7 @@ def _raise_exit(signum: int, frame: FrameType | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fakes.forkserver", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m fakes.zygote", description=__doc__.splitlines()[0])
     parser.parse_args(argv)
     # The protocol gets a private copy of stdout; fd 1 then points at the log, so nothing printed by an
     # imported module can corrupt the channel.
@@ -616,145 +613,6 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         zygote.kill_children()
     return 0
-
-
-# --- the owner's handle ----------------------------------------------------------------------------------------
-
-
-class ForkServerError(RuntimeError):
-    """The fork server did not start, refused a request, or stopped answering."""
-
-
-@attrs.frozen
-class SpawnRequest:
-    """One server to fork: its name, its JSON config (whose host and port it listens on), its log file."""
-
-    name: str
-    config_json: str
-    log_path: Path
-
-    def to_wire(self) -> dict[str, str]:
-        return {"name": self.name, "config": self.config_json, "log_path": str(self.log_path)}
-
-
-class ForkServer:
-    """The owner's end of a running fork server: start it, ask it for children and exit statuses, stop it."""
-
-    def __init__(self, process: subprocess.Popen[bytes], log_path: Path) -> None:
-        self.process = process
-        self.log_path = log_path
-        self._buffer = b""
-        # Set when a reply did not come in time: a late one would be taken for the next request's.
-        self._out_of_step = False
-        self._ready = False
-
-    @classmethod
-    def launch(cls, log_path: Path) -> ForkServer:
-        """Start a fork server in its own session; it warms up in the background (see `wait_ready`)."""
-        argv = [sys.executable, "-m", "fakes.forkserver"]
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with log_path.open("ab") as log:
-            log.write(f"--- start fork server at {time.time():.3f}\n".encode())
-            log.flush()
-            process = subprocess.Popen(
-                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, start_new_session=True
-            )
-        return cls(process, log_path)
-
-    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
-        """Wait until the fork server has warmed up (seconds, once); stop it if it cannot."""
-        if self._ready:
-            return
-        try:
-            reply = self._read_message(timeout_s)
-            if not reply.get("ready"):
-                raise ForkServerError(f"the fork server could not start: {reply.get('error')}")
-        except BaseException:
-            self.stop()
-            raise
-        self._ready = True
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def alive(self) -> bool:
-        """Running and answering in step; the owner replaces a fork server that is not."""
-        return self.process.poll() is None and not self._out_of_step
-
-    def spawn(self, requests: Sequence[SpawnRequest], timeout_s: float = REPLY_TIMEOUT_S) -> dict[str, int]:
-        """Fork every requested server; returns {name: pid}, each pid leading its own process group."""
-        reply = self._request({"op": "spawn", "servers": [request.to_wire() for request in requests]}, timeout_s)
-        return {name: int(pid) for name, pid in reply["pids"].items()}
-
-    def prebuild(self, requests: Sequence[SpawnRequest], timeout_s: float = REPLY_TIMEOUT_S) -> None:
-        """Fork a standby child per server (from this config) that the next start of that server hands its socket."""
-        self._request({"op": "prebuild", "servers": [request.to_wire() for request in requests]}, timeout_s)
-
-    def wait_idle(self, timeout_s: float = REPLY_TIMEOUT_S) -> None:
-        """Return once the fork server has done all earlier work (requests are served in order) and every standby
-        child is built and waiting for its socket."""
-        self._request({"op": "ping"}, timeout_s)
-
-    def exit_status(self, pid: int, timeout_s: float = REPLY_TIMEOUT_S) -> int | None:
-        """How a reaped child exited (negative: killed by that signal); None while it runs or if unknown."""
-        status = self._request({"op": "exit_status", "pid": pid}, timeout_s)["exit_status"]
-        return None if status is None else int(status)
-
-    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
-        """Close its stdin (it kills and reaps its children, then exits); SIGKILL its group if it does not."""
-        if not self._ready:
-            # Still warming up, so no child yet, and closing stdin would be noticed only after the warm-up. SIGTERM
-            # first: it exits through its handlers and removes its warm-up directory; SIGKILL below if it does not.
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGTERM)
-        if self.process.stdin is not None:
-            with contextlib.suppress(OSError):
-                self.process.stdin.close()
-        try:
-            self.process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=timeout_s)
-        if self.process.stdout is not None:
-            self.process.stdout.close()
-
-    # -- the channel ----------------------------------------------------------------------------------------
-
-    def _request(self, message: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
-        assert self.process.stdin is not None
-        self.wait_ready()
-        if self._out_of_step:
-            raise ForkServerError(f"the fork server (pid {self.pid}) missed a reply before; stop it and start another")
-        try:
-            write_message(self.process.stdin, message)
-        except (BrokenPipeError, ValueError) as error:
-            raise ForkServerError(f"the fork server (pid {self.pid}) is gone: {error}") from error
-        reply = self._read_message(timeout_s)
-        if not reply.get("ok"):
-            raise ForkServerError(f"the fork server refused {message.get('op')!r}: {reply.get('error')}")
-        return reply
-
-    def _read_message(self, timeout_s: float) -> dict[str, Any]:
-        """The next reply line, bounded by `timeout_s` (a hung fork server must not hang the checker)."""
-        assert self.process.stdout is not None
-        fd = self.process.stdout.fileno()
-        deadline_s = time.monotonic() + timeout_s
-        with selectors.DefaultSelector() as selector:
-            selector.register(fd, selectors.EVENT_READ)
-            while b"\n" not in self._buffer:
-                remaining_s = deadline_s - time.monotonic()
-                if remaining_s <= 0 or not selector.select(remaining_s):
-                    self._out_of_step = True
-                    raise ForkServerError(f"the fork server (pid {self.pid}) did not answer within {timeout_s:.0f} s")
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    status = self.process.wait(timeout=STOP_TIMEOUT_S)
-                    raise ForkServerError(f"the fork server (pid {self.pid}) exited with status {status}")
-                self._buffer += chunk
-        line, _, self._buffer = self._buffer.partition(b"\n")
-        return json.loads(line)
 
 
 if __name__ == "__main__":

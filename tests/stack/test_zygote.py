@@ -1,5 +1,7 @@
 """The fork server behind `Stack`: fresh processes on the same ports, clean crashes, clean stops, clear failures.
 
+The fork server is `fakes.zygote`; `Stack` drives it through `fakes.zygote_client`.
+
 Most tests share one started native stack (a fork server warms up in seconds) and leave its Gym servers running;
 the ones about stopping and about the owner dying start their own.
 """
@@ -23,9 +25,9 @@ import pytest
 
 from ckpt_model.coordination import ControlClient
 from ckpt_model.wire import CHECKPOINT_ROUTE_PREFIX
-from fakes.forkserver import EXIT_STATUSES_KEPT_MAX, listening_socket
 from fakes.gym.config import ServerConfig
 from fakes.stack import Stack, StackStartError
+from fakes.zygote import EXIT_STATUSES_KEPT_MAX, listening_socket
 from tests.stack.conftest import WAIT_TIMEOUT_S, group_gone, process_gone, wait_until
 
 processes = pytest.mark.processes
@@ -110,7 +112,7 @@ def test_listening_socket__connections_accepted_by_asyncio_have_tcp_nodelay() ->
 
 REAPER = """
 import json, os
-from fakes.forkserver import EXIT_STATUSES_KEPT_MAX, Zygote
+from fakes.zygote import EXIT_STATUSES_KEPT_MAX, Zygote
 
 zygote = Zygote([])
 zygote.exit_statuses.update((-index, 0) for index in range(1, EXIT_STATUSES_KEPT_MAX + 1))
