@@ -19,19 +19,18 @@ import time
 from hypothesis.stateful import run_state_machine_as_test
 
 from ckpt_model import profiles
-from ckpt_model.deployment import Harness
+from ckpt_model.deployment import Harness, fault_catalogue
 from ckpt_model.faultsearch import Failure, harness_for, search
-from ckpt_model.machine import SearchStats, machine_for
-from fakes.faults import BY_NAME, CATALOGUE
+from ckpt_model.machine import machine_for
+from ckpt_model.stats import SearchStats
 
 DEPLOYMENTS = (("native", "wait"), ("legacy", "wait"), ("slow", "wait"), ("slow", "replay"))
 
 
 def default_profile(topology: str, verify_mode: str) -> None:
     stats = SearchStats()
-    with Harness(topology, verify_mode=verify_mode) as harness:
+    with Harness.embedded(topology, verify_mode=verify_mode) as harness:
         run_state_machine_as_test(machine_for(harness, stats), settings=profiles.DEFAULT)
-        machine_for(harness, None)
     total_s = time.monotonic() - stats.started_s
     done = stats.finished
     label = f"{topology}/{verify_mode}" if topology == "slow" else topology
@@ -76,10 +75,11 @@ def main(argv: list[str] | None = None) -> int:
         for topology, verify_mode in DEPLOYMENTS:
             default_profile(topology, verify_mode)
     if not args.no_faults:
-        names = [n for n in args.faults.split(",") if n] or [fault.name for fault in CATALOGUE]
-        unknown = sorted(set(names) - set(BY_NAME))
+        known = [fault.name for fault in fault_catalogue()]
+        names = [n for n in args.faults.split(",") if n] or known
+        unknown = sorted(set(names) - set(known))
         if unknown:
-            print(f"unknown faults {unknown}; known: {sorted(BY_NAME)}", file=sys.stderr)
+            print(f"unknown faults {unknown}; known: {sorted(known)}", file=sys.stderr)
             return 2
         faults(names)
     return 0

@@ -55,6 +55,9 @@ class Attempt:
     delivered: int = 0
     held: bool = False
     continued: bool = False
+    # Which `/run` carries it (numbered by the model as they are sent; -1: not sent yet). Restoring a checkpoint
+    # again reuses capture keys, so an outcome belongs to a `/run`, not to a key.
+    run: int = -1
 
     @property
     def key(self) -> str:
@@ -153,6 +156,7 @@ class Model:
     resumed: tuple[str, ...] = ()
     # Per rollout, the highest retired attempt the participants refuse (`stale_attempt`) until forget.
     retired_marks: tuple[tuple[str, int], ...] = ()
+    runs_sent: int = 0
     fresh: bool = True
     restored_pending_reported: tuple[str, ...] = ()
 
@@ -251,16 +255,25 @@ class Model:
 
     # -- rules --------------------------------------------------------------------------------------------------
 
-    def refused_dispatch(self) -> tuple[Model, str]:
-        """A new `/run` while a checkpoint is open is refused (`admission_closed`) and owns nothing; its name is
-        used up so that it never names a later rollout."""
-        return attrs.evolve(self, rollout_seq=self.rollout_seq + 1), f"r{self.rollout_seq}"
+    def refused_dispatch(self) -> tuple[Model, Attempt]:
+        """A new `/run` while a checkpoint is open is refused (`admission_closed`) and owns nothing; its name and
+        its `/run` number are used up, so that neither names anything later."""
+        attempt = Attempt(
+            rollout=f"r{self.rollout_seq}", attempt=0, status="running", script=self.script, run=self.runs_sent
+        )
+        return attrs.evolve(self, rollout_seq=self.rollout_seq + 1, runs_sent=self.runs_sent + 1), attempt
 
     def dispatch(self) -> tuple[Model, str]:
         """A new rollout starts as attempt 0 and stops at its first model call."""
         rollout = f"r{self.rollout_seq}"
-        attempt = Attempt(rollout=rollout, attempt=0, status="running", script=self.script)
-        model = attrs.evolve(self, attempts=(*self.attempts, attempt), rollout_seq=self.rollout_seq + 1, fresh=False)
+        attempt = Attempt(rollout=rollout, attempt=0, status="running", script=self.script, run=self.runs_sent)
+        model = attrs.evolve(
+            self,
+            attempts=(*self.attempts, attempt),
+            rollout_seq=self.rollout_seq + 1,
+            fresh=False,
+            runs_sent=self.runs_sent + 1,
+        )
         return model._send(attempt), rollout
 
     def release(self, rollout: str) -> Model:
@@ -370,20 +383,24 @@ class Model:
     def start_replacement(self, rollout: str) -> Model:
         """Send the restored-pending attempt's `/run`: it continues from its boundary (an episode restored at its
         `return` boundary replies without another call)."""
-        attempt = self._current(rollout)
+        attempt = attrs.evolve(self._current(rollout), run=self.runs_sent)
         assert attempt.status == "pending"
+        sent = attrs.evolve(self, runs_sent=self.runs_sent + 1)
         if attempt.finished_script:
-            model = self._replace(attrs.evolve(attempt, status="replied"))
+            model = sent._replace(attrs.evolve(attempt, status="replied"))
         else:
-            model = self._send(attrs.evolve(attempt, status="running"))
+            model = sent._send(attrs.evolve(attempt, status="running"))
         pending = tuple(k for k in model.restored_pending_reported if k != attempt.key)
         return attrs.evolve(model, restored_pending_reported=pending)
 
     def start_over(self, rollout: str) -> Model:
         """Dispatch attempt + 1 of a rollout from the beginning of its script (after a crash or a retire)."""
         attempt = self._current(rollout)
-        fresh_attempt = Attempt(rollout=rollout, attempt=attempt.attempt + 1, status="running", script=self.script)
-        return attrs.evolve(self, attempts=(*self.attempts, fresh_attempt), fresh=False)._send(fresh_attempt)
+        fresh_attempt = Attempt(
+            rollout=rollout, attempt=attempt.attempt + 1, status="running", script=self.script, run=self.runs_sent
+        )
+        model = attrs.evolve(self, attempts=(*self.attempts, fresh_attempt), fresh=False, runs_sent=self.runs_sent + 1)
+        return model._send(fresh_attempt)
 
     def retire(self, rollout: str) -> Model:
         attempt = self._current(rollout)

@@ -14,11 +14,11 @@ from hypothesis import HealthCheck, settings
 from hypothesis.errors import HypothesisException
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
-from ckpt_model.deployment import Harness
+from ckpt_model.deployment import Harness, planted
 from ckpt_model.errors import HarnessError, PropertyViolation
-from ckpt_model.machine import SearchStats, machine_for
+from ckpt_model.machine import machine_for
 from ckpt_model.profiles import BASE
-from fakes.faults import BY_NAME
+from ckpt_model.stats import SearchStats
 
 # Derandomized, so a fault is found by the same examples on every run; no database, so a run stands alone.
 FAULT_SEARCH = settings(
@@ -34,8 +34,8 @@ FAULT_SEARCH = settings(
 
 def harness_for(fault: str) -> Harness:
     """A harness of the deployment the fault shows in (its topology and verify mode), with the fault planted."""
-    planted = BY_NAME[fault]
-    harness = Harness(planted.topology, faults=(fault,), verify_mode=planted.verify_mode)
+    chosen = planted(fault)
+    harness = Harness.embedded(chosen.topology, faults=(fault,), verify_mode=chosen.verify_mode)
     harness.regressions_dir = harness.root / "regressions"  # expected failures: kept with the harness, not the user
     return harness
 
@@ -160,10 +160,7 @@ def run_search(machine: type[RuleBasedStateMachine], search_settings: settings) 
 def search(harness: Harness, search_settings: settings = FAULT_SEARCH) -> Finding:
     """Run the machine against the harness until it fails (and shrinks) or runs out of examples."""
     stats = SearchStats()
-    try:
-        failures = run_search(machine_for(harness, stats), search_settings)
-    finally:
-        machine_for(harness, None)
+    failures = run_search(machine_for(harness, stats), search_settings)
     return Finding(
         fault=",".join(harness.faults) or "(none)",
         failures=failures,

@@ -103,6 +103,7 @@ def describe() -> str:
     "ci (random, example database .hypothesis/examples)". The name is the one `load()` loaded; exploration and
     database are read from the settings in force."""
     current = settings.default
+    assert current is not None, "Hypothesis always has a profile in force"
     name = _loaded if _loaded is not None else "(not loaded: Hypothesis's own)"
     if current.derandomize:
         reason = f": {CI_ENV}" if _loaded == "default" and in_ci() else ""

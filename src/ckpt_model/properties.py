@@ -108,7 +108,7 @@ def p1_exports_exact(
         if got != want:
             missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
             raise P1Violation(
-                rollout=(missing or extra or [None])[0],
+                rollout=next(iter(missing + extra), None),
                 expected=f"{participant} writes exactly {want} in {checkpoint_id}",
                 observed=f"its {source} names {got}"
                 + (f"; lost {missing}" if missing else "")

@@ -3,19 +3,16 @@
 Hypothesis's database key depends on the test's source and its `@reproduce_failure` blob on its version, so
 neither survives an edit of the checker. When a run fails, the machine writes the rules it called to a JSON file
 named after the property and the deployment; Hypothesis runs the shrunk example last, so the file ends up holding
-the shrunk sequence. Replay it with `python -m ckpt_model.regression FILE`, or keep it as a fixed scenario.
+the shrunk sequence. Replay it with `ckpt-model replay FILE` (`ckpt_model.scenarios.replay`), or keep it as a
+fixed scenario.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any
-
-from ckpt_model.errors import PropertyViolation
 
 REGRESSIONS_ENV = "CKPT_MODEL_REGRESSIONS"
 DEFAULT_DIR = Path(".ckpt-model") / "regressions"
@@ -66,40 +63,6 @@ def load(path: Path) -> dict[str, Any]:
     return document
 
 
-def replay(document: dict[str, Any]) -> None:
-    """Run the file's steps on a fresh deployment of its topology and faults; raises what the run raises."""
-    from ckpt_model.deployment import Harness
-    from ckpt_model.scenarios import run
-
-    with Harness(
-        document["topology"], faults=tuple(document["faults"]), verify_mode=document.get("verify_mode", "wait")
-    ) as harness:
-        harness.regressions_dir = harness.root / "regressions"  # a replay does not overwrite the file it replays
-        run(harness, [(name, arguments) for name, arguments in document["steps"]])
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ckpt_model.regression", description=__doc__.splitlines()[0])
-    parser.add_argument("file", type=Path, help="a regression file the checker wrote")
-    args = parser.parse_args(argv)
-    try:
-        document = load(args.file)
-    except ValueError as error:
-        print(error, file=sys.stderr)
-        return 2
-    recorded = document["failure"]["type"]
-    print(f"replaying {args.file}: {describe(document)}", flush=True)
-    try:
-        replay(document)
-    except PropertyViolation as violation:
-        same = type(violation).__name__ == recorded
-        print(f"FAILED as recorded ({recorded}):" if same else f"FAILED differently (recorded {recorded}):")
-        print(violation)
-        return 1
-    print(f"passed: the recorded {recorded} no longer happens")
-    return 0
-
-
 def describe(document: dict[str, Any]) -> str:
     """One line: the deployment and the rule calls, as a person would type them."""
     calls = [
@@ -108,7 +71,3 @@ def describe(document: dict[str, Any]) -> str:
     ]
     faults = f" with {', '.join(document['faults'])}" if document["faults"] else ""
     return f"{document['topology']}{faults}: " + "; ".join(calls)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

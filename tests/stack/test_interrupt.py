@@ -32,9 +32,9 @@ INNER_TEST = textwrap.dedent(
 
 
     def test_started_then_interrupted():
-        harness = Harness("native")
+        harness = Harness.embedded("native")
         harness.begin_example()
-        stack = harness.stack
+        stack = harness.deployment.stack
         stack.fork_server.wait_idle()  # its standby servers for the next start are forked and built
         children = []
         for entry in Path("/proc").iterdir():
@@ -49,6 +49,7 @@ INNER_TEST = textwrap.dedent(
             "pids": [stack.backend.pid, stack.fork_server.pid, *children],
             "ports": [int(url.rsplit(":", 1)[1]) for url in [stack.backend_url, *(s.url for s in stack.gym.values())]],
             "root": str(harness.root),
+            "deployment_root": str(harness.deployment.root),
         }
         Path(os.environ["STARTED_FILE"]).write_text(json.dumps(started))
         threading.Event().wait()  # until Ctrl-C
@@ -85,6 +86,7 @@ def test_ctrl_c_during_a_run_leaves_no_process_port_or_directory(tmp_path: Path)
         started = json.loads(started_file.read_text())
         assert not any(process_gone(pid) for pid in started["pids"])
         assert Path(started["root"]).is_dir()
+        assert Path(started["deployment_root"]).is_dir()
 
         os.killpg(run.pid, signal.SIGINT)
         output = run.communicate(timeout=60)[0].decode(errors="replace")
@@ -97,4 +99,5 @@ def test_ctrl_c_during_a_run_leaves_no_process_port_or_directory(tmp_path: Path)
     wait_until(lambda: all(process_gone(pid) for pid in started["pids"]), "every started process to be gone", 10)
     assert all(port_free(port) for port in started["ports"]), started["ports"]
     assert not Path(started["root"]).exists()
+    assert not Path(started["deployment_root"]).exists()
     assert list(temp_root.iterdir()) == [], "the run left files in its temporary directory"

@@ -18,23 +18,23 @@ def pytest_report_header() -> str:
 
 @pytest.fixture(scope="session")
 def native_harness() -> Iterator[Harness]:
-    with Harness("native") as harness:
+    with Harness.embedded("native") as harness:
         yield harness
 
 
 @pytest.fixture(scope="session")
 def legacy_harness() -> Iterator[Harness]:
-    with Harness("legacy") as harness:
+    with Harness.embedded("legacy") as harness:
         yield harness
 
 
 @pytest.fixture(scope="session")
 def slow_wait_harness() -> Iterator[Harness]:
-    with Harness("slow", verify_mode="wait") as harness:
+    with Harness.embedded("slow", verify_mode="wait") as harness:
         yield harness
 
 
 @pytest.fixture(scope="session")
 def slow_replay_harness() -> Iterator[Harness]:
-    with Harness("slow", verify_mode="replay") as harness:
+    with Harness.embedded("slow", verify_mode="replay") as harness:
         yield harness

@@ -360,9 +360,9 @@ def test_a_lapsed_lease_re_opens_and_remembers_the_id_as_resumed() -> None:
 def test_a_refused_dispatch_uses_up_its_name_and_changes_nothing_else() -> None:
     model, _ = native().dispatch()
     model, _ = model.prepare()
-    refused, rollout = model.refused_dispatch()
-    assert rollout == "r1"
-    assert refused == attrs.evolve(model, rollout_seq=2)
+    refused, attempt = model.refused_dispatch()
+    assert (attempt.key, attempt.run) == ("r1", 1)
+    assert refused == attrs.evolve(model, rollout_seq=2, runs_sent=2)
     assert expect(refused) == expect(model)
     later, name = refused.resume().dispatch()
     assert name == "r2"
@@ -435,3 +435,24 @@ def test_admission_is_closed_while_a_checkpoint_is_open() -> None:
     assert not expect(model).accepting, "committed is still open until the resume"
     assert expect(model.resume()).accepting
     assert expect(model.crash()).accepting
+
+
+def test_every_run_gets_its_own_number_and_a_restore_keeps_the_snapshots() -> None:
+    """Restoring a checkpoint again re-sends a capture key; each `/run` keeps its own number, so a snapshot's
+    replied attempt still names the `/run` that replied."""
+    model, _ = native().dispatch()
+    model = model.release("r0")
+    model, _ = model.prepare()
+    model, _ = model.commit()
+    model, _ = model.crash().restore("c1")
+    model = model.start_replacement("r0")
+    first = model.current()["r0"]
+    model = model.release("r0")
+    assert (first.key, first.run, model.current()["r0"].status) == ("r0-a1", 1, "replied")
+    model, later = model.prepare()
+    model, _ = model.commit()
+    model, _ = model.resume().crash().restore("c1")
+    model = model.start_replacement("r0")
+    assert (model.current()["r0"].key, model.current()["r0"].run) == ("r0-a1", 2)
+    model, _ = model.crash().restore(later)
+    assert (model.current()["r0"].status, model.current()["r0"].run) == ("replied", 1)

@@ -32,12 +32,6 @@ def test_a_malformed_document_is_refused(tmp_path: Path, document: dict, problem
         regression.load(path)
 
 
-def test_the_command_line_reports_a_bad_file_and_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = tmp_path / "missing.json"
-    assert regression.main([str(path)]) == 2
-    assert "not a readable regression file" in capsys.readouterr().err
-
-
 def test_describe_prints_the_steps_as_calls() -> None:
     steps = [["dispatch", {}], ["release", {"pick": 0}]]
     document = {"topology": "native", "faults": ["model_delivers_held"], "steps": steps}

@@ -1,0 +1,104 @@
+"""The look-alike stack behind the checker's deployment seam (`ckpt_model.deployment.Deployment`).
+
+The checker never imports `fakes`: it finds this module through the entry point `ckpt_model.systems` named
+`embedded` (declared in pyproject.toml), so a misreading of the protocol cannot hide on both sides at once and
+the same checker drives a real Gym through another implementation of the seam. Failures to start are raised as
+`RuntimeError` with the server's name and log, as the seam asks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+from pathlib import Path
+
+from fakes.faults import CATALOGUE, Fault
+from fakes.gym.config import DEFAULT_LEASE_GRACE_S
+from fakes.stack import Stack, StackStartError
+from fakes.stack import main as launch
+
+
+class EmbeddedDeployment:
+    """One topology of the look-alike stack: the backend once, the Gym servers fresh on every start."""
+
+    def __init__(
+        self,
+        topology: str,
+        *,
+        faults: tuple[str, ...] = (),
+        verify_mode: str = "wait",
+        lease_grace_s: float = DEFAULT_LEASE_GRACE_S,
+        root: Path | None = None,
+    ) -> None:
+        self._own_root = root is None
+        self.root = Path(tempfile.mkdtemp(prefix=f"ckpt-model-{topology}-")) if root is None else Path(root)
+        try:
+            self.stack = Stack(
+                topology, self.root / "stack", faults=faults, verify_mode=verify_mode, lease_grace_s=lease_grace_s
+            )
+        except BaseException:
+            self._remove_root()
+            raise
+        self.topology = topology
+        self.verify_mode = verify_mode
+        self.faults = tuple(faults)
+        self.lease_grace_s = self.stack.lease_grace_s
+
+    @property
+    def token(self) -> str:
+        return self.stack.token
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.root / "stack" / "logs"
+
+    def start_backend(self) -> str:
+        """Start the inference backend and token store (once); returns its base URL."""
+        try:
+            return self.stack.start_backend()
+        except StackStartError as error:
+            raise RuntimeError(f"the backend did not start: {error}") from error
+
+    def start_gym(self) -> dict[str, str]:
+        """Start fresh Gym servers; returns every server's base URL by name."""
+        try:
+            self.stack.start_gym()
+        except StackStartError as error:
+            raise RuntimeError(str(error)) from error
+        return {name: server.url for name, server in self.stack.gym.items()}
+
+    def crash_gym(self) -> None:
+        """SIGKILL every Gym process group; the backend and the directories survive."""
+        self.stack.crash_gym()
+
+    def run_url(self) -> str:
+        return self.stack.gym["environment"].url + "/run"
+
+    def log_tails(self, lines: int = 15) -> str:
+        parts = []
+        for server in self.stack.gym.values():
+            parts.append(f"--- {server.name} ({server.log_path})\n{server.log_tail(lines) or '(empty)'}")
+        return "\n".join(parts)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.stack.stop()
+        self._remove_root()
+
+    def _remove_root(self) -> None:
+        if self._own_root:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+class EmbeddedSystem:
+    """What the entry point hands the checker: the deployment factory and the planted-fault catalogue."""
+
+    name = "embedded"
+    catalogue: tuple[Fault, ...] = CATALOGUE
+    deployment = EmbeddedDeployment
+    # `python -m fakes.stack`'s entry: runs a deployment by hand until SIGTERM or Ctrl-C (`ckpt-model stack`).
+    launch = staticmethod(launch)
+
+
+SYSTEM = EmbeddedSystem()

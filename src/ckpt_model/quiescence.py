@@ -1,0 +1,274 @@
+"""Waiting for the quiet state the model predicts, and deciding what a difference means.
+
+After every rule the machine polls the backend's call list and every participant's status until they show what
+`contract.expect(model)` derives. Calls, replies, refusals and phases are definite: a wrong one is a violation at
+once, a missing one is waited for. A participant's counts, marks and admission are judged only once nothing else
+is pending, and only when confirmed: by the step's own reply (`counts_final`: retire and forget free everything
+before they reply, reference section 10), or by a mismatch that outlived the whole settle timeout and one fresh
+poll. Slowness alone is never a verdict.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from typing import Any
+
+import attrs
+
+from ckpt_model import properties as props
+from ckpt_model.contract import VERIFY, Attempt, Expectation, Model, ScriptCall, expect
+from ckpt_model.deployment import Harness
+from ckpt_model.errors import PropertyViolation, QuiescenceTimeout
+from ckpt_model.runs import RunOutcome, RunPool
+
+SETTLE_TIMEOUT_S = 10.0
+# Polls back off from the first to the last interval: quick when the state is almost there, and gentle on two
+# loaded cores when a participant lags.
+POLL_INTERVAL_MIN_S = 0.001
+POLL_INTERVAL_MAX_S = 0.02
+# How pending items and status mismatches are told apart when the settle timeout has passed.
+REFUSAL_PENDING = "refusal"
+ADMISSION_MISMATCH = "accepting="
+
+
+@attrs.frozen
+class Observation:
+    """One poll of the system: backend calls per capture key, waiting keys, and every participant's status."""
+
+    calls: dict[str, tuple[ScriptCall, ...]]
+    waiting: dict[str, int]
+    statuses: dict[str, dict[str, Any]]
+
+    def summary(self) -> dict[str, Any]:
+        phases = {name: (s["phase"], s.get("checkpoint_id")) for name, s in self.statuses.items()}
+        counts = {name: s["report"]["counts"] for name, s in self.statuses.items()}
+        return {"calls": self.calls, "waiting": sorted(self.waiting), "phases": phases, "counts": counts}
+
+
+def observe(harness: Harness) -> Observation:
+    """The backend's calls (message counts, or `verify` for a judge call) and every participant's status."""
+    calls: dict[str, tuple[ScriptCall, ...]] = {}
+    waiting: dict[str, int] = {}
+    assert harness.control is not None
+    for call in harness.backend.calls() if harness.backend is not None else ():
+        key = call.get("capture_key")
+        if key is None:
+            continue
+        made = VERIFY if call.get("kind") == "judge" else call["n_messages"]
+        calls[key] = (*calls.get(key, ()), made)
+        if call.get("waiting"):
+            waiting[key] = call["index"]
+    return Observation(calls=calls, waiting=waiting, statuses=harness.control.status_all())
+
+
+def poll(condition: Callable[[], bool], timeout_s: float) -> bool:
+    """Poll `condition` with back-off until it holds (True) or `timeout_s` passed (False)."""
+    deadline = time.monotonic() + timeout_s
+    interval = POLL_INTERVAL_MIN_S
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(interval)
+        interval = min(interval * 2, POLL_INTERVAL_MAX_S)
+    return True
+
+
+class Quiescence:
+    """Settles each step: polls until the system shows the model's prediction, raising what cannot be fixed."""
+
+    def __init__(self, harness: Harness, runs: RunPool, reward: float, timeout_s: float = SETTLE_TIMEOUT_S) -> None:
+        self.harness = harness
+        self.runs = runs
+        self.reward = reward
+        self.timeout_s = timeout_s
+
+    def settle(
+        self, model: Model, violation: type[PropertyViolation] | None = None, counts_final: bool = False
+    ) -> Observation:
+        expected = expect(model)
+        deadline = time.monotonic() + self.timeout_s
+        interval = POLL_INTERVAL_MIN_S
+        while True:
+            observation = observe(self.harness)
+            pending = self._pending(model, expected, observation)
+            mismatches = _status_mismatches(expected, observation)
+            if not pending and not mismatches:
+                return observation
+            if not pending and (counts_final or time.monotonic() > deadline):
+                fresh = observe(self.harness)
+                fresh_mismatches = _status_mismatches(expected, fresh)
+                if not self._pending(model, expected, fresh):
+                    if fresh_mismatches:
+                        self._status_violation(model, expected, fresh, violation)
+                    return fresh
+            if time.monotonic() > deadline:
+                self._timed_out(model, expected, violation)
+            time.sleep(interval)
+            interval = min(interval * 2, POLL_INTERVAL_MAX_S)
+
+    def wait_preparing(self, owner: str, checkpoint_id: str, blockers: list[str], future: Future[Any]) -> None:
+        """Until the episode owner reports the prepare waiting on exactly `blockers` (P11: `wait` blocks)."""
+        control = self.harness.control
+        assert control is not None
+        seen: list[Any] = []
+
+        def preparing() -> bool:
+            status = control.status_all()[owner]
+            seen[:] = [status["phase"], status.get("checkpoint_id"), sorted(status["report"].get("blockers", ()))]
+            return seen == ["preparing", checkpoint_id, blockers] or future.done()
+
+        if not poll(preparing, self.timeout_s) or seen != ["preparing", checkpoint_id, blockers]:
+            raise props.P11Violation(
+                rollout=blockers[0],
+                expected=f"{owner} preparing {checkpoint_id}, waiting for the verifications of {blockers}",
+                observed=f"(phase, checkpoint, blockers) {tuple(seen)}"
+                + ("; the prepare returned" if future.done() else ""),
+            )
+
+    def wait_lease_lapsed(self, checkpoint_id: str, lapses_at_ts: float) -> None:
+        """Until every participant is idle again after the lease of `checkpoint_id` lapsed (P10)."""
+        control = self.harness.control
+        assert control is not None
+        phases: dict[str, Any] = {}
+
+        def idle() -> bool:
+            statuses = control.status_all()
+            phases.update({name: (s["phase"], s.get("checkpoint_id")) for name, s in statuses.items()})
+            return all(phase == ("idle", None) for phase in phases.values())
+
+        if not poll(idle, max(lapses_at_ts - time.time(), 0.0) + self.timeout_s):
+            raise props.P10Violation(
+                rollout=None,
+                expected=f"every participant idle again once the lease of {checkpoint_id} lapsed",
+                observed=f"phases {phases} {time.time() - lapses_at_ts:.1f} s after it lapsed",
+            )
+
+    # -- what is pending, and what is already wrong ------------------------------------------------------------
+
+    def _pending(self, model: Model, expected: Expectation, observation: Observation) -> list[str]:
+        """What has not arrived yet; raises at once on what no amount of waiting can fix."""
+        pending = [f"call of {key}" for key in props.p4_calls(expected.calls, observation.calls)]
+        pending += [f"{key} waiting at the backend" for key in expected.waiting if key not in observation.waiting]
+        pending += [f"{key} released" for key in observation.waiting if key not in expected.waiting]
+        pending += self._pending_runs(model)
+        for name, status in observation.statuses.items():
+            props.p10_phase(name, (expected.phase, expected.checkpoint_id), status)
+        return pending
+
+    def _pending_runs(self, model: Model) -> list[str]:
+        runs = self.runs
+        pending = []
+        for attempt in model.attempts:
+            outcome = runs.outcomes.get(attempt.run)
+            if attempt.status == "replied" and attempt.run >= 0:
+                if outcome is None:
+                    pending.append(f"{attempt.key} reply")
+                else:
+                    props.p3_reply_complete(attempt.key, outcome.status_code, outcome.body, self.reward)
+            elif attempt.status == "running" and outcome is not None and attempt.run not in runs.refused_stale:
+                _unexpected_reply(model, attempt, outcome)
+        for run, key in sorted(runs.refused_stale.items()):
+            outcome = runs.outcomes.get(run)
+            if outcome is None:
+                pending.append(f"{key} {REFUSAL_PENDING} after retire")
+            elif outcome.error is None:
+                props.p7_refused(key, outcome.status_code, outcome.body)
+        for run, key in sorted(runs.refused_closed.items()):
+            outcome = runs.outcomes.get(run)
+            if outcome is None:
+                pending.append(f"{key} {REFUSAL_PENDING} while a checkpoint is open")
+            else:
+                props.p10_admission_refused(key, outcome.status_code, outcome.body)
+        return pending
+
+    def _timed_out(self, model: Model, expected: Expectation, violation: type[PropertyViolation] | None) -> None:
+        """The whole settle timeout passed with something still pending; one fresh poll decides what it was.
+
+        A participant whose admission contradicts the model (closed after a resume, open while prepared)
+        explains whatever stalled behind it, so it is P10. A refusal that never came while the statuses show the
+        request was taken in (an episode counted) is the step's own property. Anything else is a harness error
+        that names what was predicted and what is still pending."""
+        fresh = observe(self.harness)
+        pending = self._pending(model, expected, fresh)
+        mismatches = _status_mismatches(expected, fresh)
+        admission = [item for item in mismatches if ADMISSION_MISMATCH in item]
+        if admission:
+            raise props.P10Violation(
+                rollout=None,
+                expected=describe(expected),
+                observed="; ".join(admission) + f" (still pending after {self.timeout_s:g} s: {pending})",
+            )
+        if mismatches and pending and all(REFUSAL_PENDING in item for item in pending):
+            raise (violation or props.P10Violation)(
+                rollout=None, expected=describe(expected), observed="; ".join(pending + mismatches)
+            )
+        raise QuiescenceTimeout(
+            prediction=describe(expected),
+            observed=fresh.summary(),
+            pending=pending + mismatches,
+            timeout_s=self.timeout_s,
+        )
+
+    def _status_violation(
+        self,
+        model: Model,
+        expected: Expectation,
+        observation: Observation,
+        violation: type[PropertyViolation] | None,
+    ) -> None:
+        """A confirmed status mismatch: a held response delivered while prepared is P2; otherwise the step's own
+        property (P7 after retire and forget) or P10."""
+        held = _model_counts(observation.statuses).get("held")
+        if model.checkpoint_open and held != expected.held:
+            props.p2_held_responses(model.open_checkpoint or "", expected.held, held)
+        mismatches = _status_mismatches(expected, observation)
+        raise (violation or props.P10Violation)(
+            rollout=None, expected=describe(expected), observed="; ".join(mismatches)
+        )
+
+
+def _status_mismatches(expected: Expectation, observation: Observation) -> list[str]:
+    return [
+        f"status of {name} {problem}"
+        for name, status in observation.statuses.items()
+        for problem in props.status_mismatches(expected, status)
+    ]
+
+
+def _model_counts(statuses: Mapping[str, Mapping[str, Any]]) -> Mapping[str, Any]:
+    for status in statuses.values():
+        if status.get("kind") == "model":
+            return status.get("report", {}).get("counts", {})
+    return {}
+
+
+def _unexpected_reply(model: Model, attempt: Attempt, outcome: RunOutcome) -> None:
+    if outcome.error is not None:
+        raise props.P3Violation(
+            rollout=attempt.key, expected="the /run still running", observed=f"it failed: {outcome.error}"
+        )
+    if model.checkpoint_open:
+        raise props.P2Violation(
+            rollout=attempt.key,
+            expected=f"no reply while {model.open_checkpoint} is open",
+            observed=f"HTTP {outcome.status_code}: {outcome.body}",
+        )
+    violation = props.P4Violation if outcome.status_code == 200 else props.P3Violation
+    raise violation(
+        rollout=attempt.key,
+        expected=f"the /run still running at call {attempt.calls_made} of {len(attempt.script)}",
+        observed=f"it ended with HTTP {outcome.status_code}: {outcome.body}",
+    )
+
+
+def describe(expected: Expectation) -> str:
+    return (
+        f"phase {expected.phase} ({expected.checkpoint_id}); calls {expected.calls}; "
+        f"waiting {sorted(expected.waiting)}; "
+        f"model inflight {expected.inflight} held {expected.held}; episodes {expected.episodes}; "
+        f"sessions {expected.sessions}; resources sessions {expected.resources_sessions}; "
+        f"restored_pending {list(expected.restored_pending)}; retired_rollouts {expected.retired_rollouts}; "
+        f"admission {'open' if expected.accepting else 'closed'}"
+    )

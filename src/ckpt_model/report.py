@@ -1,0 +1,55 @@
+"""The failure report: what a violation or harness error carries besides its own message, in a fixed order.
+
+Notes on the exception (`add_note`): the steps with the model's names, the history of the rollout and the
+controller, the backend's calls, the server log tails, how to reproduce, and the regression file written for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ckpt_model import regression
+from ckpt_model.deployment import Harness
+from ckpt_model.history import Event, History
+
+HISTORY_EVENTS_SHOWN = 30
+ANNOTATED = "_ckpt_annotated"
+
+
+def annotate(
+    error: BaseException,
+    *,
+    harness: Harness,
+    steps: Sequence[str],
+    history: History,
+    rule_calls: list[tuple[str, dict[str, Any]]],
+    backend_calls: Callable[[], Any],
+) -> bool:
+    """Attach the report to `error` once; returns False if it already carried one."""
+    if getattr(error, ANNOTATED, False):
+        return False
+    setattr(error, ANNOTATED, True)
+    error.add_note("Steps (model names):\n" + "\n".join(f"  {i}. {s}" for i, s in enumerate(steps, 1)))
+    rollout = getattr(error, "rollout", None)
+    events: list[Event] = list(history.events)
+    if rollout:
+        events = [e for e in events if e.process in (rollout, "controller")]
+    error.add_note("History (last events):\n" + history.format(events, last=HISTORY_EVENTS_SHOWN))
+    try:
+        calls = backend_calls()
+    except Exception as observe_error:
+        calls = {"unavailable": str(observe_error)}
+    error.add_note(f"Backend calls (message counts per capture key): {calls}")
+    error.add_note("Server log tails:\n" + harness.log_tails())
+    error.add_note(
+        "Reproduce: rerun the same pytest command; Hypothesis replays this example from its database "
+        "(.hypothesis/), and prints @reproduce_failure(...) when print_blob is on (the ci and debug profiles)."
+    )
+    try:
+        path = regression.write(harness, rule_calls, error)
+    except OSError as write_error:
+        error.add_note(f"Replay file not written: {write_error}")
+    else:
+        error.add_note(f"Replay without Hypothesis (survives code edits): ckpt-model replay {path}")
+    return True

@@ -1,0 +1,110 @@
+"""The `/run` pool: every rollout's `/run` runs in the background and its completion becomes a history event.
+
+A reply that arrives late is still attributed to its attempt; the quiescence check reads the outcomes, and the
+refusals the model expects (a retired attempt's `stale_attempt`, a `/run` sent while a checkpoint is open and
+refused with `admission_closed`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import attrs
+import httpx
+
+from ckpt_model.contract import Attempt
+from ckpt_model.errors import QuiescenceTimeout
+from ckpt_model.history import History
+
+RUN_THREADS_MAX = 16
+
+
+@attrs.frozen
+class RunOutcome:
+    """How one `/run` ended: an HTTP reply, or a transport error (a crash cut it off)."""
+
+    status_code: int | None
+    body: Any
+    error: str | None = None
+
+
+class RunPool:
+    """Sends `/run`s for attempts and keeps how each ended, by capture key."""
+
+    def __init__(
+        self,
+        http: httpx.Client,
+        run_url: Callable[[], str],
+        body: Callable[[Attempt], dict[str, Any]],
+        history: History,
+    ) -> None:
+        self._http = http
+        self._run_url = run_url
+        self._body = body
+        self._history = history
+        self._pool = ThreadPoolExecutor(max_workers=RUN_THREADS_MAX, thread_name_prefix="run")
+        # By `/run` number (`Attempt.run`): restoring a checkpoint again re-sends a capture key, and a snapshot's
+        # attempt that replied is judged by its own `/run`, not by a later one of the same key.
+        self.outcomes: dict[int, RunOutcome] = {}
+        self._futures: dict[int, Future[RunOutcome]] = {}
+        # `/run`s that must be refused: with `stale_attempt` (retired while running), or with `admission_closed`
+        # (sent while a checkpoint was open); each mapped to its capture key, for messages.
+        self.refused_stale: dict[int, str] = {}
+        self.refused_closed: dict[int, str] = {}
+
+    def post(self, attempt: Attempt) -> RunOutcome:
+        """One `/run`, in the caller's thread."""
+        invocation = self._history.invoke(attempt.key, "run", {"attempt": attempt.attempt})
+        try:
+            response = self._http.post(self._run_url(), json=self._body(attempt))
+        except httpx.HTTPError as error:
+            self._history.complete(invocation, "info", f"{type(error).__name__}: {error}")
+            return RunOutcome(status_code=None, body=None, error=str(error))
+        body = _json(response)
+        self._history.complete(invocation, "ok" if response.status_code == 200 else "fail", body)
+        return RunOutcome(status_code=response.status_code, body=body)
+
+    def send(self, attempt: Attempt) -> None:
+        """`/run` in the background: its completion is an event, attributed to its `/run` whenever it arrives."""
+        if attempt.run < 0:
+            raise ValueError(f"'attempt.run' must be the model's number of this /run (got {attempt.run})")
+        run = attempt.run
+
+        def record(done: Future[RunOutcome]) -> None:
+            self.outcomes[run] = done.result()
+
+        future: Future[RunOutcome] = self._pool.submit(self.post, attempt)
+        future.add_done_callback(record)
+        self._futures[run] = future
+
+    def submit(self, call: Callable[..., Any], *args: Any) -> Future[Any]:
+        """Run another blocking call in the background (a prepare left waiting)."""
+        return self._pool.submit(call, *args)
+
+    def wait_ended(self, timeout_s: float) -> None:
+        """After a crash every `/run` in flight ends with a transport error; wait for each (bounded)."""
+        deadline = time.monotonic() + timeout_s
+        for run, future in list(self._futures.items()):
+            try:
+                future.result(timeout=max(deadline - time.monotonic(), 0.0))
+            except TimeoutError:
+                raise QuiescenceTimeout(
+                    prediction="every /run in flight ends when its server is killed",
+                    observed=f"/run #{run} is still open",
+                    pending=[f"/run #{run}"],
+                    timeout_s=timeout_s,
+                ) from None
+        self._futures.clear()
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _json(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except ValueError:
+        return response.text

@@ -1,0 +1,34 @@
+"""Search statistics: examples, their steps and crashes, and when the first failure came (benchmarks, tests)."""
+
+from __future__ import annotations
+
+import time
+
+import attrs
+
+
+@attrs.frozen
+class ExampleStat:
+    steps: int
+    crashes: int
+    seconds: float
+
+
+@attrs.define
+class SearchStats:
+    """Counts examples, their steps and crashes, and times the first failure."""
+
+    started_s: float = attrs.field(factory=time.monotonic)
+    examples: int = 0
+    first_failure_s: float | None = None
+    finished: list[ExampleStat] = attrs.field(factory=list)
+
+    def example_started(self) -> None:
+        self.examples += 1
+
+    def failed(self) -> None:
+        if self.first_failure_s is None:
+            self.first_failure_s = time.monotonic() - self.started_s
+
+    def example_finished(self, steps: int, crashes: int, seconds: float) -> None:
+        self.finished.append(ExampleStat(steps=steps, crashes=crashes, seconds=seconds))
