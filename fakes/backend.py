@@ -30,8 +30,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ckpt_model.wire import error_body
-from fakes.gym.http import ClientGone, unless_client_gone
+from fakes.gym.http import SERVER_KEEP_ALIVE_S, ClientGone, unless_client_gone
+from fakes.gym.wire import error_body
 
 MODEL_NAME = "fake-model"
 CAPTURE_KEY_HEADER = "x-ng-capture-key"
@@ -363,7 +363,14 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.exit_with_stdin:
         threading.Thread(target=_stop_at_stdin_eof, name="stdin-watch", daemon=True).start()
-    uvicorn.run(build_app(), host=args.host, port=args.port, log_level="warning", access_log=False)
+    uvicorn.run(
+        build_app(),
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        access_log=False,
+        timeout_keep_alive=SERVER_KEEP_ALIVE_S,
+    )
 
 
 if __name__ == "__main__":

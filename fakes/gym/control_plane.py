@@ -28,15 +28,6 @@ import attrs
 from fastapi import APIRouter, Header
 from pydantic import ValidationError
 
-from ckpt_model.wire import (
-    CHECKPOINT_ROUTE_PREFIX,
-    CheckpointRequest,
-    CommitRequest,
-    EpisodeId,
-    ForgetRequest,
-    RestoreRequest,
-    RetireRequest,
-)
 from fakes.gym.config import ServerConfig
 from fakes.gym.errors import (
     CheckpointConflictError,
@@ -57,6 +48,16 @@ from fakes.gym.store import (
     participant_dir,
     read_participant_state,
     write_participant_state,
+)
+from fakes.gym.wire import (
+    CHECKPOINT_ROUTE_PREFIX,
+    CheckpointRequest,
+    CommitRequest,
+    EpisodeId,
+    ForgetRequest,
+    RestoreRequest,
+    RetireRequest,
+    bearer,
 )
 
 log = logging.getLogger(__name__)
@@ -193,7 +194,7 @@ class ControlPlane:
         self.retired = RetiredAttempts()
         self.checkpoint_id: str | None = None
         self.lease_expires_at: float | None = None
-        self._bearer = f"Bearer {token}".encode()
+        self._bearer = bearer(token).encode()
         self._phase = "idle"
         self._resumed: OrderedDict[str, None] = OrderedDict()
         self._results: dict[tuple[str, str], _Result] = {}
@@ -383,7 +384,7 @@ class ControlPlane:
     async def retire(self, request: RetireRequest) -> Reply:
         """Mark first (refusals start at once), then let the participant stop and free the attempts."""
         checkpoint_id = request.checkpoint_id
-        async with self._lock:
+        async with self._locked_by(request.deadline_ts, f"retire under {checkpoint_id!r}"):
             self._admit(checkpoint_id, "retire")
             self._require_phase("retire", checkpoint_id)
             remaining_s = self._remaining_s(request.deadline_ts, f"retire under {checkpoint_id!r}")
@@ -399,7 +400,7 @@ class ControlPlane:
         """Drop the marks once nothing of those rollouts can run; the participant may refuse first."""
         checkpoint_id = request.checkpoint_id
         rollout_ids = sorted(set(request.rollout_ids))
-        async with self._lock:
+        async with self._locked_by(request.deadline_ts, f"forget under {checkpoint_id!r}"):
             self._admit(checkpoint_id, "forget")
             self._require_phase("forget", checkpoint_id)
             remaining_s = self._remaining_s(request.deadline_ts, f"forget under {checkpoint_id!r}")
@@ -486,6 +487,17 @@ class ControlPlane:
                 "retry with a deadline in the future"
             )
         return remaining_s
+
+    @contextlib.asynccontextmanager
+    async def _locked_by(self, deadline_ts: float, what: str) -> AsyncIterator[None]:
+        """Hold the lock, waiting for it no longer than the request's deadline: a resume that waits under the lock
+        for a commit's write to stop must not leave a retire hanging past its caller's timeout."""
+        async with self._bounded(self._remaining_s(deadline_ts, what), f"{what} (waiting for the control lock)"):
+            await self._lock.acquire()
+        try:
+            yield
+        finally:
+            self._lock.release()
 
     @contextlib.asynccontextmanager
     async def _bounded(self, remaining_s: float, what: str) -> AsyncIterator[None]:

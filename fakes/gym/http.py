@@ -14,7 +14,13 @@ import httpx
 from fastapi import FastAPI, Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-ROLLOUT_PREFIX = "/ng-rollout/"
+from fakes.gym.wire import ROLLOUT_PATH_PREFIX
+
+# Idle keep-alive connections: a client must always drop one before the server does. uvicorn's default (5 s)
+# equals httpx's default `keepalive_expiry`, so a request sent on a connection idle for about 5 s can race the
+# server's close and fail with "Server disconnected" or a reset: a transport error, not a fault of the system.
+SERVER_KEEP_ALIVE_S = 600
+CLIENT_KEEPALIVE_EXPIRY_S = 5.0
 T = TypeVar("T")
 
 
@@ -25,8 +31,8 @@ class RolloutPrefixMiddleware:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith(ROLLOUT_PREFIX):
-            key, _, rest = scope["path"][len(ROLLOUT_PREFIX) :].partition("/")
+        if scope["type"] == "http" and scope["path"].startswith(ROLLOUT_PATH_PREFIX):
+            key, _, rest = scope["path"][len(ROLLOUT_PATH_PREFIX) :].partition("/")
             scope = dict(scope)
             scope["path"] = "/" + rest
             scope["raw_path"] = scope["path"].encode()
@@ -54,7 +60,7 @@ def new_client() -> httpx.AsyncClient:
     no_cookies = http.cookiejar.CookieJar(policy=http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
     return httpx.AsyncClient(
         timeout=httpx.Timeout(10.0, read=None),
-        limits=httpx.Limits(max_connections=1000),
+        limits=httpx.Limits(max_connections=1000, keepalive_expiry=CLIENT_KEEPALIVE_EXPIRY_S),
         cookies=no_cookies,
         trust_env=False,
         verify=ssl_context(),

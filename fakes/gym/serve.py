@@ -6,6 +6,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from fakes.gym.config import ServerConfig
+from fakes.gym.http import SERVER_KEEP_ALIVE_S
 
 
 def build_app(config: ServerConfig) -> FastAPI:
@@ -25,7 +26,14 @@ def build_app(config: ServerConfig) -> FastAPI:
 
 def main() -> None:
     config = ServerConfig.from_env()
-    uvicorn.run(build_app(config), host=config.host, port=config.port, log_level="warning", access_log=False)
+    uvicorn.run(
+        build_app(config),
+        host=config.host,
+        port=config.port,
+        log_level="warning",
+        access_log=False,
+        timeout_keep_alive=SERVER_KEEP_ALIVE_S,
+    )
 
 
 if __name__ == "__main__":

@@ -54,6 +54,10 @@ DISCOVER_TRIES = 3
 # A failed restore's cleanup gets at least this long, even when the restore's own deadline has passed.
 CLEANUP_DEADLINE_MIN_S = 30.0
 FANOUT_THREADS_MAX = 8
+# Idle pooled connections are dropped after this long, well before a uvicorn server closes them (its default
+# keep-alive is 5 s, the same as httpx's default expiry): a request sent on a connection the server is closing
+# fails with "Server disconnected" or a reset, a transport error that is no fault of the deployment.
+KEEPALIVE_EXPIRY_S = 2.0
 ERROR_TEXT_SHOWN_MAX = 300
 
 SERVER_TYPES: tuple[str, ...] = (
@@ -271,6 +275,17 @@ def _host_port(implementations: object) -> tuple[str, int] | None:
 # --- the client --------------------------------------------------------------------------------------------
 
 
+def new_http_client(timeout: float | httpx.Timeout, *, transport: httpx.BaseTransport | None = None) -> httpx.Client:
+    """The checker's HTTP client: no proxy from the environment (a proxy must not sit between the controller and
+    the servers, and reading it costs time) and idle connections dropped before a server drops them."""
+    return httpx.Client(
+        transport=transport,
+        timeout=timeout,
+        limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S),
+        trust_env=False,
+    )
+
+
 class ControlClient:
     """Coordinates checkpoints across a deployment's participants through one reused `httpx.Client`.
 
@@ -296,9 +311,8 @@ class ControlClient:
         self.timeout_s = timeout_s
         self.clock = clock
         self._owns_http = http is None
-        # trust_env=False: a proxy set in the environment must not sit between the controller and the servers
-        # (and reading it costs time); a caller that needs one injects its own client.
-        self._http = http if http is not None else httpx.Client(transport=transport, timeout=timeout_s, trust_env=False)
+        # A caller that needs a proxy injects its own client (`new_http_client` reads none from the environment).
+        self._http = http if http is not None else new_http_client(timeout_s, transport=transport)
         self._fanout_threads_max = fanout_threads_max
         self._pool: ThreadPoolExecutor | None = None
 
@@ -569,7 +583,8 @@ class ControlClient:
         fencing or idempotent replay must hear every participant."""
         members = self.participants.members
         outcomes = self._map(lambda member: self._post(member, operation, body, deadline_ts), members)
-        return _sorted_dict(zip((m.name for m in members), outcomes, strict=True))
+        answers: dict[str, Reply | ParticipantFailure] = dict(zip((m.name for m in members), outcomes, strict=True))
+        return dict(sorted(answers.items()))
 
     # --- transport -----------------------------------------------------------------------------------------
 
@@ -633,18 +648,17 @@ def request_body(
     rollout_ids: Sequence[str] = (),
 ) -> Reply:
     """The wire body of `operation` (prepare, renew, resume, commit, restore, retire, forget), validated."""
-    base = {"checkpoint_id": checkpoint_id, "deadline_ts": deadline_ts}
+    ids = {"checkpoint_id": checkpoint_id, "deadline_ts": deadline_ts}
     request: pydantic.BaseModel
     if operation in ("prepare", "renew", "resume"):
-        request = CheckpointRequest(**base)
-    elif operation == "commit":
-        request = CommitRequest(**base, checkpoint_dir=checkpoint_dir, episode_ids=list(episode_ids))
-    elif operation == "restore":
-        request = RestoreRequest(**base, checkpoint_dir=checkpoint_dir, episode_ids=list(episode_ids))
+        request = CheckpointRequest.model_validate(ids)
+    elif operation in ("commit", "restore"):
+        model = CommitRequest if operation == "commit" else RestoreRequest
+        request = model.model_validate({**ids, "checkpoint_dir": checkpoint_dir, "episode_ids": list(episode_ids)})
     elif operation == "retire":
-        request = RetireRequest(**base, episode_ids=list(episode_ids))
+        request = RetireRequest.model_validate({**ids, "episode_ids": list(episode_ids)})
     elif operation == "forget":
-        request = ForgetRequest(**base, rollout_ids=list(rollout_ids))
+        request = ForgetRequest.model_validate({**ids, "rollout_ids": list(rollout_ids)})
     else:
         raise ValueError(f"'operation' must be a control operation (got {operation!r})")
     return _body(request)
