@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The nightly deep search: the state machine with the `ci` profile over every topology, then the full fault search
+# (`pytest -m search`: every planted fault found and shrunk). Installs nothing: run it in the project's
+# environment (`pip install -e '.[test]'` done).
+#
+# Keeps Hypothesis's example database in .hypothesis/ at the repository root (the workflow caches it between runs,
+# so a failure found one night replays first the next) and writes to nightly-artifacts/ (or $NIGHTLY_ARTIFACTS):
+#   junit-stateful.xml, junit-search.xml   pytest's JUnit reports
+#   regressions/                           the regression files failing runs wrote (`ckpt-model replay FILE`)
+#   console.log                            everything printed to the console
+# Every step runs even when one fails; the exit status is 1 if any step failed, else 0.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+python="${PYTHON:-python}"
+artifacts="${NIGHTLY_ARTIFACTS:-nightly-artifacts}"
+regressions=".ckpt-model/regressions"
+
+mkdir -p "$artifacts"
+: >"$artifacts/console.log"
+started="$(mktemp)"  # regression files newer than this are tonight's (a local run may hold older ones)
+trap 'rm -f "$started"' EXIT
+export HYPOTHESIS_PROFILE=ci
+export CKPT_MODEL_REGRESSIONS="$regressions"
+
+failed=()
+
+# Runs one pytest step, its output to the console and to console.log; records it in `failed` if it fails.
+run_step() {
+  local name="$1"
+  shift
+  echo "=== nightly: $name: $*" | tee -a "$artifacts/console.log"
+  local status=0
+  "$@" 2>&1 | tee -a "$artifacts/console.log" || status="${PIPESTATUS[0]}"
+  echo "=== nightly: $name: exit $status" | tee -a "$artifacts/console.log"
+  if [ "$status" -ne 0 ]; then
+    failed+=("$name (exit $status)")
+  fi
+}
+
+# tests/stateful runs the machine against every topology (native, legacy, slow with wait and with replay
+# verification) and the fixed scenarios.
+run_step stateful "$python" -m pytest tests/stateful -p no:cacheprovider \
+  --junitxml="$artifacts/junit-stateful.xml"
+run_step search "$python" -m pytest -m search -p no:cacheprovider \
+  --junitxml="$artifacts/junit-search.xml"
+
+mkdir -p "$artifacts/regressions"
+if [ -d "$regressions" ]; then
+  find "$regressions" -type f -name '*.json' -newer "$started" -exec cp {} "$artifacts/regressions/" \;
+fi
+
+if [ "${#failed[@]}" -ne 0 ]; then
+  echo "nightly: FAILED: ${failed[*]}" | tee -a "$artifacts/console.log"
+  exit 1
+fi
+echo "nightly: passed" | tee -a "$artifacts/console.log"

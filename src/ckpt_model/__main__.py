@@ -1,0 +1,6 @@
+"""`python -m ckpt_model`: the `ckpt-model` command line (see `ckpt_model.cli`)."""
+
+from ckpt_model.cli import main
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,470 @@
+"""`ckpt-model`: the checker's command line (also `python -m ckpt_model`).
+
+    ckpt-model check [--topology T] [--verify-mode M] [--faults a,b] [--profile P] [--examples N] [--steps N]
+                     [--seed N]       run the state machine against the embedded look-alike stack
+    ckpt-model replay FILE            replay a regression file the checker wrote, without Hypothesis
+    ckpt-model stack ARGS...          run the look-alike stack by hand (the arguments of `python -m fakes.stack`)
+    ckpt-model faults                 list the planted faults
+
+Exit codes: the three outcomes a run can have (a violation, could not judge, passed) are never confused.
+
+    0    passed
+    1    a property violation: the system under test broke the controller contract
+    2    could not judge: a harness error (a server that did not start, a quiet state that never came, a step
+         that is not enabled), a control call refused where the checker did not expect it, or a checker error
+         (Hypothesis found the checker flaky, or an exception nobody expected)
+    3    usage: bad arguments, an unknown fault, an unreadable regression file
+    130  interrupted by Ctrl-C (143 by SIGTERM); every process and directory the run started is gone
+
+What `check --seed N` does: Hypothesis draws the examples from seed N (`hypothesis.seed` on the machine factory),
+which overrides the profile's `derandomize`, and the run keeps no example database (it neither replays failures
+saved before nor saves new ones), so the same seed, commit and settings run the same examples. Without `--seed` a
+random profile draws a seed itself and prints it in the banner, so `--seed` reruns the draw (the example database
+is still in use: failures it holds replay first); a derandomized profile (the `default` profile under `CI=true`)
+derives its examples from the machine itself and has no seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import enum
+import secrets
+import signal
+import sys
+import time
+import traceback
+import typing
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn, cast
+
+from hypothesis import settings
+
+from ckpt_model import profiles
+from ckpt_model.contract import Topology, VerifyMode
+from ckpt_model.errors import CoordinationError, PropertyViolation
+
+if TYPE_CHECKING:  # the stateful module is imported only when a check runs
+    from hypothesis.stateful import RuleBasedStateMachine
+
+TOPOLOGIES: tuple[str, ...] = typing.get_args(Topology)
+VERIFY_MODES: tuple[str, ...] = typing.get_args(VerifyMode)
+REAL_GYM_DOC = "docs/real-gym.md"
+SEED_BITS = 32
+
+
+class Exit(enum.IntEnum):
+    PASSED = 0
+    VIOLATION = 1
+    UNJUDGED = 2
+    USAGE = 3
+    INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
+
+
+class UsageError(Exception):
+    """Bad input found after parsing (an unknown fault, an unreadable file): exit 3 with this message."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM arrived; unwinds like Ctrl-C so every context manager closes what it started."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, except that a usage error exits 3 (argparse's own 2 means "could not judge" here)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(Exit.USAGE, f"{self.prog}: error: {message}\n")
+
+
+# --- argument parsing --------------------------------------------------------------------------------------
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer (got {text!r})") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer (got {text!r})")
+    return value
+
+
+def seed_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer (got {text!r})") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer (got {text!r})")
+    return value
+
+
+def build_parser() -> Parser:
+    parser = Parser(
+        prog="ckpt-model",
+        description="A property-based stateful model checker for partial-rollout checkpointing (NeMo Gym's protocol).",
+        epilog="exit codes: 0 passed, 1 property violation, 2 could not judge, 3 usage, 130 interrupted",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{check,replay,stack,faults}")
+
+    check = commands.add_parser("check", help="run the state machine against the embedded look-alike stack")
+    check.add_argument(
+        "--topology", choices=TOPOLOGIES, help="default: the deployment the planted faults show in, else native"
+    )
+    check.add_argument(
+        "--verify-mode", choices=VERIFY_MODES, help="verification mode of the slow topology (default: wait)"
+    )
+    check.add_argument("--faults", default="", help="comma-separated planted faults (see `ckpt-model faults`)")
+    check.add_argument("--profile", choices=sorted(profiles.PROFILES), default="default", help="default: default")
+    check.add_argument("--examples", type=positive_int, help="override the profile's max_examples")
+    check.add_argument("--steps", type=positive_int, help="override the profile's stateful_step_count")
+    check.add_argument(
+        "--seed", type=seed_int, help="draw the examples from this seed, with no example database (reproducible)"
+    )
+    check.add_argument(
+        "--deployment",
+        type=Path,
+        metavar="FILE",
+        help=f"check a real Gym deployment described in this JSON file instead of the embedded stack ({REAL_GYM_DOC})",
+    )
+
+    replay = commands.add_parser("replay", help="replay a regression file without Hypothesis")
+    replay.add_argument("file", type=Path, help="a regression file (.ckpt-model/regressions/*.json)")
+
+    # Only for --help: `main` hands everything after `stack` to the stack's own parser, untouched.
+    commands.add_parser(
+        "stack", help="run the look-alike stack by hand until SIGTERM or Ctrl-C (`ckpt-model stack --help`)"
+    )
+    commands.add_parser("faults", help="list the planted faults of the embedded stack")
+    return parser
+
+
+# --- check -------------------------------------------------------------------------------------------------
+
+
+def parse_faults(text: str, catalogue: Sequence[Any]) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))
+    known = [fault.name for fault in catalogue]
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise UsageError(
+            f"unknown fault(s) {', '.join(map(repr, unknown))}; known faults:\n"
+            + "\n".join(f"  {name}" for name in known)
+            + "\n(`ckpt-model faults` describes them)"
+        )
+    return names
+
+
+def chosen_deployment(args: argparse.Namespace, planted: Sequence[Any]) -> tuple[str, str]:
+    """The explicit topology and verify mode, else the one deployment every planted fault shows in, else native."""
+    shown_in = {(fault.topology, fault.verify_mode) for fault in planted}
+    topology, verify_mode = next(iter(shown_in)) if len(shown_in) == 1 else ("native", "wait")
+    if args.topology is not None and args.topology != topology:
+        verify_mode = "wait"
+    return args.topology or topology, args.verify_mode or verify_mode
+
+
+def run_settings(args: argparse.Namespace) -> settings:
+    """The profile (as `profiles` builds it for this environment, CI included) with the command's overrides."""
+    overrides: dict[str, Any] = {}
+    if args.examples is not None:
+        overrides["max_examples"] = args.examples
+    if args.steps is not None:
+        overrides["stateful_step_count"] = args.steps
+    if args.seed is not None:
+        overrides["database"] = None  # a seed's run must not depend on what this machine saved before
+    return settings(profiles.profile_for(args.profile, profiles.in_ci()), **overrides)
+
+
+def chosen_seed(args: argparse.Namespace, chosen: settings) -> int | None:
+    """`--seed`, else a fresh seed for a random profile (printed, so it can be rerun), else None (derandomized)."""
+    if args.seed is not None:
+        return args.seed
+    return None if chosen.derandomize else secrets.randbits(SEED_BITS)
+
+
+def seeded(factory: type[RuleBasedStateMachine], seed: int) -> type[RuleBasedStateMachine]:
+    """The machine factory, with Hypothesis's `@seed` on a thin wrapper (the factory itself is left untouched).
+
+    `run_state_machine_as_test` reads the seed from the factory. `__wrapped__` keeps the database key and the
+    derandomization digest those of the machine (inspect follows it to the machine's source)."""
+    from hypothesis import seed as hypothesis_seed
+
+    def machine() -> Any:
+        return factory()
+
+    machine.__wrapped__ = factory  # type: ignore[attr-defined]  # see the docstring
+    digest = getattr(factory, "_hypothesis_internal_add_digest", None)
+    if digest is not None:
+        machine._hypothesis_internal_add_digest = digest  # type: ignore[attr-defined]
+    # Typed as the class `run_state_machine_as_test` asks for; like `machine_for`'s factory, it is called bare.
+    return cast("type[RuleBasedStateMachine]", hypothesis_seed(seed)(machine))
+
+
+def banner(
+    args: argparse.Namespace,
+    topology: str,
+    verify_mode: str,
+    faults: Sequence[Any],
+    chosen: settings,
+    seed: int | None,
+) -> str:
+    planted = ", ".join(f"{fault.name} (caught by {fault.caught_by})" for fault in faults) or "none"
+    if args.seed is not None:
+        seed_line = f"{seed} (from --seed; overrides derandomize; no example database)"
+    elif seed is not None:
+        seed_line = f"{seed} (drawn for this run; rerun its examples with --seed {seed})"
+    else:
+        seed_line = "none (derandomized: the examples follow from the machine, the same on every run)"
+    lines = [
+        "ckpt-model check",
+        "  system:      embedded look-alike stack",
+        f"  topology:    {topology}",
+        f"  verify mode: {verify_mode}",
+        f"  faults:      {planted}",
+        f"  profile:     {args.profile} ({profile_description(chosen, seeded_run=args.seed is not None)})",
+        f"  seed:        {seed_line}",
+        f"  examples:    {chosen.max_examples} x up to {chosen.stateful_step_count} steps",
+    ]
+    for fault in faults:
+        if (fault.topology, fault.verify_mode) != (topology, verify_mode):
+            lines.append(
+                f"  note: {fault.name} shows in topology {fault.topology} (verify mode {fault.verify_mode}); "
+                f"on {topology}/{verify_mode} it may never show"
+            )
+    return "\n".join(lines)
+
+
+def profile_description(chosen: settings, *, seeded_run: bool) -> str:
+    exploration = "seeded" if seeded_run else "derandomized" if chosen.derandomize else "random"
+    database = chosen.database
+    stored = "no example database" if database is None else f"example database {getattr(database, 'path', database)}"
+    return f"{exploration}, {stored}"
+
+
+def run_check(args: argparse.Namespace) -> int:
+    # Imported here, not at the top: `--help` and usage errors need none of the stack.
+    from hypothesis.stateful import run_state_machine_as_test
+
+    from ckpt_model.deployment import Harness, fault_catalogue
+    from ckpt_model.machine import machine_for
+    from ckpt_model.stats import SearchStats
+
+    gym = None
+    if args.deployment is not None:
+        from ckpt_model.gym_deployment import GymDeployment
+
+        if args.faults:
+            raise UsageError("--faults plants faults in the embedded stack; a real Gym deployment has none")
+        try:
+            gym = GymDeployment.from_file(args.deployment)
+        except (ValueError, TypeError) as error:
+            raise UsageError(f"--deployment: {error} (see {REAL_GYM_DOC})") from None
+    catalogue = fault_catalogue()
+    names = parse_faults(args.faults, catalogue)
+    faults = [fault for fault in catalogue if fault.name in names]
+    topology, verify_mode = (gym.topology, gym.verify_mode) if gym is not None else chosen_deployment(args, faults)
+    chosen = run_settings(args)
+    seed = chosen_seed(args, chosen)
+    print(banner(args, topology, verify_mode, faults, chosen, seed), flush=True)
+
+    stats = SearchStats()
+    try:
+        harness = Harness(gym) if gym else Harness.embedded(topology, faults=names, verify_mode=verify_mode)
+        try:
+            factory = machine_for(harness, stats)
+            run_state_machine_as_test(factory if seed is None else seeded(factory, seed), settings=chosen)
+        finally:
+            with sigint_ignored():  # a second Ctrl-C must not cut the teardown short
+                harness.close()
+    except Exception as error:
+        return report_failure(error)
+    elapsed_s = time.monotonic() - stats.started_s
+    print(f"PASSED: {stats.examples} examples in {elapsed_s:.1f} s, no property violated", flush=True)
+    return Exit.PASSED
+
+
+# --- verdicts ----------------------------------------------------------------------------------------------
+
+
+def leaves(error: BaseException) -> list[BaseException]:
+    """The failures in what a run raised: Hypothesis raises a group for several (its own groups, such as a
+    `FlakyFailure`, stay whole: they are one checker error)."""
+    from hypothesis.errors import HypothesisException
+
+    if isinstance(error, BaseExceptionGroup) and not isinstance(error, HypothesisException):
+        return [leaf for part in error.exceptions for leaf in leaves(part)]
+    return [error]
+
+
+def kind_of(error: BaseException) -> str:
+    """The failure's kind: violation, harness or checker (as `faultsearch.classify` says), refused or unexpected."""
+    from ckpt_model.faultsearch import classify
+
+    found = classify(error)
+    if found:
+        return found[0].kind
+    return "refused" if isinstance(error, CoordinationError) else "unexpected"
+
+
+WHY_UNJUDGED = {
+    "harness": "the harness could not do its job (the outcome is unknown)",
+    "refused": "a participant refused a control call where the checker did not expect it (the outcome is unknown)",
+    "checker": "Hypothesis gave up on the checker itself: a bug in the checker (the outcome is unknown)",
+    "unexpected": "an exception the checker did not expect: a bug in the checker (the outcome is unknown)",
+}
+
+
+def report_failure(error: BaseException) -> int:
+    """Print every failure the run raised, violations first; exit 1 if any is a violation, else 2."""
+    failures = [(kind_of(leaf), leaf) for leaf in leaves(error)]
+    violations = [leaf for kind, leaf in failures if kind == "violation"]
+    others = [(kind, leaf) for kind, leaf in failures if kind != "violation"]
+    for number, violation in enumerate(violations, 1):
+        print(f"\n=== property violation {number} of {len(violations)} ===", flush=True)
+        print(exception_text(violation), flush=True)
+    for kind, leaf in others:
+        print(f"\n=== could not judge: {WHY_UNJUDGED[kind]} ===", flush=True)
+        print(exception_text(leaf, with_traceback=kind in ("checker", "unexpected")), flush=True)
+    if violations:
+        ids = ", ".join(dict.fromkeys(getattr(v, "property_id", "P?") for v in violations))
+        print(f"\nFAILED: property violation ({ids})", flush=True)
+        return Exit.VIOLATION
+    print(f"\nCOULD NOT JUDGE: {', '.join(dict.fromkeys(kind for kind, _ in others))}", flush=True)
+    return Exit.UNJUDGED
+
+
+def exception_text(error: BaseException, *, with_traceback: bool = False) -> str:
+    """The exception's type, message and notes (Hypothesis's steps, the failure report, how to replay)."""
+    lines = traceback.format_exception(error) if with_traceback else traceback.format_exception_only(error)
+    return "".join(lines).rstrip()
+
+
+# --- replay, stack, faults ---------------------------------------------------------------------------------
+
+
+def load_regression(path: Path) -> dict[str, Any]:
+    from ckpt_model import regression
+    from ckpt_model.deployment import fault_catalogue
+
+    try:
+        document = regression.load(path)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    known = {fault.name for fault in fault_catalogue()}
+    failure = document.get("failure")
+    faults = document.get("faults")
+    problems = []
+    if document.get("topology") not in TOPOLOGIES:
+        problems.append(f"'topology' must be one of {list(TOPOLOGIES)} (got {document.get('topology')!r})")
+    if document.get("verify_mode", "wait") not in VERIFY_MODES:
+        problems.append(f"'verify_mode' must be one of {list(VERIFY_MODES)} (got {document.get('verify_mode')!r})")
+    if not isinstance(faults, list) or not all(isinstance(name, str) and name in known for name in faults):
+        problems.append(f"'faults' must be a list of known fault names (got {faults!r}; see `ckpt-model faults`)")
+    if not isinstance(failure, dict) or not isinstance(failure.get("type"), str):
+        problems.append(f"'failure' must be {{'type': ..., 'property': ...}} (got {failure!r})")
+    if problems:
+        raise UsageError(f"{path}: not a replayable regression file:\n" + "\n".join(f"  - {p}" for p in problems))
+    return document
+
+
+def run_replay(args: argparse.Namespace) -> int:
+    from ckpt_model import regression
+    from ckpt_model.scenarios import replay
+
+    document = load_regression(args.file)
+    recorded_type = document["failure"]["type"]
+    recorded = document["failure"].get("property") or recorded_type
+    print(f"replaying {args.file} (recorded: {recorded})\n  {regression.describe(document)}", flush=True)
+    try:
+        replay(document)
+    except PropertyViolation as violation:
+        if document["failure"].get("property"):
+            same = violation.property_id == document["failure"]["property"]
+        else:
+            same = type(violation).__name__ == recorded_type
+        verdict = "as recorded" if same else f"with a different property than recorded ({recorded})"
+        print(exception_text(violation), flush=True)
+        print(f"\nFAILED {verdict}: {violation.property_id} {violation.title}", flush=True)
+        return Exit.VIOLATION
+    except Exception as error:
+        return report_failure(error)
+    print(f"PASSED: the recorded {recorded} no longer happens", flush=True)
+    return Exit.PASSED
+
+
+def run_stack(argv: list[str]) -> int:
+    from ckpt_model.deployment import system
+
+    try:
+        return system().launch(argv)
+    except SystemExit as stop:  # the stack's own argparse: --help exits 0, a usage error 2, which is our 3
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        return Exit.USAGE if code == 2 else code
+
+
+def run_faults() -> int:
+    from ckpt_model.deployment import fault_catalogue
+
+    rows = [
+        (
+            fault.name,
+            f"{fault.topology}/{fault.verify_mode}",
+            "/".join(fault.shows_as),
+            f"{fault.server}: {fault.description}",
+        )
+        for fault in fault_catalogue()
+    ]
+    header = ("fault", "deployment", "property", "server: description")
+    widths = [max(len(row[column]) for row in [header, *rows]) for column in range(3)]
+    for row in [header, *rows]:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)) + "  " + row[3])
+    return Exit.PASSED
+
+
+# --- entry -------------------------------------------------------------------------------------------------
+
+
+def raise_interrupted(signum: int, frame: object) -> None:
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def sigint_ignored() -> Iterator[None]:
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == ["stack"]:  # everything after it belongs to the stack's own parser
+        return run_stack(arguments[1:])
+    parser = build_parser()
+    args = parser.parse_args(arguments)
+    signal.signal(signal.SIGTERM, raise_interrupted)  # SIGTERM unwinds like Ctrl-C, so teardown runs
+    try:
+        if args.command == "check":
+            return run_check(args)
+        if args.command == "replay":
+            return run_replay(args)
+        return run_faults()
+    except UsageError as error:
+        print(f"ckpt-model {args.command}: error: {error}", file=sys.stderr)
+        return Exit.USAGE
+    except KeyboardInterrupt as interrupt:
+        signum = interrupt.signum if isinstance(interrupt, Interrupted) else signal.SIGINT
+        print(f"\nINTERRUPTED ({signal.Signals(signum).name}): everything the run started is stopped", flush=True)
+        return 128 + signum
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

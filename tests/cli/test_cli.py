@@ -1,0 +1,206 @@
+"""`ckpt-model` as a user runs it: in a subprocess (`python -m ckpt_model`), judged by exit code and output.
+
+Exit codes: 0 passed, 1 property violation, 2 could not judge, 3 usage, 130 interrupted. Each run starts in its
+own directory with its own `TMPDIR` and regression directory, so no run reads another's example database and
+whatever a run leaves behind is found.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ckpt_model.deployment import fault_catalogue
+
+pytestmark = pytest.mark.processes
+
+RUN_TIMEOUT_S = 120.0
+# Found and shrunk (to `checkpoint(then_resume=True)`) in about 40 examples of one step: seeded, so the same
+# examples every run. A deeper search finds it too but spends a minute and more shrinking.
+FAULT_SEARCH = ["--faults", "resume_deletes_records", "--examples", "30", "--steps", "1", "--seed", "1"]
+
+
+def environment(workdir: Path, *, developer: bool = False) -> dict[str, str]:
+    """The test's environment for the command; `developer`: as on a laptop (no `CI`), whatever runs the tests."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("HYPOTHESIS")}
+    if developer:
+        env.pop("CI", None)
+    env["TMPDIR"] = str(workdir / "tmp")
+    env["CKPT_MODEL_REGRESSIONS"] = str(workdir / "regressions")
+    (workdir / "tmp").mkdir(exist_ok=True)
+    return env
+
+
+def ckpt_model(workdir: Path, *arguments: str, developer: bool = False) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ckpt_model", *arguments],
+        cwd=workdir,
+        env=environment(workdir, developer=developer),
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        check=False,
+    )
+
+
+def left_behind(workdir: Path) -> list[str]:
+    """Temporary directories of the run, and processes that still carry its `TMPDIR` in their environment."""
+    marker = f"TMPDIR={workdir / 'tmp'}".encode()
+    processes = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if marker in (entry / "environ").read_bytes().split(b"\0"):
+                command = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+                processes.append(f"pid {entry.name}: {command!r}")
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return [str(path) for path in (workdir / "tmp").iterdir()] + processes
+
+
+def regression_file(workdir: Path, steps: list[Any], *, faults: list[str], recorded: str) -> Path:
+    path = workdir / f"{recorded}.json"
+    document = {
+        "format": 1,
+        "failure": {"type": f"{recorded}Violation", "property": recorded},
+        "topology": "native",
+        "verify_mode": "wait",
+        "faults": faults,
+        "steps": steps,
+    }
+    path.write_text(json.dumps(document))
+    return path
+
+
+def test_faults_lists_every_planted_fault(tmp_path: Path) -> None:
+    result = ckpt_model(tmp_path, "faults")
+
+    assert result.returncode == 0, result.stderr
+    for fault in fault_catalogue():
+        assert fault.name in result.stdout
+        assert fault.caught_by in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+        (["check", "--faults", "no_such_fault"], "unknown fault(s) 'no_such_fault'; known faults:"),
+        (["check", "--topology", "kubernetes"], "argument --topology: invalid choice: 'kubernetes'"),
+        (["check", "--examples", "0"], "must be a positive integer (got '0')"),
+        (["check", "--deployment", "missing-gym.json"], "not a readable deployment description"),
+        (["replay", "missing.json"], "not a readable regression file"),
+    ],
+    ids=["unknown-subcommand", "unknown-fault", "bad-topology", "no-examples", "real-gym", "unreadable-file"],
+)
+def test_usage_errors_exit_3(tmp_path: Path, arguments: list[str], message: str) -> None:
+    result = ckpt_model(tmp_path, *arguments)
+
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert message in result.stderr
+    if arguments[-1] == "no_such_fault":
+        assert all(fault.name in result.stderr for fault in fault_catalogue())
+
+
+def test_check_passes_on_the_fault_free_stack_after_its_banner(tmp_path: Path) -> None:
+    result = ckpt_model(tmp_path, "check", "--topology", "native", "--examples", "2", "--steps", "6", developer=True)
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    banner = result.stdout.split("PASSED")[0]
+    for line in [
+        "topology:    native",
+        "verify mode: wait",
+        "faults:      none",
+        "profile:     default (random, example database .hypothesis/examples)",
+        "seed:",
+        "examples:    2 x up to 6 steps",
+    ]:
+        assert line in banner
+    assert "PASSED" in result.stdout
+    assert left_behind(tmp_path) == []
+
+
+def test_check_finds_a_planted_fault_and_names_its_property(tmp_path: Path) -> None:
+    result = ckpt_model(tmp_path, "check", *FAULT_SEARCH)
+
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "seed:        1 (from --seed" in result.stdout
+    assert "P9Violation: P9 checkpoints are durable and immutable" in result.stdout
+    assert "state.checkpoint(then_resume=True)" in result.stdout  # Hypothesis's shrunk steps, from the notes
+    assert result.stdout.rstrip().endswith("FAILED: property violation (P9)")
+    assert [path.name for path in (tmp_path / "regressions").iterdir()] == ["P9-native-resume_deletes_records.json"]
+    assert left_behind(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    ("recorded", "verdict"),
+    [("P9", "FAILED as recorded: P9"), ("P4", "FAILED with a different property than recorded (P4): P9")],
+)
+def test_replay_of_a_failing_file_exits_1_and_says_whether_as_recorded(
+    tmp_path: Path, recorded: str, verdict: str
+) -> None:
+    steps = [["checkpoint", {"then_resume": True}]]
+    path = regression_file(tmp_path, steps, faults=["resume_deletes_records"], recorded=recorded)
+
+    result = ckpt_model(tmp_path, "replay", str(path))
+
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert verdict in result.stdout
+    assert left_behind(tmp_path) == []
+
+
+def test_replay_passes_once_the_fault_is_gone(tmp_path: Path) -> None:
+    path = regression_file(tmp_path, [["checkpoint", {"then_resume": True}]], faults=[], recorded="P9")
+
+    result = ckpt_model(tmp_path, "replay", str(path))
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "PASSED: the recorded P9 no longer happens" in result.stdout
+
+
+def test_a_harness_error_exits_2(tmp_path: Path) -> None:
+    # A commit before any prepare is a step the machine would never draw: StepNotEnabled, a harness error.
+    path = regression_file(tmp_path, [["commit", {}]], faults=[], recorded="P9")
+
+    result = ckpt_model(tmp_path, "replay", str(path))
+
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "StepNotEnabled: step 1 (commit({})) is not enabled" in result.stdout
+    assert "COULD NOT JUDGE: harness" in result.stdout
+    assert left_behind(tmp_path) == []
+
+
+def test_ctrl_c_during_check_stops_everything_and_exits_130(tmp_path: Path) -> None:
+    check = subprocess.Popen(
+        [sys.executable, "-m", "ckpt_model", "check", "--examples", "1000", "--steps", "20", "--seed", "3"],
+        cwd=tmp_path,
+        env=environment(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert check.stdout is not None
+        banner_end = "examples:    1000 x up to 20 steps"
+        while banner_end not in check.stdout.readline():
+            assert check.poll() is None, "ckpt-model check ended before its banner"
+        time.sleep(3.0)  # into the run: servers up, an example under way
+        check.send_signal(signal.SIGINT)
+        output, _ = check.communicate(timeout=RUN_TIMEOUT_S)
+    finally:
+        if check.poll() is None:
+            check.kill()
+            check.wait()
+
+    assert check.returncode == 130, output
+    assert "INTERRUPTED (SIGINT)" in output
+    assert left_behind(tmp_path) == []
