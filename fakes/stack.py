@@ -6,10 +6,11 @@ As a program: `python -m fakes.stack --topology native|legacy|slow --state-dir D
 (SIGKILL of every Gym process group) and restarts the Gym servers against a backend that survives, which is what
 the checker's deployment harness builds on.
 
-By default the Gym servers are forked from a warmed fork server (`fakes.forkserver`), so a restart costs
-milliseconds; `fork_server=False` cold-starts `python -m fakes.gym.serve` per server instead (the fallback, and
-the baseline of `benchmarks/restart.py`). Either way a crashed server's port refuses connections until the next
-start binds it again, as after a real crash.
+By default the Gym servers are forked from a warmed fork server (`fakes.zygote`, driven through
+`fakes.zygote_client`), so a restart costs milliseconds; `fork_server=False` cold-starts `python -m
+fakes.gym.serve` per server instead (the fallback, and the baseline of `benchmarks/restart.py`). Either way a
+crashed server's port refuses connections until the next start binds it again, as after a real crash. Crashes
+and stops go through `fakes.process_groups`.
 """
 
 from __future__ import annotations
@@ -33,8 +34,10 @@ from typing import Any
 import attrs
 import httpx
 
-from fakes.forkserver import ForkServer, ForkServerError, SpawnRequest
+from fakes import process_groups
 from fakes.gym.config import CONFIG_ENV, DEFAULT_LEASE_GRACE_S, ServerConfig, lease_grace
+from fakes.head import serve_head
+from fakes.zygote_client import ForkServer, ForkServerError, SpawnRequest
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +45,6 @@ PORT_RANGE = (20000, 32767)
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
 POLL_INTERVAL_S = 0.005
-# Waiting for a killed group to vanish starts this fine: a SIGKILLed server is usually gone within a millisecond.
-GONE_POLL_FIRST_S = 0.0002
 # One health request: a forked server's socket listens before the server runs, so a request waits here while the
 # server starts; a server that hangs before accepting is looked at again after this long.
 HEALTH_REQUEST_TIMEOUT_S = 1.0
@@ -154,6 +155,18 @@ class ServerProcess:
             return -1 if status is None else status
         return None
 
+    def reap(self) -> None:
+        """Have the process collected if it exited: its group cannot disappear while its leader is a zombie.
+
+        Through its Popen on the cold path. The fork server's SIGCHLD handler reaps its children; should a zombie
+        wait there anyway, any request makes the fork server reap before it answers.
+        """
+        if self.process is not None:
+            self.process.poll()
+        elif self.exit_status_of is not None and process_groups.process_state(self.pid) == "Z":
+            with contextlib.suppress(ForkServerError):
+                self.exit_status_of(self.pid)
+
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         return log_tail(self.log_path, lines)
 
@@ -233,74 +246,21 @@ def wait_healthy(
             time.sleep(POLL_INTERVAL_S)
 
 
-def process_state(pid: int) -> str | None:
-    """The one-letter state `/proc` shows for `pid` (R, S, D, Z, ...), None once it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[0]
-
-
-def group_members(pgid: int) -> str:
-    """`pid state ppid` of every process left in a group, for an error message a person can act on."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) == pgid:
-                members.append(f"pid {entry.name} state {fields[0]} parent {fields[1]}")
-    return "; ".join(members) or "no members visible"
-
-
-def wait_group_gone(server: ServerProcess, timeout_s: float = STOP_TIMEOUT_S) -> bool:
-    """Wait (bounded) until no process is left in the server's group; SIGKILL it once if the timeout passes.
-
-    `killpg(pgid, 0)` still succeeds while the leader is a zombie, so the leader is reaped first: here through
-    its Popen on the cold path, by the fork server's SIGCHLD handler otherwise.
-    """
-    deadline_s = time.monotonic() + timeout_s
-    interval_s = GONE_POLL_FIRST_S
-    escalated = False
-    while True:
-        if server.process is not None:
-            server.process.poll()
-        try:
-            os.killpg(server.pgid, 0)
-        except ProcessLookupError:
-            return True
-        if server.exit_status_of is not None and process_state(server.pid) == "Z":
-            # A zombie the fork server has not collected yet: any request makes it reap before answering.
-            with contextlib.suppress(ForkServerError):
-                server.exit_status_of(server.pid)
-        if time.monotonic() > deadline_s:
-            if escalated:
-                return False
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(server.pgid, signal.SIGKILL)
-            escalated = True
-            deadline_s = time.monotonic() + timeout_s
-        time.sleep(interval_s)
-        interval_s = min(interval_s * 2, POLL_INTERVAL_S)
-
-
 def kill_groups(servers: Sequence[ServerProcess], sig: int = signal.SIGKILL, timeout_s: float = STOP_TIMEOUT_S) -> None:
-    """Signal every server's process group first (they die in parallel), then wait until each group is gone."""
+    """Signal every server's process group first (they die in parallel), then wait (bounded) until each group is
+    gone; a group still there after `timeout_s` gets SIGKILL and another `timeout_s`, then the stop fails."""
     for server in servers:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(server.pgid, sig)
-    stuck = [server for server in servers if not wait_group_gone(server, timeout_s)]
+        process_groups.kill(server.pgid, sig)
+    stuck = [server for server in servers if not process_groups.wait_gone(server.pgid, server.reap, timeout_s)]
+    for server in stuck:
+        process_groups.kill(server.pgid, signal.SIGKILL)
+    stuck = [server for server in stuck if not process_groups.wait_gone(server.pgid, server.reap, timeout_s)]
     if stuck:
-        names = ", ".join(f"{server.name} (pgid {server.pgid}: {group_members(server.pgid)})" for server in stuck)
+        names = ", ".join(
+            f"{server.name} (pgid {server.pgid}: {process_groups.members(server.pgid)})" for server in stuck
+        )
         waited_s = 2 * timeout_s
         raise StackStopError(f"process groups still alive {waited_s:.0f} s after signal {sig}, then SIGKILL: {names}")
-
-
-def kill_group(server: ServerProcess, sig: int = signal.SIGKILL, timeout_s: float = STOP_TIMEOUT_S) -> None:
-    """Signal one server's process group and wait (bounded) until it is gone."""
-    kill_groups([server], sig, timeout_s)
 
 
 class Stack:
@@ -556,6 +516,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--faults", default="", help="comma-separated fault names (see fakes.faults)")
     parser.add_argument("--token", help="control bearer token (default: a fresh random one)")
     parser.add_argument(
+        "--head-port", type=int, help="also serve a look-alike of Gym's head server (its global config) on this port"
+    )
+    parser.add_argument(
         "--no-fork-server", action="store_true", help="cold-start every Gym server (slow restarts; the fallback)"
     )
     parser.add_argument(
@@ -591,15 +554,24 @@ def main(argv: list[str] | None = None) -> int:
         if args.backend_url is None:
             stack.start_backend()
         stack.start_gym()
+        description = stack.describe()
+        if args.head_port is not None:
+            description["head"] = {"url": f"http://127.0.0.1:{args.head_port}"}
         description_path = stack.state_dir / "deployment.json"
-        description_path.write_text(json.dumps(stack.describe(), indent=2) + "\n")
+        description_path.write_text(json.dumps(description, indent=2) + "\n")
         print(f"deployment ready: {description_path}", flush=True)
         # Block the stop signals only now: children inherit the mask, and they must stay killable. SIGCHLD too:
         # a server killed from outside must be reaped at once, or its process group never disappears.
         waited = {signal.SIGTERM, signal.SIGINT, signal.SIGCHLD}
         signal.pthread_sigmask(signal.SIG_BLOCK, waited)
+        # Started after the mask, so its thread inherits it and every stop signal still reaches the sigwait.
+        head = None
+        if args.head_port is not None:
+            head = serve_head("127.0.0.1", args.head_port, lambda: {n: s.url for n, s in stack.gym.items()})
         while not stop_requested and signal.sigwait(waited) == signal.SIGCHLD:
             stack.reap_exited()
+        if head is not None:
+            head.shutdown()
     except StackStartError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
