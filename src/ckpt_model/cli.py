@@ -85,24 +85,23 @@ class Parser(argparse.ArgumentParser):
 # --- argument parsing --------------------------------------------------------------------------------------
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer (got {text!r})") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer (got {text!r})")
-    return value
+def int_at_least(minimum: int, what: str) -> typing.Callable[[str], int]:
+    """An argparse type: an integer of at least `minimum`, else an error that says so."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be a {what} integer (got {text!r})")
+        return value
+
+    return parse
 
 
-def seed_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a non-negative integer (got {text!r})") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a non-negative integer (got {text!r})")
-    return value
+positive_int = int_at_least(1, "positive")
+seed_int = int_at_least(0, "non-negative")
 
 
 def build_parser() -> Parser:

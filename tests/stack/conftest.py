@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -14,6 +13,7 @@ import pytest
 
 from ckpt_model.coordination import ControlClient, PrepareResult
 from ckpt_model.tasks import native_run_body
+from fakes import process_groups
 from fakes.process_groups import process_state
 from fakes.stack import Stack
 
@@ -35,13 +35,7 @@ def wait_until(predicate: Callable[[], Any], what: str, timeout_s: float = WAIT_
         time.sleep(POLL_S)
 
 
-def group_gone(pgid: int) -> bool:
-    """No process is left in the group (zombies count as present until reaped)."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return True
-    return False
+group_gone = process_groups.gone
 
 
 def process_gone(pid: int) -> bool:
