@@ -12,13 +12,14 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ckpt_model.deployment import fault_catalogue
+from tests.stack.conftest import wait_until
+from tests.stacks_dump import stacks_of
 
 pytestmark = pytest.mark.processes
 
@@ -180,26 +181,32 @@ def test_a_harness_error_exits_2(tmp_path: Path) -> None:
 
 
 def test_ctrl_c_during_check_stops_everything_and_exits_130(tmp_path: Path) -> None:
-    check = subprocess.Popen(
+    with subprocess.Popen(
         [sys.executable, "-m", "ckpt_model", "check", "--examples", "1000", "--steps", "20", "--seed", "3"],
         cwd=tmp_path,
         env=environment(tmp_path),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-    )
-    try:
-        assert check.stdout is not None
-        banner_end = "examples:    1000 x up to 20 steps"
-        while banner_end not in check.stdout.readline():
-            assert check.poll() is None, "ckpt-model check ended before its banner"
-        time.sleep(3.0)  # into the run: servers up, an example under way
-        check.send_signal(signal.SIGINT)
-        output, _ = check.communicate(timeout=RUN_TIMEOUT_S)
-    finally:
-        if check.poll() is None:
-            check.kill()
-            check.wait()
+    ) as check:
+        try:
+            assert check.stdout is not None
+            banner_end = "examples:    1000 x up to 20 steps"
+            while banner_end not in check.stdout.readline():
+                assert check.poll() is None, "ckpt-model check ended before its banner"
+            # Into the run: its servers are up (their logs exist), an example under way.
+            wait_until(
+                lambda: any((tmp_path / "tmp").glob("ckpt-model-*/stack/logs/environment.log")), "servers up", 60
+            )
+            check.send_signal(signal.SIGINT)
+            try:
+                output, _ = check.communicate(timeout=RUN_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"ckpt-model check did not stop after SIGINT; its stacks:\n{stacks_of(check.pid)}")
+        finally:
+            if check.poll() is None:
+                check.kill()
+                check.wait()
 
     assert check.returncode == 130, output
     assert "INTERRUPTED (SIGINT)" in output

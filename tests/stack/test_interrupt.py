@@ -20,6 +20,9 @@ from pathlib import Path
 import pytest
 
 from tests.stack.conftest import process_gone, wait_until
+from tests.stacks_dump import stacks_of
+
+INTERRUPTED_RUN_TIMEOUT_S = 60
 
 pytestmark = pytest.mark.processes
 
@@ -57,6 +60,26 @@ INNER_TEST = textwrap.dedent(
 )
 
 
+def interrupt(run: subprocess.Popen[bytes], started_file: Path) -> str:
+    """Ctrl-C the inner run once its harness is up; its output (it must end; a hang shows its stacks)."""
+    try:
+        wait_until(lambda: started_file.exists() or run.poll() is not None, "the inner run to start its harness")
+        assert started_file.exists(), run.communicate()[0].decode(errors="replace")
+        started = json.loads(started_file.read_text())
+        assert not any(process_gone(pid) for pid in started["pids"])
+        assert Path(started["root"]).is_dir()
+        assert Path(started["deployment_root"]).is_dir()
+        os.killpg(run.pid, signal.SIGINT)
+        try:
+            return run.communicate(timeout=INTERRUPTED_RUN_TIMEOUT_S)[0].decode(errors="replace")
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the inner run did not stop after Ctrl-C; its stacks:\n{stacks_of(run.pid)}")
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+
+
 def port_free(port: int) -> bool:
     """Nothing listens on it. SO_REUSEADDR, as every server here binds: closed connections in TIME_WAIT may
     outlive their process for a minute, and do not keep a server from binding the port again."""
@@ -77,23 +100,11 @@ def test_ctrl_c_during_a_run_leaves_no_process_port_or_directory(tmp_path: Path)
     temp_root.mkdir()
     env = {**os.environ, "STARTED_FILE": str(started_file), "TMPDIR": str(temp_root)}
     argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", str(test_file)]
-    run = subprocess.Popen(
+    with subprocess.Popen(
         argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    try:
-        wait_until(lambda: started_file.exists() or run.poll() is not None, "the inner run to start its harness")
-        assert started_file.exists(), run.communicate()[0].decode(errors="replace")
+    ) as run:
+        output = interrupt(run, started_file)
         started = json.loads(started_file.read_text())
-        assert not any(process_gone(pid) for pid in started["pids"])
-        assert Path(started["root"]).is_dir()
-        assert Path(started["deployment_root"]).is_dir()
-
-        os.killpg(run.pid, signal.SIGINT)
-        output = run.communicate(timeout=60)[0].decode(errors="replace")
-    finally:
-        if run.poll() is None:
-            os.killpg(run.pid, signal.SIGKILL)
-            run.wait()
 
     assert "KeyboardInterrupt" in output, output
     wait_until(lambda: all(process_gone(pid) for pid in started["pids"]), "every started process to be gone", 10)
