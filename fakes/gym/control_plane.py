@@ -37,7 +37,6 @@ from fakes.gym.errors import (
     InternalControlError,
     InvalidPhaseError,
     RestartInScopeError,
-    StaleAttemptError,
     StaleCheckpointError,
     UnauthorizedError,
 )
@@ -95,21 +94,9 @@ class RetiredAttempts:
             previous = self._marks.get(episode_id.rollout_id, -1)
             self._marks[episode_id.rollout_id] = max(previous, episode_id.attempt)
 
-    def mark_of(self, rollout_id: str) -> int | None:
-        return self._marks.get(rollout_id)
-
     def is_retired(self, episode_id: EpisodeId) -> bool:
         mark = self._marks.get(episode_id.rollout_id)
         return mark is not None and episode_id.attempt <= mark
-
-    def refuse_if_retired(self, episode_id: EpisodeId) -> None:
-        """Data-plane guard: 409 `stale_attempt` for a retired attempt or an earlier one of its rollout."""
-        if self.is_retired(episode_id):
-            mark = self._marks[episode_id.rollout_id]
-            raise StaleAttemptError(
-                f"attempt {episode_id.capture_key!r} is retired (rollout {episode_id.rollout_id!r} is retired "
-                f"up to attempt {mark}); run a later attempt, or forget the rollout first"
-            )
 
     def forget(self, rollout_ids: Iterable[str]) -> None:
         for rollout_id in rollout_ids:

@@ -24,10 +24,6 @@ StepMode = Literal["wait", "replay"]
 BLOCKING_STATES = frozenset({"running", "wait_step"})
 
 
-class EpisodeTimedOut(Exception):
-    """The episode used up its deadline while it was not parked."""
-
-
 @attrs.define(eq=False)
 class Episode:
     """One live attempt: where it stands and the boundary a checkpoint would export."""

@@ -23,7 +23,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 # --- routes and authentication (2.1, 7.1, 7.3) ----------------------------------------------------------------
 
 CHECKPOINT_ROUTE_PREFIX = "/ng-control/v1/checkpoint"
-CONTROL_OPERATIONS: tuple[str, ...] = ("prepare", "renew", "commit", "restore", "resume", "retire", "forget")
 GENERATION_CUT_ROUTE = "/ng-control/v1/generation-cut"
 # Downstream calls carry the episode's capture key as `/ng-rollout/<capture_key>/...` (5.2, 7.1).
 ROLLOUT_PATH_PREFIX = "/ng-rollout/"

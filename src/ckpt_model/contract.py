@@ -30,7 +30,6 @@ VERIFY = "verify"
 ScriptCall = int | str
 # What an uninterrupted weather episode calls, in order (reference 9.4).
 SCRIPTS: dict[str, tuple[ScriptCall, ...]] = {"native": (2, 4), "legacy": (1, 3), "slow": (2, 4, VERIFY)}
-FULL_REWARD = 1.0
 
 
 def capture_key(rollout: str, attempt: int) -> str:

@@ -147,14 +147,8 @@ class CheckpointMachine(RuleBasedStateMachine):
         participant, asked on its own, then refuses a prepare of another ID (P10: one checkpoint at a time)."""
         model, checkpoint_id = self.model.prepare()
         result = self._control("prepare", checkpoint_id, lambda d: self.control.prepare(checkpoint_id, d))
-        if not result.prepared:
-            verifying = [a.key for a in self.model.with_status("running") if a.verifying]
-            raise (props.P11Violation if verifying else props.P10Violation)(
-                rollout=None,
-                expected=f"{checkpoint_id} prepared everywhere (every rollout waits at a model call"
-                + (f"; {verifying} verify in mode replay, which never blocks)" if verifying else ")"),
-                observed=f"not prepared; blockers {result.blockers()}",
-            )
+        verifying = [a.key for a in self.model.with_status("running") if a.verifying]
+        props.p10_prepared_everywhere(checkpoint_id, result.prepared, result.blockers(), verifying)
         self._prepared(checkpoint_id, result.replies)
         self._advance(model, f"prepare() -> {checkpoint_id}; prepare(other{model.checkpoint_seq}) refused")
 
@@ -176,13 +170,7 @@ class CheckpointMachine(RuleBasedStateMachine):
             checkpoint_id,
             lambda _: self.control.prepare(checkpoint_id, time.time() + BLOCKED_PREPARE_DEADLINE_S),
         )
-        owner = self.model.episode_owner
-        if result.prepared or result.blockers() != {owner: blockers}:
-            raise props.P11Violation(
-                rollout=blockers[0],
-                expected=f"{checkpoint_id} not prepared: {owner} blocked by {blockers} (verification in mode wait)",
-                observed="prepared" if result.prepared else f"blockers {result.blockers()}",
-            )
+        props.p11_blocked(checkpoint_id, self.model.episode_owner, blockers, result.prepared, result.blockers())
         self._resume_call(checkpoint_id)
         self._advance(model, f"prepare_blocked() -> {checkpoint_id} blocked by {blockers}; resume({checkpoint_id})")
         for key in blockers:
@@ -207,12 +195,7 @@ class CheckpointMachine(RuleBasedStateMachine):
             self.history.complete(invocation, "fail", str(error))
             raise
         self.history.complete(invocation, "ok")
-        if not result.prepared:
-            raise props.P11Violation(
-                rollout=blockers[0],
-                expected=f"{checkpoint_id} prepared once the verifications of {blockers} finished",
-                observed=f"not prepared; blockers {result.blockers()}",
-            )
+        props.p11_prepared_once_verified(checkpoint_id, blockers, result.prepared, result.blockers())
         self._prepared(checkpoint_id, result.replies)
         self._advance(model, f"prepare_waiting() -> {checkpoint_id}; {blockers} finished during it")
 

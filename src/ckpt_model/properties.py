@@ -7,7 +7,7 @@ a plain function over model values, observations and the history; it raises or r
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import attrs
@@ -74,6 +74,7 @@ class P13Violation(PropertyViolation):
     title = "clean end: drained, every server is idle with no episodes, sessions, in-flight work or marks"
 
 
+# Every property, checked or not yet; docs/how-it-works.md's table must say the same (tests/unit/test_properties).
 REGISTRY: dict[str, PropertyInfo] = {
     info.property_id: info
     for info in (
@@ -81,14 +82,14 @@ REGISTRY: dict[str, PropertyInfo] = {
         PropertyInfo("P2", P2Violation.title, "step", True),
         PropertyInfo("P3", P3Violation.title, "step and teardown", True),
         PropertyInfo("P4", P4Violation.title, "step and teardown", True),
-        PropertyInfo("P5", "token lineage (needs token capture: a later stack issue)", "step", False),
-        PropertyInfo("P6", "state restored (needs the counter topology: a later stack issue)", "step", False),
+        PropertyInfo("P5", "token lineage (needs token capture)", "step", False),
+        PropertyInfo("P6", "state restored (needs the counter topology)", "step", False),
         PropertyInfo("P7", P7Violation.title, "step", True),
         PropertyInfo("P8", "restore is all or nothing (needs restore-failure faults)", "step", False),
         PropertyInfo("P9", P9Violation.title, "step and teardown", True),
         PropertyInfo("P10", P10Violation.title, "step", True),
         PropertyInfo("P11", P11Violation.title, "step and teardown", True),
-        PropertyInfo("P12", "generation cuts (needs generation cuts: a later stack issue)", "step", False),
+        PropertyInfo("P12", "generation cuts (needs generation cuts)", "step", False),
         PropertyInfo("P13", P13Violation.title, "teardown", True),
     )
 }
@@ -332,6 +333,46 @@ def p9_verifies(checkpoint_id: str, read: Mapping[str, Any]) -> None:
     for name, outcome in sorted(read.items()):
         if isinstance(outcome, CheckpointUnreadable):
             raise P9Violation(rollout=None, expected=f"{checkpoint_id}/{name} verifies", observed=str(outcome))
+
+
+def p10_prepared_everywhere(
+    checkpoint_id: str, prepared: bool, blockers: Mapping[str, Any], verifying: Sequence[str]
+) -> None:
+    """Every rollout waits at a model call, so a prepare must become prepared on every stage; an attempt in a
+    `replay` verification never blocks (P11), anything else that blocks is P10."""
+    if prepared:
+        return
+    raise (P11Violation if verifying else P10Violation)(
+        rollout=None,
+        expected=f"{checkpoint_id} prepared everywhere (every rollout waits at a model call"
+        + (f"; {list(verifying)} verify in mode replay, which never blocks)" if verifying else ")"),
+        observed=f"not prepared; blockers {dict(blockers)}",
+    )
+
+
+def p11_blocked(
+    checkpoint_id: str, owner: str, expected: Sequence[str], prepared: bool, blockers: Mapping[str, Any]
+) -> None:
+    """A prepare meeting `wait` verifications ends unprepared with exactly those capture keys as the owner's
+    blockers, and nothing else blocking."""
+    if prepared or dict(blockers) != {owner: list(expected)}:
+        raise P11Violation(
+            rollout=expected[0] if expected else None,
+            expected=f"{checkpoint_id} not prepared: {owner} blocked by {list(expected)} (verification in mode wait)",
+            observed="prepared" if prepared else f"blockers {dict(blockers)}",
+        )
+
+
+def p11_prepared_once_verified(
+    checkpoint_id: str, verified: Sequence[str], prepared: bool, blockers: Mapping[str, Any]
+) -> None:
+    """A prepare that waited for `wait` verifications becomes prepared once they finished."""
+    if not prepared:
+        raise P11Violation(
+            rollout=verified[0] if verified else None,
+            expected=f"{checkpoint_id} prepared once the verifications of {list(verified)} finished",
+            observed=f"not prepared; blockers {dict(blockers)}",
+        )
 
 
 def p10_refused(operation: str, expected_code: str, error: Any) -> None:

@@ -66,8 +66,3 @@ def expected_reward(tools: tuple[str, ...], script: tuple[dict[str, Any], ...]) 
     `get_weather` and the task offers it."""
     offered = {call["name"] for call in script} & set(tools)
     return 1.0 if "get_weather" in offered else 0.0
-
-
-# Model calls an uninterrupted weather episode makes, as message counts per call.
-NATIVE_CALL_MESSAGES: tuple[int, ...] = (2, 4)
-LEGACY_CALL_MESSAGES: tuple[int, ...] = (1, 3)

@@ -3,11 +3,13 @@ on every way a value can be bad, naming the rollout or participant it is about."
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 import attrs
 import pytest
 
+from ckpt_model import properties
 from ckpt_model.contract import VERIFY, Expectation, Model, expect
 from ckpt_model.errors import CoordinationError, ParticipantFailure
 from ckpt_model.history import Event, EventType, History
@@ -630,3 +632,38 @@ def test_p13_each_kind_of_leftover_names_the_participant(leftover: dict[str, Any
     observed = caught.value.observed
     assert isinstance(observed, dict)
     assert set(observed) == {"phase", "retired_rollouts", "restored_pending", "accepting", "counts", "retired_sessions"}
+
+
+def test_the_docs_property_table_says_what_the_registry_says() -> None:
+    """Each row of docs/how-it-works.md's property table names a registered property and says 'yes' exactly when
+    the checker checks it, so the docs cannot claim a check the code does not make."""
+    docs = (Path(__file__).parents[2] / "docs" / "how-it-works.md").read_text()
+    table = docs[docs.index("## The properties") :].split("\n\n")[1]
+    rows = [line.split("|")[1:3] for line in table.splitlines()[2:]]
+    documented = {cell.split()[0]: checked.strip() == "yes" for cell, checked in rows}
+    assert documented == {pid: info.checked for pid, info in properties.REGISTRY.items()}
+
+
+def test_p10_prepared_everywhere_passes_when_prepared_and_names_what_blocks() -> None:
+    properties.p10_prepared_everywhere("c1", True, {}, [])
+    with pytest.raises(properties.P10Violation, match=r"(?s)c1 prepared everywhere.*blockers \{'agent': \['r0'\]\}"):
+        properties.p10_prepared_everywhere("c1", False, {"agent": ["r0"]}, [])
+
+
+def test_p10_prepared_everywhere_blames_verification_when_one_runs() -> None:
+    with pytest.raises(properties.P11Violation, match=r"\['r0'\] verify in mode replay"):
+        properties.p10_prepared_everywhere("c1", False, {"environment": ["r0"]}, ["r0"])
+
+
+def test_p11_blocked_needs_exactly_the_verifying_keys_as_the_owners_blockers() -> None:
+    properties.p11_blocked("c2", "environment", ["r0"], False, {"environment": ["r0"]})
+    for prepared, blockers in [(True, {}), (False, {"environment": ["r0", "r1"]}), (False, {"agent": ["r0"]})]:
+        with pytest.raises(properties.P11Violation) as caught:
+            properties.p11_blocked("c2", "environment", ["r0"], prepared, blockers)
+        assert caught.value.rollout == "r0"
+
+
+def test_p11_prepared_once_verified_fails_a_prepare_still_blocked() -> None:
+    properties.p11_prepared_once_verified("c3", ["r0"], True, {})
+    with pytest.raises(properties.P11Violation, match=r"prepared once the verifications of \['r0'\] finished"):
+        properties.p11_prepared_once_verified("c3", ["r0"], False, {"environment": ["r0"]})
