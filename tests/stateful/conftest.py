@@ -10,6 +10,8 @@ from ckpt_model import profiles
 from ckpt_model.deployment import Harness
 
 ACTIVE_PROFILE = profiles.load()
+# What the state machine tests pass explicitly: the profile loaded above, as it is in force here (CI or not).
+ACTIVE_SETTINGS = profiles.profile_for(ACTIVE_PROFILE, profiles.in_ci())
 
 
 def pytest_report_header() -> str:

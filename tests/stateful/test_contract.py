@@ -6,19 +6,20 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from ckpt_model.deployment import Harness
 from ckpt_model.machine import machine_for
+from tests.stateful.conftest import ACTIVE_SETTINGS
 
 
 def test_native_stack_keeps_the_contract(native_harness: Harness) -> None:
-    run_state_machine_as_test(machine_for(native_harness))
+    run_state_machine_as_test(machine_for(native_harness), settings=ACTIVE_SETTINGS)
 
 
 def test_legacy_stack_keeps_the_contract(legacy_harness: Harness) -> None:
-    run_state_machine_as_test(machine_for(legacy_harness))
+    run_state_machine_as_test(machine_for(legacy_harness), settings=ACTIVE_SETTINGS)
 
 
 def test_slow_stack_with_wait_verification_keeps_the_contract(slow_wait_harness: Harness) -> None:
-    run_state_machine_as_test(machine_for(slow_wait_harness))
+    run_state_machine_as_test(machine_for(slow_wait_harness), settings=ACTIVE_SETTINGS)
 
 
 def test_slow_stack_with_replay_verification_keeps_the_contract(slow_replay_harness: Harness) -> None:
-    run_state_machine_as_test(machine_for(slow_replay_harness))
+    run_state_machine_as_test(machine_for(slow_replay_harness), settings=ACTIVE_SETTINGS)
