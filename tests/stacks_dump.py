@@ -1,9 +1,17 @@
-"""On a hang, say where the hung process is: its threads' stacks (py-spy, when installed) for the failure."""
+"""Helpers for tests that interrupt a process: give it Ctrl-C's default meaning, and on a hang, show its stacks."""
 
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
+
+
+def default_sigint() -> None:
+    """`preexec_fn` for a child that must stop on SIGINT: a shell that starts a job in the background (`cmd &`,
+    no job control) leaves SIGINT ignored, the child inherits that, and Python then installs no Ctrl-C handler."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
 
 DUMP_TIMEOUT_S = 20.0
 

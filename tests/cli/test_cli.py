@@ -19,7 +19,7 @@ import pytest
 
 from ckpt_model.deployment import fault_catalogue
 from tests.stack.conftest import wait_until
-from tests.stacks_dump import stacks_of
+from tests.stacks_dump import default_sigint, stacks_of
 
 pytestmark = pytest.mark.processes
 
@@ -188,6 +188,7 @@ def test_ctrl_c_during_check_stops_everything_and_exits_130(tmp_path: Path) -> N
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        preexec_fn=default_sigint,
     ) as check:
         try:
             assert check.stdout is not None

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.stack.conftest import process_gone, wait_until
-from tests.stacks_dump import stacks_of
+from tests.stacks_dump import default_sigint, stacks_of
 
 INTERRUPTED_RUN_TIMEOUT_S = 60
 
@@ -101,7 +101,13 @@ def test_ctrl_c_during_a_run_leaves_no_process_port_or_directory(tmp_path: Path)
     env = {**os.environ, "STARTED_FILE": str(started_file), "TMPDIR": str(temp_root)}
     argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", str(test_file)]
     with subprocess.Popen(
-        argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+        argv,
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=default_sigint,
     ) as run:
         output = interrupt(run, started_file)
         started = json.loads(started_file.read_text())
