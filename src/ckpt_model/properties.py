@@ -209,13 +209,8 @@ def error_code(body: Any) -> str | None:
 
 
 def p7_refused(key: str, status_code: int | None, body: Any) -> None:
-    code = error_code(body)
-    if status_code != 409 or code != "stale_attempt":
-        raise P7Violation(
-            rollout=key,
-            expected="a /run of a retired attempt is refused with 409 stale_attempt until forget",
-            observed=f"HTTP {status_code}: {_short(body)}",
-        )
+    """A `/run` of a retired attempt is refused with 409 stale_attempt until forget."""
+    _refused_409(P7Violation, key, "stale_attempt", "a /run of a retired attempt", "until forget", status_code, body)
 
 
 def p9_unchanged(checkpoint_id: str, before: Mapping[str, Fingerprint], read: Mapping[str, Any]) -> None:
@@ -263,11 +258,17 @@ def p10_each_replied(operation: str, expected: Mapping[str, Any], outcomes: Mapp
 
 def p10_admission_refused(key: str, status_code: int | None, body: Any) -> None:
     """A new `/run` while a checkpoint is open is refused with 409 admission_closed and owns nothing."""
-    code = error_code(body)
-    if status_code != 409 or code != "admission_closed":
-        raise P10Violation(
+    what = "a new /run while a checkpoint is open"
+    _refused_409(P10Violation, key, "admission_closed", what, "", status_code, body)
+
+
+def _refused_409(
+    violation: type[PropertyViolation], key: str, code: str, what: str, until: str, status_code: int | None, body: Any
+) -> None:
+    if status_code != 409 or error_code(body) != code:
+        raise violation(
             rollout=key,
-            expected="a new /run while a checkpoint is open is refused with 409 admission_closed",
+            expected=f"{what} is refused with 409 {code}" + (f" {until}" if until else ""),
             observed=f"HTTP {status_code}: {_short(body)}",
         )
 
