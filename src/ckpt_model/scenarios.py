@@ -97,13 +97,15 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         calls={"r0": (0, 1), "r0-a1": (1, 1)},
     ),
-    # A false alarm the nightly found: c2's snapshot holds r0-a1 as replied; restoring c1 again re-sends r0-a1,
+    # A false alarm the nightly found: c2's snapshot holds r0-a1 as replied (and r1 in flight); restoring c1 again
+    # re-sends r0-a1,
     # a crash cuts that /run off, and restoring c2 must judge r0-a1 by the /run that replied, not the later one.
     "replied_continuation__judged_by_its_own_run_after_a_later_restore": Scenario(
         RESTORED_AT_CALL_1
         + steps(
             ("start_replacement", FIRST),
             ("release", FIRST),
+            "dispatch",
             CHECKPOINT,
             "crash",
             ("restore", FIRST),
@@ -111,18 +113,24 @@ SCENARIOS: dict[str, Scenario] = {
             "crash",
             ("restore", {"pick": 1}),
         ),
-        calls={"r0": (0, 1), "r0-a1": (1, 1)},
+        calls={"r0": (0, 1), "r0-a1": (1, 1), "r1": (0,), "r1-a1": (0, 1)},
     ),
-    "resumed_id__is_refused": Scenario(steps("prepare", "resume")),
+    "resumed_id__is_refused": Scenario(steps("dispatch", "prepare", "resume"), calls={"r0": (0, 1)}),
+    # Every operation of an older controller, each naming an older resumed ID (pick 0) after the latest resume.
     "late_calls_of_an_older_controller__are_refused": Scenario(
-        steps("prepare", "resume", "prepare", "resume")
+        steps("dispatch")
         + tuple(
-            ("late_call", {"operation": op, "pick": pick}) for op in ("prepare", "commit", "restore") for pick in (0, 1)
-        )
-        + tuple(("late_call", {"operation": op, "pick": 0}) for op in ("renew", "retire", "forget"))
+            step
+            for operation in ("prepare", "commit", "restore", "renew", "retire", "forget")
+            for step in steps("prepare", "resume", ("late_call", {"operation": operation, "pick": 0}))
+        ),
+        calls={"r0": (0, 1)},
     ),
     "run_while_open__is_refused": Scenario(
-        steps("dispatch", "prepare", "run_while_open", "commit", "run_while_open", "resume"), calls={"r0": (0, 1)}
+        steps(
+            "dispatch", "prepare", "run_while_open", "commit", "resume", "prepare", "commit", "run_while_open", "resume"
+        ),
+        calls={"r0": (0, 1)},
     ),
     "retried_calls__return_their_first_result": Scenario(
         steps(

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.processes
 RUN_TIMEOUT_S = 120.0
 # Found and shrunk (to `checkpoint(then_resume=True)`) in about 40 examples of one step: seeded, so the same
 # examples every run. A deeper search finds it too but spends a minute and more shrinking.
-FAULT_SEARCH = ["--faults", "resume_deletes_records", "--examples", "30", "--steps", "1", "--seed", "1"]
+FAULT_SEARCH = ["--faults", "resume_deletes_records", "--examples", "30", "--steps", "2", "--seed", "1"]
 
 
 def environment(workdir: Path, *, developer: bool = False) -> dict[str, str]:
