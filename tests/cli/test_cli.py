@@ -23,8 +23,9 @@ from tests.stacks_dump import default_sigint, stacks_of
 
 pytestmark = pytest.mark.processes
 
-RUN_TIMEOUT_S = 120.0
-# Found and shrunk (to `checkpoint(then_resume=True)`) in about 40 examples of one step: seeded, so the same
+# A guard against a hang, not a speed check: generous enough for a search and its shrinking on loaded cores.
+RUN_TIMEOUT_S = 600.0
+# Found and shrunk (to `dispatch(); checkpoint(then_resume=True)`) in examples of two steps: seeded, so the same
 # examples every run. A deeper search finds it too but spends a minute and more shrinking.
 FAULT_SEARCH = ["--faults", "resume_deletes_records", "--examples", "30", "--steps", "2", "--seed", "1"]
 
@@ -149,7 +150,7 @@ def test_check_finds_a_planted_fault_and_names_its_property(tmp_path: Path) -> N
 def test_replay_of_a_failing_file_exits_1_and_says_whether_as_recorded(
     tmp_path: Path, recorded: str, verdict: str
 ) -> None:
-    steps = [["checkpoint", {"then_resume": True}]]
+    steps = [["dispatch", {}], ["checkpoint", {"then_resume": True}]]
     path = regression_file(tmp_path, steps, faults=["resume_deletes_records"], recorded=recorded)
 
     result = ckpt_model(tmp_path, "replay", str(path))
@@ -160,7 +161,9 @@ def test_replay_of_a_failing_file_exits_1_and_says_whether_as_recorded(
 
 
 def test_replay_passes_once_the_fault_is_gone(tmp_path: Path) -> None:
-    path = regression_file(tmp_path, [["checkpoint", {"then_resume": True}]], faults=[], recorded="P9")
+    path = regression_file(
+        tmp_path, [["dispatch", {}], ["checkpoint", {"then_resume": True}]], faults=[], recorded="P9"
+    )
 
     result = ckpt_model(tmp_path, "replay", str(path))
 
