@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import attrs
@@ -43,6 +43,7 @@ from ckpt_model.wire import (
 log = logging.getLogger(__name__)
 
 Reply = dict[str, Any]
+V = TypeVar("V")
 Clock = Callable[[], float]
 
 # Gym adds this to the time left before the deadline, so a participant that gives up at its deadline can still
@@ -583,8 +584,10 @@ class ControlClient:
         fencing or idempotent replay must hear every participant."""
         members = self.participants.members
         outcomes = self._map(lambda member: self._post(member, operation, body, deadline_ts), members)
-        answers: dict[str, Reply | ParticipantFailure] = dict(zip((m.name for m in members), outcomes, strict=True))
-        return dict(sorted(answers.items()))
+        answers: list[tuple[str, Reply | ParticipantFailure]] = list(
+            zip((m.name for m in members), outcomes, strict=True)
+        )
+        return _sorted_dict(answers)
 
     # --- transport -----------------------------------------------------------------------------------------
 
@@ -675,7 +678,7 @@ def _json_or_none(response: httpx.Response) -> Any:
         return None
 
 
-def _sorted_dict(items: Iterable[tuple[str, Reply]]) -> dict[str, Reply]:
+def _sorted_dict(items: Iterable[tuple[str, V]]) -> dict[str, V]:
     return dict(sorted(items, key=lambda item: item[0]))
 
 
