@@ -72,6 +72,14 @@ class EmbeddedDeployment:
         """SIGKILL every Gym process group; the backend and the directories survive."""
         self.stack.crash_gym()
 
+    def restart_server(self, name: str) -> dict[str, str]:
+        """SIGKILL one Gym server's process group and start it again alone; returns every server's base URL."""
+        try:
+            self.stack.restart_server(name)
+        except StackStartError as error:
+            raise RuntimeError(str(error)) from error
+        return {server_name: server.url for server_name, server in self.stack.gym.items()}
+
     def run_url(self) -> str:
         return self.stack.gym["environment"].url + "/run"
 

@@ -142,6 +142,13 @@ CATALOGUE: tuple[Fault, ...] = (
         "an environment export that leaves out an episode whose verification finished while a prepare waited for it",
         topology="slow",
     ),
+    Fault(
+        "environment_keeps_refused_episode",
+        "environment",
+        "P7",
+        "an environment that keeps the episode of a /run its resources server refused as a retired attempt, which"
+        " only happens once the environment restarted alone and lost its own marks",
+    ),
 )
 BY_NAME: dict[str, Fault] = {fault.name: fault for fault in CATALOGUE}
 

@@ -417,6 +417,25 @@ class Stack:
             raise StackStartError(f"{error}; log {log_path}:\n{log_tail(log_path)}") from error
         return self.fork_server
 
+    def restart_server(self, name: str) -> None:
+        """SIGKILL one Gym server's process group and start it again alone, on the same port; the others run on."""
+        if name not in self.gym:
+            raise RuntimeError(f"no running Gym server {name!r}; running: {sorted(self.gym)}")
+        kill_groups([self.gym.pop(name)])
+        configs = {name: self.configs()[name]}
+        try:
+            if self.use_fork_server:
+                self._fork_gym(configs)
+            else:
+                self._spawn_gym(configs)
+            wait_healthy([self.gym[name]], "/health", http=self.http)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self.crash_gym()
+            raise
+        if self.use_fork_server:
+            self._prebuild(self.configs())
+
     def crash_gym(self) -> None:
         """SIGKILL every Gym process group and wait until each is gone; the backend, fork server and dirs survive."""
         servers = list(self.gym.values())

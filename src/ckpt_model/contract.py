@@ -130,6 +130,18 @@ class Attempt:
 
 
 @attrs.frozen
+class Restarted:
+    """A participant restarted alone since every process last crashed: its memory started empty then.
+
+    Retire marks and remembered resumed IDs live in each process's memory (reference sections 2.6 and 10), so
+    this one holds only the marks set since (`marks`) and the resumed IDs from `remembers_from` on."""
+
+    kind: str
+    marks: tuple[tuple[str, int], ...] = ()
+    remembers_from: int = 0
+
+
+@attrs.frozen
 class Checkpoint:
     """A committed checkpoint: the exported attempts' keys and the controller snapshot published with it."""
 
@@ -158,6 +170,7 @@ class Model:
     runs_sent: int = 0
     fresh: bool = True
     restored_pending_reported: tuple[str, ...] = ()
+    restarted: tuple[Restarted, ...] = ()
 
     # -- views ------------------------------------------------------------------------------------------------
 
@@ -224,6 +237,38 @@ class Model:
 
     def can_prepare_blocked(self) -> bool:
         return not self.checkpoint_open and not self.with_status("dead") and bool(self.blockers())
+
+    def marks_of(self, kind: str) -> tuple[tuple[str, int], ...]:
+        """The retire marks a participant of `kind` holds: all of them unless it restarted alone since."""
+        for restarted in self.restarted:
+            if restarted.kind == kind:
+                return restarted.marks
+        return self.retired_marks
+
+    def remembers(self, kind: str, checkpoint_id: str) -> bool:
+        """A participant of `kind` still refuses `checkpoint_id` as resumed (it did not restart since)."""
+        start = next((r.remembers_from for r in self.restarted if r.kind == kind), 0)
+        return checkpoint_id in self.resumed[start:]
+
+    def refuses_late_run(self, rollout: str, attempt: int) -> bool:
+        """A late `/run` of a retired attempt is refused (`stale_attempt`) before it leaves anything anywhere: its
+        first stop holds a mark covering it, or (environment `/run`) the resources server, whose seed comes first,
+        does and the environment relays the refusal. A participant restarted alone lost its marks."""
+
+        def covers(kind: str) -> bool:
+            return dict(self.marks_of(kind)).get(rollout, -1) >= attempt
+
+        if covers(self.episode_owner):
+            return True
+        return self.episode_owner == "environment" and covers("resources")
+
+    def can_crash_participant(self, kind: str) -> bool:
+        """One participant may crash alone between operations when nothing runs and no checkpoint is open, and it
+        holds no restored episode waiting for its replacement (that would need the controller to restore again)."""
+        if self.checkpoint_open or self.with_status("running"):
+            return False
+        holds_restored = kind in (self.episode_owner, "agent")
+        return not (holds_restored and self.with_status("pending"))
 
     def marked_rollouts(self) -> tuple[str, ...]:
         return tuple(rollout for rollout, _ in self.retired_marks)
@@ -347,10 +392,19 @@ class Model:
             resumed=(),
             fresh=True,
             restored_pending_reported=(),
+            restarted=(),
         )
         for attempt in model.with_status("running", "pending"):
             model = model._replace(attrs.evolve(attempt, status="dead", held=False))
         return model
+
+    def crash_participant(self, kind: str) -> Model:
+        """The participant of `kind` is SIGKILLed and started again alone: it forgets its marks and resumed IDs;
+        the others keep theirs."""
+        if not self.can_crash_participant(kind):
+            raise ValueError(f"{kind} cannot crash alone: work runs, a checkpoint is open or it holds restored state")
+        others = tuple(r for r in self.restarted if r.kind != kind)
+        return attrs.evolve(self, restarted=(*others, Restarted(kind, remembers_from=len(self.resumed))))
 
     def restore(self, checkpoint_id: str) -> tuple[Model, str]:
         """Roll the controller back to the checkpoint's snapshot; exported attempts continue as attempt + 1."""
@@ -405,14 +459,22 @@ class Model:
         attempt = self._current(rollout)
         model = self._replace(attrs.evolve(attempt, status="retired", held=False))
         pending = tuple(k for k in model.restored_pending_reported if k != attempt.key)
-        marks = dict(self.retired_marks)
-        marks[rollout] = max(marks.get(rollout, -1), attempt.attempt)
-        return attrs.evolve(model, retired_marks=tuple(sorted(marks.items())), restored_pending_reported=pending)
+        restarted = tuple(attrs.evolve(r, marks=_marked(r.marks, rollout, attempt.attempt)) for r in self.restarted)
+        return attrs.evolve(
+            model,
+            retired_marks=_marked(self.retired_marks, rollout, attempt.attempt),
+            restored_pending_reported=pending,
+            restarted=restarted,
+        )
 
     def forget(self, rollouts: tuple[str, ...] | None = None) -> Model:
         """Drop the marks of `rollouts` (every mark when None)."""
-        kept = () if rollouts is None else tuple(m for m in self.retired_marks if m[0] not in rollouts)
-        return attrs.evolve(self, retired_marks=kept)
+
+        def kept(marks: tuple[tuple[str, int], ...]) -> tuple[tuple[str, int], ...]:
+            return () if rollouts is None else tuple(m for m in marks if m[0] not in rollouts)
+
+        restarted = tuple(attrs.evolve(r, marks=kept(r.marks)) for r in self.restarted)
+        return attrs.evolve(self, retired_marks=kept(self.retired_marks), restarted=restarted)
 
     def drop(self, rollout: str) -> Model:
         """The controller gives a retired rollout up for good."""
@@ -455,6 +517,13 @@ class Model:
         return model if delivered.status == "replied" else model._send(delivered)
 
 
+def _marked(marks: tuple[tuple[str, int], ...], rollout: str, attempt: int) -> tuple[tuple[str, int], ...]:
+    """`marks` after retiring `attempt` of `rollout`: one mark per rollout, the highest retired attempt."""
+    table = dict(marks)
+    table[rollout] = max(table.get(rollout, -1), attempt)
+    return tuple(sorted(table.items()))
+
+
 @attrs.frozen
 class Expectation:
     """What the system must show once quiet: derived from the model, compared with observations."""
@@ -471,6 +540,11 @@ class Expectation:
     retired_rollouts: int
     resources_sessions: int = 0
     accepting: bool = True
+    # Participants restarted alone since the last crash hold fewer marks: (kind, count) for each of them.
+    retired_by_kind: tuple[tuple[str, int], ...] = ()
+
+    def retired_for(self, kind: str | None) -> int:
+        return dict(self.retired_by_kind).get(kind or "", self.retired_rollouts)
 
 
 def expect(model: Model) -> Expectation:
@@ -494,4 +568,5 @@ def expect(model: Model) -> Expectation:
         retired_rollouts=len(model.retired_marks),
         resources_sessions=sum(1 for a in running if a.holds_resources_session(model.topology)),
         accepting=not model.checkpoint_open,
+        retired_by_kind=tuple((r.kind, len(r.marks)) for r in model.restarted),
     )

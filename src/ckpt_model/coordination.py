@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -577,12 +577,15 @@ class ControlClient:
             replies.update(self._post_stage(operation, self.participants.of_kinds(kinds), body, deadline_ts, replies))
         return _sorted_dict(replies.items())
 
-    def post_each(self, operation: str, body: Reply, deadline_ts: float) -> dict[str, Reply | ParticipantFailure]:
-        """Sends one control call to every participant separately and returns each answer, refusals included.
+    def post_each(
+        self, operation: str, body: Reply, deadline_ts: float, names: Collection[str] | None = None
+    ) -> dict[str, Reply | ParticipantFailure]:
+        """Sends one control call to every participant (or those in `names`) separately and returns each answer,
+        refusals included.
 
         Unlike the coordination functions it neither stages nor stops at the first refusal: a checker probing
         fencing or idempotent replay must hear every participant."""
-        members = self.participants.members
+        members = [m for m in self.participants.members if names is None or m.name in names]
         outcomes = self._map(lambda member: self._post(member, operation, body, deadline_ts), members)
         answers: list[tuple[str, Reply | ParticipantFailure]] = list(
             zip((m.name for m in members), outcomes, strict=True)

@@ -4,7 +4,8 @@ Two small protocols say what the checker needs of a system under test:
 
 - `Deployment`: start the backend once (None: there is no gated backend), start fresh Gym servers, crash every
   Gym process group, say where `/run` goes, show log tails, close. Failures to start are `OSError` or
-  `RuntimeError` naming the server.
+  `RuntimeError` naming the server. Optionally `restart_server(name)`: crash one server alone and start it again
+  (returns every server's URL, like `start_gym`); without it the machine never crashes one participant alone.
 - `Gate`: the backend's control routes (Gym's fake backend, reference section 11): the call list, release chosen
   calls, reset, gate every call, pin the policy's script. `BackendGate` speaks them over HTTP.
 
@@ -245,6 +246,16 @@ class Harness:
         """SIGKILL every Gym process group, then start fresh processes."""
         self.deployment.crash_gym()
         self.start_gym()
+
+    @property
+    def can_restart_one(self) -> bool:
+        return callable(getattr(self.deployment, "restart_server", None))
+
+    def restart_server(self, name: str) -> None:
+        """SIGKILL one Gym server alone and start it again; the client learns the servers anew."""
+        servers = self._started(lambda: self.deployment.restart_server(name))  # type: ignore[attr-defined]
+        assert self.control is not None, "start_gym comes first"
+        self.control.discover_from_servers(servers)
 
     def close(self) -> None:
         with contextlib.suppress(Exception):

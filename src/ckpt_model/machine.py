@@ -111,6 +111,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         self.draining = False
         self.retire_seq = 0
         self.crashes = 0
+        self.crashed_alone = False
         self.broken = False
         self.started_s = time.monotonic()
 
@@ -280,6 +281,34 @@ class CheckpointMachine(RuleBasedStateMachine):
             self.last_call = attrs.evolve(last, after_crash=True, retried=False)
         self._advance(self.model.crash(), "crash()")
 
+    @precondition(lambda self: not self.crashed_alone and not self.model.fresh and bool(self._crashable_alone()))
+    @rule(pick=PICK)
+    @step
+    def crash_participant(self, pick: int) -> None:
+        """SIGKILL one participant alone and start it again, between operations: it comes back idle and empty,
+        having forgotten its marks and resumed IDs, while the others keep theirs (each participant asked on its
+        own still refuses the latest resumed ID it remembers)."""
+        self.crashed_alone = True
+        member = _pick(self._crashable_alone(), pick)
+        self.history.invoke("controller", "crash", member.name)
+        self.harness.restart_server(member.name)
+        # A retry would reach a participant that never saw the first call; a controller does not retry across it.
+        self.last_call = None
+        model = self.model.crash_participant(member.kind)
+        label = f"crash_participant({member.name})"
+        if model.resumed:
+            latest = model.resumed[-1]
+            remembering = [m.name for m in self.control.participants if model.remembers(m.kind, latest)]
+            self._probe("prepare", latest, "stale_checkpoint", names=remembering)
+            label += f"; prepare({latest}) refused by {remembering}"
+        self._advance(model, label)
+
+    def _crashable_alone(self) -> list[Any]:
+        if not self.harness.can_restart_one or self.control is None:
+            return []
+        members = sorted(self.control.participants, key=lambda m: m.name)
+        return [m for m in members if self.model.can_crash_participant(m.kind)]
+
     @precondition(lambda self: self.model.can_restore())
     @rule(pick=PICK)
     @step
@@ -382,17 +411,21 @@ class CheckpointMachine(RuleBasedStateMachine):
         model = self.model.forget(tuple(rollouts))
         self._advance(model, f"forget({rollouts})", violation=props.P7Violation, counts_final=True)
 
-    @precondition(lambda self: bool(self.retired_attempts))
+    @precondition(lambda self: bool(self._late_runs()))
     @rule(pick=PICK)
     @step
     def late_run(self, pick: int) -> None:
-        """A late `/run` of a retired attempt is refused with stale_attempt until forget (P7)."""
-        rollout = _pick(sorted(self.retired_attempts), pick)
+        """A late `/run` of a retired attempt is refused with stale_attempt until forget (P7), also when the
+        server it reaches first restarted alone and only a callee still holds the mark."""
+        rollout = _pick(self._late_runs(), pick)
         attempt = self.retired_attempts[rollout]
         outcome = self.runs.post(attempt)
         self.steps.append(f"late_run({attempt.key}) -> HTTP {outcome.status_code}")
         props.p7_refused(attempt.key, outcome.status_code, outcome.body)
         self._settle(violation=props.P7Violation)
+
+    def _late_runs(self) -> list[str]:
+        return sorted(r for r, a in self.retired_attempts.items() if self.model.refuses_late_run(r, a.attempt))
 
     @precondition(lambda self: self.model.checkpoint_open and self.refused_during != self.model.open_checkpoint)
     @rule()
@@ -410,11 +443,14 @@ class CheckpointMachine(RuleBasedStateMachine):
     @step
     def late_call(self, operation: str, pick: int) -> None:
         """A delayed call of an older controller names a checkpoint ID the participants resumed: every one of
-        them, asked on its own, refuses it with stale_checkpoint, whatever the operation (P10)."""
+        them that remembers it (all but one restarted alone since), asked on its own, refuses it with
+        stale_checkpoint, whatever the operation (P10)."""
         checkpoint_id = self.model.resumed[pick % len(self.model.resumed)]
         self.late_calls_for = self.model.resumed
-        self._probe(operation, checkpoint_id, "stale_checkpoint")
-        self._advance(self.model, f"late_call({operation}, {checkpoint_id}) refused")
+        remembering = [m.name for m in self.control.participants if self.model.remembers(m.kind, checkpoint_id)]
+        if remembering:
+            self._probe(operation, checkpoint_id, "stale_checkpoint", names=remembering)
+        self._advance(self.model, f"late_call({operation}, {checkpoint_id}) refused by {remembering}")
 
     @precondition(lambda self: self.last_call is not None and not self.last_call.retried)
     @rule()
@@ -540,8 +576,9 @@ class CheckpointMachine(RuleBasedStateMachine):
         self.history.complete(invocation, "ok")
         return result
 
-    def _probe(self, operation: str, checkpoint_id: str, code: str) -> None:
-        """Send `operation` naming `checkpoint_id` to every participant on its own; each must refuse with `code`."""
+    def _probe(self, operation: str, checkpoint_id: str, code: str, names: list[str] | None = None) -> None:
+        """Send `operation` naming `checkpoint_id` to every participant (or those `names`) on its own; each must
+        refuse with `code`."""
         probe_arguments: dict[str, dict[str, Any]] = {
             "commit": {"checkpoint_dir": str(self.harness.checkpoint_dir / f"probe-{checkpoint_id}")},
             "restore": {"checkpoint_dir": str(self.harness.checkpoint_dir / f"probe-{checkpoint_id}")},
@@ -552,7 +589,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         deadline_ts = time.time() + CONTROL_DEADLINE_S
         invocation = self.history.invoke("controller", f"probe {operation}", checkpoint_id)
         outcomes = self.control.post_each(
-            operation, request_body(operation, checkpoint_id, deadline_ts, **arguments), deadline_ts
+            operation, request_body(operation, checkpoint_id, deadline_ts, **arguments), deadline_ts, names
         )
         self.history.complete(invocation, "ok", {name: _outcome_text(o) for name, o in outcomes.items()})
         props.p10_each_refused(f"{operation}({checkpoint_id})", code, outcomes)

@@ -301,8 +301,9 @@ def status_mismatches(expected: Expectation, status: Mapping[str, Any]) -> list[
     elif kind == "model":
         wanted.update(inflight=expected.inflight, held=expected.held)
     problems = [f"counts {k}={counts.get(k)} (expected {v})" for k, v in wanted.items() if counts.get(k) != v]
-    if status.get("retired_rollouts") != expected.retired_rollouts:
-        problems.append(f"retired_rollouts={status.get('retired_rollouts')} (expected {expected.retired_rollouts})")
+    retired = expected.retired_for(kind)
+    if status.get("retired_rollouts") != retired:
+        problems.append(f"retired_rollouts={status.get('retired_rollouts')} (expected {retired})")
     if kind == "environment" and tuple(status.get("restored_pending", ())) != expected.restored_pending:
         problems.append(
             f"restored_pending={status.get('restored_pending')} (expected {list(expected.restored_pending)})"

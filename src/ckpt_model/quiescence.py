@@ -269,6 +269,8 @@ def describe(expected: Expectation) -> str:
         f"waiting {sorted(expected.waiting)}; "
         f"model inflight {expected.inflight} held {expected.held}; episodes {expected.episodes}; "
         f"sessions {expected.sessions}; resources sessions {expected.resources_sessions}; "
-        f"restored_pending {list(expected.restored_pending)}; retired_rollouts {expected.retired_rollouts}; "
+        f"restored_pending {list(expected.restored_pending)}; retired_rollouts {expected.retired_rollouts}"
+        + "".join(f" ({kind} restarted alone: {count})" for kind, count in expected.retired_by_kind)
+        + "; "
         f"admission {'open' if expected.accepting else 'closed'}"
     )

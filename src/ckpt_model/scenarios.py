@@ -80,6 +80,34 @@ SCENARIOS: dict[str, Scenario] = {
         steps("dispatch", ("release", FIRST), ("retire", {"pick": 0, "again": False}), ("late_run", FIRST), "forget"),
         calls={"r0": (0, 1)},
     ),
+    # A server restarted alone forgets its marks; a late /run still meets one: the environment's (the first
+    # stop) or, once the environment itself restarted, the resources server's, whose seed comes first.
+    "restarted_alone__late_run_still_refused": Scenario(
+        steps(
+            "dispatch",
+            ("release", FIRST),
+            ("retire", {"pick": 0, "again": False}),
+            ("crash_participant", {"pick": 1}),
+            ("late_run", FIRST),
+            "forget",
+        ),
+        calls={"r0": (0, 1)},
+    ),
+    # The others keep their resumed IDs while one restarts alone, and new work runs through the restarted one.
+    "restarted_alone__others_keep_their_fences": Scenario(
+        steps(
+            "dispatch",
+            CHECKPOINT,
+            ("release", FIRST),
+            ("release", FIRST),
+            ("crash_participant", FIRST),
+            ("late_call", {"operation": "prepare", "pick": 0}),
+            "dispatch",
+            ("release", FIRST),
+            ("release", FIRST),
+        ),
+        calls={"r0": (0, 1), "r1": (0, 1)},
+    ),
     "retired_then_started_over__completes": Scenario(
         steps("dispatch", ("retire", {"pick": 0, "again": True})), calls={"r0": (0,), "r0-a1": (0, 1)}
     ),
@@ -242,6 +270,7 @@ FAULT_SCENARIOS: dict[str, str] = {
     "retried_commit_conflicts": "retried_calls__return_their_first_result",
     "agent_stays_closed_after_commit": "checkpoint_without_crash__parks_then_resumes",
     "environment_drops_finished_during_prepare": "finished_during_prepare__neither_lost_nor_redone",
+    "environment_keeps_refused_episode": "restarted_alone__late_run_still_refused",
 }
 
 

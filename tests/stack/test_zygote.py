@@ -184,6 +184,33 @@ def test_restart__fresh_processes_on_the_same_ports_without_the_old_state(runnin
 
 
 @processes
+def test_restart_of_one_server__only_it_is_fresh_the_others_keep_their_state(
+    running: Stack, http: httpx.Client
+) -> None:
+    stack = running
+    before = {name: (server.pid, server.url) for name, server in stack.gym.items()}
+    urls = {name: url for name, (_, url) in before.items()}
+    with ControlClient.from_servers(urls, stack.token, http=http) as control:
+        assert control.prepare("c-open", time.time() + DEADLINE_S).prepared
+
+        stack.restart_server("agent")
+
+        after = {name: (server.pid, server.url) for name, server in stack.gym.items()}
+        assert {name: url for name, (_, url) in after.items()} == urls
+        assert after["agent"][0] != before["agent"][0]
+        assert process_gone(before["agent"][0])
+        assert {name: pid for name, (pid, _) in after.items() if name != "agent"} == {
+            name: pid for name, (pid, _) in before.items() if name != "agent"
+        }
+        phases = {name: reply["phase"] for name, reply in control.status_all().items()}
+        prepared = dict.fromkeys(("environment", "policy_model", "resources"), "prepared")
+        assert phases == {"agent": "idle", **prepared}
+        control.resume("c-open", time.time() + DEADLINE_S)
+    with pytest.raises(RuntimeError, match="no running Gym server 'nobody'"):
+        stack.restart_server("nobody")
+
+
+@processes
 def test_restart__promotes_the_standbys_forked_after_the_last_start(running: Stack) -> None:
     """Each start leaves one standby per server (built while the servers work); the next start serves with them."""
     stack = running

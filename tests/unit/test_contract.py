@@ -456,3 +456,64 @@ def test_every_run_gets_its_own_number_and_a_restore_keeps_the_snapshots() -> No
     assert (model.current()["r0"].key, model.current()["r0"].run) == ("r0-a1", 2)
     model, _ = model.crash().restore(later)
     assert (model.current()["r0"].status, model.current()["r0"].run) == ("replied", 1)
+
+
+def retired_and_idle() -> Model:
+    """r0 retired (marked everywhere), c1 resumed, nothing running: a participant may crash alone."""
+    model, _ = native().dispatch()
+    model, _ = model.prepare()
+    model = model.resume().retire("r0")
+    assert model.can_crash_participant("environment")
+    return model
+
+
+def test_a_participant_restarted_alone_forgets_its_marks_and_resumed_ids_the_others_keep_theirs() -> None:
+    model = retired_and_idle().crash_participant("environment")
+    assert model.marks_of("environment") == ()
+    assert model.marks_of("agent") == (("r0", 0),)
+    assert not model.remembers("environment", "c1")
+    assert model.remembers("agent", "c1")
+    assert dict(expect(model).retired_by_kind) == {"environment": 0}
+    assert expect(model).retired_for("environment") == 0
+    assert expect(model).retired_for("resources") == 1
+
+
+def test_a_participant_restarted_alone_learns_later_marks_and_resumed_ids() -> None:
+    model = retired_and_idle().crash_participant("environment")
+    model, checkpoint_id = model.dispatch()[0].prepare()
+    model = model.resume()
+    assert model.remembers("environment", checkpoint_id)
+    model = model.retire("r1")
+    assert model.marks_of("environment") == (("r1", 0),)
+    assert model.forget(("r1",)).marks_of("environment") == ()
+    assert model.forget().marks_of("agent") == ()
+
+
+def test_a_crash_of_every_process_ends_every_restart_alone() -> None:
+    model = retired_and_idle().crash_participant("agent")
+    assert model.crash().restarted == ()
+
+
+def test_a_late_run_is_refused_by_the_first_stop_or_by_the_resources_seed_after_it() -> None:
+    model = retired_and_idle()
+    assert model.refuses_late_run("r0", 0)
+    assert not model.refuses_late_run("r0", 1)
+    alone = model.crash_participant("environment")
+    assert alone.refuses_late_run("r0", 0)
+    assert not alone.crash_participant("resources").refuses_late_run("r0", 0)
+
+
+def test_a_participant_crashes_alone_only_between_operations_and_not_holding_restored_state() -> None:
+    running, _ = native().dispatch()
+    assert not running.can_crash_participant("agent")
+    prepared, _ = retired_and_idle().prepare()
+    assert not prepared.can_crash_participant("resources")
+    committed, _ = running.prepare()
+    committed, _ = committed.commit()
+    restored, _ = committed.crash().restore("c1")
+    assert restored.with_status("pending")
+    assert not restored.can_crash_participant("environment")
+    assert not restored.can_crash_participant("agent")
+    assert restored.can_crash_participant("model")
+    with pytest.raises(ValueError, match="cannot crash alone"):
+        running.crash_participant("agent")

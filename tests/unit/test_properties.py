@@ -667,3 +667,15 @@ def test_p11_prepared_once_verified_fails_a_prepare_still_blocked() -> None:
     properties.p11_prepared_once_verified("c3", ["r0"], True, {})
     with pytest.raises(properties.P11Violation, match=r"prepared once the verifications of \['r0'\] finished"):
         properties.p11_prepared_once_verified("c3", ["r0"], False, {"environment": ["r0"]})
+
+
+def test_status_marks_of_a_participant_restarted_alone_are_its_own() -> None:
+    expected = expectation(retired_rollouts=2, retired_by_kind=(("environment", 0),))
+    assert status_mismatches(expected, status("environment", {"episodes": 0}, retired_rollouts=0)) == []
+    assert status_mismatches(expected, status("agent", {"sessions": 0}, retired_rollouts=2)) == []
+    assert status_mismatches(expected, status("environment", {"episodes": 0}, retired_rollouts=2)) == [
+        "retired_rollouts=2 (expected 0)"
+    ]
+    assert status_mismatches(expected, status("agent", {"sessions": 0}, retired_rollouts=0)) == [
+        "retired_rollouts=0 (expected 2)"
+    ]
