@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
 from ckpt_model import properties as props
+from ckpt_model import timing
 from ckpt_model.contract import Attempt, Model
 from ckpt_model.coordination import request_body
 from ckpt_model.deployment import Harness
@@ -270,9 +271,10 @@ class CheckpointMachine(RuleBasedStateMachine):
         self.crashes += 1
         self.harness.crash()
         self.runs.wait_ended(self.quiescence.timeout_s)
-        stale = sorted(observe(self.harness).waiting.values())
-        if stale and self.harness.backend is not None:
-            self.harness.backend.release(stale)
+        with timing.span("release_stale"):
+            stale = sorted(observe(self.harness).waiting.values())
+            if stale and self.harness.backend is not None:
+                self.harness.backend.release(stale)
         self.retired_attempts.clear()
         # A commit retried after the crash reaches processes that never saw it (P10: refused, P9: disk unchanged).
         last = self.last_call
@@ -281,13 +283,19 @@ class CheckpointMachine(RuleBasedStateMachine):
             self.last_call = attrs.evolve(last, after_crash=True, retried=False)
         self._advance(self.model.crash(), "crash()")
 
-    @precondition(lambda self: not self.crashed_alone and not self.model.fresh and bool(self._crashable_alone()))
+    @precondition(
+        lambda self: (
+            not self.crashed_alone
+            and bool(self.model.retired_marks or self.model.resumed)
+            and bool(self._crashable_alone())
+        )
+    )
     @rule(pick=PICK)
     @step
     def crash_participant(self, pick: int) -> None:
         """SIGKILL one participant alone and start it again, between operations: it comes back idle and empty,
         having forgotten its marks and resumed IDs, while the others keep theirs (each participant asked on its
-        own still refuses the latest resumed ID it remembers)."""
+        own still refuses the latest resumed ID it remembers). Drawn once there is such memory to lose."""
         self.crashed_alone = True
         member = _pick(self._crashable_alone(), pick)
         self.history.invoke("controller", "crash", member.name)
@@ -463,7 +471,8 @@ class CheckpointMachine(RuleBasedStateMachine):
         self.last_call = attrs.evolve(last, retried=True)
         body = request_body(last.operation, last.checkpoint_id, time.time() + CONTROL_DEADLINE_S, **last.arguments)
         invocation = self.history.invoke("controller", f"retry {last.operation}", last.checkpoint_id)
-        outcomes = self.control.post_each(last.operation, body, time.time() + CONTROL_DEADLINE_S)
+        with timing.span("control"):
+            outcomes = self.control.post_each(last.operation, body, time.time() + CONTROL_DEADLINE_S)
         self.history.complete(invocation, "ok", {name: _outcome_text(o) for name, o in outcomes.items()})
         label = f"retry({last.operation} {last.checkpoint_id})"
         if last.after_crash:
@@ -516,7 +525,8 @@ class CheckpointMachine(RuleBasedStateMachine):
         try:
             if not self.broken:
                 self.broken = True
-                self._drain()
+                with timing.span("drain"):
+                    self._drain()
                 self.broken = False
         except (PropertyViolation, HarnessError, CoordinationError) as error:
             self.report(error)
@@ -569,7 +579,8 @@ class CheckpointMachine(RuleBasedStateMachine):
     def _control(self, operation: str, checkpoint_id: str, call: Callable[[float], Any]) -> Any:
         invocation = self.history.invoke("controller", operation, checkpoint_id)
         try:
-            result = call(time.time() + CONTROL_DEADLINE_S)
+            with timing.span("control"):
+                result = call(time.time() + CONTROL_DEADLINE_S)
         except CoordinationError as error:
             self.history.complete(invocation, "fail", str(error))
             raise
@@ -588,14 +599,19 @@ class CheckpointMachine(RuleBasedStateMachine):
         arguments = probe_arguments.get(operation, {})
         deadline_ts = time.time() + CONTROL_DEADLINE_S
         invocation = self.history.invoke("controller", f"probe {operation}", checkpoint_id)
-        outcomes = self.control.post_each(
-            operation, request_body(operation, checkpoint_id, deadline_ts, **arguments), deadline_ts, names
-        )
+        with timing.span("probe"):
+            outcomes = self.control.post_each(
+                operation, request_body(operation, checkpoint_id, deadline_ts, **arguments), deadline_ts, names
+            )
         self.history.complete(invocation, "ok", {name: _outcome_text(o) for name, o in outcomes.items()})
         props.p10_each_refused(f"{operation}({checkpoint_id})", code, outcomes)
 
     def _release_keys(self, keys: list[str]) -> None:
         """Release the call each capture key has waiting at the backend."""
+        with timing.span("release"):
+            self._release_waiting(keys)
+
+    def _release_waiting(self, keys: list[str]) -> None:
         waiting = observe(self.harness).waiting
         missing = [key for key in keys if key not in waiting]
         if missing:
@@ -610,6 +626,10 @@ class CheckpointMachine(RuleBasedStateMachine):
         return build(attempt.rollout, attempt.attempt)
 
     def _read_checkpoint(self, directory: Path, checkpoint_id: str) -> dict[str, Any]:
+        with timing.span("fingerprint"):
+            return self._fingerprints(directory, checkpoint_id)
+
+    def _fingerprints(self, directory: Path, checkpoint_id: str) -> dict[str, Any]:
         read: dict[str, Any] = {}
         for member in self.control.participants:
             try:
@@ -626,10 +646,12 @@ class CheckpointMachine(RuleBasedStateMachine):
     def _settle(self, violation: type[PropertyViolation] | None = None, counts_final: bool = False) -> Observation:
         """Wait for the quiet state the model predicts (`quiescence`), then the history's P2 and the disk's P9."""
         observation = self.quiescence.settle(self.model, violation, counts_final)
-        props.p2_no_reply_while_prepared(self.history)
-        for checkpoint_id, before in self.fingerprints.items():
-            directory = self.harness.checkpoint_dir / checkpoint_id
-            props.p9_unchanged(checkpoint_id, before, self._read_checkpoint(directory, checkpoint_id))
+        with timing.span("p2_history"):
+            props.p2_no_reply_while_prepared(self.history)
+        with timing.span("p9_reread"):
+            for checkpoint_id, before in self.fingerprints.items():
+                directory = self.harness.checkpoint_dir / checkpoint_id
+                props.p9_unchanged(checkpoint_id, before, self._read_checkpoint(directory, checkpoint_id))
         return observation
 
     def report(self, error: BaseException) -> None:
