@@ -27,7 +27,7 @@ from fakes.gym.errors import (
 from fakes.gym.http import DownstreamError, add_health, cookie_header, lifespan_with_client, post_json
 from fakes.gym.participant import PrepareReport
 from fakes.gym.steps import Episode, EpisodeOwner
-from fakes.gym.wire import EpisodeId, EpisodeRequest, task_digest
+from fakes.gym.wire import EpisodeId, EpisodeRequest, error_body, task_digest
 
 EPISODE_TIMEOUT_S = 600.0
 NEXT_STAGES = ("seed", "invoke_agent", "close_agent", "verify", "return")
@@ -304,9 +304,14 @@ def build_relay_app(config: ServerConfig) -> FastAPI:
 
     @app.post("/run")
     async def run(request: Request) -> JSONResponse:
-        reply = await clients["c"].post(
-            f"{agent_url}/run", content=await request.body(), headers={"content-type": "application/json"}
-        )
+        try:
+            reply = await clients["c"].post(
+                f"{agent_url}/run", content=await request.body(), headers={"content-type": "application/json"}
+            )
+        except httpx.HTTPError as error:
+            # An answer, not an unhandled exception: that would drop the caller's keep-alive connection mid-pool.
+            detail = f"the agent did not answer: {type(error).__name__}: {error}"
+            return JSONResponse(error_body("downstream_unavailable", detail), status_code=502)
         return JSONResponse(reply.json(), status_code=reply.status_code)
 
     return app

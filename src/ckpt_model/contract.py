@@ -263,9 +263,9 @@ class Model:
         return self.episode_owner == "environment" and covers("resources")
 
     def can_crash_participant(self, kind: str) -> bool:
-        """One participant may crash alone between operations when nothing runs and no checkpoint is open, and it
-        holds no restored episode waiting for its replacement (that would need the controller to restore again)."""
-        if self.checkpoint_open or self.with_status("running"):
+        """One participant may crash alone between operations with no checkpoint open, unless it holds a restored
+        episode waiting for its replacement (that would need the controller to restore again)."""
+        if self.checkpoint_open:
             return False
         holds_restored = kind in (self.episode_owner, "agent")
         return not (holds_restored and self.with_status("pending"))
@@ -400,11 +400,16 @@ class Model:
 
     def crash_participant(self, kind: str) -> Model:
         """The participant of `kind` is SIGKILLed and started again alone: it forgets its marks and resumed IDs;
-        the others keep theirs."""
+        the others keep theirs. Work in flight lost a server it needed, so the controller retires every running
+        attempt everywhere (the restarted participant marks them too): what its orphans still hold elsewhere is
+        stopped and freed, and none of them replies as if complete."""
         if not self.can_crash_participant(kind):
-            raise ValueError(f"{kind} cannot crash alone: work runs, a checkpoint is open or it holds restored state")
+            raise ValueError(f"{kind} cannot crash alone: a checkpoint is open or it holds restored state")
         others = tuple(r for r in self.restarted if r.kind != kind)
-        return attrs.evolve(self, restarted=(*others, Restarted(kind, remembers_from=len(self.resumed))))
+        model = attrs.evolve(self, restarted=(*others, Restarted(kind, remembers_from=len(self.resumed))))
+        for attempt in self.with_status("running"):
+            model = model.retire(attempt.rollout)
+        return model
 
     def restore(self, checkpoint_id: str) -> tuple[Model, str]:
         """Roll the controller back to the checkpoint's snapshot; exported attempts continue as attempt + 1."""

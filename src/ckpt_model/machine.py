@@ -286,18 +286,21 @@ class CheckpointMachine(RuleBasedStateMachine):
     @precondition(
         lambda self: (
             not self.crashed_alone
-            and bool(self.model.retired_marks or self.model.resumed)
+            and bool(self.model.retired_marks or self.model.resumed or self.model.with_status("running"))
             and bool(self._crashable_alone())
         )
     )
     @rule(pick=PICK)
     @step
     def crash_participant(self, pick: int) -> None:
-        """SIGKILL one participant alone and start it again, between operations: it comes back idle and empty,
-        having forgotten its marks and resumed IDs, while the others keep theirs (each participant asked on its
-        own still refuses the latest resumed ID it remembers). Drawn once there is such memory to lose."""
+        """SIGKILL one participant alone and start it again: it comes back idle and empty, having forgotten its
+        marks and resumed IDs, while the others keep theirs (each participant that remembers the latest resumed
+        ID, asked on its own, still refuses it). The controller then retires every running attempt, whose work
+        lost a server; each `/run` ends (how does not matter) and everything they held is freed (P7). Drawn once
+        there is something to lose: marks, resumed IDs or running work."""
         self.crashed_alone = True
         member = _pick(self._crashable_alone(), pick)
+        running = self.model.with_status("running")
         self.history.invoke("controller", "crash", member.name)
         self.harness.restart_server(member.name)
         # A retry would reach a participant that never saw the first call; a controller does not retry across it.
@@ -309,7 +312,16 @@ class CheckpointMachine(RuleBasedStateMachine):
             remembering = [m.name for m in self.control.participants if model.remembers(m.kind, latest)]
             self._probe("prepare", latest, "stale_checkpoint", names=remembering)
             label += f"; prepare({latest}) refused by {remembering}"
-        self._advance(model, label)
+        if running:
+            self.retire_seq += 1
+            retire_id = f"retire{self.retire_seq}"
+            episodes = [EpisodeId(rollout_id=a.rollout, attempt=a.attempt) for a in running]
+            self._control("retire", retire_id, lambda d: self.control.retire(retire_id, episodes, d))
+            # Their calls at the backend are cancelled as their callers go away (the settle waits for it).
+            self.runs.wait_ended(self.quiescence.timeout_s)
+            self.retired_attempts.update({a.rollout: a for a in running})
+            label += f"; retire({sorted(a.key for a in running)})"
+        self._advance(model, label, violation=props.P7Violation, counts_final=bool(running))
 
     def _crashable_alone(self) -> list[Any]:
         if not self.harness.can_restart_one or self.control is None:

@@ -108,6 +108,20 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         calls={"r0": (0, 1), "r1": (0, 1)},
     ),
+    # Work in flight when one server crashes alone is retired everywhere; new work then runs clean.
+    "restarted_alone__running_work_is_retired_everywhere": Scenario(
+        steps(
+            "dispatch",
+            "dispatch",
+            ("release", FIRST),
+            ("crash_participant", FIRST),
+            ("late_run", FIRST),
+            "dispatch",
+            ("release", FIRST),
+            ("release", FIRST),
+        ),
+        calls={"r0": (0, 1), "r1": (0,), "r2": (0, 1)},
+    ),
     "retired_then_started_over__completes": Scenario(
         steps("dispatch", ("retire", {"pick": 0, "again": True})), calls={"r0": (0,), "r0-a1": (0, 1)}
     ),

@@ -503,9 +503,9 @@ def test_a_late_run_is_refused_by_the_first_stop_or_by_the_resources_seed_after_
     assert not alone.crash_participant("resources").refuses_late_run("r0", 0)
 
 
-def test_a_participant_crashes_alone_only_between_operations_and_not_holding_restored_state() -> None:
+def test_a_participant_crashes_alone_only_with_no_checkpoint_open_and_not_holding_restored_state() -> None:
     running, _ = native().dispatch()
-    assert not running.can_crash_participant("agent")
+    assert running.can_crash_participant("agent")
     prepared, _ = retired_and_idle().prepare()
     assert not prepared.can_crash_participant("resources")
     committed, _ = running.prepare()
@@ -516,4 +516,17 @@ def test_a_participant_crashes_alone_only_between_operations_and_not_holding_res
     assert not restored.can_crash_participant("agent")
     assert restored.can_crash_participant("model")
     with pytest.raises(ValueError, match="cannot crash alone"):
-        running.crash_participant("agent")
+        prepared.crash_participant("agent")
+
+
+def test_work_running_when_a_participant_crashes_alone_is_retired_everywhere() -> None:
+    model, _ = native().dispatch()
+    model, _ = model.dispatch()
+    model = model.release("r0")
+    crashed = model.crash_participant("model")
+    assert {a.status for a in crashed.current().values()} == {"retired"}
+    assert crashed.retired_marks == (("r0", 0), ("r1", 0))
+    assert crashed.marks_of("model") == (("r0", 0), ("r1", 0))
+    expected = expect(crashed)
+    assert (expected.inflight, expected.sessions, expected.episodes, expected.resources_sessions) == (0, 0, 0, 0)
+    assert expected.calls == {"r0": (2, 4), "r1": (2,)}
