@@ -143,11 +143,11 @@ CATALOGUE: tuple[Fault, ...] = (
         topology="slow",
     ),
     Fault(
-        "environment_keeps_refused_episode",
-        "environment",
+        "agent_retire_skips_failed_sessions",
+        "agent",
         "P7",
-        "an environment that keeps the episode of a /run its resources server refused as a retired attempt, which"
-        " only happens once the environment restarted alone and lost its own marks",
+        "an agent retire that stops and frees only sessions still running, so a session whose activation failed"
+        " (its policy model crashed alone) stays tracked for good",
     ),
 )
 BY_NAME: dict[str, Fault] = {fault.name: fault for fault in CATALOGUE}

@@ -422,6 +422,8 @@ class AgentParticipant:
         core = self.core
         covered = covers(episode_ids)
         victims = [s for s in core.sessions.values() if covered(s.episode_id)]
+        if "agent_retire_skips_failed_sessions" in core.config.faults:
+            victims = [s for s in victims if not failed(s.task)]
         for session in victims:
             session.state = "retiring"
             if session.task is not None and not session.task.done():
@@ -443,6 +445,11 @@ class AgentParticipant:
 
     def status_extras(self) -> dict[str, Any]:
         return {"accepting": self.core.admission.is_set()}
+
+
+def failed(task: asyncio.Task[Any] | None) -> bool:
+    """The task ended with an error (not cancelled)."""
+    return task is not None and task.done() and not task.cancelled() and task.exception() is not None
 
 
 class LegacyEpisodes:

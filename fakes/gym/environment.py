@@ -240,8 +240,6 @@ def build_app(config: ServerConfig) -> FastAPI:
     app.include_router(control_plane.router())
     # Planted fault: a new /run is admitted while a checkpoint is open (it then parks at its first boundary).
     admits_while_closed = "environment_admits_while_closed" in config.faults
-    # Planted fault: the episode of a /run a peer refused as retired stays tracked.
-    keeps_refused = "environment_keeps_refused_episode" in config.faults
 
     @app.post("/run")
     async def run(request: EpisodeRequest) -> JSONResponse:
@@ -259,20 +257,10 @@ def build_app(config: ServerConfig) -> FastAPI:
             await asyncio.wait({episode.task})
         finally:
             watchdog.cancel()
-            if not (keeps_refused and refused_as_retired(episode)):
-                owner.end(episode)
+            owner.end(episode)
         return episode_reply(request, episode)
 
     return app
-
-
-def refused_as_retired(episode: Episode) -> bool:
-    """The episode ended because a peer refused it with stale_attempt."""
-    task = episode.task
-    if task is None or not task.done() or task.cancelled():
-        return False
-    error = task.exception()
-    return isinstance(error, DownstreamError) and error.code == "stale_attempt"
 
 
 def episode_reply(request: EpisodeRequest, episode: Episode) -> JSONResponse:

@@ -262,6 +262,19 @@ class Model:
             return True
         return self.episode_owner == "environment" and covers("resources")
 
+    def ends_alone(self, kind: str) -> list[Attempt]:
+        """Running attempts whose `/run` ends by itself when the participant of `kind` crashes alone: the owner's
+        `/run`s are cut; the others fail where the episode waits on the dead server: the agent while it runs the
+        loop, the policy model while a policy call is outstanding, the resources server while it verifies."""
+        def ends(attempt: Attempt) -> bool:
+            if kind == self.episode_owner:
+                return True
+            if kind in ("agent", "model"):
+                return not attempt.verifying
+            return kind == "resources" and attempt.verifying
+
+        return [a for a in self.with_status("running") if ends(a)]
+
     def can_crash_participant(self, kind: str) -> bool:
         """One participant may crash alone between operations with no checkpoint open, unless it holds a restored
         episode waiting for its replacement (that would need the controller to restore again)."""

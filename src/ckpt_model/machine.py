@@ -25,7 +25,7 @@ from ckpt_model.coordination import request_body
 from ckpt_model.deployment import Harness
 from ckpt_model.errors import CoordinationError, HarnessError, ParticipantFailure, PropertyViolation, QuiescenceTimeout
 from ckpt_model.history import History
-from ckpt_model.quiescence import SETTLE_TIMEOUT_S, Observation, Quiescence, observe
+from ckpt_model.quiescence import SETTLE_TIMEOUT_S, Observation, Quiescence, observe, poll
 from ckpt_model.report import annotate
 from ckpt_model.runs import RunPool
 from ckpt_model.stats import SearchStats
@@ -300,7 +300,8 @@ class CheckpointMachine(RuleBasedStateMachine):
         there is something to lose: marks, resumed IDs or running work."""
         self.crashed_alone = True
         member = _pick(self._crashable_alone(), pick)
-        running = self.model.with_status("running")
+        model_before = self.model
+        running = model_before.with_status("running")
         self.history.invoke("controller", "crash", member.name)
         self.harness.restart_server(member.name)
         # A retry would reach a participant that never saw the first call; a controller does not retry across it.
@@ -313,6 +314,9 @@ class CheckpointMachine(RuleBasedStateMachine):
             self._probe("prepare", latest, "stale_checkpoint", names=remembering)
             label += f"; prepare({latest}) refused by {remembering}"
         if running:
+            # First what fails by itself, so the retire always meets the same state (an agent session whose
+            # activation failed, not one still running).
+            self._wait_runs_ended(model_before.ends_alone(member.kind), f"{member.name} crashed")
             self.retire_seq += 1
             retire_id = f"retire{self.retire_seq}"
             episodes = [EpisodeId(rollout_id=a.rollout, attempt=a.attempt) for a in running]
@@ -322,6 +326,18 @@ class CheckpointMachine(RuleBasedStateMachine):
             self.retired_attempts.update({a.rollout: a for a in running})
             label += f"; retire({sorted(a.key for a in running)})"
         self._advance(model, label, violation=props.P7Violation, counts_final=bool(running))
+
+    def _wait_runs_ended(self, attempts: list[Attempt], why: str) -> None:
+        """Wait until each attempt's `/run` has ended (any outcome)."""
+        runs = {a.run: a.key for a in attempts}
+        if not poll(lambda: all(run in self.runs.outcomes for run in runs), self.quiescence.timeout_s):
+            open_runs = [key for run, key in runs.items() if run not in self.runs.outcomes]
+            raise QuiescenceTimeout(
+                prediction=f"the /run of {sorted(runs.values())} ends once {why}",
+                observed=f"{open_runs} still open",
+                pending=open_runs,
+                timeout_s=self.quiescence.timeout_s,
+            )
 
     def _crashable_alone(self) -> list[Any]:
         if not self.harness.can_restart_one or self.control is None:

@@ -108,13 +108,14 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         calls={"r0": (0, 1), "r1": (0, 1)},
     ),
-    # Work in flight when one server crashes alone is retired everywhere; new work then runs clean.
+    # Work in flight when one server crashes alone (the policy model; legacy: resources) is retired everywhere,
+    # what failed by itself included; new work then runs clean.
     "restarted_alone__running_work_is_retired_everywhere": Scenario(
         steps(
             "dispatch",
             "dispatch",
             ("release", FIRST),
-            ("crash_participant", FIRST),
+            ("crash_participant", {"pick": 2}),
             ("late_run", FIRST),
             "dispatch",
             ("release", FIRST),
@@ -284,7 +285,7 @@ FAULT_SCENARIOS: dict[str, str] = {
     "retried_commit_conflicts": "retried_calls__return_their_first_result",
     "agent_stays_closed_after_commit": "checkpoint_without_crash__parks_then_resumes",
     "environment_drops_finished_during_prepare": "finished_during_prepare__neither_lost_nor_redone",
-    "environment_keeps_refused_episode": "restarted_alone__late_run_still_refused",
+    "agent_retire_skips_failed_sessions": "restarted_alone__running_work_is_retired_everywhere",
 }
 
 

@@ -530,3 +530,18 @@ def test_work_running_when_a_participant_crashes_alone_is_retired_everywhere() -
     expected = expect(crashed)
     assert (expected.inflight, expected.sessions, expected.episodes, expected.resources_sessions) == (0, 0, 0, 0)
     assert expected.calls == {"r0": (2, 4), "r1": (2,)}
+
+
+def test_what_ends_by_itself_when_one_participant_crashes_alone() -> None:
+    model, _ = native().dispatch()
+    assert [a.key for a in model.ends_alone("environment")] == ["r0"]
+    assert [a.key for a in model.ends_alone("agent")] == ["r0"]
+    assert [a.key for a in model.ends_alone("model")] == ["r0"]
+    assert model.ends_alone("resources") == []
+    slow = Model(topology="slow")
+    slow, _ = slow.dispatch()
+    slow = slow.release("r0").release("r0")
+    assert slow.current()["r0"].verifying
+    assert [a.key for a in slow.ends_alone("resources")] == ["r0"]
+    assert slow.ends_alone("model") == []
+    assert slow.ends_alone("agent") == []
