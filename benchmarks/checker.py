@@ -3,10 +3,16 @@
     python benchmarks/checker.py                 # both: fault-free default profile, then every planted fault
     python benchmarks/checker.py --no-faults     # only the default profile against the fault-free stack
     python benchmarks/checker.py --faults model_delivers_held,resume_deletes_records
+    python benchmarks/checker.py --no-default --faults X --hypothesis-shrink   # Hypothesis shrinks first, too
 
 Steps per example count rules run, the teardown drain included. A fault's search prints a line for the first
-failure (what the fault tests check), then one line for every distinct failure the search met: its property (or
-exception type), its kind (violation, harness, checker) and its shrunk steps.
+failure (what the fault tests check): the property, the time to the first failure, the search's time, the total
+with minimising, the examples, the steps of the failing example as Hypothesis reported it and as the domain
+minimiser left it, the candidates the minimiser replayed and how many of them failed (each failing replay of a
+fault judged on a count costs the settle timeout), whether its final 1-minimality pass removed anything ("no":
+ddmin and the other passes had already left nothing removable), and the sequence. Then one line for every
+distinct failure the search met: its property (or exception type), its kind (violation, harness, checker) and its
+steps.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from ckpt_model import profiles
 from ckpt_model.deployment import Harness, fault_catalogue
-from ckpt_model.faultsearch import Failure, harness_for, search
+from ckpt_model.faultsearch import FAULT_SEARCH, FAULT_SEARCH_WITH_SHRINK, Failure, Finding, harness_for, search
 from ckpt_model.machine import machine_for
 from ckpt_model.stats import SearchStats
 
@@ -42,25 +48,43 @@ def default_profile(topology: str, verify_mode: str) -> None:
     )
 
 
-def faults(names: list[str]) -> None:
+HEADER = (
+    f"{'fault':<38} {'caught':>6} {'first failure':>13} {'search':>8} {'total':>8} {'examples':>8} "
+    f"{'steps':>5} {'min':>3} {'replays':>7} {'failing':>7} {'pass':>4}  sequence"
+)
+
+
+def faults(names: list[str], *, hypothesis_shrink: bool, minimise: bool) -> None:
     """One line per fault (the first failure, as the fault tests read it), then one line per failure it met."""
-    print(f"{'fault':<38} {'caught':>6} {'first failure':>14} {'total':>8} {'examples':>8} {'shrunk':>6}  sequence")
+    chosen = FAULT_SEARCH_WITH_SHRINK if hypothesis_shrink else FAULT_SEARCH
+    print(HEADER)
     for name in names:
         with harness_for(name) as harness:
-            finding = search(harness)
-        first = f"{finding.first_failure_s:.1f} s" if finding.first_failure_s is not None else "-"
-        caught = finding.property_id or (type(finding.violation).__name__ if finding.violation else "MISSED")
-        print(
-            f"{name:<38} {caught:>6} {first:>14} {finding.total_s:>6.1f} s {finding.examples:>8} "
-            f"{len(finding.shrunk_steps):>6}  {'; '.join(finding.shrunk_steps)}",
-            flush=True,
-        )
+            finding = search(harness, chosen, minimise=minimise)
+        print(fault_line(name, finding), flush=True)
         for number, failure in enumerate(finding.failures, start=1):
             print(f"    failure {number}/{len(finding.failures)}: {failure_line(failure)}", flush=True)
 
 
+def fault_line(name: str, finding: Finding) -> str:
+    """The first failure's figures: found when, searched and minimised how long, steps before and after."""
+    first = f"{finding.first_failure_s:.1f} s" if finding.first_failure_s is not None else "-"
+    caught = finding.property_id or (type(finding.violation).__name__ if finding.violation else "MISSED")
+    search_s = f"{finding.search_s:.1f} s" if finding.search_s is not None else "-"
+    before = len(finding.first.hypothesis_steps) if finding.first is not None else 0
+    minimised = finding.minimised
+    after, replays, failing, removed = ("-", "-", "-", "-")
+    if minimised is not None:
+        after, replays, failing = str(minimised.steps_after), str(minimised.replayed), str(minimised.failing_replays)
+        removed = ("yes" if minimised.pass_removed else "no") if minimised.reproduced else "FLAKY"
+    return (
+        f"{name:<38} {caught:>6} {first:>13} {search_s:>8} {finding.total_s:>6.1f} s {finding.examples:>8} "
+        f"{before:>5} {after:>3} {replays:>7} {failing:>7} {removed:>4}  {'; '.join(finding.shrunk_steps)}"
+    )
+
+
 def failure_line(failure: Failure) -> str:
-    """Property (or exception type), kind, shrunk steps count, and the steps."""
+    """Property (or exception type), kind, reported steps count, and the steps."""
     what = failure.property_id or type(failure.error).__name__
     return f"{what:<24} {failure.kind:<9} {len(failure.shrunk_steps):>3} steps  {'; '.join(failure.shrunk_steps)}"
 
@@ -70,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-faults", action="store_true", help="skip the planted faults")
     parser.add_argument("--no-default", action="store_true", help="skip the default-profile throughput run")
     parser.add_argument("--faults", default="", help="comma-separated fault names (default: every one)")
+    parser.add_argument(
+        "--hypothesis-shrink", action="store_true", help="let Hypothesis shrink before the minimiser (to compare)"
+    )
+    parser.add_argument("--no-minimise", action="store_true", help="report the search's example as it is")
     args = parser.parse_args(argv)
     if not args.no_default:
         for topology, verify_mode in DEPLOYMENTS:
@@ -81,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             print(f"unknown faults {unknown}; known: {sorted(known)}", file=sys.stderr)
             return 2
-        faults(names)
+        faults(names, hypothesis_shrink=args.hypothesis_shrink, minimise=not args.no_minimise)
     return 0
 
 

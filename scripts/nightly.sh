@@ -9,6 +9,10 @@
 #   regressions/                           the regression files failing runs wrote (`ckpt-model replay FILE`)
 #   console.log                            everything printed to the console
 # Every step runs even when one fails; the exit status is 1 if any step failed, else 0.
+#
+# Every core: each step runs its tests on pytest-xdist workers, $NIGHTLY_WORKERS of them (default `auto`, one per
+# core; 0 runs them in one process). Each worker starts its own deployments; they share the example database (or the
+# Redis one `CKPT_MODEL_REDIS_URL` names, docs/parallel.md). `CKPT_MODEL_EXAMPLES=N` sizes the machine tests.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -22,6 +26,7 @@ started="$(mktemp)"  # regression files newer than this are tonight's (a local r
 trap 'rm -f "$started"' EXIT
 export HYPOTHESIS_PROFILE=ci
 export CKPT_MODEL_REGRESSIONS="$regressions"
+workers="${NIGHTLY_WORKERS:-auto}"
 
 failed=()
 
@@ -40,9 +45,9 @@ run_step() {
 
 # tests/stateful runs the machine against every topology (native, legacy, slow with wait and with replay
 # verification) and the fixed scenarios.
-run_step stateful "$python" -m pytest tests/stateful -p no:cacheprovider \
+run_step stateful "$python" -m pytest tests/stateful -p no:cacheprovider -n "$workers" \
   --junitxml="$artifacts/junit-stateful.xml"
-run_step search "$python" -m pytest -m search -p no:cacheprovider \
+run_step search "$python" -m pytest -m search -p no:cacheprovider -n "$workers" \
   --junitxml="$artifacts/junit-search.xml"
 
 mkdir -p "$artifacts/regressions"

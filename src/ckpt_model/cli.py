@@ -1,8 +1,12 @@
 """`ckpt-model`: the checker's command line (also `python -m ckpt_model`).
 
     ckpt-model check [--topology T] [--verify-mode M] [--faults a,b] [--profile P] [--examples N] [--steps N]
-                     [--seed N]       run the state machine against the embedded look-alike stack
+                     [--seed N] [--no-minimise]
+                                      run the state machine against the embedded look-alike stack; each failure
+                                      is then minimised (1-minimal) and its regression file rewritten with it
     ckpt-model replay FILE            replay a regression file the checker wrote, without Hypothesis
+    ckpt-model minimise FILE          make a regression file's steps 1-minimal and rewrite it (only if they fail
+                                      as recorded, and the minimal steps fail again the same way)
     ckpt-model stack ARGS...          run the look-alike stack by hand (the arguments of `python -m fakes.stack`)
     ckpt-model faults                 list the planted faults
 
@@ -15,6 +19,12 @@ Exit codes: the three outcomes a run can have (a violation, could not judge, pas
          (Hypothesis found the checker flaky, or an exception nobody expected)
     3    usage: bad arguments, an unknown fault, an unreadable regression file
     130  interrupted by Ctrl-C (143 by SIGTERM); every process and directory the run started is gone
+
+`minimise FILE` exits as `replay` would for the recorded failure: 0 when it no longer happens, 1 when the
+recorded violation happens (the file now holds the minimal steps) or a different property fails instead, 2 when
+it could not judge (a harness error, or minimal steps that did not fail again), 3 for an unreadable file. It
+rewrites the file only on a minimal sequence that failed as recorded on its final replay, in one rename, so a
+failure, Ctrl-C or a flaky replay leaves the file as it was.
 
 What `check --seed N` does: Hypothesis draws the examples from seed N (`hypothesis.seed` on the machine factory),
 which overrides the profile's `derandomize`, and the run keeps no example database (it neither replays failures
@@ -110,7 +120,7 @@ def build_parser() -> Parser:
         description="A property-based stateful model checker for partial-rollout checkpointing (NeMo Gym's protocol).",
         epilog="exit codes: 0 passed, 1 property violation, 2 could not judge, 3 usage, 130 interrupted",
     )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{check,replay,stack,faults}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{check,replay,minimise,stack,faults}")
 
     check = commands.add_parser("check", help="run the state machine against the embedded look-alike stack")
     check.add_argument(
@@ -132,9 +142,20 @@ def build_parser() -> Parser:
         metavar="FILE",
         help=f"check a real Gym deployment described in this JSON file instead of the embedded stack ({REAL_GYM_DOC})",
     )
+    check.add_argument(
+        "--no-minimise",
+        dest="minimise",
+        action="store_false",
+        help="report Hypothesis's shrunk example as it is (by default each failure is then made 1-minimal)",
+    )
 
     replay = commands.add_parser("replay", help="replay a regression file without Hypothesis")
     replay.add_argument("file", type=Path, help="a regression file (.ckpt-model/regressions/*.json)")
+
+    minimise = commands.add_parser(
+        "minimise", help="make a regression file's steps 1-minimal and rewrite it (only with steps that fail)"
+    )
+    minimise.add_argument("file", type=Path, help="a regression file (.ckpt-model/regressions/*.json)")
 
     # Only for --help: `main` hands everything after `stack` to the stack's own parser, untouched.
     commands.add_parser(
@@ -230,6 +251,8 @@ def banner(
         f"  profile:     {args.profile} ({profile_description(chosen, seeded_run=args.seed is not None)})",
         f"  seed:        {seed_line}",
         f"  examples:    {chosen.max_examples} x up to {chosen.stateful_step_count} steps",
+        "  minimise:    "
+        + ("yes: each failure is made 1-minimal after the search" if args.minimise else "no (--no-minimise)"),
     ]
     for fault in faults:
         if (fault.topology, fault.verify_mode) != (topology, verify_mode):
@@ -279,6 +302,10 @@ def run_check(args: argparse.Namespace) -> int:
         try:
             factory = machine_for(harness, stats)
             run_state_machine_as_test(factory if seed is None else seeded(factory, seed), settings=chosen)
+        except Exception as error:
+            if args.minimise:
+                minimise_failures(harness, error)
+            raise
         finally:
             with sigint_ignored():  # a second Ctrl-C must not cut the teardown short
                 harness.close()
@@ -287,6 +314,30 @@ def run_check(args: argparse.Namespace) -> int:
     elapsed_s = time.monotonic() - stats.started_s
     print(f"PASSED: {stats.examples} examples in {elapsed_s:.1f} s, no property violated", flush=True)
     return Exit.PASSED
+
+
+def minimise_failures(harness: Any, error: BaseException) -> None:
+    """Make each violation's and harness error's failing run 1-minimal on the same harness (`ckpt_model.minimise`
+    puts the minimal steps on the error's report and rewrites its regression file). A bug in the minimiser is
+    noted on the error and never hides the failure itself."""
+    from ckpt_model.minimise import minimise_error
+
+    for leaf in leaves(error):
+        if kind_of(leaf) not in ("violation", "harness"):
+            continue
+        print(f"minimising the failing run of {describe_failure(leaf)} (each candidate replays)...", flush=True)
+        try:
+            result = minimise_error(harness, leaf)
+        except Exception as bug:
+            leaf.add_note(f"Minimising failed (the steps above are Hypothesis's): {bug!r}")
+            continue
+        if result is not None:
+            print(f"  {result.summary()}", flush=True)
+
+
+def describe_failure(error: BaseException) -> str:
+    property_id = getattr(error, "property_id", None)
+    return f"{type(error).__name__} ({property_id})" if property_id else type(error).__name__
 
 
 # --- verdicts ----------------------------------------------------------------------------------------------
@@ -398,6 +449,76 @@ def run_replay(args: argparse.Namespace) -> int:
     return Exit.PASSED
 
 
+def run_minimise(args: argparse.Namespace) -> int:
+    """Replay the file; only if it fails as recorded, minimise it and rewrite it with the minimal steps, once
+    they failed as recorded on their final replay. Anything else leaves the file as it was."""
+    from ckpt_model import regression
+    from ckpt_model.minimise import describe, minimise_on, provenance, replay_once, signature
+
+    document = load_regression(args.file)
+    recorded = (document["failure"]["type"], document["failure"].get("property"))
+    steps = [(name, arguments) for name, arguments in document["steps"]]
+    print(f"minimising {args.file} (recorded: {recorded[1] or recorded[0]})\n  {regression.describe(document)}")
+    try:
+        with regression_harness(document) as harness:
+            first = replay_once(harness, steps)
+            if signature(first) != recorded:
+                return not_minimised(args.file, first, recorded)
+            print(f"fails as recorded; minimising {len(steps)} steps (each candidate replays)...", flush=True)
+            result, replayer = minimise_on(harness, steps, recorded)
+    except Exception as error:  # the deployment did not start, or a bug: nothing was written
+        code = report_failure(error)
+        print(f"not minimised; {args.file} left as it was", flush=True)
+        return code
+    if not result.reproduced:
+        print(f"\nCOULD NOT JUDGE: {result.summary()}; {args.file} left as it was", flush=True)
+        return Exit.UNJUDGED
+    try:
+        regression.rewrite(args.file, document, list(result.steps), provenance(result))
+    except OSError as error:
+        raise UsageError(f"{args.file}: could not rewrite it ({error}); it is as it was") from None
+    print("\n".join(["", "state = CheckpointMachine()", *result.code, "state.teardown()"]))
+    print(f"\nMINIMISED ({result.summary()}); {args.file} now holds these steps", flush=True)
+    print(f"the minimal run fails with {describe(replayer.last_error)}: `ckpt-model replay {args.file}` shows it")
+    return Exit.VIOLATION if isinstance(replayer.last_error, PropertyViolation) else Exit.UNJUDGED
+
+
+@contextlib.contextmanager
+def regression_harness(document: dict[str, Any]) -> Iterator[Any]:
+    """A fresh embedded deployment of the file's topology and faults, whose failures write their regression
+    files under its own root (never over the file being minimised)."""
+    from ckpt_model.deployment import Harness
+
+    harness = Harness.embedded(
+        document["topology"], faults=tuple(document["faults"]), verify_mode=document.get("verify_mode", "wait")
+    )
+    harness.regressions_dir = harness.root / "regressions"
+    try:
+        yield harness
+    finally:
+        with sigint_ignored():  # a second Ctrl-C must not cut the teardown short
+            harness.close()
+
+
+def not_minimised(path: Path, error: BaseException | None, recorded: tuple[str, str | None]) -> int:
+    """The steps did not fail as recorded: say what they did, leave the file as it was."""
+    what = recorded[1] or recorded[0]
+    if error is None:
+        print(f"PASSED: the recorded {what} no longer happens; {path} left as it was", flush=True)
+        return Exit.PASSED
+    if isinstance(error, PropertyViolation):
+        print(exception_text(error), flush=True)
+        print(
+            f"\nFAILED with a different property than recorded ({what}): {error.property_id} {error.title}; "
+            f"not minimised, {path} left as it was",
+            flush=True,
+        )
+        return Exit.VIOLATION
+    code = report_failure(error)
+    print(f"not minimised: the steps did not fail as recorded ({what}); {path} left as it was", flush=True)
+    return code
+
+
 def run_stack(argv: list[str]) -> int:
     from ckpt_model.deployment import system
 
@@ -455,6 +576,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_check(args)
         if args.command == "replay":
             return run_replay(args)
+        if args.command == "minimise":
+            return run_minimise(args)
         return run_faults()
     except UsageError as error:
         print(f"ckpt-model {args.command}: error: {error}", file=sys.stderr)

@@ -266,6 +266,7 @@ class Model:
         """Running attempts whose `/run` ends by itself when the participant of `kind` crashes alone: the owner's
         `/run`s are cut; the others fail where the episode waits on the dead server: the agent while it runs the
         loop, the policy model while a policy call is outstanding, the resources server while it verifies."""
+
         def ends(attempt: Attempt) -> bool:
             if kind == self.episode_owner:
                 return True

@@ -13,6 +13,11 @@ Which run gets what:
     nightly (`HYPOTHESIS_PROFILE=ci`)     ci        random, deep                        .hypothesis/examples (kept)
     `HYPOTHESIS_PROFILE=debug`            debug     random, one verbose example         .hypothesis/examples
 
+With `CKPT_MODEL_REDIS_URL` set (`redis://host:port/db`, `unix:///path`), every profile that keeps a database keeps
+it in that Redis server instead (`hypothesis.extra.redis.RedisExampleDatabase`), so pytest-xdist workers, HypoFuzz
+workers and `ckpt-model check` on many machines share one database (docs/parallel.md). The pull-request run keeps
+none, Redis or not: its verdict depends on the commit only.
+
 The CI rule (`in_ci`): the `CI` environment variable, stripped and lower-cased, is anything but "", "0", "false",
 "no" or "off". Only `CI` counts (every CI service we run on sets it); Hypothesis's own wider test (any value of
 `CI`, or `GITHUB_ACTIONS`, `TF_BUILD`, ...) does not matter here because we never let its `ci` profile stand.
@@ -20,14 +25,16 @@ The CI rule (`in_ci`): the `CI` environment variable, stripped and lower-cased, 
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 
 from hypothesis import HealthCheck, Phase, Verbosity, settings
-from hypothesis.database import DirectoryBasedExampleDatabase
+from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
 PROFILE_ENV = "HYPOTHESIS_PROFILE"
 CI_ENV = "CI"
+REDIS_ENV = "CKPT_MODEL_REDIS_URL"
 CI_OFF_VALUES = frozenset({"", "0", "false", "no", "off"})
 DATABASE_DIR = ".hypothesis/examples"
 SLOW_CHECKS = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
@@ -73,15 +80,46 @@ def chosen_name(environ: Mapping[str, str] = os.environ) -> str:
     return name
 
 
-def profile_for(name: str, ci: bool) -> settings:
-    """The settings of profile `name`; under CI the `default` profile is derandomized and has no database."""
-    return DEFAULT_UNDER_CI if name == "default" and ci else PROFILES[name]
+def profile_for(name: str, ci: bool, environ: Mapping[str, str] = os.environ) -> settings:
+    """The settings of profile `name`; under CI the `default` profile is derandomized and has no database.
+
+    A profile that keeps a database keeps it in the Redis server `CKPT_MODEL_REDIS_URL` names, if it names one."""
+    chosen = DEFAULT_UNDER_CI if name == "default" and ci else PROFILES[name]
+    url = redis_url(environ)
+    if chosen.database is None or url is None:
+        return chosen
+    return settings(chosen, database=redis_database(url))
+
+
+def redis_url(environ: Mapping[str, str] = os.environ) -> str | None:
+    """The shared database's URL, `CKPT_MODEL_REDIS_URL`; None if unset or empty."""
+    return environ.get(REDIS_ENV, "").strip() or None
+
+
+@functools.cache
+def redis_database(url: str) -> ExampleDatabase:
+    """The Redis example database at `url`, one object per URL and process (HypoFuzz fuzzes only the tests whose
+    database equals the default profile's); a server that does not answer ends the run with what to do."""
+    try:
+        import redis
+        from hypothesis.extra.redis import RedisExampleDatabase
+    except ImportError as error:
+        raise SystemExit(f"{REDIS_ENV} needs the Redis client: pip install -e '.[fuzz]' ({error})") from error
+    client = redis.Redis.from_url(url)
+    try:
+        client.ping()
+    except redis.RedisError as error:
+        raise SystemExit(
+            f"{REDIS_ENV} must name a Redis server that answers (got {url!r}: {error}); start one "
+            "(`python -m ckpt_model.fuzz redis`) or unset it for the local database"
+        ) from error
+    return RedisExampleDatabase(client)
 
 
 def register(environ: Mapping[str, str] = os.environ) -> None:
     ci = in_ci(environ)
     for name in PROFILES:
-        settings.register_profile(name, profile_for(name, ci))
+        settings.register_profile(name, profile_for(name, ci, environ))
 
 
 def load() -> str:
@@ -99,9 +137,9 @@ def load() -> str:
 def describe() -> str:
     """The loaded profile and how it explores, for a report header.
 
-    For example "default (derandomized: CI, no example database)" or
-    "ci (random, example database .hypothesis/examples)". The name is the one `load()` loaded; exploration and
-    database are read from the settings in force."""
+    For example "default (derandomized: CI, no example database)",
+    "ci (random, example database .hypothesis/examples)" or "ci (random, example database Redis 127.0.0.1:6379/0)".
+    The name is the one `load()` loaded; exploration and database are read from the settings in force."""
     current = settings.default
     assert current is not None, "Hypothesis always has a profile in force"
     name = _loaded if _loaded is not None else "(not loaded: Hypothesis's own)"
@@ -110,6 +148,17 @@ def describe() -> str:
         exploration = f"derandomized{reason}"
     else:
         exploration = "random"
-    database = current.database
-    stored = "no example database" if database is None else f"example database {getattr(database, 'path', database)}"
-    return f"{name} ({exploration}, {stored})"
+    return f"{name} ({exploration}, {database_label(current.database)})"
+
+
+def database_label(database: ExampleDatabase | None) -> str:
+    """Where examples are kept, for a header: "example database .hypothesis/examples", "example database Redis
+    127.0.0.1:6379/0" or "no example database"."""
+    if database is None:
+        return "no example database"
+    client = getattr(database, "redis", None)
+    if client is None:
+        return f"example database {getattr(database, 'path', database)}"
+    where = client.connection_pool.connection_kwargs
+    address = where.get("path") or f"{where.get('host')}:{where.get('port')}/{where.get('db', 0)}"
+    return f"example database Redis {address}"

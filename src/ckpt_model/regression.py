@@ -2,9 +2,10 @@
 
 Hypothesis's database key depends on the test's source and its `@reproduce_failure` blob on its version, so
 neither survives an edit of the checker. When a run fails, the machine writes the rules it called to a JSON file
-named after the property and the deployment; Hypothesis runs the shrunk example last, so the file ends up holding
-the shrunk sequence. Replay it with `ckpt-model replay FILE` (`ckpt_model.scenarios.replay`), or keep it as a
-fixed scenario.
+named after the property and the deployment; Hypothesis runs the shrunk example last, so the file first holds
+the shrunk sequence, and the domain minimiser (`ckpt_model.minimise`) rewrites it with the 1-minimal one, recording
+how under "minimised". Replay it with `ckpt-model replay FILE` (`ckpt_model.scenarios.replay`), minimise an
+existing one with `ckpt-model minimise FILE`, or keep it as a fixed scenario.
 """
 
 from __future__ import annotations
@@ -24,8 +25,15 @@ def directory() -> Path:
     return Path(os.environ.get(REGRESSIONS_ENV) or DEFAULT_DIR)
 
 
-def write(harness: Any, rule_calls: list[tuple[str, dict[str, Any]]], error: BaseException) -> Path:
-    """Write (overwrite) the file for this failure's property and deployment; returns its path."""
+def write(
+    harness: Any,
+    rule_calls: list[tuple[str, dict[str, Any]]],
+    error: BaseException,
+    *,
+    minimised: dict[str, Any] | None = None,
+) -> Path:
+    """Write (overwrite) the file for this failure's property and deployment; returns its path. `minimised`
+    records how the steps were minimised (`ckpt_model.minimise.provenance`)."""
     label = getattr(error, "property_id", None) or type(error).__name__
     deployment = [harness.topology]
     if harness.topology == "slow":
@@ -41,9 +49,31 @@ def write(harness: Any, rule_calls: list[tuple[str, dict[str, Any]]], error: Bas
         "faults": list(harness.faults),
         "steps": [[name, arguments] for name, arguments in rule_calls],
     }
+    if minimised is not None:
+        document["minimised"] = minimised
     target_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(document, indent=2) + "\n")
+    replace_atomically(path, document)
     return path
+
+
+def rewrite(
+    path: Path, document: dict[str, Any], steps: list[tuple[str, dict[str, Any]]], minimised: dict[str, Any]
+) -> None:
+    """Rewrite an existing file with new steps (everything else kept) and how they were minimised."""
+    replace_atomically(
+        path, {**document, "steps": [[name, arguments] for name, arguments in steps], "minimised": minimised}
+    )
+
+
+def replace_atomically(path: Path, document: dict[str, Any]) -> None:
+    """Write beside the file, then rename over it: an interrupted write never leaves half a file."""
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        partial.write_text(json.dumps(document, indent=2) + "\n")
+        os.replace(partial, path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
 
 
 def load(path: Path) -> dict[str, Any]:

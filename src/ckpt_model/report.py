@@ -2,6 +2,8 @@
 
 Notes on the exception (`add_note`): the steps with the model's names, the history of the rollout and the
 controller, the backend's calls, the server log tails, how to reproduce, and the regression file written for it.
+The rule calls themselves ride on the exception too (`rule_calls_of`), so whoever catches it after Hypothesis
+(`ckpt_model.faultsearch`, `ckpt-model check`) can minimise that very run (`ckpt_model.minimise`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,13 @@ from ckpt_model.history import Event, History
 
 HISTORY_EVENTS_SHOWN = 30
 ANNOTATED = "_ckpt_annotated"
+RULE_CALLS = "_ckpt_rule_calls"
+
+
+def rule_calls_of(error: BaseException) -> list[tuple[str, dict[str, Any]]] | None:
+    """The outermost rule calls of the run that raised `error` (as `annotate` attached them); None if none."""
+    calls = getattr(error, RULE_CALLS, None)
+    return [(name, dict(arguments)) for name, arguments in calls] if calls is not None else None
 
 
 def annotate(
@@ -30,6 +39,7 @@ def annotate(
     if getattr(error, ANNOTATED, False):
         return False
     setattr(error, ANNOTATED, True)
+    setattr(error, RULE_CALLS, [(name, dict(arguments)) for name, arguments in rule_calls])
     error.add_note("Steps (model names):\n" + "\n".join(f"  {i}. {s}" for i, s in enumerate(steps, 1)))
     rollout = getattr(error, "rollout", None)
     events: list[Event] = list(history.events)

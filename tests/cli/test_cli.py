@@ -27,7 +27,7 @@ pytestmark = pytest.mark.processes
 RUN_TIMEOUT_S = 600.0
 # Found and shrunk (to `dispatch(); checkpoint(then_resume=True)`) in examples of two steps: seeded, so the same
 # examples every run. A deeper search finds it too but spends a minute and more shrinking.
-FAULT_SEARCH = ["--faults", "resume_deletes_records", "--examples", "30", "--steps", "2", "--seed", "1"]
+FAULT_SEARCH = ["--faults", "resume_deletes_records", "--examples", "30", "--steps", "4", "--seed", "1"]
 
 
 def environment(workdir: Path, *, developer: bool = False) -> dict[str, str]:
@@ -101,8 +101,17 @@ def test_faults_lists_every_planted_fault(tmp_path: Path) -> None:
         (["check", "--examples", "0"], "must be a positive integer (got '0')"),
         (["check", "--deployment", "missing-gym.json"], "not a readable deployment description"),
         (["replay", "missing.json"], "not a readable regression file"),
+        (["minimise", "missing.json"], "not a readable regression file"),
     ],
-    ids=["unknown-subcommand", "unknown-fault", "bad-topology", "no-examples", "real-gym", "unreadable-file"],
+    ids=[
+        "unknown-subcommand",
+        "unknown-fault",
+        "bad-topology",
+        "no-examples",
+        "real-gym",
+        "unreadable-file",
+        "minimise-unreadable-file",
+    ],
 )
 def test_usage_errors_exit_3(tmp_path: Path, arguments: list[str], message: str) -> None:
     result = ckpt_model(tmp_path, *arguments)
@@ -214,4 +223,57 @@ def test_ctrl_c_during_check_stops_everything_and_exits_130(tmp_path: Path) -> N
 
     assert check.returncode == 130, output
     assert "INTERRUPTED (SIGINT)" in output
+    assert left_behind(tmp_path) == []
+
+
+# --- minimise ------------------------------------------------------------------------------------------------
+
+
+def test_minimise_rewrites_a_file_with_its_1_minimal_steps(tmp_path: Path) -> None:
+    # resume_deletes_records fails P9 once a checkpoint with a rollout in it is resumed, by the drain if not by the
+    # steps: `dispatch; checkpoint(then_resume=False)`; the rest is noise.
+    longer = [["dispatch", {}], ["release", {"pick": 3}], ["dispatch", {}], ["checkpoint", {"then_resume": True}]]
+    path = regression_file(tmp_path, longer, faults=["resume_deletes_records"], recorded="P9")
+
+    result = ckpt_model(tmp_path, "minimise", str(path))
+
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "fails as recorded; minimising 4 steps" in result.stdout
+    assert "MINIMISED (4 -> 2 steps" in result.stdout
+    document = json.loads(path.read_text())
+    assert document["steps"] == [["dispatch", {}], ["checkpoint", {"then_resume": False}]]
+    assert document["failure"] == {"type": "P9Violation", "property": "P9"}
+    assert document["minimised"]["steps_before"] == 4
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == [path.name]  # no partial file left
+    assert not (tmp_path / "regressions").exists()  # the candidates' failures wrote nothing of the user's
+    assert left_behind(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    ("faults", "steps", "recorded", "code", "verdict"),
+    [
+        ([], [["dispatch", {}], ["checkpoint", {"then_resume": True}]], "P9", 0, "PASSED: the recorded P9"),
+        (
+            ["resume_deletes_records"],
+            [["dispatch", {}], ["checkpoint", {"then_resume": True}]],
+            "P4",
+            1,
+            "FAILED with a different property than recorded (P4): P9",
+        ),
+        (["resume_deletes_records"], [["commit", {}]], "P9", 2, "COULD NOT JUDGE: harness"),
+    ],
+    ids=["passes-now", "other-property", "step-not-enabled"],
+)
+def test_minimise_leaves_a_file_that_does_not_fail_as_recorded_as_it_was(
+    tmp_path: Path, faults: list[str], steps: list[Any], recorded: str, code: int, verdict: str
+) -> None:
+    path = regression_file(tmp_path, steps, faults=faults, recorded=recorded)
+    before = path.read_bytes()
+
+    result = ckpt_model(tmp_path, "minimise", str(path))
+
+    assert result.returncode == code, result.stdout + result.stderr
+    assert verdict in result.stdout
+    assert "left as it was" in result.stdout
+    assert path.read_bytes() == before
     assert left_behind(tmp_path) == []

@@ -15,7 +15,8 @@ from hypothesis.errors import Flaky, InvalidDefinition
 from hypothesis.stateful import RuleBasedStateMachine, rule
 
 from ckpt_model.errors import QuiescenceTimeout
-from ckpt_model.faultsearch import Failure, Finding, classify, run_search, shrunk_steps
+from ckpt_model.faultsearch import Failure, Finding, classify, minimised_failures, run_search, shrunk_steps
+from ckpt_model.minimise import Minimised
 from ckpt_model.properties import P1Violation, P9Violation
 
 SMALL = settings(
@@ -223,3 +224,46 @@ def test_a_flaky_failure_group_is_one_checker_error_whatever_it_holds() -> None:
 def test_an_unknown_exception_is_not_classified() -> None:
     assert classify(RuntimeError("bug")) is None
     assert classify(ExceptionGroup("two", [p1(), RuntimeError("bug")])) is None
+
+
+# --- minimising what a search found ---------------------------------------------------------------------------
+
+
+def minimised(before: int, after: int) -> Minimised:
+    original = tuple(("dispatch", {}) for _ in range(before))
+    return Minimised(
+        original=original, steps=original[:after], replayed=5, cached=2, pass_removed=0, expanded=(), reproduced=True
+    )
+
+
+def test_a_minimised_failure_reports_the_minimal_steps_and_keeps_hypothesis_steps() -> None:
+    long_p1 = noted(p1(), "state.a()", "state.b()", "state.c()", "state.d()")
+    short_p9 = noted(p9(), "state.a()", "state.b()")
+    flaky = noted(InvalidDefinition("bad"), "state.a()")
+    failures = classify(BaseExceptionGroup("three", [long_p1, short_p9, flaky]))
+    assert failures is not None
+    asked: list[BaseException] = []
+
+    def minimise_one(error: BaseException) -> Minimised | None:
+        """As `minimise_error` does: the minimal steps go on the error's notes, in Hypothesis's form."""
+        asked.append(error)
+        if error is not long_p1:
+            return None
+        error.add_note("Minimal failing sequence (test):\nstate = CheckpointMachine()\nstate.d()\nstate.teardown()")
+        return minimised(4, 1)
+
+    result = minimised_failures(failures, minimise_one)
+
+    assert asked == [short_p9, long_p1]  # a checker error has no run of its own to minimise
+    assert [(f.property_id, f.shrunk_steps) for f in result] == [
+        ("P1", ("state.d()",)),  # now the shortest violation, so first
+        ("P9", ("state.a()", "state.b()")),
+        (None, ("state.a()",)),
+    ]
+    assert result[0].hypothesis_steps == ("state.a()", "state.b()", "state.c()", "state.d()")
+    assert result[0].minimised is not None
+    assert result[0].minimised.steps_after == 1
+    assert result[1].minimised is None
+    found = Finding(fault="(test)", failures=result, examples=0, first_failure_s=1.0, total_s=2.0, search_s=1.5)
+    assert found.minimised is result[0].minimised
+    assert found.shrunk_steps == ("state.d()",)

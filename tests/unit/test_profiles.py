@@ -87,3 +87,39 @@ def test_an_unknown_profile_ends_the_run_with_the_message_under_ci_true() -> Non
     done = subprocess.run([sys.executable, "-c", SHOW], env=environment, capture_output=True, text=True, check=False)
     assert done.returncode == 1
     assert "HYPOTHESIS_PROFILE must be one of ['ci', 'debug', 'default'] (got 'fast')" in done.stderr
+
+
+# --- the shared database: CKPT_MODEL_REDIS_URL --------------------------------------------------------------
+
+CLOSED_PORT_URL = "redis://127.0.0.1:9/0"  # the discard port, never listened on here
+
+
+def test_the_pull_request_run_keeps_no_database_even_with_a_redis_url() -> None:
+    """The URL is not even contacted: the derandomized default under CI has no database to replace."""
+    chosen = profiles.profile_for("default", ci=True, environ={profiles.REDIS_ENV: CLOSED_PORT_URL})
+    assert chosen.database is None
+    assert chosen.derandomize
+
+
+def test_without_a_redis_url_every_profile_keeps_its_own_database() -> None:
+    assert profiles.redis_url({}) is None
+    assert profiles.redis_url({profiles.REDIS_ENV: "  "}) is None
+    assert profiles.profile_for("ci", ci=True, environ={}) is profiles.CI
+
+
+def test_a_redis_url_nobody_answers_ends_the_run_saying_what_to_do() -> None:
+    environment = {k: v for k, v in os.environ.items() if k not in ("CI", profiles.PROFILE_ENV)} | {
+        profiles.REDIS_ENV: CLOSED_PORT_URL
+    }
+    done = subprocess.run([sys.executable, "-c", SHOW], env=environment, capture_output=True, text=True, check=False)
+    assert done.returncode == 1
+    assert f"CKPT_MODEL_REDIS_URL must name a Redis server that answers (got '{CLOSED_PORT_URL}'" in done.stderr
+
+
+def test_a_redis_database_is_described_by_its_address() -> None:
+    import redis
+    from hypothesis.extra.redis import RedisExampleDatabase
+
+    database = RedisExampleDatabase(redis.Redis.from_url("redis://127.0.0.1:6390/2"))
+    assert profiles.database_label(database) == "example database Redis 127.0.0.1:6390/2"
+    assert profiles.database_label(None) == "no example database"

@@ -36,3 +36,44 @@ def test_describe_prints_the_steps_as_calls() -> None:
     steps = [["dispatch", {}], ["release", {"pick": 0}]]
     document = {"topology": "native", "faults": ["model_delivers_held"], "steps": steps}
     assert regression.describe(document) == "native with model_delivers_held: dispatch(); release(pick=0)"
+
+
+class FakeHarness:
+    topology = "native"
+    verify_mode = "wait"
+    faults = ("agent_retire_keeps_sessions",)
+
+    def __init__(self, directory: Path) -> None:
+        self.regressions_dir = directory
+
+
+def test_write_records_how_the_steps_were_minimised_and_rewrite_keeps_the_rest(tmp_path: Path) -> None:
+    error = AssertionError("P7")
+    error.property_id = "P7"  # type: ignore[attr-defined]  # as a PropertyViolation carries it
+    longer = [("dispatch", {}), ("release", {"pick": 0}), ("retire", {"pick": 1, "again": False})]
+    path = regression.write(FakeHarness(tmp_path), longer, error)
+    assert path.name == "P7-native-agent_retire_keeps_sessions.json"
+    assert "minimised" not in regression.load(path)
+
+    minimal = [("dispatch", {}), ("retire", {"pick": 0, "again": False})]
+    how = {"steps_before": 3, "candidates_replayed": 4}
+    regression.rewrite(path, regression.load(path), minimal, how)
+
+    document = regression.load(path)
+    assert document["steps"] == [["dispatch", {}], ["retire", {"pick": 0, "again": False}]]
+    assert document["minimised"] == how
+    assert (document["topology"], document["faults"]) == ("native", ["agent_retire_keeps_sessions"])
+    assert document["failure"] == {"type": "AssertionError", "property": "P7"}
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # written beside, renamed over: nothing left over
+
+
+def test_a_rewrite_that_cannot_be_written_leaves_the_file_as_it_was(tmp_path: Path) -> None:
+    path = tmp_path / "P9.json"
+    path.write_text(json.dumps({"format": 1, "steps": [["dispatch", {}]]}))
+    before = path.read_bytes()
+
+    with pytest.raises(TypeError):  # a value JSON cannot hold fails the write before anything is renamed
+        regression.rewrite(path, regression.load(path), [("dispatch", {"pick": object()})], {})
+
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["P9.json"]

@@ -1,0 +1,53 @@
+"""The domain minimiser end to end: a longer failing run of a planted fault comes back as its known minimum.
+
+`agent_retire_keeps_sessions` fails P7 with `dispatch; retire(pick=0, again=False)`. The run below holds those two
+steps among others (a second rollout, a delivered call, a whole checkpoint, and a retire of the second rollout
+by a pick that only selects it modulo the live rollouts), and fails with P7 as a search would report it.
+"""
+
+from __future__ import annotations
+
+import json
+
+from ckpt_model import regression
+from ckpt_model.faultsearch import harness_for, shrunk_steps
+from ckpt_model.minimise import minimise_error, replay_once
+from ckpt_model.properties import P7Violation
+from ckpt_model.report import rule_calls_of
+
+FAULT = "agent_retire_keeps_sessions"
+LONGER = [
+    ("dispatch", {}),
+    ("release", {"pick": 0}),
+    ("dispatch", {}),
+    ("checkpoint", {"then_resume": True}),
+    ("retire", {"pick": 3, "again": False}),
+]
+MINIMAL = (("dispatch", {}), ("retire", {"pick": 0, "again": False}))
+
+
+def test_a_longer_failing_run_minimises_to_the_known_two_steps_everywhere_it_is_reported() -> None:
+    with harness_for(FAULT) as harness:
+        error = replay_once(harness, LONGER)
+        assert isinstance(error, P7Violation), error
+        assert rule_calls_of(error) == LONGER  # what the report attached: the run's own rule calls
+        assert harness.regressions_dir is not None
+        path = harness.regressions_dir / f"P7-native-{FAULT}.json"
+        assert len(regression.load(path)["steps"]) == len(LONGER)
+
+        result = minimise_error(harness, error)
+
+        assert result is not None
+        assert result.steps == MINIMAL
+        assert result.reproduced, result.final_outcome
+        assert (result.steps_before, result.steps_after) == (5, 2)
+        assert result.replayed > 0
+        # The failure report and the regression file carry the minimal sequence; no candidate left a file.
+        assert shrunk_steps(error) == ("state.dispatch()", "state.retire(pick=0, again=False)")
+        document = json.loads(path.read_text())
+        assert document["steps"] == [[name, arguments] for name, arguments in MINIMAL]
+        assert document["failure"] == {"type": "P7Violation", "property": "P7"}
+        assert document["minimised"]["steps_before"] == 5
+        assert [p.name for p in harness.regressions_dir.iterdir()] == [path.name]
+        # The rewritten file replays the same failure.
+        assert isinstance(replay_once(harness, document["steps"]), P7Violation)

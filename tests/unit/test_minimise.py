@@ -1,0 +1,304 @@
+"""The domain minimiser's pure core against hand-built predicates, and its edge's idea of "fails the same way".
+
+No servers: a predicate here is a plain function of the steps, so each test knows the minimal answer exactly.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ckpt_model import minimise as mm
+from ckpt_model.errors import StepNotEnabled
+from ckpt_model.minimise import COMPOSITES, CachedPredicate, Steps, ddmin, key_of, minimise
+from ckpt_model.properties import P4Violation, P7Violation
+
+
+def named(*names: str) -> Steps:
+    return tuple((name, {}) for name in names)
+
+
+def names(steps: Steps) -> list[str]:
+    return [name for name, _ in steps]
+
+
+def primitives(steps: Steps) -> list[str]:
+    """The primitive rules a sequence runs, composites expanded as the machine runs them."""
+    out: list[str] = []
+    for name, arguments in steps:
+        out += names(COMPOSITES[name](arguments)) if name in COMPOSITES else [name]
+    return out
+
+
+def contains_in_order(needed: Sequence[str]) -> Callable[[Steps], bool]:
+    """Fails when the primitive rules include `needed` as a subsequence (other steps in between allowed)."""
+
+    def fails(steps: Steps) -> bool:
+        run = iter(primitives(steps))
+        return all(any(step == want for step in run) for want in needed)
+
+    return fails
+
+
+def is_one_minimal(steps: Steps, fails: Callable[[Steps], bool]) -> bool:
+    return all(not fails(steps[:i] + steps[i + 1 :]) for i in range(len(steps)))
+
+
+# --- ddmin -------------------------------------------------------------------------------------------------------
+
+
+def test_ddmin_finds_the_known_minimal_subsequence_in_order() -> None:
+    steps = named(*(f"s{i}" for i in range(12)))
+    fails = contains_in_order(["s2", "s9"])
+
+    assert names(ddmin(steps, fails)) == ["s2", "s9"]
+
+
+def test_ddmin_keeps_a_sequence_that_needs_every_step() -> None:
+    steps = named("a", "b", "c")
+    assert ddmin(steps, contains_in_order(["a", "b", "c"])) == steps
+
+
+# Monotone failures: a sequence fails when it holds every step of one of the "causes" (each a set of step indices).
+causes_strategy = st.lists(
+    st.sets(st.integers(min_value=0, max_value=11), min_size=1, max_size=4), min_size=1, max_size=3
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(causes=causes_strategy)
+def test_ddmin_and_minimise_return_a_failing_1_minimal_subsequence(causes: list[set[int]]) -> None:
+    steps = named(*(f"s{i}" for i in range(12)))
+
+    def fails(candidate: Steps) -> bool:
+        present = {int(name[1:]) for name, _ in candidate}
+        return any(cause <= present for cause in causes)
+
+    for result in (ddmin(steps, fails), minimise(steps, fails).steps):
+        assert fails(result)
+        assert is_one_minimal(result, fails)
+        indices = [int(name[1:]) for name in names(result)]
+        assert indices == sorted(indices)  # a subsequence: the order of the steps is kept
+        assert set(indices) in [set(cause) for cause in causes]  # minimal sets of a monotone predicate are causes
+
+
+# --- the 1-minimality pass ---------------------------------------------------------------------------------------
+
+
+def test_a_non_monotone_predicate_still_gets_a_1_minimal_result() -> None:
+    # Fails with "x" and an even number of other steps: removing one step can stop the failure and removing two
+    # bring it back, which ddmin's chunks handle; the result must still fail and be 1-minimal.
+    steps = named("x", "a", "b", "c", "d")
+
+    def fails(candidate: Steps) -> bool:
+        return "x" in names(candidate) and (len(candidate) - 1) % 2 == 0
+
+    result = minimise(steps, fails)
+
+    assert names(result.steps) == ["x"]
+    assert is_one_minimal(result.steps, fails)
+
+
+def test_the_final_pass_removes_a_step_that_a_simpler_argument_made_redundant() -> None:
+    # ddmin leaves both steps (neither fails alone); pick=0 then fails without the dispatch, which the pass drops.
+    steps = (("dispatch", {}), ("retire", {"pick": 1}))
+
+    def fails(candidate: Steps) -> bool:
+        picks = [arguments["pick"] for name, arguments in candidate if name == "retire"]
+        return picks == [0] or (names(candidate) == ["dispatch", "retire"] and picks == [1])
+
+    result = minimise(steps, fails)
+
+    assert result.steps == (("retire", {"pick": 0}),)
+    assert result.pass_removed == 1
+    assert "1-minimality pass removed 1" in result.summary()
+
+
+def test_the_final_pass_removes_adjacent_steps_that_only_go_together() -> None:
+    # A crash without its start_over (or the reverse) changes what follows, so ddmin, whose chunks split them,
+    # keeps both, and the result is already 1-minimal; removing the two at once still fails.
+    steps = named("dispatch", "crash", "start_over", "checkpoint", "late_call")
+
+    def fails(candidate: Steps) -> bool:
+        present = set(names(candidate))
+        return {"dispatch", "checkpoint", "late_call"} <= present and ("crash" in present) == ("start_over" in present)
+
+    assert names(ddmin(steps, fails)) == names(steps)
+
+    result = minimise(steps, fails)
+
+    assert names(result.steps) == ["dispatch", "checkpoint", "late_call"]
+    assert result.pass_removed == 2
+
+
+def test_an_empty_sequence_that_fails_is_the_minimum() -> None:
+    result = minimise(named("dispatch"), lambda candidate: True)
+    assert result.steps == ()
+    assert (result.steps_before, result.steps_after) == (1, 0)
+
+
+# --- composites --------------------------------------------------------------------------------------------------
+
+
+def test_a_composite_is_replaced_by_the_primitives_it_needs() -> None:
+    steps = (("dispatch", {}), ("checkpoint", {"then_resume": True}), ("late_call", {"operation": "restore"}))
+
+    result = minimise(steps, contains_in_order(["prepare", "late_call"]))
+
+    assert result.steps == (("prepare", {}), ("late_call", {"operation": "restore"}))
+    assert result.expanded == ("checkpoint(then_resume=False)",)
+    assert result.reproduced
+
+
+def test_a_composite_whose_primitives_are_all_needed_stays_as_it_reads_shorter() -> None:
+    steps = (("dispatch", {}), ("checkpoint", {"then_resume": True}), ("retire", {"pick": 0, "again": False}))
+
+    result = minimise(steps, contains_in_order(["dispatch", "prepare", "commit", "resume"]))
+
+    assert result.steps == (("dispatch", {}), ("checkpoint", {"then_resume": True}))
+    assert result.expanded == ()
+
+
+def test_recover_becomes_crash_when_the_restore_is_not_needed() -> None:
+    steps = (("dispatch", {}), ("checkpoint", {"then_resume": False}), ("recover", {"pick": 3}))
+
+    result = minimise(steps, contains_in_order(["dispatch", "crash"]))
+
+    assert result.steps == (("dispatch", {}), ("crash", {}))
+
+
+def test_the_primitives_keep_the_composites_arguments() -> None:
+    assert COMPOSITES["recover"]({"pick": 2}) == (("crash", {}), ("restore", {"pick": 2}))
+    assert names(COMPOSITES["checkpoint"]({"then_resume": False})) == ["prepare", "commit"]
+    assert names(COMPOSITES["checkpoint"]({"then_resume": True})) == ["prepare", "commit", "resume"]
+
+
+# --- arguments ---------------------------------------------------------------------------------------------------
+
+
+def test_arguments_move_toward_the_simplest_value_that_keeps_the_failure() -> None:
+    steps = (("dispatch", {}), ("dispatch", {}), ("retire", {"pick": 5, "again": True}))
+
+    def fails(candidate: Steps) -> bool:  # two rollouts live: pick selects pick % 2, and r1 is the faulty one
+        retires = [arguments for name, arguments in candidate if name == "retire"]
+        return names(candidate).count("dispatch") == 2 and any(a["pick"] % 2 == 1 for a in retires)
+
+    result = minimise(steps, fails)
+
+    assert result.steps == (("dispatch", {}), ("dispatch", {}), ("retire", {"pick": 1, "again": False}))
+
+
+def test_a_choice_moves_toward_the_first_of_its_choices() -> None:
+    choices = {"operation": ("prepare", "renew", "commit", "restore")}
+    steps = (("late_call", {"operation": "restore", "pick": 0}),)
+
+    result = minimise(steps, lambda c: bool(c) and c[0][1]["operation"] in ("commit", "restore"), choices)
+
+    assert result.steps == (("late_call", {"operation": "commit", "pick": 0}),)
+
+
+def test_the_callers_steps_are_not_mutated() -> None:
+    steps = [("retire", {"pick": 3, "again": True})]
+    minimise(steps, lambda c: bool(c))
+    assert steps == [("retire", {"pick": 3, "again": True})]
+
+
+# --- cost: the cache, and a flaky predicate ------------------------------------------------------------------------
+
+
+def test_no_candidate_is_replayed_twice_except_the_final_replay() -> None:
+    asked: Counter[Any] = Counter()
+    fails = contains_in_order(["prepare", "crash"])
+
+    def counted(candidate: Steps) -> bool:
+        asked[key_of(candidate)] += 1
+        return fails(candidate)
+
+    steps = (
+        ("dispatch", {}),
+        ("release", {"pick": 2}),
+        ("checkpoint", {"then_resume": False}),
+        ("dispatch", {}),
+        ("recover", {"pick": 1}),
+        ("release", {"pick": 0}),
+    )
+    result = minimise(steps, counted)
+
+    assert names(result.steps) == ["prepare", "crash"]
+    repeated = {key: count for key, count in asked.items() if count > 1}
+    assert repeated == {key_of(result.steps): 2}  # asked once while minimising, once more uncached at the end
+    assert result.replayed == sum(asked.values())
+    assert key_of(steps) not in asked  # the caller vouched that the original fails: never replayed
+    assert result.cached > 0
+
+
+def test_the_cache_answers_repeats_and_counts_them() -> None:
+    calls: list[Steps] = []
+    cached = CachedPredicate(lambda c: calls.append(c) is None)
+
+    assert cached(named("a"))
+    assert cached(named("a"))
+    assert (len(calls), cached.replayed, cached.cached) == (1, 1, 1)
+
+
+def test_a_flaky_predicate_is_reported_as_not_reproduced() -> None:
+    seen: set[Any] = set()
+
+    def fails_only_the_first_time(candidate: Steps) -> bool:
+        key = key_of(candidate)
+        first = key not in seen
+        seen.add(key)
+        return first and "x" in names(candidate)
+
+    result = minimise(named("a", "x", "b"), fails_only_the_first_time)
+
+    assert names(result.steps) == ["x"]
+    assert not result.reproduced
+    assert "DID NOT fail again" in result.summary()
+
+
+# --- the edge: "fails the same way" ------------------------------------------------------------------------------
+
+
+def p7() -> P7Violation:
+    return P7Violation(rollout="r0", expected="dropped", observed="kept")
+
+
+@pytest.mark.parametrize(
+    ("outcome", "counts"),
+    [
+        (p7(), True),
+        (P4Violation(rollout="r0", expected=[4], observed=[2]), False),
+        (StepNotEnabled(step="commit({})", index=1, rule="commit"), False),
+        (None, False),
+    ],
+    ids=["same-property", "other-property", "step-not-enabled", "passes"],
+)
+def test_only_the_same_failure_counts(
+    monkeypatch: pytest.MonkeyPatch, outcome: BaseException | None, counts: bool
+) -> None:
+    monkeypatch.setattr(mm, "replay_once", lambda harness, steps: outcome)
+    replayer = mm.Replayer(harness=None, expected=("P7Violation", "P7"))  # type: ignore[arg-type]
+
+    assert replayer(named("dispatch")) is counts
+    assert replayer.last_error is outcome
+
+
+def test_outcomes_are_described_in_a_few_words() -> None:
+    assert mm.describe(None) == "passed"
+    assert mm.describe(p7()) == "P7Violation (P7)"
+    assert mm.describe(StepNotEnabled(step="commit({})", index=1, rule="commit")) == "StepNotEnabled"
+
+
+def test_steps_print_as_hypothesis_prints_them() -> None:
+    steps = (("dispatch", {}), ("retire", {"pick": 0, "again": False}), ("late_call", {"operation": "restore"}))
+    assert mm.as_code(steps) == (
+        "state.dispatch()",
+        "state.retire(pick=0, again=False)",
+        "state.late_call(operation='restore')",
+    )
