@@ -120,7 +120,7 @@ def build_parser() -> Parser:
         description="A property-based stateful model checker for partial-rollout checkpointing (NeMo Gym's protocol).",
         epilog="exit codes: 0 passed, 1 property violation, 2 could not judge, 3 usage, 130 interrupted",
     )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{check,replay,minimise,stack,faults}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{check,replay,minimise,stack,faults,fuzz}")
 
     check = commands.add_parser("check", help="run the state machine against the embedded look-alike stack")
     check.add_argument(
@@ -162,6 +162,11 @@ def build_parser() -> Parser:
         "stack", help="run the look-alike stack by hand until SIGTERM or Ctrl-C (`ckpt-model stack --help`)"
     )
     commands.add_parser("faults", help="list the planted faults of the embedded stack")
+    commands.add_parser(
+        "fuzz",
+        help="HypoFuzz workers sharing an example database, replay from it, a throwaway Redis"
+        " (`ckpt-model fuzz --help`, docs/parallel.md)",
+    )
     return parser
 
 
@@ -265,9 +270,7 @@ def banner(
 
 def profile_description(chosen: settings, *, seeded_run: bool) -> str:
     exploration = "seeded" if seeded_run else "derandomized" if chosen.derandomize else "random"
-    database = chosen.database
-    stored = "no example database" if database is None else f"example database {getattr(database, 'path', database)}"
-    return f"{exploration}, {stored}"
+    return f"{exploration}, {profiles.database_label(chosen.database)}"
 
 
 def run_check(args: argparse.Namespace) -> int:
@@ -568,6 +571,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     if arguments[:1] == ["stack"]:  # everything after it belongs to the stack's own parser
         return run_stack(arguments[1:])
+    if arguments[:1] == ["fuzz"]:  # everything after it belongs to ckpt_model.fuzz's own parser
+        from ckpt_model.fuzz import main as fuzz_main
+
+        return fuzz_main(arguments[1:], prog="ckpt-model fuzz")
     parser = build_parser()
     args = parser.parse_args(arguments)
     signal.signal(signal.SIGTERM, raise_interrupted)  # SIGTERM unwinds like Ctrl-C, so teardown runs

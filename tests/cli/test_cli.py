@@ -277,3 +277,12 @@ def test_minimise_leaves_a_file_that_does_not_fail_as_recorded_as_it_was(
     assert "left as it was" in result.stdout
     assert path.read_bytes() == before
     assert left_behind(tmp_path) == []
+
+
+def test_fuzz_hands_its_arguments_to_the_fuzz_commands(tmp_path: Path) -> None:
+    result = ckpt_model(tmp_path, "fuzz", "--help")
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "usage: ckpt-model fuzz" in result.stdout
+    for command in ("worker", "replay", "redis"):
+        assert command in result.stdout
