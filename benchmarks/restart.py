@@ -10,8 +10,13 @@ requests on one kept-alive client: a median near a millisecond shows there is no
 Paths: `cold` starts each server with `python -m fakes.gym.serve`; `fork` starts them from the fork server's
 standbys and, between rounds, waits until the next standbys are built, as when an example runs between two
 restarts; `fork-b2b` restarts back to back, so each restart competes with the standbys the previous one asked
-for, or forks its servers itself. The figures are wall clock on a shared machine: the load average is printed
-too.
+for, or forks its servers itself.
+
+`harness` is the checker's own path, `ckpt_model.deployment.Harness.crash()`: crash, start, and every participant
+serving and known to the client (what the machine's `crash` rule waits for), with standbys built between rounds
+as on `fork`; its second column adds the first status round the machine sends after it (`status_all`).
+`harness-begin` is `Harness.begin_example()`, the start of every example: the same, plus the backend's reset and
+a fresh checkpoint directory. The figures are wall clock on a shared machine: the load average is printed too.
 """
 
 from __future__ import annotations
@@ -31,12 +36,15 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]  # run from a checkout without installing
 
-from ckpt_model.wire import CHECKPOINT_ROUTE_PREFIX  # noqa: E402 - after the path set-up above
+from ckpt_model.deployment import Harness  # noqa: E402 - after the path set-up above
+from ckpt_model.wire import CHECKPOINT_ROUTE_PREFIX  # noqa: E402
+from fakes.deployment import EmbeddedDeployment  # noqa: E402
 from fakes.stack import Stack  # noqa: E402
 
 SERVING_TIMEOUT_S = 30.0
 POLL_INTERVAL_S = 0.001
-PATHS = ("cold", "fork", "fork-b2b")
+PATHS = ("cold", "fork", "fork-b2b", "harness", "harness-begin")
+HARNESS_PATHS = ("harness", "harness-begin")
 
 
 @attrs.frozen
@@ -83,7 +91,35 @@ def round_trips_ms(http: httpx.Client, urls: Sequence[str], token: str, requests
     return samples
 
 
+def measure_harness(path: str, topology: str, rounds: int) -> PathResult:
+    """The checker's restart (`Harness.crash()`) or example start (`begin_example()`), then one status round.
+
+    `crash_ms` holds the time until the first status round has answered too."""
+    restart_ms: list[float] = []
+    serving_ms: list[float] = []
+    with Harness.embedded(topology) as harness:
+        deployment = harness.deployment
+        assert isinstance(deployment, EmbeddedDeployment), "the harness paths measure the look-alike stack"
+        fork_server = deployment.stack.fork_server
+        assert fork_server is not None
+        harness.begin_example()
+        restart = harness.crash if path == "harness" else harness.begin_example
+        for _ in range(rounds):
+            fork_server.wait_idle()
+            started_s = time.perf_counter()
+            restart()
+            restarted_s = time.perf_counter()
+            assert harness.control is not None
+            harness.control.status_all()
+            serving_s = time.perf_counter()
+            restart_ms.append((restarted_s - started_s) * 1000)
+            serving_ms.append((serving_s - started_s) * 1000)
+    return PathResult(path, tuple(restart_ms), tuple(serving_ms), ())
+
+
 def measure(path: str, topology: str, rounds: int, requests: int, root: Path) -> PathResult:
+    if path in HARNESS_PATHS:
+        return measure_harness(path, topology, rounds)
     restart_ms: list[float] = []
     crash_ms: list[float] = []
     round_trip_ms: list[float] = []
@@ -117,28 +153,35 @@ def measure(path: str, topology: str, rounds: int, requests: int, root: Path) ->
 def report(results: Sequence[PathResult], topology: str, rounds: int, requests: int) -> str:
     load_1m, _, _ = os.getloadavg()
     lines = [
-        f"restart: crash_gym() -> every participant answers status 200; {topology}, {rounds} rounds, "
+        f"restart (stack paths: crash_gym() -> every participant answers status 200); {topology}, {rounds} rounds, "
         f"{os.cpu_count()} CPUs, load average {load_1m:.2f} at the end",
-        f"{'path':<9} {'median_ms':>10} {'p90_ms':>8} {'min_ms':>8} {'crash_median_ms':>16}",
+        f"{'path':<13} {'median_ms':>10} {'p90_ms':>8} {'min_ms':>8} {'crash_median_ms':>16}"
+        f" {'+status_median_ms':>18} {'+status_p90_ms':>15}",
     ]
     for result in results:
-        lines.append(
-            f"{result.path:<9} {statistics.median(result.restart_ms):>10.1f} {percentile(result.restart_ms, 0.9):>8.1f}"
-            f" {min(result.restart_ms):>8.1f} {statistics.median(result.crash_ms):>16.1f}"
+        line = (
+            f"{result.path:<13} {statistics.median(result.restart_ms):>10.1f}"
+            f" {percentile(result.restart_ms, 0.9):>8.1f} {min(result.restart_ms):>8.1f}"
         )
+        if result.path in HARNESS_PATHS:
+            # `crash_ms` of a harness path: until the first status round answered as well.
+            line += f" {'-':>16} {statistics.median(result.crash_ms):>18.1f} {percentile(result.crash_ms, 0.9):>15.1f}"
+        else:
+            line += f" {statistics.median(result.crash_ms):>16.1f}"
+        lines.append(line)
     by_path = {result.path: result for result in results}
     for fork_path in ("fork", "fork-b2b"):
         if {"cold", fork_path} <= by_path.keys():
             ratio = statistics.median(by_path["cold"].restart_ms) / statistics.median(by_path[fork_path].restart_ms)
             lines.append(f"ratio cold/{fork_path} (medians): {ratio:.1f}x")
     lines.append(f"round trip after restart: {requests} status requests per round on one kept-alive client")
-    lines.append(f"{'path':<9} {'median_ms':>10} {'p99_ms':>8} {'max_ms':>8}")
+    lines.append(f"{'path':<13} {'median_ms':>10} {'p99_ms':>8} {'max_ms':>8}")
     for result in results:
         samples = result.round_trip_ms
         if not samples:
-            continue  # fork-b2b: measuring would let the fork server go idle between restarts
+            continue  # fork-b2b: measuring would let the fork server go idle between restarts; harness: not measured
         lines.append(
-            f"{result.path:<9} {statistics.median(samples):>10.2f} {percentile(samples, 0.99):>8.2f}"
+            f"{result.path:<13} {statistics.median(samples):>10.2f} {percentile(samples, 0.99):>8.2f}"
             f" {max(samples):>8.2f}"
         )
     return "\n".join(lines)

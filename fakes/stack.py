@@ -378,11 +378,9 @@ class Stack:
         self._stop_at_exit()
         configs = self.configs()
         try:
-            if self.use_fork_server:
-                self._fork_gym(configs)
-            else:
-                self._spawn_gym(configs)
-            wait_healthy(list(self.gym.values()), "/health", http=self.http)
+            serving = self._fork_gym(configs) if self.use_fork_server else self._spawn_gym(configs)
+            unheard = [server for name, server in self.gym.items() if name not in serving]
+            wait_healthy(unheard, "/health", http=self.http)
         except BaseException:
             with contextlib.suppress(Exception):
                 self.crash_gym()
@@ -400,21 +398,25 @@ class Stack:
             # Only a speed-up: the next start notices a dead fork server and reports it with its log.
             log.warning("the fork server did not take the prebuild request: %s", error)
 
-    def _spawn_gym(self, configs: Mapping[str, ServerConfig]) -> None:
+    def _spawn_gym(self, configs: Mapping[str, ServerConfig]) -> frozenset[str]:
+        """Cold-start each server; none serves yet (the caller health-checks them all)."""
         for name, config in configs.items():
             env = {**os.environ, CONFIG_ENV: config.to_json()}
             argv = [sys.executable, "-m", "fakes.gym.serve"]
             kind = KIND_OF_ROLE.get(config.role)
             self.gym[name] = spawn(name, argv, env, self.log_path(name), config.url, kind)
+        return frozenset()
 
-    def _fork_gym(self, configs: Mapping[str, ServerConfig]) -> None:
+    def _fork_gym(self, configs: Mapping[str, ServerConfig]) -> frozenset[str]:
+        """Start each server from the fork server; returns the names already serving (promoted standbys said so,
+        so they need no health check)."""
         fork_server = self._running_fork_server()
         requests = []
         for name, config in configs.items():
             log_start(self.log_path(name), name)
             requests.append(SpawnRequest(name, config.to_json(), self.log_path(name)))
         try:
-            pids = fork_server.spawn(requests)
+            started = fork_server.start(requests)
         except ForkServerError as error:
             raise StackStartError(f"{error}; log {fork_server.log_path}:\n{log_tail(fork_server.log_path)}") from error
         for name, config in configs.items():
@@ -422,10 +424,11 @@ class Stack:
                 name=name,
                 url=config.url,
                 kind=KIND_OF_ROLE.get(config.role),
-                pid=pids[name],
+                pid=started.pids[name],
                 log_path=self.log_path(name),
                 exit_status_of=fork_server.exit_status,
             )
+        return started.serving
 
     def _running_fork_server(self) -> ForkServer:
         """The warmed-up fork server, started on first use and again if it died."""
@@ -449,11 +452,9 @@ class Stack:
         kill_groups([self.gym.pop(name)])
         configs = {name: self.configs()[name]}
         try:
-            if self.use_fork_server:
-                self._fork_gym(configs)
-            else:
-                self._spawn_gym(configs)
-            wait_healthy([self.gym[name]], "/health", http=self.http)
+            serving = self._fork_gym(configs) if self.use_fork_server else self._spawn_gym(configs)
+            if name not in serving:
+                wait_healthy([self.gym[name]], "/health", http=self.http)
         except BaseException:
             with contextlib.suppress(Exception):
                 self.crash_gym()

@@ -9,10 +9,13 @@ loop (closed again, so no thread runs when it forks). Children make their own se
 `os.killpg(pid, SIGKILL)` is a crash of exactly that server) and serve a listening socket the fork server bound
 to the server's fixed port at the start (`listening_socket`: IPPROTO_TCP, SO_REUSEADDR).
 
-After a start the owner asks for a `prebuild`: the fork server forks a *standby* child per server, which builds
-its app and uvicorn server while the checker runs an example and then waits on a socket pair. The next start
-binds the port and passes the standby the listening socket (SCM_RIGHTS); it runs its lifespan and serves. A
-start without a usable standby forks a child that builds everything itself.
+After a start the owner asks for a `prebuild`: the fork server forks a *standby* child per server, which starts
+its event loop and runs its lifespan while the checker runs an example and then waits on a socket pair. The app
+and uvicorn's config are built once per server config in the fork server itself (`Zygote.prepare`) and shared by
+every standby forked after, so the standbys a restart asks for cost little CPU next to the example. The next
+start binds the port and passes the standby the listening socket (SCM_RIGHTS); it serves, and says SERVING on
+its socket pair, so the start needs no health check over HTTP. A start without a usable standby forks a child
+that builds everything itself (or uses the prepared config).
 
 The fork server closes its copy of that socket right after the fork, so the child holds the only one and a crash
 looks like a real one: connections waiting in the backlog are reset and new ones are refused until the next
@@ -36,6 +39,7 @@ import ctypes
 import gc
 import json
 import os
+import selectors
 import signal
 import socket
 import sys
@@ -59,6 +63,8 @@ LISTEN_BACKLOG = 2048  # uvicorn's default
 STANDBYS_READY_TIMEOUT_S = 30.0
 CHILDREN_GONE_TIMEOUT_S = 10.0
 EXIT_STATUSES_KEPT_MAX = 1024
+# Server configs whose app the fork server keeps built for its children (a deployment has four; LRU beyond).
+PREPARED_CONFIGS_MAX = 16
 WARM_UP_TOKEN = "warm-up"
 # Peers no warm-up request reaches: a closed loopback port (the discard service is never listened on here).
 WARM_UP_PEER_URL = "http://127.0.0.1:9"
@@ -68,6 +74,9 @@ PROCESS_NAME_BYTES_MAX = 15
 STANDBY_PREFIX = "standby:"
 READY = b"r"  # standby -> fork server: built, waiting for its socket
 GO = b"g"  # fork server -> standby, with the listening socket's descriptor
+SERVING = b"s"  # standby -> fork server: promoted, its server accepts on the socket
+# How long a spawn waits for promoted standbys to report SERVING; one that does not is health-checked by the owner.
+SERVING_TIMEOUT_S = 10.0
 # Signals whose fork-server handlers a child must not keep.
 HANDLED_SIGNALS = (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
@@ -173,7 +182,12 @@ class Zygote:
         # Per server name: a standby child, forked ahead for the next start of that server with this config.
         self.standbys: dict[str, Standby] = {}
         self.standbys_wanted: list[Mapping[str, str]] = []
+        # Channels of standbys promoted by the spawn under way, until they say SERVING: a child forked meanwhile
+        # must close its copies too.
+        self.promoted_channels: list[socket.socket] = []
         self.pid = os.getpid()
+        # Per config: uvicorn's config with the app built, once, here; children forked after share it.
+        self.prepared: OrderedDict[str, Any] = OrderedDict()
         # Loaded before any fork, so a child only calls it.
         self.libc = ctypes.CDLL(None, use_errno=True)
 
@@ -187,7 +201,8 @@ class Zygote:
             request = json.loads(line)
             op = request.get("op")
             if op == "spawn":
-                return {"ok": True, "pids": self.spawn_all(request["servers"])}
+                pids, serving = self.spawn_all(request["servers"])
+                return {"ok": True, "pids": pids, "serving": serving}
             if op == "exit_status":
                 return {"ok": True, "exit_status": self.exit_statuses.get(int(request["pid"]))}
             if op == "ping":
@@ -201,39 +216,52 @@ class Zygote:
         except Exception as error:
             return {"ok": False, "error": f"{type(error).__name__}: {error}"}
 
-    def spawn_all(self, servers: list[dict[str, str]]) -> dict[str, int]:
-        """Fork one child per server; returns once every child leads its own process group.
+    def spawn_all(self, servers: list[dict[str, str]]) -> tuple[dict[str, int], list[str]]:
+        """Start one child per server; returns once every child leads its own process group, with the names of
+        those already serving (promoted standbys that said so; the owner health-checks the others).
 
-        All forks go first and the wait comes once after them, so no fork waits for an earlier child to be
-        scheduled. If anything fails, the children already forked for this request die too.
+        Standbys are promoted first, so they start serving while the rest fork. All forks go first and the wait
+        comes once after them, so no fork waits for an earlier child to be scheduled. If anything fails, the
+        children already started for this request die too.
         """
         pids: dict[str, int] = {}
+        promoted: dict[str, socket.socket] = {}
         to_fork = []
         for server in servers:
-            pid = self.promote_standby(server["name"], server["config"])
-            if pid is None:
+            started = self.promote_standby(server["name"], server["config"])
+            if started is None:
                 to_fork.append(server)
             else:
-                pids[server["name"]] = pid
-        ready_read_fd, ready_write_fd = os.pipe()
+                pids[server["name"]], promoted[server["name"]] = started
+        self.promoted_channels = list(promoted.values())
         try:
-            try:
-                for server in to_fork:
-                    name, log_path = server["name"], Path(server["log_path"])
-                    pids[name] = self.spawn(name, server["config"], log_path, (ready_read_fd, ready_write_fd))
-            finally:
-                os.close(ready_write_fd)
-                # EOF once every child has closed its copy of the write end, which each does right after
-                # setsid() (or by dying). Until then killpg(pid) could miss it: replying earlier would hand out
-                # process groups that do not exist yet.
-                while os.read(ready_read_fd, 64):
-                    pass
-                os.close(ready_read_fd)
+            self.fork_all(to_fork, pids)
+            serving = wait_serving(promoted, SERVING_TIMEOUT_S)
         except BaseException:
             for pid in pids.values():
                 process_groups.kill(pid)
             raise
-        return pids
+        finally:
+            self.promoted_channels = []
+            for channel in promoted.values():
+                channel.close()
+        return pids, serving
+
+    def fork_all(self, servers: list[dict[str, str]], pids: dict[str, int]) -> None:
+        """Fork a child per server (into `pids`); returns once each leads its own process group."""
+        ready_read_fd, ready_write_fd = os.pipe()
+        try:
+            for server in servers:
+                name, log_path = server["name"], Path(server["log_path"])
+                pids[name] = self.spawn(name, server["config"], log_path, (ready_read_fd, ready_write_fd))
+        finally:
+            os.close(ready_write_fd)
+            # EOF once every child has closed its copy of the write end, which each does right after setsid()
+            # (or by dying). Until then killpg(pid) could miss it: replying earlier would hand out process groups
+            # that do not exist yet.
+            while os.read(ready_read_fd, 64):
+                pass
+            os.close(ready_read_fd)
 
     def spawn(self, name: str, config_json: str, log_path: Path, ready_pipe: tuple[int, int]) -> int:
         """Fork a child serving `name`; the child closes `ready_pipe`'s write end once it leads its own group."""
@@ -256,7 +284,7 @@ class Zygote:
                     log_path,
                     self.inherited(),
                     ready_pipe[1],
-                    lambda: serve_config(config_json, sock),
+                    lambda: serve_config(config_json, sock, self.prepared.get(config_json)),
                 )
         self.children[pid] = name
         self.reap()  # the handler reaps only recorded children: one that died already is collected here
@@ -275,7 +303,8 @@ class Zygote:
 
     def inherited(self) -> tuple[IO[bytes] | socket.socket, ...]:
         """What a child gets from the fork and must close: the control channel, other standbys' socket pairs."""
-        return (*self.control_files, *(standby.channel for standby in self.standbys.values()))
+        standbys = (standby.channel for standby in self.standbys.values())
+        return (*self.control_files, *standbys, *self.promoted_channels)
 
     def die_with_parent(self) -> None:
         """In a child: be SIGKILLed when the fork server dies, even by SIGKILL, so no server is ever orphaned."""
@@ -324,9 +353,9 @@ class Zygote:
     def fork_standbys(self, servers: Sequence[Mapping[str, str]]) -> None:
         """Fork a standby child per server, for its next start (one kept with the same config stays).
 
-        A standby forks now, while the checker runs an example, and then builds its app and uvicorn server and
-        waits; a start only hands it the listening socket (`promote_standby`), so the fork, the app build and
-        uvicorn's set-up are all off the path from a crash to serving again.
+        A standby forks now, while the checker runs an example, from the config `prepare` built, starts its loop
+        and lifespan and waits; a start only hands it the listening socket (`promote_standby`), so the fork, the
+        app build and uvicorn's set-up are all off the path from a crash to serving again.
         """
         for server in servers:
             name, config_json = server["name"], server["config"]
@@ -336,7 +365,28 @@ class Zygote:
             self.discard_standby(name)
             self.standbys[name] = self.fork_standby(name, config_json, Path(server["log_path"]))
 
+    def prepare(self, config_json: str) -> Any:
+        """uvicorn's loaded config for `config_json`, its app built and warmed here once: every standby forked
+        after shares it (copy-on-write) and only starts its loop and lifespan, so a restart's standbys cost a
+        fraction of the CPU that building four apps takes, CPU the example running meanwhile would wait for.
+
+        A built app holds no state from a request (only stateless ones warm it) and none from disk, so each child
+        starts from the same pristine app, as if it had built it itself."""
+        prepared = self.prepared.get(config_json)
+        if prepared is not None:
+            self.prepared.move_to_end(config_json)
+            return prepared
+        prepared = build_config(config_json)
+        # Keep the built objects out of the children's garbage collections: fewer copy-on-write page faults.
+        gc.collect()
+        gc.freeze()
+        self.prepared[config_json] = prepared
+        while len(self.prepared) > PREPARED_CONFIGS_MAX:
+            self.prepared.popitem(last=False)
+        return prepared
+
     def fork_standby(self, name: str, config_json: str, log_path: Path) -> Standby:
+        config = self.prepare(config_json)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         ready_read_fd, ready_write_fd = os.pipe()
         try:
@@ -351,7 +401,7 @@ class Zygote:
                     log_path,
                     self.inherited(),
                     ready_write_fd,
-                    lambda: run_standby(config_json, theirs, lambda: self.name_process(name)),
+                    lambda: run_standby(config_json, config, theirs, lambda: self.name_process(name)),
                 )
             self.children[pid] = STANDBY_PREFIX + name
             self.reap()
@@ -364,8 +414,9 @@ class Zygote:
         os.close(ready_read_fd)
         return Standby(pid=pid, config_json=config_json, channel=ours)
 
-    def promote_standby(self, name: str, config_json: str) -> int | None:
-        """Hand the standby for `name` its listening socket: it serves from then on. None: no usable standby."""
+    def promote_standby(self, name: str, config_json: str) -> tuple[int, socket.socket] | None:
+        """Hand the standby for `name` its listening socket: it serves from then on. Returns its pid and its
+        channel, on which it says SERVING once it accepts (`wait_serving`). None: no usable standby."""
         standby = self.standbys.pop(name, None)
         if standby is None:
             return None
@@ -382,14 +433,15 @@ class Zygote:
         except OSError as error:
             self.discard(standby)
             raise OSError(f"server {name!r} cannot listen on {address['host']}:{address['port']}: {error}") from None
-        with sock, standby.channel:  # our copies close once sent: the child must hold the only ones
+        with sock:  # our copy closes once sent: the child must hold the only one
             try:
                 socket.send_fds(standby.channel, [GO], [sock.fileno()])
             except OSError:
+                standby.channel.close()
                 process_groups.kill(standby.pid)
                 return None
         self.children[standby.pid] = name
-        return standby.pid
+        return standby.pid, standby.channel
 
     def wait_standbys_ready(self, timeout_s: float = STANDBYS_READY_TIMEOUT_S) -> None:
         """Wait until every standby has built its server and waits for its socket (or died trying)."""
@@ -424,6 +476,31 @@ class Zygote:
                     except Exception:
                         # Only a speed-up: the next start forks its servers itself.
                         traceback.print_exc()
+
+
+def wait_serving(channels: Mapping[str, socket.socket], timeout_s: float) -> list[str]:
+    """The names whose promoted standby said SERVING on its channel within `timeout_s` (sorted); a standby that
+    died (end of stream) or is slow is left out, for the owner's health check to judge."""
+    serving: list[str] = []
+    deadline_s = time.monotonic() + timeout_s
+    with selectors.DefaultSelector() as selector:
+        for name, channel in channels.items():
+            selector.register(channel, selectors.EVENT_READ, name)
+        while selector.get_map():
+            remaining_s = deadline_s - time.monotonic()
+            if remaining_s <= 0:
+                break
+            for key, _ in selector.select(remaining_s):
+                try:
+                    data = key.fileobj.recv(64)  # type: ignore[union-attr]
+                except OSError:
+                    data = b""
+                # Bytes before SERVING are the READY nobody read (the standby was promoted before a ping).
+                if not data or SERVING in data:
+                    selector.unregister(key.fileobj)
+                    if data:
+                        serving.append(key.data)
+    return sorted(serving)
 
 
 @attrs.define(eq=False)
@@ -485,11 +562,15 @@ def run_child(
         os._exit(exit_code)
 
 
-def run_standby(config_json: str, channel: socket.socket, on_promotion: Callable[[], None]) -> int:
-    """A standby's life: build the app and uvicorn's config, start the loop and the lifespan, report READY, wait
-    for the listening socket, serve it. Only the socket is left for a start to supply; no request is served
-    before it, so the server starts as clean as a freshly forked one."""
-    server = standby_server(build_config(config_json), channel, on_promotion)
+def run_standby(config_json: str, config: Any, channel: socket.socket, on_promotion: Callable[[], None]) -> int:
+    """A standby's life with uvicorn's `config` (its app built by the fork server): start the loop and the
+    lifespan, report READY, wait for the listening socket, serve it. Only the socket is left for a start to
+    supply; no request is served before it, so the server starts as clean as a freshly forked one."""
+    use_config_env(config_json)
+    # The app's request path once more, here: its pages are this process's own before the first real request
+    # (copy-on-write would otherwise copy them during it, on the path from a crash to serving again).
+    asyncio.run(touch_stateless_routes(config.app))
+    server = standby_server(config, channel, on_promotion)
     server.run()
     return 0 if server.started or server.stood_down else 3  # uvicorn's STARTUP_FAILURE
 
@@ -509,8 +590,8 @@ def standby_server(config: Any, channel: socket.socket, on_promotion: Callable[[
             with contextlib.suppress(OSError):  # promoted before it was built: its socket already waits for it
                 channel.sendall(READY)
             fds = await _receive_fds(channel)
-            channel.close()
             if not fds:  # stood down: the fork server discarded this standby, or is gone
+                channel.close()
                 self.stood_down = True
                 self.should_exit = True
                 return
@@ -518,6 +599,11 @@ def standby_server(config: Any, channel: socket.socket, on_promotion: Callable[[
             sock = socket.socket(fileno=fds[0])  # family, type and protocol (IPPROTO_TCP) come from the descriptor
             self.lifespan.startup = _started  # type: ignore[method-assign] - it ran above; base startup calls it
             await super().startup(sockets=[sock])
+            # Accepting now: saying so spares the owner polling the health route over HTTP.
+            with contextlib.suppress(OSError):
+                if self.started:
+                    channel.sendall(SERVING)
+            channel.close()
 
     return StandbyServer(config)
 
@@ -551,24 +637,31 @@ def redirect_stdio(log_path: Path) -> None:
             os.close(fd)
 
 
-def serve_config(config_json: str, sock: socket.socket) -> int:
+def serve_config(config_json: str, sock: socket.socket, prepared: Any = None) -> int:
     """Serve `sock` with the config's server until killed; the exit code uvicorn's runner gives."""
     import uvicorn
 
-    server = uvicorn.Server(build_config(config_json))
+    use_config_env(config_json)
+    server = uvicorn.Server(prepared if prepared is not None else build_config(config_json))
     server.run(sockets=[sock])
     return 0 if server.started else 3  # uvicorn's STARTUP_FAILURE
+
+
+def use_config_env(config_json: str) -> None:
+    """In a child: the config in the environment, as a cold-started server would see it."""
+    from fakes.gym.config import CONFIG_ENV
+
+    os.environ[CONFIG_ENV] = config_json
 
 
 def build_config(config_json: str) -> Any:
     """uvicorn's loaded config for a server, its app built now and warmed by stateless requests."""
     import uvicorn
 
-    from fakes.gym.config import CONFIG_ENV, ServerConfig
+    from fakes.gym.config import ServerConfig
     from fakes.gym.http import SERVER_KEEP_ALIVE_S
     from fakes.gym.serve import build_app
 
-    os.environ[CONFIG_ENV] = config_json  # as a cold-started server would see it
     app = build_app(ServerConfig.from_json(config_json))
     asyncio.run(touch_stateless_routes(app))
     config = uvicorn.Config(

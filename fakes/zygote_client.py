@@ -45,6 +45,14 @@ class SpawnRequest:
         return {"name": self.name, "config": self.config_json, "log_path": str(self.log_path)}
 
 
+@attrs.frozen
+class Started:
+    """What a spawn started: each server's pid, and which of them already serve (their standbys said so)."""
+
+    pids: dict[str, int]
+    serving: frozenset[str]
+
+
 class ForkServer:
     """The owner's end of a running fork server: start it, ask it for children and exit statuses, stop it."""
 
@@ -92,8 +100,14 @@ class ForkServer:
 
     def spawn(self, requests: Sequence[SpawnRequest], timeout_s: float = REPLY_TIMEOUT_S) -> dict[str, int]:
         """Fork every requested server; returns {name: pid}, each pid leading its own process group."""
+        return self.start(requests, timeout_s).pids
+
+    def start(self, requests: Sequence[SpawnRequest], timeout_s: float = REPLY_TIMEOUT_S) -> Started:
+        """Start every requested server (a standby if one is built, else a fork): each pid leads its own process
+        group, and the servers named in `serving` already accept on their sockets (no health check needed)."""
         reply = self._request({"op": "spawn", "servers": [request.to_wire() for request in requests]}, timeout_s)
-        return {name: int(pid) for name, pid in reply["pids"].items()}
+        pids = {name: int(pid) for name, pid in reply["pids"].items()}
+        return Started(pids=pids, serving=frozenset(reply.get("serving", ())))
 
     def prebuild(self, requests: Sequence[SpawnRequest], timeout_s: float = REPLY_TIMEOUT_S) -> None:
         """Fork a standby child per server (from this config) that the next start of that server hands its socket."""

@@ -4,7 +4,10 @@ The owner writes one JSON object per line to the fork server's stdin and reads o
 stdout:
 
     started                                     -> {"ready": true, "pid": P, "warm_up_ms": W}  (or "ready": false)
-    {"op": "spawn", "servers": [{"name", "config", "log_path"}, ...]}  -> {"ok": true, "pids": {name: pid}}
+    {"op": "spawn", "servers": [{"name", "config", "log_path"}, ...]}  -> {"ok": true, "pids": {name: pid},
+                                                   "serving": [name, ...]}: every pid leads its own process
+                                                   group; the servers in "serving" (promoted standbys that said
+                                                   so over their socket pair) already accept connections
     {"op": "exit_status", "pid": P}             -> {"ok": true, "exit_status": int | null}
     {"op": "prebuild", "servers": [{"name", "config", "log_path"}, ...]}  -> {"ok": true} once it has forked a
                                                    standby child per server, which builds its app and waits

@@ -300,6 +300,11 @@ def build_relay_app(config: ServerConfig) -> FastAPI:
             # An answer, not an unhandled exception: that would drop the caller's keep-alive connection mid-pool.
             detail = f"the agent did not answer: {type(error).__name__}: {error}"
             return JSONResponse(error_body("downstream_unavailable", detail), status_code=502)
-        return JSONResponse(reply.json(), status_code=reply.status_code)
+        try:
+            body = reply.json()
+        except ValueError:
+            detail = f"the agent answered HTTP {reply.status_code} without JSON: {reply.text[:500]}"
+            return JSONResponse(error_body("downstream_unavailable", detail), status_code=502)
+        return JSONResponse(body, status_code=reply.status_code)
 
     return app

@@ -22,14 +22,16 @@ import logging
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
 
+from ckpt_model import timing
 from ckpt_model.coordination import ControlClient, new_http_client
-from ckpt_model.errors import ServerStartError
+from ckpt_model.errors import CoordinationError, ServerStartError
 from ckpt_model.tasks import WEATHER_SCRIPT
 
 log = logging.getLogger(__name__)
@@ -154,7 +156,12 @@ class Harness:
     """A deployment as scoped resources for the machine: gate and client built once, Gym fresh per example.
 
     Every example gets fresh Gym processes, a reset and gated backend, the pinned script and an empty checkpoint
-    directory under the harness's own root (the controller's directory, visible to the servers)."""
+    directory under the harness's own root (the controller's directory, visible to the servers).
+
+    A restart that brings every server back on the URL it had skips discovery: the same servers on the same ports
+    are the same participants. The first status round after it (`statuses()`, which every settle starts with)
+    verifies that each still answers as the kind it was discovered as, and discovers anew if one does not; any
+    other use of `control` before that verifies first."""
 
     def __init__(self, deployment: Deployment, *, root: Path | None = None) -> None:
         self.deployment = deployment
@@ -162,9 +169,19 @@ class Harness:
         prefix = f"ckpt-model-checkpoints-{deployment.topology}-"
         self.root = Path(tempfile.mkdtemp(prefix=prefix)) if root is None else Path(root)
         self.http = new_http_client(httpx.Timeout(30.0, read=None))
+        # `/run`s get connections of their own. A `/run` the server ends with an unhandled exception leaves its
+        # connection looking idle for the milliseconds uvicorn spends logging before it closes it (no
+        # `connection: close` on Starlette's 500); a control call that picked it up then would be reset. Each
+        # client costs ~42 ms to build, so both are built once.
+        self.run_http = new_http_client(httpx.Timeout(30.0, read=None))
         # Where a failing run writes its regression file (None: `ckpt_model.regression.directory()`).
         self.regressions_dir: Path | None = None
-        self.control: ControlClient | None = None
+        self._control: ControlClient | None = None
+        # The servers the client last discovered, and whether a restart since kept them without verifying.
+        self._discovered: dict[str, str] | None = None
+        self._unverified = False
+        # Backend resets and removing the last example's directory run here, beside the next start.
+        self._chores: ThreadPoolExecutor | None = None
         self.backend: Gate | None = None
         self.example = 0
         self.checkpoint_dir = self.root / "example-0" / "checkpoints"
@@ -221,31 +238,55 @@ class Harness:
     def log_tails(self, lines: int = 15) -> str:
         return self.deployment.log_tails(lines)
 
+    @property
+    def control(self) -> ControlClient | None:
+        """The controller client; its participants are verified first if a restart kept them (see the class)."""
+        if self._unverified:
+            self._verified_statuses()
+        return self._control
+
+    def statuses(self) -> dict[str, Any]:
+        """Every participant's status, one concurrent round; after a restart that kept the participants, this
+        round verifies them too (no extra round when nothing changed)."""
+        if self._unverified:
+            return self._verified_statuses()
+        assert self._control is not None, "start_gym comes first"
+        return self._control.status_all()
+
     # -- lifecycle --------------------------------------------------------------------------------------------
 
     def begin_example(self) -> None:
-        """Fresh Gym processes, a reset and gated backend with the pinned script, an empty checkpoint directory."""
-        self.deployment.crash_gym()
-        if self.backend is not None:
-            self.backend.reset()
-            self.backend.script(WEATHER_SCRIPT)
-            self.backend.gate()
-        self.example += 1
-        shutil.rmtree(self.checkpoint_dir.parent, ignore_errors=True)
-        self.checkpoint_dir = self.root / f"example-{self.example}" / "checkpoints"
-        self.checkpoint_dir.mkdir(parents=True)
-        self.start_gym()
+        """Fresh Gym processes, a reset and gated backend with the pinned script, an empty checkpoint directory.
+
+        The backend is reset once the old Gym processes are gone (none can call it after the reset), beside the
+        new ones' start; the last example's directory is removed off this path."""
+        with timing.span("begin_example"):
+            with timing.span("restart.kill"):
+                self.deployment.crash_gym()
+            reset = self._chore(self._reset_backend) if self.backend is not None else None
+            with timing.span("directories"):
+                self.example += 1
+                self._chore(shutil.rmtree, self.checkpoint_dir.parent, ignore_errors=True)
+                self.checkpoint_dir = self.root / f"example-{self.example}" / "checkpoints"
+                self.checkpoint_dir.mkdir(parents=True)
+            try:
+                self.start_gym()
+            finally:
+                if reset is not None:
+                    with timing.span("backend_reset"):
+                        reset.result()
 
     def start_gym(self) -> None:
-        servers = self._started(self.deployment.start_gym)
-        if self.control is None:
-            self.control = ControlClient(self.deployment.token, http=self.http)
-        self.control.discover_from_servers(servers)
+        with timing.span("restart.start"):
+            servers = self._started(self.deployment.start_gym)
+        self._learn(servers)
 
     def crash(self) -> None:
         """SIGKILL every Gym process group, then start fresh processes."""
-        self.deployment.crash_gym()
-        self.start_gym()
+        with timing.span("crash"):
+            with timing.span("restart.kill"):
+                self.deployment.crash_gym()
+            self.start_gym()
 
     @property
     def can_restart_one(self) -> bool:
@@ -253,15 +294,21 @@ class Harness:
 
     def restart_server(self, name: str) -> None:
         """SIGKILL one Gym server alone and start it again; the client learns the servers anew."""
-        servers = self._started(lambda: self.deployment.restart_server(name))  # type: ignore[attr-defined]
-        assert self.control is not None, "start_gym comes first"
-        self.control.discover_from_servers(servers)
+        with timing.span("crash_participant"):
+            with timing.span("restart.one"):
+                servers = self._started(lambda: self.deployment.restart_server(name))  # type: ignore[attr-defined]
+            self._discover(servers)
 
     def close(self) -> None:
+        if self._chores is not None:
+            self._chores.shutdown(wait=True)
+            self._chores = None
         with contextlib.suppress(Exception):
             self.deployment.close()
         with contextlib.suppress(Exception):
             self.http.close()
+        with contextlib.suppress(Exception):
+            self.run_http.close()
         if self._own_root:
             shutil.rmtree(self.root, ignore_errors=True)
         atexit.unregister(self.close)
@@ -271,6 +318,51 @@ class Harness:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    # -- the participants after a start --------------------------------------------------------------------------
+
+    def _learn(self, servers: Mapping[str, str]) -> None:
+        """Discover the participants among `servers`, unless every server is back on the URL it had (verified at
+        the next status round instead)."""
+        if self._control is not None and self._control.participants and servers == self._discovered:
+            self._unverified = True
+            return
+        self._discover(servers)
+
+    def _discover(self, servers: Mapping[str, str]) -> None:
+        if self._control is None:
+            self._control = ControlClient(self.deployment.token, http=self.http)
+        # Forgotten first: after a discovery that failed, the next start discovers again.
+        self._unverified, self._discovered = False, None
+        with timing.span("restart.discover"):
+            self._control.discover_from_servers(servers)
+        self._discovered = dict(servers)
+
+    def _verified_statuses(self) -> dict[str, Any]:
+        """One status round; if any participant fails it or names another kind, discover anew and ask again."""
+        control, servers = self._control, self._discovered
+        assert control is not None, "only a restart that kept the participants gets here"
+        assert servers is not None, "only a restart that kept the participants gets here"
+        self._unverified = False
+        try:
+            statuses = control.status_all()
+        except CoordinationError:
+            statuses = None
+        if statuses is not None and all(statuses[m.name].get("kind") == m.kind for m in control.participants):
+            return statuses
+        self._discover(servers)
+        return control.status_all()
+
+    def _reset_backend(self) -> None:
+        assert self.backend is not None
+        self.backend.reset()
+        self.backend.script(WEATHER_SCRIPT)
+        self.backend.gate()
+
+    def _chore(self, work: Any, *args: Any, **kwargs: Any) -> Future[Any]:
+        if self._chores is None:
+            self._chores = ThreadPoolExecutor(max_workers=1, thread_name_prefix="harness-chores")
+        return self._chores.submit(work, *args, **kwargs)
 
     def _started(self, start: Any) -> Any:
         try:

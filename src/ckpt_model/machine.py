@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import attrs
+import httpx
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
@@ -25,11 +26,11 @@ from ckpt_model.coordination import request_body
 from ckpt_model.deployment import Harness
 from ckpt_model.errors import CoordinationError, HarnessError, ParticipantFailure, PropertyViolation, QuiescenceTimeout
 from ckpt_model.history import History
-from ckpt_model.quiescence import SETTLE_TIMEOUT_S, Observation, Quiescence, observe, poll
+from ckpt_model.quiescence import SETTLE_TIMEOUT_S, Observation, Quiescence, backend_calls, observe, poll
 from ckpt_model.report import annotate
 from ckpt_model.runs import RunPool
 from ckpt_model.stats import SearchStats
-from ckpt_model.storage import CheckpointUnreadable, fingerprint, participant_dir
+from ckpt_model.storage import CheckpointUnreadable, FingerprintCache, participant_dir
 from ckpt_model.tasks import WEATHER_SCRIPT, expected_reward, legacy_run_body, native_run_body, task_tools
 from ckpt_model.wire import EpisodeId
 
@@ -41,6 +42,9 @@ BLOCKED_PREPARE_DEADLINE_S = 0.25
 QUIET_PREPARE_DEADLINE_S = 0.5
 QUIET_LEASE_GRACE_MAX_S = 1.0
 PICK = st.integers(min_value=0, max_value=7)
+# Each refused release of stale calls means the backend cancelled at least one of them meanwhile; a crash leaves
+# at most one waiting call per live rollout.
+STALE_RELEASE_TRIES = 8
 # Operations a delayed call of an older controller can carry (resume of a resumed ID is idempotent instead).
 LATE_OPERATIONS = ("prepare", "renew", "commit", "restore", "retire", "forget")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -94,7 +98,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         harness.begin_example()
         self.model = Model(topology=harness.topology, verify_mode=harness.verify_mode)  # type: ignore[arg-type]
         self.history = History()
-        self.runs = RunPool(harness.http, lambda: harness.run_url, self._run_body, self.history)
+        self.runs = RunPool(harness.run_http, lambda: harness.run_url, self._run_body, self.history)
         reward = expected_reward(task_tools(self.model.topology), WEATHER_SCRIPT)
         self.quiescence = Quiescence(harness, self.runs, reward, settle_timeout_s)
         self.retired_attempts: dict[str, Attempt] = {}
@@ -105,6 +109,8 @@ class CheckpointMachine(RuleBasedStateMachine):
         self.refused_during: str | None = None
         self.late_calls_for: tuple[str, ...] = ()
         self.fingerprints: dict[str, dict[str, Any]] = {}
+        # P9 reads every committed directory after every step: in full only when a file changed.
+        self.fingerprint_cache = FingerprintCache(harness.checkpoint_dir.parent)
         self.steps: list[str] = []
         # The rules as called (name, keyword arguments), outermost only: what a regression file replays.
         self.rule_calls: list[tuple[str, dict[str, Any]]] = []
@@ -272,9 +278,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         self.harness.crash()
         self.runs.wait_ended(self.quiescence.timeout_s)
         with timing.span("release_stale"):
-            stale = sorted(observe(self.harness).waiting.values())
-            if stale and self.harness.backend is not None:
-                self.harness.backend.release(stale)
+            self._release_stale()
         self.retired_attempts.clear()
         # A commit retried after the crash reaches processes that never saw it (P10: refused, P9: disk unchanged).
         last = self.last_call
@@ -338,6 +342,24 @@ class CheckpointMachine(RuleBasedStateMachine):
                 pending=open_runs,
                 timeout_s=self.quiescence.timeout_s,
             )
+
+    def _release_stale(self) -> None:
+        """Release the calls the killed servers left waiting at the backend. The backend also cancels each one
+        once it notices its client gone, which can fall between listing them and releasing them: the release is
+        then refused (409 `not_waiting`, nothing released), and the ones still waiting are listed again."""
+        gate = self.harness.backend
+        if gate is None:
+            return
+        for attempt in range(STALE_RELEASE_TRIES):
+            stale = sorted(backend_calls(self.harness)[1].values())
+            if not stale:
+                return
+            try:
+                gate.release(stale)
+                return
+            except httpx.HTTPStatusError as error:
+                if error.response.status_code != httpx.codes.CONFLICT or attempt == STALE_RELEASE_TRIES - 1:
+                    raise
 
     def _crashable_alone(self) -> list[Any]:
         if not self.harness.can_restart_one or self.control is None:
@@ -640,7 +662,7 @@ class CheckpointMachine(RuleBasedStateMachine):
             self._release_waiting(keys)
 
     def _release_waiting(self, keys: list[str]) -> None:
-        waiting = observe(self.harness).waiting
+        _, waiting = backend_calls(self.harness)
         missing = [key for key in keys if key not in waiting]
         if missing:
             raise QuiescenceTimeout(
@@ -661,7 +683,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         read: dict[str, Any] = {}
         for member in self.control.participants:
             try:
-                read[member.name] = fingerprint(
+                read[member.name] = self.fingerprint_cache.fingerprint(
                     participant_dir(directory, member.kind, member.name),
                     member.kind,
                     member.name,

@@ -18,6 +18,7 @@ from typing import Any
 import attrs
 
 from ckpt_model import properties as props
+from ckpt_model import timing
 from ckpt_model.contract import VERIFY, Attempt, Expectation, Model, ScriptCall, expect
 from ckpt_model.deployment import Harness
 from ckpt_model.errors import PropertyViolation, QuiescenceTimeout
@@ -48,10 +49,24 @@ class Observation:
 
 
 def observe(harness: Harness) -> Observation:
-    """The backend's calls (message counts, or `verify` for a judge call) and every participant's status."""
+    """The backend's calls (message counts, or `verify` for a judge call), then every participant's status.
+
+    In that order: whatever a participant did before a model call it made shows in statuses read after the call
+    was seen (the settle's verdicts rely on it)."""
+    with timing.span("observe"):
+        calls, waiting = _backend_calls(harness)
+        return Observation(calls=calls, waiting=waiting, statuses=_statuses(harness))
+
+
+def backend_calls(harness: Harness) -> tuple[dict[str, tuple[ScriptCall, ...]], dict[str, int]]:
+    """Only the backend's calls per capture key, and the index each waiting key's call waits under."""
+    with timing.span("observe_calls"):
+        return _backend_calls(harness)
+
+
+def _backend_calls(harness: Harness) -> tuple[dict[str, tuple[ScriptCall, ...]], dict[str, int]]:
     calls: dict[str, tuple[ScriptCall, ...]] = {}
     waiting: dict[str, int] = {}
-    assert harness.control is not None
     for call in harness.backend.calls() if harness.backend is not None else ():
         key = call.get("capture_key")
         if key is None:
@@ -60,7 +75,12 @@ def observe(harness: Harness) -> Observation:
         calls[key] = (*calls.get(key, ()), made)
         if call.get("waiting"):
             waiting[key] = call["index"]
-    return Observation(calls=calls, waiting=waiting, statuses=harness.control.status_all())
+    return calls, waiting
+
+
+def _statuses(harness: Harness) -> dict[str, dict[str, Any]]:
+    timing.count("status_rounds")
+    return harness.statuses()
 
 
 def poll(condition: Callable[[], bool], timeout_s: float) -> bool:
@@ -87,26 +107,43 @@ class Quiescence:
     def settle(
         self, model: Model, violation: type[PropertyViolation] | None = None, counts_final: bool = False
     ) -> Observation:
+        with timing.span("settle"):
+            return self._settle(model, violation, counts_final)
+
+    def _settle(self, model: Model, violation: type[PropertyViolation] | None, counts_final: bool) -> Observation:
+        """Poll until the prediction holds. The first poll reads everything, so a wrong phase (which nothing in a
+        settle changes, and no wait fixes) fails at once. While a call or a reply is still to come, later polls
+        read only the backend's calls: statuses are judged only once those are in, and then read after them."""
         expected = expect(model)
         deadline = time.monotonic() + self.timeout_s
         interval = POLL_INTERVAL_MIN_S
+        observation, statuses_fresh = observe(self.harness), True
         while True:
-            observation = observe(self.harness)
+            timing.count("settle.polls")
             pending = self._pending(model, expected, observation)
-            mismatches = _status_mismatches(expected, observation)
-            if not pending and not mismatches:
-                return observation
-            if not pending and (counts_final or time.monotonic() > deadline):
-                fresh = observe(self.harness)
-                fresh_mismatches = _status_mismatches(expected, fresh)
-                if not self._pending(model, expected, fresh):
-                    if fresh_mismatches:
-                        self._status_violation(model, expected, fresh, violation)
-                    return fresh
+            if not pending and not statuses_fresh:
+                observation, statuses_fresh = attrs.evolve(observation, statuses=_statuses(self.harness)), True
+                pending = self._pending(model, expected, observation)
+            if not pending:
+                if not _status_mismatches(expected, observation):
+                    return observation
+                if counts_final or time.monotonic() > deadline:
+                    fresh = observe(self.harness)
+                    fresh_mismatches = _status_mismatches(expected, fresh)
+                    if not self._pending(model, expected, fresh):
+                        if fresh_mismatches:
+                            self._status_violation(model, expected, fresh, violation)
+                        return fresh
             if time.monotonic() > deadline:
                 self._timed_out(model, expected, violation)
-            time.sleep(interval)
+            with timing.span("sleep"):
+                time.sleep(interval)
             interval = min(interval * 2, POLL_INTERVAL_MAX_S)
+            if pending:
+                calls, waiting = backend_calls(self.harness)
+                observation, statuses_fresh = attrs.evolve(observation, calls=calls, waiting=waiting), False
+            else:
+                observation, statuses_fresh = observe(self.harness), True
 
     def wait_preparing(self, owner: str, checkpoint_id: str, blockers: list[str], future: Future[Any]) -> None:
         """Until the episode owner reports the prepare waiting on exactly `blockers` (P11: `wait` blocks)."""
@@ -119,7 +156,9 @@ class Quiescence:
             seen[:] = [status["phase"], status.get("checkpoint_id"), sorted(status["report"].get("blockers", ()))]
             return seen == ["preparing", checkpoint_id, blockers] or future.done()
 
-        if not poll(preparing, self.timeout_s) or seen != ["preparing", checkpoint_id, blockers]:
+        with timing.span("wait_preparing"):
+            found = poll(preparing, self.timeout_s)
+        if not found or seen != ["preparing", checkpoint_id, blockers]:
             raise props.P11Violation(
                 rollout=blockers[0],
                 expected=f"{owner} preparing {checkpoint_id}, waiting for the verifications of {blockers}",
@@ -138,7 +177,10 @@ class Quiescence:
             phases.update({name: (s["phase"], s.get("checkpoint_id")) for name, s in statuses.items()})
             return all(phase == ("idle", None) for phase in phases.values())
 
-        if not poll(idle, max(lapses_at_ts - time.time(), 0.0) + self.timeout_s):
+        # Most of this wait is the lease itself (deadline + grace): fixed by the rule, not a cost to cut.
+        with timing.span("wait_lease_lapsed"):
+            lapsed = poll(idle, max(lapses_at_ts - time.time(), 0.0) + self.timeout_s)
+        if not lapsed:
             raise props.P10Violation(
                 rollout=None,
                 expected=f"every participant idle again once the lease of {checkpoint_id} lapsed",

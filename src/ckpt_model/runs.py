@@ -15,6 +15,7 @@ from typing import Any
 import attrs
 import httpx
 
+from ckpt_model import timing
 from ckpt_model.contract import Attempt
 from ckpt_model.errors import QuiescenceTimeout
 from ckpt_model.history import History
@@ -57,6 +58,10 @@ class RunPool:
 
     def post(self, attempt: Attempt) -> RunOutcome:
         """One `/run`, in the caller's thread."""
+        with timing.span("run"):
+            return self._post(attempt)
+
+    def _post(self, attempt: Attempt) -> RunOutcome:
         invocation = self._history.invoke(attempt.key, "run", {"attempt": attempt.attempt})
         try:
             response = self._http.post(self._run_url(), json=self._body(attempt))
@@ -76,8 +81,9 @@ class RunPool:
         def record(done: Future[RunOutcome]) -> None:
             self.outcomes[run] = done.result()
 
-        future: Future[RunOutcome] = self._pool.submit(self.post, attempt)
-        future.add_done_callback(record)
+        with timing.span("runs.send"):
+            future: Future[RunOutcome] = self._pool.submit(self.post, attempt)
+            future.add_done_callback(record)
         self._futures[run] = future
 
     def submit(self, call: Callable[..., Any], *args: Any) -> Future[Any]:
@@ -86,6 +92,10 @@ class RunPool:
 
     def wait_ended(self, timeout_s: float) -> None:
         """After a crash every `/run` in flight ends with a transport error; wait for each (bounded)."""
+        with timing.span("runs.wait_ended"):
+            self._wait_ended(timeout_s)
+
+    def _wait_ended(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         for run, future in list(self._futures.items()):
             try:
@@ -100,7 +110,8 @@ class RunPool:
         self._futures.clear()
 
     def shutdown(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        with timing.span("runs.shutdown"):
+            self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _json(response: httpx.Response) -> Any:

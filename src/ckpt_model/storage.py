@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -69,6 +70,93 @@ def fingerprint(directory: Path, kind: str, instance: str, *, checkpoint_id: str
         record_count=checked.manifest["record_count"],
         episode_ids=tuple(sorted(_capture_key(record) for record in checked.records)),
     )
+
+
+# The file (device, inode), its size, and its modification and change times: a write, truncation, rename or
+# replacement changes at least one of them, provided the file changed after the filesystem's clock last ticked
+# past its change time (`FingerprintCache`).
+FileKey = tuple[int, int, int, int, int]
+CLOCK_PROBE_NAME = ".fingerprint-clock"
+
+
+class FingerprintCache:
+    """`fingerprint` that reads a participant directory again only when one of its two files changed.
+
+    P9 reads every committed directory after every step; reading and hashing them all is O(checkpoints) per step.
+    This keeps, per directory, each file's `FileKey` and the fingerprint they gave, and hands the fingerprint back
+    while both keys stand. A file changed in the same tick of the filesystem's clock as the keys were taken can
+    keep every key (timestamps are coarse, ~4 ms; a same-size rewrite keeps size and inode), so a key counts only
+    when the file's change time is older than the clock's reading: `clock_ns()` touches a probe file in
+    `clock_dir` and returns its change time, the filesystem's own clock on its own scale. Any change made after
+    that reading gets a later change time, which no key holds. Until its file is that old, a directory is read
+    in full every time. Unreadable directories are never kept."""
+
+    def __init__(self, clock_dir: Path) -> None:
+        self.clock_dir = Path(clock_dir)
+        self._kept: dict[tuple[Path, str, str, str | None], tuple[FileKey, FileKey, Fingerprint]] = {}
+        self.reads = 0  # directories read in full (tests read it)
+
+    def fingerprint(
+        self, directory: Path, kind: str, instance: str, *, checkpoint_id: str | None = None
+    ) -> Fingerprint:
+        """As `fingerprint(...)`, from the kept result while neither file changed."""
+        entry = (Path(directory), kind, instance, checkpoint_id)
+        kept = self._kept.get(entry)
+        if kept is not None:
+            kept_manifest, kept_records, kept_found = kept
+            if (
+                _file_key(entry[0] / MANIFEST_NAME) == kept_manifest
+                and _file_key(entry[0] / kept_found.records_file) == kept_records
+            ):
+                return kept_found
+            del self._kept[entry]
+        # Clock first, then every file's key, then the read: a change after the keys were taken makes the next
+        # call read again (the kept key is out of date by then); one before them is in what was read.
+        clock_ns = self.clock_ns()
+        keys = _file_keys(entry[0])
+        self.reads += 1
+        found = fingerprint(directory, kind, instance, checkpoint_id=checkpoint_id)
+        manifest_key, records_key = keys.get(MANIFEST_NAME), keys.get(found.records_file)
+        if manifest_key is not None and records_key is not None and max(manifest_key[4], records_key[4]) < clock_ns:
+            self._kept[entry] = (manifest_key, records_key, found)
+        return found
+
+    def clock_ns(self) -> int:
+        """The filesystem's clock now: the change time of a probe file touched just now.
+
+        Touched (`utime`, a change of metadata only), not rewritten: on ext4 a truncating rewrite forces the data
+        out on close, which costs milliseconds."""
+        probe = self.clock_dir / CLOCK_PROBE_NAME
+        try:
+            try:
+                os.utime(probe)
+            except FileNotFoundError:
+                probe.touch()
+            return probe.stat().st_ctime_ns
+        except OSError:
+            return -1  # no clock: keep nothing, read every time
+
+
+def _file_keys(directory: Path) -> dict[str, FileKey]:
+    """The key of every file in `directory` (none if it cannot be listed)."""
+    keys = {}
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return {}
+    for name in names:
+        key = _file_key(directory / name)
+        if key is not None:
+            keys[name] = key
+    return keys
+
+
+def _file_key(path: Path) -> FileKey | None:
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
 
 
 def read_records(directory: Path, kind: str, instance: str, *, checkpoint_id: str | None = None) -> list[Any]:
