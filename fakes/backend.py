@@ -44,6 +44,7 @@ TOKENS_MAX = 64
 USAGE = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
 # nginx's "client closed request": nobody reads it, but the record of the call says what happened.
 CLIENT_GONE_STATUS = 499
+JSON = "application/json"
 
 
 def tokens_from_text(text: str) -> list[int]:
@@ -333,8 +334,10 @@ def build_app() -> FastAPI:
         return {"tool_calls": [tool_call.model_dump() for tool_call in backend.script]}
 
     @app.get("/_ctl/calls")
-    async def calls() -> list[dict[str, Any]]:
-        return [call.wire() for call in backend.calls]
+    async def calls(since: int = 0) -> Response:
+        # `since` (ours): only calls from that index on, so a poller of thousands of calls reads only new ones.
+        # Encoded here rather than by FastAPI's jsonable_encoder, which costs ~10x more on 30,000 calls.
+        return Response(json.dumps([call.wire() for call in backend.calls[max(since, 0) :]]), media_type=JSON)
 
     @app.get("/_ctl/cuts")
     async def cuts() -> list[list[str]]:

@@ -44,6 +44,7 @@ from fakes.gym.participant import Participant, PrepareReport
 from fakes.gym.store import (
     StopFlag,
     WriteStoppedError,
+    collector_paused,
     participant_dir,
     read_participant_state,
     write_participant_state,
@@ -618,6 +619,10 @@ class ControlPlane:
             )
 
     async def _run_commit(self, work: _Work, request: CommitRequest) -> Reply:
+        with collector_paused():  # thousands of records: see collector_paused
+            return await self._commit_steps(work, request)
+
+    async def _commit_steps(self, work: _Work, request: CommitRequest) -> Reply:
         records = await self._export_once(work, request.episode_ids)
         keys = sorted({_record_key(record) for record in records})
         work.stage = "write"
@@ -673,7 +678,8 @@ class ControlPlane:
 
     async def _run_restore(self, work: _Work, request: RestoreRequest) -> Reply:
         try:
-            return await self._restore_steps(work, request)
+            with collector_paused():  # thousands of records: see collector_paused
+                return await self._restore_steps(work, request)
         except BaseException:
             async with self._lock:
                 if self._work is work:

@@ -12,6 +12,7 @@ Everything here is blocking file I/O: the control plane calls it through `asynci
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import json
 import os
@@ -301,15 +302,15 @@ def _manifest_problems(manifest: dict[str, Any], kind: str, instance: str) -> It
 
 def _read_records(directory: Path, manifest: dict[str, Any], select: Select | None) -> list[Any]:
     path = directory / manifest["records_file"]
-    digest = hashlib.sha256()
-    count = 0
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()  # the newline that ends the last record
     kept: list[Any] = []
     deferred: CheckpointStateError | None = None
-    with path.open("rb") as file:
-        for line in file:
-            digest.update(line)
-            count += 1
-            record = _parse_line(line, path, count)
+    with collector_paused():
+        for number, line in enumerate(lines, start=1):
+            record = _parse_line(line, path, number)
             try:
                 chosen = record if select is None else select(record)
             except CheckpointStateError as exc:
@@ -317,10 +318,27 @@ def _read_records(directory: Path, manifest: dict[str, Any], select: Select | No
                 continue
             if chosen is not None:
                 kept.append(chosen)
-    _check_totals(path, manifest, digest.hexdigest(), count)
+    _check_totals(path, manifest, hashlib.sha256(data).hexdigest(), len(lines))
     if deferred is not None:
         raise deferred
     return kept
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Pause Python's cycle collector while a checkpoint's records are built, written, read or installed.
+
+    Thousands of records allocate hundreds of thousands of dicts and lists, and every 700 allocations start a
+    collection; in a server holding thousands of requests in flight those collections walk millions of objects.
+    Reading 9,800 agent records next to as many live ones cost 550 ms of CPU with the collector on, 200 ms with it
+    off. Records are JSON and hold no cycles; cycles others make meanwhile are collected once it is back on."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _parse_line(line: bytes, path: Path, line_number: int) -> Any:

@@ -120,7 +120,9 @@ def build_parser() -> Parser:
         description="A property-based stateful model checker for partial-rollout checkpointing (NeMo Gym's protocol).",
         epilog="exit codes: 0 passed, 1 property violation, 2 could not judge, 3 usage, 130 interrupted",
     )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{check,replay,minimise,stack,faults,fuzz}")
+    commands = parser.add_subparsers(
+        dest="command", required=True, metavar="{check,replay,minimise,stack,faults,fuzz,scale}"
+    )
 
     check = commands.add_parser("check", help="run the state machine against the embedded look-alike stack")
     check.add_argument(
@@ -162,6 +164,13 @@ def build_parser() -> Parser:
         "stack", help="run the look-alike stack by hand until SIGTERM or Ctrl-C (`ckpt-model stack --help`)"
     )
     commands.add_parser("faults", help="list the planted faults of the embedded stack")
+    scale = commands.add_parser(
+        "scale", help="Gym's scenario 13: thousands of rollouts checkpointed, crashed and restored (docs/scale.md)"
+    )
+    scale.add_argument("--rollouts", type=positive_int, default=2000, help="rollouts to dispatch (default 2000)")
+    scale.add_argument(
+        "--finished-share", type=float, default=0.125, help="share that finishes before the checkpoint (0.125)"
+    )
     commands.add_parser(
         "fuzz",
         help="HypoFuzz workers sharing an example database, replay from it, a throwaway Redis"
@@ -532,6 +541,26 @@ def run_stack(argv: list[str]) -> int:
         return Exit.USAGE if code == 2 else code
 
 
+def run_scale(args: argparse.Namespace) -> int:
+    """Scale mode: the stage table, then the verdict (exit 0, 1 on a violated property, 2 if not judged)."""
+    from ckpt_model.errors import CoordinationError, HarnessError, PropertyViolation
+    from ckpt_model.scale import run_scale as scale_run
+
+    if not 0.0 <= args.finished_share < 1.0:
+        raise UsageError(f"'--finished-share' must be in [0, 1) (got {args.finished_share})")
+    try:
+        result = scale_run(args.rollouts, finished_share=args.finished_share, progress=print)
+    except PropertyViolation as violation:
+        print(f"{type(violation).__name__}: {violation}\nFAILED: property violation ({violation.property_id})")
+        return Exit.VIOLATION
+    except (HarnessError, CoordinationError) as error:
+        print(f"{type(error).__name__}: {error}\nCOULD NOT JUDGE: harness")
+        return Exit.UNJUDGED
+    print(result.table())
+    print("PASSED: every verdict holds")
+    return Exit.PASSED
+
+
 def run_faults() -> int:
     from ckpt_model.deployment import fault_catalogue
 
@@ -585,6 +614,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_replay(args)
         if args.command == "minimise":
             return run_minimise(args)
+        if args.command == "scale":
+            return run_scale(args)
         return run_faults()
     except UsageError as error:
         print(f"ckpt-model {args.command}: error: {error}", file=sys.stderr)

@@ -286,3 +286,21 @@ def test_fuzz_hands_its_arguments_to_the_fuzz_commands(tmp_path: Path) -> None:
     assert "usage: ckpt-model fuzz" in result.stdout
     for command in ("worker", "replay", "redis"):
         assert command in result.stdout
+
+
+def test_scale_prints_its_stage_table_and_passes_on_the_fault_free_stack(tmp_path: Path) -> None:
+    result = ckpt_model(tmp_path, "scale", "--rollouts", "24")
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    for stage in ("prepare", "commit", "restore"):
+        assert stage in result.stdout
+    assert "finished and exported (P1): ok" in result.stdout
+    assert result.stdout.rstrip().endswith("PASSED: every verdict holds")
+    assert left_behind(tmp_path) == []
+
+
+def test_scale_refuses_a_share_outside_0_to_1(tmp_path: Path) -> None:
+    result = ckpt_model(tmp_path, "scale", "--finished-share", "1.5")
+
+    assert result.returncode == 3
+    assert "'--finished-share' must be in [0, 1)" in result.stderr

@@ -1,0 +1,129 @@
+"""Scale mode (Gym's scenario 13): the pure checks on hand-built values, a small run in every test session, and
+the opt-in run at the size `CKPT_MODEL_SCALE` names."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from ckpt_model.properties import P1Violation, P2Violation, P3Violation, P4Violation
+from ckpt_model.scale import (
+    SCALE_ENV,
+    RunOutcome,
+    ScalePlan,
+    check_continuations,
+    check_cover,
+    check_replies,
+    check_silent,
+    cpu_spent_s,
+    expected_calls,
+    in_flight_max,
+    run_scale,
+)
+
+SMALL_ROLLOUTS = 50
+STAGES = ("dispatch", "prepare", "commit", "crash", "restore", "resume", "replacement")
+
+
+def ok(reward: float = 1.0) -> RunOutcome:
+    return RunOutcome(status_code=200, body={"result": {"reward": reward}})
+
+
+# --- pure ----------------------------------------------------------------------------------------------------
+
+
+def test_the_plan_puts_every_rollout_in_one_place_and_caps_what_is_in_flight() -> None:
+    plan = ScalePlan.split(10, in_flight_max=100)
+    assert plan.finished == ("scale-0", "scale-1")
+    assert plan.at_second == ("scale-2", "scale-3", "scale-4", "scale-5")
+    assert plan.at_first == ("scale-6", "scale-7", "scale-8", "scale-9")
+    capped = ScalePlan.split(16_000, in_flight_max=9_000)
+    assert (len(capped.finished), len(capped.in_flight)) == (7_000, 9_000)
+    assert len(set(capped.rollouts)) == 16_000
+    assert in_flight_max(20_000) == (20_000 - 1024) // 2
+    with pytest.raises(ValueError, match="'rollouts' must be at least 3"):
+        ScalePlan.split(2, in_flight_max=100)
+
+
+def test_a_replacement_makes_the_calls_not_yet_delivered() -> None:
+    plan = ScalePlan(finished=("f",), at_first=("a",), at_second=("b",))
+    assert expected_calls(plan) == {"f": (2, 4), "a": (2,), "a-a1": (2, 4), "b": (2, 4), "b-a1": (4,)}
+
+
+def test_finished_and_exported_must_be_disjoint_and_cover_every_rollout() -> None:
+    assert check_cover(["a", "b", "c"], ["a"], ["b", "c"]).startswith("ok: 1 finished + 2 exported = 3")
+    with pytest.raises(P1Violation, match=r"1 replied and were exported: \['b'\]"):
+        check_cover(["a", "b", "c"], ["a", "b"], ["b", "c"])
+    with pytest.raises(P1Violation, match=r"1 neither replied nor were exported: \['c'\]") as lost:
+        check_cover(["a", "b", "c"], ["a"], ["b"])
+    assert lost.value.rollout == "c"
+    with pytest.raises(P1Violation, match="never dispatched"):
+        check_cover(["a"], ["a"], ["z"])
+
+
+def test_many_lost_rollouts_are_counted_and_only_the_first_ten_named() -> None:
+    rollouts = [f"r{index:02d}" for index in range(30)]
+    with pytest.raises(P1Violation, match=r"30 neither replied nor were exported: \[.*'r09'\] and 20 more"):
+        check_cover(rollouts, [], [])
+
+
+def test_a_run_in_flight_that_ends_during_the_checkpoint_is_p2() -> None:
+    assert check_silent(None, 8).startswith("ok: none of the 8")
+    with pytest.raises(P2Violation, match="1 /runs that should wait"):
+        check_silent("1 /runs that should wait at the backend ended, r3: ...", 8)
+
+
+def test_every_run_must_reply_200_with_the_uninterrupted_reward() -> None:
+    assert check_replies({"a": ok(), "b": ok()}, 1.0, "replacement").startswith("ok: 2 replacement")
+    with pytest.raises(P3Violation, match="1 never replied"):
+        check_replies({"a": ok(), "b": None}, 1.0, "replacement")
+    with pytest.raises(P3Violation, match=r"1 did not \(\['b'\]\); b: HTTP 500"):
+        check_replies({"a": ok(), "b": RunOutcome(500, {"error": "boom"})}, 1.0, "replacement")
+    with pytest.raises(P3Violation, match="HTTP 200"):
+        check_replies({"a": ok(reward=0.0)}, 1.0, "replacement")
+    with pytest.raises(P3Violation, match="HTTP None"):
+        check_replies({"a": RunOutcome(None, None, error="ReadError")}, 1.0, "replacement")
+
+
+def test_a_continuation_that_redoes_a_delivered_call_or_misses_one_is_p4() -> None:
+    expected = {"b": (2, 4), "b-a1": (4,)}
+    assert check_continuations(expected, {"b": (2, 4), "b-a1": (4,), "other": (2,)}).startswith("ok: 2 capture")
+    with pytest.raises(P4Violation, match=r"backend calls \[2, 4\]"):
+        check_continuations(expected, {"b": (2, 4), "b-a1": (2, 4)})
+    with pytest.raises(P4Violation, match="1 keys are missing calls"):
+        check_continuations(expected, {"b": (2, 4)})
+
+
+def test_stage_cpu_counts_what_survivors_and_newcomers_spent() -> None:
+    # pid 2 was killed during the stage (its time is lost), pid 3 started in it (all its time counts).
+    assert cpu_spent_s({1: 1.0, 2: 5.0}, {1: 1.5, 3: 0.25}) == 0.75
+    assert cpu_spent_s(None, {1: 1.0}) is None
+
+
+# --- processes -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.processes
+def test_a_small_scale_run_checkpoints_crashes_restores_and_continues_every_rollout() -> None:
+    result = run_scale(SMALL_ROLLOUTS)
+    assert tuple(result.stage_s) == STAGES
+    assert (result.rollouts, result.finished + result.exported) == (SMALL_ROLLOUTS, SMALL_ROLLOUTS)
+    assert result.exported == result.at_first + result.at_second
+    assert result.records["environment"] == result.records["agent"] == result.exported
+    assert all(verdict.startswith("ok: ") for verdict in result.verdicts.values()), result.verdicts
+    assert "restore" in result.table()
+
+
+@pytest.mark.processes
+@pytest.mark.skipif(
+    not os.environ.get(SCALE_ENV),
+    reason=f"scale mode is opt-in: {SCALE_ENV}=16000 pytest -s tests/scale (or python benchmarks/scale.py "
+    "--rollouts 16000) runs Gym's scenario 13 with that many rollouts; minutes on 2 cores",
+)
+def test_thousands_of_rollouts_checkpoint_crash_restore_and_continue() -> None:
+    rollouts = int(os.environ[SCALE_ENV])
+    result = run_scale(rollouts, progress=print)
+    print(result.table())
+    assert result.rollouts == rollouts
+    assert all(verdict.startswith("ok: ") for verdict in result.verdicts.values()), result.verdicts
