@@ -378,8 +378,8 @@ def run_replay(args: argparse.Namespace) -> int:
     from hypothesis import Phase, settings
     from hypothesis.stateful import run_state_machine_as_test
 
-    from ckpt_model.cli import Exit, report_failure
     from ckpt_model.machine import machine_for
+    from ckpt_model.verdicts import Exit, report_failure
 
     environ = dict(os.environ)
     if args.redis:
