@@ -54,7 +54,10 @@ INNER_TEST = textwrap.dedent(
             "root": str(harness.root),
             "deployment_root": str(harness.deployment.root),
         }
-        Path(os.environ["STARTED_FILE"]).write_text(json.dumps(started))
+        # Written beside and renamed: the outer test reads it as soon as the name exists.
+        partial = Path(os.environ["STARTED_FILE"] + ".partial")
+        partial.write_text(json.dumps(started))
+        partial.rename(os.environ["STARTED_FILE"])
         threading.Event().wait()  # until Ctrl-C
     """
 )
