@@ -26,7 +26,7 @@ from ckpt_model.coordination import request_body
 from ckpt_model.deployment import Harness
 from ckpt_model.errors import CoordinationError, HarnessError, ParticipantFailure, PropertyViolation, QuiescenceTimeout
 from ckpt_model.history import History
-from ckpt_model.quiescence import SETTLE_TIMEOUT_S, Observation, Quiescence, backend_calls, observe, poll
+from ckpt_model.quiescence import SETTLE_TIMEOUT_S, Observation, Quiescence, backend_calls, observe
 from ckpt_model.report import annotate
 from ckpt_model.runs import RunPool
 from ckpt_model.stats import SearchStats
@@ -320,28 +320,14 @@ class CheckpointMachine(RuleBasedStateMachine):
         if running:
             # First what fails by itself, so the retire always meets the same state (an agent session whose
             # activation failed, not one still running).
-            self._wait_runs_ended(model_before.ends_alone(member.kind), f"{member.name} crashed")
-            self.retire_seq += 1
-            retire_id = f"retire{self.retire_seq}"
-            episodes = [EpisodeId(rollout_id=a.rollout, attempt=a.attempt) for a in running]
-            self._control("retire", retire_id, lambda d: self.control.retire(retire_id, episodes, d))
+            ending = [a.run for a in model_before.ends_alone(member.kind)]
+            self.runs.wait_ended(self.quiescence.timeout_s, ending, f"{member.name} crashed alone")
+            self._retire_call([EpisodeId(rollout_id=a.rollout, attempt=a.attempt) for a in running])
             # Their calls at the backend are cancelled as their callers go away (the settle waits for it).
             self.runs.wait_ended(self.quiescence.timeout_s)
             self.retired_attempts.update({a.rollout: a for a in running})
             label += f"; retire({sorted(a.key for a in running)})"
         self._advance(model, label, violation=props.P7Violation, counts_final=bool(running))
-
-    def _wait_runs_ended(self, attempts: list[Attempt], why: str) -> None:
-        """Wait until each attempt's `/run` has ended (any outcome)."""
-        runs = {a.run: a.key for a in attempts}
-        if not poll(lambda: all(run in self.runs.outcomes for run in runs), self.quiescence.timeout_s):
-            open_runs = [key for run, key in runs.items() if run not in self.runs.outcomes]
-            raise QuiescenceTimeout(
-                prediction=f"the /run of {sorted(runs.values())} ends once {why}",
-                observed=f"{open_runs} still open",
-                pending=open_runs,
-                timeout_s=self.quiescence.timeout_s,
-            )
 
     def _release_stale(self) -> None:
         """Release the calls the killed servers left waiting at the backend. The backend also cancels each one
@@ -434,12 +420,16 @@ class CheckpointMachine(RuleBasedStateMachine):
         """Retire a rollout's attempt everywhere; then start it over as attempt + 1, or give it up."""
         self._retire(_pick(sorted(a.rollout for a in self.model.live()), pick), again)
 
-    def _retire(self, rollout: str, again: bool) -> None:
-        attempt = self.model.current()[rollout]
+    def _retire_call(self, episodes: list[EpisodeId]) -> tuple[str, Any]:
+        """One retire of `episodes` under a fresh ID; returns the ID and every participant's reply."""
         self.retire_seq += 1
         retire_id = f"retire{self.retire_seq}"
+        return retire_id, self._control("retire", retire_id, lambda d: self.control.retire(retire_id, episodes, d))
+
+    def _retire(self, rollout: str, again: bool) -> None:
+        attempt = self.model.current()[rollout]
         episode = EpisodeId(rollout_id=rollout, attempt=attempt.attempt)
-        replies = self._control("retire", retire_id, lambda d: self.control.retire(retire_id, [episode], d))
+        retire_id, replies = self._retire_call([episode])
         self.last_call = SentCall("retire", retire_id, {"episode_ids": (episode,)}, replies)
         if attempt.status == "running":
             self.runs.refused_stale[attempt.run] = attempt.key

@@ -8,7 +8,7 @@ refused with `admission_closed`).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -90,24 +90,29 @@ class RunPool:
         """Run another blocking call in the background (a prepare left waiting)."""
         return self._pool.submit(call, *args)
 
-    def wait_ended(self, timeout_s: float) -> None:
-        """After a crash every `/run` in flight ends with a transport error; wait for each (bounded)."""
+    def wait_ended(
+        self, timeout_s: float, runs: Collection[int] | None = None, why: str = "its server is killed"
+    ) -> None:
+        """Wait (bounded) until every `/run` in flight, or those numbered `runs`, has ended: after a crash each
+        ends with a transport error; after one server crashed alone, those that needed it fail."""
         with timing.span("runs.wait_ended"):
-            self._wait_ended(timeout_s)
+            self._wait_ended(timeout_s, runs, why)
 
-    def _wait_ended(self, timeout_s: float) -> None:
+    def _wait_ended(self, timeout_s: float, runs: Collection[int] | None, why: str) -> None:
         deadline = time.monotonic() + timeout_s
-        for run, future in list(self._futures.items()):
+        waited = [(run, future) for run, future in self._futures.items() if runs is None or run in runs]
+        for run, future in waited:
             try:
                 future.result(timeout=max(deadline - time.monotonic(), 0.0))
             except TimeoutError:
                 raise QuiescenceTimeout(
-                    prediction="every /run in flight ends when its server is killed",
+                    prediction=f"every /run in flight ends when {why}",
                     observed=f"/run #{run} is still open",
                     pending=[f"/run #{run}"],
                     timeout_s=timeout_s,
                 ) from None
-        self._futures.clear()
+        for run, _ in waited:
+            del self._futures[run]
 
     def shutdown(self) -> None:
         with timing.span("runs.shutdown"):
