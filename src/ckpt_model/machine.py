@@ -487,18 +487,20 @@ class CheckpointMachine(RuleBasedStateMachine):
         self._advance(model, f"run_while_open() -> {attempt.rollout} refused", violation=props.P10Violation)
 
     @precondition(lambda self: bool(self.model.resumed) and self.late_calls_for != self.model.resumed)
-    @rule(operation=st.sampled_from(LATE_OPERATIONS), pick=PICK)
+    @rule(pick=PICK)
     @step
-    def late_call(self, operation: str, pick: int) -> None:
-        """A delayed call of an older controller names a checkpoint ID the participants resumed: every one of
-        them that remembers it (all but one restarted alone since), asked on its own, refuses it with
-        stale_checkpoint, whatever the operation (P10)."""
+    def late_call(self, pick: int) -> None:
+        """Delayed calls of an older controller name a checkpoint ID the participants resumed: every one of them
+        that remembers it (all but one restarted alone since), asked on its own, refuses each operation (prepare,
+        renew, commit, restore, retire, forget) with stale_checkpoint (P10). Every operation is probed, not one
+        drawn: a fence missing from one operation is then found as soon as any late call runs."""
         checkpoint_id = self.model.resumed[pick % len(self.model.resumed)]
         self.late_calls_for = self.model.resumed
         remembering = [m.name for m in self.control.participants if self.model.remembers(m.kind, checkpoint_id)]
         if remembering:
-            self._probe(operation, checkpoint_id, "stale_checkpoint", names=remembering)
-        self._advance(self.model, f"late_call({operation}, {checkpoint_id}) refused by {remembering}")
+            for operation in LATE_OPERATIONS:
+                self._probe(operation, checkpoint_id, "stale_checkpoint", names=remembering)
+        self._advance(self.model, f"late_call({checkpoint_id}) refused by {remembering}")
 
     @precondition(lambda self: self.last_call is not None and not self.last_call.retried)
     @rule()

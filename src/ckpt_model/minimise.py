@@ -6,8 +6,8 @@ stops it with 11 or 12 steps where 2 to 4 suffice. This module shrinks the rule 
 
 1. ddmin (Zeller and Hildebrandt, "Simplifying and isolating failure-inducing input", 2002) removes large chunks
    first, then smaller ones, keeping the order of the steps;
-2. arguments are simplified where the failure stays (`pick` toward 0, booleans toward False, a choice toward the
-   first of its choices), so the report reads simply;
+2. arguments are simplified where the failure stays (`pick` toward 0, booleans toward False), so the report
+   reads simply;
 3. each composite step (`checkpoint`, `recover`) is tried replaced by its primitive steps, and those primitives
    are minimised (the composite stays when all of its primitives are needed: it reads shorter);
 4. a final pass removes contiguous runs of three, two, then single steps until none can go: the result is
@@ -178,20 +178,19 @@ def remove_chunks(steps: Steps, fails: Predicate, largest: int = CHUNK_STEPS_MAX
     return steps, removed
 
 
-def simpler_values(name: str, value: Any, choices: Mapping[str, Sequence[Any]]) -> list[Any]:
-    """Values simpler than `value`, simplest first: False for True, smaller integers from 0, earlier choices."""
+def simpler_values(value: Any) -> list[Any]:
+    """Values simpler than `value`, simplest first: False for True, smaller integers from 0."""
     if isinstance(value, bool):
         return [False] if value else []
     if isinstance(value, int):
         return list(range(value)) if value > 0 else []
-    options = list(choices.get(name, ()))
-    return options[: options.index(value)] if value in options else []
+    return []
 
 
-def simplify_arguments(steps: Steps, fails: Predicate, choices: Mapping[str, Sequence[Any]]) -> Steps:
+def simplify_arguments(steps: Steps, fails: Predicate) -> Steps:
     """Each argument of each step replaced by the simplest value that keeps the failure: first every argument at
     once (a kept failure costs one failing run, however many arguments changed), then one argument at a time."""
-    simplest = tuple((name, _simplest(arguments, choices)) for name, arguments in steps)
+    simplest = tuple((name, _simplest(arguments)) for name, arguments in steps)
     if key_of(simplest) == key_of(steps):
         return steps
     if fails(simplest):
@@ -199,7 +198,7 @@ def simplify_arguments(steps: Steps, fails: Predicate, choices: Mapping[str, Seq
     for index in range(len(steps)):
         name, arguments = steps[index]
         for argument in list(arguments):
-            for simpler in simpler_values(argument, arguments[argument], choices):
+            for simpler in simpler_values(arguments[argument]):
                 candidate_arguments = {**arguments, argument: simpler}
                 candidate = (*steps[:index], (name, candidate_arguments), *steps[index + 1 :])
                 if fails(candidate):
@@ -208,10 +207,10 @@ def simplify_arguments(steps: Steps, fails: Predicate, choices: Mapping[str, Seq
     return steps
 
 
-def _simplest(arguments: Mapping[str, Any], choices: Mapping[str, Sequence[Any]]) -> dict[str, Any]:
+def _simplest(arguments: Mapping[str, Any]) -> dict[str, Any]:
     simplest = {}
     for argument, value in arguments.items():
-        simpler = simpler_values(argument, value, choices)
+        simpler = simpler_values(value)
         simplest[argument] = simpler[0] if simpler else value
     return simplest
 
@@ -298,7 +297,6 @@ class Minimised:
 def minimise(
     steps: Sequence[Step],
     fails: Predicate,
-    choices: Mapping[str, Sequence[Any]] | None = None,
     confirm: Predicate | None = None,
 ) -> Minimised:
     """The 1-minimal failing sequence under `fails`; the caller vouches that `steps` itself fails.
@@ -315,7 +313,7 @@ def minimise(
     expanded: tuple[str, ...] = ()
     while True:
         before = key_of(current)
-        current = simplify_arguments(current, test, choices or {})
+        current = simplify_arguments(current, test)
         current, replaced = expand_composites(current, test)
         current, removed = remove_chunks(current, test)
         expanded, pass_removed = expanded + replaced, pass_removed + removed
@@ -428,20 +426,13 @@ def regressions_to(harness: Harness, directory: Path) -> Iterator[None]:
         harness.regressions_dir = previous
 
 
-def machine_choices() -> dict[str, Sequence[Any]]:
-    """The machine's arguments drawn from a list, simplest first (`late_call`'s operation)."""
-    from ckpt_model.machine import LATE_OPERATIONS
-
-    return {"operation": LATE_OPERATIONS}
-
-
 def minimise_on(harness: Harness, steps: Sequence[Step], expected: Signature) -> tuple[Minimised, Replayer]:
     """Minimise a sequence known to fail with `expected`, replaying candidates on `harness`; also returns the
     replayer, whose `last_error` is the final replay's exception (with the minimal run's own report)."""
     replayer = Replayer(harness, expected)
     started_s = time.monotonic()
     with regressions_to(harness, harness.root / "minimise-candidates"):
-        result = minimise(steps, replayer, machine_choices(), confirm=replayer.replay)
+        result = minimise(steps, replayer, confirm=replayer.replay)
     finished = attrs.evolve(
         result,
         replayed=replayer.replays,
