@@ -19,7 +19,7 @@ from ckpt_model.contract import ScriptCall
 from ckpt_model.deployment import Harness
 from ckpt_model.errors import StepNotEnabled
 from ckpt_model.machine import CheckpointMachine
-from ckpt_model.quiescence import observe
+from ckpt_model.quiescence import SETTLE_TIMEOUT_S, observe
 
 Step = tuple[str, dict[str, Any]]
 # Per capture key, the script positions of the calls the backend saw for it, in order.
@@ -291,11 +291,11 @@ def named(name: str) -> Scenario:
     raise KeyError(f"no scenario {name!r}")
 
 
-def run(harness: Harness, scenario: Scenario | Sequence[Step]) -> None:
+def run(harness: Harness, scenario: Scenario | Sequence[Step], settle_timeout_s: float = SETTLE_TIMEOUT_S) -> None:
     """Run the rules in order on a fresh machine, each only if enabled, then drain, check the end and the facts."""
     if not isinstance(scenario, Scenario):
         scenario = Scenario(tuple(scenario))
-    machine = CheckpointMachine(harness)
+    machine = CheckpointMachine(harness, settle_timeout_s=settle_timeout_s)
     try:
         for index, (rule, arguments) in enumerate(scenario.steps, start=1):
             check_enabled(machine, rule, arguments, index)

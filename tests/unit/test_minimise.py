@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -17,6 +19,7 @@ from ckpt_model import minimise as mm
 from ckpt_model.errors import StepNotEnabled
 from ckpt_model.minimise import COMPOSITES, CachedPredicate, Steps, ddmin, key_of, minimise
 from ckpt_model.properties import P4Violation, P7Violation
+from ckpt_model.quiescence import SETTLE_TIMEOUT_S
 
 
 def named(*names: str) -> Steps:
@@ -281,11 +284,46 @@ def p7() -> P7Violation:
 def test_only_the_same_failure_counts(
     monkeypatch: pytest.MonkeyPatch, outcome: BaseException | None, counts: bool
 ) -> None:
-    monkeypatch.setattr(mm, "replay_once", lambda harness, steps: outcome)
+    monkeypatch.setattr(mm, "replay_once", lambda harness, steps, settle_timeout_s: outcome)
     replayer = mm.Replayer(harness=None, expected=("P7Violation", "P7"))  # type: ignore[arg-type]
 
     assert replayer(named("dispatch")) is counts
     assert replayer.last_error is outcome
+
+
+def test_candidates_settle_briefly_and_the_confirmation_fully(monkeypatch: pytest.MonkeyPatch) -> None:
+    timeouts: list[float] = []
+    monkeypatch.setattr(mm, "replay_once", lambda harness, steps, settle_timeout_s: timeouts.append(settle_timeout_s))
+    replayer = mm.Replayer(harness=None, expected=("P7Violation", "P7"))  # type: ignore[arg-type]
+
+    replayer(named("dispatch"))
+    replayer.confirm(named("dispatch"))
+
+    assert timeouts == [mm.CANDIDATE_SETTLE_TIMEOUT_S, SETTLE_TIMEOUT_S]
+    assert mm.CANDIDATE_SETTLE_TIMEOUT_S < SETTLE_TIMEOUT_S
+
+
+def test_a_result_that_fails_only_when_settled_briefly_is_minimised_again_fully(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Settled briefly, every candidate with a `dispatch` fails (as a slow system would seem to); settled fully,
+    only those with a `retire` do. The brief search ends at `dispatch` alone, which the full confirmation refutes,
+    so the minimisation starts over with full settles and ends at the real cause."""
+
+    def replay(harness: object, steps: mm.Steps, settle_timeout_s: float) -> BaseException | None:
+        present = {name for name, _ in steps}
+        brief = settle_timeout_s < SETTLE_TIMEOUT_S
+        return p7() if ("retire" in present or (brief and "dispatch" in present)) else None
+
+    monkeypatch.setattr(mm, "replay_once", replay)
+    harness = SimpleNamespace(root=tmp_path, regressions_dir=tmp_path / "regressions")
+
+    result, replayer = mm.minimise_on(harness, named("dispatch", "retire"), ("P7Violation", "P7"))  # type: ignore[arg-type]
+
+    assert names(result.steps) == ["retire"]
+    assert result.reproduced
+    assert replayer.settle_timeout_s == SETTLE_TIMEOUT_S
+    assert harness.regressions_dir == tmp_path / "regressions"
 
 
 def test_outcomes_are_described_in_a_few_words() -> None:
