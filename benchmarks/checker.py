@@ -31,6 +31,10 @@ from ckpt_model.machine import machine_for
 from ckpt_model.stats import SearchStats
 
 DEPLOYMENTS = (("native", "wait"), ("legacy", "wait"), ("slow", "wait"), ("slow", "replay"))
+# Seconds per example of the default profile on 2 idle cores before the speed work (issue 9's baseline).
+BASELINE_S = {"native": 0.10, "legacy": 0.18, "slow/wait": 0.19, "slow/replay": 0.34}
+# Every catalogue fault found and minimised within this, the median within half of it (issue 9's target).
+FAULT_TARGET_S = 120.0
 
 
 def default_profile(topology: str, verify_mode: str) -> None:
@@ -40,12 +44,21 @@ def default_profile(topology: str, verify_mode: str) -> None:
     total_s = time.monotonic() - stats.started_s
     done = stats.finished
     label = f"{topology}/{verify_mode}" if topology == "slow" else topology
+    seconds = sorted(e.seconds for e in done)
+    steps = sum(e.steps for e in done)
+    per_step = f"{1000 * sum(seconds) / steps:.0f} ms" if steps else "-"
     print(
         f"{label:<11} examples {len(done):>3}  steps/example median {statistics.median(e.steps for e in done):>4.1f}"
         f"  crashes/example mean {statistics.mean(e.crashes for e in done):.2f}"
-        f"  s/example median {statistics.median(e.seconds for e in done):.2f}  total {total_s:.1f} s",
+        f"  s/example median {statistics.median(seconds):.2f} p90 {percentile(seconds, 0.9):.2f}"
+        f" (before: {BASELINE_S[label]:.2f})  per step {per_step}  total {total_s:.1f} s",
         flush=True,
     )
+
+
+def percentile(ordered: list[float], share: float) -> float:
+    """The nearest-rank percentile of sorted values."""
+    return ordered[max(0, min(len(ordered) - 1, round(share * len(ordered)) - 1))]
 
 
 HEADER = (
@@ -58,12 +71,20 @@ def faults(names: list[str], *, hypothesis_shrink: bool, minimise: bool) -> None
     """One line per fault (the first failure, as the fault tests read it), then one line per failure it met."""
     chosen = FAULT_SEARCH_WITH_SHRINK if hypothesis_shrink else FAULT_SEARCH
     print(HEADER)
+    totals: list[float] = []
     for name in names:
         with harness_for(name) as harness:
             finding = search(harness, chosen, minimise=minimise)
         print(fault_line(name, finding), flush=True)
         for number, failure in enumerate(finding.failures, start=1):
             print(f"    failure {number}/{len(finding.failures)}: {failure_line(failure)}", flush=True)
+        totals.append(finding.total_s if finding.violation is not None else float("inf"))
+    within = sum(total <= FAULT_TARGET_S for total in totals)
+    print(
+        f"found and minimised within {FAULT_TARGET_S:.0f} s: {within} of {len(totals)}; "
+        f"median total {statistics.median(totals):.1f} s (target: every one, median {FAULT_TARGET_S / 2:.0f} s)",
+        flush=True,
+    )
 
 
 def fault_line(name: str, finding: Finding) -> str:
