@@ -54,6 +54,13 @@ CATALOGUE: tuple[Fault, ...] = (
         also_shows_as=("P10",),
     ),
     Fault(
+        "environment_retire_leaves_restored",
+        "environment",
+        "P8",
+        "a retire while a restore is installed and not yet resumed only marks the attempts, leaving the episodes "
+        "that restore installed (so a restore another participant refused leaves them behind)",
+    ),
+    Fault(
         "agent_restore_drops_outputs",
         "agent",
         "P3",

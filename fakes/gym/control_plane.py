@@ -177,6 +177,7 @@ class ControlPlane:
         self._restore_skips_fence = kind == "resources" and "resources_restore_skips_fence" in self.faults
         self._arms_lease = "lease_never_expires" not in self.faults
         self._commit_replay_compares_request = kind == "environment" and "retried_commit_conflicts" in self.faults
+        self._retire_frees_restored = kind != "environment" or "environment_retire_leaves_restored" not in self.faults
         self.instance = instance
         self.lease_grace_s = lease_grace_s
         self.retired = RetiredAttempts()
@@ -380,6 +381,8 @@ class ControlPlane:
                 self._renew_lease(request.deadline_ts)
             self.retired.mark(request.episode_ids)
             self.notify()
+            if self._phase == "restored" and not self._retire_frees_restored:
+                return {"retired": [episode.capture_key for episode in request.episode_ids]}
             async with self._bounded(remaining_s, f"retire under {checkpoint_id!r}"):
                 await self.participant.retire(list(request.episode_ids))
         return {"retired": [episode.capture_key for episode in request.episode_ids]}

@@ -452,6 +452,30 @@ class Model:
         )
         return model, restore_id
 
+    def failed_restore(self, checkpoint_id: str) -> tuple[Model, str]:
+        """A restore of the checkpoint that one participant refused: the controller retired, everywhere, the next
+        attempts it would have continued, then resumed its ID (Gym's `coordination.restore`). Nothing of it stays:
+        each such attempt is marked and never runs, so its rollout, dead since the crash, starts over after it;
+        and the processes have now served a restore, so another one needs a crash first."""
+        checkpoint = self.checkpoint(checkpoint_id)
+        restore_id = f"{checkpoint_id}-restore{self.checkpoint_seq + 1}"
+        model = attrs.evolve(
+            self, fresh=False, checkpoint_seq=self.checkpoint_seq + 1, resumed=(*self.resumed, restore_id)
+        )
+        for exported in (a for a in checkpoint.snapshot if a.key in checkpoint.exported):
+            burned = exported.attempt + 1
+            latest = model._current(exported.rollout)
+            if latest.status == "dead" and latest.attempt < burned:
+                never_run = Attempt(rollout=exported.rollout, attempt=burned, status="dead", script=model.script)
+                model = attrs.evolve(model, attempts=(*model.attempts, never_run))
+            restarted = tuple(
+                attrs.evolve(r, marks=_marked(r.marks, exported.rollout, burned)) for r in model.restarted
+            )
+            model = attrs.evolve(
+                model, retired_marks=_marked(model.retired_marks, exported.rollout, burned), restarted=restarted
+            )
+        return model, restore_id
+
     def start_replacement(self, rollout: str) -> Model:
         """Send the restored-pending attempt's `/run`: it continues from its boundary (an episode restored at its
         `return` boundary replies without another call)."""

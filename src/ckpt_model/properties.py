@@ -51,6 +51,14 @@ class P7Violation(PropertyViolation):
     title = "retire stops everywhere: a retired attempt is refused and leaves no state; forget clears it"
 
 
+class P8Violation(PropertyViolation):
+    property_id = "P8"
+    title = (
+        "restore is all or nothing: a restore one participant refuses is refused by it alone, and after the "
+        "controller's cleanup nothing of it is installed anywhere and admission is open"
+    )
+
+
 class P9Violation(PropertyViolation):
     property_id = "P9"
     title = "checkpoints are durable and immutable: every committed checkpoint verifies and never changes"
@@ -85,7 +93,7 @@ REGISTRY: dict[str, PropertyInfo] = {
         PropertyInfo("P5", "token lineage (needs token capture)", "step", False),
         PropertyInfo("P6", "state restored (needs the counter topology)", "step", False),
         PropertyInfo("P7", P7Violation.title, "step", True),
-        PropertyInfo("P8", "restore is all or nothing (needs restore-failure faults)", "step", False),
+        PropertyInfo("P8", P8Violation.title, "step", True),
         PropertyInfo("P9", P9Violation.title, "step and teardown", True),
         PropertyInfo("P10", P10Violation.title, "step", True),
         PropertyInfo("P11", P11Violation.title, "step and teardown", True),
@@ -225,6 +233,24 @@ def p9_unchanged(checkpoint_id: str, before: Mapping[str, Fingerprint], read: Ma
                 expected=f"{checkpoint_id}/{name} unchanged since its commit: {fingerprint}",
                 observed=f"{now}",
             )
+
+
+def p8_refused_by_victim_alone(
+    restore_id: str, victim: str, failures: Mapping[str, ParticipantFailure], cleanup_problems: Sequence[str]
+) -> None:
+    """A restore whose records `victim` alone finds damaged: `victim` refuses it with invalid_checkpoint_state, no
+    other participant refuses it, and the controller's cleanup (retire the next attempts everywhere, resume)
+    succeeded on every participant."""
+    expected = f"restore {restore_id} refused by {victim} alone with invalid_checkpoint_state, the cleanup succeeding"
+    refused = failures.get(victim)
+    if refused is None or refused.code != "invalid_checkpoint_state":
+        shown = refused.describe() if refused is not None else "installed it"
+        raise P8Violation(rollout=None, expected=expected, observed=f"{victim} {shown}")
+    others = {name: failure.describe() for name, failure in failures.items() if name != victim}
+    if others:
+        raise P8Violation(rollout=None, expected=expected, observed=f"refused as well by {others}")
+    if cleanup_problems:
+        raise P8Violation(rollout=None, expected=expected, observed=f"the cleanup failed: {list(cleanup_problems)}")
 
 
 def p10_each_refused(operation: str, expected_code: str, outcomes: Mapping[str, Any]) -> None:

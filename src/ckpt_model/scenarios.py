@@ -158,6 +158,28 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         calls={"r0": (0, 1), "r0-a1": (1, 1), "r1": (0,), "r1-a1": (0, 1)},
     ),
+    # P8: each participant in turn finds its records damaged (victims 0-3, a crash between, since a refused
+    # restore leaves processes that served it); then the checkpoint itself restores and continues from call 1.
+    "failed_restore__refused_by_one_leaves_nothing": Scenario(
+        steps("dispatch", ("release", FIRST), ("checkpoint", {"then_resume": False}), "crash")
+        + tuple(
+            step for victim in range(4) for step in steps(("failed_restore", {"pick": 0, "victim": victim}), "crash")
+        )
+        + steps(("restore", FIRST), ("start_replacement", FIRST)),
+        calls={"r0": (0, 1), "r0-a1": (1,)},
+    ),
+    # The attempt a refused restore would have continued is burned: the rollout starts over as the one after it.
+    "failed_restore__rollouts_start_over": Scenario(
+        steps(
+            "dispatch",
+            ("release", FIRST),
+            ("checkpoint", {"then_resume": False}),
+            "crash",
+            ("failed_restore", {"pick": 0, "victim": 0}),
+            ("start_over", FIRST),
+        ),
+        calls={"r0": (0, 1), "r0-a2": (0, 1)},
+    ),
     "resumed_id__is_refused": Scenario(steps("dispatch", "prepare", "resume"), calls={"r0": (0, 1)}),
     # Every operation of an older controller naming the older resumed ID (pick 0) after each later resume.
     "late_calls_of_an_older_controller__are_refused": Scenario(
@@ -280,6 +302,7 @@ FAULT_SCENARIOS: dict[str, str] = {
     "agent_stays_closed_after_commit": "checkpoint_without_crash__parks_then_resumes",
     "environment_drops_finished_during_prepare": "finished_during_prepare__neither_lost_nor_redone",
     "agent_retire_skips_failed_sessions": "restarted_alone__running_work_is_retired_everywhere",
+    "environment_retire_leaves_restored": "failed_restore__rollouts_start_over",
 }
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from ckpt_model.contract import VERIFY, Model, expect
+from ckpt_model.contract import VERIFY, Model, Restarted, expect
 
 
 def native() -> Model:
@@ -545,3 +545,35 @@ def test_what_ends_by_itself_when_one_participant_crashes_alone() -> None:
     assert [a.key for a in slow.ends_alone("resources")] == ["r0"]
     assert slow.ends_alone("model") == []
     assert slow.ends_alone("agent") == []
+
+
+def test_a_refused_restore_burns_the_attempt_it_would_have_continued() -> None:
+    model, restore_id = committed_then_crashed().failed_restore("c1")
+    assert restore_id == "c1-restore2"
+    assert model.resumed[-1] == restore_id  # the cleanup resumed it, so it is fenced from now on
+    assert model.retired_marks == (("r0", 1),)
+    burned = model.current()["r0"]
+    assert (burned.attempt, burned.status, burned.calls_made) == (1, "dead", 0)
+    assert not model.can_restore()  # the processes served a restore: another needs a crash first
+    expected = expect(model)
+    assert (expected.restored_pending, expected.sessions, expected.retired_rollouts) == ((), 0, 1)
+    assert expected.calls == {"r0": (2,)}
+    model = model.start_over("r0")
+    assert model.current()["r0"].attempt == 2
+
+
+def test_a_refused_restore_marks_but_adds_nothing_for_a_rollout_already_past_it() -> None:
+    model = committed_then_crashed().start_over("r0").crash()  # r0-a1 ran and died after c1
+    model, _ = model.failed_restore("c1")
+    assert model.retired_marks == (("r0", 1),)
+    assert [a.key for a in model.attempts] == ["r0", "r0-a1"]
+
+
+def test_a_refused_restore_marks_a_participant_restarted_alone_too() -> None:
+    model, _ = native().dispatch()
+    model, _ = model.prepare()
+    model, _ = model.commit()
+    model = model.resume().crash()
+    model = attrs.evolve(model, restarted=(Restarted("agent", remembers_from=0),))
+    model, _ = model.failed_restore("c1")
+    assert model.marks_of("agent") == (("r0", 1),)

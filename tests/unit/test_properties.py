@@ -679,3 +679,28 @@ def test_status_marks_of_a_participant_restarted_alone_are_its_own() -> None:
     assert status_mismatches(expected, status("agent", {"sessions": 0}, retired_rollouts=0)) == [
         "retired_rollouts=0 (expected 2)"
     ]
+
+
+def restore_refusal(name: str, code: str = "invalid_checkpoint_state") -> ParticipantFailure:
+    return ParticipantFailure(participant=name, http_status=422, code=code, detail="records digest mismatch")
+
+
+def test_p8_holds_when_the_damaged_participant_alone_refuses_and_the_cleanup_succeeds() -> None:
+    properties.p8_refused_by_victim_alone("c1-restore2", "agent", {"agent": restore_refusal("agent")}, [])
+
+
+@pytest.mark.parametrize(
+    ("failures", "cleanup", "shown"),
+    [
+        ({}, [], "agent installed it"),
+        ({"agent": restore_refusal("agent", "checkpoint_error")}, [], "checkpoint_error"),
+        ({"agent": restore_refusal("agent"), "environment": restore_refusal("environment")}, [], "refused as well by"),
+        ({"agent": restore_refusal("agent")}, ["cleanup retire also failed"], "cleanup failed"),
+    ],
+    ids=["victim-installed", "victim-wrong-code", "another-refused", "cleanup-failed"],
+)
+def test_p8_fails_when_the_refusal_or_the_cleanup_is_not_the_victims_alone(
+    failures: dict[str, ParticipantFailure], cleanup: list[str], shown: str
+) -> None:
+    with pytest.raises(properties.P8Violation, match=shown):
+        properties.p8_refused_by_victim_alone("c1-restore2", "agent", failures, cleanup)
