@@ -9,8 +9,6 @@ backend until `release` lets one go, so every example replays the same way.
 from __future__ import annotations
 
 import functools
-import json
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,8 +19,8 @@ import httpx
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
+from ckpt_model import damage, timing
 from ckpt_model import properties as props
-from ckpt_model import timing
 from ckpt_model.contract import Attempt, Model
 from ckpt_model.coordination import request_body
 from ckpt_model.deployment import Harness
@@ -32,7 +30,7 @@ from ckpt_model.quiescence import SETTLE_TIMEOUT_S, Observation, Quiescence, bac
 from ckpt_model.report import annotate
 from ckpt_model.runs import RunPool
 from ckpt_model.stats import SearchStats
-from ckpt_model.storage import MANIFEST_NAME, CheckpointUnreadable, FingerprintCache, participant_dir
+from ckpt_model.storage import CheckpointUnreadable, FingerprintCache, participant_dir
 from ckpt_model.tasks import WEATHER_SCRIPT, expected_reward, legacy_run_body, native_run_body, task_tools
 from ckpt_model.wire import EpisodeId
 
@@ -373,50 +371,46 @@ class CheckpointMachine(RuleBasedStateMachine):
         self._advance(model, f"restore({checkpoint.checkpoint_id}) as {restore_id}")
 
     @precondition(lambda self: self.model.can_restore())
-    @rule(pick=PICK, victim=PICK)
+    @rule(pick=PICK, victim=PICK, rejected_record=st.booleans())
     @step
-    def failed_restore(self, pick: int, victim: int) -> None:
-        """Restore a copy of a committed checkpoint in which one participant's records are damaged (a line added
-        to its records file, so digest and count no longer match the manifest). P8: that participant alone refuses
-        with invalid_checkpoint_state while the others install; the controller's client then retires the next
-        attempts everywhere and resumes, as Gym's does, and afterwards nothing of the restore is installed
-        anywhere (no restored-pending episode, no session), admission is open, and its attempts never run (the
-        backend sees no call of them); the rollouts start over. The committed checkpoint itself is untouched."""
+    def failed_restore(self, pick: int, victim: int, rejected_record: bool) -> None:
+        """Restore a copy of a committed checkpoint in which one participant's share is damaged
+        (`ckpt_model.damage`): a line added to its records file, or (`rejected_record`, among the participants
+        that hold a record) its first record cut to its episode ID in a file sealed again. P8: that participant
+        alone refuses with invalid_checkpoint_state while the others install; the controller's client then
+        retires the next attempts everywhere and resumes, as Gym's does, and afterwards nothing of the restore is
+        installed anywhere (no restored-pending episode, no session), admission is open, and its attempts never
+        run (the backend sees no call of them); the rollouts start over. The committed checkpoint is untouched."""
         checkpoint = _pick(list(self.model.committed), pick)
-        member = _pick(sorted(self.control.participants, key=lambda m: m.name), victim)
+        source = self.harness.checkpoint_dir / checkpoint.checkpoint_id
+        members = sorted(self.control.participants, key=lambda m: m.name)
+        holding = [m for m in members if damage.holds_records(source, m.kind, m.name)]
+        how: damage.Damage = "record" if rejected_record and holding else "digest"
+        member = _pick(holding if how == "record" else members, victim)
         covered = self.model.marks_covering(checkpoint.checkpoint_id)
         if covered:
             self._forget(covered)
         model, restore_id = self.model.failed_restore(checkpoint.checkpoint_id)
-        directory = self._damaged_copy(checkpoint.checkpoint_id, restore_id, member.kind, member.name)
+        copy = damage.damaged_copy(
+            source, self.harness.checkpoint_dir / f"{restore_id}-damaged", member.kind, member.name, how
+        )
         scope = [EpisodeId.from_capture_key(key) for key in checkpoint.exported]
         try:
-            self._control("restore", restore_id, lambda d: self.control.restore(restore_id, str(directory), scope, d))
+            self._control("restore", restore_id, lambda d: self.control.restore(restore_id, str(copy), scope, d))
         except CoordinationError as error:
             props.p8_refused_by_victim_alone(restore_id, member.name, error.failures, getattr(error, "__notes__", []))
         else:
             raise props.P8Violation(
                 rollout=None,
-                expected=f"restore {restore_id} refused by {member.name}, whose records are damaged",
+                expected=f"restore {restore_id} refused by {member.name}, whose share is damaged ({how})",
                 observed="every participant installed it",
             )
         self._advance(
             model,
-            f"failed_restore({checkpoint.checkpoint_id}) as {restore_id}, refused by {member.name}",
+            f"failed_restore({checkpoint.checkpoint_id}) as {restore_id}, {member.name} damaged ({how}) refused it",
             violation=props.P8Violation,
             counts_final=True,
         )
-
-    def _damaged_copy(self, checkpoint_id: str, restore_id: str, kind: str, instance: str) -> Path:
-        """A copy of the committed checkpoint with one line added to one participant's records file."""
-        source = self.harness.checkpoint_dir / checkpoint_id
-        copy = self.harness.checkpoint_dir / f"{restore_id}-damaged"
-        shutil.copytree(source, copy)
-        victim_dir = participant_dir(copy, kind, instance)
-        records_file = json.loads((victim_dir / MANIFEST_NAME).read_text())["records_file"]
-        with (victim_dir / records_file).open("ab") as records:
-            records.write(b'{"damaged": true}\n')
-        return copy
 
     # The controller's two routines as single steps as well. A bug that needs a checkpoint, a crash and a
     # restore in a row is then four steps deep instead of seven, so a random search reaches it far more often

@@ -158,12 +158,18 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         calls={"r0": (0, 1), "r0-a1": (1, 1), "r1": (0,), "r1-a1": (0, 1)},
     ),
-    # P8: each participant in turn finds its records damaged (victims 0-3, a crash between, since a refused
-    # restore leaves processes that served it); then the checkpoint itself restores and continues from call 1.
+    # P8: each participant in turn finds its records file damaged (victims 0-3, a crash between, since a refused
+    # restore leaves processes that served it), then each one holding a record (two in native: the environment and
+    # the agent) finds its record rejected; then the checkpoint itself restores and continues from call 1.
     "failed_restore__refused_by_one_leaves_nothing": Scenario(
         steps("dispatch", ("release", FIRST), ("checkpoint", {"then_resume": False}), "crash")
         + tuple(
-            step for victim in range(4) for step in steps(("failed_restore", {"pick": 0, "victim": victim}), "crash")
+            step
+            for rejected_record, victims in ((False, 4), (True, 2))
+            for victim in range(victims)
+            for step in steps(
+                ("failed_restore", {"pick": 0, "victim": victim, "rejected_record": rejected_record}), "crash"
+            )
         )
         + steps(("restore", FIRST), ("start_replacement", FIRST)),
         calls={"r0": (0, 1), "r0-a1": (1,)},
@@ -175,7 +181,7 @@ SCENARIOS: dict[str, Scenario] = {
             ("release", FIRST),
             ("checkpoint", {"then_resume": False}),
             "crash",
-            ("failed_restore", {"pick": 0, "victim": 0}),
+            ("failed_restore", {"pick": 0, "victim": 0, "rejected_record": False}),
             ("start_over", FIRST),
         ),
         calls={"r0": (0, 1), "r0-a2": (0, 1)},
