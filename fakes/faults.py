@@ -61,6 +61,13 @@ CATALOGUE: tuple[Fault, ...] = (
         "that restore installed (so a restore another participant refused leaves them behind)",
     ),
     Fault(
+        "model_restore_accepts_missing_share",
+        "policy_model",
+        "P8",
+        "a policy model with nothing to restore treats a missing share as an empty one, so it installs a "
+        "checkpoint whose commit a crash cut short before reaching it instead of refusing it",
+    ),
+    Fault(
         "agent_restore_drops_outputs",
         "agent",
         "P3",

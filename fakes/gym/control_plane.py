@@ -42,6 +42,7 @@ from fakes.gym.errors import (
 )
 from fakes.gym.participant import Participant, PrepareReport
 from fakes.gym.store import (
+    MANIFEST_NAME,
     StopFlag,
     WriteStoppedError,
     collector_paused,
@@ -178,6 +179,7 @@ class ControlPlane:
         self._arms_lease = "lease_never_expires" not in self.faults
         self._commit_replay_compares_request = kind == "environment" and "retried_commit_conflicts" in self.faults
         self._retire_frees_restored = kind != "environment" or "environment_retire_leaves_restored" not in self.faults
+        self._missing_share_is_empty = kind == "model" and "model_restore_accepts_missing_share" in self.faults
         self.instance = instance
         self.lease_grace_s = lease_grace_s
         self.retired = RetiredAttempts()
@@ -692,13 +694,17 @@ class ControlPlane:
     async def _restore_steps(self, work: _Work, request: RestoreRequest) -> Reply:
         scope_keys = frozenset(episode.capture_key for episode in request.episode_ids)
         work.stage = "read"
-        manifest, records = await asyncio.to_thread(
-            read_participant_state,
-            request.checkpoint_dir,
-            self.kind,
-            self.instance,
-            functools.partial(_select_in_scope, scope_keys),
-        )
+        share = participant_dir(request.checkpoint_dir, self.kind, self.instance) / MANIFEST_NAME
+        if self._missing_share_is_empty and not share.exists():
+            manifest, records = {"checkpoint_id": request.checkpoint_id}, []
+        else:
+            manifest, records = await asyncio.to_thread(
+                read_participant_state,
+                request.checkpoint_dir,
+                self.kind,
+                self.instance,
+                functools.partial(_select_in_scope, scope_keys),
+            )
         for record in records:
             self._validate_record(record)
         work.stage = "install"

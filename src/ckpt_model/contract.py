@@ -163,6 +163,9 @@ class Model:
     checkpoint_seq: int = 0
     rollout_seq: int = 0
     committed: tuple[Checkpoint, ...] = ()
+    # Checkpoints whose commit a crash cut short: some participants' shares are on disk, the controller never
+    # published them (reference section 4: publish only after every commit succeeded).
+    incomplete: tuple[Checkpoint, ...] = ()
     sent: tuple[tuple[str, ScriptCall], ...] = ()
     resumed: tuple[str, ...] = ()
     # Per rollout, the highest retired attempt the participants refuse (`stale_attempt`) until forget.
@@ -287,14 +290,14 @@ class Model:
     def marked_rollouts(self) -> tuple[str, ...]:
         return tuple(rollout for rollout, _ in self.retired_marks)
 
-    def marks_covering(self, checkpoint_id: str) -> list[str]:
+    def marks_covering(self, checkpoint_id: str, incomplete: bool = False) -> list[str]:
         """Rollouts whose retire mark would refuse the attempts a restore of the checkpoint continues.
 
         Marks outlive a restore (reference section 10: only forget removes them), and restoring a checkpoint again
         reuses its attempt numbers, so a controller that retired a continuation must forget the rollout before it
         restores the same checkpoint again."""
         marks = dict(self.retired_marks)
-        checkpoint = self.checkpoint(checkpoint_id)
+        checkpoint = self.checkpoint(checkpoint_id, incomplete)
         continued = [a for a in checkpoint.snapshot if a.key in checkpoint.exported]
         return sorted(a.rollout for a in continued if a.rollout in marks and a.attempt + 1 <= marks[a.rollout])
 
@@ -385,6 +388,15 @@ class Model:
         model = attrs.evolve(self, phase="committed", committed=(*self.committed, checkpoint))
         return model, checkpoint
 
+    def crash_in_commit(self) -> Model:
+        """Every Gym process dies while the open checkpoint's commit is under way: as `crash`, and the checkpoint
+        is incomplete (never published), whichever participants committed before the crash."""
+        _, checkpoint = self.commit()
+        return attrs.evolve(self.crash(), incomplete=(*self.incomplete, checkpoint))
+
+    def can_restore_incomplete(self) -> bool:
+        return self.fresh and not self.checkpoint_open and bool(self.incomplete)
+
     def resume(self) -> Model:
         """Admission re-opens everywhere and every held response is delivered."""
         assert self.open_checkpoint is not None
@@ -453,11 +465,13 @@ class Model:
         return model, restore_id
 
     def failed_restore(self, checkpoint_id: str) -> tuple[Model, str]:
-        """A restore of the checkpoint that one participant refused: the controller retired, everywhere, the next
-        attempts it would have continued, then resumed its ID (Gym's `coordination.restore`). Nothing of it stays:
-        each such attempt is marked and never runs, so its rollout, dead since the crash, starts over after it;
-        and the processes have now served a restore, so another one needs a crash first."""
-        checkpoint = self.checkpoint(checkpoint_id)
+        """A restore of a committed or an incomplete checkpoint that some participant refused: the controller
+        retired, everywhere, the next attempts it would have continued, then resumed its ID (Gym's
+        `coordination.restore`). Nothing of it stays: each such attempt is marked and never runs, so its rollout,
+        dead since the crash, starts over after it; and the processes have now served a restore, so another one
+        needs a crash first."""
+        incomplete = any(c.checkpoint_id == checkpoint_id for c in self.incomplete)
+        checkpoint = self.checkpoint(checkpoint_id, incomplete)
         restore_id = f"{checkpoint_id}-restore{self.checkpoint_seq + 1}"
         model = attrs.evolve(
             self, fresh=False, checkpoint_seq=self.checkpoint_seq + 1, resumed=(*self.resumed, restore_id)
@@ -527,11 +541,12 @@ class Model:
 
     # -- helpers ----------------------------------------------------------------------------------------------
 
-    def checkpoint(self, checkpoint_id: str) -> Checkpoint:
-        for checkpoint in self.committed:
+    def checkpoint(self, checkpoint_id: str, incomplete: bool = False) -> Checkpoint:
+        """A committed checkpoint, or (`incomplete`) one whose commit a crash cut short."""
+        for checkpoint in self.incomplete if incomplete else self.committed:
             if checkpoint.checkpoint_id == checkpoint_id:
                 return checkpoint
-        raise KeyError(f"no committed checkpoint {checkpoint_id!r}")
+        raise KeyError(f"no {'incomplete' if incomplete else 'committed'} checkpoint {checkpoint_id!r}")
 
     def attempt(self, key: str) -> Attempt:
         for attempt in self.attempts:

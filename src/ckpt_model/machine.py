@@ -102,6 +102,8 @@ class CheckpointMachine(RuleBasedStateMachine):
         reward = expected_reward(task_tools(self.model.topology), WEATHER_SCRIPT)
         self.quiescence = Quiescence(harness, self.runs, reward, settle_timeout_s)
         self.retired_attempts: dict[str, Attempt] = {}
+        # Which participants committed each checkpoint a crash cut short (`crash_in_commit`).
+        self.incomplete_shares: dict[str, frozenset[str]] = {}
         self.last_call: SentCall | None = None
         # The paths of a misbehaving controller run once per occasion: a rule that is always enabled and changes
         # nothing is drawn over and over (Hypothesis favours argument-free rules) and crowds out `release`.
@@ -273,6 +275,10 @@ class CheckpointMachine(RuleBasedStateMachine):
     @step
     def crash(self) -> None:
         """SIGKILL every Gym process group and start fresh processes; the backend and the disk survive."""
+        self._crash_everything()
+        self._advance(self.model.crash(), "crash()")
+
+    def _crash_everything(self) -> None:
         self.history.invoke("controller", "crash")
         self.crashes += 1
         self.harness.crash()
@@ -285,7 +291,82 @@ class CheckpointMachine(RuleBasedStateMachine):
         self.last_call = None
         if last is not None and last.operation == "commit":
             self.last_call = attrs.evolve(last, after_crash=True, retried=False)
-        self._advance(self.model.crash(), "crash()")
+
+    @precondition(lambda self: self.model.phase == "prepared")
+    @rule(committed=PICK)
+    @step
+    def crash_in_commit(self, committed: int) -> None:
+        """Gym crashes inside a commit: the first `committed` participants (modulo their number, in name order)
+        committed and the rest never heard of it, then every process group is SIGKILLed. Those that committed
+        replied with and wrote exactly their share (P1) and it verifies (P9); the controller never publishes the
+        checkpoint, and `restore_incomplete` later shows it cannot be restored as if complete."""
+        checkpoint_id = self.model.open_checkpoint
+        assert checkpoint_id is not None
+        members = sorted(self.control.participants, key=lambda m: m.name)
+        done = members[: committed % len(members)]
+        directory = self.harness.checkpoint_dir / checkpoint_id
+        episode_ids = [EpisodeId(rollout_id=a.rollout, attempt=a.attempt) for a in self.model.scope()]
+        if done:
+            deadline_ts = time.time() + CONTROL_DEADLINE_S
+            body = request_body(
+                "commit", checkpoint_id, deadline_ts, checkpoint_dir=str(directory), episode_ids=episode_ids
+            )
+            names = [m.name for m in done]
+            replies = self._control("commit", checkpoint_id, lambda d: self.control.post_each("commit", body, d, names))
+            failures = {name: r for name, r in replies.items() if isinstance(r, ParticipantFailure)}
+            if failures:
+                raise CoordinationError("commit", failures, replies)
+            read = self._read_checkpoint(directory, checkpoint_id)
+            props.p9_verifies(checkpoint_id, {m.name: read[m.name] for m in done})
+            for member in done:
+                props.p1_exports_exact(
+                    checkpoint_id,
+                    member.name,
+                    self.model.exports(member.kind),
+                    replies[member.name]["episode_ids"],
+                    read[member.name].episode_ids,
+                )
+        self.incomplete_shares[checkpoint_id] = frozenset(m.name for m in done)
+        self._crash_everything()
+        self._advance(
+            self.model.crash_in_commit(), f"crash_in_commit() -> {checkpoint_id} committed by {[m.name for m in done]}"
+        )
+
+    @precondition(lambda self: self.model.can_restore_incomplete())
+    @rule(pick=PICK)
+    @step
+    def restore_incomplete(self, pick: int) -> None:
+        """Restore a checkpoint whose commit a crash cut short. P8: exactly the participants that had not
+        committed it (their share is missing) refuse with invalid_checkpoint_state, whatever the others
+        installed; the controller's cleanup retires the next attempts everywhere and resumes, and afterwards
+        nothing of it is installed anywhere, as after `failed_restore`."""
+        checkpoint = _pick(list(self.model.incomplete), pick)
+        checkpoint_id = checkpoint.checkpoint_id
+        missing = [m.name for m in self.control.participants if m.name not in self.incomplete_shares[checkpoint_id]]
+        covered = self.model.marks_covering(checkpoint_id, incomplete=True)
+        if covered:
+            self._forget(covered)
+        model, restore_id = self.model.failed_restore(checkpoint_id)
+        directory = str(self.harness.checkpoint_dir / checkpoint_id)
+        scope = [EpisodeId.from_capture_key(key) for key in checkpoint.exported]
+        try:
+            self._control("restore", restore_id, lambda d: self.control.restore(restore_id, directory, scope, d))
+        except CoordinationError as error:
+            props.p8_refused_by(
+                restore_id, missing, "no share: the crash came first", error.failures, getattr(error, "__notes__", [])
+            )
+        else:
+            raise props.P8Violation(
+                rollout=None,
+                expected=f"restore {restore_id} of the incomplete {checkpoint_id} refused by {missing}",
+                observed="every participant installed it",
+            )
+        self._advance(
+            model,
+            f"restore_incomplete({checkpoint_id}) as {restore_id}, refused by {missing}",
+            violation=props.P8Violation,
+            counts_final=True,
+        )
 
     @precondition(
         lambda self: (
@@ -398,7 +479,9 @@ class CheckpointMachine(RuleBasedStateMachine):
         try:
             self._control("restore", restore_id, lambda d: self.control.restore(restore_id, str(copy), scope, d))
         except CoordinationError as error:
-            props.p8_refused_by_victim_alone(restore_id, member.name, error.failures, getattr(error, "__notes__", []))
+            props.p8_refused_by(
+                restore_id, [member.name], f"damaged: {how}", error.failures, getattr(error, "__notes__", [])
+            )
         else:
             raise props.P8Violation(
                 rollout=None,

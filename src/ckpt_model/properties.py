@@ -7,7 +7,7 @@ a plain function over model values, observations and the history; it raises or r
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import attrs
@@ -235,18 +235,26 @@ def p9_unchanged(checkpoint_id: str, before: Mapping[str, Fingerprint], read: Ma
             )
 
 
-def p8_refused_by_victim_alone(
-    restore_id: str, victim: str, failures: Mapping[str, ParticipantFailure], cleanup_problems: Sequence[str]
+def p8_refused_by(
+    restore_id: str,
+    refusers: Collection[str],
+    why: str,
+    failures: Mapping[str, ParticipantFailure],
+    cleanup_problems: Sequence[str],
 ) -> None:
-    """A restore whose records `victim` alone finds damaged: `victim` refuses it with invalid_checkpoint_state, no
-    other participant refuses it, and the controller's cleanup (retire the next attempts everywhere, resume)
-    succeeded on every participant."""
-    expected = f"restore {restore_id} refused by {victim} alone with invalid_checkpoint_state, the cleanup succeeding"
-    refused = failures.get(victim)
-    if refused is None or refused.code != "invalid_checkpoint_state":
-        shown = refused.describe() if refused is not None else "installed it"
-        raise P8Violation(rollout=None, expected=expected, observed=f"{victim} {shown}")
-    others = {name: failure.describe() for name, failure in failures.items() if name != victim}
+    """A restore that exactly the participants `refusers` cannot install (`why`: their shares are damaged or
+    missing): each of them refuses it with invalid_checkpoint_state, no other participant refuses it, and the
+    controller's cleanup (retire the next attempts everywhere, resume) succeeded on every participant."""
+    expected = (
+        f"restore {restore_id} refused by {sorted(refusers)} ({why}) alone, with invalid_checkpoint_state, "
+        "and the cleanup succeeding"
+    )
+    for name in sorted(refusers):
+        refused = failures.get(name)
+        if refused is None or refused.code != "invalid_checkpoint_state":
+            shown = refused.describe() if refused is not None else "installed it"
+            raise P8Violation(rollout=None, expected=expected, observed=f"{name} {shown}")
+    others = {name: failure.describe() for name, failure in failures.items() if name not in refusers}
     if others:
         raise P8Violation(rollout=None, expected=expected, observed=f"refused as well by {others}")
     if cleanup_problems:

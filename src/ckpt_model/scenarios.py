@@ -186,6 +186,35 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         calls={"r0": (0, 1), "r0-a2": (0, 1)},
     ),
+    # A crash inside a commit that reached two of the four participants (agent and environment, by name): the
+    # controller never publishes it; restoring it anyway is refused by the policy model and the resources server,
+    # which have no share, and leaves nothing; the rollout starts over as the attempt after the burned one.
+    "crash_in_commit__incomplete_checkpoint_is_refused": Scenario(
+        steps(
+            "dispatch",
+            ("release", FIRST),
+            "prepare",
+            ("crash_in_commit", {"committed": 2}),
+            ("restore_incomplete", FIRST),
+            ("start_over", FIRST),
+        ),
+        calls={"r0": (0, 1), "r0-a2": (0, 1)},
+    ),
+    # A crash inside a commit that reached no participant leaves the earlier checkpoint to restore, untouched.
+    "crash_in_commit__earlier_checkpoint_still_restores": Scenario(
+        steps(
+            "dispatch",
+            CHECKPOINT,
+            ("release", FIRST),
+            "prepare",
+            ("crash_in_commit", {"committed": 0}),
+            ("restore_incomplete", FIRST),
+            "crash",
+            ("restore", FIRST),
+            ("start_replacement", FIRST),
+        ),
+        calls={"r0": (0, 1), "r0-a1": (0, 1)},
+    ),
     "resumed_id__is_refused": Scenario(steps("dispatch", "prepare", "resume"), calls={"r0": (0, 1)}),
     # Every operation of an older controller naming the older resumed ID (pick 0) after each later resume.
     "late_calls_of_an_older_controller__are_refused": Scenario(
@@ -309,6 +338,7 @@ FAULT_SCENARIOS: dict[str, str] = {
     "environment_drops_finished_during_prepare": "finished_during_prepare__neither_lost_nor_redone",
     "agent_retire_skips_failed_sessions": "restarted_alone__running_work_is_retired_everywhere",
     "environment_retire_leaves_restored": "failed_restore__rollouts_start_over",
+    "model_restore_accepts_missing_share": "crash_in_commit__incomplete_checkpoint_is_refused",
 }
 
 

@@ -577,3 +577,27 @@ def test_a_refused_restore_marks_a_participant_restarted_alone_too() -> None:
     model = attrs.evolve(model, restarted=(Restarted("agent", remembers_from=0),))
     model, _ = model.failed_restore("c1")
     assert model.marks_of("agent") == (("r0", 1),)
+
+
+def test_a_crash_inside_a_commit_leaves_the_checkpoint_incomplete_and_everything_lost() -> None:
+    model, _ = native().dispatch()
+    model, checkpoint_id = model.prepare()
+    model = model.crash_in_commit()
+    assert model.committed == ()
+    assert [c.checkpoint_id for c in model.incomplete] == [checkpoint_id]
+    assert model.incomplete[0].exported == ("r0",)
+    assert model.current()["r0"].status == "dead"
+    assert model.phase == "idle"
+    assert not model.can_restore()
+    assert model.can_restore_incomplete()
+
+
+def test_a_refused_restore_of_an_incomplete_checkpoint_burns_its_attempts_too() -> None:
+    model, _ = native().dispatch()
+    model, checkpoint_id = model.prepare()
+    model, _ = model.crash_in_commit().failed_restore(checkpoint_id)
+    assert model.retired_marks == (("r0", 1),)
+    assert model.current()["r0"].attempt == 1
+    assert not model.can_restore_incomplete()  # the processes served it: another restore needs a crash first
+    with pytest.raises(KeyError, match="no committed checkpoint"):
+        model.checkpoint(checkpoint_id)

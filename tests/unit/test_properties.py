@@ -686,7 +686,19 @@ def restore_refusal(name: str, code: str = "invalid_checkpoint_state") -> Partic
 
 
 def test_p8_holds_when_the_damaged_participant_alone_refuses_and_the_cleanup_succeeds() -> None:
-    properties.p8_refused_by_victim_alone("c1-restore2", "agent", {"agent": restore_refusal("agent")}, [])
+    properties.p8_refused_by("c1-restore2", ["agent"], "damaged", {"agent": restore_refusal("agent")}, [])
+
+
+def test_p8_holds_when_every_participant_missing_its_share_refuses() -> None:
+    failures = {"agent": restore_refusal("agent"), "resources": restore_refusal("resources")}
+    properties.p8_refused_by("c1-restore2", ["agent", "resources"], "no share", failures, [])
+
+
+def test_p8_fails_when_one_of_several_refusers_installs() -> None:
+    with pytest.raises(properties.P8Violation, match="resources installed it"):
+        properties.p8_refused_by(
+            "c1-restore2", ["agent", "resources"], "no share", {"agent": restore_refusal("agent")}, []
+        )
 
 
 @pytest.mark.parametrize(
@@ -703,4 +715,4 @@ def test_p8_fails_when_the_refusal_or_the_cleanup_is_not_the_victims_alone(
     failures: dict[str, ParticipantFailure], cleanup: list[str], shown: str
 ) -> None:
     with pytest.raises(properties.P8Violation, match=shown):
-        properties.p8_refused_by_victim_alone("c1-restore2", "agent", failures, cleanup)
+        properties.p8_refused_by("c1-restore2", ["agent"], "damaged", failures, cleanup)
