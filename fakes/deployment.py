@@ -13,10 +13,15 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import httpx
+
 from fakes.faults import CATALOGUE, Fault
 from fakes.gym.config import DEFAULT_LEASE_GRACE_S
+from fakes.gym.wire import bearer
 from fakes.stack import Stack, StackStartError
 from fakes.stack import main as launch
+
+FAILPOINT_TIMEOUT_S = 10.0
 
 
 class EmbeddedDeployment:
@@ -79,6 +84,23 @@ class EmbeddedDeployment:
         except StackStartError as error:
             raise RuntimeError(str(error)) from error
         return {server_name: server.url for server_name, server in self.stack.gym.items()}
+
+    def arm_failpoint(self, name: str, point: str) -> None:
+        """Arm a failpoint in one Gym server (`fakes.gym.failpoints`): its work stops there once it gets there."""
+        self._failpoints(name, point).raise_for_status()
+
+    def failpoint_reached(self, name: str, point: str) -> bool:
+        """Whether the server's work has reached the armed failpoint (and stays there until it is killed)."""
+        response = self._failpoints(name)
+        response.raise_for_status()
+        return point in response.json()["reached"]
+
+    def _failpoints(self, name: str, arm: str | None = None) -> httpx.Response:
+        url = f"{self.stack.gym[name].url}/_ctl/failpoints"
+        headers = {"Authorization": bearer(self.stack.token)}
+        if arm is None:
+            return httpx.get(url, headers=headers, timeout=FAILPOINT_TIMEOUT_S)
+        return httpx.post(f"{url}/{arm}", headers=headers, timeout=FAILPOINT_TIMEOUT_S)
 
     def run_url(self) -> str:
         return self.stack.gym["environment"].url + "/run"

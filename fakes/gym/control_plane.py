@@ -40,6 +40,7 @@ from fakes.gym.errors import (
     StaleCheckpointError,
     UnauthorizedError,
 )
+from fakes.gym.failpoints import BETWEEN_FILES, Failpoint, Failpoints
 from fakes.gym.participant import Participant, PrepareReport
 from fakes.gym.store import (
     MANIFEST_NAME,
@@ -180,6 +181,8 @@ class ControlPlane:
         self._commit_replay_compares_request = kind == "environment" and "retried_commit_conflicts" in self.faults
         self._retire_frees_restored = kind != "environment" or "environment_retire_leaves_restored" not in self.faults
         self._missing_share_is_empty = kind == "model" and "model_restore_accepts_missing_share" in self.faults
+        self._manifest_first = kind == "environment" and "environment_publishes_manifest_first" in self.faults
+        self.failpoints = Failpoints()
         self.instance = instance
         self.lease_grace_s = lease_grace_s
         self.retired = RetiredAttempts()
@@ -233,6 +236,33 @@ class ControlPlane:
     # -- routes ---------------------------------------------------------------------------------------------
 
     def router(self) -> APIRouter:
+        """The control routes, and the look-alike's own failpoint routes (`fakes.gym.failpoints`)."""
+        router = APIRouter()
+        router.include_router(self._checkpoint_router())
+        router.include_router(self._failpoint_router())
+        return router
+
+    def _failpoint_router(self) -> APIRouter:
+        router = APIRouter(prefix="/_ctl/failpoints")
+
+        @router.get("")
+        async def failpoints(authorization: Authorization = None) -> Reply:
+            return await self._call(authorization, "failpoints", self._failpoint_state)
+
+        @router.post("/{point}")
+        async def arm(point: Failpoint, authorization: Authorization = None) -> Reply:
+            return await self._call(authorization, "arm failpoint", self._arm_failpoint, point)
+
+        return router
+
+    async def _failpoint_state(self) -> Reply:
+        return self.failpoints.state()
+
+    async def _arm_failpoint(self, point: str) -> Reply:
+        self.failpoints.arm(point)
+        return self.failpoints.state()
+
+    def _checkpoint_router(self) -> APIRouter:
         """The control routes; bodies are validated (422) before the bearer is checked (401), as in Gym."""
         router = APIRouter(prefix=CHECKPOINT_ROUTE_PREFIX)
 
@@ -639,6 +669,8 @@ class ControlPlane:
             work.checkpoint_id,
             records,
             stop=work.stop,
+            between_files=functools.partial(self.failpoints.hit, BETWEEN_FILES),
+            manifest_first=self._manifest_first,
         )
         work.stage = "cleanup"
         if request.episode_ids is not None:

@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from fakes.gym.errors import CheckpointStateError
 from fakes.gym.wire import (
     MANIFEST_FILE,
@@ -92,14 +94,20 @@ def write_participant_state(
     records: Iterable[Any],
     *,
     stop: StopFlag | None = None,
+    between_files: Callable[[], None] | None = None,
+    manifest_first: bool = False,
 ) -> dict[str, Any]:
-    """Write the records, then publish the manifest; return the manifest (also when it already existed)."""
+    """Write the records, then publish the manifest; return the manifest (also when it already existed).
+
+    `between_files` runs between the two publications (a failpoint). `manifest_first` publishes the manifest
+    before the records (the planted fault `environment_publishes_manifest_first`)."""
     directory = participant_dir(checkpoint_dir, kind, instance)
     what = f"checkpoint {checkpoint_id!r} to {directory}"
     flag = stop if stop is not None else StopFlag()
+    publish = _Publication(between_files or (lambda: None), manifest_first)
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        return _write(directory, kind, instance, checkpoint_id, records, flag, what)
+        return _write(directory, kind, instance, checkpoint_id, records, flag, what, publish)
     except OSError as exc:
         raise CheckpointStateError(
             f"cannot write {what}: {exc}; check that the directory is writable and has space, then retry the commit"
@@ -114,6 +122,7 @@ def _write(
     records: Iterable[Any],
     flag: StopFlag,
     what: str,
+    publish: _Publication,
 ) -> dict[str, Any]:
     temp_path, digest, count = _write_records_temp(directory, records, flag, what)
     try:
@@ -126,7 +135,7 @@ def _write(
             "records_sha256": digest,
             "record_count": count,
         }
-        return _publish(directory, temp_path, manifest, flag, what)
+        return _publish(directory, temp_path, manifest, flag, what, publish)
     finally:
         with contextlib.suppress(FileNotFoundError):
             temp_path.unlink()
@@ -164,8 +173,14 @@ def _record_line(record: Any, index: int) -> bytes:
         ) from exc
 
 
+@attrs.frozen
+class _Publication:
+    between_files: Callable[[], None]
+    manifest_first: bool
+
+
 def _publish(
-    directory: Path, temp_records: Path, manifest: dict[str, Any], flag: StopFlag, what: str
+    directory: Path, temp_records: Path, manifest: dict[str, Any], flag: StopFlag, what: str, publish: _Publication
 ) -> dict[str, Any]:
     """Rename the records to their digest name, then create the manifest without ever replacing one."""
     manifest_bytes = (manifest_text(manifest) + "\n").encode()
@@ -176,9 +191,16 @@ def _publish(
     try:
         with flag.publishing(what):
             # A directory that holds a manifest never changes, so an existing one is only compared with.
-            if not manifest_path.exists():
+            if not manifest_path.exists() and publish.manifest_first:
+                published = _link_new(temp_manifest, manifest_path)
+                publish.between_files()
                 os.replace(temp_records, records_path)
                 renamed = True
+                _fsync_dir(directory)
+            elif not manifest_path.exists():
+                os.replace(temp_records, records_path)
+                renamed = True
+                publish.between_files()
                 published = _link_new(temp_manifest, manifest_path)
                 _fsync_dir(directory)
     finally:

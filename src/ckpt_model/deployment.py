@@ -6,6 +6,9 @@ Two small protocols say what the checker needs of a system under test:
   Gym process group, say where `/run` goes, show log tails, close. Failures to start are `OSError` or
   `RuntimeError` naming the server. Optionally `restart_server(name)`: crash one server alone and start it again
   (returns every server's URL, like `start_gym`); without it the machine never crashes one participant alone.
+  Optionally `arm_failpoint(name, point)` and `failpoint_reached(name, point) -> bool`: stop one server's work at
+  a named point until it is killed (`FAILPOINT_BETWEEN_FILES`: inside a commit, between the participant's records
+  file and its manifest); without them a crash inside a commit only lands between participants.
 - `Gate`: the backend's control routes (Gym's fake backend, reference section 11): the call list, release chosen
   calls, reset, gate every call, pin the policy's script. `BackendGate` speaks them over HTTP.
 
@@ -35,6 +38,9 @@ from ckpt_model.errors import CoordinationError, ServerStartError
 from ckpt_model.tasks import WEATHER_SCRIPT
 
 log = logging.getLogger(__name__)
+
+# A deployment's failpoint inside a commit: between a participant's records file and its manifest.
+FAILPOINT_BETWEEN_FILES = "commit.between_files"
 
 # The participants' lease grace: short, so the machine can let a lease lapse in well under a second (its rule
 # `quiet_controller`); every other control call sets a deadline far enough ahead that no lease lapses by itself.
@@ -298,6 +304,16 @@ class Harness:
             with timing.span("restart.one"):
                 servers = self._started(lambda: self.deployment.restart_server(name))  # type: ignore[attr-defined]
             self._discover(servers)
+
+    @property
+    def can_stop_inside_commit(self) -> bool:
+        return callable(getattr(self.deployment, "arm_failpoint", None))
+
+    def arm_failpoint(self, name: str, point: str) -> None:
+        self.deployment.arm_failpoint(name, point)  # type: ignore[attr-defined]
+
+    def failpoint_reached(self, name: str, point: str) -> bool:
+        return bool(self.deployment.failpoint_reached(name, point))  # type: ignore[attr-defined]
 
     def close(self) -> None:
         if self._chores is not None:

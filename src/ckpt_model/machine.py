@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -23,14 +24,14 @@ from ckpt_model import damage, timing
 from ckpt_model import properties as props
 from ckpt_model.contract import Attempt, Model
 from ckpt_model.coordination import request_body
-from ckpt_model.deployment import Harness
+from ckpt_model.deployment import FAILPOINT_BETWEEN_FILES, Harness
 from ckpt_model.errors import CoordinationError, HarnessError, ParticipantFailure, PropertyViolation, QuiescenceTimeout
 from ckpt_model.history import History
-from ckpt_model.quiescence import SETTLE_TIMEOUT_S, Observation, Quiescence, backend_calls, observe
+from ckpt_model.quiescence import SETTLE_TIMEOUT_S, Observation, Quiescence, backend_calls, observe, poll
 from ckpt_model.report import annotate
 from ckpt_model.runs import RunPool
 from ckpt_model.stats import SearchStats
-from ckpt_model.storage import CheckpointUnreadable, FingerprintCache, participant_dir
+from ckpt_model.storage import MANIFEST_NAME, CheckpointUnreadable, FingerprintCache, participant_dir
 from ckpt_model.tasks import WEATHER_SCRIPT, expected_reward, legacy_run_body, native_run_body, task_tools
 from ckpt_model.wire import EpisodeId
 
@@ -293,24 +294,28 @@ class CheckpointMachine(RuleBasedStateMachine):
             self.last_call = attrs.evolve(last, after_crash=True, retried=False)
 
     @precondition(lambda self: self.model.phase == "prepared")
-    @rule(committed=PICK)
+    @rule(committed=PICK, inside=st.booleans())
     @step
-    def crash_in_commit(self, committed: int) -> None:
+    def crash_in_commit(self, committed: int, inside: bool) -> None:
         """Gym crashes inside a commit: the first `committed` participants (modulo their number, in name order)
-        committed and the rest never heard of it, then every process group is SIGKILLed. Those that committed
-        replied with and wrote exactly their share (P1) and it verifies (P9); the controller never publishes the
-        checkpoint, and `restore_incomplete` later shows it cannot be restored as if complete."""
+        committed, and with `inside` the next one is stopped inside its own commit, between its records file and
+        its manifest (a deployment failpoint; ignored by a deployment without one); then every process group is
+        SIGKILLed. Those that committed replied with and wrote exactly their share (P1) and it verifies (P9); after
+        the crash every share whose manifest was published verifies in full (P9: the manifest is the commit point,
+        published only once the records are durable). The controller never publishes the checkpoint, and
+        `restore_incomplete` later shows it cannot be restored as if complete."""
         checkpoint_id = self.model.open_checkpoint
         assert checkpoint_id is not None
         members = sorted(self.control.participants, key=lambda m: m.name)
         done = members[: committed % len(members)]
+        stopped = members[len(done)] if inside and self.harness.can_stop_inside_commit else None
         directory = self.harness.checkpoint_dir / checkpoint_id
         episode_ids = [EpisodeId(rollout_id=a.rollout, attempt=a.attempt) for a in self.model.scope()]
+        deadline_ts = time.time() + CONTROL_DEADLINE_S
+        body = request_body(
+            "commit", checkpoint_id, deadline_ts, checkpoint_dir=str(directory), episode_ids=episode_ids
+        )
         if done:
-            deadline_ts = time.time() + CONTROL_DEADLINE_S
-            body = request_body(
-                "commit", checkpoint_id, deadline_ts, checkpoint_dir=str(directory), episode_ids=episode_ids
-            )
             names = [m.name for m in done]
             replies = self._control("commit", checkpoint_id, lambda d: self.control.post_each("commit", body, d, names))
             failures = {name: r for name, r in replies.items() if isinstance(r, ParticipantFailure)}
@@ -326,11 +331,31 @@ class CheckpointMachine(RuleBasedStateMachine):
                     replies[member.name]["episode_ids"],
                     read[member.name].episode_ids,
                 )
-        self.incomplete_shares[checkpoint_id] = frozenset(m.name for m in done)
+        stopped_commit = None if stopped is None else self._stop_inside_commit(stopped.name, body, deadline_ts)
         self._crash_everything()
+        if stopped_commit is not None:
+            stopped_commit.result(timeout=CONTROL_DEADLINE_S)  # ended by the crash
+        read = self._read_checkpoint(directory, checkpoint_id)
+        published = [m.name for m in members if (participant_dir(directory, m.kind, m.name) / MANIFEST_NAME).exists()]
+        props.p9_verifies(checkpoint_id, {name: read[name] for name in published})
+        self.incomplete_shares[checkpoint_id] = frozenset(published)
+        where = f", {stopped.name} stopped between its files" if stopped is not None else ""
         self._advance(
-            self.model.crash_in_commit(), f"crash_in_commit() -> {checkpoint_id} committed by {[m.name for m in done]}"
+            self.model.crash_in_commit(), f"crash_in_commit() -> {checkpoint_id} committed by {published}{where}"
         )
+
+    def _stop_inside_commit(self, name: str, body: dict[str, Any], deadline_ts: float) -> Future[Any]:
+        """Send `name` its commit with a failpoint armed between its two files; return once its work stands there."""
+        self.harness.arm_failpoint(name, FAILPOINT_BETWEEN_FILES)
+        commit = self.runs.submit(self.control.post_each, "commit", body, deadline_ts, [name])
+        if not poll(lambda: self.harness.failpoint_reached(name, FAILPOINT_BETWEEN_FILES), self.quiescence.timeout_s):
+            raise QuiescenceTimeout(
+                prediction=f"{name}'s commit stops between its records file and its manifest",
+                observed="it never got there" + (f": {commit.result()}" if commit.done() else ""),
+                pending=[f"{name} at {FAILPOINT_BETWEEN_FILES}"],
+                timeout_s=self.quiescence.timeout_s,
+            )
+        return commit
 
     @precondition(lambda self: self.model.can_restore_incomplete())
     @rule(pick=PICK)

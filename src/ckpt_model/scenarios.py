@@ -194,7 +194,20 @@ SCENARIOS: dict[str, Scenario] = {
             "dispatch",
             ("release", FIRST),
             "prepare",
-            ("crash_in_commit", {"committed": 2}),
+            ("crash_in_commit", {"committed": 2, "inside": False}),
+            ("restore_incomplete", FIRST),
+            ("start_over", FIRST),
+        ),
+        calls={"r0": (0, 1), "r0-a2": (0, 1)},
+    ),
+    # A crash while the second participant by name (the environment in native) stands between its records file
+    # and its manifest: its share is not published, so restoring the checkpoint is refused by all but the first.
+    "crash_in_commit__between_a_participants_files_is_no_share": Scenario(
+        steps(
+            "dispatch",
+            ("release", FIRST),
+            "prepare",
+            ("crash_in_commit", {"committed": 1, "inside": True}),
             ("restore_incomplete", FIRST),
             ("start_over", FIRST),
         ),
@@ -207,7 +220,7 @@ SCENARIOS: dict[str, Scenario] = {
             CHECKPOINT,
             ("release", FIRST),
             "prepare",
-            ("crash_in_commit", {"committed": 0}),
+            ("crash_in_commit", {"committed": 0, "inside": False}),
             ("restore_incomplete", FIRST),
             "crash",
             ("restore", FIRST),
@@ -339,6 +352,7 @@ FAULT_SCENARIOS: dict[str, str] = {
     "agent_retire_skips_failed_sessions": "restarted_alone__running_work_is_retired_everywhere",
     "environment_retire_leaves_restored": "failed_restore__rollouts_start_over",
     "model_restore_accepts_missing_share": "crash_in_commit__incomplete_checkpoint_is_refused",
+    "environment_publishes_manifest_first": "crash_in_commit__between_a_participants_files_is_no_share",
 }
 
 

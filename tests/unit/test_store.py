@@ -307,3 +307,21 @@ def test_stop_waits_for_a_publication_under_way(tmp_path: Path) -> None:
 
     assert stopped.is_set()
     assert flag.stopped
+
+
+@pytest.mark.parametrize(("manifest_first", "published"), [(False, ["records"]), (True, ["manifest"])])
+def test_between_files_runs_after_the_first_publication_and_before_the_second(
+    tmp_path: Path, manifest_first: bool, published: list[str]
+) -> None:
+    seen: list[list[str]] = []
+
+    def between_files() -> None:
+        names = [path.name for path in _directory(tmp_path).iterdir() if not path.name.startswith(".")]
+        seen.append(sorted("manifest" if name == MANIFEST_NAME else "records" for name in names))
+
+    write_participant_state(
+        tmp_path, KIND, INSTANCE, "c1", _records(), between_files=between_files, manifest_first=manifest_first
+    )
+
+    assert seen == [published]
+    assert read_participant_state(tmp_path, KIND, INSTANCE)[1] == _records()
