@@ -33,7 +33,7 @@ from ckpt_model.runs import RunPool
 from ckpt_model.stats import SearchStats
 from ckpt_model.storage import MANIFEST_NAME, CheckpointUnreadable, FingerprintCache, participant_dir
 from ckpt_model.tasks import WEATHER_SCRIPT, expected_reward, legacy_run_body, native_run_body, task_tools
-from ckpt_model.wire import EpisodeId
+from ckpt_model.wire import RETIRE_ORDER, EpisodeId
 
 # Far ahead, so a lease (deadline + grace) never lapses between two steps of an example, even on a loaded machine.
 CONTROL_DEADLINE_S = 60.0
@@ -356,6 +356,67 @@ class CheckpointMachine(RuleBasedStateMachine):
                 timeout_s=self.quiescence.timeout_s,
             )
         return commit
+
+    @precondition(lambda self: bool(self._interruptible()))
+    @rule(pick=PICK, reached=PICK)
+    @step
+    def crash_in_operation(self, pick: int, reached: int) -> None:
+        """Gym crashes inside a restore, a retire or a forget (whichever can run now, by `pick`): a restore of the
+        latest committed checkpoint reaches the first `reached` participants (modulo their number, in name order);
+        a retire of the first lost or restored attempt, or a forget of the retired rollouts, the first `reached`
+        stages of the retire order (callers before callees); each that is reached must answer it; then every
+        process group is SIGKILLed. Nothing of it may outlive the crash: the fresh processes are idle and empty,
+        and every committed checkpoint is unchanged (P9), so the next restore works as if the operation never
+        started."""
+        operation = _pick(self._interruptible(), pick)
+        deadline_ts = time.time() + CONTROL_DEADLINE_S
+        if operation == "restore":
+            checkpoint = self.model.committed[-1]
+            covered = self.model.marks_covering(checkpoint.checkpoint_id)
+            if covered:
+                self._forget(covered)
+            checkpoint_id = f"{checkpoint.checkpoint_id}-restore{self.model.checkpoint_seq + 1}"
+            scope = [EpisodeId.from_capture_key(key) for key in checkpoint.exported]
+            directory = str(self.harness.checkpoint_dir / checkpoint.checkpoint_id)
+            body = request_body("restore", checkpoint_id, deadline_ts, checkpoint_dir=directory, episode_ids=scope)
+            members = sorted(self.control.participants, key=lambda m: m.name)
+            stages = [[m.name] for m in members[: reached % len(members)]]
+        else:
+            self.retire_seq += 1
+            checkpoint_id = f"{operation}{self.retire_seq}"
+            if operation == "retire":
+                lost = self.model.with_status("dead", "pending")[0]
+                episodes = [EpisodeId(rollout_id=lost.rollout, attempt=lost.attempt)]
+                body = request_body("retire", checkpoint_id, deadline_ts, episode_ids=episodes)
+            else:
+                body = request_body("forget", checkpoint_id, deadline_ts, rollout_ids=self.model.marked_rollouts())
+            order = [[m.name for m in self.control.participants.of_kinds(kinds)] for kinds in RETIRE_ORDER]
+            stages = order[: reached % len(order)]
+        for names in stages:
+            answers = self._control(
+                operation, checkpoint_id, functools.partial(self._post_each_by, operation, body, names)
+            )
+            failures = {name: a for name, a in answers.items() if isinstance(a, ParticipantFailure)}
+            if failures:
+                raise CoordinationError(operation, failures, answers)
+        self._crash_everything()
+        reached_names = [name for names in stages for name in names]
+        self._advance(
+            self.model.crash(), f"crash_in_operation() inside {operation} {checkpoint_id}, reached {reached_names}"
+        )
+
+    def _post_each_by(self, operation: str, body: dict[str, Any], names: list[str], deadline_ts: float) -> Any:
+        return self.control.post_each(operation, body, deadline_ts, names)
+
+    def _interruptible(self) -> list[str]:
+        """The operations a crash can land inside now."""
+        model = self.model
+        available = {
+            "restore": model.can_restore(),
+            "retire": not model.checkpoint_open and bool(model.with_status("dead", "pending")),
+            "forget": not model.checkpoint_open and bool(model.retired_marks),
+        }
+        return [operation for operation, possible in available.items() if possible]
 
     @precondition(lambda self: self.model.can_restore_incomplete())
     @rule(pick=PICK)

@@ -213,6 +213,24 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         calls={"r0": (0, 1), "r0-a2": (0, 1)},
     ),
+    # Crashes inside a forget (two stages reached), a restore (two participants) and a retire of the lost attempt
+    # (one stage): nothing of them outlives the crash, and the checkpoint then restores and continues from call 1.
+    "crash_in_operation__nothing_of_it_outlives_the_crash": Scenario(
+        steps(
+            "dispatch",
+            ("retire", {"pick": 0, "again": False}),
+            ("crash_in_operation", {"pick": 0, "reached": 2}),
+            "dispatch",
+            ("release", FIRST),
+            ("checkpoint", {"then_resume": False}),
+            "crash",
+            ("crash_in_operation", {"pick": 0, "reached": 2}),
+            ("crash_in_operation", {"pick": 1, "reached": 1}),
+            ("restore", FIRST),
+            ("start_replacement", FIRST),
+        ),
+        calls={"r0": (0,), "r1": (0, 1), "r1-a1": (1,)},
+    ),
     # A crash inside a commit that reached no participant leaves the earlier checkpoint to restore, untouched.
     "crash_in_commit__earlier_checkpoint_still_restores": Scenario(
         steps(
