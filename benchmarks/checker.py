@@ -28,7 +28,7 @@ from ckpt_model import profiles
 from ckpt_model.deployment import Harness, fault_catalogue
 from ckpt_model.faultsearch import FAULT_SEARCH, FAULT_SEARCH_WITH_SHRINK, Failure, Finding, harness_for, search
 from ckpt_model.machine import machine_for
-from ckpt_model.stats import SearchStats
+from ckpt_model.stats import ExampleStat, SearchStats
 
 DEPLOYMENTS = (("native", "wait"), ("legacy", "wait"), ("slow", "wait"), ("slow", "replay"))
 # Seconds per example of the default profile on 2 idle cores before the speed work (issue 9's baseline).
@@ -50,10 +50,17 @@ def default_profile(topology: str, verify_mode: str) -> None:
     print(
         f"{label:<11} examples {len(done):>3}  steps/example median {statistics.median(e.steps for e in done):>4.1f}"
         f"  crashes/example mean {statistics.mean(e.crashes for e in done):.2f}"
+        f" ({inside_share(done)} inside an operation)"
         f"  s/example median {statistics.median(seconds):.2f} p90 {percentile(seconds, 0.9):.2f}"
         f" (before: {BASELINE_S[label]:.2f})  per step {per_step}  total {total_s:.1f} s",
         flush=True,
     )
+
+
+def inside_share(done: list[ExampleStat]) -> str:
+    """The share of the crashes that landed inside an operation."""
+    crashes = sum(e.crashes for e in done)
+    return f"{100 * sum(e.crashes_inside for e in done) / crashes:.0f} %" if crashes else "-"
 
 
 def percentile(ordered: list[float], share: float) -> float:

@@ -63,8 +63,8 @@ class ExampleClock(SearchStats):
         super().example_started()
         self._started_at_s = time.perf_counter()
 
-    def example_finished(self, steps: int, crashes: int, seconds: float) -> None:
-        super().example_finished(steps, crashes, seconds)
+    def example_finished(self, steps: int, crashes: int, seconds: float, crashes_inside: int = 0) -> None:
+        super().example_finished(steps, crashes, seconds, crashes_inside)
         self.example_seconds.append(time.perf_counter() - self._started_at_s)
 
 

@@ -121,6 +121,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         self.draining = False
         self.retire_seq = 0
         self.crashes = 0
+        self.crashes_inside = 0
         self.crashed_alone = False
         self.broken = False
         self.started_s = time.monotonic()
@@ -279,9 +280,10 @@ class CheckpointMachine(RuleBasedStateMachine):
         self._crash_everything()
         self._advance(self.model.crash(), "crash()")
 
-    def _crash_everything(self) -> None:
+    def _crash_everything(self, inside: bool = False) -> None:
         self.history.invoke("controller", "crash")
         self.crashes += 1
+        self.crashes_inside += inside
         self.harness.crash()
         self.runs.wait_ended(self.quiescence.timeout_s)
         with timing.span("release_stale"):
@@ -332,7 +334,7 @@ class CheckpointMachine(RuleBasedStateMachine):
                     read[member.name].episode_ids,
                 )
         stopped_commit = None if stopped is None else self._stop_inside_commit(stopped.name, body, deadline_ts)
-        self._crash_everything()
+        self._crash_everything(inside=True)
         if stopped_commit is not None:
             stopped_commit.result(timeout=CONTROL_DEADLINE_S)  # ended by the crash
         read = self._read_checkpoint(directory, checkpoint_id)
@@ -399,7 +401,7 @@ class CheckpointMachine(RuleBasedStateMachine):
             failures = {name: a for name, a in answers.items() if isinstance(a, ParticipantFailure)}
             if failures:
                 raise CoordinationError(operation, failures, answers)
-        self._crash_everything()
+        self._crash_everything(inside=True)
         reached_names = [name for names in stages for name in names]
         self._advance(
             self.model.crash(), f"crash_in_operation() inside {operation} {checkpoint_id}, reached {reached_names}"
@@ -788,7 +790,9 @@ class CheckpointMachine(RuleBasedStateMachine):
             self.runs.shutdown()
             if self.stats is not None:
                 rules = sum(1 for label in self.steps if not label.startswith("-- "))
-                self.stats.example_finished(rules, self.crashes, time.monotonic() - self.started_s)
+                self.stats.example_finished(
+                    rules, self.crashes, time.monotonic() - self.started_s, crashes_inside=self.crashes_inside
+                )
 
     def _drain(self) -> None:
         """Resume, start everything unfinished, release every call; then P3, P4, P7, P9 and P13."""

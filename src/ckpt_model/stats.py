@@ -12,6 +12,8 @@ class ExampleStat:
     steps: int
     crashes: int
     seconds: float
+    # Crashes that landed inside an operation (a commit, restore, retire or forget under way).
+    crashes_inside: int = 0
 
 
 @attrs.define
@@ -30,5 +32,5 @@ class SearchStats:
         if self.first_failure_s is None:
             self.first_failure_s = time.monotonic() - self.started_s
 
-    def example_finished(self, steps: int, crashes: int, seconds: float) -> None:
-        self.finished.append(ExampleStat(steps=steps, crashes=crashes, seconds=seconds))
+    def example_finished(self, steps: int, crashes: int, seconds: float, crashes_inside: int = 0) -> None:
+        self.finished.append(ExampleStat(steps=steps, crashes=crashes, seconds=seconds, crashes_inside=crashes_inside))
