@@ -68,11 +68,11 @@ CATALOGUE: tuple[Fault, ...] = (
         "checkpoint whose commit a crash cut short before reaching it instead of refusing it",
     ),
     Fault(
-        "environment_publishes_manifest_first",
-        "environment",
+        "store_publishes_manifest_first",
+        "every participant",
         "P9",
-        "a commit publishes the manifest before the records file, so a crash between the two leaves a manifest "
-        "naming records that are not there",
+        "the writer every participant shares publishes the manifest before the records file, so a crash between "
+        "the two leaves a manifest naming records that are not there",
     ),
     Fault(
         "agent_restore_drops_outputs",

@@ -181,7 +181,7 @@ class ControlPlane:
         self._commit_replay_compares_request = kind == "environment" and "retried_commit_conflicts" in self.faults
         self._retire_frees_restored = kind != "environment" or "environment_retire_leaves_restored" not in self.faults
         self._missing_share_is_empty = kind == "model" and "model_restore_accepts_missing_share" in self.faults
-        self._manifest_first = kind == "environment" and "environment_publishes_manifest_first" in self.faults
+        self._manifest_first = "store_publishes_manifest_first" in self.faults
         self.failpoints = Failpoints()
         self.instance = instance
         self.lease_grace_s = lease_grace_s

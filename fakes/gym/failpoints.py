@@ -13,7 +13,7 @@ import threading
 from typing import Literal, get_args
 
 # Inside a commit, between the participant's two file publications (records renamed to their digest name, then
-# the manifest linked; the other way round under the fault `environment_publishes_manifest_first`).
+# the manifest linked; the other way round under the fault `store_publishes_manifest_first`).
 BETWEEN_FILES = "commit.between_files"
 Failpoint = Literal["commit.between_files"]
 POINTS: tuple[str, ...] = get_args(Failpoint)

@@ -100,7 +100,7 @@ def write_participant_state(
     """Write the records, then publish the manifest; return the manifest (also when it already existed).
 
     `between_files` runs between the two publications (a failpoint). `manifest_first` publishes the manifest
-    before the records (the planted fault `environment_publishes_manifest_first`)."""
+    before the records (the planted fault `store_publishes_manifest_first`)."""
     directory = participant_dir(checkpoint_dir, kind, instance)
     what = f"checkpoint {checkpoint_id!r} to {directory}"
     flag = stop if stop is not None else StopFlag()

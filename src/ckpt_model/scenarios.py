@@ -370,7 +370,7 @@ FAULT_SCENARIOS: dict[str, str] = {
     "agent_retire_skips_failed_sessions": "restarted_alone__running_work_is_retired_everywhere",
     "environment_retire_leaves_restored": "failed_restore__rollouts_start_over",
     "model_restore_accepts_missing_share": "crash_in_commit__incomplete_checkpoint_is_refused",
-    "environment_publishes_manifest_first": "crash_in_commit__between_a_participants_files_is_no_share",
+    "store_publishes_manifest_first": "crash_in_commit__between_a_participants_files_is_no_share",
 }
 
 
