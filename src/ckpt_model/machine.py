@@ -31,7 +31,7 @@ from ckpt_model.report import annotate
 from ckpt_model.runs import RunPool
 from ckpt_model.stats import SearchStats
 from ckpt_model.storage import CheckpointUnreadable, FingerprintCache, participant_dir
-from ckpt_model.tasks import WEATHER_SCRIPT, expected_reward, legacy_run_body, native_run_body, task_tools
+from ckpt_model.tasks import expected_reward, run_body, script_for
 from ckpt_model.wire import EpisodeId
 
 # Far ahead, so a lease (deadline + grace) never lapses between two steps of an example, even on a loaded machine.
@@ -99,7 +99,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         self.model = Model(topology=harness.topology, verify_mode=harness.verify_mode)  # type: ignore[arg-type]
         self.history = History()
         self.runs = RunPool(harness.run_http, lambda: harness.run_url, self._run_body, self.history)
-        reward = expected_reward(task_tools(self.model.topology), WEATHER_SCRIPT)
+        reward = expected_reward(self.model.topology, script_for(self.model.topology))
         self.quiescence = Quiescence(harness, self.runs, reward, settle_timeout_s)
         self.retired_attempts: dict[str, Attempt] = {}
         self.last_call: SentCall | None = None
@@ -664,8 +664,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         self.harness.backend.release([waiting[key] for key in keys])
 
     def _run_body(self, attempt: Attempt) -> dict[str, Any]:
-        build = legacy_run_body if self.model.topology == "legacy" else native_run_body
-        return build(attempt.rollout, attempt.attempt)
+        return run_body(self.model.topology, attempt.rollout, attempt.attempt)
 
     def _read_checkpoint(self, directory: Path, checkpoint_id: str) -> dict[str, Any]:
         with timing.span("fingerprint"):
