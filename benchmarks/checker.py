@@ -30,7 +30,7 @@ from ckpt_model.faultsearch import FAULT_SEARCH, FAULT_SEARCH_WITH_SHRINK, Failu
 from ckpt_model.machine import machine_for
 from ckpt_model.stats import SearchStats
 
-DEPLOYMENTS = (("native", "wait"), ("legacy", "wait"), ("slow", "wait"), ("slow", "replay"))
+DEPLOYMENTS = (("native", "wait"), ("legacy", "wait"), ("counter", "wait"), ("slow", "wait"), ("slow", "replay"))
 
 
 def default_profile(topology: str, verify_mode: str) -> None:
