@@ -683,12 +683,13 @@ class CheckpointMachine(RuleBasedStateMachine):
         self, directory: Path, checkpoint_id: str, restore_id: str, scope: tuple[str, ...], replies: dict[str, Any]
     ) -> None:
         """P6 at a restore: the resources participant installed the sessions of its in-scope records (read with the
-        checker's own reader), under their next attempts."""
+        checker's own reader), under their next attempts: its reply names them, and its status counts them."""
         for member in self._resources_members():
             records = self._resources_records(directory, checkpoint_id, member.name)
             keys = [props.record_key(record) for record in records]
             expected = [EpisodeId.from_capture_key(key).next_attempt().capture_key for key in keys if key in scope]
-            props.p6_restored(restore_id, member.name, expected, replies[member.name].get("restored"))
+            sessions = self.control.status(member)["report"]["counts"].get("sessions")
+            props.p6_restored(restore_id, member.name, expected, replies[member.name].get("restored"), sessions)
 
     def _resources_members(self) -> list[Any]:
         return [m for m in self.control.participants if m.kind == "resources"]

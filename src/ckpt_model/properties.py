@@ -221,15 +221,17 @@ def p6_exported_state(
         )
 
 
-def p6_restored(restore_id: str, participant: str, expected: Iterable[str], restored: Any) -> None:
-    """After a restore: the resources participant installed, under their next attempts, exactly the sessions its
-    in-scope records hold (its reply's `restored`)."""
+def p6_restored(restore_id: str, participant: str, expected: Iterable[str], restored: Any, sessions: Any) -> None:
+    """After a restore, before the resume: the resources participant installed, under their next attempts, exactly
+    the sessions its in-scope records hold. Its reply's `restored` names them, and its status counts them as its
+    only sessions (the restore went into a fresh process, which served nothing before)."""
     want = sorted(expected)
-    if restored != want:
+    if restored != want or sessions != len(want):
+        named = set(restored) if isinstance(restored, list) else set()
         raise P6Violation(
-            rollout=next(iter(sorted(set(want) ^ set(restored if isinstance(restored, list) else []))), None),
+            rollout=next(iter(sorted(set(want) ^ named)), None),
             expected=f"{participant} restores the exported sessions of {want} in {restore_id}",
-            observed=f"its restore reply names {restored!r} as restored",
+            observed=f"its restore reply names {restored!r} as restored; its status counts {sessions!r} session(s)",
         )
 
 

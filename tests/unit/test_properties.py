@@ -705,19 +705,24 @@ def test_p6_exported_state_a_session_not_written_is_a_violation() -> None:
         properties.p6_exported_state("c1", "resources", {"r0": {"count": 4}}, [])
 
 
-def test_p6_restored_passes_when_the_reply_names_the_next_attempts_of_the_records() -> None:
-    properties.p6_restored("c1-restore2", "resources", ["r1-a1", "r0-a1"], ["r0-a1", "r1-a1"])
-    properties.p6_restored("c1-restore2", "resources", [], [])
+def test_p6_restored_passes_when_the_reply_and_the_status_show_the_next_attempts_of_the_records() -> None:
+    properties.p6_restored("c1-restore2", "resources", ["r1-a1", "r0-a1"], ["r0-a1", "r1-a1"], 2)
+    properties.p6_restored("c1-restore2", "resources", [], [], 0)
 
 
 def test_p6_restored_a_skipped_install_is_a_violation() -> None:
     """Gym's negative control: a restore that never installs the resources sessions."""
     with pytest.raises(properties.P6Violation, match=r"\(rollout r0-a1\)") as caught:
-        properties.p6_restored("c1-restore2", "resources", ["r0-a1"], [])
+        properties.p6_restored("c1-restore2", "resources", ["r0-a1"], [], 0)
     assert "resources restores the exported sessions of ['r0-a1'] in c1-restore2" in str(caught.value)
-    assert "its restore reply names [] as restored" in str(caught.value)
+    assert "its restore reply names [] as restored; its status counts 0 session(s)" in str(caught.value)
+
+
+def test_p6_restored_a_reply_that_claims_sessions_the_status_does_not_count_is_a_violation() -> None:
+    with pytest.raises(properties.P6Violation, match=r"names \['r0-a1'\] as restored; its status counts 0"):
+        properties.p6_restored("c1-restore2", "resources", ["r0-a1"], ["r0-a1"], 0)
 
 
 def test_p6_restored_a_reply_without_a_list_is_a_violation() -> None:
     with pytest.raises(properties.P6Violation, match="names None"):
-        properties.p6_restored("c1-restore2", "resources", [], None)
+        properties.p6_restored("c1-restore2", "resources", [], None, 0)
