@@ -1,6 +1,6 @@
 """Where an example's time goes: the default profile per topology against the fault-free stack, broken down.
 
-    python benchmarks/example_profile.py [--examples 8] [--deployments native,legacy,slow/wait,slow/replay]
+    python benchmarks/example_profile.py [--examples 8] [--deployments native,legacy,counter,slow/wait,slow/replay]
                                          [--seed 1 | --derandomize]
 
 For each deployment it runs the default profile's machine (`--examples` examples, explored randomly from
@@ -43,6 +43,7 @@ from ckpt_model.stats import SearchStats  # noqa: E402
 DEPLOYMENTS = {
     "native": ("native", "wait"),
     "legacy": ("legacy", "wait"),
+    "counter": ("counter", "wait"),
     "slow/wait": ("slow", "wait"),
     "slow/replay": ("slow", "replay"),
 }

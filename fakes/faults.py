@@ -170,6 +170,14 @@ CATALOGUE: tuple[Fault, ...] = (
         "an agent retire that stops and frees only sessions still running, so a session whose activation failed"
         " (its policy model crashed alone) stays tracked for good",
     ),
+    Fault(
+        "resources_restore_skipped",
+        "resources",
+        "P6",
+        "a restore that skips the resources participant's install: the exported session states never come back, so"
+        " a continued counter counts from 0",
+        topology="counter",
+    ),
 )
 BY_NAME: dict[str, Fault] = {fault.name: fault for fault in CATALOGUE}
 

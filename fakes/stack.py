@@ -1,6 +1,6 @@
 """Launch a look-alike Gym deployment: the fake backend plus the four Gym servers, each in its own process group.
 
-As a program: `python -m fakes.stack --topology native|legacy|slow --state-dir DIR [--backend-url URL]
+As a program: `python -m fakes.stack --topology native|legacy|counter|slow --state-dir DIR [--backend-url URL]
 [--faults a,b] [--no-fork-server] [--verify-mode wait|replay] [--lease-grace-s S]` starts everything, writes
 `DIR/deployment.json` and stays in the foreground until SIGTERM or SIGINT. As a library: `Stack` starts, crashes
 (SIGKILL of every Gym process group) and restarts the Gym servers against a backend that survives, which is what
@@ -61,6 +61,13 @@ TOPOLOGIES: dict[str, dict[str, str]] = {
         "policy_model": "policy_model",
     },
     "legacy": {
+        "environment": "legacy_relay",
+        "agent": "agent",
+        "resources": "resources",
+        "policy_model": "policy_model",
+    },
+    # legacy rows of Gym's counter example: the resources server exports each session's count (mode `exported`)
+    "counter": {
         "environment": "legacy_relay",
         "agent": "agent",
         "resources": "resources",
@@ -363,6 +370,7 @@ class Stack:
                 verify_mode=self.verify_mode,
                 lease_grace_s=self.lease_grace_s,
                 verify_judge=self.topology == "slow" and role == "resources",
+                resources_mode="exported" if self.topology == "counter" else "stateless",
             )
             for name, role in roles.items()
         }

@@ -43,7 +43,7 @@ run_step() {
   fi
 }
 
-# tests/stateful runs the machine against every topology (native, legacy, slow with wait and with replay
+# tests/stateful runs the machine against every topology (native, legacy, counter, slow with wait and with replay
 # verification) and the fixed scenarios.
 run_step stateful "$python" -m pytest tests/stateful -p no:cacheprovider -n "$workers" \
   --junitxml="$artifacts/junit-stateful.xml"

@@ -480,14 +480,14 @@ class LegacyEpisodes:
                 response = await core.episodes.step(episode, "replay", core.activate(session, params, None))
                 state = {**state, "next": "verify", "response": response}
             else:
-                result = await core.episodes.step(episode, state["verify_mode"], self._verify(key, state, params))
+                result = await core.episodes.step(episode, state["verify_mode"], self._verify(key, state, row))
                 state = {"next": "return", "response": state["response"], "result": result}
 
     async def _seed(self, episode: Episode, row: dict[str, Any]) -> dict[str, Any]:
         seeded = await post_json(
             self.core._client(),
             f"{self.core.config.peer('resources')}/ng-rollout/{episode.key}/seed_session",
-            {"episode_id": episode.episode_id.wire(), "task_data": {}},
+            {"episode_id": episode.episode_id.wire(), "task_data": {}, **task_fields(row)},
         )
         return {
             "next": "loop",
@@ -499,20 +499,27 @@ class LegacyEpisodes:
         key = f"run:{episode.episode_id.rollout_id}"
         session = self.core.sessions.get(key)
         if session is None or session.episode_id != episode.episode_id:
-            session = AgentSession(
-                key=key, episode_id=episode.episode_id, request={}, resources_cookies=state["cookies"]
-            )
+            session = AgentSession(key=key, episode_id=episode.episode_id, request={})
             self.core.sessions[key] = session
+        # A restored legacy session exports no hook state (`{}`); its resources session is the episode's, whose
+        # cookies the episode boundary keeps (Gym's loop boundary carries `resources_server_cookies`, 9.3).
+        session.resources_cookies = state["cookies"]
         return session
 
-    async def _verify(self, key: str, state: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    async def _verify(self, key: str, state: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
+        params = row.get("responses_create_params", {})
         reply = await post_json(
             self.core._client(),
             f"{self.core.config.peer('resources')}/ng-rollout/{key}/verify",
-            {"responses_create_params": params, "response": state["response"]},
+            {"responses_create_params": params, "response": state["response"], **task_fields(row)},
             headers=cookie_header(state["cookies"]),
         )
         return reply.json()
+
+
+def task_fields(row: dict[str, Any]) -> dict[str, Any]:
+    """A legacy row's task fields (the counter's `initial_count`, `expected_count`): seed and verify get them."""
+    return {k: v for k, v in row.items() if k != "responses_create_params" and not k.startswith("_ng_")}
 
 
 def legacy_digest(row: dict[str, Any]) -> str:

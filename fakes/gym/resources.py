@@ -1,4 +1,6 @@
-"""The resources server: Gym's weather example (`get_weather`, mode `stateless`) with session tracking.
+"""The resources server: Gym's weather example (`get_weather`, mode `stateless`) with session tracking, or, in
+mode `exported`, Gym's counter example (`example_session_state_mgmt`, reference 8.4), whose sessions hold state a
+continuation needs.
 
 In the slow topology its `/verify` asks a judge model on the backend first (`Judge`): a verification step that
 takes as long as the checker says, since the judge call waits at the backend's gate like a policy call. The
@@ -7,6 +9,10 @@ verify mode (`wait` or `replay`) is reported on every seed reply.
 Sessions are bound to the episode whose `/seed_session` created them (the rollout path prefix names it) and
 ended by `/verify` or `/close_session`. While a checkpoint is open every request except replayable verification
 waits for re-open instead of failing (reference 8.2); retire refuses a covered session's requests until forget.
+
+The counter: a seed sets the session's count to `initial_count`, `/increment_counter {count}` adds, and `/verify`
+rewards 1.0 when the count equals `expected_count`. A session nobody seeded counts from 0, as Gym's does. A commit
+exports `{"count": n}` per session; a restore validates every state before it installs any.
 """
 
 from __future__ import annotations
@@ -54,6 +60,8 @@ class ResourcesSession:
     episode_id: EpisodeId
     inflight: int = 0
     restored_pending: bool = False
+    # The counter's state (mode `exported`); None until seeded or restored, which a tool call reads as 0.
+    count: int | None = None
 
 
 class ResourcesCore:
@@ -140,6 +148,7 @@ class ResourcesParticipant:
     def __init__(self, core: ResourcesCore, faults: frozenset[str]) -> None:
         self.core = core
         self.retire_keeps_sessions = "resources_retire_keeps_sessions" in faults
+        self.restore_skipped = "resources_restore_skipped" in faults
 
     def report(self) -> PrepareReport:
         core = self.core
@@ -156,20 +165,58 @@ class ResourcesParticipant:
         self.core.admission.set()
 
     async def export(self, scope: list[EpisodeId] | None) -> list[dict[str, Any]]:
-        return []
+        """Mode `exported`: every tracked session of an unretired attempt, restored-pending ones only in scope."""
+        core = self.core
+        if core.mode != "exported":
+            return []
+        keys = None if scope is None else {e.capture_key for e in scope}
+        records = []
+        for session in sorted(core.sessions.values(), key=lambda s: s.session_id):
+            if self._retired_session(session):
+                continue
+            if session.restored_pending and keys is not None and session.episode_id.capture_key not in keys:
+                continue
+            records.append(
+                {
+                    "episode_id": session.episode_id.wire(),
+                    "session_id": session.session_id,
+                    "state": {"count": session.count or 0},
+                }
+            )
+        return records
+
+    def _retired_session(self, session: ResourcesSession) -> bool:
+        return session.session_id in self.core.retired_sessions or self.core._retired(session.episode_id)
 
     def validate_record(self, record: dict[str, Any]) -> None:
-        raise CheckpointStateError(
-            f"resources server in mode {self.core.mode!r} exports nothing, so it cannot install a record "
-            f"({record.get('episode_id')})"
-        )
+        if self.core.mode != "exported":
+            raise CheckpointStateError(
+                f"resources server in mode {self.core.mode!r} exports nothing, so it cannot install a record "
+                f"({record.get('episode_id')})"
+            )
+        if not isinstance(record.get("session_id"), str):
+            raise CheckpointStateError(f"resources record {record.get('episode_id')}: 'session_id' must be a string")
+        counter_state(record.get("state"), record["session_id"])
 
     async def install(self, records: list[dict[str, Any]], scope: list[EpisodeId]) -> list[str]:
-        if self.core.served or self.core.inflight:
+        """Validate every state, then install them all under the next attempts (all or nothing, reference 8.1)."""
+        core = self.core
+        if core.served or core.inflight:
             raise ControlError("restore requires a resources server that has not served sessions")
-        if records:
-            raise CheckpointStateError(f"resources server in mode {self.core.mode!r} cannot install records")
-        return []
+        if records and core.mode != "exported":
+            raise CheckpointStateError(f"resources server in mode {core.mode!r} cannot install records")
+        counts = [counter_state(record.get("state"), record.get("session_id")) for record in records]
+        if self.restore_skipped:
+            return []  # planted fault: the sessions and their counts are never installed
+        restored = []
+        for record, count in zip(records, counts, strict=True):
+            next_id = EpisodeId(**record["episode_id"]).next_attempt()
+            session = core._bind(record["session_id"], next_id)
+            session.count = count
+            session.restored_pending = True
+            restored.append(next_id.capture_key)
+        core.notify()
+        return sorted(restored)
 
     async def delete_restored(self, keep: set[str]) -> None:
         core = self.core
@@ -210,6 +257,14 @@ class ResourcesParticipant:
         return {"mode": core.mode, "verify": core.verify_mode, "retired_sessions": len(core.retired_sessions)}
 
 
+def counter_state(state: Any, session_id: Any) -> int:
+    """The count of an exported counter state `{"count": int}`; anything else (a bool too) is invalid state."""
+    count = state.get("count") if isinstance(state, dict) else None
+    if type(count) is not int:
+        raise CheckpointStateError(f"invalid counter state for session {session_id!r}: {state!r}")
+    return count
+
+
 def session_id_for(key: str) -> str:
     return "resources-session-" + hashlib.sha256(key.encode()).hexdigest()[:32]
 
@@ -242,12 +297,14 @@ class Judge:
 
 
 def build_app(config: ServerConfig) -> FastAPI:
-    """The weather resources server with session tracking and the checkpoint control routes."""
+    """The weather (or, in mode `exported`, counter) resources server with session tracking and the checkpoint
+    control routes."""
     control_plane: ControlPlane
     core = ResourcesCore(config, notify=lambda: control_plane.notify())
     control_plane = ControlPlane.from_config(ResourcesParticipant(core, frozenset(config.faults)), config)
     core.control_plane = control_plane
     judge = Judge(config.backend_url) if config.verify_judge else None
+    counter = config.resources_mode == "exported"
     if judge is not None:
         app = FastAPI(lifespan=lifespan_with_client(lambda client: setattr(judge, "client", client)))
     else:
@@ -264,10 +321,18 @@ def build_app(config: ServerConfig) -> FastAPI:
         episode_id = EpisodeId(**body["episode_id"]) if "episode_id" in body else EpisodeId.from_capture_key(key)
         async with core.admit(request, seed=True):
             session_id = body.get("resources_session_id") or session_id_for(episode_id.capture_key)
-            core._bind(session_id, episode_id)
+            previous = core.sessions.get(session_id)
+            session = core._bind(session_id, episode_id)
+            if counter:
+                # Gym's `setdefault(session_id, initial_count)`: a seed run again keeps the session's count.
+                kept = previous.count if previous is not None else None
+                session.count = kept if kept is not None else int(body.get("initial_count", 0))
         response.set_cookie(SESSION_COOKIE, session_id)
         response.headers["x-ng-checkpoint-verify"] = core.verify_mode
         return {"resources_session_id": session_id}
+
+    if counter:
+        add_counter_tools(app, core)
 
     @app.post("/get_weather")
     async def get_weather(request: Request) -> dict[str, Any]:
@@ -286,7 +351,7 @@ def build_app(config: ServerConfig) -> FastAPI:
                     await unless_client_gone(request, judge.ask(rollout_key(request.state) or "", response))
                 except ClientGone:
                     return Response(status_code=CLIENT_GONE_STATUS)
-            reward = weather_reward(response)
+            reward = counter_reward(session, body) if counter else weather_reward(response)
         core.end(session)
         return {"reward": reward}
 
@@ -297,3 +362,28 @@ def build_app(config: ServerConfig) -> FastAPI:
         return {"closed": session is not None}
 
     return app
+
+
+def counter_reward(session: ResourcesSession | None, body: dict[str, Any]) -> float:
+    """1.0 when the session's count equals the row's `expected_count` (a session never seen earns nothing)."""
+    if session is None or session.count is None:
+        return 0.0
+    return 1.0 if session.count == body.get("expected_count") else 0.0
+
+
+def add_counter_tools(app: FastAPI, core: ResourcesCore) -> None:
+    """The counter's tools; a session nobody seeded or restored counts from 0, as Gym's `setdefault(id, 0)`."""
+
+    @app.post("/increment_counter")
+    async def increment_counter(request: Request) -> dict[str, Any]:
+        body = await request.json()
+        async with core.admit(request) as session:
+            if session is None:
+                raise ControlError("/increment_counter needs a resources session cookie")
+            session.count = (session.count or 0) + int(body["count"])
+            return {"success": True}
+
+    @app.post("/get_counter_value")
+    async def get_counter_value(request: Request) -> dict[str, Any]:
+        async with core.admit(request) as session:
+            return {"count": 0 if session is None or session.count is None else session.count}

@@ -19,7 +19,7 @@ from typing import Literal
 
 import attrs
 
-Topology = Literal["native", "legacy", "slow"]
+Topology = Literal["native", "legacy", "counter", "slow"]
 VerifyMode = Literal["wait", "replay"]
 Status = Literal["running", "pending", "replied", "dead", "retired", "dropped"]
 Phase = Literal["idle", "prepared", "committed"]
@@ -28,8 +28,13 @@ Phase = Literal["idle", "prepared", "committed"]
 # verification step after the agent has finished. Both wait at the backend until the checker releases them.
 VERIFY = "verify"
 ScriptCall = int | str
-# What an uninterrupted weather episode calls, in order (reference 9.4).
-SCRIPTS: dict[str, tuple[ScriptCall, ...]] = {"native": (2, 4), "legacy": (1, 3), "slow": (2, 4, VERIFY)}
+# What an uninterrupted episode calls, in order (reference 9.4): weather, and the counter row's two increments.
+SCRIPTS: dict[str, tuple[ScriptCall, ...]] = {
+    "native": (2, 4),
+    "legacy": (1, 3),
+    "counter": (1, 3, 5),
+    "slow": (2, 4, VERIFY),
+}
 
 
 def capture_key(rollout: str, attempt: int) -> str:
@@ -107,17 +112,25 @@ class Attempt:
         `return` boundary, replying at the resume (Gym's scenario 10: finished during prepare)."""
         return self.status == "running" and self.finished_script
 
+    @property
+    def tool_rounds(self) -> int:
+        """Tool rounds its episode ran up to its boundary: every delivered policy response but the last is a tool
+        call."""
+        policy_calls = sum(1 for call in self.script if call != VERIFY)
+        return min(self.boundary, policy_calls - 1)
+
     def holds_resources_session(self, topology: Topology) -> bool:
         """The resources server tracks a session for it: from its seed until its verification ends. A continued
-        attempt was seeded before the checkpoint and the stateless weather server restores no session; a native
-        one binds one again with its first request: the tool round (continued from call 0) or a replayed
-        verification; a legacy agent's restored session carries no resources binding to renew."""
+        attempt was seeded before the checkpoint. The stateless weather server restores no session, and binds
+        one again with the continuation's first request to it: the tool round (continued from call 0) or a
+        replayed verification. The counter server restores each exported session with the checkpoint, bound to
+        the next attempt, which holds it from the restore on."""
+        if topology == "counter":
+            return self.status in ("running", "pending") and not self.at_return
         if self.status != "running" or self.at_return:
             return False
         if not self.continued:
             return True
-        if topology == "legacy":
-            return False
         return (self.start_call == 0 and self.delivered >= 1) or self.verifying
 
     def deliver(self, *, admission_open: bool = True) -> Attempt:
@@ -183,8 +196,9 @@ class Model:
 
     @property
     def episode_owner(self) -> str:
-        """The server that holds episodes and lists them in its commit reply: the agent for legacy `/run`."""
-        return "agent" if self.topology == "legacy" else "environment"
+        """The server that holds episodes and lists them in its commit reply: the agent for legacy `/run` (the
+        counter rows are legacy rows)."""
+        return "agent" if self.topology in ("legacy", "counter") else "environment"
 
     def current(self) -> dict[str, Attempt]:
         """The latest attempt of each rollout."""
@@ -281,10 +295,11 @@ class Model:
 
     def can_crash_participant(self, kind: str) -> bool:
         """One participant may crash alone between operations with no checkpoint open, unless it holds a restored
-        episode waiting for its replacement (that would need the controller to restore again)."""
+        episode waiting for its replacement (that would need the controller to restore again): the owner, the
+        agent, and the counter's resources server."""
         if self.checkpoint_open:
             return False
-        holds_restored = kind in (self.episode_owner, "agent")
+        holds_restored = kind in (self.episode_owner, "agent") or (kind == "resources" and self.topology == "counter")
         return not (holds_restored and self.with_status("pending"))
 
     def marked_rollouts(self) -> tuple[str, ...]:
@@ -305,13 +320,16 @@ class Model:
         """The capture keys a participant of `kind` writes at a commit of the current scope (P1, exactly).
 
         The episode owner writes every scoped episode; the agent of a native episode writes the sessions of the
-        scoped attempts that still need it; the weather resources server is stateless and the policy model
-        exports ledger rows only with token capture on, so both write nothing here."""
+        scoped attempts that still need it; the counter's resources server the sessions of the scoped attempts;
+        the weather resources server is stateless and the policy model exports ledger rows only with token capture
+        on, so both write nothing here."""
         scope = self.scope()
         if kind == self.episode_owner:
             return tuple(sorted(a.key for a in scope))
         if kind == "agent":
             return tuple(sorted(a.key for a in scope if a.needs_agent))
+        if kind == "resources" and self.topology == "counter":
+            return tuple(sorted(a.key for a in scope if a.holds_resources_session(self.topology)))
         return ()
 
     # -- rules --------------------------------------------------------------------------------------------------
@@ -624,7 +642,7 @@ def expect(model: Model) -> Expectation:
         sessions=sum(1 for a in current if a.needs_agent),
         restored_pending=tuple(sorted(model.restored_pending_reported)) if owner_is_environment else (),
         retired_rollouts=len(model.retired_marks),
-        resources_sessions=sum(1 for a in running if a.holds_resources_session(model.topology)),
+        resources_sessions=sum(1 for a in current if a.holds_resources_session(model.topology)),
         accepting=not model.checkpoint_open,
         retired_by_kind=tuple((r.kind, len(r.marks)) for r in model.restarted),
     )

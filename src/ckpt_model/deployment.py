@@ -35,7 +35,7 @@ import httpx
 from ckpt_model import timing
 from ckpt_model.coordination import ControlClient, new_http_client
 from ckpt_model.errors import CoordinationError, ServerStartError
-from ckpt_model.tasks import WEATHER_SCRIPT
+from ckpt_model.tasks import script_for
 
 log = logging.getLogger(__name__)
 
@@ -372,7 +372,7 @@ class Harness:
     def _reset_backend(self) -> None:
         assert self.backend is not None
         self.backend.reset()
-        self.backend.script(WEATHER_SCRIPT)
+        self.backend.script(script_for(self.topology))
         self.backend.gate()
 
     def _chore(self, work: Any, *args: Any, **kwargs: Any) -> Future[Any]:

@@ -61,7 +61,13 @@ if TYPE_CHECKING:
 TARGETS_ENV = "CKPT_MODEL_FUZZ_TARGETS"
 DEFAULT_PROFILE = "ci"
 # The fault-free deployments, each a fuzz target when no deployment is named.
-EVERY_DEPLOYMENT = (("native", "wait"), ("legacy", "wait"), ("slow", "wait"), ("slow", "replay"))
+EVERY_DEPLOYMENT = (
+    ("native", "wait"),
+    ("legacy", "wait"),
+    ("counter", "wait"),
+    ("slow", "wait"),
+    ("slow", "replay"),
+)
 # `hypothesis fuzz` (HypoFuzz adds the command), started with this interpreter rather than a console script.
 HYPOFUZZ = "import sys; from hypothesis.extra.cli import main; sys.exit(main())"
 STOP_TIMEOUT_S = 30.0
@@ -416,7 +422,7 @@ def build_parser(prog: str = "python -m ckpt_model.fuzz") -> argparse.ArgumentPa
     replay = commands.add_parser("replay", help="replay what the database holds for a deployment, generating nothing")
     for command in (worker, replay):
         command.add_argument("--redis", metavar="URL", help=f"the shared example database (sets {profiles.REDIS_ENV})")
-        command.add_argument("--topology", choices=("native", "legacy", "slow"))
+        command.add_argument("--topology", choices=("native", "legacy", "counter", "slow"))
         command.add_argument("--verify-mode", choices=("wait", "replay"))
         command.add_argument("--faults", default="", help="comma-separated planted faults")
         command.add_argument(

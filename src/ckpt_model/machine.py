@@ -31,8 +31,8 @@ from ckpt_model.quiescence import SETTLE_TIMEOUT_S, Observation, Quiescence, bac
 from ckpt_model.report import annotate
 from ckpt_model.runs import RunPool
 from ckpt_model.stats import SearchStats
-from ckpt_model.storage import MANIFEST_NAME, CheckpointUnreadable, FingerprintCache, participant_dir
-from ckpt_model.tasks import WEATHER_SCRIPT, expected_reward, legacy_run_body, native_run_body, task_tools
+from ckpt_model.storage import MANIFEST_NAME, CheckpointUnreadable, FingerprintCache, participant_dir, read_records
+from ckpt_model.tasks import expected_reward, resources_state, run_body, script_for
 from ckpt_model.wire import RETIRE_ORDER, EpisodeId
 
 # Far ahead, so a lease (deadline + grace) never lapses between two steps of an example, even on a loaded machine.
@@ -100,7 +100,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         self.model = Model(topology=harness.topology, verify_mode=harness.verify_mode)  # type: ignore[arg-type]
         self.history = History()
         self.runs = RunPool(harness.run_http, lambda: harness.run_url, self._run_body, self.history)
-        reward = expected_reward(task_tools(self.model.topology), WEATHER_SCRIPT)
+        reward = expected_reward(self.model.topology, script_for(self.model.topology))
         self.quiescence = Quiescence(harness, self.runs, reward, settle_timeout_s)
         self.retired_attempts: dict[str, Attempt] = {}
         # Which participants committed each checkpoint a crash cut short (`crash_in_commit`).
@@ -246,6 +246,7 @@ class CheckpointMachine(RuleBasedStateMachine):
                 replies[member.name]["episode_ids"],
                 read[member.name].episode_ids,
             )
+        self._check_exported_state(directory, checkpoint_id)
         self.fingerprints[checkpoint_id] = read
         self.last_call = SentCall(
             "commit",
@@ -535,7 +536,8 @@ class CheckpointMachine(RuleBasedStateMachine):
         model, restore_id = self.model.restore(checkpoint.checkpoint_id)
         scope = [EpisodeId.from_capture_key(key) for key in checkpoint.exported]
         directory = str(self.harness.checkpoint_dir / checkpoint.checkpoint_id)
-        self._control("restore", restore_id, lambda d: self.control.restore(restore_id, directory, scope, d))
+        replies = self._control("restore", restore_id, lambda d: self.control.restore(restore_id, directory, scope, d))
+        self._check_restored_state(Path(directory), checkpoint.checkpoint_id, restore_id, checkpoint.exported, replies)
         self._resume_call(restore_id)
         self._advance(model, f"restore({checkpoint.checkpoint_id}) as {restore_id}")
 
@@ -879,8 +881,39 @@ class CheckpointMachine(RuleBasedStateMachine):
         self.harness.backend.release([waiting[key] for key in keys])
 
     def _run_body(self, attempt: Attempt) -> dict[str, Any]:
-        build = legacy_run_body if self.model.topology == "legacy" else native_run_body
-        return build(attempt.rollout, attempt.attempt)
+        return run_body(self.model.topology, attempt.rollout, attempt.attempt)
+
+    def _check_exported_state(self, directory: Path, checkpoint_id: str) -> None:
+        """P6 at a commit: each resources record holds the state the checker computes for its attempt."""
+        topology = self.model.topology
+        scoped = {a.key: a for a in self.model.scope()}
+        for member in self._resources_members():
+            expected = {
+                key: resources_state(topology, scoped[key].tool_rounds) for key in self.model.exports("resources")
+            }
+            records = self._resources_records(directory, checkpoint_id, member.name)
+            props.p6_exported_state(checkpoint_id, member.name, expected, records)
+
+    def _check_restored_state(
+        self, directory: Path, checkpoint_id: str, restore_id: str, scope: tuple[str, ...], replies: dict[str, Any]
+    ) -> None:
+        """P6 at a restore: the resources participant installed the sessions of its in-scope records (read with the
+        checker's own reader), under their next attempts: its reply names them, and its status counts them."""
+        for member in self._resources_members():
+            records = self._resources_records(directory, checkpoint_id, member.name)
+            keys = [props.record_key(record) for record in records]
+            expected = [EpisodeId.from_capture_key(key).next_attempt().capture_key for key in keys if key in scope]
+            sessions = self.control.status(member)["report"]["counts"].get("sessions")
+            props.p6_restored(restore_id, member.name, expected, replies[member.name].get("restored"), sessions)
+
+    def _resources_members(self) -> list[Any]:
+        return [m for m in self.control.participants if m.kind == "resources"]
+
+    def _resources_records(self, directory: Path, checkpoint_id: str, name: str) -> list[Any]:
+        with timing.span("fingerprint"):
+            return read_records(
+                participant_dir(directory, "resources", name), "resources", name, checkpoint_id=checkpoint_id
+            )
 
     def _read_checkpoint(self, directory: Path, checkpoint_id: str) -> dict[str, Any]:
         with timing.span("fingerprint"):

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import attrs
 
-from ckpt_model.contract import VERIFY, Expectation, ScriptCall
+from ckpt_model.contract import VERIFY, Expectation, ScriptCall, capture_key
 from ckpt_model.errors import ParticipantFailure, PropertyViolation
 from ckpt_model.history import History
 from ckpt_model.storage import CheckpointUnreadable, Fingerprint
@@ -44,6 +44,11 @@ class P3Violation(PropertyViolation):
 class P4Violation(PropertyViolation):
     property_id = "P4"
     title = "continued, not redone: an attempt makes exactly the model calls its episode still needs"
+
+
+class P6Violation(PropertyViolation):
+    property_id = "P6"
+    title = "state restored: exported resources state is written as the episode left it and comes back with it"
 
 
 class P7Violation(PropertyViolation):
@@ -91,7 +96,7 @@ REGISTRY: dict[str, PropertyInfo] = {
         PropertyInfo("P3", P3Violation.title, "step and teardown", True),
         PropertyInfo("P4", P4Violation.title, "step and teardown", True),
         PropertyInfo("P5", "token lineage (needs token capture)", "step", False),
-        PropertyInfo("P6", "state restored (needs the counter topology)", "step", False),
+        PropertyInfo("P6", P6Violation.title, "step", True),
         PropertyInfo("P7", P7Violation.title, "step", True),
         PropertyInfo("P8", P8Violation.title, "step", True),
         PropertyInfo("P9", P9Violation.title, "step and teardown", True),
@@ -207,6 +212,43 @@ def p4_calls(
             )
         missing.append(key)
     return missing
+
+
+def p6_exported_state(
+    checkpoint_id: str, participant: str, expected: Mapping[str, Any], records: Sequence[Any]
+) -> None:
+    """At a commit: each resources record holds the state the checker computed for its attempt (the counter's
+    count at the attempt's boundary), and the records name exactly those attempts."""
+    observed = {record_key(record): record.get("state") if isinstance(record, dict) else None for record in records}
+    if observed != dict(expected):
+        wrong = sorted(k for k in set(observed) | set(expected) if observed.get(k) != expected.get(k))
+        raise P6Violation(
+            rollout=wrong[0],
+            expected=f"{participant} writes the states {dict(sorted(expected.items()))} in {checkpoint_id}",
+            observed=f"its records on disk hold {dict(sorted(observed.items()))}",
+        )
+
+
+def p6_restored(restore_id: str, participant: str, expected: Iterable[str], restored: Any, sessions: Any) -> None:
+    """After a restore, before the resume: the resources participant installed, under their next attempts, exactly
+    the sessions its in-scope records hold. Its reply's `restored` names them, and its status counts them as its
+    only sessions (the restore went into a fresh process, which served nothing before)."""
+    want = sorted(expected)
+    if restored != want or sessions != len(want):
+        named = set(restored) if isinstance(restored, list) else set()
+        raise P6Violation(
+            rollout=next(iter(sorted(set(want) ^ named)), None),
+            expected=f"{participant} restores the exported sessions of {want} in {restore_id}",
+            observed=f"its restore reply names {restored!r} as restored; its status counts {sessions!r} session(s)",
+        )
+
+
+def record_key(record: Any) -> str:
+    """A record's capture key (`?` when it has no valid `episode_id`)."""
+    episode = record.get("episode_id") if isinstance(record, dict) else None
+    if not isinstance(episode, dict) or not isinstance(episode.get("rollout_id"), str):
+        return "?"
+    return capture_key(episode["rollout_id"], episode.get("attempt", 0))
 
 
 def error_code(body: Any) -> str | None:

@@ -4,8 +4,10 @@ Each is a named list of rule calls (the same vocabulary Hypothesis draws from), 
 what a random run checks after every step and at the drain. Two things keep a scenario meaning what its name
 says: every step's precondition must hold when it runs (a step the machine would never draw there is a harness
 error, `StepNotEnabled`), and most scenarios pin Gym's own facts, the backend calls each attempt made (by script
-position, so one fact serves every topology: native weather calls carry 2 and 4 messages, legacy 1 and 3).
-Each planted fault has a scenario that must trip the property the catalogue names.
+position, so one fact serves every weather topology: native weather calls carry 2 and 4 messages, legacy 1 and 3;
+the counter row makes a third call, so its facts are pinned apart, `COUNTER_CALLS`), and for the counter the count
+each checkpoint's resources records hold. Each planted fault has a scenario that must trip the property the
+catalogue names.
 """
 
 from __future__ import annotations
@@ -19,11 +21,15 @@ from ckpt_model.contract import ScriptCall
 from ckpt_model.deployment import Harness
 from ckpt_model.errors import StepNotEnabled
 from ckpt_model.machine import CheckpointMachine
+from ckpt_model.properties import record_key
 from ckpt_model.quiescence import SETTLE_TIMEOUT_S, observe
+from ckpt_model.storage import participant_dir, read_records
 
 Step = tuple[str, dict[str, Any]]
 # Per capture key, the script positions of the calls the backend saw for it, in order.
 Facts = Mapping[str, tuple[int, ...]]
+# Per checkpoint ID, per capture key, the count its resources record holds (the counter topology).
+Counts = Mapping[str, Mapping[str, int]]
 
 
 class ScenarioFactMismatch(AssertionError):
@@ -34,6 +40,15 @@ class ScenarioFactMismatch(AssertionError):
 class Scenario:
     steps: tuple[Step, ...]
     calls: Facts | None = None
+    # The same steps' calls on the counter topology, whose rows make three calls (None: as `calls`).
+    counter_calls: Facts | None = None
+    counts: Counts | None = None
+
+    def facts(self, topology: str) -> Facts | None:
+        """The calls pinned for `topology`."""
+        if topology == "counter" and self.counter_calls is not None:
+            return self.counter_calls
+        return self.calls
 
 
 def steps(*calls: str | tuple[str, dict[str, Any]]) -> tuple[Step, ...]:
@@ -296,6 +311,54 @@ SCENARIOS: dict[str, Scenario] = {
     ),
 }
 
+# The same scenarios' calls on the counter topology: a counter row makes three calls (1, 3 and 5 messages), so an
+# attempt that finishes makes one more than a weather episode, and one released twice is still running.
+COUNTER_CALLS: dict[str, Facts] = {
+    "crash_after_prepare__continues_from_boundary": {"r0": (0, 1), "r0-a1": (1, 2)},
+    "checkpoint_at_first_call__restored_from_the_start": {"r0": (0,), "r0-a1": (0, 1, 2)},
+    "checkpoint_without_crash__parks_then_resumes": {"r0": (0, 1, 2)},
+    "second_crash_before_replacement__still_continues": {"r0": (0, 1), "r0-a2": (1, 2)},
+    "same_checkpoint_restored_again__continues_from_its_boundary": {"r0": (0, 1), "r0-a1": (1, 2, 1, 2)},
+    "retired_episode__stops_everywhere": {"r0": (0, 1)},
+    "restarted_alone__late_run_still_refused": {"r0": (0, 1)},
+    "restarted_alone__others_keep_their_fences": {"r0": (0, 1, 2), "r1": (0, 1, 2)},
+    "restarted_alone__running_work_is_retired_everywhere": {"r0": (0, 1), "r1": (0,), "r2": (0, 1, 2)},
+    "retired_then_started_over__completes": {"r0": (0,), "r0-a1": (0, 1, 2)},
+    "retired_continuation__forgotten_before_its_checkpoint_is_restored_again": {"r0": (0, 1), "r0-a1": (1, 1, 2)},
+    "replied_continuation__judged_by_its_own_run_after_a_later_restore": {
+        "r0": (0, 1),
+        "r0-a1": (1, 2, 1),
+        "r0-a2": (2,),
+        "r1": (0,),
+        "r1-a1": (0, 1, 2),
+    },
+    "resumed_id__is_refused": {"r0": (0, 1, 2)},
+    "late_calls_of_an_older_controller__are_refused": {"r0": (0, 1, 2)},
+    "run_while_open__is_refused": {"r0": (0, 1, 2)},
+    "retried_calls__return_their_first_result": {"r0": (0,), "r0-a1": (0, 1, 2)},
+    "commit_retried_after_a_crash__is_refused": {"r0": (0,), "r0-a1": (0, 1, 2)},
+    "quiet_controller__lease_lapses_and_admission_reopens": {"r0": (0, 1, 2)},
+    "earlier_checkpoint__restored_after_later_work": {"r0": (0, 1), "r1": (0,), "r0-a1": (0, 1, 2)},
+    "failed_restore__refused_by_one_leaves_nothing": {"r0": (0, 1), "r0-a1": (1, 2)},
+    "failed_restore__rollouts_start_over": {"r0": (0, 1), "r0-a2": (0, 1, 2)},
+    "crash_in_commit__incomplete_checkpoint_is_refused": {"r0": (0, 1), "r0-a2": (0, 1, 2)},
+    "crash_in_commit__between_a_participants_files_is_no_share": {"r0": (0, 1), "r0-a2": (0, 1, 2)},
+    "crash_in_operation__nothing_of_it_outlives_the_crash": {"r0": (0,), "r1": (0, 1), "r1-a1": (1, 2)},
+    "crash_in_commit__earlier_checkpoint_still_restores": {"r0": (0, 1), "r0-a1": (0, 1, 2)},
+}
+SCENARIOS = {name: attrs.evolve(scenario, counter_calls=COUNTER_CALLS[name]) for name, scenario in SCENARIOS.items()}
+
+# Gym's scenario 5 (counter): the counter, seeded at 3, is checkpointed at 4 after its first increment; only a
+# restored counter lets the continuation's second increment reach the expected 6 (reward 1.0, P3). Its negative
+# control is the planted fault `resources_restore_skipped` (P6).
+COUNTER_SCENARIOS: dict[str, Scenario] = {
+    "resources_state__restored_with_the_episode": Scenario(
+        RESTORED_AT_CALL_1 + steps(("start_replacement", FIRST)),
+        calls={"r0": (0, 1), "r0-a1": (1, 2)},
+        counts={"c1": {"r0": 4}},
+    ),
+}
+
 # The slow topology's verification (Gym's scenarios 9 and 10), per verify mode: `wait` blocks a prepare, which
 # the controller either ends by retiring and redispatching the blocker, or waits out while the verification
 # finishes during it; `replay` does not block, is exported as the step still to do, and runs again.
@@ -371,12 +434,13 @@ FAULT_SCENARIOS: dict[str, str] = {
     "environment_retire_leaves_restored": "failed_restore__rollouts_start_over",
     "model_restore_accepts_missing_share": "crash_in_commit__incomplete_checkpoint_is_refused",
     "store_publishes_manifest_first": "crash_in_commit__between_a_participants_files_is_no_share",
+    "resources_restore_skipped": "resources_state__restored_with_the_episode",
 }
 
 
 def named(name: str) -> Scenario:
     """A scenario by name, from any topology's list."""
-    for scenarios in (SCENARIOS, *SLOW_SCENARIOS.values()):
+    for scenarios in (SCENARIOS, COUNTER_SCENARIOS, *SLOW_SCENARIOS.values()):
         if name in scenarios:
             return scenarios[name]
     raise KeyError(f"no scenario {name!r}")
@@ -393,8 +457,11 @@ def run(harness: Harness, scenario: Scenario | Sequence[Step], settle_timeout_s:
             getattr(machine, rule)(**arguments)
     finally:
         machine.teardown()
-    if scenario.calls is not None:
-        check_calls(scenario.calls, machine.model.script, observe(harness).calls)
+    facts = scenario.facts(harness.topology)
+    if facts is not None:
+        check_calls(facts, machine.model.script, observe(harness).calls)
+    if scenario.counts is not None:
+        check_counts(scenario.counts, harness)
 
 
 def check_enabled(machine: CheckpointMachine, rule: str, arguments: Mapping[str, Any], index: int) -> None:
@@ -411,6 +478,18 @@ def check_calls(facts: Facts, script: tuple[ScriptCall, ...], observed: Mapping[
     expected = {key: tuple(script[i] for i in positions) for key, positions in facts.items() if positions}
     if dict(observed) != expected:
         raise ScenarioFactMismatch(f"backend calls per attempt: expected {expected}, observed {dict(observed)}")
+
+
+def check_counts(counts: Counts, harness: Harness) -> None:
+    """Each checkpoint's resources records hold exactly the pinned counts (read with the checker's own reader)."""
+    for checkpoint_id, expected in counts.items():
+        directory = participant_dir(harness.checkpoint_dir / checkpoint_id, "resources", "resources")
+        records = read_records(directory, "resources", "resources", checkpoint_id=checkpoint_id)
+        observed = {record_key(record): record["state"]["count"] for record in records}
+        if observed != dict(expected):
+            raise ScenarioFactMismatch(
+                f"counts in {checkpoint_id}'s resources records: expected {dict(expected)}, observed {observed}"
+            )
 
 
 def replay(document: Mapping[str, Any]) -> None:

@@ -1,7 +1,10 @@
-"""The tasks the controller dispatches: Gym's weather episode, native and legacy (reference 5.2, 5.3, 9.4).
+"""The tasks the controller dispatches: Gym's weather episode, native and legacy, and Gym's counter row
+(reference 5.2, 5.3, 8.4, 9.4).
 
 An uninterrupted native weather episode makes two model calls with 2 and 4 messages; a legacy row's calls have
-1 and 3 messages (the row has no developer message).
+1 and 3 messages (the row has no developer message). A counter row is a legacy row whose resources session counts:
+seeded at 3, the policy increments it by 1 and then by 2 (its calls have 1, 3 and 5 messages), and verification
+rewards a count of 6, so only a session whose count survived a crash (4 after the first increment) earns 1.0.
 """
 
 from __future__ import annotations
@@ -48,21 +51,94 @@ def legacy_run_body(rollout_id: str, attempt: int) -> dict[str, Any]:
     }
 
 
-# The backend's script, pinned by the checker at the start of every example: the policy's one tool call.
+COUNTER_INITIAL = 3
+COUNTER_EXPECTED = 6
+INCREMENT_TOOL: dict[str, Any] = {
+    "type": "function",
+    "name": "increment_counter",
+    "description": "Add count to the session's counter.",
+    "parameters": {
+        "type": "object",
+        "properties": {"count": {"type": "integer"}},
+        "required": ["count"],
+        "additionalProperties": False,
+    },
+    "strict": True,
+}
+GET_COUNTER_TOOL: dict[str, Any] = {
+    "type": "function",
+    "name": "get_counter_value",
+    "description": "Read the session's counter.",
+    "parameters": {"type": "object", "properties": {}, "additionalProperties": False},
+    "strict": True,
+}
+COUNTER_USER_MESSAGE = {"role": "user", "content": "Add 1, then add 2 to the counter."}
+
+
+def counter_run_body(rollout_id: str, attempt: int) -> dict[str, Any]:
+    """A legacy `/run` row of Gym's counter example: the seed sets 3, verification expects 6."""
+    return {
+        "responses_create_params": {"input": [COUNTER_USER_MESSAGE], "tools": [INCREMENT_TOOL, GET_COUNTER_TOOL]},
+        "initial_count": COUNTER_INITIAL,
+        "expected_count": COUNTER_EXPECTED,
+        "_ng_rollout_id": rollout_id,
+        "_ng_attempt_index": attempt,
+    }
+
+
+def run_body(topology: str, rollout_id: str, attempt: int) -> dict[str, Any]:
+    """The `/run` body of a topology's task."""
+    if topology == "counter":
+        return counter_run_body(rollout_id, attempt)
+    if topology == "legacy":
+        return legacy_run_body(rollout_id, attempt)
+    return native_run_body(rollout_id, attempt)
+
+
+# The backend's script, pinned by the checker at the start of every example: the policy's tool calls in order.
 WEATHER_SCRIPT: tuple[dict[str, Any], ...] = ({"name": "get_weather", "arguments": {"city": "SF"}},)
+# Gym's `COUNTER_SCRIPT`: 3 + 1 + 2 = 6.
+COUNTER_SCRIPT: tuple[dict[str, Any], ...] = (
+    {"name": "increment_counter", "arguments": {"count": 1}},
+    {"name": "increment_counter", "arguments": {"count": 2}},
+)
+
+
+def script_for(topology: str) -> tuple[dict[str, Any], ...]:
+    """The script the checker pins on the backend for a topology's task."""
+    return COUNTER_SCRIPT if topology == "counter" else WEATHER_SCRIPT
 
 
 def task_tools(topology: str) -> tuple[str, ...]:
-    """Names of the tools the dispatched task offers the policy (both weather tasks offer `get_weather`)."""
-    del topology  # native, legacy and slow rows all carry the one weather tool
+    """Names of the tools the dispatched task offers the policy (every weather task offers `get_weather`)."""
+    if topology == "counter":
+        return (INCREMENT_TOOL["name"], GET_COUNTER_TOOL["name"])
     return (WEATHER_TOOL["name"],)
 
 
-def expected_reward(tools: tuple[str, ...], script: tuple[dict[str, Any], ...]) -> float:
-    """The reward an uninterrupted weather episode earns, computed by the checker, not read from the system.
+def counter_after(script: tuple[dict[str, Any], ...], tool_rounds: int) -> int:
+    """The counter task's count once the first `tool_rounds` scripted calls ran: the seed plus their increments.
+    What the resources server must export for an attempt at that boundary, and restore with it (P6)."""
+    done = script[:tool_rounds]
+    return COUNTER_INITIAL + sum(call["arguments"]["count"] for call in done if call["name"] == INCREMENT_TOOL["name"])
 
-    Gym's weather verifier rewards a response that calls `get_weather`; the policy makes exactly the scripted
-    tool calls, and the agent runs those the task offers. So the reward is 1.0 exactly when the script calls
-    `get_weather` and the task offers it."""
-    offered = {call["name"] for call in script} & set(tools)
+
+def resources_state(topology: str, tool_rounds: int) -> dict[str, Any] | None:
+    """The state the resources server must export for an attempt that ran `tool_rounds` tool rounds (None: its
+    sessions hold nothing to export, as the weather server's): the counter's `{"count": n}`."""
+    if topology != "counter":
+        return None
+    return {"count": counter_after(COUNTER_SCRIPT, tool_rounds)}
+
+
+def expected_reward(topology: str, script: tuple[dict[str, Any], ...]) -> float:
+    """The reward an uninterrupted episode earns, computed by the checker from the task and the pinned script,
+    not read from the system. The policy makes exactly the scripted tool calls, and the agent runs them.
+
+    Weather: Gym's verifier rewards a response that calls `get_weather`, so 1.0 exactly when the script calls it
+    and the task offers it. Counter: 1.0 exactly when the seed plus the script's increments reach
+    `expected_count`."""
+    if topology == "counter":
+        return 1.0 if counter_after(script, len(script)) == COUNTER_EXPECTED else 0.0
+    offered = {call["name"] for call in script} & set(task_tools(topology))
     return 1.0 if "get_weather" in offered else 0.0

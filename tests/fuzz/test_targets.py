@@ -67,6 +67,7 @@ def test_without_options_every_fault_free_deployment_is_a_target() -> None:
     assert [target.text for target in fuzz.chosen_targets(options())] == [
         "native:wait:",
         "legacy:wait:",
+        "counter:wait:",
         "slow:wait:",
         "slow:replay:",
     ]

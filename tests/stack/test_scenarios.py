@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from ckpt_model.storage import participant_dir, read_records
-from ckpt_model.tasks import legacy_run_body, native_run_body
+from ckpt_model.tasks import COUNTER_SCRIPT, counter_run_body, legacy_run_body, native_run_body
 from ckpt_model.wire import EpisodeId
 from tests.stack.conftest import Deployment, deadline, wait_until
 
@@ -70,6 +70,34 @@ def test_an_episode_continues_from_its_last_boundary_after_a_crash(
     assert n_messages(deployment) == expected_messages
     original.wait()
     assert original.error is not None, "the crashed attempt's /run should have been cut off"
+
+
+def resources_records(directory: str) -> list[Any]:
+    return read_records(participant_dir(Path(directory), "resources", "resources"), "resources", "resources")
+
+
+@pytest.mark.parametrize("restore_resources", [True, False], ids=["restored", "resources-restore-skipped"])
+def test_resources_state_is_restored_with_the_episode(deploy: Deploy, restore_resources: bool) -> None:
+    """Gym's scenario 5: only a restored counter (4 after the first increment) ends at the expected 6. The
+    negative control plants `resources_restore_skipped`: the continuation then counts from 0 and earns nothing."""
+    faults = () if restore_resources else ("resources_restore_skipped",)
+    deployment = deploy("counter", faults=faults)
+    deployment.backend("/_ctl/script", {"tool_calls": list(COUNTER_SCRIPT)})
+    deployment.start_held(counter_run_body("counter-1", 0), calls_delivered=1)
+    scope = [EpisodeId(rollout_id="counter-1", attempt=0)]
+    directory = checkpoint(deployment, "c1", scope)
+    (record,) = resources_records(directory)
+    assert (record["episode_id"], record["state"]) == ({"rollout_id": "counter-1", "attempt": 0}, {"count": 4})
+
+    deployment.crash_and_restart()
+    restored = deployment.control.restore("r1", directory, scope, deadline())
+    deployment.control.resume("r1", deadline())
+    reply = deployment.run(counter_run_body("counter-1", 1))
+
+    assert restored["resources"]["restored"] == (["counter-1-a1"] if restore_resources else [])
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["reward"] == (1.0 if restore_resources else 0.0)
+    assert n_messages(deployment) == [1, 3, 3, 5]
 
 
 def test_a_checkpoint_without_a_crash_parks_the_episode_then_resumes_it(deploy: Deploy) -> None:
@@ -155,7 +183,7 @@ def test_verification_in_flight_is_waited_for_or_replayed(deploy: Deploy, verify
     deployment.release_when_waiting(1, "policy")
     wait_until(lambda: judge_calls(deployment, "verify-1") == 1, "the judge call of verify-1")
 
-    early = deployment.control.prepare("c1", time.time() + 0.5)
+    early = deployment.control.prepare("c1", time.time() + 1.5)  # arrives before it even beside CPU hogs
     scope = [EpisodeId(rollout_id="verify-1", attempt=0)]
     if verify_mode == "wait":
         assert not early.prepared

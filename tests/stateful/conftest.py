@@ -55,6 +55,12 @@ def legacy_harness() -> Iterator[Harness]:
 
 
 @pytest.fixture(scope="session")
+def counter_harness() -> Iterator[Harness]:
+    with Harness.embedded("counter") as harness:
+        yield harness
+
+
+@pytest.fixture(scope="session")
 def slow_wait_harness() -> Iterator[Harness]:
     with Harness.embedded("slow", verify_mode="wait") as harness:
         yield harness

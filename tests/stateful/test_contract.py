@@ -17,6 +17,10 @@ def test_legacy_stack_keeps_the_contract(legacy_harness: Harness) -> None:
     run_state_machine_as_test(machine_for(legacy_harness), settings=ACTIVE_SETTINGS)
 
 
+def test_counter_stack_keeps_the_contract(counter_harness: Harness) -> None:
+    run_state_machine_as_test(machine_for(counter_harness), settings=ACTIVE_SETTINGS)
+
+
 def test_slow_stack_with_wait_verification_keeps_the_contract(slow_wait_harness: Harness) -> None:
     run_state_machine_as_test(machine_for(slow_wait_harness), settings=ACTIVE_SETTINGS)
 

@@ -12,6 +12,7 @@ from ckpt_model.deployment import Harness
 from ckpt_model.errors import PropertyViolation, StepNotEnabled
 from ckpt_model.faultsearch import harness_for
 from ckpt_model.scenarios import (
+    COUNTER_SCENARIOS,
     FAULT_SCENARIOS,
     SCENARIOS,
     SLOW_SCENARIOS,
@@ -33,6 +34,11 @@ def test_native_scenario(native_harness: Harness, name: str) -> None:
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_legacy_scenario(legacy_harness: Harness, name: str) -> None:
     run(legacy_harness, SCENARIOS[name])
+
+
+@pytest.mark.parametrize("name", sorted({**SCENARIOS, **COUNTER_SCENARIOS}))
+def test_counter_scenario(counter_harness: Harness, name: str) -> None:
+    run(counter_harness, named(name))
 
 
 @pytest.mark.parametrize("name", sorted(SLOW_SCENARIOS["wait"]))
@@ -100,6 +106,13 @@ def test_a_failure_writes_a_regression_file_that_replays_it(faulty_harnesses: di
     assert (document["topology"], document["faults"], document["failure"]["property"]) == ("native", [fault], "P9")
     with pytest.raises(properties.P9Violation):
         replay(document)
+
+
+def test_a_counter_scenario_whose_counts_do_not_hold_fails(counter_harness: Harness) -> None:
+    """The counts are checked too: c1 holds r0's count 3 (nothing delivered), not 4."""
+    scenario = Scenario(steps("dispatch", "prepare", "commit"), counts={"c1": {"r0": 4}})
+    with pytest.raises(ScenarioFactMismatch, match=r"counts in c1's resources records: expected \{'r0': 4\}"):
+        run(counter_harness, scenario)
 
 
 def test_a_step_that_is_not_enabled_is_a_harness_error(native_harness: Harness) -> None:

@@ -426,6 +426,52 @@ def test_a_legacy_continuation_holds_no_resources_session() -> None:
     assert expect(fresh).resources_sessions == 1
 
 
+def test_a_legacy_continuation_from_its_first_call_binds_its_resources_session_at_the_tool_round() -> None:
+    model, _ = Model(topology="legacy").dispatch()
+    model, _ = model.prepare()
+    model, _ = model.commit()
+    model, _ = model.crash().restore("c1")
+    model = model.start_replacement("r0")
+    assert expect(model).resources_sessions == 0
+    assert expect(model.release("r0")).resources_sessions == 1
+
+
+def counter_restored() -> Model:
+    """A counter row checkpointed after its first increment (one tool round), crashed and restored."""
+    model, _ = Model(topology="counter").dispatch()
+    model = model.release("r0")
+    model, _ = model.prepare()
+    model, _ = model.commit()
+    model, _ = model.crash().restore("c1")
+    return model
+
+
+def test_a_counter_row_makes_three_calls_and_runs_two_tool_rounds() -> None:
+    model, _ = Model(topology="counter").dispatch()
+    assert model.current()["r0"].tool_rounds == 0
+    model = model.release("r0").release("r0")
+    assert (model.current()["r0"].tool_rounds, model.current()["r0"].status) == (2, "running")
+    model = model.release("r0")
+    assert expect(model).calls == {"r0": (1, 3, 5)}
+    assert model.current()["r0"].status == "replied"
+    assert model.current()["r0"].tool_rounds == 2
+
+
+def test_the_counter_resources_server_exports_every_scoped_session_and_holds_restored_ones() -> None:
+    model, _ = Model(topology="counter").dispatch()
+    model = model.release("r0")
+    model, _ = model.prepare()
+    assert model.exports("resources") == ("r0",)
+    assert model.exports("agent") == ("r0",)
+    restored = counter_restored()
+    pending = restored.current()["r0"]
+    assert (pending.key, pending.status, pending.tool_rounds) == ("r0-a1", "pending", 1)
+    assert expect(restored).resources_sessions == 1, "the restore installs the session before the replacement"
+    assert expect(restored.start_replacement("r0")).resources_sessions == 1
+    assert not restored.can_crash_participant("resources"), "it holds a restored session"
+    assert Model(topology="native").dispatch()[0].exports("resources") == ()
+
+
 def test_admission_is_closed_while_a_checkpoint_is_open() -> None:
     model, _ = native().dispatch()
     assert expect(model).accepting

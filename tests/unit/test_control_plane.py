@@ -29,6 +29,9 @@ pytestmark = pytest.mark.anyio
 TOKEN = "s3cret"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 WAIT_TIMEOUT_S = 5.0
+# Deadlines (and so leases) that pass within a test: long enough that no request of the test arrives after them
+# with two CPU-bound processes beside the suite (0.2-0.5 s did not: a prepare arrived 0.17 s past its deadline).
+SHORT_DEADLINE_S = 1.5
 KINDS = ("environment", "agent", "resources", "model")
 
 
@@ -327,7 +330,7 @@ async def test_retire_and_forget_while_prepared_say_resume_first(tmp_path: Path)
 async def test_prepare_that_reaches_its_deadline_reports_blockers_and_keeps_admission_closed(tmp_path: Path) -> None:
     async with open_stack(tmp_path) as stack:
         stack.participant.blockers = {"r1", "r2-a1"}
-        reply = await stack.ok("prepare", deadline_s=0.2)
+        reply = await stack.ok("prepare", deadline_s=SHORT_DEADLINE_S)
         status = await stack.status()
         accepting = stack.participant.accepting
         stack.participant.set_blockers()
@@ -578,7 +581,7 @@ async def test_renew_extends_the_lease_and_is_refused_while_idle(tmp_path: Path)
 
 async def test_lease_expiry_reopens_admission_like_a_resume(tmp_path: Path) -> None:
     async with open_stack(tmp_path, lease_grace_s=0.05) as stack:
-        prepared = await stack.ok("prepare", deadline_s=0.3)
+        prepared = await stack.ok("prepare", deadline_s=SHORT_DEADLINE_S)
         await wait_until(lambda: stack.plane.phase == "idle", "the lease expired")
         status = await stack.status()
         late = await stack.post("prepare")
@@ -631,7 +634,7 @@ async def test_commit_retried_while_its_write_runs_awaits_the_same_write(
     async with open_stack(tmp_path) as stack:
         stack.participant.live = {"r0": {"step": 1}}
         await stack.ok("prepare")
-        timed_out = await stack.commit(scope=["r0"], deadline_s=0.2)
+        timed_out = await stack.commit(scope=["r0"], deadline_s=SHORT_DEADLINE_S)
         write_started = entered.is_set()
         retry = asyncio.ensure_future(stack.commit(scope=["r0"]))
         other_args = await stack.commit(scope=["r0"], checkpoint_dir=str(tmp_path / "elsewhere"))
@@ -765,9 +768,9 @@ async def test_lease_expiry_reopens_admission_and_fences_a_late_commit(
     tmp_path: Path, kind: str, closed_in: str
 ) -> None:
     async with open_stack(tmp_path, kind=kind, lease_grace_s=0.05) as stack:
-        await stack.ok("prepare", deadline_s=0.5)
+        await stack.ok("prepare", deadline_s=SHORT_DEADLINE_S)
         if closed_in == "committed":
-            await stack.ok("commit", checkpoint_dir=str(tmp_path), deadline_s=0.5, episode_ids=[])
+            await stack.ok("commit", checkpoint_dir=str(tmp_path), deadline_s=SHORT_DEADLINE_S, episode_ids=[])
         closed = await stack.status()
         await wait_until(lambda: stack.plane.phase == "idle", "the lease expired")
         status = await stack.status()
@@ -865,8 +868,8 @@ async def test_lease_never_expires_leaves_admission_closed_past_the_lease(
         open_stack(tmp_path, lease_grace_s=0.05, faults=faults) as stack,
         open_stack(tmp_path / "witness", lease_grace_s=0.05) as witness,
     ):
-        await stack.ok("prepare", deadline_s=0.3)
-        await witness.ok("prepare", deadline_s=0.3)
+        await stack.ok("prepare", deadline_s=SHORT_DEADLINE_S)
+        await witness.ok("prepare", deadline_s=SHORT_DEADLINE_S)
         lease_expires_at = stack.plane.lease_expires_at
         await wait_until(lambda: witness.plane.phase == "idle", "the witness's lease expired")
         assert lease_expires_at is not None

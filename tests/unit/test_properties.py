@@ -716,3 +716,50 @@ def test_p8_fails_when_the_refusal_or_the_cleanup_is_not_the_victims_alone(
 ) -> None:
     with pytest.raises(properties.P8Violation, match=shown):
         properties.p8_refused_by("c1-restore2", ["agent"], "damaged", failures, cleanup)
+
+
+def counter_record(rollout: str, attempt: int, count: object) -> dict[str, object]:
+    state = {"count": count}
+    return {"episode_id": {"rollout_id": rollout, "attempt": attempt}, "session_id": f"s-{rollout}", "state": state}
+
+
+def test_p6_exported_state_passes_when_every_record_holds_the_computed_state() -> None:
+    expected = {"r0": {"count": 4}, "r1-a1": {"count": 6}}
+    properties.p6_exported_state("c1", "resources", expected, [counter_record("r1", 1, 6), counter_record("r0", 0, 4)])
+    properties.p6_exported_state("c1", "resources", {}, [])
+
+
+def test_p6_exported_state_a_count_written_wrong_is_a_violation() -> None:
+    with pytest.raises(properties.P6Violation, match=r"\(rollout r0\)") as caught:
+        properties.p6_exported_state("c1", "resources", {"r0": {"count": 4}}, [counter_record("r0", 0, 3)])
+    assert type(caught.value) is properties.P6Violation
+    assert "resources writes the states {'r0': {'count': 4}} in c1" in str(caught.value)
+    assert "records on disk hold {'r0': {'count': 3}}" in str(caught.value)
+
+
+def test_p6_exported_state_a_session_not_written_is_a_violation() -> None:
+    with pytest.raises(properties.P6Violation, match=r"hold \{\}"):
+        properties.p6_exported_state("c1", "resources", {"r0": {"count": 4}}, [])
+
+
+def test_p6_restored_passes_when_the_reply_and_the_status_show_the_next_attempts_of_the_records() -> None:
+    properties.p6_restored("c1-restore2", "resources", ["r1-a1", "r0-a1"], ["r0-a1", "r1-a1"], 2)
+    properties.p6_restored("c1-restore2", "resources", [], [], 0)
+
+
+def test_p6_restored_a_skipped_install_is_a_violation() -> None:
+    """Gym's negative control: a restore that never installs the resources sessions."""
+    with pytest.raises(properties.P6Violation, match=r"\(rollout r0-a1\)") as caught:
+        properties.p6_restored("c1-restore2", "resources", ["r0-a1"], [], 0)
+    assert "resources restores the exported sessions of ['r0-a1'] in c1-restore2" in str(caught.value)
+    assert "its restore reply names [] as restored; its status counts 0 session(s)" in str(caught.value)
+
+
+def test_p6_restored_a_reply_that_claims_sessions_the_status_does_not_count_is_a_violation() -> None:
+    with pytest.raises(properties.P6Violation, match=r"names \['r0-a1'\] as restored; its status counts 0"):
+        properties.p6_restored("c1-restore2", "resources", ["r0-a1"], ["r0-a1"], 0)
+
+
+def test_p6_restored_a_reply_without_a_list_is_a_violation() -> None:
+    with pytest.raises(properties.P6Violation, match="names None"):
+        properties.p6_restored("c1-restore2", "resources", [], None, 0)
