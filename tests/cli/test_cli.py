@@ -146,7 +146,10 @@ def test_check_finds_a_planted_fault_and_names_its_property(tmp_path: Path) -> N
     assert result.returncode == 1, result.stdout + result.stderr
     assert "seed:        1 (from --seed" in result.stdout
     assert "P9Violation: P9 checkpoints are durable and immutable" in result.stdout
-    assert "state.checkpoint(then_resume=True)" in result.stdout  # Hypothesis's shrunk steps, from the notes
+    # The failing steps are printed. Which commit step Hypothesis's shrinker ends with depends on how far it got
+    # before its time limit (beside two CPU hogs it once ended without `checkpoint(then_resume=True)`), so only a
+    # step that commits is asserted.
+    assert "state.checkpoint(" in result.stdout or "state.commit()" in result.stdout
     assert result.stdout.rstrip().endswith("FAILED: property violation (P9)")
     assert [path.name for path in (tmp_path / "regressions").iterdir()] == ["P9-native-resume_deletes_records.json"]
     assert left_behind(tmp_path) == []
