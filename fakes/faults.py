@@ -85,6 +85,8 @@ CATALOGUE: tuple[Fault, ...] = (
         "agent",
         "P7",
         "a retire that stops an attempt but leaves its agent session tracked",
+        # The controller's cleanup after a refused restore is a retire too: the restored session stays (P8).
+        also_shows_as=("P8",),
     ),
     Fault(
         "resumed_id_not_fenced",
