@@ -437,25 +437,40 @@ class CheckpointMachine(RuleBasedStateMachine):
             self._forget(covered)
         model, restore_id = self.model.failed_restore(checkpoint_id)
         directory = str(self.harness.checkpoint_dir / checkpoint_id)
-        scope = [EpisodeId.from_capture_key(key) for key in checkpoint.exported]
+        self._refused_restore(
+            model,
+            restore_id,
+            directory,
+            checkpoint.exported,
+            missing,
+            "no share: the crash came first",
+            f"restore_incomplete({checkpoint_id}) as {restore_id}, refused by {missing}",
+        )
+
+    def _refused_restore(
+        self,
+        model: Model,
+        restore_id: str,
+        directory: str,
+        exported: tuple[str, ...],
+        refusers: list[str],
+        why: str,
+        label: str,
+    ) -> None:
+        """Restore what exactly `refusers` cannot install (`why`); P8 on their refusals and the client's cleanup,
+        then settle on `model` as P8, its counts confirmed by the cleanup's retire."""
+        scope = [EpisodeId.from_capture_key(key) for key in exported]
         try:
             self._control("restore", restore_id, lambda d: self.control.restore(restore_id, directory, scope, d))
         except CoordinationError as error:
-            props.p8_refused_by(
-                restore_id, missing, "no share: the crash came first", error.failures, getattr(error, "__notes__", [])
-            )
+            props.p8_refused_by(restore_id, refusers, why, error.failures, getattr(error, "__notes__", []))
         else:
             raise props.P8Violation(
                 rollout=None,
-                expected=f"restore {restore_id} of the incomplete {checkpoint_id} refused by {missing}",
+                expected=f"restore {restore_id} refused by {refusers} ({why})",
                 observed="every participant installed it",
             )
-        self._advance(
-            model,
-            f"restore_incomplete({checkpoint_id}) as {restore_id}, refused by {missing}",
-            violation=props.P8Violation,
-            counts_final=True,
-        )
+        self._advance(model, label, violation=props.P8Violation, counts_final=True)
 
     @precondition(
         lambda self: (
@@ -565,24 +580,14 @@ class CheckpointMachine(RuleBasedStateMachine):
         copy = damage.damaged_copy(
             source, self.harness.checkpoint_dir / f"{restore_id}-damaged", member.kind, member.name, how
         )
-        scope = [EpisodeId.from_capture_key(key) for key in checkpoint.exported]
-        try:
-            self._control("restore", restore_id, lambda d: self.control.restore(restore_id, str(copy), scope, d))
-        except CoordinationError as error:
-            props.p8_refused_by(
-                restore_id, [member.name], f"damaged: {how}", error.failures, getattr(error, "__notes__", [])
-            )
-        else:
-            raise props.P8Violation(
-                rollout=None,
-                expected=f"restore {restore_id} refused by {member.name}, whose share is damaged ({how})",
-                observed="every participant installed it",
-            )
-        self._advance(
+        self._refused_restore(
             model,
+            restore_id,
+            str(copy),
+            checkpoint.exported,
+            [member.name],
+            f"damaged: {how}",
             f"failed_restore({checkpoint.checkpoint_id}) as {restore_id}, {member.name} damaged ({how}) refused it",
-            violation=props.P8Violation,
-            counts_final=True,
         )
 
     # The controller's two routines as single steps as well. A bug that needs a checkpoint, a crash and a
