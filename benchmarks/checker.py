@@ -30,7 +30,14 @@ from ckpt_model.faultsearch import FAULT_SEARCH, FAULT_SEARCH_WITH_SHRINK, Failu
 from ckpt_model.machine import machine_for
 from ckpt_model.stats import ExampleStat, SearchStats
 
-DEPLOYMENTS = (("native", "wait"), ("legacy", "wait"), ("counter", "wait"), ("slow", "wait"), ("slow", "replay"))
+DEPLOYMENTS = (
+    ("native", "wait"),
+    ("legacy", "wait"),
+    ("counter", "wait"),
+    ("slow", "wait"),
+    ("slow", "replay"),
+    ("mixed", "wait"),
+)
 # Seconds per example of the default profile on 2 idle cores before the speed work (issue 9's baseline; none for
 # counter, which came after).
 BASELINE_S = {"native": 0.10, "legacy": 0.18, "slow/wait": 0.19, "slow/replay": 0.34}

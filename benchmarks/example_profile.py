@@ -46,6 +46,7 @@ DEPLOYMENTS = {
     "counter": ("counter", "wait"),
     "slow/wait": ("slow", "wait"),
     "slow/replay": ("slow", "replay"),
+    "mixed": ("mixed", "wait"),
 }
 # Counts per step worth reading next to the times.
 COUNTS = ("settle.polls",)

@@ -40,7 +40,7 @@ from fakes.gym.errors import (
     StaleCheckpointError,
     UnauthorizedError,
 )
-from fakes.gym.failpoints import BETWEEN_FILES, Failpoint, Failpoints
+from fakes.gym.failpoints import BEFORE_INSTALL, BETWEEN_FILES, Failpoint, Failpoints
 from fakes.gym.participant import Participant, PrepareReport
 from fakes.gym.store import (
     MANIFEST_NAME,
@@ -741,6 +741,8 @@ class ControlPlane:
             self._validate_record(record)
         work.stage = "install"
         await self.participant.close_admission()
+        if self.failpoints.armed(BEFORE_INSTALL):
+            await asyncio.to_thread(self.failpoints.hit, BEFORE_INSTALL)  # off the loop: status still answers
         installed = await self.participant.install(records, list(request.episode_ids))
         reply = {
             "phase": "restored",

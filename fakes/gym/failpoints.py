@@ -15,7 +15,9 @@ from typing import Literal, get_args
 # Inside a commit, between the participant's two file publications (records renamed to their digest name, then
 # the manifest linked; the other way round under the fault `store_publishes_manifest_first`).
 BETWEEN_FILES = "commit.between_files"
-Failpoint = Literal["commit.between_files"]
+# Inside a restore: admission closed, the records read and validated, nothing installed yet.
+BEFORE_INSTALL = "restore.before_install"
+Failpoint = Literal["commit.between_files", "restore.before_install"]
 POINTS: tuple[str, ...] = get_args(Failpoint)
 # A point reached is held this long at most, so a server nobody crashes still ends (its worker thread then fails).
 HOLD_S = 300.0
@@ -39,6 +41,10 @@ class Failpoints:
             raise UnknownFailpoint(f"no failpoint {point!r}; known: {list(POINTS)}")
         with self._lock:
             self._armed.add(point)
+
+    def armed(self, point: str) -> bool:
+        with self._lock:
+            return point in self._armed
 
     def hit(self, point: str) -> None:
         """Return at once unless `point` is armed; else mark it reached and hold the calling thread."""

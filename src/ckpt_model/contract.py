@@ -19,7 +19,7 @@ from typing import Literal
 
 import attrs
 
-Topology = Literal["native", "legacy", "counter", "slow"]
+Topology = Literal["native", "legacy", "counter", "slow", "mixed"]
 VerifyMode = Literal["wait", "replay"]
 Status = Literal["running", "pending", "replied", "dead", "retired", "dropped"]
 Phase = Literal["idle", "prepared", "committed"]
@@ -34,7 +34,13 @@ SCRIPTS: dict[str, tuple[ScriptCall, ...]] = {
     "legacy": (1, 3),
     "counter": (1, 3, 5),
     "slow": (2, 4, VERIFY),
+    "mixed": (2, 4),
 }
+# The mixed topology's second environment and its `restart_only` resources server (Gym's e2e names): every
+# episode there is a restart, which starts over after a crash instead of continuing.
+RESTART_ENVIRONMENT = "restart_environment"
+RESTART_RESOURCES = "restart_resources"
+RESTART_SERVERS = (RESTART_ENVIRONMENT, RESTART_RESOURCES)
 
 
 def capture_key(rollout: str, attempt: int) -> str:
@@ -59,6 +65,8 @@ class Attempt:
     delivered: int = 0
     held: bool = False
     continued: bool = False
+    # Run on the mixed topology's restart environment: reported in `restarts`, never exported, started over.
+    restart: bool = False
     # Which `/run` carries it (numbered by the model as they are sent; -1: not sent yet). Restoring a checkpoint
     # again reuses capture keys, so an outcome belongs to a `/run`, not to a key.
     run: int = -1
@@ -235,8 +243,13 @@ class Model:
         return self.with_status("running", "pending", "dead")
 
     def scope(self) -> list[Attempt]:
-        """What a commit continues: every unfinished dispatched attempt (running), plus restored-pending ones."""
-        return self.with_status("running", "pending")
+        """What a commit continues: every unfinished dispatched attempt (running), plus restored-pending ones,
+        except restarts (Gym's `PrepareResult.continued`: they start over instead)."""
+        return [a for a in self.with_status("running", "pending") if not a.restart]
+
+    def restarts(self) -> list[str]:
+        """Capture keys of the running restarts: what a prepare reports in `restarts` (every one has seeded)."""
+        return sorted(a.key for a in self.with_status("running") if a.restart)
 
     @property
     def checkpoint_open(self) -> bool:
@@ -244,6 +257,9 @@ class Model:
 
     def can_dispatch(self) -> bool:
         return not self.checkpoint_open and len(self.live()) < self.rollouts_max
+
+    def can_dispatch_restart(self) -> bool:
+        return self.topology == "mixed" and self.can_dispatch()
 
     def can_restore(self) -> bool:
         """Restore needs processes that have served nothing since they started, and a committed checkpoint."""
@@ -297,7 +313,8 @@ class Model:
         """One participant may crash alone between operations with no checkpoint open, unless it holds a restored
         episode waiting for its replacement (that would need the controller to restore again): the owner, the
         agent, and the counter's resources server."""
-        if self.checkpoint_open:
+        if self.checkpoint_open or self.topology == "mixed":
+            # Mixed runs two participants of a kind; what one of them forgets alone is not modelled.
             return False
         holds_restored = kind in (self.episode_owner, "agent") or (kind == "resources" and self.topology == "counter")
         return not (holds_restored and self.with_status("pending"))
@@ -316,14 +333,17 @@ class Model:
         continued = [a for a in checkpoint.snapshot if a.key in checkpoint.exported]
         return sorted(a.rollout for a in continued if a.rollout in marks and a.attempt + 1 <= marks[a.rollout])
 
-    def exports(self, kind: str) -> tuple[str, ...]:
-        """The capture keys a participant of `kind` writes at a commit of the current scope (P1, exactly).
+    def exports(self, kind: str, instance: str = "") -> tuple[str, ...]:
+        """The capture keys a participant of `kind` (named `instance`) writes at a commit of the current scope (P1,
+        exactly).
 
         The episode owner writes every scoped episode; the agent of a native episode writes the sessions of the
         scoped attempts that still need it; the counter's resources server the sessions of the scoped attempts;
-        the weather resources server is stateless and the policy model exports ledger rows only with token capture
-        on, so both write nothing here."""
+        the weather resources server is stateless, the restart servers never export a restart, and the policy
+        model exports ledger rows only with token capture on, so these write nothing here."""
         scope = self.scope()
+        if instance in RESTART_SERVERS:
+            return ()
         if kind == self.episode_owner:
             return tuple(sorted(a.key for a in scope))
         if kind == "agent":
@@ -331,6 +351,14 @@ class Model:
         if kind == "resources" and self.topology == "counter":
             return tuple(sorted(a.key for a in scope if a.holds_resources_session(self.topology)))
         return ()
+
+    def may_also_export(self, kind: str) -> tuple[str, ...]:
+        """Capture keys a participant of `kind` may write beside `exports`, or not: the agent's sessions of running
+        restarts. Gym's agent leaves restarts out (reference 9.1); how it learns one is not in the reference, and
+        the look-alike agent, which does not learn it, writes them. Restoring never installs them (out of scope)."""
+        if kind != "agent":
+            return ()
+        return tuple(sorted(a.key for a in self.with_status("running") if a.restart and a.needs_agent))
 
     # -- rules --------------------------------------------------------------------------------------------------
 
@@ -342,10 +370,13 @@ class Model:
         )
         return attrs.evolve(self, rollout_seq=self.rollout_seq + 1, runs_sent=self.runs_sent + 1), attempt
 
-    def dispatch(self) -> tuple[Model, str]:
-        """A new rollout starts as attempt 0 and stops at its first model call."""
+    def dispatch(self, restart: bool = False) -> tuple[Model, str]:
+        """A new rollout starts as attempt 0 (on the restart environment: a restart) and stops at its first model
+        call."""
         rollout = f"r{self.rollout_seq}"
-        attempt = Attempt(rollout=rollout, attempt=0, status="running", script=self.script, run=self.runs_sent)
+        attempt = Attempt(
+            rollout=rollout, attempt=0, status="running", script=self.script, run=self.runs_sent, restart=restart
+        )
         model = attrs.evolve(
             self,
             attempts=(*self.attempts, attempt),
@@ -460,7 +491,12 @@ class Model:
         checkpoint = self.checkpoint(checkpoint_id)
         restore_id = f"{checkpoint_id}-restore{self.checkpoint_seq + 1}"
         continued = [a for a in checkpoint.snapshot if a.key in checkpoint.exported]
-        kept = [a for a in checkpoint.snapshot if a.key not in checkpoint.exported]
+        # A restart running then is not in the checkpoint: it died in the crash and starts over.
+        kept = [
+            attrs.evolve(a, status="dead", held=False) if a.status == "running" else a
+            for a in checkpoint.snapshot
+            if a.key not in checkpoint.exported
+        ]
         pending = [
             Attempt(
                 rollout=a.rollout,
@@ -508,6 +544,14 @@ class Model:
             )
         return model, restore_id
 
+    def died_in_restore(self, checkpoint_id: str, kind: str) -> tuple[Model, str]:
+        """A restore during which the participant of `kind` died before installing and was started again alone:
+        it forgot its marks and resumed IDs (as `crash_participant`), then the controller's cleanup reached it
+        with the others, so the restore ends as `failed_restore` everywhere."""
+        others = tuple(r for r in self.restarted if r.kind != kind)
+        restarted = (*others, Restarted(kind, remembers_from=len(self.resumed)))
+        return attrs.evolve(self, restarted=restarted).failed_restore(checkpoint_id)
+
     def start_replacement(self, rollout: str) -> Model:
         """Send the restored-pending attempt's `/run`: it continues from its boundary (an episode restored at its
         `return` boundary replies without another call)."""
@@ -525,7 +569,12 @@ class Model:
         """Dispatch attempt + 1 of a rollout from the beginning of its script (after a crash or a retire)."""
         attempt = self._current(rollout)
         fresh_attempt = Attempt(
-            rollout=rollout, attempt=attempt.attempt + 1, status="running", script=self.script, run=self.runs_sent
+            rollout=rollout,
+            attempt=attempt.attempt + 1,
+            status="running",
+            script=self.script,
+            run=self.runs_sent,
+            restart=attempt.restart,
         )
         model = attrs.evolve(self, attempts=(*self.attempts, fresh_attempt), fresh=False, runs_sent=self.runs_sent + 1)
         return model._send(fresh_attempt)
@@ -615,6 +664,9 @@ class Expectation:
     restored_pending: tuple[str, ...]
     retired_rollouts: int
     resources_sessions: int = 0
+    # The mixed topology's restart environment and restart_only resources server count only restarts.
+    restart_episodes: int = 0
+    restart_sessions: int = 0
     accepting: bool = True
     # Participants restarted alone since the last crash hold fewer marks: (kind, count) for each of them.
     retired_by_kind: tuple[tuple[str, int], ...] = ()
@@ -638,11 +690,13 @@ def expect(model: Model) -> Expectation:
         checkpoint_id=model.open_checkpoint,
         held=sum(1 for a in running if a.held),
         inflight=sum(1 for a in running if not a.verifying and not a.at_return),
-        episodes=len(running) if owner_is_environment else 0,
+        episodes=sum(1 for a in running if not a.restart) if owner_is_environment else 0,
         sessions=sum(1 for a in current if a.needs_agent),
         restored_pending=tuple(sorted(model.restored_pending_reported)) if owner_is_environment else (),
         retired_rollouts=len(model.retired_marks),
-        resources_sessions=sum(1 for a in current if a.holds_resources_session(model.topology)),
+        resources_sessions=sum(1 for a in current if not a.restart and a.holds_resources_session(model.topology)),
+        restart_episodes=sum(1 for a in running if a.restart),
+        restart_sessions=sum(1 for a in current if a.restart and a.holds_resources_session(model.topology)),
         accepting=not model.checkpoint_open,
         retired_by_kind=tuple((r.kind, len(r.marks)) for r in model.restarted),
     )

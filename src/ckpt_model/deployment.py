@@ -8,7 +8,10 @@ Two small protocols say what the checker needs of a system under test:
   (returns every server's URL, like `start_gym`); without it the machine never crashes one participant alone.
   Optionally `arm_failpoint(name, point)` and `failpoint_reached(name, point) -> bool`: stop one server's work at
   a named point until it is killed (`FAILPOINT_BETWEEN_FILES`: inside a commit, between the participant's records
-  file and its manifest); without them a crash inside a commit only lands between participants.
+  file and its manifest; `FAILPOINT_BEFORE_INSTALL`: inside a restore, just before the participant installs);
+  without them a crash inside a commit only lands between participants, and no participant dies in its restore.
+  Optionally `restart_run_url()`: where the `/run`s of restarts go (topology `mixed`: the second environment,
+  bound to a `restart_only` resources server); the machine dispatches restarts only through it.
 - `Gate`: the backend's control routes (Gym's fake backend, reference section 11): the call list, release chosen
   calls, reset, gate every call, pin the policy's script. `BackendGate` speaks them over HTTP.
 
@@ -34,13 +37,15 @@ import httpx
 
 from ckpt_model import timing
 from ckpt_model.coordination import ControlClient, new_http_client
-from ckpt_model.errors import CoordinationError, ServerStartError
+from ckpt_model.errors import CoordinationError, HarnessError, ServerStartError
 from ckpt_model.tasks import script_for
 
 log = logging.getLogger(__name__)
 
 # A deployment's failpoint inside a commit: between a participant's records file and its manifest.
 FAILPOINT_BETWEEN_FILES = "commit.between_files"
+# ... and inside a restore: admission closed, the records read and validated, nothing installed yet.
+FAILPOINT_BEFORE_INSTALL = "restore.before_install"
 
 # The participants' lease grace: short, so the machine can let a lease lapse in well under a second (its rule
 # `quiet_controller`); every other control call sets a deadline far enough ahead that no lease lapses by itself.
@@ -240,6 +245,17 @@ class Harness:
     @property
     def run_url(self) -> str:
         return self.deployment.run_url()
+
+    @property
+    def restart_run_url(self) -> str:
+        """The restart environment's `/run` (topology `mixed`)."""
+        restart_run_url = getattr(self.deployment, "restart_run_url", None)
+        if not callable(restart_run_url):
+            raise HarnessError(
+                f"the {self.topology} deployment has no restart environment: it needs restart_run_url() to run "
+                "restarts (topology mixed)"
+            )
+        return str(restart_run_url())
 
     def log_tails(self, lines: int = 15) -> str:
         return self.deployment.log_tails(lines)

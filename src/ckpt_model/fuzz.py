@@ -42,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import typing
 import unittest
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -51,6 +52,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 import attrs
 
 from ckpt_model import profiles
+from ckpt_model.contract import Topology
 
 if TYPE_CHECKING:
     from hypothesis import settings
@@ -67,6 +69,7 @@ EVERY_DEPLOYMENT = (
     ("counter", "wait"),
     ("slow", "wait"),
     ("slow", "replay"),
+    ("mixed", "wait"),
 )
 # `hypothesis fuzz` (HypoFuzz adds the command), started with this interpreter rather than a console script.
 HYPOFUZZ = "import sys; from hypothesis.extra.cli import main; sys.exit(main())"
@@ -422,7 +425,7 @@ def build_parser(prog: str = "python -m ckpt_model.fuzz") -> argparse.ArgumentPa
     replay = commands.add_parser("replay", help="replay what the database holds for a deployment, generating nothing")
     for command in (worker, replay):
         command.add_argument("--redis", metavar="URL", help=f"the shared example database (sets {profiles.REDIS_ENV})")
-        command.add_argument("--topology", choices=("native", "legacy", "counter", "slow"))
+        command.add_argument("--topology", choices=typing.get_args(Topology))
         command.add_argument("--verify-mode", choices=("wait", "replay"))
         command.add_argument("--faults", default="", help="comma-separated planted faults")
         command.add_argument(

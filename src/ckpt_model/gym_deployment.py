@@ -8,7 +8,8 @@ The checker needs four things of a deployment it did not build (`ckpt_model.depl
 - how to crash Gym: SIGKILL of the process groups listed in `description_file` (a JSON file with
   `servers.<name>.pgid`, rewritten on every start, as our launcher writes it), and/or `crash_command`; then the
   start command is stopped (SIGTERM, then SIGKILL of its group);
-- where `/run` goes: the environment server's `/run` (`run_server`), or a legacy relay;
+- where `/run` goes: the environment server's `/run` (`run_server`), or a legacy relay; for topology `mixed`,
+  restarts go to `restart_run_server` (Gym's e2e: `restart_environment`, bound to a `restart_only` resources server);
 - optionally the gated backend (`backend_url`, Gym's e2e fake backend or ours): without it no model call can be
   held, so the machine runs only the rules that need none (see `docs/real-gym.md`).
 """
@@ -49,6 +50,7 @@ class GymDeployment:
     description_file: Path | None = None
     crash_command: Sequence[str] | None = None
     run_server: str = "environment"
+    restart_run_server: str = "restart_environment"
     lease_grace_s: float = 600.0
     faults: tuple[str, ...] = ()
     start_timeout_s: float = START_TIMEOUT_S
@@ -60,7 +62,8 @@ class GymDeployment:
     def from_file(cls, path: Path) -> GymDeployment:
         """A deployment from its description (JSON): `head_url`, `token`, `start_command` (a list), and optionally
         `backend_url`, `description_file`, `crash_command`, `topology`, `verify_mode`, `run_server`,
-        `lease_grace_s`, `logs_dir` (default: beside the file). Unknown keys are an error that names them."""
+        `restart_run_server`, `lease_grace_s`, `logs_dir` (default: beside the file). Unknown keys are an error
+        that names them."""
         try:
             document = json.loads(Path(path).read_text())
         except (OSError, ValueError) as error:
@@ -126,6 +129,16 @@ class GymDeployment:
 
     def run_url(self) -> str:
         return self._servers_with_relay()[self.run_server] + "/run"
+
+    def restart_run_url(self) -> str:
+        """Where restarts go (topology `mixed`)."""
+        servers = self._servers_with_relay()
+        if self.restart_run_server not in servers:
+            raise ValueError(
+                f"'restart_run_server' {self.restart_run_server!r} is not a server of this Gym (servers: "
+                f"{sorted(servers)}); topology mixed needs the environment bound to a restart_only resources server"
+            )
+        return servers[self.restart_run_server] + "/run"
 
     def log_tails(self, lines: int = 15) -> str:
         path = self.logs_dir / "gym-start.log"

@@ -22,9 +22,9 @@ from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
 from ckpt_model import damage, timing
 from ckpt_model import properties as props
-from ckpt_model.contract import Attempt, Model
+from ckpt_model.contract import RESTART_SERVERS, Attempt, Model
 from ckpt_model.coordination import request_body
-from ckpt_model.deployment import FAILPOINT_BETWEEN_FILES, Harness
+from ckpt_model.deployment import FAILPOINT_BEFORE_INSTALL, FAILPOINT_BETWEEN_FILES, Harness
 from ckpt_model.errors import CoordinationError, HarnessError, ParticipantFailure, PropertyViolation, QuiescenceTimeout
 from ckpt_model.history import History
 from ckpt_model.quiescence import SETTLE_TIMEOUT_S, Observation, Quiescence, backend_calls, observe, poll
@@ -99,7 +99,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         harness.begin_example()
         self.model = Model(topology=harness.topology, verify_mode=harness.verify_mode)  # type: ignore[arg-type]
         self.history = History()
-        self.runs = RunPool(harness.run_http, lambda: harness.run_url, self._run_body, self.history)
+        self.runs = RunPool(harness.run_http, self._run_url, self._run_body, self.history)
         reward = expected_reward(self.model.topology, script_for(self.model.topology))
         self.quiescence = Quiescence(harness, self.runs, reward, settle_timeout_s)
         self.retired_attempts: dict[str, Attempt] = {}
@@ -137,6 +137,16 @@ class CheckpointMachine(RuleBasedStateMachine):
         self.runs.send(model.current()[rollout])
         self._advance(model, f"dispatch() -> {rollout}")
 
+    @precondition(lambda self: self.harness.backend is not None and self.model.can_dispatch_restart())
+    @rule()
+    @step
+    def dispatch_restart(self) -> None:
+        """A new rollout starts on the restart environment (topology `mixed`): its `restart_only` resources server
+        makes it a restart, which never holds up a checkpoint, is never exported and starts over after a crash."""
+        model, rollout = self.model.dispatch(restart=True)
+        self.runs.send(model.current()[rollout])
+        self._advance(model, f"dispatch_restart() -> {rollout}")
+
     @precondition(lambda self: bool(self.model.releasable()))
     @rule(pick=PICK)
     @step
@@ -172,6 +182,7 @@ class CheckpointMachine(RuleBasedStateMachine):
 
     def _prepared(self, checkpoint_id: str, replies: dict[str, Any]) -> None:
         self.history.note("controller", "prepared", checkpoint_id)
+        props.p1_restarts_reported(checkpoint_id, self.model.restarts(), replies)
         self.last_call = SentCall("prepare", checkpoint_id, {}, replies)
         self._probe("prepare", f"other{self.model.checkpoint_seq + 1}", "checkpoint_conflict")
 
@@ -228,6 +239,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         scope = self.model.scope()
         directory = self.harness.checkpoint_dir / checkpoint_id
         episode_ids = [EpisodeId(rollout_id=a.rollout, attempt=a.attempt) for a in scope]
+        self._probe_restart_in_scope(checkpoint_id, episode_ids)
         replies = self._control(
             "commit", checkpoint_id, lambda d: self.control.commit(checkpoint_id, str(directory), episode_ids, d)
         )
@@ -242,9 +254,10 @@ class CheckpointMachine(RuleBasedStateMachine):
             props.p1_exports_exact(
                 checkpoint_id,
                 member.name,
-                self.model.exports(member.kind),
+                self.model.exports(member.kind, member.name),
                 replies[member.name]["episode_ids"],
                 read[member.name].episode_ids,
+                optional=self.model.may_also_export(member.kind),
             )
         self._check_exported_state(directory, checkpoint_id)
         self.fingerprints[checkpoint_id] = read
@@ -268,6 +281,27 @@ class CheckpointMachine(RuleBasedStateMachine):
         self._resume_call(checkpoint_id)
         self._probe("prepare", checkpoint_id, "stale_checkpoint")
         self._advance(self.model.resume(), f"resume({checkpoint_id}); prepare({checkpoint_id}) refused")
+
+    def _probe_restart_in_scope(self, checkpoint_id: str, episode_ids: list[EpisodeId]) -> None:
+        """A commit whose scope also names the running restarts, sent first to each restart server on its own:
+        each must refuse it (409 `restart_in_scope`) and stay prepared, which the real commit then shows."""
+        restarts = [EpisodeId.from_capture_key(key) for key in self.model.restarts()]
+        names = [m.name for m in self.control.participants if m.name in RESTART_SERVERS]
+        if not restarts or not names:
+            return
+        deadline_ts = time.time() + CONTROL_DEADLINE_S
+        body = request_body(
+            "commit",
+            checkpoint_id,
+            deadline_ts,
+            checkpoint_dir=str(self.harness.checkpoint_dir / f"probe-{checkpoint_id}"),
+            episode_ids=(*episode_ids, *restarts),
+        )
+        invocation = self.history.invoke("controller", "probe commit naming restarts", checkpoint_id)
+        with timing.span("probe"):
+            outcomes = self.control.post_each("commit", body, deadline_ts, names)
+        self.history.complete(invocation, "ok", {name: _outcome_text(o) for name, o in outcomes.items()})
+        props.p1_restart_in_scope_refused(checkpoint_id, outcomes)
 
     def _resume_call(self, checkpoint_id: str) -> None:
         replies = self._control("resume", checkpoint_id, lambda d: self.control.resume(checkpoint_id, d))
@@ -590,6 +624,76 @@ class CheckpointMachine(RuleBasedStateMachine):
             f"failed_restore({checkpoint.checkpoint_id}) as {restore_id}, {member.name} damaged ({how}) refused it",
         )
 
+    @precondition(lambda self: self.model.can_restore() and bool(self._can_die_in_restore()))
+    @rule(pick=PICK, victim=PICK)
+    @step
+    def dies_in_restore(self, pick: int, victim: int) -> None:
+        """One participant dies during its own restore while the others finish theirs: a deployment failpoint
+        holds its restore after it closed admission, just before it installs; the checker polls until it stands
+        there and every other participant has restored, then SIGKILLs it and starts it again alone. P8: every
+        other participant installed, the dead one answered nothing, and the controller's cleanup, as Gym's client
+        runs it (retire the next attempts everywhere, then resume), succeeds on all, the restarted one included;
+        afterwards nothing of the restore is installed anywhere and its attempts never run."""
+        checkpoint = _pick(list(self.model.committed), pick)
+        member = _pick(self._can_die_in_restore(), victim)
+        covered = self.model.marks_covering(checkpoint.checkpoint_id)
+        if covered:
+            self._forget(covered)
+        model, restore_id = self.model.died_in_restore(checkpoint.checkpoint_id, member.kind)
+        scope = [EpisodeId.from_capture_key(key) for key in checkpoint.exported]
+        directory = str(self.harness.checkpoint_dir / checkpoint.checkpoint_id)
+        deadline_ts = time.time() + CONTROL_DEADLINE_S
+        body = request_body("restore", restore_id, deadline_ts, checkpoint_dir=directory, episode_ids=scope)
+        others = [m for m in self.control.participants if m.name != member.name]
+        self.harness.arm_failpoint(member.name, FAILPOINT_BEFORE_INSTALL)
+        invocation = self.history.invoke("controller", "restore", restore_id)
+        restore = self.runs.submit(self.control.post_each, "restore", body, deadline_ts)
+
+        def others_restored() -> bool:
+            statuses = self.harness.statuses()
+            return self.harness.failpoint_reached(member.name, FAILPOINT_BEFORE_INSTALL) and all(
+                statuses[m.name]["phase"] == "restored" for m in others
+            )
+
+        if not poll(others_restored, self.quiescence.timeout_s):
+            raise QuiescenceTimeout(
+                prediction=f"{member.name} stands before its install while {[m.name for m in others]} restored",
+                observed=self.harness.statuses(),
+                pending=[f"{member.name} at {FAILPOINT_BEFORE_INSTALL}"],
+                timeout_s=self.quiescence.timeout_s,
+            )
+        self.history.invoke("controller", "crash", member.name)
+        self.harness.restart_server(member.name)
+        outcomes = restore.result(timeout=CONTROL_DEADLINE_S)
+        self.history.complete(invocation, "fail", {name: _outcome_text(o) for name, o in outcomes.items()})
+        props.p8_died_in_restore(restore_id, member.name, outcomes)
+        next_attempts = [episode.next_attempt() for episode in scope]
+        try:
+            self._control("retire", restore_id, lambda d: self.control.retire(restore_id, next_attempts, d))
+            self._resume_call(restore_id)
+        except CoordinationError as error:
+            raise props.P8Violation(
+                rollout=None,
+                expected=f"the cleanup of restore {restore_id} (retire the next attempts, resume) succeeds everywhere",
+                observed=str(error),
+            ) from error
+        self.last_call = None
+        self._advance(
+            model,
+            f"dies_in_restore({checkpoint.checkpoint_id}) as {restore_id}: {member.name} died before installing",
+            violation=props.P8Violation,
+            counts_final=True,
+        )
+
+    def _can_die_in_restore(self) -> list[Any]:
+        """Participants that can die during their own restore: with failpoints and single restarts, and the only
+        one of its kind (the model says what one participant forgets by its kind)."""
+        if not (self.harness.can_stop_inside_commit and self.harness.can_restart_one) or self.control is None:
+            return []
+        members = sorted(self.control.participants, key=lambda m: m.name)
+        kinds = [m.kind for m in members]
+        return [m for m in members if kinds.count(m.kind) == 1]
+
     # The controller's two routines as single steps as well. A bug that needs a checkpoint, a crash and a
     # restore in a row is then four steps deep instead of seven, so a random search reaches it far more often
     # (restored-pending episodes dropped by a second checkpoint; a restore that ignores boundaries).
@@ -885,6 +989,9 @@ class CheckpointMachine(RuleBasedStateMachine):
         assert self.harness.backend is not None, "only a gated backend holds calls to release"
         self.harness.backend.release([waiting[key] for key in keys])
 
+    def _run_url(self, attempt: Attempt) -> str:
+        return self.harness.restart_run_url if attempt.restart else self.harness.run_url
+
     def _run_body(self, attempt: Attempt) -> dict[str, Any]:
         return run_body(self.model.topology, attempt.rollout, attempt.attempt)
 
@@ -894,7 +1001,8 @@ class CheckpointMachine(RuleBasedStateMachine):
         scoped = {a.key: a for a in self.model.scope()}
         for member in self._resources_members():
             expected = {
-                key: resources_state(topology, scoped[key].tool_rounds) for key in self.model.exports("resources")
+                key: resources_state(topology, scoped[key].tool_rounds)
+                for key in self.model.exports("resources", member.name)
             }
             records = self._resources_records(directory, checkpoint_id, member.name)
             props.p6_exported_state(checkpoint_id, member.name, expected, records)

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import attrs
 
-from ckpt_model.contract import VERIFY, Expectation, ScriptCall, capture_key
+from ckpt_model.contract import RESTART_SERVERS, VERIFY, Expectation, ScriptCall, capture_key
 from ckpt_model.errors import ParticipantFailure, PropertyViolation
 from ckpt_model.history import History
 from ckpt_model.storage import CheckpointUnreadable, Fingerprint
@@ -28,7 +28,10 @@ class PropertyInfo:
 
 class P1Violation(PropertyViolation):
     property_id = "P1"
-    title = "replied or exported: at a commit every unretired attempt replied before it or is exported"
+    title = (
+        "replied or exported: at a commit every unretired attempt replied before it or is exported; "
+        "a restart is reported and never exported"
+    )
 
 
 class P2Violation(PropertyViolation):
@@ -114,12 +117,14 @@ def p1_exports_exact(
     expected: Iterable[str],
     reply_keys: Iterable[str],
     disk_keys: Iterable[str],
+    optional: Collection[str] = (),
 ) -> None:
-    """At a commit: the participant's reply and its records on disk both name exactly the expected capture keys."""
+    """At a commit: the participant's reply and its records on disk both name exactly the expected capture keys,
+    each with or without the `optional` ones."""
     want = sorted(set(expected))
     for source, keys in (("commit reply", reply_keys), ("records on disk", disk_keys)):
         got = sorted(keys)
-        if got != want:
+        if [key for key in got if key not in optional or key in want] != want:
             missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
             raise P1Violation(
                 rollout=next(iter(missing + extra), None),
@@ -148,6 +153,39 @@ def p1_replied_or_exported(
             rollout=both[0],
             expected=f"attempts that replied before {checkpoint_id} are not exported",
             observed=f"{owner} exported {both}, which already replied",
+        )
+
+
+def p1_restarts_reported(checkpoint_id: str, expected: Sequence[str], replies: Mapping[str, Any]) -> None:
+    """At a prepare: the restart servers report exactly the running restarts in `restarts`, and no participant
+    reports anything else as one (a restart is never continued, and nothing continued is a restart)."""
+    want = sorted(expected)
+    for name, reply in sorted(replies.items()):
+        reported = sorted(reply.get("report", {}).get("restarts", []))
+        if (name in RESTART_SERVERS and reported != want) or not set(reported) <= set(want):
+            extra = sorted(set(reported) - set(want))
+            missing = sorted(set(want) - set(reported)) if name in RESTART_SERVERS else []
+            wanted = f"exactly {want}" if name in RESTART_SERVERS else f"nothing outside {want}"
+            raise P1Violation(
+                rollout=next(iter(missing + extra), None),
+                expected=f"{name} reports {wanted} as restarts when {checkpoint_id} is prepared",
+                observed=f"its prepare reply reports {reported}",
+            )
+
+
+def p1_restart_in_scope_refused(checkpoint_id: str, outcomes: Mapping[str, Any]) -> None:
+    """A commit whose scope names a reported restart is refused (409 restart_in_scope) by every participant that
+    reported it, and writes nothing: a restart starts over, it is never continued."""
+    accepted = {
+        name: outcome.describe() if isinstance(outcome, ParticipantFailure) else f"accepted: {_short(outcome, 120)}"
+        for name, outcome in outcomes.items()
+        if not (isinstance(outcome, ParticipantFailure) and outcome.code == "restart_in_scope")
+    }
+    if accepted:
+        raise P1Violation(
+            rollout=None,
+            expected=f"a commit of {checkpoint_id} naming a restart refused with restart_in_scope",
+            observed="; ".join(f"{name}: {what}" for name, what in sorted(accepted.items())),
         )
 
 
@@ -303,6 +341,23 @@ def p8_refused_by(
         raise P8Violation(rollout=None, expected=expected, observed=f"the cleanup failed: {list(cleanup_problems)}")
 
 
+def p8_died_in_restore(restore_id: str, victim: str, outcomes: Mapping[str, Any]) -> None:
+    """A restore in which `victim` died before installing: it answered nothing (no HTTP reply), and every other
+    participant installed (phase `restored`)."""
+    expected = f"restore {restore_id}: {victim} died before installing, every other participant restored"
+    dead = outcomes.get(victim)
+    if not isinstance(dead, ParticipantFailure) or dead.http_status is not None:
+        shown = dead.describe() if isinstance(dead, ParticipantFailure) else f"answered {_short(dead, 120)}"
+        raise P8Violation(rollout=None, expected=expected, observed=f"{victim} {shown}")
+    wrong = {
+        name: outcome.describe() if isinstance(outcome, ParticipantFailure) else _short(outcome, 120)
+        for name, outcome in outcomes.items()
+        if name != victim and (isinstance(outcome, ParticipantFailure) or outcome.get("phase") != "restored")
+    }
+    if wrong:
+        raise P8Violation(rollout=None, expected=expected, observed=f"not restored: {wrong}")
+
+
 def p10_each_refused(operation: str, expected_code: str, outcomes: Mapping[str, Any]) -> None:
     """Every participant, asked on its own, refused `operation` with `expected_code`."""
     wrong = {
@@ -367,13 +422,14 @@ def status_mismatches(expected: Expectation, status: Mapping[str, Any]) -> list[
     `sessions` and `accepting`, resources `sessions`, model `inflight` and `held`; `retired_rollouts` everywhere."""
     counts = status.get("report", {}).get("counts", {})
     kind = status.get("kind")
+    restart_server = status.get("instance") in RESTART_SERVERS
     wanted: dict[str, int] = {}
     if kind == "environment":
-        wanted["episodes"] = expected.episodes
+        wanted["episodes"] = expected.restart_episodes if restart_server else expected.episodes
     elif kind == "agent":
         wanted["sessions"] = expected.sessions
     elif kind == "resources":
-        wanted["sessions"] = expected.resources_sessions
+        wanted["sessions"] = expected.restart_sessions if restart_server else expected.resources_sessions
     elif kind == "model":
         wanted.update(inflight=expected.inflight, held=expected.held)
     problems = [f"counts {k}={counts.get(k)} (expected {v})" for k, v in wanted.items() if counts.get(k) != v]

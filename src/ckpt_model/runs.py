@@ -38,7 +38,7 @@ class RunPool:
     def __init__(
         self,
         http: httpx.Client,
-        run_url: Callable[[], str],
+        run_url: Callable[[Attempt], str],
         body: Callable[[Attempt], dict[str, Any]],
         history: History,
     ) -> None:
@@ -64,7 +64,7 @@ class RunPool:
     def _post(self, attempt: Attempt) -> RunOutcome:
         invocation = self._history.invoke(attempt.key, "run", {"attempt": attempt.attempt})
         try:
-            response = self._http.post(self._run_url(), json=self._body(attempt))
+            response = self._http.post(self._run_url(attempt), json=self._body(attempt))
         except httpx.HTTPError as error:
             self._history.complete(invocation, "info", f"{type(error).__name__}: {error}")
             return RunOutcome(status_code=None, body=None, error=str(error))

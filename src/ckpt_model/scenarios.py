@@ -189,6 +189,14 @@ SCENARIOS: dict[str, Scenario] = {
         + steps(("restore", FIRST), ("start_replacement", FIRST)),
         calls={"r0": (0, 1), "r0-a1": (1,)},
     ),
+    # P8: the first two participants by name in turn die during their own restore while the others restore (a
+    # crash between, since the processes served a restore); then the checkpoint itself restores and continues.
+    "dies_in_restore__the_others_restored_and_nothing_stays": Scenario(
+        steps("dispatch", ("release", FIRST), ("checkpoint", {"then_resume": False}), "crash")
+        + steps(("dies_in_restore", {"pick": 0, "victim": 0}), "crash", ("dies_in_restore", {"pick": 0, "victim": 1}))
+        + steps("crash", ("restore", FIRST), ("start_replacement", FIRST)),
+        calls={"r0": (0, 1), "r0-a1": (1,)},
+    ),
     # The attempt a refused restore would have continued is burned: the rollout starts over as the one after it.
     "failed_restore__rollouts_start_over": Scenario(
         steps(
@@ -341,6 +349,7 @@ COUNTER_CALLS: dict[str, Facts] = {
     "earlier_checkpoint__restored_after_later_work": {"r0": (0, 1), "r1": (0,), "r0-a1": (0, 1, 2)},
     "failed_restore__refused_by_one_leaves_nothing": {"r0": (0, 1), "r0-a1": (1, 2)},
     "failed_restore__rollouts_start_over": {"r0": (0, 1), "r0-a2": (0, 1, 2)},
+    "dies_in_restore__the_others_restored_and_nothing_stays": {"r0": (0, 1), "r0-a1": (1, 2)},
     "crash_in_commit__incomplete_checkpoint_is_refused": {"r0": (0, 1), "r0-a2": (0, 1, 2)},
     "crash_in_commit__between_a_participants_files_is_no_share": {"r0": (0, 1), "r0-a2": (0, 1, 2)},
     "crash_in_operation__nothing_of_it_outlives_the_crash": {"r0": (0,), "r1": (0, 1), "r1-a1": (1, 2)},
@@ -356,6 +365,35 @@ COUNTER_SCENARIOS: dict[str, Scenario] = {
         RESTORED_AT_CALL_1 + steps(("start_replacement", FIRST)),
         calls={"r0": (0, 1), "r0-a1": (1, 2)},
         counts={"c1": {"r0": 4}},
+    ),
+}
+
+# The mixed topology (Gym's scenarios 15, 16 and the restart half of 12): r0 runs on the checkpointable
+# environment, the restarts on the restart environment, whose `restart_only` resources server makes them restarts.
+# Every prepare checks the restart servers report exactly the running restarts (and nobody else any), every commit
+# that a commit naming them is refused with `restart_in_scope` and that the restart servers write nothing.
+RESTART = ("retire", {"pick": 1, "again": True})
+MIXED_SCENARIOS: dict[str, Scenario] = {
+    # Gym's 15: the restart never holds up the checkpoint; after the crash r0 continues from its boundary and the
+    # restart, retired, starts over as attempt 1; both reply with the full reward.
+    "restart__never_holds_up_a_checkpoint_and_starts_over_after_a_crash": Scenario(
+        steps("dispatch", "dispatch_restart", "prepare", "commit", "crash", ("restore", FIRST))
+        + steps(RESTART, ("start_replacement", FIRST)),
+        calls={"r0": (0,), "r1": (0,), "r0-a1": (0, 1), "r1-a1": (0, 1)},
+    ),
+    # Gym's 16: the same checkpoint, resumed without a crash: the restart's attempt 0 replies after the resume.
+    "restart__keeps_running_through_a_checkpoint_without_a_crash": Scenario(
+        steps("dispatch", "dispatch_restart", "prepare", "commit", "resume")
+        + steps(("release", {"pick": 1}), ("release", {"pick": 1}), ("release", FIRST), ("release", FIRST)),
+        calls={"r0": (0, 1), "r1": (0, 1)},
+    ),
+    # Gym's 12, restart half: two restarts, one past its tool round and one whose call returns during the
+    # checkpoint (held by the model server); both start over after the crash, r0 continues.
+    "restarts__run_through_a_checkpoint_then_start_over_after_a_crash": Scenario(
+        steps("dispatch", "dispatch_restart", ("release", {"pick": 1}), "dispatch_restart", "prepare")
+        + steps(("release", {"pick": 2}), "commit", "crash", ("restore", FIRST))
+        + steps(RESTART, ("retire", {"pick": 2, "again": True}), ("start_replacement", FIRST)),
+        calls={"r0": (0,), "r1": (0, 1), "r2": (0,), "r0-a1": (0, 1), "r1-a1": (0, 1), "r2-a1": (0, 1)},
     ),
 }
 
@@ -435,12 +473,16 @@ FAULT_SCENARIOS: dict[str, str] = {
     "model_restore_accepts_missing_share": "crash_in_commit__incomplete_checkpoint_is_refused",
     "store_publishes_manifest_first": "crash_in_commit__between_a_participants_files_is_no_share",
     "resources_restore_skipped": "resources_state__restored_with_the_episode",
+    "environment_exports_restarts": "restart__never_holds_up_a_checkpoint_and_starts_over_after_a_crash",
+    "restarts_block_prepare": "restart__never_holds_up_a_checkpoint_and_starts_over_after_a_crash",
+    "resources_restart_unreported": "restart__never_holds_up_a_checkpoint_and_starts_over_after_a_crash",
+    "restart_in_scope_accepted": "restart__never_holds_up_a_checkpoint_and_starts_over_after_a_crash",
 }
 
 
 def named(name: str) -> Scenario:
     """A scenario by name, from any topology's list."""
-    for scenarios in (SCENARIOS, COUNTER_SCENARIOS, *SLOW_SCENARIOS.values()):
+    for scenarios in (SCENARIOS, COUNTER_SCENARIOS, MIXED_SCENARIOS, *SLOW_SCENARIOS.values()):
         if name in scenarios:
             return scenarios[name]
     raise KeyError(f"no scenario {name!r}")

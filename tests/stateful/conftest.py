@@ -70,3 +70,9 @@ def slow_wait_harness() -> Iterator[Harness]:
 def slow_replay_harness() -> Iterator[Harness]:
     with Harness.embedded("slow", verify_mode="replay") as harness:
         yield harness
+
+
+@pytest.fixture(scope="session")
+def mixed_harness() -> Iterator[Harness]:
+    with Harness.embedded("mixed") as harness:
+        yield harness

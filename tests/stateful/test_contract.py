@@ -27,3 +27,7 @@ def test_slow_stack_with_wait_verification_keeps_the_contract(slow_wait_harness:
 
 def test_slow_stack_with_replay_verification_keeps_the_contract(slow_replay_harness: Harness) -> None:
     run_state_machine_as_test(machine_for(slow_replay_harness), settings=ACTIVE_SETTINGS)
+
+
+def test_mixed_stack_with_restarts_keeps_the_contract(mixed_harness: Harness) -> None:
+    run_state_machine_as_test(machine_for(mixed_harness), settings=ACTIVE_SETTINGS)

@@ -14,6 +14,7 @@ from ckpt_model.faultsearch import harness_for
 from ckpt_model.scenarios import (
     COUNTER_SCENARIOS,
     FAULT_SCENARIOS,
+    MIXED_SCENARIOS,
     SCENARIOS,
     SLOW_SCENARIOS,
     Scenario,
@@ -39,6 +40,11 @@ def test_legacy_scenario(legacy_harness: Harness, name: str) -> None:
 @pytest.mark.parametrize("name", sorted({**SCENARIOS, **COUNTER_SCENARIOS}))
 def test_counter_scenario(counter_harness: Harness, name: str) -> None:
     run(counter_harness, named(name))
+
+
+@pytest.mark.parametrize("name", sorted(MIXED_SCENARIOS))
+def test_mixed_scenario(mixed_harness: Harness, name: str) -> None:
+    run(mixed_harness, MIXED_SCENARIOS[name])
 
 
 @pytest.mark.parametrize("name", sorted(SLOW_SCENARIOS["wait"]))

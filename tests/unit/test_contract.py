@@ -647,3 +647,74 @@ def test_a_refused_restore_of_an_incomplete_checkpoint_burns_its_attempts_too() 
     assert not model.can_restore_incomplete()  # the processes served it: another restore needs a crash first
     with pytest.raises(KeyError, match="no committed checkpoint"):
         model.checkpoint(checkpoint_id)
+
+
+def test_a_participant_that_died_in_its_restore_forgets_earlier_marks_and_gets_the_cleanups() -> None:
+    model, _ = native().dispatch()
+    model, _ = model.prepare()
+    model, _ = model.commit()
+    model, _ = model.resume().dispatch()
+    model = model.crash().retire("r1")  # r1 came after c1; marked everywhere after the crash, before the restore
+    model, restore_id = model.died_in_restore("c1", "agent")
+    assert model.marks_of("agent") == (("r0", 1),), "restarted alone: only the cleanup's mark"
+    assert model.marks_of("environment") == (("r0", 1), ("r1", 0))
+    assert model.remembers("agent", restore_id)
+    assert model.remembers("environment", restore_id)
+    assert model.current()["r0"].status == "dead"
+    assert dict(expect(model).retired_by_kind) == {"agent": 1}
+
+
+# -- the mixed topology's restarts --------------------------------------------------------------------------------
+
+
+def mixed_with_a_restart() -> Model:
+    """r0 continues (the checkpointable environment), r1 is a restart; both wait at their first call."""
+    model, _ = Model(topology="mixed").dispatch()
+    model, restart = model.dispatch(restart=True)
+    assert restart == "r1"
+    return model
+
+
+def test_a_restart_is_reported_counted_on_the_restart_servers_and_left_out_of_the_scope() -> None:
+    model, _ = mixed_with_a_restart().prepare()
+    expected = expect(model)
+    assert model.restarts() == ["r1"]
+    assert [a.key for a in model.scope()] == ["r0"]
+    assert (expected.episodes, expected.restart_episodes) == (1, 1)
+    assert (expected.resources_sessions, expected.restart_sessions) == (1, 1)
+    assert (expected.sessions, expected.inflight) == (2, 2), "the agent and the model serve both"
+
+
+def test_a_restart_is_never_exported_by_the_restart_servers_and_the_agent_may_write_its_session() -> None:
+    model, _ = mixed_with_a_restart().prepare()
+    assert model.exports("environment", "environment") == ("r0",)
+    assert model.exports("environment", "restart_environment") == ()
+    assert model.exports("resources", "restart_resources") == ()
+    assert (model.exports("agent", "agent"), model.may_also_export("agent")) == (("r0",), ("r1",))
+    assert model.may_also_export("environment") == ()
+
+
+def test_a_restart_starts_over_after_a_crash_and_a_restore_as_a_restart() -> None:
+    model, _ = mixed_with_a_restart().prepare()
+    model, _ = model.commit()
+    model, _ = model.crash().restore("c1")
+    assert {a.rollout: a.status for a in model.current().values()} == {"r0": "pending", "r1": "dead"}
+    model = model.start_over("r1")
+    again = model.current()["r1"]
+    assert (again.key, again.restart, again.start_call, again.status) == ("r1-a1", True, 0, "running")
+    assert expect(model).calls["r1-a1"] == (2,)
+
+
+def test_a_restart_that_replied_before_a_checkpoint_stays_replied_after_its_restore() -> None:
+    model = mixed_with_a_restart().release("r1").release("r1")
+    model, _ = model.prepare()
+    model, _ = model.commit()
+    model, _ = model.crash().restore("c1")
+    assert model.current()["r1"].status == "replied"
+
+
+def test_restarts_need_the_mixed_topology_and_it_crashes_no_participant_alone() -> None:
+    assert not native().can_dispatch_restart()
+    model = mixed_with_a_restart()
+    assert model.can_dispatch_restart()
+    assert not any(model.can_crash_participant(kind) for kind in ("environment", "agent", "resources", "model"))

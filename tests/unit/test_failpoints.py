@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from fakes.gym import failpoints
-from fakes.gym.failpoints import BETWEEN_FILES, Failpoints
+from fakes.gym.failpoints import BEFORE_INSTALL, BETWEEN_FILES, Failpoints
 
 
 def test_an_unarmed_point_returns_at_once() -> None:
@@ -52,3 +52,10 @@ def test_a_point_held_too_long_fails_its_work(monkeypatch: pytest.MonkeyPatch) -
 def test_an_unknown_point_cannot_be_armed() -> None:
     with pytest.raises(ValueError, match=r"no failpoint 'commit\.nowhere'"):
         Failpoints().arm("commit.nowhere")
+
+
+def test_armed_says_which_points_work_would_stop_at() -> None:
+    points = Failpoints()
+    points.arm(BEFORE_INSTALL)
+    assert points.armed(BEFORE_INSTALL)
+    assert not points.armed(BETWEEN_FILES)

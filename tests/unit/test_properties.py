@@ -19,17 +19,21 @@ from ckpt_model.properties import (
     P3Violation,
     P4Violation,
     P7Violation,
+    P8Violation,
     P9Violation,
     P10Violation,
     P11Violation,
     P13Violation,
     p1_exports_exact,
     p1_replied_or_exported,
+    p1_restart_in_scope_refused,
+    p1_restarts_reported,
     p2_held_responses,
     p2_no_reply_while_prepared,
     p3_reply_complete,
     p4_calls,
     p7_refused,
+    p8_died_in_restore,
     p9_unchanged,
     p9_verifies,
     p10_admission_refused,
@@ -763,3 +767,93 @@ def test_p6_restored_a_reply_that_claims_sessions_the_status_does_not_count_is_a
 def test_p6_restored_a_reply_without_a_list_is_a_violation() -> None:
     with pytest.raises(properties.P6Violation, match="names None"):
         properties.p6_restored("c1-restore2", "resources", [], None, 0)
+
+
+def test_status_the_restart_servers_count_restarts_the_others_the_rest() -> None:
+    expected = expectation(episodes=1, resources_sessions=1, restart_episodes=2, restart_sessions=2)
+    agree = [
+        status("environment", {"episodes": 1}, instance="environment", restored_pending=[]),
+        status("environment", {"episodes": 2}, instance="restart_environment", restored_pending=[]),
+        status("resources", {"sessions": 1}, instance="resources"),
+        status("resources", {"sessions": 2}, instance="restart_resources"),
+    ]
+    assert [status_mismatches(expected, observed) for observed in agree] == [[], [], [], []]
+    swapped = status("environment", {"episodes": 1}, instance="restart_environment", restored_pending=[])
+    assert status_mismatches(expected, swapped) == ["counts episodes=1 (expected 2)"]
+
+
+# -- P1: restarts ----------------------------------------------------------------------------------------------
+
+
+def prepared(restarts: list[str]) -> dict[str, Any]:
+    return {"phase": "prepared", "report": {"ready": True, "blockers": [], "counts": {}, "restarts": restarts}}
+
+
+def test_p1_restarts_reported_by_the_restart_servers_and_nobody_else_pass() -> None:
+    replies = {
+        "environment": prepared([]),
+        "restart_environment": prepared(["r1"]),
+        "restart_resources": prepared(["r1"]),
+        "agent": prepared([]),
+    }
+    p1_restarts_reported("c1", ["r1"], replies)
+
+
+def test_p1_a_restart_server_that_misses_a_restart_names_it() -> None:
+    replies = {"restart_environment": prepared(["r1"]), "restart_resources": prepared([])}
+    with pytest.raises(P1Violation, match=r"restart_resources reports exactly \['r1'\]") as caught:
+        p1_restarts_reported("c1", ["r1"], replies)
+    assert caught.value.rollout == "r1"
+
+
+def test_p1_a_continued_attempt_reported_as_a_restart_is_p1() -> None:
+    with pytest.raises(P1Violation, match=r"environment reports nothing outside \[\]") as caught:
+        p1_restarts_reported("c1", [], {"environment": prepared(["r0"])})
+    assert (caught.value.rollout, caught.value.observed) == ("r0", "its prepare reply reports ['r0']")
+
+
+def test_p1_restart_in_scope_refused_everywhere_passes() -> None:
+    outcomes = {name: failure(name, "restart_in_scope") for name in ("restart_environment", "restart_resources")}
+    p1_restart_in_scope_refused("c1", outcomes)
+
+
+@pytest.mark.parametrize(
+    "outcome", [{"phase": "committed"}, failure("restart_resources", "invalid_phase")], ids=["accepted", "other"]
+)
+def test_p1_restart_in_scope_accepted_or_refused_otherwise_names_the_participant(outcome: Any) -> None:
+    outcomes = {"restart_environment": failure("restart_environment", "restart_in_scope"), "restart_resources": outcome}
+    with pytest.raises(P1Violation, match=r"observed: restart_resources: ") as caught:
+        p1_restart_in_scope_refused("c1", outcomes)
+    assert "restart_environment" not in str(caught.value.observed)
+
+
+def test_p1_exports_exact_optional_keys_may_be_written_or_not() -> None:
+    p1_exports_exact("c1", "agent", ["r0"], ["r0", "r1"], ["r0"], optional={"r1"})
+    with pytest.raises(P1Violation, match=r"lost \['r0'\]"):
+        p1_exports_exact("c1", "agent", ["r0"], ["r1"], ["r1"], optional={"r1"})
+    with pytest.raises(P1Violation, match=r"not continued \['r2'\]"):
+        p1_exports_exact("c1", "agent", ["r0"], ["r0", "r2"], ["r0"], optional={"r1"})
+
+
+# -- P8: a participant dying in its restore --------------------------------------------------------------------------
+
+
+def test_p8_died_in_restore_the_victim_silent_and_the_others_restored_pass() -> None:
+    outcomes = {"agent": failure("agent", None, None), "environment": {"phase": "restored", "restored": []}}
+    p8_died_in_restore("c1-restore2", "agent", outcomes)
+
+
+@pytest.mark.parametrize(
+    ("victim_outcome", "shown"),
+    [({"phase": "restored"}, "answered"), (failure("agent", "invalid_checkpoint_state"), "HTTP 409")],
+)
+def test_p8_died_in_restore_a_victim_that_answered_is_p8(victim_outcome: Any, shown: str) -> None:
+    outcomes = {"agent": victim_outcome, "environment": {"phase": "restored"}}
+    with pytest.raises(P8Violation, match=f"observed: agent {shown}"):
+        p8_died_in_restore("c1-restore2", "agent", outcomes)
+
+
+def test_p8_died_in_restore_another_participant_that_did_not_restore_is_named() -> None:
+    outcomes = {"agent": failure("agent", None, None), "environment": failure("environment", "checkpoint_error")}
+    with pytest.raises(P8Violation, match=r"not restored: \{'environment': 'HTTP 409 checkpoint_error"):
+        p8_died_in_restore("c1-restore2", "agent", outcomes)
