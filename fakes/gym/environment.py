@@ -2,7 +2,8 @@
 
 A native `/run` is an episode of five stages, seed -> invoke_agent -> close_agent -> verify -> return, with a
 boundary before each (reference 5.5). A replacement attempt finds its restored record, checks the task digest and
-continues from the recorded boundary, reusing the recorded session IDs and cookies.
+continues from the recorded boundary, reusing the recorded session IDs and cookies. An episode whose resources
+seed reply says `x-ng-checkpoint-restart: 1` becomes a restart after its seed step (reference 5.4).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from fakes.gym.errors import (
 from fakes.gym.http import DownstreamError, add_health, cookie_header, lifespan_with_client, post_json
 from fakes.gym.participant import PrepareReport
 from fakes.gym.steps import Episode, EpisodeOwner
-from fakes.gym.wire import EpisodeId, EpisodeRequest, error_body, task_digest
+from fakes.gym.wire import RESTART_HEADER, EpisodeId, EpisodeRequest, error_body, task_digest
 
 EPISODE_TIMEOUT_S = 600.0
 NEXT_STAGES = ("seed", "invoke_agent", "close_agent", "verify", "return")
@@ -55,8 +56,12 @@ class EnvironmentParticipant:
 
     def report(self) -> PrepareReport:
         blockers = self.owner.blockers()
+        restarts = self.owner.restarts()
         return PrepareReport(
-            ready=not blockers, blockers=tuple(blockers), counts={"episodes": len(self.owner.episodes)}
+            ready=not blockers,
+            blockers=tuple(blockers),
+            counts={"episodes": len(self.owner.episodes)},
+            restarts=tuple(restarts),
         )
 
     async def close_admission(self) -> None:
@@ -147,7 +152,10 @@ class EpisodeRunner:
                 return state["result"]
             handles = state["handles"]
             if stage == "seed":
-                handles = await self.owner.step(episode, "replay", self._seed(episode, handles, task_id, task_data))
+                seeding = self._seed(episode, handles, task_id, task_data)
+                handles, restart = await self.owner.step(episode, "replay", seeding)
+                if restart:
+                    await self.owner.mark_restart(episode)
                 state = {"next": "invoke_agent", "handles": handles}
             elif stage == "invoke_agent":
                 response = await self.owner.step(episode, "replay", self._invoke(key, handles, params))
@@ -164,7 +172,9 @@ class EpisodeRunner:
 
     async def _seed(
         self, episode: Episode, handles: dict[str, Any], task_id: dict[str, Any], task_data: dict[str, Any]
-    ) -> dict[str, Any]:
+    ) -> tuple[dict[str, Any], bool]:
+        """Seed the resources and agent sessions; the new handles, and whether the resources server said the
+        episode can only restart."""
         key = episode.key
         seeded = await post_json(
             self.client,
@@ -189,12 +199,13 @@ class EpisodeRunner:
                 "sandbox_access": None,
             },
         )
-        return {
+        seeded_handles = {
             **handles,
             "resources_cookies": resources_cookies,
             "agent_cookies": dict(agent.cookies),
             "resources_verify": verify_mode,
         }
+        return seeded_handles, seeded.headers.get(RESTART_HEADER) == "1"
 
     async def _invoke(self, key: str, handles: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
         reply = await post_json(
