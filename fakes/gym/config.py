@@ -46,6 +46,9 @@ class ServerConfig:
     # Seconds a checkpoint's lease outlives the last call's deadline_ts (reference 2.7); short in lease tests.
     lease_grace_s: float = attrs.field(default=DEFAULT_LEASE_GRACE_S, converter=lease_grace)
     resources_mode: str = attrs.field(default="stateless", validator=attrs.validators.in_(RESOURCES_MODES))
+    # Gym's `resources_server` ref: the instance name of the resources server this server seeds (environment) or
+    # sends legacy sessions' tool calls to (agent). A native session's tool calls go where its seed names.
+    resources_server: str = "resources"
     verify_mode: str = attrs.field(default="wait", validator=attrs.validators.in_(("wait", "replay")))
     verify_judge: bool = False
 

@@ -133,7 +133,8 @@ class EpisodeRunner:
     def __init__(self, client: httpx.AsyncClient, config: ServerConfig, participant: EnvironmentParticipant) -> None:
         self.client = client
         self.agent_url = config.peer("agent")
-        self.resources_url = config.peer("resources")
+        self.resources_server = config.resources_server
+        self.resources_url = config.peer(config.resources_server)
         self.participant = participant
         self.owner = participant.owner
         self.verify_never_waits = "environment_verify_never_waits" in config.faults
@@ -195,7 +196,7 @@ class EpisodeRunner:
                 "agent_session_id": handles["agent_session_id"],
                 "episode_id": episode.episode_id.wire(),
                 "task_id": task_id,
-                "tool_accesses": [{"server": "resources", "cookies": resources_cookies}],
+                "tool_accesses": [{"server": self.resources_server, "cookies": resources_cookies}],
                 "sandbox_access": None,
             },
         )

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from fakes.gym.agent import tools_server
 from fakes.gym.config import ServerConfig
 from fakes.gym.control_plane import ControlPlane
 from fakes.gym.resources import ResourcesCore, ResourcesParticipant
@@ -20,6 +21,21 @@ pytestmark = pytest.mark.anyio
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+@pytest.mark.parametrize(
+    ("seed_request", "expected"),
+    [
+        ({"tool_accesses": [{"server": "restart_resources", "cookies": {}}]}, "restart_resources"),
+        ({"tool_accesses": [{"cookies": {}}, {"server": "other"}]}, "other"),
+        ({"tool_accesses": [{"server": ""}]}, "resources"),
+        ({"tool_accesses": []}, "resources"),
+        ({}, "resources"),
+    ],
+    ids=["named", "first-named", "empty-name", "no-access", "legacy"],
+)
+def test_a_sessions_tools_live_on_the_server_its_seed_names(seed_request: dict[str, Any], expected: str) -> None:
+    assert tools_server(seed_request, "resources") == expected
 
 
 def begin(owner: EpisodeOwner, rollout_id: str) -> Episode:
