@@ -51,12 +51,16 @@ class EnvironmentParticipant:
         self.owner = owner
         self.faults = faults
         self.drops_finished_during_prepare = "environment_drops_finished_during_prepare" in faults
+        self.exports_restarts = "environment_exports_restarts" in faults
+        self.restarts_block_prepare = "restarts_block_prepare" in faults
         # Planted fault only: episodes whose `wait` verification ended while admission was closed.
         self._finished_while_closed: set[str] = set()
 
     def report(self) -> PrepareReport:
         blockers = self.owner.blockers()
         restarts = self.owner.restarts()
+        if self.restarts_block_prepare:
+            blockers += restarts  # planted fault: a checkpoint waits for episodes it will never export
         return PrepareReport(
             ready=not blockers,
             blockers=tuple(blockers),
@@ -76,6 +80,8 @@ class EnvironmentParticipant:
         if "environment_drops_restored_pending" in self.faults:
             keys = set()
         records = self.owner.export(keys)
+        if self.exports_restarts:  # planted fault: restarts are written as if they could continue
+            records += [self.owner.episodes[key].record() for key in self.owner.restarts()]
         dropped = self._finished_while_closed
         return [r for r in records if EpisodeId(**r["episode_id"]).capture_key not in dropped] if dropped else records
 

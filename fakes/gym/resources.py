@@ -321,6 +321,8 @@ def build_app(config: ServerConfig) -> FastAPI:
     core.control_plane = control_plane
     judge = Judge(config.backend_url) if config.verify_judge else None
     counter = config.resources_mode == "exported"
+    # Planted fault: a restart-only server that forgets to tell the seeding episode it can only restart.
+    says_restart = core.restart_only and "resources_restart_unreported" not in config.faults
     if judge is not None:
         app = FastAPI(lifespan=lifespan_with_client(lambda client: setattr(judge, "client", client)))
     else:
@@ -345,7 +347,7 @@ def build_app(config: ServerConfig) -> FastAPI:
                 session.count = kept if kept is not None else int(body.get("initial_count", 0))
         response.set_cookie(SESSION_COOKIE, session_id)
         response.headers["x-ng-checkpoint-verify"] = core.verify_mode
-        if core.restart_only:
+        if says_restart:
             response.headers[RESTART_HEADER] = "1"
         return {"resources_session_id": session_id}
 
