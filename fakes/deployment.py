@@ -18,7 +18,7 @@ import httpx
 from fakes.faults import CATALOGUE, Fault
 from fakes.gym.config import DEFAULT_LEASE_GRACE_S
 from fakes.gym.wire import bearer
-from fakes.stack import Stack, StackStartError
+from fakes.stack import TOPOLOGIES, Stack, StackStartError
 from fakes.stack import main as launch
 
 FAILPOINT_TIMEOUT_S = 10.0
@@ -104,6 +104,16 @@ class EmbeddedDeployment:
 
     def run_url(self) -> str:
         return self.stack.gym["environment"].url + "/run"
+
+    def restart_run_url(self) -> str:
+        """`/run` of `restart_environment` (topology `mixed`), whose episodes the restart-only resources server
+        makes restarts: a checkpoint never continues them, a crash starts them over."""
+        if "restart_environment" not in TOPOLOGIES[self.topology]:
+            with_one = sorted(name for name, roles in TOPOLOGIES.items() if "restart_environment" in roles)
+            raise ValueError(
+                f"topology {self.topology!r} has no restart_environment, so no restart /run; use one of {with_one}"
+            )
+        return self.stack.gym["restart_environment"].url + "/run"
 
     def log_tails(self, lines: int = 15) -> str:
         parts = []

@@ -180,6 +180,37 @@ CATALOGUE: tuple[Fault, ...] = (
         " a continued counter counts from 0",
         topology="counter",
     ),
+    Fault(
+        "environment_exports_restarts",
+        "restart_environment",
+        "P1",
+        "an environment export that writes restart episodes too, as if they could continue from their boundary",
+        topology="mixed",
+    ),
+    Fault(
+        "restarts_block_prepare",
+        "restart_environment",
+        "P10",
+        "an environment that lists restart episodes among its prepare blockers, so a checkpoint waits for episodes"
+        " it will never export",
+        topology="mixed",
+    ),
+    Fault(
+        "resources_restart_unreported",
+        "restart_resources",
+        "P1",
+        "a restart-only resources server whose seed replies omit x-ng-checkpoint-restart, so the environment"
+        " exports the episode as if it could continue (the server still reports it as a restart)",
+        topology="mixed",
+    ),
+    Fault(
+        "restart_in_scope_accepted",
+        "every participant",
+        "P1",
+        "a commit that skips the restart_in_scope check, so a participant accepts a scope naming an episode it"
+        " reported as a restart",
+        topology="mixed",
+    ),
 )
 BY_NAME: dict[str, Fault] = {fault.name: fault for fault in CATALOGUE}
 

@@ -1,6 +1,6 @@
-"""Launch a look-alike Gym deployment: the fake backend plus the four Gym servers, each in its own process group.
+"""Launch a look-alike Gym deployment: the fake backend plus the Gym servers, each in its own process group.
 
-As a program: `python -m fakes.stack --topology native|legacy|counter|slow --state-dir DIR [--backend-url URL]
+As a program: `python -m fakes.stack --topology native|legacy|counter|slow|mixed --state-dir DIR [--backend-url URL]
 [--faults a,b] [--no-fork-server] [--verify-mode wait|replay] [--lease-grace-s S]` starts everything, writes
 `DIR/deployment.json` and stays in the foreground until SIGTERM or SIGINT. As a library: `Stack` starts, crashes
 (SIGKILL of every Gym process group) and restarts the Gym servers against a backend that survives, which is what
@@ -80,6 +80,15 @@ TOPOLOGIES: dict[str, dict[str, str]] = {
         "resources": "resources",
         "policy_model": "policy_model",
     },
+    # native, plus a second environment whose resources server is `restart_only`: its episodes become restarts
+    "mixed": {
+        "environment": "environment",
+        "agent": "agent",
+        "resources": "resources",
+        "policy_model": "policy_model",
+        "restart_resources": "resources",
+        "restart_environment": "environment",
+    },
 }
 VERIFY_MODES = ("wait", "replay")
 KIND_OF_ROLE = {
@@ -89,13 +98,32 @@ KIND_OF_ROLE = {
     "resources": "resources",
     "policy_model": "model",
 }
+# The servers each role calls; environments and the agent are resolved per server name by `peer_names`.
 PEERS = {
-    "environment": ("agent", "resources"),
     "legacy_relay": ("agent",),
-    "agent": ("policy_model", "resources"),
     "resources": (),
     "policy_model": (),
 }
+# Where a server's Gym `resources_server` ref is not `resources`, and resources servers not in the topology's mode.
+RESOURCES_SERVER_OF = {"restart_environment": "restart_resources"}
+RESOURCES_MODE_OF = {"restart_resources": "restart_only"}
+
+
+def peer_names(roles: Mapping[str, str], name: str) -> tuple[str, ...]:
+    """The servers `name` calls: an environment its agent and the resources server it is bound to; the agent the
+    policy model and every resources server (each native session's seed names the one its tools live on)."""
+    role = roles[name]
+    if role == "environment":
+        return ("agent", RESOURCES_SERVER_OF.get(name, "resources"))
+    if role == "agent":
+        return ("policy_model", *sorted(peer for peer, peer_role in roles.items() if peer_role == "resources"))
+    return PEERS[role]
+
+
+def resources_mode(topology: str, name: str) -> str:
+    """Reference 8.1: the counter exports its sessions, `restart_resources` is restart-only, the rest stateless."""
+    return RESOURCES_MODE_OF.get(name, "exported" if topology == "counter" else "stateless")
+
 
 # Every port handed out is reserved for as long as the process that took it lives: a one-byte lock at offset
 # `port` of this file (one per user). The kernel drops a process's locks however it ends, SIGKILL included. Ports
@@ -364,13 +392,14 @@ class Stack:
                 port=self._ports[name],
                 token=self.token,
                 backend_url=self.backend_url or "",
-                peers={peer: urls[peer] for peer in PEERS[role]},
+                peers={peer: urls[peer] for peer in peer_names(roles, name)},
                 capture_dir=str(self.capture_dir),
                 faults=self.faults,
                 verify_mode=self.verify_mode,
                 lease_grace_s=self.lease_grace_s,
                 verify_judge=self.topology == "slow" and role == "resources",
-                resources_mode="exported" if self.topology == "counter" else "stateless",
+                resources_mode=resources_mode(self.topology, name),
+                resources_server=RESOURCES_SERVER_OF.get(name, "resources"),
             )
             for name, role in roles.items()
         }

@@ -105,6 +105,16 @@ class AgentSession:
         }
 
 
+def tools_server(seed_request: dict[str, Any], default: str) -> str:
+    """The resources server a session's tool calls go to: the one its seed's `tool_accesses` names (the
+    environment writes its own resources server's instance name there), else `default` (legacy sessions)."""
+    for access in seed_request.get("tool_accesses") or []:
+        server = access.get("server")
+        if isinstance(server, str) and server:
+            return server
+    return default
+
+
 def chat_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Responses-API function tools as chat-completions tools."""
     return [
@@ -173,10 +183,11 @@ class AgentCore:
     async def _run_tools(self, session: AgentSession, state: dict[str, Any]) -> dict[str, Any]:
         messages = list(state["messages"])
         outputs = list(state["new_outputs"])
+        resources_url = self.config.peer(tools_server(session.request, self.config.resources_server))
         for call in state["pending_tools"]:
             reply = await post_json(
                 self._client(),
-                f"{self.config.peer('resources')}/ng-rollout/{session.episode_id.capture_key}/{call['name']}",
+                f"{resources_url}/ng-rollout/{session.episode_id.capture_key}/{call['name']}",
                 json.loads(call["arguments"] or "{}"),
                 headers=cookie_header(session.resources_cookies),
             )
@@ -457,6 +468,7 @@ class LegacyEpisodes:
 
     def __init__(self, core: AgentCore) -> None:
         self.core = core
+        self.resources_url = core.config.peer(core.config.resources_server)
 
     async def run(self, episode: Episode, row: dict[str, Any]) -> dict[str, Any]:
         core = self.core
@@ -486,7 +498,7 @@ class LegacyEpisodes:
     async def _seed(self, episode: Episode, row: dict[str, Any]) -> dict[str, Any]:
         seeded = await post_json(
             self.core._client(),
-            f"{self.core.config.peer('resources')}/ng-rollout/{episode.key}/seed_session",
+            f"{self.resources_url}/ng-rollout/{episode.key}/seed_session",
             {"episode_id": episode.episode_id.wire(), "task_data": {}, **task_fields(row)},
         )
         return {
@@ -510,7 +522,7 @@ class LegacyEpisodes:
         params = row.get("responses_create_params", {})
         reply = await post_json(
             self.core._client(),
-            f"{self.core.config.peer('resources')}/ng-rollout/{key}/verify",
+            f"{self.resources_url}/ng-rollout/{key}/verify",
             {"responses_create_params": params, "response": state["response"], **task_fields(row)},
             headers=cookie_header(state["cookies"]),
         )

@@ -17,6 +17,8 @@ from fakes.faults import validate as validate_faults
 CONFIG_ENV = "CKPT_FAKES_SERVER"
 Role = Literal["environment", "legacy_relay", "agent", "resources", "policy_model"]
 ROLES: tuple[str, ...] = ("environment", "legacy_relay", "agent", "resources", "policy_model")
+# Reference 8.1; `restart_only` is Gym's default for resources servers nobody audited.
+RESOURCES_MODES: tuple[str, ...] = ("stateless", "exported", "restart_only")
 DEFAULT_LEASE_GRACE_S = 600.0
 
 
@@ -43,7 +45,10 @@ class ServerConfig:
     faults: tuple[str, ...] = attrs.field(default=(), converter=validate_faults)
     # Seconds a checkpoint's lease outlives the last call's deadline_ts (reference 2.7); short in lease tests.
     lease_grace_s: float = attrs.field(default=DEFAULT_LEASE_GRACE_S, converter=lease_grace)
-    resources_mode: str = "stateless"
+    resources_mode: str = attrs.field(default="stateless", validator=attrs.validators.in_(RESOURCES_MODES))
+    # Gym's `resources_server` ref: the instance name of the resources server this server seeds (environment) or
+    # sends legacy sessions' tool calls to (agent). A native session's tool calls go where its seed names.
+    resources_server: str = "resources"
     verify_mode: str = attrs.field(default="wait", validator=attrs.validators.in_(("wait", "replay")))
     verify_judge: bool = False
 

@@ -182,6 +182,7 @@ class ControlPlane:
         self._retire_frees_restored = kind != "environment" or "environment_retire_leaves_restored" not in self.faults
         self._missing_share_is_empty = kind == "model" and "model_restore_accepts_missing_share" in self.faults
         self._manifest_first = "store_publishes_manifest_first" in self.faults
+        self._checks_restart_scope = "restart_in_scope_accepted" not in self.faults
         self.failpoints = Failpoints()
         self.instance = instance
         self.lease_grace_s = lease_grace_s
@@ -644,7 +645,7 @@ class ControlPlane:
                 f"{self._name} is no longer ready to commit {checkpoint_id!r} (blockers: "
                 f"{sorted(report.blockers)[:10]}); resume and prepare again"
             )
-        if scope is None:
+        if scope is None or not self._checks_restart_scope:
             return
         restarts = set(report.restarts) & {episode.capture_key for episode in scope}
         if restarts:

@@ -2,7 +2,8 @@
 
 A native `/run` is an episode of five stages, seed -> invoke_agent -> close_agent -> verify -> return, with a
 boundary before each (reference 5.5). A replacement attempt finds its restored record, checks the task digest and
-continues from the recorded boundary, reusing the recorded session IDs and cookies.
+continues from the recorded boundary, reusing the recorded session IDs and cookies. An episode whose resources
+seed reply says `x-ng-checkpoint-restart: 1` becomes a restart after its seed step (reference 5.4).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from fakes.gym.errors import (
 from fakes.gym.http import DownstreamError, add_health, cookie_header, lifespan_with_client, post_json
 from fakes.gym.participant import PrepareReport
 from fakes.gym.steps import Episode, EpisodeOwner
-from fakes.gym.wire import EpisodeId, EpisodeRequest, error_body, task_digest
+from fakes.gym.wire import RESTART_HEADER, EpisodeId, EpisodeRequest, error_body, task_digest
 
 EPISODE_TIMEOUT_S = 600.0
 NEXT_STAGES = ("seed", "invoke_agent", "close_agent", "verify", "return")
@@ -50,13 +51,21 @@ class EnvironmentParticipant:
         self.owner = owner
         self.faults = faults
         self.drops_finished_during_prepare = "environment_drops_finished_during_prepare" in faults
+        self.exports_restarts = "environment_exports_restarts" in faults
+        self.restarts_block_prepare = "restarts_block_prepare" in faults
         # Planted fault only: episodes whose `wait` verification ended while admission was closed.
         self._finished_while_closed: set[str] = set()
 
     def report(self) -> PrepareReport:
         blockers = self.owner.blockers()
+        restarts = self.owner.restarts()
+        if self.restarts_block_prepare:
+            blockers += restarts  # planted fault: a checkpoint waits for episodes it will never export
         return PrepareReport(
-            ready=not blockers, blockers=tuple(blockers), counts={"episodes": len(self.owner.episodes)}
+            ready=not blockers,
+            blockers=tuple(blockers),
+            counts={"episodes": len(self.owner.episodes)},
+            restarts=tuple(restarts),
         )
 
     async def close_admission(self) -> None:
@@ -71,6 +80,8 @@ class EnvironmentParticipant:
         if "environment_drops_restored_pending" in self.faults:
             keys = set()
         records = self.owner.export(keys)
+        if self.exports_restarts:  # planted fault: restarts are written as if they could continue
+            records += [self.owner.episodes[key].record() for key in self.owner.restarts()]
         dropped = self._finished_while_closed
         return [r for r in records if EpisodeId(**r["episode_id"]).capture_key not in dropped] if dropped else records
 
@@ -128,7 +139,8 @@ class EpisodeRunner:
     def __init__(self, client: httpx.AsyncClient, config: ServerConfig, participant: EnvironmentParticipant) -> None:
         self.client = client
         self.agent_url = config.peer("agent")
-        self.resources_url = config.peer("resources")
+        self.resources_server = config.resources_server
+        self.resources_url = config.peer(config.resources_server)
         self.participant = participant
         self.owner = participant.owner
         self.verify_never_waits = "environment_verify_never_waits" in config.faults
@@ -147,7 +159,10 @@ class EpisodeRunner:
                 return state["result"]
             handles = state["handles"]
             if stage == "seed":
-                handles = await self.owner.step(episode, "replay", self._seed(episode, handles, task_id, task_data))
+                seeding = self._seed(episode, handles, task_id, task_data)
+                handles, restart = await self.owner.step(episode, "replay", seeding)
+                if restart:
+                    await self.owner.mark_restart(episode)
                 state = {"next": "invoke_agent", "handles": handles}
             elif stage == "invoke_agent":
                 response = await self.owner.step(episode, "replay", self._invoke(key, handles, params))
@@ -164,7 +179,9 @@ class EpisodeRunner:
 
     async def _seed(
         self, episode: Episode, handles: dict[str, Any], task_id: dict[str, Any], task_data: dict[str, Any]
-    ) -> dict[str, Any]:
+    ) -> tuple[dict[str, Any], bool]:
+        """Seed the resources and agent sessions; the new handles, and whether the resources server said the
+        episode can only restart."""
         key = episode.key
         seeded = await post_json(
             self.client,
@@ -185,16 +202,17 @@ class EpisodeRunner:
                 "agent_session_id": handles["agent_session_id"],
                 "episode_id": episode.episode_id.wire(),
                 "task_id": task_id,
-                "tool_accesses": [{"server": "resources", "cookies": resources_cookies}],
+                "tool_accesses": [{"server": self.resources_server, "cookies": resources_cookies}],
                 "sandbox_access": None,
             },
         )
-        return {
+        seeded_handles = {
             **handles,
             "resources_cookies": resources_cookies,
             "agent_cookies": dict(agent.cookies),
             "resources_verify": verify_mode,
         }
+        return seeded_handles, seeded.headers.get(RESTART_HEADER) == "1"
 
     async def _invoke(self, key: str, handles: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
         reply = await post_json(

@@ -10,6 +10,10 @@ Sessions are bound to the episode whose `/seed_session` created them (the rollou
 ended by `/verify` or `/close_session`. While a checkpoint is open every request except replayable verification
 waits for re-open instead of failing (reference 8.2); retire refuses a covered session's requests until forget.
 
+In mode `restart_only` (Gym's `restart_only_server`, the weather tools) the server cannot capture its sessions:
+seed replies say `x-ng-checkpoint-restart: 1`, so each episode starts over after a crash; every live session's
+episode is reported as a restart; only seeds wait while a checkpoint is open; it exports nothing (reference 8.1).
+
 The counter: a seed sets the session's count to `initial_count`, `/increment_counter {count}` adds, and `/verify`
 rewards 1.0 when the count equals `expected_count`. A session nobody seeded counts from 0, as Gym's does. A commit
 exports `{"count": n}` per session; a restore validates every state before it installs any.
@@ -49,7 +53,7 @@ from fakes.gym.http import (
     unless_client_gone,
 )
 from fakes.gym.participant import PrepareReport
-from fakes.gym.wire import EpisodeId
+from fakes.gym.wire import RESTART_HEADER, EpisodeId
 
 SESSION_COOKIE = "resources_session_id"
 
@@ -69,6 +73,7 @@ class ResourcesCore:
 
     def __init__(self, config: ServerConfig, notify: Any) -> None:
         self.mode = config.resources_mode
+        self.restart_only = config.resources_mode == "restart_only"
         self.verify_mode = config.verify_mode
         self._notify_control_plane = notify
         self._change = asyncio.Event()
@@ -98,13 +103,15 @@ class ResourcesCore:
     async def admit(
         self, request: Request, *, replayable: bool = False, seed: bool = False
     ) -> AsyncIterator[ResourcesSession | None]:
-        """Refuse retired work, wait while closed (seeds always), count the request while it runs."""
+        """Refuse retired work, wait while closed (seeds always; in mode `restart_only` nothing else), count the
+        request while it runs."""
         key = rollout_key(request.state)
         episode_id = EpisodeId.from_capture_key(key) if key else None
         session_id = request.cookies.get(SESSION_COOKIE)
         if session_id in self.retired_sessions or (episode_id is not None and self._retired(episode_id)):
             raise StaleAttemptError(f"resources work of a retired attempt ({key or session_id})")
-        while not self.admission.is_set() and (seed or not replayable):
+        waits = seed or not (replayable or self.restart_only)
+        while waits and not self.admission.is_set():
             await self.admission.wait()
         if episode_id is not None and self._retired(episode_id):
             raise StaleAttemptError(f"attempt {key} was retired while its request waited")
@@ -153,10 +160,19 @@ class ResourcesParticipant:
     def report(self) -> PrepareReport:
         core = self.core
         blockers = sorted({core.retired_sessions[s].capture_key for s in core.unfreed})
-        ready = not blockers and (core.inflight == 0 or core.mode == "restart_only")
+        ready = not blockers and (core.inflight == 0 or core.restart_only)
         return PrepareReport(
-            ready=ready, blockers=tuple(blockers), counts={"inflight": core.inflight, "sessions": len(core.sessions)}
+            ready=ready,
+            blockers=tuple(blockers),
+            counts={"inflight": core.inflight, "sessions": len(core.sessions)},
+            restarts=tuple(self._restarts()),
         )
+
+    def _restarts(self) -> list[str]:
+        """Mode `restart_only`: the episode of every live session, sorted (it can continue none of them)."""
+        if not self.core.restart_only:
+            return []
+        return sorted({session.episode_id.capture_key for session in self.core.sessions.values()})
 
     async def close_admission(self) -> None:
         self.core.admission.clear()
@@ -305,6 +321,8 @@ def build_app(config: ServerConfig) -> FastAPI:
     core.control_plane = control_plane
     judge = Judge(config.backend_url) if config.verify_judge else None
     counter = config.resources_mode == "exported"
+    # Planted fault: a restart-only server that forgets to tell the seeding episode it can only restart.
+    says_restart = core.restart_only and "resources_restart_unreported" not in config.faults
     if judge is not None:
         app = FastAPI(lifespan=lifespan_with_client(lambda client: setattr(judge, "client", client)))
     else:
@@ -329,6 +347,8 @@ def build_app(config: ServerConfig) -> FastAPI:
                 session.count = kept if kept is not None else int(body.get("initial_count", 0))
         response.set_cookie(SESSION_COOKIE, session_id)
         response.headers["x-ng-checkpoint-verify"] = core.verify_mode
+        if says_restart:
+            response.headers[RESTART_HEADER] = "1"
         return {"resources_session_id": session_id}
 
     if counter:

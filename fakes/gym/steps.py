@@ -4,7 +4,8 @@ An owner (the environment server, or the agent for legacy `/run`) records a boun
 step and what it needs, after every completed step. While admission is closed an episode parks at its next
 boundary; a `wait` step blocks a checkpoint until it ends, a `replay` step does not (the episode counts as parked
 at the boundary before it and the step re-runs after a crash). Parked time does not count against the episode
-deadline.
+deadline. A restart (an episode a resources server cannot capture) never blocks a checkpoint and is never
+exported; it still parks at its boundaries.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class Episode:
     task: asyncio.Task[Any] | None = None
     finishing: bool = False
     retiring: bool = False
+    restart: bool = False
     timeout_s: float = 600.0
     used_s: float = 0.0
     active_since: float = attrs.field(factory=time.monotonic)
@@ -45,7 +47,8 @@ class Episode:
 
     @property
     def blocking(self) -> bool:
-        return self.retiring or self.state in BLOCKING_STATES
+        """Restarts never block: a checkpoint neither exports them nor waits for them."""
+        return not self.restart and (self.retiring or self.state in BLOCKING_STATES)
 
     def record(self) -> dict[str, Any]:
         return {"episode_id": self.episode_id.wire(), "task_digest": self.task_digest, "boundary": self.boundary}
@@ -104,6 +107,13 @@ class EpisodeOwner:
         self._set_state(episode, "running")
         return result
 
+    async def mark_restart(self, episode: Episode) -> None:
+        """Make the episode a restart once no checkpoint is open (it waits parked, as at a boundary), so the
+        exported set and the restart set never change during a checkpoint (reference 5.4)."""
+        await self._park_while_closed(episode)
+        episode.restart = True
+        self._notify()
+
     async def _park_while_closed(self, episode: Episode) -> None:
         if self.admission.is_set():
             return
@@ -123,9 +133,13 @@ class EpisodeOwner:
     def blockers(self) -> list[str]:
         return [key for key, episode in self.episodes.items() if episode.blocking]
 
+    def restarts(self) -> list[str]:
+        """Capture keys of the live restarts, sorted."""
+        return sorted(key for key, episode in self.episodes.items() if episode.restart)
+
     def export(self, scope_keys: set[str] | None) -> list[dict[str, Any]]:
-        """Every live episode, plus restored-pending records the scope carries forward."""
-        records = [episode.record() for episode in self.episodes.values() if not episode.retiring]
+        """Every live episode but restarts, plus restored-pending records the scope carries forward."""
+        records = [e.record() for e in self.episodes.values() if not (e.retiring or e.restart)]
         for key, record in sorted(self.restored.items()):
             if scope_keys is not None and key in scope_keys:
                 records.append(record)

@@ -210,6 +210,11 @@ def manifest_text(manifest: dict[str, Any]) -> str:
     return json.dumps(manifest, sort_keys=True, indent=1)
 
 
+# --- seed-reply headers (5.4) ----------------------------------------------------------------------------------
+
+# Set to "1" by a server that cannot capture the session it seeded: the episode becomes a restart.
+RESTART_HEADER = "x-ng-checkpoint-restart"
+
 # --- native /run (5.2) -----------------------------------------------------------------------------------------
 
 

@@ -90,11 +90,12 @@ class Deployment:
         self.wait_call_waiting(index, kind)
         self.backend("/_ctl/step", {"indices": [index]})
 
-    def run(self, body: dict[str, Any]) -> httpx.Response:
-        return self.http.post(self.url("environment") + "/run", json=body)
+    def run(self, body: dict[str, Any], server: str = "environment") -> httpx.Response:
+        """A native `/run` on the environment server `server` (`restart_environment` in topology `mixed`)."""
+        return self.http.post(self.url(server) + "/run", json=body)
 
-    def run_in_background(self, body: dict[str, Any]) -> BackgroundRun:
-        return BackgroundRun(lambda: self.run(body))
+    def run_in_background(self, body: dict[str, Any], server: str = "environment") -> BackgroundRun:
+        return BackgroundRun(lambda: self.run(body, server))
 
     def start_held(self, body: dict[str, Any], calls_delivered: int) -> BackgroundRun:
         """Send `/run` in the background with the backend holding every call after the first `calls_delivered`;
@@ -103,6 +104,15 @@ class Deployment:
         run = self.run_in_background(body)
         wait_until(lambda: len(self.calls()) == calls_delivered + 1, f"model call {calls_delivered} to be held")
         return run
+
+    def start_mixed(self) -> tuple[BackgroundRun, BackgroundRun]:
+        """Topology `mixed`, Gym's scenarios 15 and 16: hold every model call, send `continued` to the environment
+        and `restart` to restart_environment (attempt 0 each); return both `/run`s once each first call is held."""
+        self.backend("/_ctl/hold", {"after_calls": 0})
+        continued = self.run_in_background(native_run_body("continued", 0))
+        restart = self.run_in_background(native_run_body("restart", 0), "restart_environment")
+        wait_until(lambda: len(self.calls()) == 2, "the first model call of both rollouts to be held")
+        return continued, restart
 
     def finish_verification_during_prepare(
         self, rollout_id: str, checkpoint_id: str

@@ -13,11 +13,13 @@ from typing import Any
 
 import pytest
 
+from ckpt_model.coordination import PrepareResult, request_body
+from ckpt_model.errors import ParticipantFailure
 from ckpt_model.storage import participant_dir, read_records
 from ckpt_model.tasks import native_run_body
 from ckpt_model.wire import EpisodeId
 from fakes.gym.resources import SESSION_COOKIE, session_id_for
-from tests.stack.conftest import Deployment, deadline, wait_until
+from tests.stack.conftest import Deployment, InBackground, deadline, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -211,3 +213,95 @@ def test_environment_drops_finished_during_prepare__an_episode_verified_during_p
     # Without a crash nothing is lost: the episode replies after resume either way.
     deployment.control.resume("c1", deadline())
     assert_rewarded(run.result())
+
+
+# -- topology `mixed`: `restart` on restart_environment is a restart, `continued` on the environment is not --------
+
+CONTINUED = EpisodeId(rollout_id="continued")
+RESTART = EpisodeId(rollout_id="restart")
+
+
+def restarts_of(prepared: PrepareResult) -> dict[str, list[str]]:
+    """Who reported which restarts in a prepare round (participants with none left out)."""
+    reports = {name: reply["report"] for name, reply in prepared.replies.items()}
+    return {name: report["restarts"] for name, report in reports.items() if report["restarts"]}
+
+
+@with_and_without("environment_exports_restarts")
+def test_environment_exports_restarts__a_restart_is_written_to_the_checkpoint(
+    deploy: Deploy, faults: tuple[str, ...]
+) -> None:
+    deployment = deploy("mixed", faults=faults)
+    deployment.start_mixed()
+    prepare(deployment, "c1")
+    directory, committed = commit(deployment, "c1", [CONTINUED])
+
+    exported = records(directory, "environment", "restart_environment")
+    if faults:
+        assert committed["restart_environment"]["episode_ids"] == ["restart"]
+        assert [record["episode_id"] for record in exported] == [RESTART.wire()]
+    else:
+        assert committed["restart_environment"]["episode_ids"] == []
+        assert exported == []
+
+
+@with_and_without("restarts_block_prepare")
+def test_restarts_block_prepare__a_checkpoint_waits_for_a_restart(deploy: Deploy, faults: tuple[str, ...]) -> None:
+    deployment = deploy("mixed", faults=faults)
+    deployment.start_mixed()
+    if not faults:
+        prepare(deployment, "c1")
+        return
+    waiting = InBackground(lambda: deployment.control.prepare("c1", deadline()))
+
+    def waits_for_the_restart() -> bool:
+        status = deployment.status("restart_environment")
+        return status["phase"] == "preparing" and status["report"]["blockers"] == ["restart"]
+
+    # The restart never stops blocking: only the resume ends the prepare.
+    wait_until(waits_for_the_restart, "restart_environment's prepare to wait for the restart")
+    deployment.control.resume("c1", deadline())
+    assert not waiting.result().prepared
+
+
+@with_and_without("resources_restart_unreported")
+def test_resources_restart_unreported__the_environment_exports_the_episode(
+    deploy: Deploy, faults: tuple[str, ...]
+) -> None:
+    deployment = deploy("mixed", faults=faults)
+    deployment.start_mixed()
+    prepared = deployment.control.prepare("c1", deadline())
+    assert prepared.prepared, prepared.blockers()
+    _, committed = commit(deployment, "c1", prepared.continued([CONTINUED, RESTART]))
+
+    if faults:
+        # Only the resources server knows: the environment never heard, so it writes the episode as continuable.
+        assert restarts_of(prepared) == {"restart_resources": ["restart"]}
+        assert committed["restart_environment"]["episode_ids"] == ["restart"]
+    else:
+        assert restarts_of(prepared) == {"restart_environment": ["restart"], "restart_resources": ["restart"]}
+        assert committed["restart_environment"]["episode_ids"] == []
+    assert prepared.restarts() == {RESTART}
+
+
+@with_and_without("restart_in_scope_accepted")
+def test_restart_in_scope_accepted__a_scope_naming_a_restart_is_committed(
+    deploy: Deploy, faults: tuple[str, ...]
+) -> None:
+    deployment = deploy("mixed", faults=faults)
+    deployment.start_mixed()
+    prepare(deployment, "c1")
+    directory = str(deployment.stack.checkpoint_root / "c1")
+    body = request_body("commit", "c1", deadline(), checkpoint_dir=directory, episode_ids=[CONTINUED, RESTART])
+    reporting = ("restart_environment", "restart_resources")
+    answers = deployment.control.post_each("commit", body, deadline(), names=set(reporting))
+
+    phases = {name: deployment.status(name)["phase"] for name in reporting}
+    if faults:
+        assert all(not isinstance(answer, ParticipantFailure) for answer in answers.values()), answers
+        assert phases == dict.fromkeys(reporting, "committed")
+    else:
+        assert {name: (answer.http_status, answer.code) for name, answer in answers.items()} == dict.fromkeys(
+            reporting, (409, "restart_in_scope")
+        )
+        assert phases == dict.fromkeys(reporting, "prepared")

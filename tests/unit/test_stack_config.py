@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from fakes import stack
+from fakes.deployment import EmbeddedDeployment
 from fakes.stack import Stack
 
 
@@ -33,3 +36,33 @@ def test_every_client_drops_an_idle_connection_long_before_a_server_closes_it() 
     from fakes.gym.http import CLIENT_KEEPALIVE_EXPIRY_S, SERVER_KEEP_ALIVE_S
 
     assert 10 * max(CLIENT_KEEPALIVE_EXPIRY_S, KEEPALIVE_EXPIRY_S) < SERVER_KEEP_ALIVE_S
+
+
+def test_the_mixed_topology_binds_its_second_environment_to_the_restart_only_resources_server(
+    tmp_path: Path,
+) -> None:
+    configs = Stack("mixed", tmp_path, backend_url="http://127.0.0.1:1").configs()
+
+    peers = {name: sorted(config.peers) for name, config in configs.items()}
+    assert peers == {
+        "environment": ["agent", "resources"],
+        "restart_environment": ["agent", "restart_resources"],
+        "agent": ["policy_model", "resources", "restart_resources"],
+        "resources": [],
+        "restart_resources": [],
+        "policy_model": [],
+    }
+    environments = {name: config.resources_server for name, config in configs.items() if config.role == "environment"}
+    assert environments == {"environment": "resources", "restart_environment": "restart_resources"}
+    assert configs["agent"].resources_server == "resources", "legacy sessions keep the agent's own resources peer"
+    modes = {name: config.resources_mode for name, config in configs.items() if config.role == "resources"}
+    assert modes == {"resources": "stateless", "restart_resources": "restart_only"}
+
+
+def test_only_the_mixed_topology_has_a_restart_run_url() -> None:
+    native = EmbeddedDeployment("native")
+    try:
+        with pytest.raises(ValueError, match=r"topology 'native' has no restart_environment.*\['mixed'\]"):
+            native.restart_run_url()
+    finally:
+        native.close()
