@@ -75,6 +75,13 @@ CATALOGUE: tuple[Fault, ...] = (
         "the two leaves a manifest naming records that are not there",
     ),
     Fault(
+        "resume_refuses_unknown_id",
+        "every participant",
+        "P8",
+        "a resume that ends only a checkpoint the participant knows, so one that never saw the restore (it refused "
+        "it, or died in it and started again) refuses the controller's cleanup resume instead of remembering the ID",
+    ),
+    Fault(
         "agent_restore_drops_outputs",
         "agent",
         "P3",

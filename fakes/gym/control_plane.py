@@ -181,6 +181,7 @@ class ControlPlane:
         self._commit_replay_compares_request = kind == "environment" and "retried_commit_conflicts" in self.faults
         self._retire_frees_restored = kind != "environment" or "environment_retire_leaves_restored" not in self.faults
         self._missing_share_is_empty = kind == "model" and "model_restore_accepts_missing_share" in self.faults
+        self._resume_needs_known_id = "resume_refuses_unknown_id" in self.faults
         self._manifest_first = "store_publishes_manifest_first" in self.faults
         self._checks_restart_scope = "restart_in_scope_accepted" not in self.faults
         self.failpoints = Failpoints()
@@ -825,6 +826,8 @@ class ControlPlane:
         ended = False
         while True:
             async with self._lock:
+                if self.checkpoint_id is None and checkpoint_id not in self._resumed and self._resume_needs_known_id:
+                    raise InvalidPhaseError(f"{self._name} has no checkpoint {checkpoint_id!r} to resume")
                 if checkpoint_id in self._resumed or self.checkpoint_id is None:
                     self._remember(checkpoint_id)
                     return not ended

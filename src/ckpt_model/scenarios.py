@@ -473,6 +473,7 @@ FAULT_SCENARIOS: dict[str, str] = {
     "model_restore_accepts_missing_share": "crash_in_commit__incomplete_checkpoint_is_refused",
     "store_publishes_manifest_first": "crash_in_commit__between_a_participants_files_is_no_share",
     "resources_restore_skipped": "resources_state__restored_with_the_episode",
+    "resume_refuses_unknown_id": "dies_in_restore__the_others_restored_and_nothing_stays",
     "environment_exports_restarts": "restart__never_holds_up_a_checkpoint_and_starts_over_after_a_crash",
     "restarts_block_prepare": "restart__never_holds_up_a_checkpoint_and_starts_over_after_a_crash",
     "resources_restart_unreported": "restart__never_holds_up_a_checkpoint_and_starts_over_after_a_crash",

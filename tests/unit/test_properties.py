@@ -780,6 +780,9 @@ def test_status_the_restart_servers_count_restarts_the_others_the_rest() -> None
     assert [status_mismatches(expected, observed) for observed in agree] == [[], [], [], []]
     swapped = status("environment", {"episodes": 1}, instance="restart_environment", restored_pending=[])
     assert status_mismatches(expected, swapped) == ["counts episodes=1 (expected 2)"]
+    restored = attrs.evolve(expected, restored_pending=("r0-a1",))
+    assert status_mismatches(restored, agree[1]) == [], "the restart environment restores nothing"
+    assert status_mismatches(restored, agree[0]) == ["restored_pending=[] (expected ['r0-a1'])"]
 
 
 # -- P1: restarts ----------------------------------------------------------------------------------------------
