@@ -5,9 +5,10 @@ to one participant's directory, in one of two ways, each of which that participa
 `invalid_checkpoint_state` (reference sections 6.3 and 6.4):
 
 - `digest`: a line is added to the records file, so its SHA-256 and count no longer match the manifest;
-- `record`: the first record is cut down to its `episode_id` and the file is sealed again (named after its new
-  digest, the manifest's digest and name rewritten to match), so the directory reads as sound and only the
-  participant's own validation of the record can refuse it.
+- `record`: the first record the restore's scope names is cut down to its `episode_id` and the file is sealed
+  again (named after its new digest, the manifest's digest and name rewritten to match), so the directory reads as
+  sound and only the participant's own validation of the record can refuse it (a restore validates only the
+  records in its scope).
 
 Written against the layout the checker's own reader (`ckpt_model.storage`) checks, not the system's writer.
 """
@@ -17,24 +18,37 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+from collections.abc import Collection
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
+from ckpt_model.contract import capture_key
 from ckpt_model.storage import MANIFEST_NAME, CheckpointUnreadable, participant_dir, read_records
 
 Damage = Literal["digest", "record"]
 
 
-def holds_records(checkpoint_dir: Path, kind: str, instance: str) -> bool:
-    """Whether the participant's directory in a committed checkpoint holds at least one record."""
+def holds_records(checkpoint_dir: Path, kind: str, instance: str, scope: Collection[str]) -> bool:
+    """Whether the participant's directory in a committed checkpoint holds a record of an attempt in `scope`."""
     try:
-        return bool(read_records(participant_dir(checkpoint_dir, kind, instance), kind, instance))
+        records = read_records(participant_dir(checkpoint_dir, kind, instance), kind, instance)
     except CheckpointUnreadable:
         return False
+    return any(_key(record) in scope for record in records)
 
 
-def damaged_copy(source: Path, destination: Path, kind: str, instance: str, damage: Damage) -> Path:
-    """Copy the checkpoint directory `source` to `destination` and damage one participant's share of the copy."""
+def _key(record: Any) -> str | None:
+    episode_id = record.get("episode_id") if isinstance(record, dict) else None
+    if not isinstance(episode_id, dict):
+        return None
+    return capture_key(str(episode_id.get("rollout_id")), int(episode_id.get("attempt", 0)))
+
+
+def damaged_copy(
+    source: Path, destination: Path, kind: str, instance: str, damage: Damage, scope: Collection[str] = ()
+) -> Path:
+    """Copy the checkpoint directory `source` to `destination` and damage one participant's share of the copy
+    (`record`: its first record of an attempt in `scope`)."""
     shutil.copytree(source, destination)
     directory = participant_dir(destination, kind, instance)
     manifest_path = directory / MANIFEST_NAME
@@ -45,9 +59,10 @@ def damaged_copy(source: Path, destination: Path, kind: str, instance: str, dama
             records.write(b'{"damaged": true}\n')
         return destination
     lines = records_path.read_bytes().split(b"\n")
-    if not lines or not lines[0]:
-        raise ValueError(f"{directory} holds no record to damage")
-    lines[0] = json.dumps({"episode_id": json.loads(lines[0])["episode_id"]}).encode()
+    index = next((i for i, line in enumerate(lines) if line and _key(json.loads(line)) in scope), None)
+    if index is None:
+        raise ValueError(f"{directory} holds no record of {sorted(scope)} to damage")
+    lines[index] = json.dumps({"episode_id": json.loads(lines[index])["episode_id"]}).encode()
     data = b"\n".join(lines)
     digest = hashlib.sha256(data).hexdigest()
     records_path.unlink()

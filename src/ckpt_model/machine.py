@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -250,15 +250,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         )
         read = self._read_checkpoint(directory, checkpoint_id)
         props.p9_verifies(checkpoint_id, read)
-        for member in self.control.participants:
-            props.p1_exports_exact(
-                checkpoint_id,
-                member.name,
-                self.model.exports(member.kind, member.name),
-                replies[member.name]["episode_ids"],
-                read[member.name].episode_ids,
-                optional=self.model.may_also_export(member.kind),
-            )
+        self._check_shares(checkpoint_id, self.control.participants, replies, read)
         self._check_exported_state(directory, checkpoint_id)
         self.fingerprints[checkpoint_id] = read
         self.last_call = SentCall(
@@ -281,6 +273,20 @@ class CheckpointMachine(RuleBasedStateMachine):
         self._resume_call(checkpoint_id)
         self._probe("prepare", checkpoint_id, "stale_checkpoint")
         self._advance(self.model.resume(), f"resume({checkpoint_id}); prepare({checkpoint_id}) refused")
+
+    def _check_shares(
+        self, checkpoint_id: str, members: Iterable[Any], replies: Mapping[str, Any], read: Mapping[str, Any]
+    ) -> None:
+        """P1: each member's commit reply and records on disk name exactly what the model says it writes."""
+        for member in members:
+            props.p1_exports_exact(
+                checkpoint_id,
+                member.name,
+                self.model.exports(member.kind, member.name),
+                replies[member.name]["episode_ids"],
+                read[member.name].episode_ids,
+                optional=self.model.may_also_export(member.kind),
+            )
 
     def _probe_restart_in_scope(self, checkpoint_id: str, episode_ids: list[EpisodeId]) -> None:
         """A commit whose scope also names the running restarts, sent first to each restart server on its own:
@@ -360,14 +366,7 @@ class CheckpointMachine(RuleBasedStateMachine):
                 raise CoordinationError("commit", failures, replies)
             read = self._read_checkpoint(directory, checkpoint_id)
             props.p9_verifies(checkpoint_id, {m.name: read[m.name] for m in done})
-            for member in done:
-                props.p1_exports_exact(
-                    checkpoint_id,
-                    member.name,
-                    self.model.exports(member.kind),
-                    replies[member.name]["episode_ids"],
-                    read[member.name].episode_ids,
-                )
+            self._check_shares(checkpoint_id, done, replies, read)
         stopped_commit = None if stopped is None else self._stop_inside_commit(stopped.name, body, deadline_ts)
         self._crash_everything(inside=True)
         if stopped_commit is not None:
@@ -596,15 +595,16 @@ class CheckpointMachine(RuleBasedStateMachine):
     def failed_restore(self, pick: int, victim: int, rejected_record: bool) -> None:
         """Restore a copy of a committed checkpoint in which one participant's share is damaged
         (`ckpt_model.damage`): a line added to its records file, or (`rejected_record`, among the participants
-        that hold a record) its first record cut to its episode ID in a file sealed again. P8: that participant
-        alone refuses with invalid_checkpoint_state while the others install; the controller's client then
-        retires the next attempts everywhere and resumes, as Gym's does, and afterwards nothing of the restore is
-        installed anywhere (no restored-pending episode, no session), admission is open, and its attempts never
-        run (the backend sees no call of them); the rollouts start over. The committed checkpoint is untouched."""
+        that hold a record the restore continues) the first such record cut to its episode ID in a file sealed
+        again. P8: that participant alone refuses with invalid_checkpoint_state while the others install; the
+        controller's client then retires the next attempts everywhere and resumes, as Gym's does, and afterwards
+        nothing of the restore is installed anywhere (no restored-pending episode, no session), admission is open,
+        and its attempts never run (the backend sees no call of them); the rollouts start over. The committed
+        checkpoint is untouched."""
         checkpoint = _pick(list(self.model.committed), pick)
         source = self.harness.checkpoint_dir / checkpoint.checkpoint_id
         members = sorted(self.control.participants, key=lambda m: m.name)
-        holding = [m for m in members if damage.holds_records(source, m.kind, m.name)]
+        holding = [m for m in members if damage.holds_records(source, m.kind, m.name, checkpoint.exported)]
         how: damage.Damage = "record" if rejected_record and holding else "digest"
         member = _pick(holding if how == "record" else members, victim)
         covered = self.model.marks_covering(checkpoint.checkpoint_id)
@@ -612,7 +612,12 @@ class CheckpointMachine(RuleBasedStateMachine):
             self._forget(covered)
         model, restore_id = self.model.failed_restore(checkpoint.checkpoint_id)
         copy = damage.damaged_copy(
-            source, self.harness.checkpoint_dir / f"{restore_id}-damaged", member.kind, member.name, how
+            source,
+            self.harness.checkpoint_dir / f"{restore_id}-damaged",
+            member.kind,
+            member.name,
+            how,
+            checkpoint.exported,
         )
         self._refused_restore(
             model,
