@@ -44,7 +44,7 @@ run_step() {
 }
 
 # tests/stateful runs the machine against every topology (native, legacy, counter, slow with wait and with replay
-# verification) and the fixed scenarios.
+# verification, mixed) and the fixed scenarios.
 run_step stateful "$python" -m pytest tests/stateful -p no:cacheprovider -n "$workers" \
   --junitxml="$artifacts/junit-stateful.xml"
 run_step search "$python" -m pytest -m search -p no:cacheprovider -n "$workers" \

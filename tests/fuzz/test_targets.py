@@ -70,6 +70,7 @@ def test_without_options_every_fault_free_deployment_is_a_target() -> None:
         "counter:wait:",
         "slow:wait:",
         "slow:replay:",
+        "mixed:wait:",
     ]
 
 
