@@ -77,6 +77,10 @@ class EmbeddedDeployment:
         """SIGKILL every Gym process group; the backend and the directories survive."""
         self.stack.crash_gym()
 
+    def lose_unsynced(self) -> None:
+        """After `crash_gym`, a power cut: the checkpoints keep only what was fsynced (`fakes.gym.durability`)."""
+        self.stack.lose_unsynced()
+
     def restart_server(self, name: str) -> dict[str, str]:
         """SIGKILL one Gym server's process group and start it again alone; returns every server's base URL."""
         try:

@@ -75,6 +75,13 @@ CATALOGUE: tuple[Fault, ...] = (
         "the two leaves a manifest naming records that are not there",
     ),
     Fault(
+        "store_skips_records_fsync",
+        "every participant",
+        "P9",
+        "the writer every participant shares renames and publishes its records file without fsyncing it, so a power "
+        "cut after the commit leaves a manifest whose records are empty",
+    ),
+    Fault(
         "resume_refuses_unknown_id",
         "every participant",
         "P8",

@@ -38,6 +38,7 @@ import httpx
 
 from fakes import process_groups
 from fakes.gym.config import CONFIG_ENV, DEFAULT_LEASE_GRACE_S, ServerConfig, lease_grace
+from fakes.gym.durability import lose_unsynced
 from fakes.head import serve_head
 from fakes.zygote_client import ForkServer, ForkServerError, SpawnRequest
 
@@ -356,6 +357,8 @@ class Stack:
         self.fork_server: ForkServer | None = None
         self.capture_dir = self.state_dir / "capture"
         self.checkpoint_root = self.state_dir / "checkpoints"
+        # Every fsync of the store, so a power cut can be applied to the checkpoints (`lose_unsynced`).
+        self.durability_journal = self.state_dir / "durability.jsonl"
         self._ports: dict[str, int] = {}
         self._http: httpx.Client | None = None
 
@@ -400,6 +403,7 @@ class Stack:
                 verify_judge=self.topology == "slow" and role == "resources",
                 resources_mode=resources_mode(self.topology, name),
                 resources_server=RESOURCES_SERVER_OF.get(name, "resources"),
+                durability_journal=str(self.durability_journal),
             )
             for name, role in roles.items()
         }
@@ -504,6 +508,13 @@ class Stack:
         servers = list(self.gym.values())
         self.gym = {}
         kill_groups(servers)
+
+    def lose_unsynced(self) -> list[str]:
+        """A power cut after `crash_gym`: the checkpoints keep only what the store made durable; returns what
+        changed."""
+        if self.gym:
+            raise RuntimeError(f"the Gym servers {sorted(self.gym)} are running: call crash_gym() first")
+        return lose_unsynced(self.durability_journal)
 
     def stop(self) -> None:
         """Stop everything this stack started (idempotent); every step runs, then the first error is raised."""

@@ -51,6 +51,8 @@ class ServerConfig:
     resources_server: str = "resources"
     verify_mode: str = attrs.field(default="wait", validator=attrs.validators.in_(("wait", "replay")))
     verify_judge: bool = False
+    # Where the store records every fsync (`fakes.gym.durability`), so a power cut can be applied; "" records none.
+    durability_journal: str = ""
 
     @property
     def url(self) -> str:

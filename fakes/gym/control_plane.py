@@ -29,6 +29,7 @@ from fastapi import APIRouter, Header
 from pydantic import ValidationError
 
 from fakes.gym.config import ServerConfig
+from fakes.gym.durability import Journal
 from fakes.gym.errors import (
     CheckpointConflictError,
     CheckpointStateError,
@@ -168,6 +169,7 @@ class ControlPlane:
         token: str,
         lease_grace_s: float = 600.0,
         faults: Iterable[str] = (),
+        durability_journal: str = "",
     ):
         self.participant = participant
         self.faults = frozenset(faults)
@@ -183,6 +185,8 @@ class ControlPlane:
         self._missing_share_is_empty = kind == "model" and "model_restore_accepts_missing_share" in self.faults
         self._resume_needs_known_id = "resume_refuses_unknown_id" in self.faults
         self._manifest_first = "store_publishes_manifest_first" in self.faults
+        self._skip_records_fsync = "store_skips_records_fsync" in self.faults
+        self._journal = Journal(durability_journal) if durability_journal else None
         self._checks_restart_scope = "restart_in_scope_accepted" not in self.faults
         self.failpoints = Failpoints()
         self.instance = instance
@@ -210,6 +214,7 @@ class ControlPlane:
             token=config.token,
             lease_grace_s=config.lease_grace_s,
             faults=config.faults,
+            durability_journal=config.durability_journal,
         )
 
     # -- what participants use ------------------------------------------------------------------------------
@@ -673,6 +678,8 @@ class ControlPlane:
             stop=work.stop,
             between_files=functools.partial(self.failpoints.hit, BETWEEN_FILES),
             manifest_first=self._manifest_first,
+            journal=self._journal,
+            skip_records_fsync=self._skip_records_fsync,
         )
         work.stage = "cleanup"
         if request.episode_ids is not None:

@@ -24,6 +24,7 @@ from typing import Any
 
 import attrs
 
+from fakes.gym.durability import Journal
 from fakes.gym.errors import CheckpointStateError
 from fakes.gym.wire import (
     MANIFEST_FILE,
@@ -96,16 +97,22 @@ def write_participant_state(
     stop: StopFlag | None = None,
     between_files: Callable[[], None] | None = None,
     manifest_first: bool = False,
+    journal: Journal | None = None,
+    skip_records_fsync: bool = False,
 ) -> dict[str, Any]:
     """Write the records, then publish the manifest; return the manifest (also when it already existed).
 
     `between_files` runs between the two publications (a failpoint). `manifest_first` publishes the manifest
-    before the records (the planted fault `store_publishes_manifest_first`)."""
+    before the records (the planted fault `store_publishes_manifest_first`); `skip_records_fsync` never fsyncs the
+    records file (the planted fault `store_skips_records_fsync`). `journal` records every fsync, so a power cut can
+    be applied afterwards (`fakes.gym.durability`)."""
     directory = participant_dir(checkpoint_dir, kind, instance)
     what = f"checkpoint {checkpoint_id!r} to {directory}"
     flag = stop if stop is not None else StopFlag()
-    publish = _Publication(between_files or (lambda: None), manifest_first)
+    publish = _Publication(between_files or (lambda: None), manifest_first, journal, skip_records_fsync)
     try:
+        if journal is not None:
+            journal.writing(checkpoint_dir)
         directory.mkdir(parents=True, exist_ok=True)
         return _write(directory, kind, instance, checkpoint_id, records, flag, what, publish)
     except OSError as exc:
@@ -124,7 +131,7 @@ def _write(
     what: str,
     publish: _Publication,
 ) -> dict[str, Any]:
-    temp_path, digest, count = _write_records_temp(directory, records, flag, what)
+    temp_path, digest, count = _write_records_temp(directory, records, flag, what, publish)
     try:
         manifest = {
             "schema_version": MANIFEST_SCHEMA_VERSION,
@@ -141,7 +148,9 @@ def _write(
             temp_path.unlink()
 
 
-def _write_records_temp(directory: Path, records: Iterable[Any], flag: StopFlag, what: str) -> tuple[Path, str, int]:
+def _write_records_temp(
+    directory: Path, records: Iterable[Any], flag: StopFlag, what: str, publish: _Publication
+) -> tuple[Path, str, int]:
     """Records, one JSON line each, into a fsynced temporary file, hashed as written."""
     fd, name = tempfile.mkstemp(dir=directory, prefix=_RECORDS_TEMP_PREFIX)
     temp_path = Path(name)
@@ -156,7 +165,8 @@ def _write_records_temp(directory: Path, records: Iterable[Any], flag: StopFlag,
                 file.write(line)
                 count += 1
             file.flush()
-            os.fsync(file.fileno())
+            if not publish.skip_records_fsync:
+                _fsync(file.fileno(), publish.journal)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             temp_path.unlink()
@@ -177,6 +187,8 @@ def _record_line(record: Any, index: int) -> bytes:
 class _Publication:
     between_files: Callable[[], None]
     manifest_first: bool
+    journal: Journal | None = None
+    skip_records_fsync: bool = False
 
 
 def _publish(
@@ -184,7 +196,7 @@ def _publish(
 ) -> dict[str, Any]:
     """Rename the records to their digest name, then create the manifest without ever replacing one."""
     manifest_bytes = (manifest_text(manifest) + "\n").encode()
-    temp_manifest = _fsynced_temp(directory, _MANIFEST_TEMP_PREFIX, manifest_bytes)
+    temp_manifest = _fsynced_temp(directory, _MANIFEST_TEMP_PREFIX, manifest_bytes, publish.journal)
     records_path = directory / manifest["records_file"]
     manifest_path = directory / MANIFEST_NAME
     renamed = published = False
@@ -196,13 +208,13 @@ def _publish(
                 publish.between_files()
                 os.replace(temp_records, records_path)
                 renamed = True
-                _fsync_dir(directory)
+                _fsync_dir(directory, publish.journal)
             elif not manifest_path.exists():
                 os.replace(temp_records, records_path)
                 renamed = True
                 publish.between_files()
                 published = _link_new(temp_manifest, manifest_path)
-                _fsync_dir(directory)
+                _fsync_dir(directory, publish.journal)
     finally:
         temp_manifest.unlink()
     if published:
@@ -238,21 +250,29 @@ def _existing_manifest(
     )
 
 
-def _fsynced_temp(directory: Path, prefix: str, content: bytes) -> Path:
+def _fsynced_temp(directory: Path, prefix: str, content: bytes, journal: Journal | None) -> Path:
     fd, name = tempfile.mkstemp(dir=directory, prefix=prefix)
     with os.fdopen(fd, "wb") as file:
         file.write(content)
         file.flush()
-        os.fsync(file.fileno())
+        _fsync(file.fileno(), journal)
     return Path(name)
 
 
-def _fsync_dir(directory: Path) -> None:
+def _fsync(fd: int, journal: Journal | None) -> None:
+    os.fsync(fd)
+    if journal is not None:
+        journal.file_synced(fd)
+
+
+def _fsync_dir(directory: Path, journal: Journal | None) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+    if journal is not None:
+        journal.directory_synced(directory)
 
 
 def read_participant_state(

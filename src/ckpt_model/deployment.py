@@ -10,6 +10,8 @@ Two small protocols say what the checker needs of a system under test:
   a named point until it is killed (`FAILPOINT_BETWEEN_FILES`: inside a commit, between the participant's records
   file and its manifest; `FAILPOINT_BEFORE_INSTALL`: inside a restore, just before the participant installs);
   without them a crash inside a commit only lands between participants, and no participant dies in its restore.
+  Optionally `lose_unsynced()`: after `crash_gym`, a power cut: the checkpoint directories keep only what the
+  writers made durable (fsynced); without it the machine never cuts the power.
   Optionally `restart_run_url()`: where the `/run`s of restarts go (topology `mixed`: the second environment,
   bound to a `restart_only` resources server); the machine dispatches restarts only through it.
 - `Gate`: the backend's control routes (Gym's fake backend, reference section 11): the call list, release chosen
@@ -303,12 +305,19 @@ class Harness:
             servers = self._started(self.deployment.start_gym)
         self._learn(servers)
 
-    def crash(self) -> None:
-        """SIGKILL every Gym process group, then start fresh processes."""
+    def crash(self, power_loss: bool = False) -> None:
+        """SIGKILL every Gym process group (`power_loss`: then cut the power, so only fsynced writes are left),
+        then start fresh processes."""
         with timing.span("crash"):
             with timing.span("restart.kill"):
                 self.deployment.crash_gym()
+            if power_loss:
+                self.deployment.lose_unsynced()  # type: ignore[attr-defined]
             self.start_gym()
+
+    @property
+    def can_lose_unsynced(self) -> bool:
+        return callable(getattr(self.deployment, "lose_unsynced", None))
 
     @property
     def can_restart_one(self) -> bool:

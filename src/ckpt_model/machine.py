@@ -321,11 +321,21 @@ class CheckpointMachine(RuleBasedStateMachine):
         self._crash_everything()
         self._advance(self.model.crash(), "crash()")
 
-    def _crash_everything(self, inside: bool = False) -> None:
-        self.history.invoke("controller", "crash")
+    @precondition(lambda self: not self.model.fresh and self.harness.can_lose_unsynced and bool(self.model.committed))
+    @rule()
+    @step
+    def power_loss(self) -> None:
+        """As `crash`, and the power is cut too: the checkpoint directories keep only what the writers fsynced
+        (a deployment without `lose_unsynced` never draws it). Every committed checkpoint must still verify and be
+        unchanged (P9): a commit is published only once its files are durable."""
+        self._crash_everything(power_loss=True)
+        self._advance(self.model.crash(), "power_loss()")
+
+    def _crash_everything(self, inside: bool = False, power_loss: bool = False) -> None:
+        self.history.invoke("controller", "power loss" if power_loss else "crash")
         self.crashes += 1
         self.crashes_inside += inside
-        self.harness.crash()
+        self.harness.crash(power_loss)
         self.runs.wait_ended(self.quiescence.timeout_s)
         with timing.span("release_stale"):
             self._release_stale()

@@ -197,6 +197,15 @@ SCENARIOS: dict[str, Scenario] = {
         + steps("crash", ("restore", FIRST), ("start_replacement", FIRST)),
         calls={"r0": (0, 1), "r0-a1": (1,)},
     ),
+    # A power cut after a checkpoint and again after a second one: every commit was durable, so each still
+    # verifies unchanged (P9), restores, and continues from its boundary.
+    "power_loss__committed_checkpoints_survive": Scenario(
+        steps(
+            "dispatch", CHECKPOINT, ("release", FIRST), "power_loss", ("restore", FIRST), ("start_replacement", FIRST)
+        )
+        + steps(("release", FIRST), CHECKPOINT, "power_loss", ("restore", {"pick": 1}), ("start_replacement", FIRST)),
+        calls={"r0": (0, 1), "r0-a1": (0, 1), "r0-a2": (1,)},
+    ),
     # The attempt a refused restore would have continued is burned: the rollout starts over as the one after it.
     "failed_restore__rollouts_start_over": Scenario(
         steps(
@@ -350,6 +359,7 @@ COUNTER_CALLS: dict[str, Facts] = {
     "failed_restore__refused_by_one_leaves_nothing": {"r0": (0, 1), "r0-a1": (1, 2)},
     "failed_restore__rollouts_start_over": {"r0": (0, 1), "r0-a2": (0, 1, 2)},
     "dies_in_restore__the_others_restored_and_nothing_stays": {"r0": (0, 1), "r0-a1": (1, 2)},
+    "power_loss__committed_checkpoints_survive": {"r0": (0, 1), "r0-a1": (0, 1), "r0-a2": (1, 2)},
     "crash_in_commit__incomplete_checkpoint_is_refused": {"r0": (0, 1), "r0-a2": (0, 1, 2)},
     "crash_in_commit__between_a_participants_files_is_no_share": {"r0": (0, 1), "r0-a2": (0, 1, 2)},
     "crash_in_operation__nothing_of_it_outlives_the_crash": {"r0": (0,), "r1": (0, 1), "r1-a1": (1, 2)},
@@ -473,6 +483,7 @@ FAULT_SCENARIOS: dict[str, str] = {
     "model_restore_accepts_missing_share": "crash_in_commit__incomplete_checkpoint_is_refused",
     "store_publishes_manifest_first": "crash_in_commit__between_a_participants_files_is_no_share",
     "resources_restore_skipped": "resources_state__restored_with_the_episode",
+    "store_skips_records_fsync": "power_loss__committed_checkpoints_survive",
     "resume_refuses_unknown_id": "dies_in_restore__the_others_restored_and_nothing_stays",
     "environment_exports_restarts": "restart__never_holds_up_a_checkpoint_and_starts_over_after_a_crash",
     "restarts_block_prepare": "restart__never_holds_up_a_checkpoint_and_starts_over_after_a_crash",
