@@ -332,7 +332,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         self._advance(self.model.crash(), "power_loss()")
 
     def _crash_everything(self, inside: bool = False, power_loss: bool = False) -> None:
-        self.history.invoke("controller", "power loss" if power_loss else "crash")
+        self.history.invoke("controller", "crash", "power loss" if power_loss else None)
         self.crashes += 1
         self.crashes_inside += inside
         self.harness.crash(power_loss)
