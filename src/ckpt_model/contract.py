@@ -341,9 +341,9 @@ class Model:
         scoped attempts that still need it; the counter's resources server the sessions of the scoped attempts;
         the weather resources server is stateless, the restart servers never export a restart, and the policy
         model exports ledger rows only with token capture on, so these write nothing here."""
-        scope = self.scope()
         if instance in RESTART_SERVERS:
             return ()
+        scope = self.scope()
         if kind == self.episode_owner:
             return tuple(sorted(a.key for a in scope))
         if kind == "agent":
@@ -480,8 +480,7 @@ class Model:
         stopped and freed, and none of them replies as if complete."""
         if not self.can_crash_participant(kind):
             raise ValueError(f"{kind} cannot crash alone: a checkpoint is open or it holds restored state")
-        others = tuple(r for r in self.restarted if r.kind != kind)
-        model = attrs.evolve(self, restarted=(*others, Restarted(kind, remembers_from=len(self.resumed))))
+        model = self._restarted_alone(kind)
         for attempt in self.with_status("running"):
             model = model.retire(attempt.rollout)
         return model
@@ -548,9 +547,7 @@ class Model:
         """A restore during which the participant of `kind` died before installing and was started again alone:
         it forgot its marks and resumed IDs (as `crash_participant`), then the controller's cleanup reached it
         with the others, so the restore ends as `failed_restore` everywhere."""
-        others = tuple(r for r in self.restarted if r.kind != kind)
-        restarted = (*others, Restarted(kind, remembers_from=len(self.resumed)))
-        return attrs.evolve(self, restarted=restarted).failed_restore(checkpoint_id)
+        return self._restarted_alone(kind).failed_restore(checkpoint_id)
 
     def start_replacement(self, rollout: str) -> Model:
         """Send the restored-pending attempt's `/run`: it continues from its boundary (an episode restored at its
@@ -626,6 +623,11 @@ class Model:
             return self.current()[rollout]
         except KeyError:
             raise ValueError(f"no rollout {rollout!r}") from None
+
+    def _restarted_alone(self, kind: str) -> Model:
+        """The participant of `kind` started again alone now: no marks, and only the resumed IDs from here on."""
+        others = tuple(r for r in self.restarted if r.kind != kind)
+        return attrs.evolve(self, restarted=(*others, Restarted(kind, remembers_from=len(self.resumed))))
 
     def _replace(self, updated: Attempt) -> Model:
         attempts = tuple(updated if a.key == updated.key else a for a in self.attempts)

@@ -295,18 +295,14 @@ class CheckpointMachine(RuleBasedStateMachine):
         names = [m.name for m in self.control.participants if m.name in RESTART_SERVERS]
         if not restarts or not names:
             return
-        deadline_ts = time.time() + CONTROL_DEADLINE_S
-        body = request_body(
+        outcomes = self._post_probe(
+            "commit naming restarts",
             "commit",
             checkpoint_id,
-            deadline_ts,
+            names,
             checkpoint_dir=str(self.harness.checkpoint_dir / f"probe-{checkpoint_id}"),
             episode_ids=(*episode_ids, *restarts),
         )
-        invocation = self.history.invoke("controller", "probe commit naming restarts", checkpoint_id)
-        with timing.span("probe"):
-            outcomes = self.control.post_each("commit", body, deadline_ts, names)
-        self.history.complete(invocation, "ok", {name: _outcome_text(o) for name, o in outcomes.items()})
         props.p1_restart_in_scope_refused(checkpoint_id, outcomes)
 
     def _resume_call(self, checkpoint_id: str) -> None:
@@ -979,15 +975,21 @@ class CheckpointMachine(RuleBasedStateMachine):
             "retire": {"episode_ids": (EpisodeId(rollout_id="probe", attempt=0),)},
             "forget": {"rollout_ids": ("probe",)},
         }
-        arguments = probe_arguments.get(operation, {})
-        deadline_ts = time.time() + CONTROL_DEADLINE_S
-        invocation = self.history.invoke("controller", f"probe {operation}", checkpoint_id)
-        with timing.span("probe"):
-            outcomes = self.control.post_each(
-                operation, request_body(operation, checkpoint_id, deadline_ts, **arguments), deadline_ts, names
-            )
-        self.history.complete(invocation, "ok", {name: _outcome_text(o) for name, o in outcomes.items()})
+        outcomes = self._post_probe(operation, operation, checkpoint_id, names, **probe_arguments.get(operation, {}))
         props.p10_each_refused(f"{operation}({checkpoint_id})", code, outcomes)
+
+    def _post_probe(
+        self, label: str, operation: str, checkpoint_id: str, names: list[str] | None, **arguments: Any
+    ) -> dict[str, Any]:
+        """Send `operation` to every participant (or those `names`) on its own, as history event `probe <label>`;
+        return each one's answer, refusals included."""
+        deadline_ts = time.time() + CONTROL_DEADLINE_S
+        body = request_body(operation, checkpoint_id, deadline_ts, **arguments)
+        invocation = self.history.invoke("controller", f"probe {label}", checkpoint_id)
+        with timing.span("probe"):
+            outcomes = self.control.post_each(operation, body, deadline_ts, names)
+        self.history.complete(invocation, "ok", {name: _outcome_text(o) for name, o in outcomes.items()})
+        return outcomes
 
     def _release_keys(self, keys: list[str]) -> None:
         """Release the call each capture key has waiting at the backend."""
