@@ -27,17 +27,10 @@ from hypothesis.stateful import run_state_machine_as_test
 from ckpt_model import profiles
 from ckpt_model.deployment import Harness, fault_catalogue
 from ckpt_model.faultsearch import FAULT_SEARCH, FAULT_SEARCH_WITH_SHRINK, Failure, Finding, harness_for, search
+from ckpt_model.fuzz import EVERY_DEPLOYMENT, deployment_label
 from ckpt_model.machine import machine_for
 from ckpt_model.stats import ExampleStat, SearchStats
 
-DEPLOYMENTS = (
-    ("native", "wait"),
-    ("legacy", "wait"),
-    ("counter", "wait"),
-    ("slow", "wait"),
-    ("slow", "replay"),
-    ("mixed", "wait"),
-)
 # Seconds per example of the default profile on 2 idle cores before the speed work (issue 9's baseline; none for
 # counter, which came after).
 BASELINE_S = {"native": 0.10, "legacy": 0.18, "slow/wait": 0.19, "slow/replay": 0.34}
@@ -51,7 +44,7 @@ def default_profile(topology: str, verify_mode: str) -> None:
         run_state_machine_as_test(machine_for(harness, stats), settings=profiles.DEFAULT)
     total_s = time.monotonic() - stats.started_s
     done = stats.finished
-    label = f"{topology}/{verify_mode}" if topology == "slow" else topology
+    label = deployment_label(topology, verify_mode)
     seconds = sorted(e.seconds for e in done)
     steps = sum(e.steps for e in done)
     per_step = f"{1000 * sum(seconds) / steps:.0f} ms" if steps else "-"
@@ -140,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-minimise", action="store_true", help="report the search's example as it is")
     args = parser.parse_args(argv)
     if not args.no_default:
-        for topology, verify_mode in DEPLOYMENTS:
+        for topology, verify_mode in EVERY_DEPLOYMENT:
             default_profile(topology, verify_mode)
     if not args.no_faults:
         known = [fault.name for fault in fault_catalogue()]

@@ -37,17 +37,11 @@ sys.path[:0] = [str(ROOT), str(ROOT / "src")]  # run from a checkout without ins
 
 from ckpt_model import profiles, timing  # noqa: E402 - after the path set-up above
 from ckpt_model.deployment import Harness  # noqa: E402
+from ckpt_model.fuzz import EVERY_DEPLOYMENT, deployment_label  # noqa: E402
 from ckpt_model.machine import machine_for  # noqa: E402
 from ckpt_model.stats import SearchStats  # noqa: E402
 
-DEPLOYMENTS = {
-    "native": ("native", "wait"),
-    "legacy": ("legacy", "wait"),
-    "counter": ("counter", "wait"),
-    "slow/wait": ("slow", "wait"),
-    "slow/replay": ("slow", "replay"),
-    "mixed": ("mixed", "wait"),
-}
+DEPLOYMENTS = {deployment_label(*deployment): deployment for deployment in EVERY_DEPLOYMENT}
 # Counts per step worth reading next to the times.
 COUNTS = ("settle.polls",)
 

@@ -71,6 +71,13 @@ EVERY_DEPLOYMENT = (
     ("slow", "replay"),
     ("mixed", "wait"),
 )
+
+
+def deployment_label(topology: str, verify_mode: str) -> str:
+    """How reports name a deployment: the topology, with the verify mode for `slow`, the one topology run in both."""
+    return f"{topology}/{verify_mode}" if topology == "slow" else topology
+
+
 # `hypothesis fuzz` (HypoFuzz adds the command), started with this interpreter rather than a console script.
 HYPOFUZZ = "import sys; from hypothesis.extra.cli import main; sys.exit(main())"
 STOP_TIMEOUT_S = 30.0

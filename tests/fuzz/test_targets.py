@@ -93,3 +93,8 @@ def test_a_derandomized_profile_without_a_database_cannot_be_fuzzed() -> None:
 def test_the_worker_command_usage_errors_exit_3(capsys: pytest.CaptureFixture[str]) -> None:
     assert fuzz.main(["worker", "--faults", "no_such_fault"]) == 3
     assert "unknown fault" in capsys.readouterr().err
+
+
+def test_reports_name_each_deployment_once_with_the_verify_mode_only_for_slow() -> None:
+    labels = [fuzz.deployment_label(topology, mode) for topology, mode in fuzz.EVERY_DEPLOYMENT]
+    assert labels == ["native", "legacy", "counter", "slow/wait", "slow/replay", "mixed"]
