@@ -52,12 +52,17 @@ class Journal:
 
 
 def lose_unsynced(journal_path: str | os.PathLike[str]) -> list[str]:
-    """Cut the power: keep only what the journal says was made durable; return what changed."""
+    """Cut the power: keep only what the journal says was made durable; return what changed.
+
+    The journal is then rewritten to what is left (the roots that still exist, and each kept file's entry and
+    fsynced size), so it stays as small as the live checkpoints however many examples wrote to it before."""
     roots: dict[str, None] = {}
     synced_sizes: dict[int, int] = {}
     listings: dict[str, dict[str, int]] = {}
     path = Path(journal_path)
-    for line in path.read_text().splitlines() if path.exists() else ():
+    if not path.exists():
+        return []
+    for line in path.read_text().splitlines():
         event = json.loads(line)
         if "root" in event:
             roots[event["root"]] = None
@@ -65,25 +70,35 @@ def lose_unsynced(journal_path: str | os.PathLike[str]) -> list[str]:
             listings[event["dir"]] = event["entries"]
         else:
             synced_sizes[event["ino"]] = event["size"]
+    kept = Journal(path.with_name(path.name + ".compacted"))
+    kept.path.unlink(missing_ok=True)
     changed: list[str] = []
-    for root in roots:
-        changed += _cut(root, listings, synced_sizes)
+    for root in (root for root in roots if Path(root).is_dir()):
+        kept._append({"root": root})
+        changed += _cut(root, listings, synced_sizes, kept)
+    os.replace(kept.path, path)
     return changed
 
 
-def _cut(root: str, listings: dict[str, dict[str, int]], synced_sizes: dict[int, int]) -> list[str]:
+def _cut(root: str, listings: dict[str, dict[str, int]], synced_sizes: dict[int, int], kept: Journal) -> list[str]:
+    """Apply the cut under `root`; record in `kept` what survived it."""
     changed = []
     for directory, _, files in os.walk(root):
         durable = listings.get(directory, {})
+        survivors: dict[str, int] = {}
         for name in files:
             file = Path(directory) / name
-            inode = file.stat().st_ino
-            if durable.get(name) != inode:
+            stat = file.stat()
+            if durable.get(name) != stat.st_ino:
                 file.unlink()
                 changed.append(f"{file}: its entry was never made durable")
                 continue
-            size = synced_sizes.get(inode, 0)
-            if file.stat().st_size > size:
+            size = synced_sizes.get(stat.st_ino, 0)
+            if stat.st_size > size:
                 os.truncate(file, size)
                 changed.append(f"{file}: cut to its last fsynced size {size}")
+            survivors[name] = stat.st_ino
+            kept._append({"ino": stat.st_ino, "size": size})
+        if survivors:
+            kept._append({"dir": directory, "entries": survivors})
     return changed

@@ -4,6 +4,7 @@ write that skipped an fsync loses what it skipped."""
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 from fakes.gym.durability import Journal, lose_unsynced
@@ -74,3 +75,18 @@ def test_directories_the_journal_never_named_are_left_alone(tmp_path: Path) -> N
     other.write_bytes(b"kept")
     assert lose_unsynced(tmp_path / "no-journal.jsonl") == []
     assert other.read_bytes() == b"kept"
+
+
+def test_the_journal_is_rewritten_to_what_is_left_and_a_second_cut_keeps_it(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "journal.jsonl")
+    gone = write(tmp_path / "gone", journal)
+    directory = write(tmp_path, journal, skip_records_fsync=True)
+    shutil.rmtree(tmp_path / "gone")  # an earlier example's directory, removed before the cut
+    lose_unsynced(journal.path)
+    after_first = contents(directory)
+
+    text = journal.path.read_text()
+    assert str(gone.parent.parent.parent) not in text
+    assert str(directory) in text
+    assert lose_unsynced(journal.path) == []
+    assert contents(directory) == after_first
