@@ -43,11 +43,13 @@ def begin(owner: EpisodeOwner, rollout_id: str) -> Episode:
 
 
 async def test_an_episode_becomes_a_restart_only_once_no_checkpoint_is_open() -> None:
-    owner = EpisodeOwner(notify=lambda: None)
+    changed = asyncio.Event()
+    owner = EpisodeOwner(notify=changed.set)
     episode = begin(owner, "r")
     owner.admission.clear()
+    changed.clear()
     marking = asyncio.ensure_future(owner.mark_restart(episode))
-    await asyncio.sleep(0)  # one turn of the loop: the mark starts and parks
+    await changed.wait()  # the mark's first state change: it parks
 
     # Parked and not yet a restart: the checkpoint neither waits for it nor sees the restart set change.
     assert (episode.state, owner.blockers(), owner.restarts(), episode.restart) == ("parked", [], [], False)
