@@ -40,7 +40,7 @@ CONTROL_DEADLINE_S = 60.0
 # A prepare the model knows will not become ready waits this long for its blockers, then reports them.
 BLOCKED_PREPARE_DEADLINE_S = 0.25
 # The quiet controller's prepare: short, so its lease lapses soon after (deadline + the harness's lease grace).
-QUIET_PREPARE_DEADLINE_S = 0.5
+QUIET_PREPARE_DEADLINE_S = 0.1
 QUIET_LEASE_GRACE_MAX_S = 1.0
 PICK = st.integers(min_value=0, max_value=7)
 # Each refused release of stale calls means the backend cancelled at least one of them meanwhile; a crash leaves
@@ -174,11 +174,33 @@ class CheckpointMachine(RuleBasedStateMachine):
         """Prepare a new checkpoint: everything is at a boundary, so every stage must become prepared. Every
         participant, asked on its own, then refuses a prepare of another ID (P10: one checkpoint at a time)."""
         model, checkpoint_id = self.model.prepare()
-        result = self._control("prepare", checkpoint_id, lambda d: self.control.prepare(checkpoint_id, d))
         verifying = [a.key for a in self.model.with_status("running") if a.verifying]
+        result = self._prepare_within_settle(checkpoint_id, verifying)
         props.p10_prepared_everywhere(checkpoint_id, result.prepared, result.blockers(), verifying)
         self._prepared(checkpoint_id, result.replies)
         self._advance(model, f"prepare() -> {checkpoint_id}; prepare(other{model.checkpoint_seq}) refused")
+
+    def _prepare_within_settle(self, checkpoint_id: str, verifying: list[str]) -> Any:
+        """A prepare the model says must succeed, waited for as long as a settle: everything is at a boundary, so
+        nothing the system could still be doing makes it ready later. Its deadline (and so its lease) stays far
+        ahead; if it has not answered by then, the participants' own reports of what blocks them are the verdict,
+        instead of the control deadline's full minute (each failing replay of a blocking bug paid it)."""
+        invocation = self.history.invoke("controller", "prepare", checkpoint_id)
+        future = self.runs.submit(self.control.prepare, checkpoint_id, time.time() + CONTROL_DEADLINE_S)
+        try:
+            with timing.span("control"):
+                result = future.result(timeout=self.quiescence.timeout_s)
+        except CoordinationError as error:
+            self.history.complete(invocation, "fail", str(error))
+            raise
+        except TimeoutError:
+            statuses = self.control.status_all()
+            blockers = {name: s["report"]["blockers"] for name, s in statuses.items() if s["report"]["blockers"]}
+            self.history.complete(invocation, "info", "still preparing")
+            props.p10_prepared_everywhere(checkpoint_id, False, blockers, verifying, waited_s=self.quiescence.timeout_s)
+            raise
+        self.history.complete(invocation, "ok")
+        return result
 
     def _prepared(self, checkpoint_id: str, replies: dict[str, Any]) -> None:
         self.history.note("controller", "prepared", checkpoint_id)

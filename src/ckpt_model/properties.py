@@ -469,17 +469,25 @@ def p9_verifies(checkpoint_id: str, read: Mapping[str, Any]) -> None:
 
 
 def p10_prepared_everywhere(
-    checkpoint_id: str, prepared: bool, blockers: Mapping[str, Any], verifying: Sequence[str]
+    checkpoint_id: str,
+    prepared: bool,
+    blockers: Mapping[str, Any],
+    verifying: Sequence[str],
+    waited_s: float | None = None,
 ) -> None:
     """Every rollout waits at a model call, so a prepare must become prepared on every stage; an attempt in a
-    `replay` verification never blocks (P11), anything else that blocks is P10."""
+    `replay` verification never blocks (P11), anything else that blocks is P10. `waited_s`: the prepare had not
+    answered after that long, and `blockers` are what the participants' statuses then reported."""
     if prepared:
         return
+    observed = f"not prepared; blockers {dict(blockers)}"
+    if waited_s is not None:
+        observed = f"still preparing after {waited_s:.1f} s; the statuses report blockers {dict(blockers)}"
     raise (P11Violation if verifying else P10Violation)(
         rollout=None,
         expected=f"{checkpoint_id} prepared everywhere (every rollout waits at a model call"
         + (f"; {list(verifying)} verify in mode replay, which never blocks)" if verifying else ")"),
-        observed=f"not prepared; blockers {dict(blockers)}",
+        observed=observed,
     )
 
 

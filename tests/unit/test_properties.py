@@ -654,6 +654,13 @@ def test_p10_prepared_everywhere_passes_when_prepared_and_names_what_blocks() ->
         properties.p10_prepared_everywhere("c1", False, {"agent": ["r0"]}, [])
 
 
+def test_p10_prepared_everywhere_reports_a_prepare_still_waiting_with_the_status_blockers() -> None:
+    with pytest.raises(
+        properties.P10Violation, match=r"still preparing after 10.0 s; the statuses report blockers \{'environment'"
+    ):
+        properties.p10_prepared_everywhere("c1", False, {"environment": ["r1"]}, [], waited_s=10.0)
+
+
 def test_p10_prepared_everywhere_blames_verification_when_one_runs() -> None:
     with pytest.raises(properties.P11Violation, match=r"\['r0'\] verify in mode replay"):
         properties.p10_prepared_everywhere("c1", False, {"environment": ["r0"]}, ["r0"])
