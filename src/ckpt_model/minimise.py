@@ -10,8 +10,8 @@ stops it with 11 or 12 steps where 2 to 4 suffice. This module shrinks the rule 
    reads simply;
 3. each composite step (`checkpoint`, `recover`) is tried replaced by its primitive steps, and those primitives
    are minimised (the composite stays when all of its primitives are needed: it reads shorter);
-4. a final pass removes contiguous runs of three, two, then single steps until none can go: the result is
-   1-minimal (removing any one step no longer fails the same way), and no two or three adjacent steps can go
+4. a final pass removes contiguous runs of four, three, two, then single steps until none can go: the result
+   is 1-minimal (removing any one step no longer fails the same way), and no two to four adjacent steps can go
    together either (steps that are only removable together, like `crash; start_over`, are common here).
 
 Steps 2 to 4 repeat until nothing changes. A candidate counts only when it fails *the same way*: the caller's
@@ -39,8 +39,10 @@ import attrs
 if TYPE_CHECKING:
     from ckpt_model.deployment import Harness
 
-# The longest contiguous run of steps the final pass tries to remove at once (then shorter ones, down to one).
-CHUNK_STEPS_MAX = 3
+# The longest contiguous run of steps the final pass tries to remove at once (then shorter ones, down to one): a
+# crash and the start_over of each of the most live rollouts the model allows (`Model.rollouts_max`, 3), which
+# only go together.
+CHUNK_STEPS_MAX = 4
 
 Step = tuple[str, dict[str, Any]]
 Steps = tuple[Step, ...]
@@ -160,8 +162,8 @@ def remove_chunks(steps: Steps, fails: Predicate, largest: int = CHUNK_STEPS_MAX
     """The 1-minimality pass: remove any contiguous run of up to `largest` steps whose removal still fails,
     largest first, until none can go; returns the sequence and how many steps it removed.
 
-    It ends with a sweep of single steps that removes nothing, so the result is 1-minimal. The runs of two and
-    three catch what 1-minimality allows to stay: steps that are only removable together, such as `crash;
+    It ends with a sweep of single steps that removes nothing, so the result is 1-minimal. The runs of two to
+    four catch what 1-minimality allows to stay: steps that are only removable together, such as `crash;
     start_over` (without the crash there is nothing to start over; without the start over a later checkpoint has
     nothing in flight), which ddmin removes only when they happen to share a chunk."""
     removed = 0

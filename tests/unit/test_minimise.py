@@ -139,6 +139,22 @@ def test_the_final_pass_removes_adjacent_steps_that_only_go_together() -> None:
     assert result.pass_removed == 2
 
 
+def test_the_final_pass_removes_a_crash_with_a_start_over_for_each_of_the_most_rollouts() -> None:
+    # A crash needs one start_over per live rollout before anything else may run (the model allows three), so the
+    # four only go together; ddmin keeps them, and runs of three or fewer cannot take them out.
+    steps = named(*["dispatch_restart"] * 3, "crash", *["start_over"] * 3, "checkpoint")
+
+    def fails(candidate: Steps) -> bool:
+        rules = names(candidate)
+        restarted = rules.count("start_over") == (3 if "crash" in rules else 0)
+        return "dispatch_restart" in rules and "checkpoint" in rules and restarted
+
+    result = minimise(steps, fails)
+
+    assert names(result.steps) == ["dispatch_restart", "checkpoint"]
+    assert mm.CHUNK_STEPS_MAX == 4
+
+
 def test_an_empty_sequence_that_fails_is_the_minimum() -> None:
     result = minimise(named("dispatch"), lambda candidate: True)
     assert result.steps == ()
