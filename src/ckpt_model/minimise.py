@@ -14,11 +14,13 @@ stops it with 11 or 12 steps where 2 to 4 suffice. This module shrinks the rule 
    is 1-minimal (removing any one step no longer fails the same way), and no two to four adjacent steps can go
    together either (steps that are only removable together, like `crash; start_over`, are common here).
 
-Steps 2 to 4 repeat until nothing changes. A candidate counts only when it fails *the same way*: the caller's
-predicate decides that (same failure class, same property id; a step that is not enabled, a pass or another
-failure does not count). Outcomes are cached, so no candidate is replayed twice, and the result is replayed once
-more at the end, uncached: a predicate that answers differently for the same steps (a flaky system, or a checker
-that does not own a race) shows as `reproduced=False`.
+Steps 2 to 4 repeat until nothing changes. Then runs of primitives that are exactly a composite's are written as the
+composite (`prepare; commit` as `checkpoint(then_resume=False)`), if that still fails: it reads shorter, and stays
+1-minimal, since the last pass already found no run of two to four steps removable. A candidate counts only when it
+fails *the same way*: the caller's predicate decides that (same failure class, same property id; a step that is not
+enabled, a pass or another failure does not count). Outcomes are cached, so no candidate is replayed twice, and the
+result is replayed once more at the end, uncached: a predicate that answers differently for the same steps (a flaky
+system, or a checker that does not own a race) shows as `reproduced=False`.
 
 The core (`ddmin`, `minimise`) is pure: it calls the injected predicate and nothing else. The I/O edge
 (`minimise_on`, `minimise_error`) replays candidates on one reused harness with `ckpt_model.scenarios.run`, which
@@ -67,6 +69,15 @@ COMPOSITES: dict[str, Callable[[Mapping[str, Any]], Steps]] = {
     "checkpoint": _checkpoint_primitives,
     "recover": _recover_primitives,
 }
+
+
+# Every way a composite can be called, for folding primitives back into one (`fold_composites`); `recover`'s pick
+# ranges over the machine's `PICK` (0 to 7).
+_COMPOSITE_FORMS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("checkpoint", {"then_resume": True}),
+    ("checkpoint", {"then_resume": False}),
+    *(("recover", {"pick": pick}) for pick in range(8)),
+)
 
 
 def key_of(steps: Sequence[Step]) -> StepKey:
@@ -238,6 +249,32 @@ def expand_composites(steps: Steps, fails: Predicate) -> tuple[Steps, tuple[str,
     return steps, tuple(expanded)
 
 
+def fold_composites(steps: Steps) -> Steps:
+    """Each run of primitives that is exactly a composite's, written as that composite: `prepare; commit` reads
+    `checkpoint(then_resume=False)`, `crash; restore(pick=1)` reads `recover(pick=1)`. The longest expansion is
+    tried first at each position, so `prepare; commit; resume` becomes `checkpoint(then_resume=True)`."""
+    forms = sorted(
+        ((COMPOSITES[name](arguments), (name, arguments)) for name, arguments in _COMPOSITE_FORMS),
+        key=lambda form: -len(form[0]),
+    )
+    folded: list[Step] = []
+    index = 0
+    while index < len(steps):
+        for primitives, composite in forms:
+            if _runs_exactly(steps[index : index + len(primitives)], primitives):
+                folded.append((composite[0], dict(composite[1])))
+                index += len(primitives)
+                break
+        else:
+            folded.append(steps[index])
+            index += 1
+    return tuple(folded)
+
+
+def _runs_exactly(window: Steps, primitives: Steps) -> bool:
+    return key_of(window) == key_of(primitives)
+
+
 def _fewest_primitives(steps: Steps, index: int, primitives: Steps, fails: Predicate) -> Steps | None:
     """The smallest proper, order-keeping, non-empty subset of the composite's primitives that fails in its place
     (small subsets first: they rarely fail, and a run that does not fail is cheap); None if there is none."""
@@ -321,6 +358,9 @@ def minimise(
         expanded, pass_removed = expanded + replaced, pass_removed + removed
         if key_of(current) == before:
             break
+    folded = fold_composites(current)
+    if key_of(folded) != key_of(current) and test(folded):  # a composite's precondition may be stricter
+        current = folded
     reproduced = bool((confirm or fails)(current))
     return Minimised(
         original=original,

@@ -155,6 +155,46 @@ def test_the_final_pass_removes_a_crash_with_a_start_over_for_each_of_the_most_r
     assert mm.CHUNK_STEPS_MAX == 4
 
 
+def test_primitives_that_make_a_composite_are_written_as_it() -> None:
+    steps = (
+        ("dispatch", {}),
+        ("prepare", {}),
+        ("commit", {}),
+        ("resume", {}),
+        ("prepare", {}),
+        ("commit", {}),
+        ("crash", {}),
+        ("restore", {"pick": 1}),
+        ("restore", {"pick": 0}),
+    )
+
+    assert mm.fold_composites(steps) == (
+        ("dispatch", {}),
+        ("checkpoint", {"then_resume": True}),
+        ("checkpoint", {"then_resume": False}),
+        ("recover", {"pick": 1}),
+        ("restore", {"pick": 0}),
+    )
+
+
+def test_the_result_reads_as_composites_when_they_still_fail() -> None:
+    steps = (*named("dispatch", "release", "prepare", "commit", "crash", "late_call"), ("restore", {"pick": 0}))
+    fails = contains_in_order(["dispatch", "prepare", "commit", "crash", "restore"])
+
+    result = minimise(steps, fails)
+
+    assert names(result.steps) == ["dispatch", "checkpoint", "recover"]
+
+
+def test_a_fold_that_no_longer_fails_is_not_taken() -> None:
+    steps = named("dispatch", "prepare", "commit")
+
+    def fails(candidate: Steps) -> bool:  # as if `checkpoint`'s precondition did not hold here
+        return names(candidate) == ["dispatch", "prepare", "commit"]
+
+    assert names(minimise(steps, fails).steps) == ["dispatch", "prepare", "commit"]
+
+
 def test_an_empty_sequence_that_fails_is_the_minimum() -> None:
     result = minimise(named("dispatch"), lambda candidate: True)
     assert result.steps == ()
