@@ -36,6 +36,7 @@ from ckpt_model import profiles
 from ckpt_model.deployment import Harness, fault_catalogue
 from ckpt_model.faultsearch import FAULT_SEARCH, FAULT_SEARCH_WITH_SHRINK, Failure, Finding, harness_for, search
 from ckpt_model.fuzz import EVERY_DEPLOYMENT, deployment_label
+from ckpt_model.interrupts import sigterm_unwinds
 from ckpt_model.machine import machine_for
 from ckpt_model.stats import ExampleStat, SearchStats
 
@@ -81,7 +82,7 @@ def default_profile(topology: str, verify_mode: str) -> None:
     figures = measure_profile(topology, verify_mode)
     done, seconds = list(figures.examples), figures.seconds
     print(
-        f"{figures.label:<11} examples {len(done):>3}"
+        f"{figures.label:<11} examples {len(done):>3} ({sum(e.steps == 0 for e in done)} without a step)"
         f"  steps/example median {statistics.median(e.steps for e in done):>4.1f}"
         f"  crashes/example mean {statistics.mean(e.crashes for e in done):.2f}"
         f" ({inside_share(done)} inside an operation)"
@@ -196,4 +197,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    with sigterm_unwinds():  # SIGTERM stops what the run started, as Ctrl-C does
+        raise SystemExit(main())

@@ -38,6 +38,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "src")]  # run from a checkout without ins
 from ckpt_model import profiles, timing  # noqa: E402 - after the path set-up above
 from ckpt_model.deployment import Harness  # noqa: E402
 from ckpt_model.fuzz import EVERY_DEPLOYMENT, deployment_label  # noqa: E402
+from ckpt_model.interrupts import sigterm_unwinds  # noqa: E402
 from ckpt_model.machine import machine_for  # noqa: E402
 from ckpt_model.stats import SearchStats  # noqa: E402
 
@@ -179,4 +180,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    with sigterm_unwinds():  # SIGTERM stops what the run started, as Ctrl-C does
+        raise SystemExit(main())

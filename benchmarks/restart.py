@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]  # run from a checkout without installing
 
 from ckpt_model.deployment import Harness  # noqa: E402 - after the path set-up above
+from ckpt_model.interrupts import sigterm_unwinds  # noqa: E402
 from ckpt_model.wire import CHECKPOINT_ROUTE_PREFIX  # noqa: E402
 from fakes.deployment import EmbeddedDeployment  # noqa: E402
 from fakes.stack import Stack  # noqa: E402
@@ -205,4 +206,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    with sigterm_unwinds():  # SIGTERM stops what the run started, as Ctrl-C does
+        raise SystemExit(main())

@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]  # run from a checkout without installing
 
 from ckpt_model.errors import HarnessError, PropertyViolation  # noqa: E402 - after the path set-up above
+from ckpt_model.interrupts import sigterm_unwinds  # noqa: E402
 from ckpt_model.scale import FINISHED_SHARE, raise_fd_limit, run_scale  # noqa: E402
 from fakes.gym.http import new_client  # noqa: E402
 from fakes.stack import free_port  # noqa: E402
@@ -155,4 +156,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with sigterm_unwinds():  # SIGTERM stops what the run started, as Ctrl-C does
+        sys.exit(main())

@@ -24,6 +24,7 @@ from hypothesis import settings
 
 from ckpt_model import profiles
 from ckpt_model.fuzz import EVERY_DEPLOYMENT, deployment_label
+from ckpt_model.interrupts import sigterm_unwinds
 
 HOG = (sys.executable, "-c", "while True: pass")
 RATIO_TARGET = 2.0
@@ -106,4 +107,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    with sigterm_unwinds():  # SIGTERM stops what the run started, as Ctrl-C does
+        raise SystemExit(main())

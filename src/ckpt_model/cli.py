@@ -52,6 +52,7 @@ from hypothesis import settings
 from ckpt_model import profiles
 from ckpt_model.contract import Topology, VerifyMode
 from ckpt_model.errors import CoordinationError, PropertyViolation
+from ckpt_model.interrupts import signal_number, sigterm_unwinds
 from ckpt_model.verdicts import Exit, exception_text, kind_of, leaves, report_failure
 
 if TYPE_CHECKING:  # the stateful module is imported only when a check runs
@@ -65,14 +66,6 @@ SEED_BITS = 32
 
 class UsageError(Exception):
     """Bad input found after parsing (an unknown fault, an unreadable file): exit 3 with this message."""
-
-
-class Interrupted(KeyboardInterrupt):
-    """SIGINT or SIGTERM arrived; unwinds like Ctrl-C so every context manager closes what it started."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
 
 
 class Parser(argparse.ArgumentParser):
@@ -518,10 +511,6 @@ def run_faults() -> int:
 # --- entry -------------------------------------------------------------------------------------------------
 
 
-def raise_interrupted(signum: int, frame: object) -> None:
-    raise Interrupted(signum)
-
-
 @contextlib.contextmanager
 def sigint_ignored() -> Iterator[None]:
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -541,24 +530,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fuzz_main(arguments[1:], prog="ckpt-model fuzz")
     parser = build_parser()
     args = parser.parse_args(arguments)
-    signal.signal(signal.SIGTERM, raise_interrupted)  # SIGTERM unwinds like Ctrl-C, so teardown runs
     try:
-        if args.command == "check":
-            return run_check(args)
-        if args.command == "replay":
-            return run_replay(args)
-        if args.command == "minimise":
-            return run_minimise(args)
-        if args.command == "scale":
-            return run_scale(args)
-        return run_faults()
+        with sigterm_unwinds():
+            return run_command(args)
     except UsageError as error:
         print(f"ckpt-model {args.command}: error: {error}", file=sys.stderr)
         return Exit.USAGE
     except KeyboardInterrupt as interrupt:
-        signum = interrupt.signum if isinstance(interrupt, Interrupted) else signal.SIGINT
+        signum = signal_number(interrupt)
         print(f"\nINTERRUPTED ({signal.Signals(signum).name}): everything the run started is stopped", flush=True)
         return 128 + signum
+
+
+def run_command(args: argparse.Namespace) -> int:
+    if args.command == "check":
+        return run_check(args)
+    if args.command == "replay":
+        return run_replay(args)
+    if args.command == "minimise":
+        return run_minimise(args)
+    if args.command == "scale":
+        return run_scale(args)
+    return run_faults()
 
 
 if __name__ == "__main__":

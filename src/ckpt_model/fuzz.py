@@ -46,13 +46,13 @@ import typing
 import unittest
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import attrs
 
 from ckpt_model import profiles
 from ckpt_model.contract import Topology
+from ckpt_model.interrupts import signal_number, sigterm_unwinds
 
 if TYPE_CHECKING:
     from hypothesis import settings
@@ -294,18 +294,6 @@ def stop(process: subprocess.Popen[bytes]) -> None:
 # --- commands ----------------------------------------------------------------------------------------------
 
 
-class Interrupted(KeyboardInterrupt):
-    """SIGTERM, unwinding like Ctrl-C so everything started is stopped."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-def raise_interrupted(signum: int, _frame: FrameType | None) -> None:
-    raise Interrupted(signum)
-
-
 def chosen_targets(args: argparse.Namespace) -> tuple[Target, ...]:
     """The deployment the options name (the one the faults show in, as `ckpt-model check` picks), else every
     fault-free deployment."""
@@ -449,13 +437,13 @@ def build_parser(prog: str = "python -m ckpt_model.fuzz") -> argparse.ArgumentPa
 def main(argv: Sequence[str] | None = None, prog: str = "python -m ckpt_model.fuzz") -> int:
     """The commands above; `ckpt-model fuzz ...` hands its arguments here with its own `prog`."""
     args = build_parser(prog).parse_args(argv)
-    previous = signal.signal(signal.SIGTERM, raise_interrupted)  # SIGTERM unwinds like Ctrl-C, so teardown runs
     try:
-        if args.command == "worker":
-            return run_worker(args, prog)
-        if args.command == "replay":
-            return run_replay(args)
-        return run_redis(args)
+        with sigterm_unwinds():
+            if args.command == "worker":
+                return run_worker(args, prog)
+            if args.command == "replay":
+                return run_replay(args)
+            return run_redis(args)
     except UsageError as error:
         print(f"{prog} {args.command}: error: {error}", file=sys.stderr)
         return 3
@@ -463,11 +451,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m ckpt_model.fu
         print(f"{prog} {args.command}: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as interrupt:
-        signum = interrupt.signum if isinstance(interrupt, Interrupted) else signal.SIGINT
+        signum = signal_number(interrupt)
         print(f"\nINTERRUPTED ({signal.Signals(signum).name}): everything started is stopped", flush=True)
         return 128 + signum
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

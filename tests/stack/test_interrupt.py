@@ -1,9 +1,11 @@
-"""Ctrl-C in the middle of a checker run leaves nothing behind: no process, no listening port, no directory.
+"""Ctrl-C or SIGTERM in the middle of a checker run leaves nothing behind: no process, no listening port, no
+directory.
 
 A whole pytest run is started in its own process group, as a terminal starts a foreground job; its test starts a
 harness (backend, fork server, four Gym servers and their four standbys), writes down what it started, and waits.
-Ctrl-C is SIGINT to that process group: the servers each lead their own group, so only pytest sees it, and its
-cleanup must reach them.
+Ctrl-C is SIGINT to that process group, and a CI job's timeout or `kill` sends SIGTERM to it: the servers each lead
+their own group, so only pytest sees it, and its cleanup must reach them. SIGTERM unwinds only with the plugin
+`ckpt_model.interrupts`, which this project's pytest configuration loads (and the inner run here names).
 """
 
 from __future__ import annotations
@@ -63,8 +65,9 @@ INNER_TEST = textwrap.dedent(
 )
 
 
-def interrupt(run: subprocess.Popen[bytes], started_file: Path) -> str:
-    """Ctrl-C the inner run once its harness is up; its output (it must end; a hang shows its stacks)."""
+def interrupt(run: subprocess.Popen[bytes], started_file: Path, signum: int) -> str:
+    """Send `signum` to the inner run's group once its harness is up; its output (it must end; a hang shows its
+    stacks)."""
     try:
         wait_until(lambda: started_file.exists() or run.poll() is not None, "the inner run to start its harness")
         assert started_file.exists(), run.communicate()[0].decode(errors="replace")
@@ -72,11 +75,12 @@ def interrupt(run: subprocess.Popen[bytes], started_file: Path) -> str:
         assert not any(process_gone(pid) for pid in started["pids"])
         assert Path(started["root"]).is_dir()
         assert Path(started["deployment_root"]).is_dir()
-        os.killpg(run.pid, signal.SIGINT)
+        os.killpg(run.pid, signum)
         try:
             return run.communicate(timeout=INTERRUPTED_RUN_TIMEOUT_S)[0].decode(errors="replace")
         except subprocess.TimeoutExpired:
-            pytest.fail(f"the inner run did not stop after Ctrl-C; its stacks:\n{stacks_of(run.pid)}")
+            name = signal.Signals(signum).name
+            pytest.fail(f"the inner run did not stop after {name}; its stacks:\n{stacks_of(run.pid)}")
     finally:
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
@@ -95,7 +99,8 @@ def port_free(port: int) -> bool:
     return True
 
 
-def test_ctrl_c_during_a_run_leaves_no_process_port_or_directory(tmp_path: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_an_interrupt_during_a_run_leaves_no_process_port_or_directory(tmp_path: Path, signum: int) -> None:
     test_file = tmp_path / "test_inner.py"
     test_file.write_text(INNER_TEST)
     started_file = tmp_path / "started.json"
@@ -103,6 +108,7 @@ def test_ctrl_c_during_a_run_leaves_no_process_port_or_directory(tmp_path: Path)
     temp_root.mkdir()
     env = {**os.environ, "STARTED_FILE": str(started_file), "TMPDIR": str(temp_root)}
     argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", str(test_file)]
+    argv += ["-p", "ckpt_model.interrupts"]
     with subprocess.Popen(
         argv,
         cwd=tmp_path,
@@ -112,10 +118,10 @@ def test_ctrl_c_during_a_run_leaves_no_process_port_or_directory(tmp_path: Path)
         start_new_session=True,
         preexec_fn=default_sigint,
     ) as run:
-        output = interrupt(run, started_file)
+        output = interrupt(run, started_file, signum)
         started = json.loads(started_file.read_text())
 
-    assert "KeyboardInterrupt" in output, output
+    assert "KeyboardInterrupt" in output or "Interrupted" in output, output
     wait_until(lambda: all(process_gone(pid) for pid in started["pids"]), "every started process to be gone", 10)
     assert all(port_free(port) for port in started["ports"]), started["ports"]
     assert not Path(started["root"]).exists()
