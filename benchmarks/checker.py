@@ -7,8 +7,8 @@ and finding faults.
     python benchmarks/checker.py --no-default --faults X --hypothesis-shrink   # Hypothesis shrinks first, too
 
 Each figure is printed beside issue 9's target (8 ms per step; a harness restart median below 25 ms; every fault
-found and minimised within 120 s, the median within 60 s). `benchmarks/under_load.py` pairs the default profile
-idle against beside CPU hogs.
+found and minimised within 120 s, the median within 60 s). `benchmarks/under_load.py` runs the default profile
+idle and beside CPU hogs, paired run by run.
 
 Steps per example count rules run, the teardown drain included. A fault's search prints a line for the first
 failure (what the fault tests check): the property, the time to the first failure, the search's time, the total
