@@ -261,7 +261,7 @@ def fold_composites(steps: Steps) -> Steps:
     index = 0
     while index < len(steps):
         for primitives, composite in forms:
-            if _runs_exactly(steps[index : index + len(primitives)], primitives):
+            if key_of(steps[index : index + len(primitives)]) == key_of(primitives):
                 folded.append((composite[0], dict(composite[1])))
                 index += len(primitives)
                 break
@@ -269,10 +269,6 @@ def fold_composites(steps: Steps) -> Steps:
             folded.append(steps[index])
             index += 1
     return tuple(folded)
-
-
-def _runs_exactly(window: Steps, primitives: Steps) -> bool:
-    return key_of(window) == key_of(primitives)
 
 
 def _fewest_primitives(steps: Steps, index: int, primitives: Steps, fails: Predicate) -> Steps | None:
