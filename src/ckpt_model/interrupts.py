@@ -6,7 +6,7 @@ supervisor all send SIGTERM. With the handler installed, SIGTERM raises `Interru
 the main thread, and the run unwinds exactly as on Ctrl-C.
 
 Used by `ckpt-model` and `ckpt-model fuzz`, the benchmarks, and, as a pytest plugin, the project's own test suite
-(`tests/conftest.py`: `pytest_plugins = ["ckpt_model.interrupts"]`; any suite can add `-p ckpt_model.interrupts`).
+(`-p ckpt_model.interrupts` in pyproject.toml's pytest `addopts`; any suite can add the same option).
 """
 
 from __future__ import annotations
