@@ -14,8 +14,13 @@ Two small protocols say what the checker needs of a system under test:
   writers made durable (fsynced); without it the machine never cuts the power.
   Optionally `restart_run_url()`: where the `/run`s of restarts go (topology `mixed`: the second environment,
   bound to a `restart_only` resources server); the machine dispatches restarts only through it.
+  Optionally `token_capture` (bool; the policy model keeps capture ledgers, read with `capture_token` over the
+  token-capture control routes) and `generation_cuts` (bool; closing admission cuts in-flight generations), with
+  `clear_capture()`: empty the capture directory while no Gym server runs (each example starts with no ledger);
+  without them the machine checks neither P5 nor P12.
 - `Gate`: the backend's control routes (Gym's fake backend, reference section 11): the call list, release chosen
-  calls, reset, gate every call, pin the policy's script. `BackendGate` speaks them over HTTP.
+  calls, reset, gate every call, pin the policy's script; with token capture also the token store (`staged`), the
+  cut rounds (`cuts`) and a hung cut endpoint (`stall_cuts`). `BackendGate` speaks them over HTTP.
 
 `src/` imports nothing from `fakes/`. The look-alike stack is found through the entry point group
 `ckpt_model.systems` (name `embedded`), which hands over a deployment factory and its planted-fault catalogue;
@@ -40,6 +45,7 @@ import httpx
 from ckpt_model import timing
 from ckpt_model.coordination import ControlClient, new_http_client
 from ckpt_model.errors import CoordinationError, HarnessError, ServerStartError
+from ckpt_model.ledger import LedgerClient
 from ckpt_model.tasks import script_for
 
 log = logging.getLogger(__name__)
@@ -96,6 +102,12 @@ class Gate(Protocol):
 
     def script(self, tool_calls: Sequence[Mapping[str, Any]]) -> Any: ...
 
+    def staged(self) -> dict[str, Any]: ...
+
+    def cuts(self) -> list[list[str]]: ...
+
+    def stall_cuts(self, stall: bool) -> Any: ...
+
 
 class PlantedFault(Protocol):
     """A catalogued fault of a system under test, as the checker reads it."""
@@ -140,6 +152,22 @@ class BackendGate:
     def script(self, tool_calls: Sequence[Mapping[str, Any]]) -> Any:
         """Pin the policy's tool calls, so the checker knows what an uninterrupted episode earns (P3)."""
         return self._post("/_ctl/script", {"tool_calls": [dict(call) for call in tool_calls]})
+
+    def staged(self) -> dict[str, Any]:
+        """The token store: staging key -> the tokens and lineage the trainer reads (P5, P12)."""
+        response = self._http.get(self.url + "/_ctl/staged")
+        response.raise_for_status()
+        return response.json()
+
+    def cuts(self) -> list[list[str]]:
+        """Every generation-cut round the backend answered: the model call IDs it cut durably in each."""
+        response = self._http.get(self.url + "/_ctl/cuts")
+        response.raise_for_status()
+        return response.json()
+
+    def stall_cuts(self, stall: bool) -> Any:
+        """While on, a cut request hangs until its sender gives up (a hung cut must not eat a prepare)."""
+        return self._post("/_ctl/cut_stall", {"stall": stall})
 
 
 def system(name: str = EMBEDDED) -> Any:
@@ -196,6 +224,7 @@ class Harness:
         # Backend resets and removing the last example's directory run here, beside the next start.
         self._chores: ThreadPoolExecutor | None = None
         self.backend: Gate | None = None
+        self._ledger: LedgerClient | None = None
         self.example = 0
         self.checkpoint_dir = self.root / "example-0" / "checkpoints"
         atexit.register(self.close)
@@ -215,10 +244,17 @@ class Harness:
         faults: tuple[str, ...] = (),
         verify_mode: str = "wait",
         lease_grace_s: float = LEASE_GRACE_S,
+        token_capture: bool = False,
+        generation_cuts: bool = False,
     ) -> Harness:
         """A harness over the look-alike stack (the `embedded` system)."""
         deployment = system().deployment(
-            topology, faults=tuple(faults), verify_mode=verify_mode, lease_grace_s=lease_grace_s
+            topology,
+            faults=tuple(faults),
+            verify_mode=verify_mode,
+            lease_grace_s=lease_grace_s,
+            token_capture=token_capture,
+            generation_cuts=generation_cuts,
         )
         try:
             return cls(deployment)
@@ -243,6 +279,27 @@ class Harness:
     @property
     def lease_grace_s(self) -> float:
         return self.deployment.lease_grace_s
+
+    @property
+    def token_capture(self) -> bool:
+        return bool(getattr(self.deployment, "token_capture", False))
+
+    @property
+    def generation_cuts(self) -> bool:
+        return bool(getattr(self.deployment, "generation_cuts", False))
+
+    @property
+    def ledger(self) -> LedgerClient:
+        """The checker's reader of the policy model's capture ledgers (token capture on)."""
+        control = self.control
+        assert control is not None, "start_gym comes first"
+        models = [member for member in control.participants if member.kind == "model"]
+        if not self.token_capture or not models:
+            raise HarnessError(f"the {self.topology} deployment has no policy model with token capture")
+        url = models[0].url
+        if self._ledger is None or self._ledger.url != url:
+            self._ledger = LedgerClient(url, str(self.deployment.capture_token), self.http)  # type: ignore[attr-defined]
+        return self._ledger
 
     @property
     def run_url(self) -> str:
@@ -287,6 +344,8 @@ class Harness:
         with timing.span("begin_example"):
             with timing.span("restart.kill"):
                 self.deployment.crash_gym()
+            if self.token_capture:
+                self.deployment.clear_capture()  # type: ignore[attr-defined]
             reset = self._chore(self._reset_backend) if self.backend is not None else None
             with timing.span("directories"):
                 self.example += 1

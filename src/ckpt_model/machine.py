@@ -27,6 +27,7 @@ from ckpt_model.coordination import request_body
 from ckpt_model.deployment import FAILPOINT_BEFORE_INSTALL, FAILPOINT_BETWEEN_FILES, Harness
 from ckpt_model.errors import CoordinationError, HarnessError, ParticipantFailure, PropertyViolation, QuiescenceTimeout
 from ckpt_model.history import History
+from ckpt_model.ledger_watch import LedgerWatch
 from ckpt_model.quiescence import SETTLE_TIMEOUT_S, Observation, Quiescence, backend_calls, observe, poll
 from ckpt_model.report import annotate
 from ckpt_model.runs import RunPool
@@ -102,6 +103,8 @@ class CheckpointMachine(RuleBasedStateMachine):
         self.runs = RunPool(harness.run_http, self._run_url, self._run_body, self.history)
         reward = expected_reward(self.model.topology, script_for(self.model.topology))
         self.quiescence = Quiescence(harness, self.runs, reward, settle_timeout_s)
+        # P5: the capture ledgers the checker predicts and reads (token capture only).
+        self.ledgers = LedgerWatch(harness)
         self.retired_attempts: dict[str, Attempt] = {}
         # Which participants committed each checkpoint a crash cut short (`crash_in_commit`).
         self.incomplete_shares: dict[str, frozenset[str]] = {}
@@ -134,7 +137,7 @@ class CheckpointMachine(RuleBasedStateMachine):
     def dispatch(self) -> None:
         """A new rollout starts and stops at its first model call."""
         model, rollout = self.model.dispatch()
-        self.runs.send(model.current()[rollout])
+        self._send_run(model.current()[rollout])
         self._advance(model, f"dispatch() -> {rollout}")
 
     @precondition(lambda self: self.harness.backend is not None and self.model.can_dispatch_restart())
@@ -144,7 +147,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         """A new rollout starts on the restart environment (topology `mixed`): its `restart_only` resources server
         makes it a restart, which never holds up a checkpoint, is never exported and starts over after a crash."""
         model, rollout = self.model.dispatch(restart=True)
-        self.runs.send(model.current()[rollout])
+        self._send_run(model.current()[rollout])
         self._advance(model, f"dispatch_restart() -> {rollout}")
 
     @precondition(lambda self: bool(self.model.releasable()))
@@ -272,7 +275,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         )
         read = self._read_checkpoint(directory, checkpoint_id)
         props.p9_verifies(checkpoint_id, read)
-        self._check_shares(checkpoint_id, self.control.participants, replies, read)
+        self._check_shares(checkpoint_id, self.control.participants, replies, read, directory)
         self._check_exported_state(directory, checkpoint_id)
         self.fingerprints[checkpoint_id] = read
         self.last_call = SentCall(
@@ -297,14 +300,26 @@ class CheckpointMachine(RuleBasedStateMachine):
         self._advance(self.model.resume(), f"resume({checkpoint_id}); prepare({checkpoint_id}) refused")
 
     def _check_shares(
-        self, checkpoint_id: str, members: Iterable[Any], replies: Mapping[str, Any], read: Mapping[str, Any]
+        self,
+        checkpoint_id: str,
+        members: Iterable[Any],
+        replies: Mapping[str, Any],
+        read: Mapping[str, Any],
+        directory: Path,
     ) -> None:
-        """P1: each member's commit reply and records on disk name exactly what the model says it writes."""
+        """P1: each member's commit reply and records on disk name exactly what the model says it writes. With
+        token capture the policy model writes the scoped attempts that have ledger rows, each carrying exactly its
+        chain (P5)."""
+        members = list(members)
+        scoped = {a.key: (a.delivered if a.status == "running" else 0) for a in self.model.scope()}
+        model_keys = (
+            self.ledgers.committed(checkpoint_id, scoped, directory) if any(m.kind == "model" for m in members) else []
+        )
         for member in members:
             props.p1_exports_exact(
                 checkpoint_id,
                 member.name,
-                self.model.exports(member.kind, member.name),
+                model_keys if member.kind == "model" else self.model.exports(member.kind, member.name),
                 replies[member.name]["episode_ids"],
                 read[member.name].episode_ids,
                 optional=self.model.may_also_export(member.kind),
@@ -354,6 +369,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         self.crashes += 1
         self.crashes_inside += inside
         self.harness.crash(power_loss)
+        self.ledgers.model_died()
         self.runs.wait_ended(self.quiescence.timeout_s)
         with timing.span("release_stale"):
             self._release_stale()
@@ -394,7 +410,7 @@ class CheckpointMachine(RuleBasedStateMachine):
                 raise CoordinationError("commit", failures, replies)
             read = self._read_checkpoint(directory, checkpoint_id)
             props.p9_verifies(checkpoint_id, {m.name: read[m.name] for m in done})
-            self._check_shares(checkpoint_id, done, replies, read)
+            self._check_shares(checkpoint_id, done, replies, read, directory)
         stopped_commit = None if stopped is None else self._stop_inside_commit(stopped.name, body, deadline_ts)
         self._crash_everything(inside=True)
         if stopped_commit is not None:
@@ -531,6 +547,7 @@ class CheckpointMachine(RuleBasedStateMachine):
                 expected=f"restore {restore_id} refused by {refusers} ({why})",
                 observed="every participant installed it",
             )
+        self.ledgers.burned(exported)
         self._advance(model, label, violation=props.P8Violation, counts_final=True)
 
     @precondition(
@@ -554,6 +571,8 @@ class CheckpointMachine(RuleBasedStateMachine):
         running = model_before.with_status("running")
         self.history.invoke("controller", "crash", member.name)
         self.harness.restart_server(member.name)
+        if member.kind == "model":
+            self.ledgers.model_died()
         # A retry would reach a participant that never saw the first call; a controller does not retry across it.
         self.last_call = None
         model = self.model.crash_participant(member.kind)
@@ -614,6 +633,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         directory = str(self.harness.checkpoint_dir / checkpoint.checkpoint_id)
         replies = self._control("restore", restore_id, lambda d: self.control.restore(restore_id, directory, scope, d))
         self._check_restored_state(Path(directory), checkpoint.checkpoint_id, restore_id, checkpoint.exported, replies)
+        self.ledgers.restored(checkpoint.checkpoint_id)
         self._resume_call(restore_id)
         self._advance(model, f"restore({checkpoint.checkpoint_id}) as {restore_id}")
 
@@ -711,6 +731,7 @@ class CheckpointMachine(RuleBasedStateMachine):
                 observed=str(error),
             ) from error
         self.last_call = None
+        self.ledgers.burned(checkpoint.exported)
         self._advance(
             model,
             f"dies_in_restore({checkpoint.checkpoint_id}) as {restore_id}: {member.name} died before installing",
@@ -757,7 +778,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         """Send a restored rollout's next attempt with the same task: it continues from its boundary."""
         rollout = _pick(sorted(a.rollout for a in self.model.with_status("pending")), pick)
         model = self.model.start_replacement(rollout)
-        self.runs.send(model.current()[rollout])
+        self._send_run(model.current()[rollout])
         self._advance(model, f"start_replacement({rollout}) as {model.current()[rollout].key}")
 
     @precondition(lambda self: not self.model.checkpoint_open and bool(self.model.with_status("dead")))
@@ -767,7 +788,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         """Start a rollout lost in a crash over from its input as attempt + 1."""
         rollout = _pick(sorted(a.rollout for a in self.model.with_status("dead")), pick)
         model = self.model.start_over(rollout)
-        self.runs.send(model.current()[rollout])
+        self._send_run(model.current()[rollout])
         self._advance(model, f"start_over({rollout}) as {model.current()[rollout].key}")
 
     @precondition(lambda self: not self.model.checkpoint_open and bool(self.model.live()))
@@ -781,7 +802,9 @@ class CheckpointMachine(RuleBasedStateMachine):
         """One retire of `episodes` under a fresh ID; returns the ID and every participant's reply."""
         self.retire_seq += 1
         retire_id = f"retire{self.retire_seq}"
-        return retire_id, self._control("retire", retire_id, lambda d: self.control.retire(retire_id, episodes, d))
+        replies = self._control("retire", retire_id, lambda d: self.control.retire(retire_id, episodes, d))
+        self.ledgers.retired(episodes)
+        return retire_id, replies
 
     def _retire(self, rollout: str, again: bool) -> None:
         attempt = self.model.current()[rollout]
@@ -795,7 +818,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         label = f"retire({rollout}) of {attempt.key}"
         if again:
             model = model.start_over(rollout)
-            self.runs.send(model.current()[rollout])
+            self._send_run(model.current()[rollout])
             label += f", then start_over as {model.current()[rollout].key}"
         self._advance(model, label, violation=props.P7Violation, counts_final=True)
 
@@ -952,6 +975,7 @@ class CheckpointMachine(RuleBasedStateMachine):
             self.release(0)
         if self.model.retired_marks:
             self.forget()
+        self.ledgers.check(everything=True)
         props.p13_clean_end(observe(self.harness).statuses)
 
     def _worth_a_checkpoint(self) -> bool:
@@ -1028,6 +1052,11 @@ class CheckpointMachine(RuleBasedStateMachine):
         assert self.harness.backend is not None, "only a gated backend holds calls to release"
         self.harness.backend.release([waiting[key] for key in keys])
 
+    def _send_run(self, attempt: Attempt) -> None:
+        """Send an attempt's `/run`: a new execution, which writes its ledger from the rows it holds."""
+        self.ledgers.started(attempt.key)
+        self.runs.send(attempt)
+
     def _run_url(self, attempt: Attempt) -> str:
         return self.harness.restart_run_url if attempt.restart else self.harness.run_url
 
@@ -1088,6 +1117,7 @@ class CheckpointMachine(RuleBasedStateMachine):
     def _settle(self, violation: type[PropertyViolation] | None = None, counts_final: bool = False) -> Observation:
         """Wait for the quiet state the model predicts (`quiescence`), then the history's P2 and the disk's P9."""
         observation = self.quiescence.settle(self.model, violation, counts_final)
+        self.ledgers.check()
         with timing.span("p2_history"):
             props.p2_no_reply_while_prepared(self.history)
         with timing.span("p9_reread"):

@@ -15,6 +15,7 @@ import attrs
 from ckpt_model.contract import RESTART_SERVERS, VERIFY, Expectation, ScriptCall, capture_key
 from ckpt_model.errors import ParticipantFailure, PropertyViolation
 from ckpt_model.history import History
+from ckpt_model.lineage import P5Violation
 from ckpt_model.storage import CheckpointUnreadable, Fingerprint
 
 
@@ -98,7 +99,7 @@ REGISTRY: dict[str, PropertyInfo] = {
         PropertyInfo("P2", P2Violation.title, "step", True),
         PropertyInfo("P3", P3Violation.title, "step and teardown", True),
         PropertyInfo("P4", P4Violation.title, "step and teardown", True),
-        PropertyInfo("P5", "token lineage (needs token capture)", "step", False),
+        PropertyInfo("P5", P5Violation.title, "step and teardown", True),
         PropertyInfo("P6", P6Violation.title, "step", True),
         PropertyInfo("P7", P7Violation.title, "step", True),
         PropertyInfo("P8", P8Violation.title, "step", True),

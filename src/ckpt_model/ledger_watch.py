@@ -1,0 +1,106 @@
+"""P5 at the edges: keeps the checker's `Lineage` in step with the machine's rules and reads the ledgers.
+
+The machine tells it what the controller did (an attempt started, a commit, a restore, a retire, the policy
+model died); after every step it learns the backend's captured calls and reads, with its own ledger client, every
+ledger whose predicted rows changed since it last read it; at teardown it reads them all and the token store.
+Without token capture every method does nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from ckpt_model import timing
+from ckpt_model.deployment import Harness
+from ckpt_model.ledger import Manifest
+from ckpt_model.lineage import (
+    Lineage,
+    next_key,
+    p5_exported,
+    p5_manifest,
+    p5_no_strays,
+    p5_parent_links,
+    p5_staged,
+)
+from ckpt_model.storage import participant_dir, read_records
+from ckpt_model.wire import EpisodeId
+
+_UNREAD = object()
+
+
+class LedgerWatch:
+    """The lineage the checker predicts, and what it last verified of each ledger."""
+
+    def __init__(self, harness: Harness) -> None:
+        self.harness = harness
+        self.enabled = harness.token_capture and harness.backend is not None
+        self.lineage = Lineage()
+        self.verified: dict[str, Any] = {}
+
+    # -- what the controller did ---------------------------------------------------------------------------
+
+    def started(self, key: str) -> None:
+        if self.enabled:
+            self.lineage = self.lineage.start(key)
+
+    def model_died(self) -> None:
+        """The policy model server was killed: learn which replies had reached it first."""
+        if self.enabled:
+            self.lineage = self._learned().model_died()
+
+    def committed(self, checkpoint_id: str, delivered: Mapping[str, int], directory: Path) -> list[str]:
+        """Record the chains the commit exports and check the model's records against them (P5); returns the
+        capture keys the model must have written (those with rows)."""
+        if not self.enabled:
+            return []
+        self.lineage = self._learned().commit(checkpoint_id, delivered)
+        chains = self.lineage.chains[checkpoint_id]
+        records: list[Any] = []
+        for member in self.harness.control.participants:  # type: ignore[union-attr]
+            if member.kind == "model":
+                with timing.span("fingerprint"):
+                    records += read_records(
+                        participant_dir(directory, "model", member.name), "model", member.name, checkpoint_id
+                    )
+        p5_exported(checkpoint_id, chains, records)
+        return sorted(key for key, chain in chains.items() if chain)
+
+    def restored(self, checkpoint_id: str) -> None:
+        if self.enabled:
+            self.lineage = self.lineage.restore(checkpoint_id)
+
+    def retired(self, episodes: Iterable[EpisodeId]) -> None:
+        if self.enabled:
+            for episode in episodes:
+                self.lineage = self.lineage.retire(episode.rollout_id, episode.attempt)
+
+    def burned(self, exported: Iterable[str]) -> None:
+        """A failed restore's cleanup retired the next attempts of everything it would have continued."""
+        self.retired(EpisodeId.from_capture_key(next_key(key)) for key in exported)
+
+    # -- checks --------------------------------------------------------------------------------------------
+
+    def check(self, everything: bool = False) -> None:
+        """P5 after a step: captured calls link into their chains, and every ledger whose predicted rows changed
+        (all of them, and the token store, when `everything`) holds exactly those rows."""
+        if not self.enabled:
+            return
+        with timing.span("p5_lineage"):
+            self.lineage = self._learned()
+            p5_no_strays(self.lineage.strays)
+            p5_parent_links(self.lineage.expected_parents())
+            staged = self.harness.backend.staged() if everything else None  # type: ignore[union-attr]
+            for key in self.lineage.ledger_keys():
+                expected = self.lineage.expected(key)
+                if not everything and self.verified.get(key, _UNREAD) == expected:
+                    continue
+                manifest = self.harness.ledger.manifest(key)
+                p5_manifest(key, expected, manifest)
+                if staged is not None and isinstance(manifest, Manifest):
+                    p5_staged(key, manifest.rows, staged)
+                self.verified[key] = expected
+
+    def _learned(self) -> Lineage:
+        return self.lineage.learn(self.harness.backend.calls())  # type: ignore[union-attr]

@@ -1,0 +1,139 @@
+"""The checker's lineage bookkeeping and the P5 checks, on hand-built backend calls, manifests and records."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ckpt_model.ledger import LedgerRow, Manifest, RetiredLedger
+from ckpt_model.lineage import (
+    CapturedCall,
+    Lineage,
+    P5Violation,
+    next_key,
+    p5_exported,
+    p5_manifest,
+    p5_no_strays,
+    p5_parent_links,
+    p5_staged,
+)
+
+
+def call(index: int, key: str, model_call_id: str, parent: str | None, returned: bool = True) -> dict[str, Any]:
+    """A backend call record as `/_ctl/calls` shows it."""
+    admission = {"model_call_id": model_call_id, "parent_call_id": parent, "rollout_id": key}
+    return {"index": index, "capture_key": key, "admission": admission, "returned": returned}
+
+
+def manifest(*ids: str) -> Manifest:
+    parents = (None, *ids[:-1])
+    return Manifest(tuple(LedgerRow(i, p, f"k/{i}") for i, p in zip(ids, parents, strict=True)))
+
+
+def record(rollout: str, attempt: int, *ids: str) -> dict[str, Any]:
+    return {
+        "episode_id": {"rollout_id": rollout, "attempt": attempt},
+        "rows": [{"model_call_id": i} for i in ids],
+        "generation_cuts": [],
+    }
+
+
+def crashed_after_one_delivered() -> Lineage:
+    """r0 delivered call r0.0, its call r0.1 waits; committed as c1, then Gym crashed and c1 was restored."""
+    lineage = Lineage().start("r0").learn([call(0, "r0", "r0.0", None), call(1, "r0", "r0.1", "r0.0", False)])
+    return lineage.commit("c1", {"r0": 1}).model_died().restore("c1")
+
+
+def test_a_fresh_attempt_holds_the_calls_that_returned() -> None:
+    lineage = Lineage().start("r0").learn([call(0, "r0", "r0.0", None), call(1, "r0", "r0.1", "r0.0", False)])
+    assert lineage.expected("r0") == ("r0.0",)
+    assert lineage.learn([call(1, "r0", "r0.1", "r0.0", True)]).expected("r0") == ("r0.0", "r0.1")
+    p5_parent_links(lineage.expected_parents())
+
+
+def test_a_commit_exports_only_delivered_calls_and_a_restore_continues_them() -> None:
+    lineage = crashed_after_one_delivered()
+    assert lineage.chains["c1"] == {"r0": ("r0.0",)}
+    assert lineage.expected("r0") is None, "the source attempt's ledger is retired"
+    assert lineage.expected("r0-a1") == ("r0.0",)
+    continued = lineage.start("r0-a1").learn([call(2, "r0-a1", "r0-a1.0", "r0.0")])
+    assert continued.expected("r0-a1") == ("r0.0", "r0-a1.0")
+    p5_parent_links(continued.expected_parents())
+
+
+def test_the_first_call_after_a_restore_must_link_to_the_last_delivered_call() -> None:
+    continued = crashed_after_one_delivered().start("r0-a1").learn([call(2, "r0-a1", "r0-a1.0", None)])
+    with pytest.raises(P5Violation, match=r"parent_call_id 'r0\.0'"):
+        p5_parent_links(continued.expected_parents())
+
+
+def test_restoring_again_replaces_a_dead_executions_rows() -> None:
+    dead = crashed_after_one_delivered().start("r0-a1").learn([call(2, "r0-a1", "r0-a1.0", "r0.0")])
+    assert dead.expected("r0-a1") == ("r0.0", "r0-a1.0")
+    again = dead.model_died().restore("c1")
+    assert again.expected("r0-a1") == ("r0.0",)
+
+
+def test_a_reply_that_reaches_a_dead_model_server_writes_no_row() -> None:
+    lineage = Lineage().start("r0").learn([call(0, "r0", "r0.0", None, False)]).model_died()
+    assert lineage.learn([call(0, "r0", "r0.0", None, True)]).expected("r0") == ()
+
+
+def test_a_retire_retires_every_covered_attempt() -> None:
+    lineage = crashed_after_one_delivered().start("r0-a1").retire("r0", 1)
+    assert lineage.expected("r0") is None
+    assert lineage.expected("r0-a1") is None
+    assert next_key("r0") == "r0-a1"
+    assert next_key("r0-a1") == "r0-a2"
+
+
+def test_calls_of_an_attempt_nobody_runs_are_strays() -> None:
+    lineage = Lineage().learn([call(0, "r9", "r9.0", None)])
+    with pytest.raises(P5Violation, match="runs none"):
+        p5_no_strays(lineage.strays)
+
+
+def test_the_manifest_must_hold_exactly_the_expected_chain() -> None:
+    p5_manifest("r0", ("r0.0", "r0.1"), manifest("r0.0", "r0.1"))
+    with pytest.raises(P5Violation, match="not delivered, dead or duplicated"):
+        p5_manifest("r0", ("r0.0",), manifest("r0.0", "r0.1"))
+    with pytest.raises(P5Violation, match="missing"):
+        p5_manifest("r0", ("r0.0", "r0.1"), manifest("r0.0"))
+    broken = Manifest((LedgerRow("r0.0", None), LedgerRow("r0.1", None)))
+    with pytest.raises(P5Violation, match="names parent None"):
+        p5_manifest("r0", ("r0.0", "r0.1"), broken)
+    failing = Manifest(manifest("r0.0").rows, failures=({"failure_reason": "x"},))
+    with pytest.raises(P5Violation, match="failures"):
+        p5_manifest("r0", ("r0.0",), failing)
+
+
+def test_a_retired_ledger_answers_410_and_a_live_one_does_not() -> None:
+    p5_manifest("r0", None, RetiredLedger("rollout ledger 'r0' is retired"))
+    with pytest.raises(P5Violation, match="is retired"):
+        p5_manifest("r0", None, manifest("r0.0"))
+    with pytest.raises(P5Violation, match="answers 410"):
+        p5_manifest("r0", ("r0.0",), RetiredLedger("rollout ledger 'r0' is retired"))
+
+
+def test_an_exported_record_carries_exactly_the_delivered_chain() -> None:
+    p5_exported("c1", {"r0": ("r0.0",), "r1": ()}, [record("r0", 0, "r0.0")])
+    with pytest.raises(P5Violation, match="carries rows"):
+        p5_exported("c1", {"r0": ("r0.0",)}, [record("r0", 0, "r0.0", "r0.1")])
+    with pytest.raises(P5Violation, match="no model record"):
+        p5_exported("c1", {"r0": ("r0.0",)}, [])
+    with pytest.raises(P5Violation, match="r1"):
+        p5_exported("c1", {"r0": ("r0.0",)}, [record("r0", 0, "r0.0"), record("r1", 0, "r1.0")])
+
+
+def test_every_row_names_tokens_staged_for_it() -> None:
+    rows = manifest("r0.0").rows
+    p5_staged("r0", rows, {"k/r0.0": {"model_call_id": "r0.0", "tokens": [1]}})
+    with pytest.raises(P5Violation, match="staged"):
+        p5_staged("r0", rows, {})
+    with pytest.raises(P5Violation, match="staged"):
+        p5_staged("r0", rows, {"k/r0.0": {"model_call_id": "r1.0"}})
+
+
+def test_a_call_without_a_capture_admission_is_not_captured() -> None:
+    assert CapturedCall.from_wire({"index": 0, "admission": None, "returned": True}) is None
