@@ -1,9 +1,9 @@
-"""P5 at the edges: keeps the checker's `Lineage` in step with the machine's rules and reads the ledgers.
+"""P5 and P12 at the edges: keeps the checker's `Lineage` in step with the machine's rules and reads the ledgers.
 
-The machine tells it what the controller did (an attempt started, a commit, a restore, a retire, the policy
-model died); after every step it learns the backend's captured calls and reads, with its own ledger client, every
-ledger whose predicted rows changed since it last read it; at teardown it reads them all and the token store.
-Without token capture every method does nothing.
+The machine tells it what the controller did (an attempt started, a prepare, a commit, a restore, a retire, the
+policy model died); after every step it learns the backend's captured calls and reads, with its own ledger
+client, every ledger whose predicted rows changed since it last read it; at teardown it reads them all and the
+token store. Without token capture every method does nothing; without generation cuts nothing is cut.
 """
 
 from __future__ import annotations
@@ -23,6 +23,10 @@ from ckpt_model.lineage import (
     p5_no_strays,
     p5_parent_links,
     p5_staged,
+    p12_continuations,
+    p12_cut_round,
+    p12_exported_cuts,
+    p12_tokens,
 )
 from ckpt_model.storage import participant_dir, read_records
 from ckpt_model.wire import EpisodeId
@@ -36,6 +40,7 @@ class LedgerWatch:
     def __init__(self, harness: Harness) -> None:
         self.harness = harness
         self.enabled = harness.token_capture and harness.backend is not None
+        self.cuts = self.enabled and harness.generation_cuts
         self.lineage = Lineage()
         self.verified: dict[str, Any] = {}
 
@@ -50,9 +55,22 @@ class LedgerWatch:
         if self.enabled:
             self.lineage = self._learned().model_died()
 
+    def cut_rounds_before(self) -> int:
+        """How many cut rounds the backend answered so far (read before a prepare; 0 without cuts)."""
+        return len(self.harness.backend.cuts()) if self.cuts else 0  # type: ignore[union-attr]
+
+    def cut(self, checkpoint_id: str, rounds_before: int, durable: bool = True) -> None:
+        """After a prepare: the backend answered one round cutting every call in flight (`durable`), or, its cut
+        endpoint hung (not `durable`), none; P12."""
+        if not self.cuts:
+            return
+        in_flight = self.lineage.in_flight() if durable else ()
+        p12_cut_round(checkpoint_id, in_flight, self.harness.backend.cuts()[rounds_before:])  # type: ignore[union-attr]
+        self.lineage = self.lineage.cut(durable)
+
     def committed(self, checkpoint_id: str, delivered: Mapping[str, int], directory: Path) -> list[str]:
-        """Record the chains the commit exports and check the model's records against them (P5); returns the
-        capture keys the model must have written (those with rows)."""
+        """Record the chains and cuts the commit exports and check the model's records against them (P5, P12);
+        returns the capture keys the model must have written (those with rows or a cut)."""
         if not self.enabled:
             return []
         self.lineage = self._learned().commit(checkpoint_id, delivered)
@@ -65,7 +83,10 @@ class LedgerWatch:
                         participant_dir(directory, "model", member.name), "model", member.name, checkpoint_id
                     )
         p5_exported(checkpoint_id, chains, records)
-        return sorted(key for key, chain in chains.items() if chain)
+        cuts = self.lineage.exported_cuts[checkpoint_id]
+        if self.cuts:
+            p12_exported_cuts(checkpoint_id, cuts, records)
+        return sorted(key for key, chain in chains.items() if chain or key in cuts)
 
     def restored(self, checkpoint_id: str) -> None:
         if self.enabled:
@@ -82,16 +103,22 @@ class LedgerWatch:
 
     # -- checks --------------------------------------------------------------------------------------------
 
-    def check(self, everything: bool = False) -> None:
-        """P5 after a step: captured calls link into their chains, and every ledger whose predicted rows changed
-        (all of them, and the token store, when `everything`) holds exactly those rows."""
+    def check(self, checkpoint_open: bool, everything: bool = False) -> None:
+        """P5 and P12 after a step: captured calls link into their chains and continue what they must, and every
+        ledger whose predicted rows changed (all of them, and the token store, when `everything`) holds exactly
+        those rows. With admission open the last prepare's cuts are gone."""
         if not self.enabled:
             return
         with timing.span("p5_lineage"):
             self.lineage = self._learned()
+            if not checkpoint_open:
+                self.lineage = self.lineage.opened()
             p5_no_strays(self.lineage.strays)
             p5_parent_links(self.lineage.expected_parents())
+            p12_continuations(self.lineage.expected_continuations())
             staged = self.harness.backend.staged() if everything else None  # type: ignore[union-attr]
+            if staged is not None:
+                p12_tokens(list(self.lineage.calls.values()), staged)
             for key in self.lineage.ledger_keys():
                 expected = self.lineage.expected(key)
                 if not everything and self.verified.get(key, _UNREAD) == expected:

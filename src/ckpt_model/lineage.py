@@ -14,7 +14,15 @@ admission the model server sent with the call), and derives every ledger from th
   retires the source attempt's ledger; a retire retires the ledgers of every covered attempt; a failed restore's
   cleanup retire covers the next attempts it burned.
 
-`Lineage` holds that bookkeeping; `expected` says what a ledger must show, the `p5_*` functions compare.
+With generation cuts on (P12), closing admission also cuts every generation still in flight at the backend: the
+backend stages its prefix and the model server keeps the cut with the ticket until admission opens again. A
+commit exports, per scoped attempt, the cut of its undelivered call (or a restored cut not yet used); a restore
+hands it to the next attempt, whose first call must continue that prefix (`continued_from` on the backend) and
+whose tokens are the prefix and the continuation, the prefix once. A cut the backend never answered costs only a
+regeneration: no cut is exported and the continued call starts from scratch.
+
+`Lineage` holds that bookkeeping; `expected` says what a ledger must show, the `p5_*` and `p12_*` functions
+compare.
 """
 
 from __future__ import annotations
@@ -27,6 +35,14 @@ import attrs
 from ckpt_model.contract import capture_key
 from ckpt_model.errors import PropertyViolation
 from ckpt_model.ledger import Manifest, RetiredLedger
+
+
+class P12Violation(PropertyViolation):
+    property_id = "P12"
+    title = (
+        "generation cuts: every generation in flight at a prepare is cut once, a continued attempt's re-issued "
+        "call continues exactly the exported prefix, and its tokens hold the prefix once"
+    )
 
 
 class P5Violation(PropertyViolation):
@@ -47,6 +63,10 @@ class CapturedCall:
     model_call_id: str
     parent_call_id: str | None
     returned: bool
+    waiting: bool = False
+    n_messages: int = 0
+    continued_from: str | None = None
+    reused_prefix_tokens: int | None = None
 
     @classmethod
     def from_wire(cls, call: Mapping[str, Any]) -> CapturedCall | None:
@@ -60,6 +80,10 @@ class CapturedCall:
             model_call_id=admission["model_call_id"],
             parent_call_id=admission.get("parent_call_id"),
             returned=bool(call.get("returned")),
+            waiting=bool(call.get("waiting")),
+            n_messages=int(call.get("n_messages", 0)),
+            continued_from=call.get("continued_from"),
+            reused_prefix_tokens=call.get("reused_prefix_tokens"),
         )
 
 
@@ -70,6 +94,8 @@ class Execution:
     capture_key: str
     base: tuple[str, ...]
     indices: tuple[int, ...] = ()
+    # The cut a restore handed this attempt: its first call must continue that call's prefix.
+    continues: str | None = None
 
 
 @attrs.frozen
@@ -88,14 +114,20 @@ class Lineage:
     strays: tuple[CapturedCall, ...] = ()
     # Per committed checkpoint, per exported capture key, the chain its model record must carry.
     chains: Mapping[str, Mapping[str, tuple[str, ...]]] = attrs.field(factory=dict)
+    # Generation cuts: per key, the call cut at the open checkpoint's prepare; per key, the cut a restore handed
+    # it and no call has used yet; per committed checkpoint, per exported key, the cut its record carries.
+    open_cuts: Mapping[str, str] = attrs.field(factory=dict)
+    restored_cuts: Mapping[str, str] = attrs.field(factory=dict)
+    exported_cuts: Mapping[str, Mapping[str, str]] = attrs.field(factory=dict)
 
     # -- what the rules do to the ledgers ------------------------------------------------------------------
 
     def start(self, key: str) -> Lineage:
         """An execution of `key` starts: from the rows its ledger holds (a previous writer's become rows)."""
         settled = self._retire_writer(key)
-        execution = Execution(key, settled.rows.get(key, ()))
-        return attrs.evolve(settled, writers={**settled.writers, key: execution})
+        execution = Execution(key, settled.rows.get(key, ()), continues=settled.restored_cuts.get(key))
+        restored_cuts = {k: v for k, v in settled.restored_cuts.items() if k != key}
+        return attrs.evolve(settled, writers={**settled.writers, key: execution}, restored_cuts=restored_cuts)
 
     def learn(self, wire_calls: Iterable[Mapping[str, Any]]) -> Lineage:
         """Take in the backend's calls: new captured calls join their key's writer; every call's `returned`
@@ -119,24 +151,50 @@ class Lineage:
     def model_died(self) -> Lineage:
         """The policy model server was killed: no reply still outstanding at the backend ever becomes a row."""
         outstanding = {i for w in self.writers.values() for i in w.indices if not self.calls[i].returned}
-        return attrs.evolve(self, lost=self.lost | outstanding)
+        # Cuts live in the model server's memory: a restored cut dies with it, as does the open checkpoint.
+        return attrs.evolve(self, lost=self.lost | outstanding, open_cuts={}, restored_cuts={})
 
     def commit(self, checkpoint_id: str, delivered: Mapping[str, int]) -> Lineage:
         """A commit exports, per scoped key, the rows up to its last delivered call (`delivered`: how many of the
         writer's calls were delivered; a key without a writer is restored and not started: its rows)."""
-        chains = {}
+        chains, cuts = {}, {}
         for key, count in delivered.items():
             writer = self.writers.get(key)
             if writer is None:
                 chains[key] = self.rows.get(key, ())
+                unused = self.restored_cuts.get(key)
             else:
                 chains[key] = (*writer.base, *self._ids(writer.indices[:count]))
-        return attrs.evolve(self, chains={**self.chains, checkpoint_id: chains})
+                unused = writer.continues if count == 0 else None
+            cut = self.open_cuts.get(key, unused)
+            if cut is not None:
+                cuts[key] = cut
+        return attrs.evolve(
+            self,
+            chains={**self.chains, checkpoint_id: chains},
+            exported_cuts={**self.exported_cuts, checkpoint_id: cuts},
+        )
+
+    def in_flight(self) -> tuple[CapturedCall, ...]:
+        """The captured calls generating at the backend now (sent, no reply yet), by call ID."""
+        live = [self.calls[i] for w in self.writers.values() for i in w.indices if i not in self.lost]
+        return tuple(sorted((call for call in live if call.waiting), key=lambda call: call.model_call_id))
+
+    def cut(self, durable: bool) -> Lineage:
+        """Admission closed for a prepare: every call in flight is cut (`durable`: the backend answered)."""
+        cuts = {call.capture_key: call.model_call_id for call in self.in_flight()} if durable else {}
+        return attrs.evolve(self, open_cuts=cuts)
+
+    def opened(self) -> Lineage:
+        """Admission opened again: the open checkpoint's cuts are dropped."""
+        return self if not self.open_cuts else attrs.evolve(self, open_cuts={})
 
     def restore(self, checkpoint_id: str) -> Lineage:
         """A restore writes each exported chain under the next attempt (replacing a dead execution's rows and
         fences) and retires the source attempts' ledgers."""
         rows, writers, retired = dict(self.rows), dict(self.writers), set(self.retired)
+        restored_cuts = dict(self.restored_cuts)
+        cuts = self.exported_cuts.get(checkpoint_id, {})
         for key, chain in self.chains[checkpoint_id].items():
             target = next_key(key)
             retired.add(key)
@@ -144,7 +202,11 @@ class Lineage:
             writers.pop(key, None)
             writers.pop(target, None)
             rows[target] = chain
-        return attrs.evolve(self, rows=rows, writers=writers, retired=frozenset(retired))
+            restored_cuts.pop(key, None)
+            restored_cuts.pop(target, None)
+            if key in cuts:
+                restored_cuts[target] = cuts[key]
+        return attrs.evolve(self, rows=rows, writers=writers, retired=frozenset(retired), restored_cuts=restored_cuts)
 
     def retire(self, rollout: str, attempt: int) -> Lineage:
         """A retire of `attempt` retires the ledgers of every attempt of `rollout` up to it."""
@@ -152,7 +214,8 @@ class Lineage:
         settled = self
         for key in keys & set(self.writers):
             settled = settled._retire_writer(key)
-        return attrs.evolve(settled, retired=settled.retired | keys)
+        restored_cuts = {k: v for k, v in settled.restored_cuts.items() if k not in keys}
+        return attrs.evolve(settled, retired=settled.retired | keys, restored_cuts=restored_cuts)
 
     # -- what the ledgers must show ------------------------------------------------------------------------
 
@@ -179,6 +242,18 @@ class Lineage:
                 pairs.append((call, chain[-1] if chain else None))
                 chain.append(call.model_call_id)
         return pairs
+
+    def expected_continuations(self) -> list[tuple[CapturedCall, str | None]]:
+        """Every writer's calls with the call each must continue: the first call of an attempt a restore handed a
+        cut continues it; every other call generates from scratch."""
+        pairs = []
+        for writer in self.writers.values():
+            for position, index in enumerate(writer.indices):
+                pairs.append((self.calls[index], writer.continues if position == 0 else None))
+        return pairs
+
+    def continued_calls(self) -> list[CapturedCall]:
+        return [call for call in self.calls.values() if call.continued_from is not None]
 
     def _ids(self, indices: Sequence[int]) -> tuple[str, ...]:
         return tuple(self.calls[i].model_call_id for i in indices)
@@ -299,3 +374,91 @@ def p5_staged(key: str, rows: Sequence[Any], staged: Mapping[str, Any]) -> None:
                 expected=f"row {row.model_call_id} of {key!r} names tokens staged for it",
                 observed=f"staging key {row.staging_key!r} holds {entry!r}",
             )
+
+
+# -- P12 ----------------------------------------------------------------------------------------------------------
+
+
+def p12_cut_round(checkpoint_id: str, in_flight: Sequence[CapturedCall], rounds: Sequence[Sequence[str]]) -> None:
+    """At a prepare: the backend answered exactly one cut round, naming every call in flight once (none when
+    nothing was in flight)."""
+    want = [sorted(call.model_call_id for call in in_flight)] if in_flight else []
+    got = [sorted(round_) for round_ in rounds]
+    if got != want:
+        raise P12Violation(
+            rollout=in_flight[0].capture_key if in_flight else None,
+            expected=f"the prepare of {checkpoint_id} cuts the calls in flight once: rounds {want}",
+            observed=f"the backend answered cut rounds {got}",
+        )
+
+
+def p12_exported_cuts(checkpoint_id: str, cuts: Mapping[str, str], records: Sequence[Any]) -> None:
+    """At a commit: the model record of each scoped attempt carries the cut of its undelivered call (or the
+    restored cut it has not used), at most one, and no other."""
+    by_key: dict[str, list[Any]] = {}
+    for record in records:
+        episode = record.get("episode_id") or {}
+        key = capture_key(str(episode.get("rollout_id")), int(episode.get("attempt", 0)))
+        by_key[key] = [
+            (cut.get("continuation") or {}).get("source_model_call_id") for cut in record.get("generation_cuts", [])
+        ]
+    for key in sorted(set(cuts) | set(by_key)):
+        want = [cuts[key]] if key in cuts else []
+        got = by_key.get(key, [])
+        if got != want:
+            raise P12Violation(
+                rollout=key,
+                expected=f"the model record of {key!r} in {checkpoint_id} carries the cuts of {want}",
+                observed=f"it carries cuts of {got}" if key in by_key else "there is no model record of it",
+            )
+
+
+def p12_continuations(pairs: Iterable[tuple[CapturedCall, str | None]]) -> None:
+    """A continued attempt's first call continues the cut the restore handed it; nothing else continues."""
+    for call, source in pairs:
+        if call.continued_from != source:
+            raise P12Violation(
+                rollout=call.capture_key,
+                expected=f"backend call #{call.index} ({call.model_call_id}) "
+                + (f"continues the prefix of {source}" if source else "generates from scratch"),
+                observed=f"the backend records continued_from {call.continued_from!r}",
+            )
+
+
+def p12_tokens(calls: Sequence[CapturedCall], staged: Mapping[str, Any]) -> None:
+    """Each continued call's staged tokens are the cut prefix followed by the continuation, the prefix once: they
+    start with the prefix the backend staged at the cut (named by the entry's `prefix_staging_key`), that prefix is
+    `reused_prefix_tokens` long, and they equal the tokens of a call with as many messages generated from scratch,
+    when one is staged."""
+    fresh: dict[int, Any] = {}
+    for call in calls:
+        entry = staged.get(staging_key(call))
+        if call.continued_from is None and isinstance(entry, Mapping):
+            fresh.setdefault(call.n_messages, entry.get("tokens"))
+    for call in calls:
+        if call.continued_from is None or not call.returned:
+            continue
+        entry = staged.get(staging_key(call))
+        entry = entry if isinstance(entry, Mapping) else {}
+        prefix_entry = staged.get(str(entry.get("prefix_staging_key")))
+        prefix = prefix_entry.get("tokens") if isinstance(prefix_entry, Mapping) else None
+        tokens = entry.get("tokens")
+        reference = fresh.get(call.n_messages)
+        if not isinstance(prefix, list) or not isinstance(tokens, list):
+            problem = f"staged tokens {tokens!r} and prefix {prefix!r} (under {entry.get('prefix_staging_key')!r})"
+        elif call.reused_prefix_tokens != len(prefix) or tokens[: len(prefix)] != prefix:
+            problem = f"reused_prefix_tokens {call.reused_prefix_tokens}, prefix {prefix}, tokens {tokens}"
+        elif reference is not None and tokens != reference:
+            problem = f"tokens {tokens}; a call with as many messages generated from scratch has {reference}"
+        else:
+            continue
+        raise P12Violation(
+            rollout=call.capture_key,
+            expected=f"call {call.model_call_id} holds the prefix of {call.continued_from} once, then its continuation",
+            observed=problem,
+        )
+
+
+def staging_key(call: CapturedCall) -> str:
+    """Where the backend stages a captured call's tokens (reference 11: `<rollout>/<model_call_id>`)."""
+    return f"{call.capture_key}/{call.model_call_id}"

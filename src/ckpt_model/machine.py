@@ -42,6 +42,9 @@ CONTROL_DEADLINE_S = 60.0
 BLOCKED_PREPARE_DEADLINE_S = 0.25
 # The quiet controller's prepare: short, so its lease lapses soon after (deadline + the harness's lease grace).
 QUIET_PREPARE_DEADLINE_S = 0.1
+# A prepare whose generation cut hangs: the model server may spend at most half of it on the cut (reference 7.3),
+# so it is prepared in about half this time; a server that spends all of it misses the deadline.
+HUNG_CUT_PREPARE_DEADLINE_S = 4.0
 QUIET_LEASE_GRACE_MAX_S = 1.0
 PICK = st.integers(min_value=0, max_value=7)
 # Each refused release of stale calls means the backend cancelled at least one of them meanwhile; a crash leaves
@@ -188,6 +191,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         nothing the system could still be doing makes it ready later. Its deadline (and so its lease) stays far
         ahead; if it has not answered by then, the participants' own reports of what blocks them are the verdict,
         instead of the control deadline's full minute (each failing replay of a blocking bug paid it)."""
+        rounds_before = self.ledgers.cut_rounds_before()
         invocation = self.history.invoke("controller", "prepare", checkpoint_id)
         future = self.runs.submit(self.control.prepare, checkpoint_id, time.time() + CONTROL_DEADLINE_S)
         try:
@@ -203,6 +207,7 @@ class CheckpointMachine(RuleBasedStateMachine):
             props.p10_prepared_everywhere(checkpoint_id, False, blockers, verifying, waited_s=self.quiescence.timeout_s)
             raise
         self.history.complete(invocation, "ok")
+        self.ledgers.cut(checkpoint_id, rounds_before)
         return result
 
     def _prepared(self, checkpoint_id: str, replies: dict[str, Any]) -> None:
@@ -210,6 +215,34 @@ class CheckpointMachine(RuleBasedStateMachine):
         props.p1_restarts_reported(checkpoint_id, self.model.restarts(), replies)
         self.last_call = SentCall("prepare", checkpoint_id, {}, replies)
         self._probe("prepare", f"other{self.model.checkpoint_seq + 1}", "checkpoint_conflict")
+
+    @precondition(lambda self: self.ledgers.cuts and self.model.can_prepare() and bool(self.model.waiting()))
+    @rule()
+    @step
+    def prepare_with_hung_cut(self) -> None:
+        """A prepare with a short deadline while the backend's cut endpoint hangs: the model server gives the cut
+        at most half the time left, so the prepare is still prepared within its deadline (P10), and nothing is cut
+        (P12: the failed cut costs only a regeneration after a restore). The controller then renews the lease
+        with its usual deadline."""
+        model, checkpoint_id = self.model.prepare()
+        rounds_before = self.ledgers.cut_rounds_before()
+        deadline_ts = time.time() + HUNG_CUT_PREPARE_DEADLINE_S
+        self.harness.backend.stall_cuts(True)  # type: ignore[union-attr]
+        try:
+            result = self._control("prepare", checkpoint_id, lambda _: self.control.prepare(checkpoint_id, deadline_ts))
+        except CoordinationError as error:
+            raise props.P10Violation(
+                rollout=None,
+                expected=f"{checkpoint_id} prepared within {HUNG_CUT_PREPARE_DEADLINE_S:g} s although its cut hangs",
+                observed=str(error),
+            ) from error
+        finally:
+            self.harness.backend.stall_cuts(False)  # type: ignore[union-attr]
+        props.p10_prepared_everywhere(checkpoint_id, result.prepared, result.blockers(), [])
+        self._control("renew", checkpoint_id, lambda d: self.control.renew(checkpoint_id, d))
+        self.ledgers.cut(checkpoint_id, rounds_before, durable=False)
+        self._prepared(checkpoint_id, result.replies)
+        self._advance(model, f"prepare_with_hung_cut() -> {checkpoint_id}, its cut hung; renewed")
 
     @precondition(lambda self: self.model.can_prepare_blocked())
     @rule()
@@ -975,7 +1008,7 @@ class CheckpointMachine(RuleBasedStateMachine):
             self.release(0)
         if self.model.retired_marks:
             self.forget()
-        self.ledgers.check(everything=True)
+        self.ledgers.check(self.model.checkpoint_open, everything=True)
         props.p13_clean_end(observe(self.harness).statuses)
 
     def _worth_a_checkpoint(self) -> bool:
@@ -1117,7 +1150,7 @@ class CheckpointMachine(RuleBasedStateMachine):
     def _settle(self, violation: type[PropertyViolation] | None = None, counts_final: bool = False) -> Observation:
         """Wait for the quiet state the model predicts (`quiescence`), then the history's P2 and the disk's P9."""
         observation = self.quiescence.settle(self.model, violation, counts_final)
-        self.ledgers.check()
+        self.ledgers.check(self.model.checkpoint_open)
         with timing.span("p2_history"):
             props.p2_no_reply_while_prepared(self.history)
         with timing.span("p9_reread"):

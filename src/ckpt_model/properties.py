@@ -15,7 +15,7 @@ import attrs
 from ckpt_model.contract import RESTART_SERVERS, VERIFY, Expectation, ScriptCall, capture_key
 from ckpt_model.errors import ParticipantFailure, PropertyViolation
 from ckpt_model.history import History
-from ckpt_model.lineage import P5Violation
+from ckpt_model.lineage import P5Violation, P12Violation
 from ckpt_model.storage import CheckpointUnreadable, Fingerprint
 
 
@@ -106,7 +106,7 @@ REGISTRY: dict[str, PropertyInfo] = {
         PropertyInfo("P9", P9Violation.title, "step and teardown", True),
         PropertyInfo("P10", P10Violation.title, "step", True),
         PropertyInfo("P11", P11Violation.title, "step and teardown", True),
-        PropertyInfo("P12", "generation cuts (needs generation cuts)", "step", False),
+        PropertyInfo("P12", P12Violation.title, "step and teardown", True),
         PropertyInfo("P13", P13Violation.title, "teardown", True),
     )
 }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import pytest
 
 from ckpt_model.ledger import LedgerRow, Manifest, RetiredLedger
@@ -11,12 +12,17 @@ from ckpt_model.lineage import (
     CapturedCall,
     Lineage,
     P5Violation,
+    P12Violation,
     next_key,
     p5_exported,
     p5_manifest,
     p5_no_strays,
     p5_parent_links,
     p5_staged,
+    p12_continuations,
+    p12_cut_round,
+    p12_exported_cuts,
+    p12_tokens,
 )
 
 
@@ -137,3 +143,97 @@ def test_every_row_names_tokens_staged_for_it() -> None:
 
 def test_a_call_without_a_capture_admission_is_not_captured() -> None:
     assert CapturedCall.from_wire({"index": 0, "admission": None, "returned": True}) is None
+
+
+# -- P12: generation cuts -----------------------------------------------------------------------------------------
+
+
+def waiting(index: int, key: str, model_call_id: str, parent: str | None) -> dict[str, Any]:
+    return call(index, key, model_call_id, parent, returned=False) | {"waiting": True, "n_messages": 2}
+
+
+def cut_and_restored(durable: bool = True) -> Lineage:
+    """r0's first call generates when c1's prepare cuts it; c1 is committed, Gym crashes, c1 is restored."""
+    lineage = Lineage().start("r0").learn([waiting(0, "r0", "r0.0", None)]).cut(durable)
+    return lineage.commit("c1", {"r0": 0}).model_died().restore("c1")
+
+
+def test_a_prepare_cuts_every_call_in_flight_and_the_restore_hands_the_cut_on() -> None:
+    lineage = Lineage().start("r0").learn([waiting(0, "r0", "r0.0", None)])
+    assert [c.model_call_id for c in lineage.in_flight()] == ["r0.0"]
+    restored = cut_and_restored()
+    assert restored.exported_cuts["c1"] == {"r0": "r0.0"}
+    continued = restored.start("r0-a1").learn([waiting(1, "r0-a1", "r0-a1.0", None) | {"continued_from": "r0.0"}])
+    assert continued.expected_continuations()[0][1] == "r0.0"
+    p12_continuations(continued.expected_continuations())
+
+
+def test_a_failed_cut_exports_nothing_and_the_continuation_starts_from_scratch() -> None:
+    restored = cut_and_restored(durable=False)
+    assert restored.exported_cuts["c1"] == {}
+    regenerated = restored.start("r0-a1").learn([waiting(1, "r0-a1", "r0-a1.0", None)])
+    p12_continuations(regenerated.expected_continuations())
+
+
+def test_admission_opening_drops_the_open_cuts() -> None:
+    lineage = Lineage().start("r0").learn([waiting(0, "r0", "r0.0", None)]).cut(True).opened()
+    assert lineage.commit("c1", {"r0": 0}).exported_cuts["c1"] == {}
+
+
+def test_a_restored_cut_not_yet_used_is_exported_again() -> None:
+    assert cut_and_restored().commit("c2", {"r0-a1": 0}).exported_cuts["c2"] == {"r0-a1": "r0.0"}
+    started = cut_and_restored().start("r0-a1").learn([waiting(1, "r0-a1", "r0-a1.0", None)])
+    assert started.commit("c2", {"r0-a1": 0}).exported_cuts["c2"] == {"r0-a1": "r0.0"}
+
+
+def test_a_continuation_that_regenerates_or_continues_the_wrong_call_fails() -> None:
+    regenerated = cut_and_restored().start("r0-a1").learn([waiting(1, "r0-a1", "r0-a1.0", None)])
+    with pytest.raises(P12Violation, match=r"continues the prefix of r0\.0"):
+        p12_continuations(regenerated.expected_continuations())
+    stray = Lineage().start("r0").learn([waiting(0, "r0", "r0.0", None) | {"continued_from": "r9.0"}])
+    with pytest.raises(P12Violation, match="generates from scratch"):
+        p12_continuations(stray.expected_continuations())
+
+
+def test_the_backend_answers_one_round_cutting_each_call_in_flight() -> None:
+    in_flight = Lineage().start("r0").learn([waiting(0, "r0", "r0.0", None)]).in_flight()
+    p12_cut_round("c1", in_flight, [["r0.0"]])
+    p12_cut_round("c1", (), [])
+    with pytest.raises(P12Violation, match="rounds"):
+        p12_cut_round("c1", in_flight, [["r0.0"], ["r0.0"]])
+    with pytest.raises(P12Violation, match="rounds"):
+        p12_cut_round("c1", (), [["r0.0"]])
+
+
+def test_a_record_carries_exactly_the_expected_cut() -> None:
+    def with_cuts(*sources: str) -> dict[str, Any]:
+        cuts = [{"model_call_id": s, "continuation": {"source_model_call_id": s}} for s in sources]
+        return record("r0", 0) | {"generation_cuts": cuts}
+
+    p12_exported_cuts("c1", {"r0": "r0.0"}, [with_cuts("r0.0")])
+    p12_exported_cuts("c1", {}, [record("r0", 0, "x")])
+    with pytest.raises(P12Violation, match="carries cuts"):
+        p12_exported_cuts("c1", {"r0": "r0.0"}, [with_cuts("r0.0", "r0.0")])
+    with pytest.raises(P12Violation, match="no model record"):
+        p12_exported_cuts("c1", {"r0": "r0.0"}, [])
+
+
+def test_a_continued_calls_tokens_hold_the_prefix_once() -> None:
+    fresh = CapturedCall(0, "r1", "r1.0", None, True, n_messages=2)
+    continued = CapturedCall(
+        1, "r0-a1", "r0-a1.0", None, True, n_messages=2, continued_from="r0.0", reused_prefix_tokens=2
+    )
+    prefix_key = "__generation_cut__/r0/r0.0"
+    staged = {
+        "r1/r1.0": {"model_call_id": "r1.0", "tokens": [5, 6, 7]},
+        prefix_key: {"tokens": [5, 6]},
+        "r0-a1/r0-a1.0": {"model_call_id": "r0-a1.0", "tokens": [5, 6, 7], "prefix_staging_key": prefix_key},
+    }
+    p12_tokens([fresh, continued], staged)
+    doubled = staged | {"r0-a1/r0-a1.0": staged["r0-a1/r0-a1.0"] | {"tokens": [5, 6, 5, 6, 7]}}
+    with pytest.raises(P12Violation, match="generated from scratch"):
+        p12_tokens([fresh, continued], doubled)
+    with pytest.raises(P12Violation, match="reused_prefix_tokens"):
+        p12_tokens([attrs.evolve(continued, reused_prefix_tokens=3)], staged)
+    with pytest.raises(P12Violation, match="staged tokens"):
+        p12_tokens([continued], {})
