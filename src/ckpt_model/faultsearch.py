@@ -47,9 +47,16 @@ FAULT_SEARCH_WITH_SHRINK = settings(FAULT_SEARCH, phases=(Phase.explicit, Phase.
 
 
 def harness_for(fault: str) -> Harness:
-    """A harness of the deployment the fault shows in (its topology and verify mode), with the fault planted."""
+    """A harness of the deployment the fault shows in (its topology, verify mode, token capture and generation
+    cuts), with the fault planted."""
     chosen = planted(fault)
-    harness = Harness.embedded(chosen.topology, faults=(fault,), verify_mode=chosen.verify_mode)
+    harness = Harness.embedded(
+        chosen.topology,
+        faults=(fault,),
+        verify_mode=chosen.verify_mode,
+        token_capture=getattr(chosen, "token_capture", False),
+        generation_cuts=getattr(chosen, "generation_cuts", False),
+    )
     harness.regressions_dir = harness.root / "regressions"  # expected failures: kept with the harness, not the user
     return harness
 

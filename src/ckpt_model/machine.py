@@ -117,6 +117,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         self.lease_lapsed = False
         self.refused_during: str | None = None
         self.late_calls_for: tuple[str, ...] = ()
+        self.ledger_removal_tried_in: str | None = None
         self.fingerprints: dict[str, dict[str, Any]] = {}
         # P9 reads every committed directory after every step: in full only when a file changed.
         self.fingerprint_cache = FingerprintCache(harness.checkpoint_dir.parent)
@@ -664,7 +665,17 @@ class CheckpointMachine(RuleBasedStateMachine):
         model, restore_id = self.model.restore(checkpoint.checkpoint_id)
         scope = [EpisodeId.from_capture_key(key) for key in checkpoint.exported]
         directory = str(self.harness.checkpoint_dir / checkpoint.checkpoint_id)
-        replies = self._control("restore", restore_id, lambda d: self.control.restore(restore_id, directory, scope, d))
+        try:
+            replies = self._control(
+                "restore", restore_id, lambda d: self.control.restore(restore_id, directory, scope, d)
+            )
+        except CoordinationError as error:
+            raise props.P9Violation(
+                rollout=None,
+                expected=f"committed checkpoint {checkpoint.checkpoint_id} restores (as {restore_id}) into fresh "
+                "processes, also again after its replacement made calls",
+                observed=str(error),
+            ) from error
         self._check_restored_state(Path(directory), checkpoint.checkpoint_id, restore_id, checkpoint.exported, replies)
         self.ledgers.restored(checkpoint.checkpoint_id)
         self._resume_call(restore_id)
@@ -898,6 +909,27 @@ class CheckpointMachine(RuleBasedStateMachine):
         self.runs.refused_closed[attempt.run] = attempt.key
         self.runs.send(attempt)
         self._advance(model, f"run_while_open() -> {attempt.rollout} refused", violation=props.P10Violation)
+
+    @precondition(
+        lambda self: (
+            self.ledgers.enabled
+            and self.model.checkpoint_open
+            and self.ledger_removal_tried_in != self.model.open_checkpoint
+        )
+    )
+    @rule()
+    @step
+    def remove_ledgers_while_open(self) -> None:
+        """The trainer asks the policy model to retire, then delete, the live attempts' ledgers while a checkpoint
+        is open: both are refused (P10), and every ledger stays as it was (P5, read at the next change)."""
+        checkpoint_id = self.model.open_checkpoint
+        assert checkpoint_id is not None
+        self.ledger_removal_tried_in = checkpoint_id
+        keys = sorted(a.key for a in self.model.live()) or ["probe"]
+        outcomes = {operation: getattr(self.harness.ledger, operation)(keys) for operation in ("retire", "delete")}
+        self.steps.append(f"remove_ledgers_while_open({keys}) refused")
+        props.p10_ledger_removal_refused(checkpoint_id, outcomes)
+        self._settle(violation=props.P10Violation)
 
     @precondition(lambda self: bool(self.model.resumed) and self.late_calls_for != self.model.resumed)
     @rule(pick=PICK)
@@ -1202,4 +1234,5 @@ def machine_for(harness: Harness, stats: SearchStats | None = None) -> type[Chec
 
 def deployment_key(harness: Harness) -> str:
     """What makes one deployment behave differently from another, as one string."""
-    return "/".join((harness.topology, harness.verify_mode, ",".join(sorted(harness.faults))))
+    options = [name for name, on in (("capture", harness.token_capture), ("cuts", harness.generation_cuts)) if on]
+    return "/".join((harness.topology, harness.verify_mode, ",".join(sorted(harness.faults)), *options))

@@ -517,6 +517,23 @@ def p11_prepared_once_verified(
         )
 
 
+LEDGER_REMOVAL_REFUSAL = "retry ledger retire and delete after it resumes"
+
+
+def p10_ledger_removal_refused(checkpoint_id: str, outcomes: Mapping[str, Any]) -> None:
+    """While a checkpoint is open, the policy model refuses a ledger retire and a ledger delete with 409, saying
+    to retry after the resume (reference 7.2): its export must not lose rows under the commit."""
+    for operation, outcome in outcomes.items():
+        status = getattr(outcome, "status", 200)
+        text = getattr(outcome, "text", str(outcome))
+        if status != 409 or LEDGER_REMOVAL_REFUSAL not in text:
+            raise P10Violation(
+                rollout=None,
+                expected=f"ledger {operation} refused (409, '{LEDGER_REMOVAL_REFUSAL}') while {checkpoint_id} is open",
+                observed=f"HTTP {status}: {text}",
+            )
+
+
 def p10_refused(operation: str, expected_code: str, error: Any) -> None:
     codes = sorted({str(failure.code) for failure in getattr(error, "failures", {}).values()})
     if codes != [expected_code]:

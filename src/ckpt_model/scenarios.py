@@ -43,6 +43,11 @@ class Scenario:
     # The same steps' calls on the counter topology, whose rows make three calls (None: as `calls`).
     counter_calls: Facts | None = None
     counts: Counts | None = None
+    # Token capture: per capture key, the backend call indices its ledger chain holds at the end, in order.
+    chains: Facts | None = None
+    # Generation cuts: the backend call indices cut in each round, and per continued call the call it continues.
+    cut_rounds: tuple[tuple[int, ...], ...] | None = None
+    continued: Mapping[int, int] | None = None
 
     def facts(self, topology: str) -> Facts | None:
         """The calls pinned for `topology`."""
@@ -379,6 +384,75 @@ COUNTER_SCENARIOS: dict[str, Scenario] = {
     ),
 }
 
+# Token capture on the counter topology (Gym's scenarios 3 and 6, and 14's ledger): the facts are each ledger's
+# chain at the end, as backend call indices (the machine's P5 checks every step on top). Call 0 is r0's first,
+# delivered before c1; call 1 its second, in flight at c1 and lost in the crash.
+CAPTURE_SCENARIOS: dict[str, Scenario] = {
+    # Gym's 6: the first call after the restore (2) links to call 0; call 1 is in no chain.
+    "token_lineage__continues_across_a_crash": Scenario(
+        RESTORED_AT_CALL_1 + steps(("start_replacement", FIRST)),
+        calls={"r0": (0, 1), "r0-a1": (1, 2)},
+        chains={"r0-a1": (0, 2, 3)},
+    ),
+    # Gym's 3: the replacement made calls (2 returned, 3 in flight), Gym crashed, and c1 was restored again: the
+    # dead run's rows are replaced, and the new first call (4) links to call 0 again.
+    "token_lineage__same_checkpoint_restored_again_replaces_the_dead_run": Scenario(
+        RESTORED_AT_CALL_1
+        + steps(
+            ("start_replacement", FIRST), ("release", FIRST), "crash", ("restore", FIRST), ("start_replacement", FIRST)
+        ),
+        calls={"r0": (0, 1), "r0-a1": (1, 2, 1, 2)},
+        chains={"r0-a1": (0, 4, 5)},
+    ),
+    # A reply that returns while the checkpoint is open is held: its row is in the ledger but not in the export.
+    "token_lineage__held_reply_is_not_exported": Scenario(
+        steps("dispatch", ("release", FIRST), "prepare", ("release", FIRST), "commit", "resume"),
+        calls={"r0": (0, 1, 2)},
+        chains={"r0": (0, 1, 2)},
+    ),
+    # Gym's 14, ledger part: a retired attempt's ledger answers 410 "is retired", also after forget.
+    "token_lineage__retired_ledger_answers_410": Scenario(
+        steps("dispatch", ("release", FIRST), ("retire", {"pick": 0, "again": False}), "forget"),
+        calls={"r0": (0, 1)},
+    ),
+    # The trainer's ledger retire and delete are refused while a checkpoint is open.
+    "ledger_removal__refused_while_a_checkpoint_is_open": Scenario(
+        steps("dispatch", ("release", FIRST), "prepare", "remove_ledgers_while_open", "commit", "resume"),
+        calls={"r0": (0, 1, 2)},
+        chains={"r0": (0, 1, 2)},
+    ),
+}
+
+# Generation cuts on the native topology (Gym's scenario 7): call 1 generates when c1 is prepared and is cut.
+CUT_SCENARIOS: dict[str, Scenario] = {
+    # Gym's 7: one round cuts call 1; the continuation's call (2) continues its prefix.
+    "generation_cut__in_flight_call_continued_from_its_prefix": Scenario(
+        RESTORED_AT_CALL_1 + steps(("start_replacement", FIRST)),
+        calls={"r0": (0, 1), "r0-a1": (1,)},
+        chains={"r0-a1": (0, 2)},
+        cut_rounds=((1,),),
+        continued={2: 1},
+    ),
+    # A cut endpoint that hangs costs the prepare at most half its deadline, and the continuation regenerates.
+    "generation_cut__hung_cut_costs_only_a_regeneration": Scenario(
+        steps("dispatch", ("release", FIRST), "prepare_with_hung_cut", "commit", "crash", ("restore", FIRST))
+        + steps(("start_replacement", FIRST)),
+        calls={"r0": (0, 1), "r0-a1": (1,)},
+        chains={"r0-a1": (0, 2)},
+        cut_rounds=(),
+        continued={},
+    ),
+    # Each prepare cuts the call again; after a resume the older cut is gone, so the record carries one cut.
+    "generation_cut__one_cut_per_record_after_a_resume": Scenario(
+        steps("dispatch", ("release", FIRST), "prepare", "resume", "prepare", "commit", "crash", ("restore", FIRST))
+        + steps(("start_replacement", FIRST)),
+        calls={"r0": (0, 1), "r0-a1": (1,)},
+        chains={"r0-a1": (0, 2)},
+        cut_rounds=((1,), (1,)),
+        continued={2: 1},
+    ),
+}
+
 # The mixed topology (Gym's scenarios 15, 16 and the restart half of 12): r0 runs on the checkpointable
 # environment, the restarts on the restart environment, whose `restart_only` resources server makes them restarts.
 # Every prepare checks the restart servers report exactly the running restarts (and nobody else any), every commit
@@ -490,12 +564,29 @@ FAULT_SCENARIOS: dict[str, str] = {
     "restarts_block_prepare": "restart__never_holds_up_a_checkpoint_and_starts_over_after_a_crash",
     "resources_restart_unreported": "restart__never_holds_up_a_checkpoint_and_starts_over_after_a_crash",
     "restart_in_scope_accepted": "restart__never_holds_up_a_checkpoint_and_starts_over_after_a_crash",
+    "ledger_exports_undelivered": "token_lineage__held_reply_is_not_exported",
+    "ledger_refuses_dead_rows": "token_lineage__same_checkpoint_restored_again_replaces_the_dead_run",
+    "ledger_appends_on_restore": "token_lineage__same_checkpoint_restored_again_replaces_the_dead_run",
+    "lineage_forgets_restored_parent": "token_lineage__continues_across_a_crash",
+    "ledger_source_not_retired": "token_lineage__continues_across_a_crash",
+    "ledger_retire_skipped": "token_lineage__retired_ledger_answers_410",
+    "ledger_removal_while_open": "ledger_removal__refused_while_a_checkpoint_is_open",
+    "cut_not_attached": "generation_cut__in_flight_call_continued_from_its_prefix",
+    "cut_waits_whole_deadline": "generation_cut__hung_cut_costs_only_a_regeneration",
+    "cuts_pile_up": "generation_cut__one_cut_per_record_after_a_resume",
 }
 
 
 def named(name: str) -> Scenario:
     """A scenario by name, from any topology's list."""
-    for scenarios in (SCENARIOS, COUNTER_SCENARIOS, MIXED_SCENARIOS, *SLOW_SCENARIOS.values()):
+    for scenarios in (
+        SCENARIOS,
+        COUNTER_SCENARIOS,
+        CAPTURE_SCENARIOS,
+        CUT_SCENARIOS,
+        MIXED_SCENARIOS,
+        *SLOW_SCENARIOS.values(),
+    ):
         if name in scenarios:
             return scenarios[name]
     raise KeyError(f"no scenario {name!r}")
@@ -517,6 +608,8 @@ def run(harness: Harness, scenario: Scenario | Sequence[Step], settle_timeout_s:
         check_calls(facts, machine.model.script, observe(harness).calls)
     if scenario.counts is not None:
         check_counts(scenario.counts, harness)
+    if scenario.chains is not None or scenario.cut_rounds is not None or scenario.continued is not None:
+        check_lineage(scenario, harness)
 
 
 def check_enabled(machine: CheckpointMachine, rule: str, arguments: Mapping[str, Any], index: int) -> None:
@@ -545,6 +638,34 @@ def check_counts(counts: Counts, harness: Harness) -> None:
             raise ScenarioFactMismatch(
                 f"counts in {checkpoint_id}'s resources records: expected {dict(expected)}, observed {observed}"
             )
+
+
+def check_lineage(scenario: Scenario, harness: Harness) -> None:
+    """Gym's ledger and cut facts, by backend call index: each pinned ledger's chain (read with the checker's
+    own ledger client), the backend's cut rounds, and which calls continued which."""
+    assert harness.backend is not None
+    ids = {call["index"]: (call.get("admission") or {}).get("model_call_id") for call in harness.backend.calls()}
+    for key, indices in (scenario.chains or {}).items():
+        manifest = harness.ledger.manifest(key)
+        observed = getattr(manifest, "model_call_ids", manifest)
+        if observed != tuple(ids.get(i) for i in indices):
+            raise ScenarioFactMismatch(
+                f"ledger of {key}: expected calls {indices} ({[ids.get(i) for i in indices]}), observed {observed}"
+            )
+    if scenario.cut_rounds is not None:
+        rounds = [sorted(r) for r in harness.backend.cuts()]
+        expected = [sorted(ids.get(i) for i in r) for r in scenario.cut_rounds]
+        if rounds != expected:
+            raise ScenarioFactMismatch(
+                f"cut rounds: expected {expected} (calls {scenario.cut_rounds}), observed {rounds}"
+            )
+    if scenario.continued is not None:
+        continued = {
+            call["index"]: call.get("continued_from") for call in harness.backend.calls() if call.get("continued_from")
+        }
+        expected_continued = {index: ids.get(source) for index, source in scenario.continued.items()}
+        if continued != expected_continued:
+            raise ScenarioFactMismatch(f"continued calls: expected {expected_continued}, observed {continued}")
 
 
 def replay(document: Mapping[str, Any]) -> None:

@@ -61,6 +61,20 @@ def counter_harness() -> Iterator[Harness]:
 
 
 @pytest.fixture(scope="session")
+def counter_capture_harness() -> Iterator[Harness]:
+    """Gym's lineage scenarios' deployment: the counter topology with token capture."""
+    with Harness.embedded("counter", token_capture=True) as harness:
+        yield harness
+
+
+@pytest.fixture(scope="session")
+def native_cuts_harness() -> Iterator[Harness]:
+    """Gym's cut scenario's deployment: the native topology with token capture and generation cuts."""
+    with Harness.embedded("native", token_capture=True, generation_cuts=True) as harness:
+        yield harness
+
+
+@pytest.fixture(scope="session")
 def slow_wait_harness() -> Iterator[Harness]:
     with Harness.embedded("slow", verify_mode="wait") as harness:
         yield harness

@@ -12,7 +12,9 @@ from ckpt_model.deployment import Harness
 from ckpt_model.errors import PropertyViolation, StepNotEnabled
 from ckpt_model.faultsearch import harness_for
 from ckpt_model.scenarios import (
+    CAPTURE_SCENARIOS,
     COUNTER_SCENARIOS,
+    CUT_SCENARIOS,
     FAULT_SCENARIOS,
     MIXED_SCENARIOS,
     SCENARIOS,
@@ -40,6 +42,16 @@ def test_legacy_scenario(legacy_harness: Harness, name: str) -> None:
 @pytest.mark.parametrize("name", sorted({**SCENARIOS, **COUNTER_SCENARIOS}))
 def test_counter_scenario(counter_harness: Harness, name: str) -> None:
     run(counter_harness, named(name))
+
+
+@pytest.mark.parametrize("name", sorted({**SCENARIOS, **COUNTER_SCENARIOS, **CAPTURE_SCENARIOS}))
+def test_counter_scenario_with_token_capture(counter_capture_harness: Harness, name: str) -> None:
+    run(counter_capture_harness, named(name))
+
+
+@pytest.mark.parametrize("name", sorted({**SCENARIOS, **CUT_SCENARIOS}))
+def test_native_scenario_with_generation_cuts(native_cuts_harness: Harness, name: str) -> None:
+    run(native_cuts_harness, named(name))
 
 
 @pytest.mark.parametrize("name", sorted(MIXED_SCENARIOS))
