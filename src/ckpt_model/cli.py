@@ -116,6 +116,16 @@ def build_parser() -> Parser:
         "--verify-mode", choices=VERIFY_MODES, help="verification mode of the slow topology (default: wait)"
     )
     check.add_argument("--faults", default="", help="comma-separated planted faults (see `ckpt-model faults`)")
+    check.add_argument(
+        "--token-capture",
+        action="store_true",
+        help="the policy model keeps capture ledgers (P5 token lineage); on when a planted fault needs it",
+    )
+    check.add_argument(
+        "--generation-cuts",
+        action="store_true",
+        help="cut in-flight generations at every prepare (P12); implies --token-capture; on when a fault needs it",
+    )
     check.add_argument("--profile", choices=sorted(profiles.PROFILES), default="default", help="default: default")
     check.add_argument("--examples", type=positive_int, help="override the profile's max_examples")
     check.add_argument("--steps", type=positive_int, help="override the profile's stateful_step_count")
@@ -188,6 +198,18 @@ def chosen_deployment(args: argparse.Namespace, planted: Sequence[Any]) -> tuple
     return args.topology or topology, args.verify_mode or verify_mode
 
 
+def chosen_options(args: argparse.Namespace, planted: Sequence[Any]) -> dict[str, bool]:
+    """Token capture and generation cuts: asked for, or needed by a planted fault (cuts need token capture)."""
+    cuts = args.generation_cuts or any(getattr(fault, "generation_cuts", False) for fault in planted)
+    capture = cuts or args.token_capture or any(getattr(fault, "token_capture", False) for fault in planted)
+    return {"token_capture": capture, "generation_cuts": cuts}
+
+
+def capture_label(options: dict[str, bool]) -> str:
+    on = [name.replace("_", " ") for name, chosen in options.items() if chosen]
+    return ", ".join(on) or "off"
+
+
 def run_settings(args: argparse.Namespace) -> settings:
     """The profile (as `profiles` builds it for this environment, CI included) with the command's overrides."""
     overrides: dict[str, Any] = {}
@@ -246,6 +268,7 @@ def banner(
         f"  topology:    {topology}",
         f"  verify mode: {verify_mode}",
         f"  faults:      {planted}",
+        f"  capture:     {capture_label(chosen_options(args, faults))}",
         f"  profile:     {args.profile} ({profile_description(chosen, seeded_run=args.seed is not None)})",
         f"  seed:        {seed_line}",
         f"  examples:    {chosen.max_examples} x up to {chosen.stateful_step_count} steps",
@@ -294,7 +317,11 @@ def run_check(args: argparse.Namespace) -> int:
 
     stats = SearchStats()
     try:
-        harness = Harness(gym) if gym else Harness.embedded(topology, faults=names, verify_mode=verify_mode)
+        harness = (
+            Harness(gym)
+            if gym
+            else Harness.embedded(topology, faults=names, verify_mode=verify_mode, **chosen_options(args, faults))
+        )
         try:
             factory = machine_for(harness, stats)
             run_state_machine_as_test(factory if seed is None else seeded(factory, seed), settings=chosen)
@@ -427,10 +454,14 @@ def run_minimise(args: argparse.Namespace) -> int:
 def regression_harness(document: dict[str, Any]) -> Iterator[Any]:
     """A fresh embedded deployment of the file's topology and faults, whose failures write their regression
     files under its own root (never over the file being minimised)."""
+    from ckpt_model import regression
     from ckpt_model.deployment import Harness
 
     harness = Harness.embedded(
-        document["topology"], faults=tuple(document["faults"]), verify_mode=document.get("verify_mode", "wait")
+        document["topology"],
+        faults=tuple(document["faults"]),
+        verify_mode=document.get("verify_mode", "wait"),
+        **regression.capture_options(document),
     )
     harness.regressions_dir = harness.root / "regressions"
     try:

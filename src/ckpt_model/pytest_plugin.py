@@ -6,7 +6,8 @@ command line, as the session fixture `ckpt_harness`.
     def test_my_machine(ckpt_harness):            # a `ckpt_model.deployment.Harness`, started once per session
         run_state_machine_as_test(machine_for(ckpt_harness))
 
-Defaults: topology native, verify mode wait, no faults. An unknown fault is a usage error naming the known ones.
+`--ckpt-token-capture` turns on the policy model's capture ledgers (P5), `--ckpt-generation-cuts` generation cuts
+too (P12). Defaults: topology native, verify mode wait, no faults, neither. An unknown fault is a usage error naming the known ones.
 
 The plugin is inert unless used: it imports nothing heavy at load time (the stack is imported when the fixture is
 first requested), starts nothing unless a test requests `ckpt_harness`, loads no Hypothesis profile (the suites do
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 TOPOLOGIES: tuple[str, ...] = typing.get_args(Topology)
 VERIFY_MODES: tuple[str, ...] = typing.get_args(VerifyMode)
 OPTIONS = ("ckpt_topology", "ckpt_verify_mode", "ckpt_faults")
+FLAGS = ("ckpt_token_capture", "ckpt_generation_cuts")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -44,6 +46,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="verify mode of ckpt_harness, for the slow topology (default: wait)",
     )
     group.addoption("--ckpt-faults", default=None, metavar="A,B", help="comma-separated planted faults of ckpt_harness")
+    group.addoption("--ckpt-token-capture", action="store_true", help="ckpt_harness's policy model keeps ledgers")
+    group.addoption(
+        "--ckpt-generation-cuts", action="store_true", help="ckpt_harness cuts generations (implies token capture)"
+    )
+
+
+def capture(config: pytest.Config) -> dict[str, bool]:
+    cuts = bool(config.getoption("ckpt_generation_cuts"))
+    return {"token_capture": cuts or bool(config.getoption("ckpt_token_capture")), "generation_cuts": cuts}
 
 
 def chosen(config: pytest.Config) -> tuple[str, str, tuple[str, ...]]:
@@ -54,7 +65,7 @@ def chosen(config: pytest.Config) -> tuple[str, str, tuple[str, ...]]:
 
 
 def used(config: pytest.Config) -> bool:
-    return any(config.getoption(name) is not None for name in OPTIONS)
+    return any(config.getoption(name) is not None for name in OPTIONS) or any(map(config.getoption, FLAGS))
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -74,8 +85,10 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     if not used(config):
         return None
     topology, verify_mode, faults = chosen(config)
+    options = [name.replace("_", " ") for name, on in capture(config).items() if on]
     return (
         f"ckpt-model: ckpt_harness topology {topology}, verify mode {verify_mode}, faults {','.join(faults) or 'none'}"
+        + (f", {', '.join(options)}" if options else "")
     )
 
 
@@ -85,5 +98,5 @@ def ckpt_harness(pytestconfig: pytest.Config) -> Iterator[Harness]:
     from ckpt_model.deployment import Harness
 
     topology, verify_mode, faults = chosen(pytestconfig)
-    with Harness.embedded(topology, faults=faults, verify_mode=verify_mode) as harness:
+    with Harness.embedded(topology, faults=faults, verify_mode=verify_mode, **capture(pytestconfig)) as harness:
         yield harness

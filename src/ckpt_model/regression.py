@@ -39,6 +39,10 @@ def write(
     if harness.topology == "slow":
         deployment.append(harness.verify_mode)
     deployment.extend(harness.faults)
+    options = capture_options(harness)
+    deployment.extend(
+        name for name, on in (("capture", options["token_capture"]), ("cuts", options["generation_cuts"])) if on
+    )
     target_dir = harness.regressions_dir or directory()
     path = target_dir / f"{label}-{'-'.join(deployment)}.json"
     document = {
@@ -47,6 +51,7 @@ def write(
         "topology": harness.topology,
         "verify_mode": harness.verify_mode,
         "faults": list(harness.faults),
+        **{name: on for name, on in options.items() if on},
         "steps": [[name, arguments] for name, arguments in rule_calls],
     }
     if minimised is not None:
@@ -54,6 +59,13 @@ def write(
     target_dir.mkdir(parents=True, exist_ok=True)
     replace_atomically(path, document)
     return path
+
+
+def capture_options(source: Any) -> dict[str, bool]:
+    """Token capture and generation cuts of a harness or a regression file, as `Harness.embedded` takes them."""
+    if isinstance(source, dict):
+        return {name: bool(source.get(name, False)) for name in ("token_capture", "generation_cuts")}
+    return {name: bool(getattr(source, name, False)) for name in ("token_capture", "generation_cuts")}
 
 
 def rewrite(

@@ -17,6 +17,7 @@ from typing import Any
 
 import attrs
 
+from ckpt_model import regression
 from ckpt_model.contract import ScriptCall
 from ckpt_model.deployment import Harness
 from ckpt_model.errors import StepNotEnabled
@@ -672,7 +673,10 @@ def replay(document: Mapping[str, Any]) -> None:
     """Run a regression file's steps on a fresh embedded deployment of its topology and faults; raises what the
     run raises (`ckpt_model.regression.load` reads the file)."""
     with Harness.embedded(
-        document["topology"], faults=tuple(document["faults"]), verify_mode=document.get("verify_mode", "wait")
+        document["topology"],
+        faults=tuple(document["faults"]),
+        verify_mode=document.get("verify_mode", "wait"),
+        **regression.capture_options(document),
     ) as harness:
         harness.regressions_dir = harness.root / "regressions"  # a replay does not overwrite the file it replays
         run(harness, [(name, arguments) for name, arguments in document["steps"]])
