@@ -248,13 +248,12 @@ class Harness:
         generation_cuts: bool = False,
     ) -> Harness:
         """A harness over the look-alike stack (the `embedded` system)."""
+        # Passed only when asked for, so a system without token capture still starts every other deployment.
+        options = {
+            name: True for name, on in (("token_capture", token_capture), ("generation_cuts", generation_cuts)) if on
+        }
         deployment = system().deployment(
-            topology,
-            faults=tuple(faults),
-            verify_mode=verify_mode,
-            lease_grace_s=lease_grace_s,
-            token_capture=token_capture,
-            generation_cuts=generation_cuts,
+            topology, faults=tuple(faults), verify_mode=verify_mode, lease_grace_s=lease_grace_s, **options
         )
         try:
             return cls(deployment)

@@ -7,7 +7,8 @@ command line, as the session fixture `ckpt_harness`.
         run_state_machine_as_test(machine_for(ckpt_harness))
 
 `--ckpt-token-capture` turns on the policy model's capture ledgers (P5), `--ckpt-generation-cuts` generation cuts
-too (P12). Defaults: topology native, verify mode wait, no faults, neither. An unknown fault is a usage error naming the known ones.
+too (P12). Defaults: topology native, verify mode wait, no faults, neither. An unknown fault is a usage error
+naming the known ones.
 
 The plugin is inert unless used: it imports nothing heavy at load time (the stack is imported when the fixture is
 first requested), starts nothing unless a test requests `ckpt_harness`, loads no Hypothesis profile (the suites do
