@@ -126,6 +126,12 @@ def build_parser() -> Parser:
         action="store_true",
         help="cut in-flight generations at every prepare (P12); implies --token-capture; on when a fault needs it",
     )
+    check.add_argument(
+        "--policy-workers",
+        type=positive_int,
+        default=1,
+        help="worker processes of the policy model behind its one port (default: 1)",
+    )
     check.add_argument("--profile", choices=sorted(profiles.PROFILES), default="default", help="default: default")
     check.add_argument("--examples", type=positive_int, help="override the profile's max_examples")
     check.add_argument("--steps", type=positive_int, help="override the profile's stateful_step_count")
@@ -198,16 +204,17 @@ def chosen_deployment(args: argparse.Namespace, planted: Sequence[Any]) -> tuple
     return args.topology or topology, args.verify_mode or verify_mode
 
 
-def chosen_options(args: argparse.Namespace, planted: Sequence[Any]) -> dict[str, bool]:
-    """Token capture and generation cuts: asked for, or needed by a planted fault (cuts need token capture)."""
+def chosen_options(args: argparse.Namespace, planted: Sequence[Any]) -> dict[str, Any]:
+    """Token capture and generation cuts (asked for, or needed by a planted fault; cuts need token capture), and
+    the policy model's worker count."""
     cuts = args.generation_cuts or any(getattr(fault, "generation_cuts", False) for fault in planted)
     capture = cuts or args.token_capture or any(getattr(fault, "token_capture", False) for fault in planted)
-    return {"token_capture": capture, "generation_cuts": cuts}
+    return {"token_capture": capture, "generation_cuts": cuts, "policy_workers": args.policy_workers}
 
 
-def capture_label(options: dict[str, bool]) -> str:
-    on = [name.replace("_", " ") for name, chosen in options.items() if chosen]
-    return ", ".join(on) or "off"
+def options_label(options: dict[str, Any]) -> str:
+    on = [name.replace("_", " ") for name in ("token_capture", "generation_cuts") if options[name]]
+    return f"{', '.join(on) or 'no token capture'}; policy model workers: {options['policy_workers']}"
 
 
 def run_settings(args: argparse.Namespace) -> settings:
@@ -268,7 +275,7 @@ def banner(
         f"  topology:    {topology}",
         f"  verify mode: {verify_mode}",
         f"  faults:      {planted}",
-        f"  capture:     {capture_label(chosen_options(args, faults))}",
+        f"  options:     {options_label(chosen_options(args, faults))}",
         f"  profile:     {args.profile} ({profile_description(chosen, seeded_run=args.seed is not None)})",
         f"  seed:        {seed_line}",
         f"  examples:    {chosen.max_examples} x up to {chosen.stateful_step_count} steps",
@@ -461,7 +468,7 @@ def regression_harness(document: dict[str, Any]) -> Iterator[Any]:
         document["topology"],
         faults=tuple(document["faults"]),
         verify_mode=document.get("verify_mode", "wait"),
-        **regression.capture_options(document),
+        **regression.deployment_options(document),
     )
     harness.regressions_dir = harness.root / "regressions"
     try:

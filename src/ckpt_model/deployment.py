@@ -17,7 +17,8 @@ Two small protocols say what the checker needs of a system under test:
   Optionally `token_capture` (bool; the policy model keeps capture ledgers, read with `capture_token` over the
   token-capture control routes) and `generation_cuts` (bool; closing admission cuts in-flight generations), with
   `clear_capture()`: empty the capture directory while no Gym server runs (each example starts with no ledger);
-  without them the machine checks neither P5 nor P12.
+  without them the machine checks neither P5 nor P12. Optionally `policy_workers` (int): how many worker
+  processes serve the policy model behind its one port (the checker treats them as one participant).
 - `Gate`: the backend's control routes (Gym's fake backend, reference section 11): the call list, release chosen
   calls, reset, gate every call, pin the policy's script; with token capture also the token store (`staged`), the
   cut rounds (`cuts`) and a hung cut endpoint (`stall_cuts`). `BackendGate` speaks them over HTTP.
@@ -246,12 +247,15 @@ class Harness:
         lease_grace_s: float = LEASE_GRACE_S,
         token_capture: bool = False,
         generation_cuts: bool = False,
+        policy_workers: int = 1,
     ) -> Harness:
         """A harness over the look-alike stack (the `embedded` system)."""
         # Passed only when asked for, so a system without token capture still starts every other deployment.
-        options = {
+        options: dict[str, Any] = {
             name: True for name, on in (("token_capture", token_capture), ("generation_cuts", generation_cuts)) if on
         }
+        if policy_workers != 1:
+            options["policy_workers"] = policy_workers
         deployment = system().deployment(
             topology, faults=tuple(faults), verify_mode=verify_mode, lease_grace_s=lease_grace_s, **options
         )
@@ -286,6 +290,11 @@ class Harness:
     @property
     def generation_cuts(self) -> bool:
         return bool(getattr(self.deployment, "generation_cuts", False))
+
+    @property
+    def policy_workers(self) -> int:
+        """How many worker processes serve the policy model behind its one port."""
+        return int(getattr(self.deployment, "policy_workers", 1))
 
     @property
     def ledger(self) -> LedgerClient:

@@ -29,6 +29,7 @@ from ckpt_model.errors import CoordinationError, HarnessError, ParticipantFailur
 from ckpt_model.history import History
 from ckpt_model.ledger_watch import LedgerWatch
 from ckpt_model.quiescence import SETTLE_TIMEOUT_S, Observation, Quiescence, backend_calls, observe, poll
+from ckpt_model.regression import deployment_options, option_words
 from ckpt_model.report import annotate
 from ckpt_model.runs import RunPool
 from ckpt_model.stats import SearchStats
@@ -1234,5 +1235,5 @@ def machine_for(harness: Harness, stats: SearchStats | None = None) -> type[Chec
 
 def deployment_key(harness: Harness) -> str:
     """What makes one deployment behave differently from another, as one string."""
-    options = [name for name, on in (("capture", harness.token_capture), ("cuts", harness.generation_cuts)) if on]
+    options = option_words(deployment_options(harness))
     return "/".join((harness.topology, harness.verify_mode, ",".join(sorted(harness.faults)), *options))

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import typing
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 TOPOLOGIES: tuple[str, ...] = typing.get_args(Topology)
 VERIFY_MODES: tuple[str, ...] = typing.get_args(VerifyMode)
-OPTIONS = ("ckpt_topology", "ckpt_verify_mode", "ckpt_faults")
+OPTIONS = ("ckpt_topology", "ckpt_verify_mode", "ckpt_faults", "ckpt_policy_workers")
 FLAGS = ("ckpt_token_capture", "ckpt_generation_cuts")
 
 
@@ -51,11 +51,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--ckpt-generation-cuts", action="store_true", help="ckpt_harness cuts generations (implies token capture)"
     )
+    group.addoption(
+        "--ckpt-policy-workers", type=int, default=None, help="worker processes of ckpt_harness's policy model"
+    )
 
 
-def capture(config: pytest.Config) -> dict[str, bool]:
+def capture(config: pytest.Config) -> dict[str, Any]:
+    """The deployment options beyond topology, verify mode and faults (`Harness.embedded`'s keywords)."""
     cuts = bool(config.getoption("ckpt_generation_cuts"))
-    return {"token_capture": cuts or bool(config.getoption("ckpt_token_capture")), "generation_cuts": cuts}
+    return {
+        "token_capture": cuts or bool(config.getoption("ckpt_token_capture")),
+        "generation_cuts": cuts,
+        "policy_workers": config.getoption("ckpt_policy_workers") or 1,
+    }
 
 
 def chosen(config: pytest.Config) -> tuple[str, str, tuple[str, ...]]:
@@ -86,7 +94,10 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     if not used(config):
         return None
     topology, verify_mode, faults = chosen(config)
-    options = [name.replace("_", " ") for name, on in capture(config).items() if on]
+    chosen_options = capture(config)
+    options = [name.replace("_", " ") for name in ("token_capture", "generation_cuts") if chosen_options[name]]
+    if chosen_options["policy_workers"] != 1:
+        options.append(f"{chosen_options['policy_workers']} policy model workers")
     return (
         f"ckpt-model: ckpt_harness topology {topology}, verify mode {verify_mode}, faults {','.join(faults) or 'none'}"
         + (f", {', '.join(options)}" if options else "")

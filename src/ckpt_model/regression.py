@@ -39,10 +39,8 @@ def write(
     if harness.topology == "slow":
         deployment.append(harness.verify_mode)
     deployment.extend(harness.faults)
-    options = capture_options(harness)
-    deployment.extend(
-        name for name, on in (("capture", options["token_capture"]), ("cuts", options["generation_cuts"])) if on
-    )
+    options = deployment_options(harness)
+    deployment.extend(option_words(options))
     target_dir = harness.regressions_dir or directory()
     path = target_dir / f"{label}-{'-'.join(deployment)}.json"
     document = {
@@ -51,7 +49,7 @@ def write(
         "topology": harness.topology,
         "verify_mode": harness.verify_mode,
         "faults": list(harness.faults),
-        **{name: on for name, on in options.items() if on},
+        **{name: value for name, value in options.items() if value != DEFAULT_OPTIONS[name]},
         "steps": [[name, arguments] for name, arguments in rule_calls],
     }
     if minimised is not None:
@@ -61,11 +59,24 @@ def write(
     return path
 
 
-def capture_options(source: Any) -> dict[str, bool]:
-    """Token capture and generation cuts of a harness or a regression file, as `Harness.embedded` takes them."""
+# A deployment's options beyond topology, verify mode and faults, with their defaults (`Harness.embedded` takes them).
+DEFAULT_OPTIONS: dict[str, Any] = {"token_capture": False, "generation_cuts": False, "policy_workers": 1}
+
+
+def deployment_options(source: Any) -> dict[str, Any]:
+    """The options of a harness or a regression file (absent ones at their defaults)."""
     if isinstance(source, dict):
-        return {name: bool(source.get(name, False)) for name in ("token_capture", "generation_cuts")}
-    return {name: bool(getattr(source, name, False)) for name in ("token_capture", "generation_cuts")}
+        return {name: source.get(name, default) for name, default in DEFAULT_OPTIONS.items()}
+    return {name: getattr(source, name, default) for name, default in DEFAULT_OPTIONS.items()}
+
+
+def option_words(options: dict[str, Any]) -> list[str]:
+    """The options that differ from the defaults, as words for file names and keys (`capture`, `cuts`,
+    `workers2`)."""
+    words = [word for word, name in (("capture", "token_capture"), ("cuts", "generation_cuts")) if options.get(name)]
+    if options.get("policy_workers", 1) != 1:
+        words.append(f"workers{options['policy_workers']}")
+    return words
 
 
 def rewrite(

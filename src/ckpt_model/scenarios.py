@@ -676,7 +676,7 @@ def replay(document: Mapping[str, Any]) -> None:
         document["topology"],
         faults=tuple(document["faults"]),
         verify_mode=document.get("verify_mode", "wait"),
-        **regression.capture_options(document),
+        **regression.deployment_options(document),
     ) as harness:
         harness.regressions_dir = harness.root / "regressions"  # a replay does not overwrite the file it replays
         run(harness, [(name, arguments) for name, arguments in document["steps"]])
