@@ -53,6 +53,7 @@ import attrs
 from ckpt_model import profiles
 from ckpt_model.contract import Topology
 from ckpt_model.interrupts import signal_number, sigterm_unwinds
+from ckpt_model.regression import options_of_words
 
 if TYPE_CHECKING:
     from hypothesis import settings
@@ -71,6 +72,11 @@ EVERY_DEPLOYMENT = (
     ("slow", "replay"),
     ("mixed", "wait"),
 )
+
+
+# ... and with options beyond the topology (`ckpt_model.regression.option_words`): token capture on the counter
+# topology (the lineage scenarios'), and generation cuts on the native one (the cut scenario's).
+WITH_OPTIONS = (("counter", "wait", ("capture",)), ("native", "wait", ("capture", "cuts")))
 
 
 def deployment_label(topology: str, verify_mode: str) -> str:
@@ -105,22 +111,30 @@ class Target:
     topology: str
     verify_mode: str = "wait"
     faults: tuple[str, ...] = ()
+    # Option words (`capture`, `cuts`, `workers2`): `ckpt_model.regression.option_words`.
+    options: tuple[str, ...] = ()
 
     @property
     def text(self) -> str:
-        """`topology:verify_mode:fault,fault`, one word of `CKPT_MODEL_FUZZ_TARGETS`."""
-        return f"{self.topology}:{self.verify_mode}:{','.join(self.faults)}"
+        """`topology:verify_mode:fault,fault[:option+option]`, one word of `CKPT_MODEL_FUZZ_TARGETS`."""
+        text = f"{self.topology}:{self.verify_mode}:{','.join(self.faults)}"
+        return text + (f":{'+'.join(self.options)}" if self.options else "")
 
     @classmethod
     def from_text(cls, text: str) -> Target:
-        topology, verify_mode, faults = [*text.split(":"), "", ""][:3]
-        return cls(topology, verify_mode or "wait", tuple(name for name in faults.split(",") if name))
+        topology, verify_mode, faults, options = [*text.split(":"), "", "", ""][:4]
+        return cls(
+            topology,
+            verify_mode or "wait",
+            tuple(name for name in faults.split(",") if name),
+            tuple(word for word in options.split("+") if word),
+        )
 
     @property
     def case_name(self) -> str:
         """The class name pytest and HypoFuzz show: `FuzzSlowReplay`, `FuzzNative_resume_deletes_records`."""
         words = [self.topology] + ([self.verify_mode] if self.topology == "slow" else [])
-        name = "Fuzz" + "".join(word.capitalize() for word in words)
+        name = "Fuzz" + "".join(word.capitalize() for word in [*words, *self.options])
         return name + "".join("_" + fault for fault in self.faults)
 
     def start(self) -> Harness:
@@ -128,7 +142,9 @@ class Target:
         stay with the harness (as `faultsearch.harness_for` does); without, they go where the user keeps them."""
         from ckpt_model.deployment import Harness
 
-        harness = Harness.embedded(self.topology, faults=self.faults, verify_mode=self.verify_mode)
+        harness = Harness.embedded(
+            self.topology, faults=self.faults, verify_mode=self.verify_mode, **options_of_words(self.options)
+        )
         if self.faults:
             harness.regressions_dir = harness.root / "regressions"
         return harness
@@ -305,12 +321,18 @@ def chosen_targets(args: argparse.Namespace) -> tuple[Target, ...]:
     if unknown:
         raise UsageError(f"unknown fault(s) {', '.join(map(repr, unknown))}; known: {', '.join(known)}")
     if not names and args.topology is None:
-        return tuple(Target(topology, verify_mode) for topology, verify_mode in EVERY_DEPLOYMENT)
+        plain = tuple(Target(topology, verify_mode) for topology, verify_mode in EVERY_DEPLOYMENT)
+        return plain + tuple(
+            Target(topology, verify_mode, (), options) for topology, verify_mode, options in WITH_OPTIONS
+        )
     shown_in = {(known[name].topology, known[name].verify_mode) for name in names}
     topology, verify_mode = next(iter(shown_in)) if len(shown_in) == 1 else ("native", "wait")
     if args.topology is not None and args.topology != topology:
         topology, verify_mode = args.topology, "wait"
-    return (Target(topology, args.verify_mode or verify_mode, names),)
+    cuts = any(getattr(known[name], "generation_cuts", False) for name in names)
+    capture = cuts or any(getattr(known[name], "token_capture", False) for name in names)
+    options = ("capture", "cuts") if cuts else ("capture",) if capture else ()
+    return (Target(topology, args.verify_mode or verify_mode, names, options),)
 
 
 def searching_settings(profile: str, environ: Mapping[str, str]) -> settings:

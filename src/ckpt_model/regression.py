@@ -70,6 +70,20 @@ def deployment_options(source: Any) -> dict[str, Any]:
     return {name: getattr(source, name, default) for name, default in DEFAULT_OPTIONS.items()}
 
 
+def options_of_words(words: Any) -> dict[str, Any]:
+    """The keywords `option_words` wrote (`capture`, `cuts`, `workersN`); a ValueError names an unknown word."""
+    options: dict[str, Any] = {}
+    for word in words:
+        if word in ("capture", "cuts"):
+            options["token_capture"] = True
+            options["generation_cuts"] = options.get("generation_cuts", False) or word == "cuts"
+        elif word.startswith("workers") and word[len("workers") :].isdigit() and int(word[len("workers") :]) > 0:
+            options["policy_workers"] = int(word[len("workers") :])
+        else:
+            raise ValueError(f"unknown deployment option {word!r}: use capture, cuts or workersN")
+    return options
+
+
 def option_words(options: dict[str, Any]) -> list[str]:
     """The options that differ from the defaults, as words for file names and keys (`capture`, `cuts`,
     `workers2`)."""

@@ -71,7 +71,18 @@ def test_without_options_every_fault_free_deployment_is_a_target() -> None:
         "slow:wait:",
         "slow:replay:",
         "mixed:wait:",
+        "counter:wait::capture",
+        "native:wait::capture+cuts",
     ]
+
+
+def test_a_target_with_options_round_trips_through_its_text_and_names_its_case() -> None:
+    target = fuzz.Target("native", "wait", (), ("capture", "cuts"))
+    assert fuzz.Target.from_text(target.text) == target
+    assert target.case_name == "FuzzNativeCaptureCuts"
+    assert fuzz.options_of_words(target.options) == {"token_capture": True, "generation_cuts": True}
+    with pytest.raises(ValueError, match="unknown deployment option 'turbo'"):
+        fuzz.options_of_words(["turbo"])
 
 
 def test_a_planted_fault_is_fuzzed_in_the_deployment_it_shows_in() -> None:
