@@ -197,7 +197,7 @@ class PolicyParticipant:
         }
         return PrepareReport(ready=True, counts=counts)
 
-    async def close_admission(self) -> None:
+    async def close_admission(self, deadline_ts: float | None) -> None:
         self.gate.set_open(False)
 
     async def open_admission(self) -> None:
