@@ -4,10 +4,14 @@ It outlives every Gym crash, so the calls it saw and the hold or gate it was tol
 view of "the model". A call that must wait waits on asyncio events that only a control route sets, which is
 how the checker decides every interleaving (SPEC section 4): nothing here sleeps. Facts: reference section 11.
 
-Routes: `GET /v1/models`, `POST /v1/chat/completions`, and the test controls under `/_ctl/` (`hold`,
-`release`, `gate`, `step`, `script`, `calls`, `cuts`, plus our `reset`). Token capture (staging rows in the
-token store, `ng_commit_coords`) and the generation-cut route `POST /ng-control/v1/generation-cut` come with
-token capture; the seams are `tokens_from_text`, `Backend.capture_fields` and `Backend.cuts`.
+Routes: `GET /v1/models`, `POST /v1/chat/completions`, the cut endpoint `POST /ng-control/v1/generation-cut`,
+and the test controls under `/_ctl/` (`hold`, `release`, `gate`, `step`, `script`, `calls`, `cuts`, plus our
+`reset`, `staged` and `cut_stall`).
+
+Token capture: a call carrying `ng_capture` is staged in the token store (the training framework's durable store,
+which survives every Gym crash) when it returns, and its reply names the row (`ng_commit_coords`). While it waits it
+is active, with the first tokens of its output "generated so far": a cut stages that prefix, and a call continuing
+the cut generates only the rest.
 
 Run: `python -m fakes.backend --port N [--host 127.0.0.1]`.
 """
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -26,12 +31,13 @@ from typing import Any
 
 import attrs
 import uvicorn
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Header, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from fakes.gym.generation_cut import GenerationCutContinuation, GenerationCutInventory, canonical_digest
 from fakes.gym.http import SERVER_KEEP_ALIVE_S, ClientGone, unless_client_gone
-from fakes.gym.wire import error_body
+from fakes.gym.wire import BEARER_PREFIX, GENERATION_CUT_ROUTE, error_body
 
 MODEL_NAME = "fake-model"
 CAPTURE_KEY_HEADER = "x-ng-capture-key"
@@ -45,6 +51,11 @@ USAGE = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
 # nginx's "client closed request": nobody reads it, but the record of the call says what happened.
 CLIENT_GONE_STATUS = 499
 JSON = "application/json"
+# How much of an active call's output counts as generated so far (reference 11).
+PREFIX_TOKENS = 5
+EFFECTIVE_OUTPUT_LIMIT = 1024
+CUT_KEY_PREFIX = "__generation_cut__"
+SNAPSHOT_ID = "fake-transfer-queue"
 
 
 def tokens_from_text(text: str) -> list[int]:
@@ -62,6 +73,17 @@ class ScriptedToolCall(BaseModel):
 DEFAULT_SCRIPT: tuple[ScriptedToolCall, ...] = (ScriptedToolCall(name="get_weather", arguments={"city": "SF"}),)
 
 
+class CaptureAdmission(BaseModel):
+    """`ng_capture`: the captured call's identity and lineage; fields the fake does not read pass unread."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model_call_id: str = Field(min_length=1)
+    rollout_id: str = Field(min_length=1)
+    parent_call_id: str | None = None
+    generation_cut: GenerationCutContinuation | None = None
+
+
 class ChatRequest(BaseModel):
     """The fields of an OpenAI chat request the fake reads; everything else passes unread."""
 
@@ -69,7 +91,7 @@ class ChatRequest(BaseModel):
 
     messages: list[dict[str, Any]]
     model: str = MODEL_NAME
-    ng_capture: dict[str, Any] | None = None
+    ng_capture: CaptureAdmission | None = None
 
 
 class HoldRequest(BaseModel):
@@ -101,12 +123,20 @@ class ScriptRequest(BaseModel):
     tool_calls: list[ScriptedToolCall]
 
 
+class CutStallRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    stall: bool
+
+
 @attrs.define(eq=False)
 class Call:
     """One chat call as the backend saw it; `hold` and `gate` are set only for calls that wait for them."""
 
     index: int
     n_messages: int
+    capture: CaptureAdmission | None
+    # `capture` as the request sent it, for the call record.
     admission: dict[str, Any] | None
     capture_key: str | None
     t: float
@@ -117,6 +147,21 @@ class Call:
     gate: asyncio.Event | None = None
     returned: bool = False
     cancelled: bool = False
+    # A call continuing a cut: the prefix it reuses, and where that prefix is staged.
+    prefix: list[int] | None = None
+    prefix_staging_key: str | None = None
+
+    @property
+    def active(self) -> bool:
+        """A captured call still generating: a cut can freeze its prefix."""
+        return self.capture is not None and not self.returned and not self.cancelled
+
+    @property
+    def output_tokens(self) -> list[int]:
+        """The whole output's tokens: a function of the reply, so the same call always yields the same tokens."""
+        message, _ = reply_message(self)
+        text = message["content"] if message["content"] is not None else json.dumps(message["tool_calls"][0])
+        return tokens_from_text(text)
 
     @property
     def waiting(self) -> bool:
@@ -140,6 +185,7 @@ class Call:
                 await event.wait()
 
     def wire(self) -> dict[str, Any]:
+        cut = self.capture.generation_cut if self.capture is not None else None
         return {
             "index": self.index,
             "n_messages": self.n_messages,
@@ -150,11 +196,17 @@ class Call:
             "returned": self.returned,
             "waiting": self.waiting,
             "cancelled": self.cancelled,
+            "continued_from": cut.source_model_call_id if cut is not None else None,
+            "reused_prefix_tokens": cut.prefix_token_count if cut is not None else None,
         }
 
 
 class StepRefused(Exception):
     """`/_ctl/step` named calls that are not waiting; nothing was released."""
+
+
+class CutRefused(Exception):
+    """A continued call whose cut is not in the token store as its continuation describes it."""
 
 
 @attrs.define
@@ -163,17 +215,23 @@ class Backend:
 
     calls: list[Call] = attrs.field(factory=list)
     cuts: list[list[str]] = attrs.field(factory=list)
+    # The token store: staging key -> staged entry (captured calls' rows and cut prefixes).
+    staged: dict[str, dict[str, Any]] = attrs.field(factory=dict)
     hold_after_calls: int | None = None
     gated: bool = False
+    cut_stall: bool = False
     script: tuple[ScriptedToolCall, ...] = DEFAULT_SCRIPT
 
     def arrive(self, request: ChatRequest, capture_key: str | None, kind: str = "policy") -> Call:
-        """Record a call on arrival, before it waits, so a held call is already counted (reference 11)."""
+        """Record a call on arrival, before it waits, so a held call is already counted (reference 11).
+
+        A continued call whose cut is not staged as described is refused (`CutRefused`) and not recorded."""
         index = len(self.calls)
         call = Call(
             index=index,
             n_messages=len(request.messages),
-            admission=request.ng_capture,
+            capture=request.ng_capture,
+            admission=request.ng_capture.model_dump(mode="json", exclude_unset=True) if request.ng_capture else None,
             capture_key=capture_key,
             t=time.time(),
             step=sum(1 for message in request.messages if message.get("role") == "tool"),
@@ -181,6 +239,10 @@ class Backend:
             script=self.script,
             kind=kind,
         )
+        cut = request.ng_capture.generation_cut if request.ng_capture is not None else None
+        if cut is not None:
+            call.prefix = self.staged_prefix(cut)
+            call.prefix_staging_key = cut.staging_keys[0]
         if self.hold_after_calls is not None and index >= self.hold_after_calls:
             call.hold = asyncio.Event()
         if self.gated:
@@ -224,15 +286,92 @@ class Backend:
         released = self.release_all()
         self.calls = []
         self.cuts = []
+        self.staged = {}
+        self.cut_stall = False
         self.script = DEFAULT_SCRIPT
         return released
 
+    def staged_prefix(self, cut: GenerationCutContinuation) -> list[int]:
+        """The tokens a continuation reuses, checked against the token store."""
+        missing = [key for key in cut.staging_keys if key not in self.staged]
+        if missing:
+            raise CutRefused(
+                f"generation cut of {cut.source_model_call_id!r}: staging keys {missing} are not in the token store;"
+                " continue only a cut this backend acknowledged"
+            )
+        prefix = [token for key in cut.staging_keys for token in self.staged[key]["tokens"]]
+        if (len(prefix), canonical_digest(prefix)) != (cut.prefix_token_count, cut.prefix_digest):
+            raise CutRefused(
+                f"generation cut of {cut.source_model_call_id!r}: the staged prefix has {len(prefix)} tokens and "
+                f"digest {canonical_digest(prefix)}, not {cut.prefix_token_count} and {cut.prefix_digest}"
+            )
+        return prefix
+
     def capture_fields(self, call: Call) -> dict[str, Any]:
-        """Extra reply fields of token capture (`ng_commit_coords`); none until the token store is staged."""
-        return {}
+        """Stage a captured call's row in the token store; its reply names the row (`ng_commit_coords`)."""
+        if call.capture is None:
+            return {}
+        capture = call.capture
+        key = f"{capture.rollout_id}/{capture.model_call_id}"
+        tokens = call.output_tokens
+        if call.prefix is not None:
+            # Only the rest is generated: the prefix is reused once, never generated again.
+            tokens = call.prefix + tokens[len(call.prefix) :]
+        self.staged[key] = {
+            "rollout_id": capture.rollout_id,
+            "model_call_id": capture.model_call_id,
+            "parent_call_id": capture.parent_call_id,
+            "tokens": tokens,
+            "continued_from": capture.generation_cut.source_model_call_id if capture.generation_cut else None,
+            "prefix_staging_key": call.prefix_staging_key,
+        }
+        return {"ng_commit_coords": {"staging_key": key}}
+
+    def cut(self, inventory: GenerationCutInventory, echo: dict[str, Any]) -> dict[str, Any]:
+        """One cut round: stage the prefix of every inventoried call still active; the rest fail."""
+        active = {call.capture.model_call_id: call for call in self.calls if call.capture and call.active}
+        acks, durable = [], []
+        for prefix in inventory.active_prefixes:
+            identity = prefix.model_dump()
+            call = active.get(prefix.model_call_id)
+            if call is None:
+                acks.append({**identity, "disposition": "durable_failure"})
+                continue
+            tokens = call.output_tokens[:PREFIX_TOKENS]
+            key = f"{CUT_KEY_PREFIX}/{prefix.rollout_id}/{prefix.model_call_id}"
+            self.staged[key] = {
+                "rollout_id": prefix.rollout_id,
+                "model_call_id": prefix.model_call_id,
+                "checkpoint_id": inventory.checkpoint_id,
+                "tokens": tokens,
+            }
+            acks.append(
+                {
+                    **identity,
+                    "disposition": "durable_prefix",
+                    "cut_kind": "active_prefix",
+                    "frozen_buffer_id": f"buf-{prefix.model_call_id}",
+                    "staging_keys": [key],
+                    "prefix_token_count": len(tokens),
+                    "prefix_digest": canonical_digest(tokens),
+                    "effective_output_limit": EFFECTIVE_OUTPUT_LIMIT,
+                    "terminal_finish_reason": None,
+                    "terminal_stop_reason": None,
+                }
+            )
+            durable.append(prefix.model_call_id)
+        self.cuts.append(durable)
+        return {
+            "checkpoint_id": inventory.checkpoint_id,
+            "cut_id": f"cut-{len(self.cuts)}",
+            "inventory_digest": inventory.inventory_digest,
+            "inventory": echo,
+            "backend_snapshot_id": SNAPSHOT_ID,
+            "prefixes": acks,
+        }
 
 
-def chat_completion(call: Call, model: str) -> dict[str, Any]:
+def reply_message(call: Call) -> tuple[dict[str, Any], str]:
     """The scripted turn policy: the step-th scripted tool call while the script lasts, then the answer."""
     if call.step < len(call.script):
         scripted = call.script[call.step]
@@ -251,6 +390,11 @@ def chat_completion(call: Call, model: str) -> dict[str, Any]:
     else:
         message = {"role": "assistant", "content": FINAL_TEXT}
         finish_reason = "stop"
+    return message, finish_reason
+
+
+def chat_completion(call: Call, model: str) -> dict[str, Any]:
+    message, finish_reason = reply_message(call)
     return {
         "id": f"chatcmpl-{call.index}",
         "object": "chat.completion",
@@ -290,7 +434,10 @@ def build_app() -> FastAPI:
         if kind not in CALL_KINDS:
             detail = f"header {CALL_KIND_HEADER} must be one of {list(CALL_KINDS)} (got {kind!r})"
             return JSONResponse(error_body("invalid_request", detail), status_code=422)
-        call = backend.arrive(body, request.headers.get(CAPTURE_KEY_HEADER), kind)
+        try:
+            call = backend.arrive(body, request.headers.get(CAPTURE_KEY_HEADER), kind)
+        except CutRefused as refusal:
+            return JSONResponse(error_body("invalid_generation_cut", str(refusal)), status_code=409)
         if call.waiting and not await released_or_gone(call, request):
             return Response(status_code=CLIENT_GONE_STATUS)
         reply = chat_completion(call, body.model) | backend.capture_fields(call)
@@ -342,6 +489,35 @@ def build_app() -> FastAPI:
     @app.get("/_ctl/cuts")
     async def cuts() -> list[list[str]]:
         return backend.cuts
+
+    @app.get("/_ctl/staged")
+    async def staged() -> dict[str, dict[str, Any]]:
+        return backend.staged
+
+    @app.post("/_ctl/cut_stall")
+    async def cut_stall(body: CutStallRequest) -> dict[str, Any]:
+        backend.cut_stall = body.stall
+        return {"stall": body.stall}
+
+    @app.post(GENERATION_CUT_ROUTE, response_model=None)
+    async def generation_cut(
+        body: GenerationCutInventory, request: Request, authorization: str | None = Header(default=None)
+    ) -> dict[str, Any] | Response:
+        if not (authorization or "").startswith(BEARER_PREFIX):
+            detail = "the cut endpoint needs the header 'Authorization: Bearer <token>'"
+            return JSONResponse(error_body("unauthorized", detail), status_code=401)
+        if body.inventory_digest != body.expected_digest():
+            detail = (
+                f"'inventory_digest' must be the SHA-256 of the canonical JSON of checkpoint_id, server_name and "
+                f"active_prefixes (got {body.inventory_digest!r}, expected {body.expected_digest()!r})"
+            )
+            return JSONResponse(error_body("invalid_inventory", detail), status_code=422)
+        if backend.cut_stall:
+            # A hung cut: it answers nothing, and ends only when its caller gives up.
+            with contextlib.suppress(ClientGone):
+                await unless_client_gone(request, asyncio.Event().wait())
+            return Response(status_code=CLIENT_GONE_STATUS)
+        return backend.cut(body, await request.json())
 
     @app.post("/_ctl/reset")
     async def reset() -> dict[str, Any]:

@@ -35,12 +35,20 @@ class EmbeddedDeployment:
         verify_mode: str = "wait",
         lease_grace_s: float = DEFAULT_LEASE_GRACE_S,
         root: Path | None = None,
+        token_capture: bool = False,
+        generation_cuts: bool = False,
     ) -> None:
         self._own_root = root is None
         self.root = Path(tempfile.mkdtemp(prefix=f"ckpt-model-{topology}-")) if root is None else Path(root)
         try:
             self.stack = Stack(
-                topology, self.root / "stack", faults=faults, verify_mode=verify_mode, lease_grace_s=lease_grace_s
+                topology,
+                self.root / "stack",
+                faults=faults,
+                verify_mode=verify_mode,
+                lease_grace_s=lease_grace_s,
+                token_capture=token_capture,
+                generation_cuts=generation_cuts,
             )
         except BaseException:
             self._remove_root()
@@ -49,10 +57,17 @@ class EmbeddedDeployment:
         self.verify_mode = verify_mode
         self.faults = tuple(faults)
         self.lease_grace_s = self.stack.lease_grace_s
+        self.token_capture = token_capture
+        self.generation_cuts = generation_cuts
 
     @property
     def token(self) -> str:
         return self.stack.token
+
+    @property
+    def capture_token(self) -> str:
+        """The bearer of the policy model's ledger control routes (token capture only)."""
+        return self.stack.capture_token
 
     @property
     def logs_dir(self) -> Path:
@@ -76,6 +91,10 @@ class EmbeddedDeployment:
     def crash_gym(self) -> None:
         """SIGKILL every Gym process group; the backend and the directories survive."""
         self.stack.crash_gym()
+
+    def clear_capture(self) -> None:
+        """Empty the capture directory (its ledgers) between examples, while no Gym server runs."""
+        self.stack.clear_capture()
 
     def lose_unsynced(self) -> None:
         """After `crash_gym`, a power cut: the checkpoints keep only what was fsynced (`fakes.gym.durability`)."""

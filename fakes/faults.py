@@ -15,7 +15,8 @@ import attrs
 
 @attrs.frozen
 class Fault:
-    """A planted bug; `topology` and `verify_mode` name the deployment it shows in."""
+    """A planted bug; `topology`, `verify_mode`, `token_capture` and `generation_cuts` name the deployment it shows
+    in."""
 
     name: str
     server: str
@@ -23,6 +24,8 @@ class Fault:
     description: str
     topology: str = "native"
     verify_mode: str = "wait"
+    token_capture: bool = False
+    generation_cuts: bool = False
     # Properties a random search may report first: a bug with more than one symptom shows the one it reaches first.
     also_shows_as: tuple[str, ...] = ()
 
@@ -224,6 +227,94 @@ CATALOGUE: tuple[Fault, ...] = (
         "a commit that skips the restart_in_scope check, so a participant accepts a scope naming an episode it"
         " reported as a restart",
         topology="mixed",
+    ),
+    Fault(
+        "ledger_exports_undelivered",
+        "policy_model",
+        "P5",
+        "a capture-ledger export that keeps the rows of calls whose replies are still held, so a restored lineage"
+        " names a call its episode never saw",
+        topology="counter",
+        token_capture=True,
+    ),
+    Fault(
+        "ledger_refuses_dead_rows",
+        "policy_model",
+        "P9",
+        "Gym's old model.py: a restore refused because the next attempt's ledger already holds rows from another"
+        " execution, so a checkpoint cannot be restored again after its replacement made calls and crashed",
+        topology="counter",
+        token_capture=True,
+    ),
+    Fault(
+        "ledger_appends_on_restore",
+        "policy_model",
+        "P5",
+        "a restore that appends the checkpoint's rows after a dead execution's rows instead of replacing them, so"
+        " the lineage keeps calls nobody continued",
+        topology="counter",
+        token_capture=True,
+    ),
+    Fault(
+        "lineage_forgets_restored_parent",
+        "policy_model",
+        "P5",
+        "a parent lookup that considers only rows the attempt staged itself, so the first call after a restore"
+        " starts a new lineage instead of continuing the checkpoint's",
+        topology="counter",
+        token_capture=True,
+    ),
+    Fault(
+        "ledger_source_not_retired",
+        "policy_model",
+        "P5",
+        "a restore that leaves the source attempts' ledgers live, so the lineage the checkpoint continued can still"
+        " be read and written as if it were current",
+        topology="counter",
+        token_capture=True,
+    ),
+    Fault(
+        "ledger_retire_skipped",
+        "policy_model",
+        "P7",
+        "a participant retire that cancels the attempt's calls but leaves its capture ledgers live",
+        topology="counter",
+        token_capture=True,
+    ),
+    Fault(
+        "ledger_removal_while_open",
+        "policy_model",
+        "P10",
+        "ledger retire and delete routes that run while a checkpoint is open, so a commit may name ledgers that are"
+        " already gone",
+        topology="counter",
+        token_capture=True,
+    ),
+    Fault(
+        "cut_not_attached",
+        "policy_model",
+        "P12",
+        "restored generation cuts that are never attached to the re-issued call, so it regenerates from scratch",
+        token_capture=True,
+        generation_cuts=True,
+    ),
+    Fault(
+        "cut_waits_whole_deadline",
+        "policy_model",
+        "P10",
+        "a cut request whose timeout is the whole remaining prepare time instead of half, so a hung cut eats the"
+        " prepare's deadline",
+        token_capture=True,
+        generation_cuts=True,
+    ),
+    Fault(
+        "cuts_pile_up",
+        "policy_model",
+        "P12",
+        "per-ticket cut state that survives a resume, so a call cut at two prepares exports two cuts and the"
+        " checkpoint's restore is refused",
+        token_capture=True,
+        generation_cuts=True,
     ),
 )
 BY_NAME: dict[str, Fault] = {fault.name: fault for fault in CATALOGUE}

@@ -1,7 +1,8 @@
 """Launch a look-alike Gym deployment: the fake backend plus the Gym servers, each in its own process group.
 
 As a program: `python -m fakes.stack --topology native|legacy|counter|slow|mixed --state-dir DIR [--backend-url URL]
-[--faults a,b] [--no-fork-server] [--verify-mode wait|replay] [--lease-grace-s S]` starts everything, writes
+[--faults a,b] [--no-fork-server] [--verify-mode wait|replay] [--lease-grace-s S] [--token-capture
+[--generation-cuts]]` starts everything, writes
 `DIR/deployment.json` and stays in the foreground until SIGTERM or SIGINT. As a library: `Stack` starts, crashes
 (SIGKILL of every Gym process group) and restarts the Gym servers against a backend that survives, which is what
 the checker's deployment harness builds on.
@@ -23,6 +24,7 @@ import json
 import logging
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -37,7 +39,7 @@ import attrs
 import httpx
 
 from fakes import process_groups
-from fakes.gym.config import CONFIG_ENV, DEFAULT_LEASE_GRACE_S, ServerConfig, lease_grace
+from fakes.gym.config import CONFIG_ENV, DEFAULT_LEASE_GRACE_S, ServerConfig, check_capture, lease_grace
 from fakes.gym.durability import lose_unsynced
 from fakes.head import serve_head
 from fakes.zygote_client import ForkServer, ForkServerError, SpawnRequest
@@ -338,18 +340,25 @@ class Stack:
         fork_server: bool = True,
         verify_mode: str = "wait",
         lease_grace_s: float = DEFAULT_LEASE_GRACE_S,
+        token_capture: bool = False,
+        generation_cuts: bool = False,
     ) -> None:
         if topology not in TOPOLOGIES:
             raise ValueError(f"'topology' must be one of {sorted(TOPOLOGIES)} (got {topology!r})")
         if verify_mode not in VERIFY_MODES:
             raise ValueError(f"'verify_mode' must be one of {list(VERIFY_MODES)} (got {verify_mode!r})")
+        check_capture(token_capture, generation_cuts)
         self.topology = topology
         self.verify_mode = verify_mode
+        self.token_capture = token_capture
+        self.generation_cuts = generation_cuts
         # Every start (first, restart, a fork server standby) builds its configs from this, so it survives restarts.
         self.lease_grace_s = lease_grace(lease_grace_s)
         self.state_dir = Path(state_dir).resolve()
         self.faults = tuple(faults)
         self.token = token or "ckpt-" + secrets.token_hex(8)
+        # The ledger control routes' own bearer (Gym's NEMO_GYM_TOKEN_CAPTURE_CONTROL_TOKEN), never the control token.
+        self.capture_token = "capture-" + secrets.token_hex(8)
         self.backend_url = backend_url
         self.use_fork_server = fork_server
         self.backend: ServerProcess | None = None
@@ -388,6 +397,11 @@ class Stack:
             if name not in self._ports:  # not setdefault: its argument, a fresh port, would be handed out every time
                 self._ports[name] = free_port()
         urls = {name: f"http://127.0.0.1:{port}" for name, port in self._ports.items()}
+        capture = {
+            "token_capture": self.token_capture,
+            "generation_cuts": self.generation_cuts,
+            "capture_token": self.capture_token if self.token_capture else "",
+        }
         return {
             name: ServerConfig(
                 name=name,
@@ -404,6 +418,7 @@ class Stack:
                 resources_mode=resources_mode(self.topology, name),
                 resources_server=RESOURCES_SERVER_OF.get(name, "resources"),
                 durability_journal=str(self.durability_journal),
+                **(capture if role == "policy_model" else {}),
             )
             for name, role in roles.items()
         }
@@ -509,6 +524,13 @@ class Stack:
         self.gym = {}
         kill_groups(servers)
 
+    def clear_capture(self) -> None:
+        """Empty the capture directory between test examples; only while no Gym server runs (none writes to it)."""
+        if self.gym:
+            raise RuntimeError(f"the Gym servers {sorted(self.gym)} are running: call crash_gym() first")
+        shutil.rmtree(self.capture_dir, ignore_errors=True)
+        self.capture_dir.mkdir(parents=True)
+
     def lose_unsynced(self) -> list[str]:
         """A power cut after `crash_gym`: the checkpoints keep only what the store made durable; returns what
         changed."""
@@ -586,6 +608,9 @@ class Stack:
             "faults": list(self.faults),
             "verify_mode": self.verify_mode,
             "lease_grace_s": self.lease_grace_s,
+            "token_capture": self.token_capture,
+            "generation_cuts": self.generation_cuts,
+            "capture_token": self.capture_token,
         }
 
     def __enter__(self) -> Stack:
@@ -623,7 +648,15 @@ def main(argv: list[str] | None = None) -> int:
         default=DEFAULT_LEASE_GRACE_S,
         help="seconds a checkpoint's lease outlives the last call's deadline (default %(default)s)",
     )
+    parser.add_argument(
+        "--token-capture", action="store_true", help="the policy model keeps a capture ledger (its own bearer token)"
+    )
+    parser.add_argument(
+        "--generation-cuts", action="store_true", help="a prepare cuts generations in flight (needs --token-capture)"
+    )
     args = parser.parse_args(argv)
+    if args.generation_cuts and not args.token_capture:
+        parser.error("--generation-cuts needs --token-capture")
     faults = tuple(name for name in args.faults.split(",") if name)
     stop_requested = False
 
@@ -642,6 +675,8 @@ def main(argv: list[str] | None = None) -> int:
         fork_server=not args.no_fork_server,
         verify_mode=args.verify_mode,
         lease_grace_s=args.lease_grace_s,
+        token_capture=args.token_capture,
+        generation_cuts=args.generation_cuts,
     )
     try:
         if args.backend_url is None:

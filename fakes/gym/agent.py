@@ -347,7 +347,7 @@ class AgentParticipant:
             counts={"sessions": len(core.sessions), "at_boundary": at_boundary},
         )
 
-    async def close_admission(self) -> None:
+    async def close_admission(self, deadline_ts: float | None) -> None:
         self._exported = False
         self.core.admission.clear()
         self.core.episodes.admission.clear()

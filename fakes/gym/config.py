@@ -30,6 +30,12 @@ def lease_grace(value: float) -> float:
     return seconds
 
 
+def check_capture(token_capture: bool, generation_cuts: bool) -> None:
+    """Cuts need token capture: a cut's prefix is staged under, and continued by, a captured call."""
+    if generation_cuts and not token_capture:
+        raise ValueError("'generation_cuts' needs 'token_capture' on (got generation_cuts=True, token_capture=False)")
+
+
 @attrs.frozen(kw_only=True)
 class ServerConfig:
     """Everything one server process needs; `peers` maps instance names to base URLs."""
@@ -53,6 +59,19 @@ class ServerConfig:
     verify_judge: bool = False
     # Where the store records every fsync (`fakes.gym.durability`), so a power cut can be applied; "" records none.
     durability_journal: str = ""
+    # The policy model's token capture (capture ledger under `capture_dir`, its control routes under the bearer
+    # `capture_token`) and generation cuts (reference 7.2, 7.3); other roles ignore them.
+    token_capture: bool = False
+    generation_cuts: bool = False
+    capture_token: str = ""
+
+    def __attrs_post_init__(self) -> None:
+        check_capture(self.token_capture, self.generation_cuts)
+        if self.token_capture and not (self.capture_token and self.capture_dir):
+            raise ValueError(
+                "token capture needs a non-empty 'capture_token' (the ledger routes' bearer) and 'capture_dir' "
+                f"(got capture_token={self.capture_token!r}, capture_dir={self.capture_dir!r})"
+            )
 
     @property
     def url(self) -> str:

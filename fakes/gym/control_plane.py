@@ -594,7 +594,7 @@ class ControlPlane:
         self.notify()
         try:
             async with self._bounded(remaining_s, f"closing admission for {request.checkpoint_id!r}"):
-                await self.participant.close_admission()
+                await self.participant.close_admission(request.deadline_ts)
         except BaseException:
             await self._abandon()
             raise
@@ -749,7 +749,7 @@ class ControlPlane:
         for record in records:
             self._validate_record(record)
         work.stage = "install"
-        await self.participant.close_admission()
+        await self.participant.close_admission(None)
         if self.failpoints.armed(BEFORE_INSTALL):
             await asyncio.to_thread(self.failpoints.hit, BEFORE_INSTALL)  # off the loop: status still answers
         installed = await self.participant.install(records, list(request.episode_ids))

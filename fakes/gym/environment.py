@@ -68,7 +68,7 @@ class EnvironmentParticipant:
             restarts=tuple(restarts),
         )
 
-    async def close_admission(self) -> None:
+    async def close_admission(self, deadline_ts: float | None) -> None:
         self.owner.admission.clear()
 
     async def open_admission(self) -> None:

@@ -21,6 +21,7 @@ so a client reads one shape.
     +-- CoordinatorUnavailableError   503 checkpoint_coordinator_unavailable
     +-- RetireIncompleteError         409 retire_incomplete
     +-- InternalControlError          500 checkpoint_error      unexpected exception inside a control route
+    +-- RolloutRetiredError           410 rollout_retired       token capture's own: a retired capture ledger
 """
 
 from __future__ import annotations
@@ -144,6 +145,15 @@ class InternalControlError(ControlError):
     """An unexpected exception inside a control route: a bug in the server, never a refusal to act on."""
 
     status_code = INTERNAL_ERROR_STATUS
+
+
+class RolloutRetiredError(ControlError):
+    """A capture ledger that was retired: its manifest is gone (410) and it takes no more rows (reference 7.2).
+
+    Token capture's routes are not in reference 2.3's table, so code and status are ours."""
+
+    code = "rollout_retired"
+    status_code = 410
 
 
 async def _render_control_error(request: Request, exc: Exception) -> JSONResponse:

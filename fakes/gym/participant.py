@@ -42,8 +42,11 @@ class Participant(Protocol):
     def report(self) -> PrepareReport:
         """Current readiness; cheap, called after every change notification."""
 
-    async def close_admission(self) -> None:
-        """Stop admitting new work and ask running work to park at its next boundary."""
+    async def close_admission(self, deadline_ts: float | None) -> None:
+        """Stop admitting new work and ask running work to park at its next boundary.
+
+        `deadline_ts` is the prepare's deadline (the policy model cuts generations within it); None when a restore
+        closes a fresh process, where nothing runs yet."""
 
     async def open_admission(self) -> None:
         """Admit again and wake parked work (resume, lease expiry, failed prepare or restore)."""

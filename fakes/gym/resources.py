@@ -174,7 +174,7 @@ class ResourcesParticipant:
             return []
         return sorted({session.episode_id.capture_key for session in self.core.sessions.values()})
 
-    async def close_admission(self) -> None:
+    async def close_admission(self, deadline_ts: float | None) -> None:
         self.core.admission.clear()
 
     async def open_admission(self) -> None:

@@ -202,12 +202,27 @@ class BackgroundRun:
 
 @pytest.fixture
 def deploy(tmp_path: Path) -> Iterator[Callable[..., Deployment]]:
-    """Start a whole deployment of a topology (optionally with planted faults); all of it stops at teardown."""
+    """Start a whole deployment of a topology (optionally with planted faults, token capture and generation cuts);
+    all of it stops at teardown."""
     started: list[Deployment] = []
 
-    def start(topology: str, verify_mode: str = "wait", faults: tuple[str, ...] = ()) -> Deployment:
+    def start(
+        topology: str,
+        verify_mode: str = "wait",
+        faults: tuple[str, ...] = (),
+        *,
+        token_capture: bool = False,
+        generation_cuts: bool = False,
+    ) -> Deployment:
         state_dir = tmp_path / f"{len(started)}-{topology}-{verify_mode}"
-        stack = Stack(topology, state_dir, verify_mode=verify_mode, faults=faults)
+        stack = Stack(
+            topology,
+            state_dir,
+            verify_mode=verify_mode,
+            faults=faults,
+            token_capture=token_capture,
+            generation_cuts=generation_cuts,
+        )
         try:
             stack.start_backend()
             stack.start_gym()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -11,6 +12,7 @@ import httpx
 import pytest
 
 from fakes.backend import FINAL_TEXT, build_app, tokens_from_text
+from fakes.gym.generation_cut import GenerationCutInventory, GenerationCutPrefix, canonical_digest, validated_acks
 
 POLL_INTERVAL_S = 0.005
 TIMEOUT_S = 5.0
@@ -258,3 +260,202 @@ def test_tokens_are_a_deterministic_function_of_text_capped_at_64() -> None:
     assert tokens_from_text("Ab") == [ord("A") % 250 + 1, ord("b") % 250 + 1]
     assert tokens_from_text("x" * 100) == [ord("x") % 250 + 1] * 64
     assert tokens_from_text("\u00fa") == [ord("\u00fa") % 250 + 1]
+
+
+# -- token capture: the token store, the cut endpoint and continued calls -----------------------------------------
+
+
+def captured(call_id: str, parent: str | None = None, **extra: Any) -> dict[str, Any]:
+    """`ng_capture` of a call whose model_call_id is `<capture key>.<n>`."""
+    return {"model_call_id": call_id, "parent_call_id": parent, "rollout_id": call_id.rpartition(".")[0], **extra}
+
+
+def captured_chat(client: httpx.AsyncClient, messages: list[dict[str, Any]], capture: dict[str, Any]) -> Any:
+    return chat(client, messages, ng_capture=capture)
+
+
+async def staged(client: httpx.AsyncClient) -> dict[str, Any]:
+    return (await client.get("/_ctl/staged")).json()
+
+
+def inventory(*call_ids: str, checkpoint_id: str = "c1") -> dict[str, Any]:
+    prefixes = [
+        GenerationCutPrefix(ticket_id=n, rollout_id="r0", attempt=0, model_call_id=call_id, admitted_at=1.0)
+        for n, call_id in enumerate(call_ids)
+    ]
+    return GenerationCutInventory.build(checkpoint_id, "policy_model", prefixes).model_dump()
+
+
+def cut(client: httpx.AsyncClient, body: dict[str, Any]) -> Any:
+    return client.post("/ng-control/v1/generation-cut", json=body, headers={"authorization": "Bearer t"})
+
+
+TOOL_CALL_TOKENS = tokens_from_text(
+    json.dumps({"id": "call_0", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "SF"}'}})
+)
+
+
+@pytest.mark.anyio
+async def test_a_captured_call_is_staged_when_it_returns_and_its_reply_names_the_row(
+    client: httpx.AsyncClient,
+) -> None:
+    first = (await captured_chat(client, after_tool_rounds(0), captured("r0.0"))).json()
+    second = (await captured_chat(client, after_tool_rounds(1), captured("r0.1", "r0.0"))).json()
+    plain = (await chat(client, DEVELOPER_USER)).json()
+
+    assert first["ng_commit_coords"] == {"staging_key": "r0/r0.0"}
+    assert second["ng_commit_coords"] == {"staging_key": "r0/r0.1"}
+    assert "ng_commit_coords" not in plain
+    store = await staged(client)
+    assert store == {
+        "r0/r0.0": {
+            "rollout_id": "r0",
+            "model_call_id": "r0.0",
+            "parent_call_id": None,
+            "tokens": TOOL_CALL_TOKENS,
+            "continued_from": None,
+            "prefix_staging_key": None,
+        },
+        "r0/r0.1": {
+            "rollout_id": "r0",
+            "model_call_id": "r0.1",
+            "parent_call_id": "r0.0",
+            "tokens": tokens_from_text(FINAL_TEXT),
+            "continued_from": None,
+            "prefix_staging_key": None,
+        },
+    }
+    recorded = await calls(client)
+    assert [(call["continued_from"], call["reused_prefix_tokens"]) for call in recorded] == [(None, None)] * 3
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    "capture",
+    [
+        {"rollout_id": "r0"},
+        {"model_call_id": "", "rollout_id": "r0"},
+        {"model_call_id": "r0.0", "rollout_id": ""},
+        {"model_call_id": "r0.0", "rollout_id": "r0", "parent_call_id": 3},
+        {"model_call_id": "r0.0", "rollout_id": "r0", "generation_cut": "yes"},
+        {"model_call_id": "r0.0", "rollout_id": "r0", "generation_cut": {"source_capture_key": "r0"}},
+    ],
+)
+async def test_a_malformed_ng_capture_is_refused_before_the_call_is_recorded(
+    client: httpx.AsyncClient, capture: dict[str, Any]
+) -> None:
+    response = await captured_chat(client, DEVELOPER_USER, capture)
+
+    assert response.status_code == 422
+    assert await calls(client) == []
+
+
+@pytest.mark.anyio
+async def test_the_cut_endpoint_needs_a_bearer_and_the_inventorys_own_digest(client: httpx.AsyncClient) -> None:
+    body = inventory("r0.0")
+    unauthorized = await client.post("/ng-control/v1/generation-cut", json=body)
+    tampered = await cut(client, {**body, "checkpoint_id": "c2"})
+
+    assert (unauthorized.status_code, unauthorized.json()["error"]["code"]) == (401, "unauthorized")
+    assert (tampered.status_code, tampered.json()["error"]["code"]) == (422, "invalid_inventory")
+    assert (await client.get("/_ctl/cuts")).json() == []
+
+
+@pytest.mark.anyio
+async def test_a_cut_stages_the_prefix_of_an_active_call_and_fails_the_rest(client: httpx.AsyncClient) -> None:
+    await client.post("/_ctl/gate")
+    waiting = asyncio.ensure_future(captured_chat(client, after_tool_rounds(1), captured("r0.1")))
+    await wait_for_waiting(client, [0])
+    body = inventory("r0.1", "r0.9")
+
+    reply = (await cut(client, body)).json()
+
+    prefix = tokens_from_text(FINAL_TEXT)[:5]
+    key = "__generation_cut__/r0/r0.1"
+    acks = validated_acks(GenerationCutInventory.model_validate(body), reply)
+    assert (acks[0].disposition, acks[1].disposition) == ("durable_prefix", "durable_failure")
+    assert reply["prefixes"][0] == {
+        **body["active_prefixes"][0],
+        "disposition": "durable_prefix",
+        "cut_kind": "active_prefix",
+        "frozen_buffer_id": "buf-r0.1",
+        "staging_keys": [key],
+        "prefix_token_count": 5,
+        "prefix_digest": canonical_digest(prefix),
+        "effective_output_limit": 1024,
+        "terminal_finish_reason": None,
+        "terminal_stop_reason": None,
+    }
+    assert reply["prefixes"][1] == {**body["active_prefixes"][1], "disposition": "durable_failure"}
+    assert (reply["backend_snapshot_id"], reply["inventory"]) == ("fake-transfer-queue", body)
+    assert (await client.get("/_ctl/cuts")).json() == [["r0.1"]]
+    assert (await staged(client))[key]["tokens"] == prefix
+    await client.post("/_ctl/release")
+    await waiting
+    # A call that returned is no longer active: a later round cannot cut it.
+    assert (await cut(client, inventory("r0.1", checkpoint_id="c2"))).json()["prefixes"][0]["disposition"] == (
+        "durable_failure"
+    )
+    assert (await client.get("/_ctl/cuts")).json() == [["r0.1"], []]
+
+
+async def cut_continuation(client: httpx.AsyncClient) -> dict[str, Any]:
+    """Cut call r0.1 while it waits, let it end, and return the continuation a restored cut would carry."""
+    await client.post("/_ctl/gate")
+    waiting = asyncio.ensure_future(captured_chat(client, after_tool_rounds(1), captured("r0.1")))
+    await wait_for_waiting(client, [0])
+    body = inventory("r0.1")
+    (ack,) = validated_acks(GenerationCutInventory.model_validate(body), (await cut(client, body)).json()).values()
+    await client.post("/_ctl/release")
+    await waiting
+    return ack.continuation("r0")
+
+
+@pytest.mark.anyio
+async def test_a_continued_call_generates_only_the_rest_of_its_cut(client: httpx.AsyncClient) -> None:
+    continuation = await cut_continuation(client)
+
+    reply = await captured_chat(client, after_tool_rounds(1), captured("r0-a1.0", "r0.0", generation_cut=continuation))
+
+    assert reply.json()["ng_commit_coords"] == {"staging_key": "r0-a1/r0-a1.0"}
+    continued = (await calls(client))[-1]
+    assert (continued["continued_from"], continued["reused_prefix_tokens"]) == ("r0.1", 5)
+    assert continued["admission"]["generation_cut"] == continuation
+    entry = (await staged(client))["r0-a1/r0-a1.0"]
+    assert entry["tokens"] == tokens_from_text(FINAL_TEXT), "the prefix once, then the rest"
+    assert (entry["continued_from"], entry["prefix_staging_key"]) == ("r0.1", "__generation_cut__/r0/r0.1")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ({"staging_keys": ["__generation_cut__/r0/r0.7"]}, "not in the token store"),
+        ({"prefix_digest": "0" * 64}, "digest"),
+        ({"prefix_token_count": 4}, "4"),
+    ],
+)
+async def test_a_continuation_that_does_not_match_its_staged_cut_is_refused(
+    client: httpx.AsyncClient, change: dict[str, Any], problem: str
+) -> None:
+    continuation = {**(await cut_continuation(client)), **change}
+    recorded = len(await calls(client))
+
+    reply = await captured_chat(client, after_tool_rounds(1), captured("r0-a1.0", generation_cut=continuation))
+
+    assert reply.status_code == 409
+    assert reply.json()["error"]["code"] == "invalid_generation_cut"
+    assert problem in reply.json()["error"]["detail"]
+    assert len(await calls(client)) == recorded
+
+
+@pytest.mark.anyio
+async def test_reset_forgets_the_token_store_and_the_cut_stall(client: httpx.AsyncClient) -> None:
+    await captured_chat(client, DEVELOPER_USER, captured("r0.0"))
+    assert (await client.post("/_ctl/cut_stall", json={"stall": True})).json() == {"stall": True}
+
+    await client.post("/_ctl/reset")
+
+    assert await staged(client) == {}
+    body = inventory("r0.0")
+    assert (await cut(client, body)).json()["prefixes"][0]["disposition"] == "durable_failure"

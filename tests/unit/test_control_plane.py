@@ -70,7 +70,7 @@ class FakeParticipant:
             ready=not self.blockers, blockers=tuple(self.blockers), counts=counts, restarts=tuple(self.restarts)
         )
 
-    async def close_admission(self) -> None:
+    async def close_admission(self, deadline_ts: float | None) -> None:
         if self.close_error is not None:
             raise self.close_error
         self.accepting = False

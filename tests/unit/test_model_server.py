@@ -102,7 +102,8 @@ def backend_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         server.stop()
 
 
-def start_model_server(backend_url: str, log_dir: Path, faults: tuple[str, ...] = ()) -> Server:
+def start_model_server(backend_url: str, log_dir: Path, faults: tuple[str, ...] = (), **options: Any) -> Server:
+    """A model server; `options` are more `ServerConfig` fields (token capture, generation cuts)."""
     port = free_port()
     config = ServerConfig(
         name="policy_model",
@@ -111,6 +112,7 @@ def start_model_server(backend_url: str, log_dir: Path, faults: tuple[str, ...] 
         token=TOKEN,
         backend_url=backend_url,
         faults=faults,
+        **options,
     )
     env = {CONFIG_ENV: config.to_json()}
     return Server(
@@ -377,3 +379,135 @@ async def test_install_refuses_rows_without_a_ledger_and_remembers_targets() -> 
 
     assert installed == ["r0-a1", "r1-a3"]
     assert policy.gate.restored_targets == {"r0-a1", "r1-a3"}
+
+
+# -- token capture and generation cuts, as real processes ---------------------------------------------------------
+
+CAPTURE_TOKEN = "test-capture-token"
+LEDGER_ROUTES = "/training-token-capture/control/rollouts"
+
+
+@pytest.fixture
+def capture_url(backend_url: str, tmp_path: Path) -> Iterator[str]:
+    """A model server with token capture and generation cuts, its ledgers under `tmp_path / "capture"`."""
+    capture = {"capture_dir": str(tmp_path / "capture"), "capture_token": CAPTURE_TOKEN}
+    server = start_model_server(backend_url, tmp_path, token_capture=True, generation_cuts=True, **capture)
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+def capture_bearer() -> dict[str, str]:
+    return {"authorization": f"Bearer {CAPTURE_TOKEN}"}
+
+
+@pytest.mark.anyio
+async def test_a_captured_call_carries_its_lineage_and_stages_its_row_before_delivery(
+    http: httpx.AsyncClient, backend_url: str, capture_url: str
+) -> None:
+    replies = [await generate(http, capture_url, key) for key in ("r0", "r0", None, "r1")]
+
+    assert [reply.status_code for reply in replies] == [200] * 4
+    assert [call["admission"] for call in await backend_calls(http, backend_url)] == [
+        {"model_call_id": "r0.0", "parent_call_id": None, "rollout_id": "r0"},
+        {"model_call_id": "r0.1", "parent_call_id": "r0.0", "rollout_id": "r0"},
+        None,
+        {"model_call_id": "r1.0", "parent_call_id": None, "rollout_id": "r1"},
+    ]
+    manifest = await http.get(f"{capture_url}{LEDGER_ROUTES}/r0/manifest", headers=capture_bearer())
+    assert manifest.json() == {
+        "rollout_id": "r0",
+        "records": [
+            {"model_call_id": "r0.0", "parent_call_id": None, "staging_key": "r0/r0.0"},
+            {"model_call_id": "r0.1", "parent_call_id": "r0.0", "staging_key": "r0/r0.1"},
+        ],
+        "failures": [],
+    }
+
+
+@pytest.mark.anyio
+async def test_the_ledger_routes_answer_only_their_own_bearer_and_capture_keys(
+    http: httpx.AsyncClient, capture_url: str
+) -> None:
+    manifest = f"{capture_url}{LEDGER_ROUTES}/r0/manifest"
+    for headers in ({}, bearer()):
+        refused = await http.get(manifest, headers=headers)
+        assert (refused.status_code, error_code(refused)) == (401, "unauthorized")
+    unknown = await http.get(manifest, headers=capture_bearer())
+    assert unknown.json() == {"rollout_id": "r0", "records": [], "failures": []}
+    invalid = await http.get(f"{capture_url}{LEDGER_ROUTES}/r0-a1-a2/manifest", headers=capture_bearer())
+    assert (invalid.status_code, error_code(invalid)) == (400, "invalid_rollout_id")
+    for op in ("retire", "delete"):
+        url = f"{capture_url}{LEDGER_ROUTES}/{op}"
+        assert (await http.post(url, json={"rollout_ids": []}, headers=capture_bearer())).status_code == 422
+        bad_key = await http.post(url, json={"rollout_ids": ["r0", "-x"]}, headers=capture_bearer())
+        assert (bad_key.status_code, error_code(bad_key)) == (400, "invalid_rollout_id")
+
+    retire = f"{capture_url}{LEDGER_ROUTES}/retire"
+    retired = await http.post(retire, json={"rollout_ids": ["r0"]}, headers=capture_bearer())
+
+    assert retired.json() == {"retired": ["r0"]}
+    gone = await http.get(manifest, headers=capture_bearer())
+    assert (gone.status_code, error_code(gone)) == (410, "rollout_retired")
+    assert gone.json()["error"]["detail"].startswith("rollout ledger 'r0' is retired")
+    # A retired attempt's ledger takes no more calls.
+    late = await generate(http, capture_url, "r0")
+    assert (late.status_code, error_code(late)) == (410, "rollout_retired")
+
+
+@pytest.mark.anyio
+async def test_a_prepare_cuts_generating_calls_and_skips_constrained_ones(
+    http: httpx.AsyncClient, backend_url: str, capture_url: str
+) -> None:
+    await http.post(f"{backend_url}/_ctl/gate")
+    free = asyncio.ensure_future(generate(http, capture_url, "r0"))
+    constrained = asyncio.ensure_future(
+        http.post(
+            f"{capture_url}/ng-rollout/r1/v1/chat/completions",
+            json={"model": "fake-model", "messages": MESSAGES, "tool_choice": "required"},
+        )
+    )
+    await wait_backend_waiting(http, backend_url, 2)
+
+    prepared = (await control(http, capture_url, "prepare", "c1")).json()
+
+    assert prepared["phase"] == "prepared"
+    assert prepared["report"]["counts"] == {"inflight": 2, "held": 0, "cut": 1, "cut_failed": 0, "cut_skipped": 1}
+    assert (await http.get(f"{backend_url}/_ctl/cuts")).json() == [["r0.0"]]
+    await control(http, capture_url, "resume", "c1")
+    await wait_counts(http, capture_url, cut=0, cut_failed=0, cut_skipped=0)
+    await http.post(f"{backend_url}/_ctl/release")
+    assert [(await free).status_code, (await constrained).status_code] == [200, 200]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("faults", [(), ("ledger_removal_while_open",)], ids=["fault-free", "fault"])
+async def test_ledger_removal_waits_for_an_open_checkpoint(
+    http: httpx.AsyncClient, backend_url: str, tmp_path: Path, faults: tuple[str, ...]
+) -> None:
+    capture = {"capture_dir": str(tmp_path / "capture"), "capture_token": CAPTURE_TOKEN}
+    server = start_model_server(backend_url, tmp_path, faults, token_capture=True, **capture)
+    try:
+        assert (await generate(http, server.url, "r0")).status_code == 200
+        await control(http, server.url, "prepare", "c1")
+
+        routes = f"{server.url}{LEDGER_ROUTES}"
+        answers = [
+            await http.post(f"{routes}/{op}", json={"rollout_ids": ["r0"]}, headers=capture_bearer())
+            for op in ("retire", "delete")
+        ]
+
+        if faults:
+            assert [answer.json() for answer in answers] == [{"retired": ["r0"]}, {"deleted": ["r0"]}]
+            return
+        for answer in answers:
+            assert (answer.status_code, error_code(answer)) == (409, "invalid_phase")
+            assert "retry ledger retire and delete after it resumes" in answer.json()["error"]["detail"]
+        manifest = await http.get(f"{routes}/r0/manifest", headers=capture_bearer())
+        assert [row["model_call_id"] for row in manifest.json()["records"]] == ["r0.0"]
+        await control(http, server.url, "resume", "c1")
+        retired = await http.post(f"{routes}/retire", json={"rollout_ids": ["r0"]}, headers=capture_bearer())
+        assert retired.json() == {"retired": ["r0"]}
+    finally:
+        server.stop()

@@ -8,6 +8,7 @@ import pytest
 
 from fakes import stack
 from fakes.deployment import EmbeddedDeployment
+from fakes.gym.config import ServerConfig
 from fakes.stack import Stack
 
 
@@ -66,3 +67,56 @@ def test_only_the_mixed_topology_has_a_restart_run_url() -> None:
             native.restart_run_url()
     finally:
         native.close()
+
+
+def test_token_capture_reaches_only_the_policy_model_with_its_own_bearer(tmp_path: Path) -> None:
+    deployment = Stack("native", tmp_path, backend_url="http://127.0.0.1:1", token_capture=True, generation_cuts=True)
+    configs = deployment.configs()
+
+    policy = configs["policy_model"]
+    assert (policy.token_capture, policy.generation_cuts, policy.capture_token) == (
+        True,
+        True,
+        deployment.capture_token,
+    )
+    assert policy.capture_dir == str(deployment.capture_dir)
+    assert deployment.capture_token not in ("", deployment.token)
+    others = [config for name, config in configs.items() if name != "policy_model"]
+    assert not any(config.token_capture or config.generation_cuts or config.capture_token for config in others)
+    described = deployment.describe()
+    assert (described["token_capture"], described["generation_cuts"]) == (True, True)
+    assert described["capture_token"] == deployment.capture_token
+    assert (
+        Stack("native", tmp_path / "off", backend_url="http://127.0.0.1:1").configs()["policy_model"].token_capture
+        is False
+    )
+
+
+def test_cuts_need_token_capture_and_capture_needs_its_bearer(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="'generation_cuts' needs 'token_capture'"):
+        Stack("native", tmp_path, generation_cuts=True)
+    base = {"name": "policy_model", "role": "policy_model", "port": 1, "token": "t", "capture_dir": str(tmp_path)}
+    with pytest.raises(ValueError, match="'generation_cuts' needs 'token_capture'"):
+        ServerConfig(**base, generation_cuts=True)
+    with pytest.raises(ValueError, match="non-empty 'capture_token'"):
+        ServerConfig(**base, token_capture=True)
+    with pytest.raises(SystemExit):
+        stack.main(["--state-dir", str(tmp_path), "--generation-cuts"])
+
+
+def test_clear_capture_empties_the_capture_directory_only_while_gym_is_down(tmp_path: Path) -> None:
+    deployment = EmbeddedDeployment("counter", root=tmp_path, token_capture=True)
+    capture_dir = deployment.stack.capture_dir
+    capture_dir.mkdir(parents=True)
+    (capture_dir / "r0.lineage.jsonl").write_text("{}\n")
+
+    deployment.clear_capture()
+
+    assert capture_dir.is_dir()
+    assert list(capture_dir.iterdir()) == []
+    assert (deployment.token_capture, deployment.generation_cuts) == (True, False)
+    assert deployment.capture_token == deployment.stack.capture_token
+    deployment.stack.gym["policy_model"] = None  # type: ignore[assignment]  # only its presence matters here
+    with pytest.raises(RuntimeError, match="running"):
+        deployment.clear_capture()
+    deployment.stack.gym.clear()
