@@ -276,7 +276,7 @@ CATALOGUE: tuple[Fault, ...] = (
     Fault(
         "ledger_retire_skipped",
         "policy_model",
-        "P7",
+        "P5",
         "a participant retire that cancels the attempt's calls but leaves its capture ledgers live",
         topology="counter",
         token_capture=True,
@@ -299,11 +299,11 @@ CATALOGUE: tuple[Fault, ...] = (
         generation_cuts=True,
     ),
     Fault(
-        "cut_waits_whole_deadline",
+        "cut_without_timeout",
         "policy_model",
         "P10",
-        "a cut request whose timeout is the whole remaining prepare time instead of half, so a hung cut eats the"
-        " prepare's deadline",
+        "a cut request sent without a timeout (instead of half the remaining prepare time), so a hung cut endpoint"
+        " holds the prepare past its deadline",
         token_capture=True,
         generation_cuts=True,
     ),

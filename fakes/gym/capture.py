@@ -167,8 +167,8 @@ class GenerationCutter:
         self.send = send
         self.server_name = server_name
         self.checkpoint_id = checkpoint_id
-        # Planted `cut_waits_whole_deadline`: a hung cut eats the whole prepare.
-        self._deadline_share = 1.0 if "cut_waits_whole_deadline" in faults else 0.5
+        # Planted `cut_without_timeout`: the cut waits for the backend however long it takes.
+        self._bounded = "cut_without_timeout" not in faults
 
     async def cut(self, gate: PolicyGate, deadline_ts: float) -> None:
         """Cut every captured call still generating; constrained ones are skipped and will regenerate."""
@@ -194,9 +194,9 @@ class GenerationCutter:
 
     async def _acks(self, inventory: GenerationCutInventory, deadline_ts: float) -> dict[int, GenerationCutPrefixAck]:
         """The receipt's acks, or none at all when it is late, refused or does not answer the inventory."""
-        timeout_s = (deadline_ts - time.time()) * self._deadline_share
+        timeout_s = (deadline_ts - time.time()) / 2 if self._bounded else None
         try:
-            if timeout_s <= 0:
+            if timeout_s is not None and timeout_s <= 0:
                 raise TimeoutError("no prepare time left for a cut")
             async with asyncio.timeout(timeout_s):
                 response = await self.send(inventory.model_dump())

@@ -4,7 +4,8 @@ Wire-compatible with Gym's token-capture control routes (reference 7.2), which u
 (`NEMO_GYM_TOKEN_CAPTURE_CONTROL_TOKEN`), not the checkpoint control token:
 
 - `GET /training-token-capture/control/rollouts/<capture_key>/manifest`: the ledger's rows in order (`records`,
-  each with `model_call_id`, `parent_call_id`, `staging_key`), or 410 with a `detail` saying it "is retired";
+  each with `model_call_id`, `parent_call_id`, `staging_key`), or 410 with a `detail` saying it "is retired"
+  (read at the top level, as FastAPI writes it, or in the control plane's error envelope);
 - `POST /training-token-capture/control/rollouts/retire` and `.../delete` with `{"rollout_ids": [...]}`, refused
   while a checkpoint is open on that model server.
 
@@ -91,7 +92,7 @@ class LedgerClient:
         )
         body = _json(response, where)
         if response.status_code == RETIRED_STATUS:
-            detail = str(body.get("detail", "")) if isinstance(body, dict) else ""
+            detail = _detail(body)
             if RETIRED_DETAIL not in detail:
                 raise ProtocolError(
                     source=where, problems=[f"410 without '{RETIRED_DETAIL}' in its detail"], reply=body
@@ -121,11 +122,19 @@ class LedgerClient:
         )
         body = _json(response, where)
         if response.status_code != httpx.codes.OK:
-            return Refusal(response.status_code, response.text[:300])
+            return Refusal(response.status_code, _detail(body) or response.text)
         return body
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"}
+
+
+def _detail(body: Any) -> str:
+    """The text of a refusal: FastAPI's top-level `detail`, or the control plane's `{"error": {"detail"}}`."""
+    if not isinstance(body, dict):
+        return ""
+    error = body.get("error")
+    return str(body.get("detail") or (error.get("detail") if isinstance(error, dict) else "") or "")
 
 
 def _json(response: httpx.Response, where: str) -> Any:

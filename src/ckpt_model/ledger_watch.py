@@ -80,7 +80,10 @@ class LedgerWatch:
             if member.kind == "model":
                 with timing.span("fingerprint"):
                     records += read_records(
-                        participant_dir(directory, "model", member.name), "model", member.name, checkpoint_id
+                        participant_dir(directory, "model", member.name),
+                        "model",
+                        member.name,
+                        checkpoint_id=checkpoint_id,
                     )
         p5_exported(checkpoint_id, chains, records)
         cuts = self.lineage.exported_cuts[checkpoint_id]

@@ -573,7 +573,7 @@ FAULT_SCENARIOS: dict[str, str] = {
     "ledger_retire_skipped": "token_lineage__retired_ledger_answers_410",
     "ledger_removal_while_open": "ledger_removal__refused_while_a_checkpoint_is_open",
     "cut_not_attached": "generation_cut__in_flight_call_continued_from_its_prefix",
-    "cut_waits_whole_deadline": "generation_cut__hung_cut_costs_only_a_regeneration",
+    "cut_without_timeout": "generation_cut__hung_cut_costs_only_a_regeneration",
     "cuts_pile_up": "generation_cut__one_cut_per_record_after_a_resume",
 }
 

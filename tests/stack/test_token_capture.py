@@ -285,21 +285,20 @@ def test_cuts_pile_up__a_call_cut_twice_makes_its_checkpoint_unrestorable(
     assert_rewarded(deployment.run(native_run_body("pile-1", 1)), native_reward)
 
 
-@with_and_without("cut_waits_whole_deadline")
-def test_cut_waits_whole_deadline__a_hung_cut_eats_the_prepare(deploy: Deploy, faults: tuple[str, ...]) -> None:
+@with_and_without("cut_without_timeout")
+def test_cut_without_timeout__a_hung_cut_eats_the_prepare(deploy: Deploy, faults: tuple[str, ...]) -> None:
     """A cut that never answers costs the cut (the call regenerates), never the prepare: it may take only half
-    of the remaining prepare time."""
+    of the remaining prepare time. Without a timeout it holds the prepare past its deadline."""
     deployment = deploy("native", faults=faults, token_capture=True, generation_cuts=True)
     deployment.backend("/_ctl/cut_stall", {"stall": True})
     deployment.start_held(native_run_body("hung-1", 0), calls_delivered=1)
     budget_s = 6.0
     started = time.monotonic()
     if faults:
-        # The model replies at the deadline at the earliest: late (deadline_exceeded) or only just in time.
+        # The controller gives up at the deadline plus its margin; the model never answered.
         outcome = prepare_or_failure(deployment, "c1", time.time() + budget_s)
-        assert time.monotonic() - started >= 0.9 * budget_s
-        if isinstance(outcome, CoordinationError):
-            assert outcome.failures["policy_model"].code == "deadline_exceeded"
+        assert time.monotonic() - started >= budget_s
+        assert isinstance(outcome, CoordinationError), outcome
     else:
         prepared = deployment.control.prepare("c1", time.time() + budget_s)
         assert prepared.prepared, prepared.blockers()
