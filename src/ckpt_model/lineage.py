@@ -27,7 +27,7 @@ compare.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -348,11 +348,7 @@ def p5_manifest(key: str, expected: tuple[str, ...] | None, manifest: Manifest |
 def p5_exported(checkpoint_id: str, chains: Mapping[str, tuple[str, ...]], records: Sequence[Any]) -> None:
     """At a commit: the model's record of each scoped attempt carries exactly its chain up to the last delivered
     call (no row of an undelivered call, none twice); an attempt without rows has no record."""
-    by_key: dict[str, list[str]] = {}
-    for record in records:
-        episode = record.get("episode_id") or {}
-        key = capture_key(str(episode.get("rollout_id")), int(episode.get("attempt", 0)))
-        by_key[key] = [row.get("model_call_id") for row in record.get("rows", [])]
+    by_key = _by_capture_key(records, lambda record: [row.get("model_call_id") for row in record.get("rows", [])])
     for key in sorted(set(chains) | set(by_key)):
         want = list(chains.get(key, ()))
         got = by_key.get(key, [])
@@ -362,6 +358,15 @@ def p5_exported(checkpoint_id: str, chains: Mapping[str, tuple[str, ...]], recor
                 expected=f"the model record of {key!r} in {checkpoint_id} carries rows {want}",
                 observed=f"it carries {got}" if key in by_key else "there is no model record of it",
             )
+
+
+def _by_capture_key(records: Sequence[Any], pick: Callable[[Any], list[Any]]) -> dict[str, list[Any]]:
+    """What `pick` reads of each model record, by the record's capture key."""
+    by_key = {}
+    for record in records:
+        episode = record.get("episode_id") or {}
+        by_key[capture_key(str(episode.get("rollout_id")), int(episode.get("attempt", 0)))] = pick(record)
+    return by_key
 
 
 def p5_staged(key: str, rows: Sequence[Any], staged: Mapping[str, Any]) -> None:
@@ -395,13 +400,12 @@ def p12_cut_round(checkpoint_id: str, in_flight: Sequence[CapturedCall], rounds:
 def p12_exported_cuts(checkpoint_id: str, cuts: Mapping[str, str], records: Sequence[Any]) -> None:
     """At a commit: the model record of each scoped attempt carries the cut of its undelivered call (or the
     restored cut it has not used), at most one, and no other."""
-    by_key: dict[str, list[Any]] = {}
-    for record in records:
-        episode = record.get("episode_id") or {}
-        key = capture_key(str(episode.get("rollout_id")), int(episode.get("attempt", 0)))
-        by_key[key] = [
+    by_key = _by_capture_key(
+        records,
+        lambda record: [
             (cut.get("continuation") or {}).get("source_model_call_id") for cut in record.get("generation_cuts", [])
-        ]
+        ],
+    )
     for key in sorted(set(cuts) | set(by_key)):
         want = [cuts[key]] if key in cuts else []
         got = by_key.get(key, [])
