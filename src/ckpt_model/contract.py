@@ -531,8 +531,9 @@ class Model:
         )
         for exported in (a for a in checkpoint.snapshot if a.key in checkpoint.exported):
             burned = exported.attempt + 1
-            latest = model._current(exported.rollout)
-            if latest.status == "dead" and latest.attempt < burned:
+            # None: a restore of an earlier checkpoint abandoned the rollout since; only the marks remain of it.
+            latest = model.current().get(exported.rollout)
+            if latest is not None and latest.status == "dead" and latest.attempt < burned:
                 never_run = Attempt(rollout=exported.rollout, attempt=burned, status="dead", script=model.script)
                 model = attrs.evolve(model, attempts=(*model.attempts, never_run))
             restarted = tuple(

@@ -718,3 +718,16 @@ def test_restarts_need_the_mixed_topology_and_it_crashes_no_participant_alone() 
     model = mixed_with_a_restart()
     assert model.can_dispatch_restart()
     assert not any(model.can_crash_participant(kind) for kind in ("environment", "agent", "resources", "model"))
+
+
+def test_a_refused_restore_only_marks_a_rollout_an_earlier_restore_abandoned() -> None:
+    model, _ = native().dispatch()
+    model, _ = model.prepare()
+    model, _ = model.commit()
+    model, _ = model.resume().dispatch()  # r1, after c1
+    model, incomplete = model.prepare()
+    model, _ = model.crash_in_commit().restore("c1")  # back to c1's snapshot: r1 is abandoned
+    assert "r1" not in model.current()
+    model, _ = model.crash().failed_restore(incomplete)
+    assert dict(model.retired_marks) == {"r0": 1, "r1": 1}
+    assert "r1" not in model.current()
