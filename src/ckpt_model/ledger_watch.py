@@ -14,9 +14,10 @@ from typing import Any
 
 from ckpt_model import timing
 from ckpt_model.deployment import Harness
-from ckpt_model.ledger import Manifest
+from ckpt_model.ledger import Manifest, Refusal
 from ckpt_model.lineage import (
     Lineage,
+    P5Violation,
     next_key,
     p5_exported,
     p5_manifest,
@@ -47,8 +48,21 @@ class LedgerWatch:
     # -- what the controller did ---------------------------------------------------------------------------
 
     def started(self, key: str) -> None:
-        if self.enabled:
-            self.lineage = self.lineage.start(key)
+        """An execution of `key` starts. If the controller retired that attempt's ledger before (a restore of an
+        earlier checkpoint then rolled its attempt numbers back), it first deletes the stale ledger, as a trainer
+        must before it runs the attempt again: a retired ledger takes no more calls."""
+        if not self.enabled:
+            return
+        if key in self.lineage.retired:
+            outcome = self.harness.ledger.delete([key])
+            if isinstance(outcome, Refusal):
+                raise P5Violation(
+                    rollout=key,
+                    expected=f"the retired ledger of {key!r} is deleted while no checkpoint is open",
+                    observed=f"the delete was refused: HTTP {outcome.status}: {outcome.text}",
+                )
+            self.lineage = self.lineage.delete(key)
+        self.lineage = self.lineage.start(key)
 
     def model_died(self) -> None:
         """The policy model server was killed: learn which replies had reached it first."""

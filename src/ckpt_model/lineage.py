@@ -217,6 +217,13 @@ class Lineage:
         restored_cuts = {k: v for k, v in settled.restored_cuts.items() if k not in keys}
         return attrs.evolve(settled, retired=settled.retired | keys, restored_cuts=restored_cuts)
 
+    def delete(self, key: str) -> Lineage:
+        """The trainer deleted the ledger of `key`: no rows, no marker (a later attempt under that key starts
+        afresh)."""
+        rows = {k: v for k, v in self.rows.items() if k != key}
+        writers = {k: w for k, w in self.writers.items() if k != key}
+        return attrs.evolve(self, rows=rows, writers=writers, retired=self.retired - {key})
+
     # -- what the ledgers must show ------------------------------------------------------------------------
 
     def ledger_keys(self) -> list[str]:

@@ -237,3 +237,11 @@ def test_a_continued_calls_tokens_hold_the_prefix_once() -> None:
         p12_tokens([attrs.evolve(continued, reused_prefix_tokens=3)], staged)
     with pytest.raises(P12Violation, match="staged tokens"):
         p12_tokens([continued], {})
+
+
+def test_a_deleted_ledger_is_live_and_empty_again() -> None:
+    retired = Lineage().start("r0").learn([call(0, "r0", "r0.0", None)]).retire("r0", 0)
+    assert retired.expected("r0") is None
+    deleted = retired.delete("r0")
+    assert deleted.expected("r0") == ()
+    assert deleted.start("r0").learn([call(1, "r0", "r0.1", None)]).expected("r0") == ("r0.1",)
