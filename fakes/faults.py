@@ -254,6 +254,8 @@ CATALOGUE: tuple[Fault, ...] = (
         " the lineage keeps calls nobody continued",
         topology="counter",
         token_capture=True,
+        # Appending also keeps a dead execution's retired marker, which refuses the restore outright.
+        also_shows_as=("P9",),
     ),
     Fault(
         "lineage_forgets_restored_parent",
