@@ -514,8 +514,14 @@ class CheckpointMachine(RuleBasedStateMachine):
             failures = {name: a for name, a in answers.items() if isinstance(a, ParticipantFailure)}
             if failures:
                 raise CoordinationError(operation, failures, answers)
-        self._crash_everything(inside=True)
         reached_names = [name for names in stages for name in names]
+        if any(m.kind == "model" and m.name in reached_names for m in self.control.participants):
+            # What the policy model did to its ledgers is on disk and outlives the crash (P5).
+            if operation == "restore":
+                self.ledgers.restored(checkpoint.checkpoint_id)
+            elif operation == "retire":
+                self.ledgers.retired(episodes)
+        self._crash_everything(inside=True)
         self._advance(
             self.model.crash(), f"crash_in_operation() inside {operation} {checkpoint_id}, reached {reached_names}"
         )
