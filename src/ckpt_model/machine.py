@@ -807,12 +807,15 @@ class CheckpointMachine(RuleBasedStateMachine):
     # (restored-pending episodes dropped by a second checkpoint; a restore that ignores boundaries).
 
     @precondition(lambda self: self.model.can_prepare() and self._worth_a_checkpoint())
-    @rule(then_resume=st.booleans())
+    @rule(then_resume=st.booleans(), hold_one=st.booleans())
     @step
-    def checkpoint(self, then_resume: bool) -> None:
+    def checkpoint(self, then_resume: bool, hold_one: bool = False) -> None:
         """The routine checkpoint: prepare and commit in one step, then resume (or leave it committed, so a crash
-        or another rule can come first)."""
+        or another rule can come first). With `hold_one`, the first waiting call returns between the two, so its
+        reply is held across the commit (Gym's scenario 8): its episode is exported at the call before it."""
         self.prepare()
+        if hold_one and self.model.releasable():
+            self.release(0)
         self.commit()
         if then_resume:
             self.resume()

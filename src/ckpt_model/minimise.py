@@ -55,8 +55,9 @@ Signature = tuple[str, str | None]
 
 
 def _checkpoint_primitives(arguments: Mapping[str, Any]) -> Steps:
+    held: Steps = (("release", {"pick": 0}),) if arguments.get("hold_one") else ()
     resume: Steps = (("resume", {}),) if arguments.get("then_resume") else ()
-    return (("prepare", {}), ("commit", {}), *resume)
+    return (("prepare", {}), *held, ("commit", {}), *resume)
 
 
 def _recover_primitives(arguments: Mapping[str, Any]) -> Steps:
@@ -74,6 +75,7 @@ COMPOSITES: dict[str, Callable[[Mapping[str, Any]], Steps]] = {
 # Every way a composite can be called, for folding primitives back into one (`fold_composites`); `recover`'s pick
 # ranges over the machine's `PICK` (0 to 7).
 _COMPOSITE_FORMS: tuple[tuple[str, dict[str, Any]], ...] = (
+    *(("checkpoint", {"then_resume": resume, "hold_one": True}) for resume in (True, False)),
     ("checkpoint", {"then_resume": True}),
     ("checkpoint", {"then_resume": False}),
     *(("recover", {"pick": pick}) for pick in range(8)),
