@@ -290,22 +290,40 @@ class BackendForwarder:
         return await self.client.post(self.url, content=body, headers=headers)
 
 
+def policy_gate(
+    config: ServerConfig, *, is_retired: Callable[[EpisodeId], bool], notify: Callable[[], None]
+) -> PolicyGate:
+    """The gate of one serving process (the server, or one worker of a multi-worker server)."""
+    return PolicyGate(
+        # Read once at startup, so the fault-free server pays nothing per call.
+        holds_responses=FAULT_DELIVERS_HELD not in config.faults,
+        is_retired=is_retired,
+        notify=notify,
+    )
+
+
 def build_app(config: ServerConfig) -> FastAPI:
     """The policy model server with the checkpoint control routes."""
     control_plane: ControlPlane
-    gate = PolicyGate(
-        # Read once at startup, so the fault-free server pays nothing per call.
-        holds_responses=FAULT_DELIVERS_HELD not in config.faults,
+    gate = policy_gate(
+        config,
         is_retired=lambda episode_id: control_plane.retired.is_retired(episode_id),
         notify=lambda: control_plane.notify(),
     )
     control_plane = ControlPlane.from_config(PolicyParticipant(gate), config)
+    app = generation_app(config, gate)
+    add_health(app)
+    app.include_router(control_plane.router())
+    return app
+
+
+def generation_app(config: ServerConfig, gate: PolicyGate) -> FastAPI:
+    """An app serving the generation route through `gate`; the caller adds health and the control routes
+    (`fakes.gym.model_workers` builds a worker of a multi-worker server from it)."""
     forwarder = BackendForwarder(url=config.backend_url.rstrip("/") + GENERATION_PATH)
     app = FastAPI(lifespan=lifespan_with_client(lambda client: setattr(forwarder, "client", client)))
     app.add_middleware(RolloutPrefixMiddleware)
     install_error_handlers(app)
-    add_health(app)
-    app.include_router(control_plane.router())
 
     @app.post(GENERATION_PATH)
     async def chat_completions(request: Request) -> Response:
