@@ -17,6 +17,11 @@ start binds the port and passes the standby the listening socket (SCM_RIGHTS); i
 its socket pair, so the start needs no health check over HTTP. A start without a usable standby forks a child
 that builds everything itself (or uses the prepared config).
 
+A server with several workers (`ServerConfig.workers`, see `fakes.gym.workers`) starts the same way: its child
+becomes the coordinator and, once it holds the listening socket, forks the workers that accept on it; its standby
+waits for the socket without an event loop (a process that runs one must not fork) and says SERVING only once every
+worker has registered.
+
 The fork server closes its copy of that socket right after the fork, so the child holds the only one and a crash
 looks like a real one: connections waiting in the backlog are reset and new ones are refused until the next
 start, which binds the same port again. (A socket kept by the fork server across children would keep accepting
@@ -108,6 +113,7 @@ def warm_up() -> float:
     import fakes.gym.agent
     import fakes.gym.environment
     import fakes.gym.model
+    import fakes.gym.model_workers
     import fakes.gym.resources
     import fakes.gym.serve  # noqa: F401 - imported for its side effect: loaded before any fork
 
@@ -570,9 +576,37 @@ def run_standby(config_json: str, config: Any, channel: socket.socket, on_promot
     # The app's request path once more, here: its pages are this process's own before the first real request
     # (copy-on-write would otherwise copy them during it, on the path from a crash to serving again).
     asyncio.run(touch_stateless_routes(config.app))
+    if workers_of(config_json) > 1:
+        return run_coordinator_standby(config_json, config, channel, on_promotion)
     server = standby_server(config, channel, on_promotion)
     server.run()
     return 0 if server.started or server.stood_down else 3  # uvicorn's STARTUP_FAILURE
+
+
+def run_coordinator_standby(
+    config_json: str, config: Any, channel: socket.socket, on_promotion: Callable[[], None]
+) -> int:
+    """A standby of a server with several workers (`fakes.gym.workers`): report READY and wait, without an event
+    loop, for the listening socket; then become the coordinator, fork the workers (a process that runs an event
+    loop must not fork) and say SERVING once every worker has registered."""
+    from fakes.gym.config import ServerConfig
+    from fakes.gym.serve import serve_workers
+
+    with contextlib.suppress(OSError):
+        channel.sendall(READY)
+    _, fds, _, _ = socket.recv_fds(channel, len(GO), 1)
+    if not fds:  # stood down: the fork server discarded this standby, or is gone
+        channel.close()
+        return 0
+    on_promotion()
+    sock = socket.socket(fileno=fds[0])
+
+    def serving() -> None:
+        with contextlib.suppress(OSError):
+            channel.sendall(SERVING)
+        channel.close()
+
+    return serve_workers(ServerConfig.from_json(config_json), sock, config, serving)
 
 
 def standby_server(config: Any, channel: socket.socket, on_promotion: Callable[[], None]) -> Any:
@@ -642,9 +676,20 @@ def serve_config(config_json: str, sock: socket.socket, prepared: Any = None) ->
     import uvicorn
 
     use_config_env(config_json)
+    if workers_of(config_json) > 1:
+        from fakes.gym.config import ServerConfig
+        from fakes.gym.serve import serve_workers
+
+        return serve_workers(ServerConfig.from_json(config_json), sock, prepared)
     server = uvicorn.Server(prepared if prepared is not None else build_config(config_json))
     server.run(sockets=[sock])
     return 0 if server.started else 3  # uvicorn's STARTUP_FAILURE
+
+
+def workers_of(config_json: str) -> int:
+    """How many worker processes the server serves with; more than one makes it their coordinator."""
+    workers = json.loads(config_json).get("workers", 1)
+    return workers if isinstance(workers, int) else 1
 
 
 def use_config_env(config_json: str) -> None:
