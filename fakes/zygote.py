@@ -75,6 +75,7 @@ WARM_UP_TOKEN = "warm-up"
 WARM_UP_PEER_URL = "http://127.0.0.1:9"
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 PR_SET_NAME = 15
+PR_SET_CHILD_SUBREAPER = 36
 PROCESS_NAME_BYTES_MAX = 15
 STANDBY_PREFIX = "standby:"
 READY = b"r"  # standby -> fork server: built, waiting for its socket
@@ -196,6 +197,7 @@ class Zygote:
         self.prepared: OrderedDict[str, Any] = OrderedDict()
         # Loaded before any fork, so a child only calls it.
         self.libc = ctypes.CDLL(None, use_errno=True)
+        self.forking = False
 
     # -- requests ---------------------------------------------------------------------------------------------
 
@@ -292,8 +294,7 @@ class Zygote:
                     ready_pipe[1],
                     lambda: serve_config(config_json, sock, self.prepared.get(config_json)),
                 )
-        self.children[pid] = name
-        self.reap()  # the handler reaps only recorded children: one that died already is collected here
+        self.record(pid, name)
         return pid
 
     # -- children -----------------------------------------------------------------------------------------------
@@ -305,7 +306,20 @@ class Zygote:
             raise RuntimeError(f"{threading.active_count() - 1} thread(s) running in the fork server; fork is unsafe")
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
-        return os.fork()
+        # Until `record` names the child, the SIGCHLD handler collects recorded children only (see `reap`).
+        self.forking = True
+        try:
+            return os.fork()
+        except BaseException:
+            self.forking = False
+            raise
+
+    def record(self, pid: int, name: str) -> None:
+        """Name a child just forked; one that died already is collected here (the handler reaps only recorded
+        children while a fork is unrecorded)."""
+        self.children[pid] = name
+        self.forking = False
+        self.reap()
 
     def inherited(self) -> tuple[IO[bytes] | socket.socket, ...]:
         """What a child gets from the fork and must close: the control channel, other standbys' socket pairs."""
@@ -324,9 +338,13 @@ class Zygote:
     def reap(self, signum: int | None = None, frame: FrameType | None = None) -> None:
         """SIGCHLD handler: collect every recorded child that died, keeping its exit status for the owner.
 
-        Only recorded children are waited for, so a child is never reaped before `spawn` records it. The handler
-        may interrupt other code and itself (a second SIGCHLD), so each change is one atomic dict call; and it
-        never raises, since an exception would surface in whatever code the signal interrupted.
+        While a fork is not yet recorded only recorded children are waited for, so a child is never reaped before
+        `record` names it. Otherwise any child is: this process is a child subreaper (see `main`), so the workers
+        of a multi-worker server, orphaned when their coordinator dies with them, are re-parented here and must be
+        collected as promptly as the servers (init here reaps orphans only every 1-1.5 s, and a process group is
+        not gone while a zombie is left in it). The handler may interrupt other code and itself (a second
+        SIGCHLD), so each change is one atomic dict call; and it never raises, since an exception would surface in
+        whatever code the signal interrupted.
         """
         try:
             for pid in list(self.children):
@@ -337,12 +355,24 @@ class Zygote:
                     continue
                 if reaped_pid == 0:
                     continue
-                self.exit_statuses[pid] = os.waitstatus_to_exitcode(status)
-                self.children.pop(pid, None)
-                while len(self.exit_statuses) > EXIT_STATUSES_KEPT_MAX:
-                    self.exit_statuses.popitem(last=False)
+                self.collected(pid, status)
+            while not self.forking:
+                try:
+                    reaped_pid, status = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    break
+                if reaped_pid == 0:
+                    break
+                self.collected(reaped_pid, status)
         except Exception:
             traceback.print_exc()
+
+    def collected(self, pid: int, status: int) -> None:
+        """Keep how a reaped process exited (orphans too: harmless, and bounded)."""
+        self.exit_statuses[pid] = os.waitstatus_to_exitcode(status)
+        self.children.pop(pid, None)
+        while len(self.exit_statuses) > EXIT_STATUSES_KEPT_MAX:
+            self.exit_statuses.popitem(last=False)
 
     def kill_children(self, timeout_s: float = CHILDREN_GONE_TIMEOUT_S) -> None:
         """SIGKILL every live child's group and wait (bounded) until each is reaped and gone, so none outlives the
@@ -409,8 +439,7 @@ class Zygote:
                     ready_write_fd,
                     lambda: run_standby(config_json, config, theirs, lambda: self.name_process(name)),
                 )
-            self.children[pid] = STANDBY_PREFIX + name
-            self.reap()
+            self.record(pid, STANDBY_PREFIX + name)
         finally:
             theirs.close()
             os.close(ready_write_fd)
@@ -742,6 +771,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     # stdin needs no closing in a child: redirect_stdio replaces fd 0, which drops the request pipe.
     zygote = Zygote([replies])
+    # Orphans of our children come to us, not to init: see `Zygote.reap`.
+    zygote.libc.prctl(PR_SET_CHILD_SUBREAPER, 1)
     signal.signal(signal.SIGCHLD, zygote.reap)
     try:
         write_message(replies, {"ready": True, "pid": os.getpid(), "warm_up_ms": round(warm_up_ms, 1)})
