@@ -35,12 +35,18 @@ class EmbeddedDeployment:
         verify_mode: str = "wait",
         lease_grace_s: float = DEFAULT_LEASE_GRACE_S,
         root: Path | None = None,
+        policy_workers: int = 1,
     ) -> None:
         self._own_root = root is None
         self.root = Path(tempfile.mkdtemp(prefix=f"ckpt-model-{topology}-")) if root is None else Path(root)
         try:
             self.stack = Stack(
-                topology, self.root / "stack", faults=faults, verify_mode=verify_mode, lease_grace_s=lease_grace_s
+                topology,
+                self.root / "stack",
+                faults=faults,
+                verify_mode=verify_mode,
+                lease_grace_s=lease_grace_s,
+                policy_workers=policy_workers,
             )
         except BaseException:
             self._remove_root()
@@ -49,6 +55,8 @@ class EmbeddedDeployment:
         self.verify_mode = verify_mode
         self.faults = tuple(faults)
         self.lease_grace_s = self.stack.lease_grace_s
+        # uvicorn workers of the policy model server behind its one port (`fakes.gym.workers`).
+        self.policy_workers = self.stack.policy_workers
 
     @property
     def token(self) -> str:

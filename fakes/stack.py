@@ -1,7 +1,8 @@
 """Launch a look-alike Gym deployment: the fake backend plus the Gym servers, each in its own process group.
 
 As a program: `python -m fakes.stack --topology native|legacy|counter|slow|mixed --state-dir DIR [--backend-url URL]
-[--faults a,b] [--no-fork-server] [--verify-mode wait|replay] [--lease-grace-s S]` starts everything, writes
+[--faults a,b] [--no-fork-server] [--verify-mode wait|replay] [--lease-grace-s S] [--policy-workers N]` starts
+everything, writes
 `DIR/deployment.json` and stays in the foreground until SIGTERM or SIGINT. As a library: `Stack` starts, crashes
 (SIGKILL of every Gym process group) and restarts the Gym servers against a backend that survives, which is what
 the checker's deployment harness builds on.
@@ -39,6 +40,7 @@ import httpx
 from fakes import process_groups
 from fakes.gym.config import CONFIG_ENV, DEFAULT_LEASE_GRACE_S, ServerConfig, lease_grace
 from fakes.gym.durability import lose_unsynced
+from fakes.gym.runtime import remove_runtime_dir
 from fakes.head import serve_head
 from fakes.zygote_client import ForkServer, ForkServerError, SpawnRequest
 
@@ -324,6 +326,25 @@ def kill_groups(servers: Sequence[ServerProcess], sig: int = signal.SIGKILL, tim
         raise StackStopError(f"process groups still alive {waited_s:.0f} s after signal {sig}, then SIGKILL: {names}")
 
 
+def kill_gym(servers: Sequence[ServerProcess]) -> None:
+    """`kill_groups`, then remove what a SIGKILLed coordinator of several workers could not: its runtime directory."""
+    kill_groups(servers)
+    for server in servers:
+        remove_runtime_dir(server.pid)
+
+
+def policy_workers_count(value: object) -> int:
+    """A policy model worker count: an integer >= 1, or a ValueError that says so."""
+    count = 0
+    if isinstance(value, int) and not isinstance(value, bool):
+        count = value
+    elif isinstance(value, str) and value.strip().isdigit():
+        count = int(value)  # from the command line
+    if count < 1:
+        raise ValueError(f"'policy_workers' must be an integer >= 1 (got {value!r})")
+    return count
+
+
 class Stack:
     """A deployment of the look-alike stack under one state directory."""
 
@@ -338,6 +359,7 @@ class Stack:
         fork_server: bool = True,
         verify_mode: str = "wait",
         lease_grace_s: float = DEFAULT_LEASE_GRACE_S,
+        policy_workers: int = 1,
     ) -> None:
         if topology not in TOPOLOGIES:
             raise ValueError(f"'topology' must be one of {sorted(TOPOLOGIES)} (got {topology!r})")
@@ -345,6 +367,8 @@ class Stack:
             raise ValueError(f"'verify_mode' must be one of {list(VERIFY_MODES)} (got {verify_mode!r})")
         self.topology = topology
         self.verify_mode = verify_mode
+        # uvicorn workers of the policy model server (`fakes.gym.workers`); the other servers run one each.
+        self.policy_workers = policy_workers_count(policy_workers)
         # Every start (first, restart, a fork server standby) builds its configs from this, so it survives restarts.
         self.lease_grace_s = lease_grace(lease_grace_s)
         self.state_dir = Path(state_dir).resolve()
@@ -404,6 +428,7 @@ class Stack:
                 resources_mode=resources_mode(self.topology, name),
                 resources_server=RESOURCES_SERVER_OF.get(name, "resources"),
                 durability_journal=str(self.durability_journal),
+                workers=self.policy_workers if role == "policy_model" else 1,
             )
             for name, role in roles.items()
         }
@@ -490,7 +515,7 @@ class Stack:
         """SIGKILL one Gym server's process group and start it again alone, on the same port; the others run on."""
         if name not in self.gym:
             raise RuntimeError(f"no running Gym server {name!r}; running: {sorted(self.gym)}")
-        kill_groups([self.gym.pop(name)])
+        kill_gym([self.gym.pop(name)])
         configs = {name: self.configs()[name]}
         try:
             serving = self._fork_gym(configs) if self.use_fork_server else self._spawn_gym(configs)
@@ -507,7 +532,7 @@ class Stack:
         """SIGKILL every Gym process group and wait until each is gone; the backend, fork server and dirs survive."""
         servers = list(self.gym.values())
         self.gym = {}
-        kill_groups(servers)
+        kill_gym(servers)
 
     def lose_unsynced(self) -> list[str]:
         """A power cut after `crash_gym`: the checkpoints keep only what the store made durable; returns what
@@ -586,6 +611,7 @@ class Stack:
             "faults": list(self.faults),
             "verify_mode": self.verify_mode,
             "lease_grace_s": self.lease_grace_s,
+            "policy_workers": self.policy_workers,
         }
 
     def __enter__(self) -> Stack:
@@ -623,6 +649,12 @@ def main(argv: list[str] | None = None) -> int:
         default=DEFAULT_LEASE_GRACE_S,
         help="seconds a checkpoint's lease outlives the last call's deadline (default %(default)s)",
     )
+    parser.add_argument(
+        "--policy-workers",
+        type=policy_workers_count,
+        default=1,
+        help="uvicorn worker processes of the policy model server, behind its one port (default %(default)s)",
+    )
     args = parser.parse_args(argv)
     faults = tuple(name for name in args.faults.split(",") if name)
     stop_requested = False
@@ -642,6 +674,7 @@ def main(argv: list[str] | None = None) -> int:
         fork_server=not args.no_fork_server,
         verify_mode=args.verify_mode,
         lease_grace_s=args.lease_grace_s,
+        policy_workers=args.policy_workers,
     )
     try:
         if args.backend_url is None:

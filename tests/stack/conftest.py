@@ -202,12 +202,26 @@ class BackgroundRun:
 
 @pytest.fixture
 def deploy(tmp_path: Path) -> Iterator[Callable[..., Deployment]]:
-    """Start a whole deployment of a topology (optionally with planted faults); all of it stops at teardown."""
+    """Start a whole deployment of a topology (optionally with planted faults, several policy model workers, or
+    cold-started servers); all of it stops at teardown."""
     started: list[Deployment] = []
 
-    def start(topology: str, verify_mode: str = "wait", faults: tuple[str, ...] = ()) -> Deployment:
+    def start(
+        topology: str,
+        verify_mode: str = "wait",
+        faults: tuple[str, ...] = (),
+        policy_workers: int = 1,
+        fork_server: bool = True,
+    ) -> Deployment:
         state_dir = tmp_path / f"{len(started)}-{topology}-{verify_mode}"
-        stack = Stack(topology, state_dir, verify_mode=verify_mode, faults=faults)
+        stack = Stack(
+            topology,
+            state_dir,
+            verify_mode=verify_mode,
+            faults=faults,
+            policy_workers=policy_workers,
+            fork_server=fork_server,
+        )
         try:
             stack.start_backend()
             stack.start_gym()
