@@ -18,9 +18,9 @@ its socket pair, so the start needs no health check over HTTP. A start without a
 that builds everything itself (or uses the prepared config).
 
 A server with several workers (`ServerConfig.workers`, see `fakes.gym.workers`) starts the same way: its child
-becomes the coordinator and, once it holds the listening socket, forks the workers that accept on it; its standby
-waits for the socket without an event loop (a process that runs one must not fork) and says SERVING only once every
-worker has registered.
+becomes the coordinator, forks its workers (each starts its loop and lifespan and waits) and hands each the
+listening socket; its standby forks and builds them before it reports READY, waits for the socket without an event
+loop (a process that runs one must not fork), and says SERVING only once every worker has registered.
 
 The fork server closes its copy of that socket right after the fork, so the child holds the only one and a crash
 looks like a real one: connections waiting in the backlog are reset and new ones are refused until the next
@@ -615,27 +615,29 @@ def run_standby(config_json: str, config: Any, channel: socket.socket, on_promot
 def run_coordinator_standby(
     config_json: str, config: Any, channel: socket.socket, on_promotion: Callable[[], None]
 ) -> int:
-    """A standby of a server with several workers (`fakes.gym.workers`): report READY and wait, without an event
-    loop, for the listening socket; then become the coordinator, fork the workers (a process that runs an event
-    loop must not fork) and say SERVING once every worker has registered."""
+    """A standby of a server with several workers (`fakes.gym.workers`): it forks its workers, which start their
+    loops and lifespans and wait for the listening socket, then reports READY and waits, without an event loop
+    (a process that runs one must not fork), for the socket; it hands it to every worker, becomes their
+    coordinator, and says SERVING once every worker has registered."""
     from fakes.gym.config import ServerConfig
     from fakes.gym.serve import serve_workers
 
-    with contextlib.suppress(OSError):
-        channel.sendall(READY)
-    _, fds, _, _ = socket.recv_fds(channel, len(GO), 1)
-    if not fds:  # stood down: the fork server discarded this standby, or is gone
-        channel.close()
-        return 0
-    on_promotion()
-    sock = socket.socket(fileno=fds[0])
+    def listening() -> socket.socket | None:
+        with contextlib.suppress(OSError):
+            channel.sendall(READY)
+        _, fds, _, _ = socket.recv_fds(channel, len(GO), 1)
+        if not fds:  # stood down: the fork server discarded this standby, or is gone
+            channel.close()
+            return None
+        on_promotion()
+        return socket.socket(fileno=fds[0])
 
     def serving() -> None:
         with contextlib.suppress(OSError):
             channel.sendall(SERVING)
         channel.close()
 
-    return serve_workers(ServerConfig.from_json(config_json), sock, config, serving)
+    return serve_workers(ServerConfig.from_json(config_json), listening, config, serving)
 
 
 def standby_server(config: Any, channel: socket.socket, on_promotion: Callable[[], None]) -> Any:

@@ -326,16 +326,17 @@ def build_worker_app(config: ServerConfig) -> FastAPI:
 
 def serve(
     config: ServerConfig,
-    sock: socket.socket | None = None,
+    listening: socket.socket | Callable[[], socket.socket | None] | None = None,
     app_config: uvicorn.Config | None = None,
     on_serving: Callable[[], None] | None = None,
 ) -> int:
-    """Run the multi-worker policy model server in this process (it becomes the coordinator); the exit code."""
+    """Run the multi-worker policy model server in this process (it becomes the coordinator); the exit code.
+    `listening` is as in `serve_with_workers`."""
     return serve_with_workers(
         config,
         assemble=coordinator_control_plane,
         socket_env=POLICY_SOCKET_ENV,
-        sock=sock,
+        listening=listening,
         app_config=app_config,
         on_serving=on_serving,
     )

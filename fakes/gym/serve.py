@@ -36,15 +36,16 @@ def build_app(config: ServerConfig) -> FastAPI:
 
 def serve_workers(
     config: ServerConfig,
-    sock: socket.socket | None = None,
+    listening: socket.socket | Callable[[], socket.socket | None] | None = None,
     app_config: Any = None,
     on_serving: Callable[[], None] | None = None,
 ) -> int:
-    """Run a server with several workers in this process, as their coordinator; the exit code. `sock` is its
-    listening socket (bound here if None), `app_config` uvicorn's config with the worker app (built if None)."""
+    """Run a server with several workers in this process, as their coordinator; the exit code. `listening` is its
+    listening socket, or what gives it once the workers are built (bound here if None); `app_config` uvicorn's
+    config with the worker app (built if None); `on_serving` runs once every worker has registered."""
     from fakes.gym.model_workers import serve
 
-    return serve(config, sock, app_config, on_serving)
+    return serve(config, listening, app_config, on_serving)
 
 
 def main() -> None:

@@ -5,13 +5,16 @@ policy model server on it.
 
 Process model. The server process, however it was started (`python -m fakes.gym.serve`, or forked by the fork
 server with its listening socket bound, or a promoted standby that received it), becomes the coordinator: it binds
-a Unix socket in a private runtime directory (`fakes.gym.runtime`), forks its workers, closes its own copy of the
-listening socket and serves no HTTP. The workers all accept on the one inherited listening socket, as uvicorn's own
-`--workers` does. Fork after binding rather than SO_REUSEPORT, because: the fork server hands a server exactly one
-pre-bound socket (a standby receives it over SCM_RIGHTS), so sharing it needs nothing new from the fork server; a
-crash closes that one socket with the group, so a crashed server refuses connections as a single process does; and
-no other process of the user can join the port, as any could with SO_REUSEPORT. The kernel spreads connections over
-the workers waiting in accept (measured here: 16 concurrent connections split 9-13 to 3-7 between two workers).
+a Unix socket in a private runtime directory (`fakes.gym.runtime`) and forks its workers, each of which starts its
+event loop and lifespan and waits; then it hands every worker the listening socket (SCM_RIGHTS over a socket pair,
+as the fork server hands one to a standby), closes its own copy and serves no HTTP. A standby of the fork server
+does all of this but the hand-off before it is promoted, so a restart waits for no fork and no lifespan. The
+workers all accept on the one listening socket, as uvicorn's own `--workers` does. One shared socket rather than
+SO_REUSEPORT, because: the fork server hands a server exactly one pre-bound socket, so sharing it needs nothing new
+from the fork server; a crash closes that one socket with the group, so a crashed server refuses connections as a
+single process does; and no other process of the user can join the port, as any could with SO_REUSEPORT. The kernel
+spreads connections over the workers waiting in accept (measured here: 16 concurrent connections split 9-13 to
+3-7 between two workers).
 
 Workers stay in the coordinator's process group, so a crash (SIGKILL of the group) takes them all. A worker asks to
 be killed with its coordinator (PR_SET_PDEATHSIG) and stops when its channel closes; the coordinator exits when no
@@ -51,7 +54,7 @@ import struct
 import sys
 import time
 import traceback
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
 import attrs
@@ -80,6 +83,9 @@ WORKER_HEADER = b"x-ckpt-worker"
 COORDINATOR_LOST_EXIT = 70
 STARTUP_FAILURE_EXIT = 3
 UNIX_BACKLOG = 64
+# Coordinator <-> worker hand-off of the listening socket, as between the fork server and a standby.
+HANDOFF_READY = b"r"  # worker -> coordinator: loop and lifespan up, waiting for the socket
+HANDOFF_GO = b"g"  # coordinator -> worker, with the listening socket's descriptor
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 PR_SET_NAME = 15
 PROCESS_NAME_BYTES_MAX = 15
@@ -624,15 +630,32 @@ def add_worker_routes(app: FastAPI, link: WorkerLink) -> None:
 
 
 class WorkerServer(uvicorn.Server):
-    """A worker's uvicorn server: it registers with its coordinator once it accepts, and stops when the
-    coordinator is gone."""
+    """A worker's uvicorn server. It starts its loop and lifespan, says READY on `handoff` and waits there for the
+    listening socket its coordinator hands every worker (SCM_RIGHTS), so a promoted standby's workers are built
+    before the restart that needs them; then it serves the socket, registers with its coordinator, and stops when
+    the coordinator is gone."""
 
-    def __init__(self, config: uvicorn.Config, link: WorkerLink) -> None:
+    stood_down = False
+
+    def __init__(self, config: uvicorn.Config, link: WorkerLink, handoff: socket.socket) -> None:
         super().__init__(config)
         self.link = link
+        self.handoff = handoff
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets=sockets)
+        await self.lifespan.startup()
+        if self.lifespan.should_exit:
+            _flush_and_exit(STARTUP_FAILURE_EXIT)
+        with contextlib.suppress(OSError):
+            self.handoff.sendall(HANDOFF_READY)
+        sock = await _received_socket(self.handoff)
+        self.handoff.close()
+        if sock is None:  # stood down: the coordinator is gone, or stands down itself
+            self.stood_down = True
+            self.should_exit = True
+            return
+        self.lifespan.startup = _started  # type: ignore[method-assign]  # it ran above; the base startup calls it
+        await super().startup(sockets=[sock])
         if not self.started:
             return
         try:
@@ -641,6 +664,23 @@ class WorkerServer(uvicorn.Server):
             traceback.print_exc()
             print(f"worker {os.getpid()} could not register with its coordinator", file=sys.stderr, flush=True)
             _flush_and_exit(STARTUP_FAILURE_EXIT)
+
+
+async def _started() -> None:
+    return None
+
+
+async def _received_socket(channel: socket.socket) -> socket.socket | None:
+    """The socket sent as the next message on `channel` (None at end of stream), without blocking the loop."""
+    loop = asyncio.get_running_loop()
+    readable = loop.create_future()
+    loop.add_reader(channel.fileno(), lambda: readable.done() or readable.set_result(None))
+    try:
+        await readable
+    finally:
+        loop.remove_reader(channel.fileno())
+    _, fds, _, _ = socket.recv_fds(channel, len(HANDOFF_GO), 1)
+    return socket.socket(fileno=fds[0]) if fds else None
 
 
 def _coordinator_lost() -> None:
@@ -660,38 +700,61 @@ def _prctl(option: int, value: int | bytes) -> None:
     ctypes.CDLL(None, use_errno=True).prctl(option, value)
 
 
-def fork_worker(index: int, name: str, sock: socket.socket, unix: socket.socket, app_config: uvicorn.Config) -> int:
-    """Fork worker `index`, which serves `sock` with `app_config`'s app (whose `state.worker_link` it registers);
-    its pid."""
+@attrs.frozen
+class Forked:
+    """A worker forked by this coordinator, and the coordinator's end of its hand-off channel."""
+
+    pid: int
+    handoff: socket.socket
+
+
+def fork_worker(index: int, name: str, app_config: uvicorn.Config, inherited: Sequence[socket.socket]) -> Forked:
+    """Fork worker `index`: it builds its server from `app_config` (whose app's `state.worker_link` it registers)
+    and waits for the listening socket on its hand-off channel. The child closes `inherited`."""
     coordinator_pid = os.getpid()
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     pid = os.fork()
     if pid == 0:
-        _run_worker(index, name, sock, unix, app_config, coordinator_pid)
-    return pid
+        ours.close()
+        for sock in inherited:
+            sock.close()
+        _run_worker(index, name, app_config, theirs, coordinator_pid)
+    theirs.close()
+    return Forked(pid, ours)
 
 
 def _run_worker(
-    index: int, name: str, sock: socket.socket, unix: socket.socket, app_config: uvicorn.Config, coordinator_pid: int
+    index: int, name: str, app_config: uvicorn.Config, handoff: socket.socket, coordinator_pid: int
 ) -> NoReturn:
     """In a forked worker: serve until killed or until the coordinator is gone; never returns."""
     exit_code = 1
     try:
-        unix.close()
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != coordinator_pid:
             _flush_and_exit(COORDINATOR_LOST_EXIT)  # the coordinator died before the request took effect
         _prctl(PR_SET_NAME, f"gym-w{index}-{name}".encode()[:PROCESS_NAME_BYTES_MAX])
-        server = WorkerServer(app_config, app_config.app.state.worker_link)
-        server.run(sockets=[sock])
-        exit_code = 0 if server.started else STARTUP_FAILURE_EXIT
+        server = WorkerServer(app_config, app_config.app.state.worker_link, handoff)
+        server.run()
+        exit_code = 0 if server.started or server.stood_down else STARTUP_FAILURE_EXIT
     except SystemExit as exit_:
         exit_code = exit_.code if isinstance(exit_.code, int) else 1
     except BaseException:
         traceback.print_exc()
     finally:
         _flush_and_exit(exit_code)
+
+
+def _wait_built(workers: Sequence[Forked]) -> bool:
+    """Wait until every worker has its loop and lifespan up (it says READY); False if one died first."""
+    built = True
+    for worker in workers:
+        try:
+            built = worker.handoff.recv(len(HANDOFF_READY)) == HANDOFF_READY and built
+        except OSError:
+            built = False
+    return built
 
 
 def listening_socket(config: ServerConfig) -> socket.socket:
@@ -705,41 +768,57 @@ def serve_with_workers(
     *,
     assemble: Callable[[ServerConfig, WorkerPool], Any],
     socket_env: str,
-    sock: socket.socket | None = None,
+    listening: socket.socket | Callable[[], socket.socket | None] | None = None,
     app_config: uvicorn.Config | None = None,
     on_serving: Callable[[], None] | None = None,
 ) -> int:
     """Run a multi-worker server in this process until every worker is gone or SIGTERM/SIGINT; the exit code.
 
-    `sock` is the listening socket (bound here if None); `app_config` is uvicorn's config with the worker app
-    (built here if None); `assemble(config, pool)` builds the coordinator's control plane on the pool and returns
-    it; `on_serving` runs once every worker has registered (a promoted standby says SERVING then)."""
+    The workers are forked and built first, then handed the listening socket: `listening` itself, or what
+    `listening()` returns (a standby's blocks until the fork server promotes it, and returns None if it stands
+    down instead), or one bound here. `app_config` is uvicorn's config with the worker app (built here if None);
+    `assemble(config, pool)` builds the coordinator's control plane on the pool; `on_serving` runs once every
+    worker has registered (a promoted standby says SERVING then)."""
     from fakes.zygote import build_config
 
-    if sock is None:
-        sock = listening_socket(config)
     if app_config is None:
         app_config = build_config(config.to_json())
     directory = make_runtime_dir(os.getpid())
     path = directory / f"{config.name}-{secrets.token_hex(4)}.sock"
     unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    pids: list[int] = []
+    workers: list[Forked] = []
     try:
         unix.bind(str(path))
         path.chmod(0o600)
         unix.listen(UNIX_BACKLOG)
         os.environ[socket_env] = str(path)
-        pids = [fork_worker(index, config.name, sock, unix, app_config) for index in range(config.workers)]
-        sock.close()  # the workers hold the listening socket; a coordinator serves no HTTP
-        return asyncio.run(_coordinate(config, unix, pids, assemble, on_serving))
+        held = [unix, *([listening] if isinstance(listening, socket.socket) else [])]
+        workers = [fork_worker(index, config.name, app_config, held) for index in range(config.workers)]
+        if not _wait_built(workers):
+            print(f"a worker of {config.name} died while it started; see above", file=sys.stderr, flush=True)
+            return STARTUP_FAILURE_EXIT
+        if isinstance(listening, socket.socket):
+            sock: socket.socket | None = listening
+        else:
+            sock = listening_socket(config) if listening is None else listening()
+        if sock is None:
+            return 0  # a standby that stood down
+        with sock:  # the workers get it; a coordinator serves no HTTP
+            for worker in workers:
+                with contextlib.suppress(OSError):  # one that died is noticed by the coordinator's reaping
+                    socket.send_fds(worker.handoff, [HANDOFF_GO], [sock.fileno()])
+        for worker in workers:
+            worker.handoff.close()
+        return asyncio.run(_coordinate(config, unix, [worker.pid for worker in workers], assemble, on_serving))
     finally:
         unix.close()
-        for pid in pids:
+        for worker in workers:
+            worker.handoff.close()
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        for pid in pids:
+                os.kill(worker.pid, signal.SIGKILL)
+        for worker in workers:
             with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)
+                os.waitpid(worker.pid, 0)
         remove_runtime_dir(os.getpid())
 
 
