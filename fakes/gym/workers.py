@@ -296,10 +296,13 @@ class WorkerPool:
         self.lost_while_closed = False
         self.all_joined = asyncio.Event()
         self.empty = asyncio.Event()
-        # Set by whoever assembles the coordinator (`serve_with_workers`' `assemble`).
+        # Set by whoever assembles the coordinator (`serve_with_workers`' `assemble`): what to wake when the
+        # workers' state changes, the kind's state a joining worker gets, the control plane's forwarded entry, and
+        # the kind's own worker -> coordinator requests (policy, with token capture: claim_cut, return_cut).
         self.on_change: Callable[[], None] = lambda: None
         self.state: Callable[[], dict[str, Any]] = dict
         self.run_control: Callable[[str, Any], Awaitable[Any]] | None = None
+        self.handlers: dict[str, Handler] = {}
 
     # -- registration and loss ------------------------------------------------------------------------------
 
@@ -318,7 +321,7 @@ class WorkerPool:
             log.warning("a connection to the coordinator did not register: %s", exc)
             writer.close()
             return
-        channel = Channel(reader, writer, name=f"worker {pid}")
+        channel = Channel(reader, writer, name=f"worker {pid}", handlers=self.handlers)
         worker = Worker(routing_id, pid, channel, generation=self.generation if self.open else -1)
         channel.handlers.update(
             report=lambda body: self._report(worker, body),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
 import socket
 import tempfile
@@ -16,6 +17,7 @@ from typing import Any
 import attrs
 import pytest
 
+from fakes.gym import runtime
 from fakes.gym.config import ServerConfig
 from fakes.gym.control_plane import ControlPlane
 from fakes.gym.errors import ControlError, InvalidPhaseError, UnauthorizedError
@@ -48,6 +50,8 @@ from fakes.gym.workers import (
 
 TOKEN = "test-token"
 WAIT_TIMEOUT_S = 10.0
+# Above Linux's largest pid_max (2**22), so no process ever has it.
+PID_NEVER_USED = 2**22 + 1
 ZERO_COUNTS = {"inflight": 0, "held": 0, "cut": 0, "cut_failed": 0, "cut_skipped": 0}
 
 
@@ -537,3 +541,21 @@ async def test_a_worker_forwards_control_calls_and_their_refusals_unchanged(monk
         with pytest.raises(RemoteControlError) as refused:
             await link.handle_control("commit", bearer, commit)
         assert (refused.value.status_code, refused.value.code) == (409, "invalid_phase")
+
+
+# --- runtime directories ------------------------------------------------------------------------------------------
+
+
+def test_a_runtime_dir_is_private_and_a_dead_coordinators_is_swept(monkeypatch: pytest.MonkeyPatch) -> None:
+    root = Path(tempfile.mkdtemp(prefix="ckpt-test-runtime-")) / "root"
+    monkeypatch.setattr(runtime, "RUNTIME_ROOT", root)
+    try:
+        dead = runtime.runtime_dir(PID_NEVER_USED)
+        dead.mkdir(parents=True)
+        directory = runtime.make_runtime_dir(os.getpid())
+        assert (directory.stat().st_mode & 0o777, root.stat().st_mode & 0o777) == (0o700, 0o700)
+        assert not dead.exists(), "the directory of a coordinator that is gone is swept"
+        runtime.remove_runtime_dir(os.getpid())
+        assert not directory.exists()
+    finally:
+        shutil.rmtree(root.parent)
