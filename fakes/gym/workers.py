@@ -27,8 +27,8 @@ replies `{reply_to, ok: true, body}` or `{reply_to, ok: false, error: {status, c
 own task, started in arrival order, so what a message changes synchronously changes in the order it was sent.
 
     worker -> coordinator   register {pid, routing_id} (the first frame) -> the coordinator's state
-                            report {generation, report} (notification), control {operation, body}, health {}
-    coordinator -> worker   close {generation, checkpoint_id} -> {generation, report}; open; mark {episode_ids};
+                            report {generation, seq, report} (notification), control {operation, body}, health {}
+    coordinator -> worker   close {generation, checkpoint_id} -> {generation, seq, report}; open; mark {episode_ids};
                             forget {rollout_ids}; and the kind's own (policy: retire, check_forget, snapshot,
                             install, delete_restored)
 
@@ -281,6 +281,7 @@ class Worker:
     channel: Channel
     report: Any = None
     generation: int = -1
+    seq: int = -1
 
 
 class WorkerPool:
@@ -362,11 +363,16 @@ class WorkerPool:
     # -- what workers ask -----------------------------------------------------------------------------------
 
     async def _report(self, worker: Worker, body: Any) -> None:
-        self._take_report(worker, body)
+        self.take_report(worker, body)
 
-    def _take_report(self, worker: Worker, body: Mapping[str, Any]) -> None:
+    def take_report(self, worker: Worker, body: Mapping[str, Any]) -> None:
+        """Keep a worker's newest report: a close's reply is taken when the close resumes, which can be after a
+        later report (say, a reply held since) was read, so `seq` decides, not arrival."""
+        if int(body["seq"]) <= worker.seq:
+            return
         worker.report = body["report"]
         worker.generation = int(body["generation"])
+        worker.seq = int(body["seq"])
         self.on_change()
 
     async def _control(self, body: Any) -> Any:
@@ -431,7 +437,7 @@ class WorkerPool:
             elif isinstance(result, BaseException):
                 raise result
             else:
-                self._take_report(worker, result)
+                self.take_report(worker, result)
 
     async def reopen(self) -> None:
         """Admission opens everywhere; a loss while closed stops blocking."""
@@ -473,6 +479,7 @@ class WorkerLink:
         self._starting = False
         self._registered = asyncio.Event()
         self._report_scheduled = False
+        self._seq = 0
         self._serving: asyncio.Future[None] | None = None
         self.routing_id = ""
 
@@ -529,7 +536,7 @@ class WorkerLink:
     async def _close(self, body: Any) -> dict[str, Any]:
         self.generation = int(body["generation"])
         await self.close_admission()
-        return {"generation": self.generation, "report": self.report()}
+        return self._report_body()
 
     async def _open(self, body: Any) -> None:
         await self.open_admission()
@@ -552,7 +559,12 @@ class WorkerLink:
     def _send_report(self) -> None:
         self._report_scheduled = False
         if self.channel is not None and not self.channel.closed:
-            self.channel.notify("report", {"generation": self.generation, "report": self.report()})
+            self.channel.notify("report", self._report_body())
+
+    def _report_body(self) -> dict[str, Any]:
+        """`{generation, seq, report}`: numbered, so the coordinator keeps the newest whatever order it reads them."""
+        self._seq += 1
+        return {"generation": self.generation, "seq": self._seq, "report": self.report()}
 
     # -- routes ---------------------------------------------------------------------------------------------
 

@@ -450,6 +450,14 @@ def test_a_worker_that_has_not_reported_for_this_close_blocks() -> None:
     assert pool.unreported() == 0
 
 
+def test_the_newest_report_of_a_worker_wins_whatever_order_it_is_read_in() -> None:
+    pool = WorkerPool(1)
+    worker = Worker("a", 1, None)  # type: ignore[arg-type]  # never sends here
+    pool.take_report(worker, {"generation": 1, "seq": 2, "report": gate_report(held=1)})
+    pool.take_report(worker, {"generation": 1, "seq": 1, "report": gate_report()})  # a close reply read late
+    assert (worker.report["counts"]["held"], worker.seq) == (1, 2)
+
+
 @pytest.mark.anyio
 async def test_a_worker_lost_while_closed_blocks_commit_until_resume(monkeypatch: pytest.MonkeyPatch) -> None:
     async with coordinated(monkeypatch) as coordination:
