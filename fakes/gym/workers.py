@@ -502,7 +502,8 @@ class WorkerLink:
             writer.close()
             raise RuntimeError(f"the coordinator at {path} refused to register this worker: {reply!r}")
         state: dict[str, Any] = reply["body"]
-        self.channel = Channel(reader, writer, name="coordinator", handlers=self.handlers)
+        handlers = {kind: self._reporting(handler) for kind, handler in self.handlers.items()}
+        self.channel = Channel(reader, writer, name="coordinator", handlers=handlers)
         self.channel.on_close(on_lost)
         self.retired.mark(
             EpisodeId(rollout_id=rollout_id, attempt=attempt) for rollout_id, attempt in state["retired"].items()
@@ -554,12 +555,29 @@ class WorkerLink:
         if self._report_scheduled or self.channel is None:
             return
         self._report_scheduled = True
-        asyncio.get_running_loop().call_soon(self._send_report)
+        asyncio.get_running_loop().call_soon(self._flush_report)
+
+    def _flush_report(self) -> None:
+        """Send the report if a change is still unreported."""
+        if self._report_scheduled:
+            self._send_report()
 
     def _send_report(self) -> None:
         self._report_scheduled = False
         if self.channel is not None and not self.channel.closed:
             self.channel.notify("report", self._report_body())
+
+    def _reporting(self, handler: Handler) -> Handler:
+        """`handler`, sending an unreported change before its reply: the coordinator reads and applies the report
+        before the request's reply resumes it, so when a fanned-out request (a retire, say) returns, the server's
+        status already shows what each worker did."""
+
+        async def handle(body: Any) -> Any:
+            result = await handler(body)
+            self._flush_report()
+            return result
+
+        return handle
 
     def _report_body(self) -> dict[str, Any]:
         """`{generation, seq, report}`: numbered, so the coordinator keeps the newest whatever order it reads them."""

@@ -20,7 +20,7 @@ import pytest
 from fakes.gym import runtime
 from fakes.gym.config import ServerConfig
 from fakes.gym.control_plane import ControlPlane
-from fakes.gym.errors import ControlError, InvalidPhaseError, UnauthorizedError
+from fakes.gym.errors import ControlError, InvalidPhaseError, StaleAttemptError, UnauthorizedError
 from fakes.gym.model_workers import (
     POLICY_SOCKET_ENV,
     CoordinatedPolicyParticipant,
@@ -493,6 +493,30 @@ async def test_retired_marks_reach_every_worker_and_a_joining_one_until_forgotte
         forget = {"checkpoint_id": "x", "deadline_ts": soon(), "rollout_ids": ["r0"]}
         await coordination.control_plane.run_forwarded("forget", forget)
         assert [link.retired.is_retired(r0) for link in coordination.links] == [False, False, False]
+
+
+@pytest.mark.anyio
+async def test_when_a_retire_returns_the_status_already_counts_what_the_workers_stopped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async with coordinated(monkeypatch) as coordination:
+        worker = await coordination.join()
+        await coordination.join()
+
+        async def generation() -> None:
+            ticket = await worker.gate.admit("r0")
+            try:
+                await worker.gate.run(ticket, asyncio.Event().wait)
+            finally:
+                worker.gate.exit(ticket)
+
+        running = asyncio.ensure_future(generation())
+        await settled(coordination, lambda: coordination.participant.report().counts["inflight"] == 1)
+        retire = RetireRequest(checkpoint_id="x", deadline_ts=soon(), episode_ids=episodes("r0"))
+        await coordination.control_plane.retire(retire)
+        assert coordination.control_plane.status()["report"]["counts"]["inflight"] == 0  # no wait: already merged
+        with pytest.raises(StaleAttemptError):
+            await running
 
 
 @pytest.mark.anyio
