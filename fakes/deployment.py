@@ -37,6 +37,7 @@ class EmbeddedDeployment:
         root: Path | None = None,
         token_capture: bool = False,
         generation_cuts: bool = False,
+        policy_workers: int = 1,
     ) -> None:
         self._own_root = root is None
         self.root = Path(tempfile.mkdtemp(prefix=f"ckpt-model-{topology}-")) if root is None else Path(root)
@@ -49,6 +50,7 @@ class EmbeddedDeployment:
                 lease_grace_s=lease_grace_s,
                 token_capture=token_capture,
                 generation_cuts=generation_cuts,
+                policy_workers=policy_workers,
             )
         except BaseException:
             self._remove_root()
@@ -59,6 +61,8 @@ class EmbeddedDeployment:
         self.lease_grace_s = self.stack.lease_grace_s
         self.token_capture = token_capture
         self.generation_cuts = generation_cuts
+        # uvicorn workers of the policy model server behind its one port (`fakes.gym.workers`).
+        self.policy_workers = self.stack.policy_workers
 
     @property
     def token(self) -> str:

@@ -2,7 +2,7 @@
 
 As a program: `python -m fakes.stack --topology native|legacy|counter|slow|mixed --state-dir DIR [--backend-url URL]
 [--faults a,b] [--no-fork-server] [--verify-mode wait|replay] [--lease-grace-s S] [--token-capture
-[--generation-cuts]]` starts everything, writes
+[--generation-cuts]] [--policy-workers N]` starts everything, writes
 `DIR/deployment.json` and stays in the foreground until SIGTERM or SIGINT. As a library: `Stack` starts, crashes
 (SIGKILL of every Gym process group) and restarts the Gym servers against a backend that survives, which is what
 the checker's deployment harness builds on.
@@ -41,6 +41,7 @@ import httpx
 from fakes import process_groups
 from fakes.gym.config import CONFIG_ENV, DEFAULT_LEASE_GRACE_S, ServerConfig, check_capture, lease_grace
 from fakes.gym.durability import lose_unsynced
+from fakes.gym.runtime import remove_runtime_dir
 from fakes.head import serve_head
 from fakes.zygote_client import ForkServer, ForkServerError, SpawnRequest
 
@@ -326,6 +327,25 @@ def kill_groups(servers: Sequence[ServerProcess], sig: int = signal.SIGKILL, tim
         raise StackStopError(f"process groups still alive {waited_s:.0f} s after signal {sig}, then SIGKILL: {names}")
 
 
+def kill_gym(servers: Sequence[ServerProcess]) -> None:
+    """`kill_groups`, then remove what a SIGKILLed coordinator of several workers could not: its runtime directory."""
+    kill_groups(servers)
+    for server in servers:
+        remove_runtime_dir(server.pid)
+
+
+def policy_workers_count(value: object) -> int:
+    """A policy model worker count: an integer >= 1, or a ValueError that says so."""
+    count = 0
+    if isinstance(value, int) and not isinstance(value, bool):
+        count = value
+    elif isinstance(value, str) and value.strip().isdigit():
+        count = int(value)  # from the command line
+    if count < 1:
+        raise ValueError(f"'policy_workers' must be an integer >= 1 (got {value!r})")
+    return count
+
+
 class Stack:
     """A deployment of the look-alike stack under one state directory."""
 
@@ -342,6 +362,7 @@ class Stack:
         lease_grace_s: float = DEFAULT_LEASE_GRACE_S,
         token_capture: bool = False,
         generation_cuts: bool = False,
+        policy_workers: int = 1,
     ) -> None:
         if topology not in TOPOLOGIES:
             raise ValueError(f"'topology' must be one of {sorted(TOPOLOGIES)} (got {topology!r})")
@@ -352,6 +373,8 @@ class Stack:
         self.verify_mode = verify_mode
         self.token_capture = token_capture
         self.generation_cuts = generation_cuts
+        # uvicorn workers of the policy model server (`fakes.gym.workers`); the other servers run one each.
+        self.policy_workers = policy_workers_count(policy_workers)
         # Every start (first, restart, a fork server standby) builds its configs from this, so it survives restarts.
         self.lease_grace_s = lease_grace(lease_grace_s)
         self.state_dir = Path(state_dir).resolve()
@@ -419,6 +442,7 @@ class Stack:
                 resources_server=RESOURCES_SERVER_OF.get(name, "resources"),
                 durability_journal=str(self.durability_journal),
                 **(capture if role == "policy_model" else {}),
+                workers=self.policy_workers if role == "policy_model" else 1,
             )
             for name, role in roles.items()
         }
@@ -505,7 +529,7 @@ class Stack:
         """SIGKILL one Gym server's process group and start it again alone, on the same port; the others run on."""
         if name not in self.gym:
             raise RuntimeError(f"no running Gym server {name!r}; running: {sorted(self.gym)}")
-        kill_groups([self.gym.pop(name)])
+        kill_gym([self.gym.pop(name)])
         configs = {name: self.configs()[name]}
         try:
             serving = self._fork_gym(configs) if self.use_fork_server else self._spawn_gym(configs)
@@ -522,7 +546,7 @@ class Stack:
         """SIGKILL every Gym process group and wait until each is gone; the backend, fork server and dirs survive."""
         servers = list(self.gym.values())
         self.gym = {}
-        kill_groups(servers)
+        kill_gym(servers)
 
     def clear_capture(self) -> None:
         """Empty the capture directory between test examples; only while no Gym server runs (none writes to it)."""
@@ -611,6 +635,7 @@ class Stack:
             "token_capture": self.token_capture,
             "generation_cuts": self.generation_cuts,
             "capture_token": self.capture_token,
+            "policy_workers": self.policy_workers,
         }
 
     def __enter__(self) -> Stack:
@@ -654,6 +679,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--generation-cuts", action="store_true", help="a prepare cuts generations in flight (needs --token-capture)"
     )
+    parser.add_argument(
+        "--policy-workers",
+        type=policy_workers_count,
+        default=1,
+        help="uvicorn worker processes of the policy model server, behind its one port (default %(default)s)",
+    )
     args = parser.parse_args(argv)
     if args.generation_cuts and not args.token_capture:
         parser.error("--generation-cuts needs --token-capture")
@@ -677,6 +708,7 @@ def main(argv: list[str] | None = None) -> int:
         lease_grace_s=args.lease_grace_s,
         token_capture=args.token_capture,
         generation_cuts=args.generation_cuts,
+        policy_workers=args.policy_workers,
     )
     try:
         if args.backend_url is None:

@@ -17,6 +17,11 @@ start binds the port and passes the standby the listening socket (SCM_RIGHTS); i
 its socket pair, so the start needs no health check over HTTP. A start without a usable standby forks a child
 that builds everything itself (or uses the prepared config).
 
+A server with several workers (`ServerConfig.workers`, see `fakes.gym.workers`) starts the same way: its child
+becomes the coordinator, forks its workers (each starts its loop and lifespan and waits) and hands each the
+listening socket; its standby forks and builds them before it reports READY, waits for the socket without an event
+loop (a process that runs one must not fork), and says SERVING only once every worker has registered.
+
 The fork server closes its copy of that socket right after the fork, so the child holds the only one and a crash
 looks like a real one: connections waiting in the backlog are reset and new ones are refused until the next
 start, which binds the same port again. (A socket kept by the fork server across children would keep accepting
@@ -70,6 +75,7 @@ WARM_UP_TOKEN = "warm-up"
 WARM_UP_PEER_URL = "http://127.0.0.1:9"
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 PR_SET_NAME = 15
+PR_SET_CHILD_SUBREAPER = 36
 PROCESS_NAME_BYTES_MAX = 15
 STANDBY_PREFIX = "standby:"
 READY = b"r"  # standby -> fork server: built, waiting for its socket
@@ -108,6 +114,7 @@ def warm_up() -> float:
     import fakes.gym.agent
     import fakes.gym.environment
     import fakes.gym.model
+    import fakes.gym.model_workers
     import fakes.gym.resources
     import fakes.gym.serve  # noqa: F401 - imported for its side effect: loaded before any fork
 
@@ -190,6 +197,7 @@ class Zygote:
         self.prepared: OrderedDict[str, Any] = OrderedDict()
         # Loaded before any fork, so a child only calls it.
         self.libc = ctypes.CDLL(None, use_errno=True)
+        self.forking = False
 
     # -- requests ---------------------------------------------------------------------------------------------
 
@@ -286,8 +294,7 @@ class Zygote:
                     ready_pipe[1],
                     lambda: serve_config(config_json, sock, self.prepared.get(config_json)),
                 )
-        self.children[pid] = name
-        self.reap()  # the handler reaps only recorded children: one that died already is collected here
+        self.record(pid, name)
         return pid
 
     # -- children -----------------------------------------------------------------------------------------------
@@ -299,7 +306,20 @@ class Zygote:
             raise RuntimeError(f"{threading.active_count() - 1} thread(s) running in the fork server; fork is unsafe")
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
-        return os.fork()
+        # Until `record` names the child, the SIGCHLD handler collects recorded children only (see `reap`).
+        self.forking = True
+        try:
+            return os.fork()
+        except BaseException:
+            self.forking = False
+            raise
+
+    def record(self, pid: int, name: str) -> None:
+        """Name a child just forked; one that died already is collected here (the handler reaps only recorded
+        children while a fork is unrecorded)."""
+        self.children[pid] = name
+        self.forking = False
+        self.reap()
 
     def inherited(self) -> tuple[IO[bytes] | socket.socket, ...]:
         """What a child gets from the fork and must close: the control channel, other standbys' socket pairs."""
@@ -318,9 +338,13 @@ class Zygote:
     def reap(self, signum: int | None = None, frame: FrameType | None = None) -> None:
         """SIGCHLD handler: collect every recorded child that died, keeping its exit status for the owner.
 
-        Only recorded children are waited for, so a child is never reaped before `spawn` records it. The handler
-        may interrupt other code and itself (a second SIGCHLD), so each change is one atomic dict call; and it
-        never raises, since an exception would surface in whatever code the signal interrupted.
+        While a fork is not yet recorded only recorded children are waited for, so a child is never reaped before
+        `record` names it. Otherwise any child is: this process is a child subreaper (see `main`), so the workers
+        of a multi-worker server, orphaned when their coordinator dies with them, are re-parented here and must be
+        collected as promptly as the servers (init here reaps orphans only every 1-1.5 s, and a process group is
+        not gone while a zombie is left in it). The handler may interrupt other code and itself (a second
+        SIGCHLD), so each change is one atomic dict call; and it never raises, since an exception would surface in
+        whatever code the signal interrupted.
         """
         try:
             for pid in list(self.children):
@@ -331,12 +355,24 @@ class Zygote:
                     continue
                 if reaped_pid == 0:
                     continue
-                self.exit_statuses[pid] = os.waitstatus_to_exitcode(status)
-                self.children.pop(pid, None)
-                while len(self.exit_statuses) > EXIT_STATUSES_KEPT_MAX:
-                    self.exit_statuses.popitem(last=False)
+                self.collected(pid, status)
+            while not self.forking:
+                try:
+                    reaped_pid, status = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    break
+                if reaped_pid == 0:
+                    break
+                self.collected(reaped_pid, status)
         except Exception:
             traceback.print_exc()
+
+    def collected(self, pid: int, status: int) -> None:
+        """Keep how a reaped process exited (orphans too: harmless, and bounded)."""
+        self.exit_statuses[pid] = os.waitstatus_to_exitcode(status)
+        self.children.pop(pid, None)
+        while len(self.exit_statuses) > EXIT_STATUSES_KEPT_MAX:
+            self.exit_statuses.popitem(last=False)
 
     def kill_children(self, timeout_s: float = CHILDREN_GONE_TIMEOUT_S) -> None:
         """SIGKILL every live child's group and wait (bounded) until each is reaped and gone, so none outlives the
@@ -403,8 +439,7 @@ class Zygote:
                     ready_write_fd,
                     lambda: run_standby(config_json, config, theirs, lambda: self.name_process(name)),
                 )
-            self.children[pid] = STANDBY_PREFIX + name
-            self.reap()
+            self.record(pid, STANDBY_PREFIX + name)
         finally:
             theirs.close()
             os.close(ready_write_fd)
@@ -570,9 +605,39 @@ def run_standby(config_json: str, config: Any, channel: socket.socket, on_promot
     # The app's request path once more, here: its pages are this process's own before the first real request
     # (copy-on-write would otherwise copy them during it, on the path from a crash to serving again).
     asyncio.run(touch_stateless_routes(config.app))
+    if workers_of(config_json) > 1:
+        return run_coordinator_standby(config_json, config, channel, on_promotion)
     server = standby_server(config, channel, on_promotion)
     server.run()
     return 0 if server.started or server.stood_down else 3  # uvicorn's STARTUP_FAILURE
+
+
+def run_coordinator_standby(
+    config_json: str, config: Any, channel: socket.socket, on_promotion: Callable[[], None]
+) -> int:
+    """A standby of a server with several workers (`fakes.gym.workers`): it forks its workers, which start their
+    loops and lifespans and wait for the listening socket, then reports READY and waits, without an event loop
+    (a process that runs one must not fork), for the socket; it hands it to every worker, becomes their
+    coordinator, and says SERVING once every worker has registered."""
+    from fakes.gym.config import ServerConfig
+    from fakes.gym.serve import serve_workers
+
+    def listening() -> socket.socket | None:
+        with contextlib.suppress(OSError):
+            channel.sendall(READY)
+        _, fds, _, _ = socket.recv_fds(channel, len(GO), 1)
+        if not fds:  # stood down: the fork server discarded this standby, or is gone
+            channel.close()
+            return None
+        on_promotion()
+        return socket.socket(fileno=fds[0])
+
+    def serving() -> None:
+        with contextlib.suppress(OSError):
+            channel.sendall(SERVING)
+        channel.close()
+
+    return serve_workers(ServerConfig.from_json(config_json), listening, config, serving)
 
 
 def standby_server(config: Any, channel: socket.socket, on_promotion: Callable[[], None]) -> Any:
@@ -642,9 +707,20 @@ def serve_config(config_json: str, sock: socket.socket, prepared: Any = None) ->
     import uvicorn
 
     use_config_env(config_json)
+    if workers_of(config_json) > 1:
+        from fakes.gym.config import ServerConfig
+        from fakes.gym.serve import serve_workers
+
+        return serve_workers(ServerConfig.from_json(config_json), sock, prepared)
     server = uvicorn.Server(prepared if prepared is not None else build_config(config_json))
     server.run(sockets=[sock])
     return 0 if server.started else 3  # uvicorn's STARTUP_FAILURE
+
+
+def workers_of(config_json: str) -> int:
+    """How many worker processes the server serves with; more than one makes it their coordinator."""
+    workers = json.loads(config_json).get("workers", 1)
+    return workers if isinstance(workers, int) else 1
 
 
 def use_config_env(config_json: str) -> None:
@@ -697,6 +773,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     # stdin needs no closing in a child: redirect_stdio replaces fd 0, which drops the request pipe.
     zygote = Zygote([replies])
+    # Orphans of our children come to us, not to init: see `Zygote.reap`.
+    zygote.libc.prctl(PR_SET_CHILD_SUBREAPER, 1)
     signal.signal(signal.SIGCHLD, zygote.reap)
     try:
         write_message(replies, {"ready": True, "pid": os.getpid(), "warm_up_ms": round(warm_up_ms, 1)})

@@ -20,6 +20,9 @@ ROLES: tuple[str, ...] = ("environment", "legacy_relay", "agent", "resources", "
 # Reference 8.1; `restart_only` is Gym's default for resources servers nobody audited.
 RESOURCES_MODES: tuple[str, ...] = ("stateless", "exported", "restart_only")
 DEFAULT_LEASE_GRACE_S = 600.0
+# Only the policy model server runs several uvicorn workers behind its port (`fakes.gym.workers`); the other roles
+# are one process each (SPEC section 3: several workers for them are planned, not built).
+MULTI_WORKER_ROLES: tuple[str, ...] = ("policy_model",)
 
 
 def lease_grace(value: float) -> float:
@@ -64,6 +67,8 @@ class ServerConfig:
     token_capture: bool = False
     generation_cuts: bool = False
     capture_token: str = ""
+    # uvicorn worker processes behind the one port; more than one makes the server a coordinator (reference 1.4).
+    workers: int = 1
 
     def __attrs_post_init__(self) -> None:
         check_capture(self.token_capture, self.generation_cuts)
@@ -71,6 +76,13 @@ class ServerConfig:
             raise ValueError(
                 "token capture needs a non-empty 'capture_token' (the ledger routes' bearer) and 'capture_dir' "
                 f"(got capture_token={self.capture_token!r}, capture_dir={self.capture_dir!r})"
+            )
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
+            raise ValueError(f"'workers' must be an integer >= 1 (got {self.workers!r})")
+        if self.workers > 1 and self.role not in MULTI_WORKER_ROLES:
+            raise ValueError(
+                f"'workers' must be 1 for role {self.role!r} (got {self.workers}); only {list(MULTI_WORKER_ROLES)} "
+                "servers run several workers"
             )
 
     @property

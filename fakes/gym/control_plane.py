@@ -26,7 +26,7 @@ from typing import Annotated, Any
 
 import attrs
 from fastapi import APIRouter, Header
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from fakes.gym.config import ServerConfig
 from fakes.gym.durability import Journal
@@ -83,6 +83,123 @@ Authorization = Annotated[str | None, Header()]
 Reply = dict[str, Any]
 
 
+# What a control route hands its handler: the operation, the `Authorization` header, and the validated body (a
+# request model), the failpoint's name, or None.
+ControlHandler = Callable[[str, str | None, Any], Awaitable[Reply]]
+# Per operation: the ControlPlane method that runs it, and how a forwarded body is read back (None: no body).
+_OPERATIONS: dict[str, str] = {
+    "status": "_status_op",
+    "prepare": "prepare",
+    "renew": "renew",
+    "commit": "commit",
+    "restore": "restore",
+    "resume": "resume",
+    "retire": "retire",
+    "forget": "forget",
+    "failpoints": "_failpoint_state",
+    "arm failpoint": "_arm_failpoint",
+}
+_BODIES: dict[str, type[BaseModel] | type[str] | None] = {
+    "status": None,
+    "prepare": CheckpointRequest,
+    "renew": CheckpointRequest,
+    "commit": CommitRequest,
+    "restore": RestoreRequest,
+    "resume": CheckpointRequest,
+    "retire": RetireRequest,
+    "forget": ForgetRequest,
+    "failpoints": None,
+    "arm failpoint": str,
+}
+
+
+def check_bearer(authorization: str | None, expected: bytes) -> None:
+    """401 unless the header is exactly `expected` (`"Bearer " + token`), compared in constant time."""
+    given = (authorization or "").encode()
+    if not hmac.compare_digest(given, expected):
+        raise UnauthorizedError("control routes need the header 'Authorization: Bearer <control token>'")
+
+
+def forwarded_body(argument: Any) -> Any:
+    """A route's validated argument as JSON, for a worker to forward to its coordinator (`parse_forwarded` undoes
+    it)."""
+    return argument.model_dump(mode="json") if isinstance(argument, BaseModel) else argument
+
+
+def parse_forwarded(op: str, body: Any) -> Any:
+    """The argument of operation `op` from its forwarded JSON body."""
+    if op not in _OPERATIONS:
+        raise ValueError(f"'operation' must be one of {sorted(_OPERATIONS)} (got {op!r})")
+    model = _BODIES[op]
+    if model is None or model is str:
+        return body
+    return model.model_validate(body)
+
+
+def control_router(handle: ControlHandler) -> APIRouter:
+    """The control routes and the failpoint routes, each answered by `handle(op, authorization, argument)`.
+
+    A single-process server's handler is its `ControlPlane`; a worker of a multi-worker server checks the bearer
+    and forwards to its coordinator's. Either way the routes, their body models and so their 422s are these."""
+    router = APIRouter()
+    router.include_router(_checkpoint_router(handle))
+    router.include_router(_failpoint_router(handle))
+    return router
+
+
+def _failpoint_router(handle: ControlHandler) -> APIRouter:
+    router = APIRouter(prefix="/_ctl/failpoints")
+
+    @router.get("")
+    async def failpoints(authorization: Authorization = None) -> Reply:
+        return await handle("failpoints", authorization, None)
+
+    @router.post("/{point}")
+    async def arm(point: Failpoint, authorization: Authorization = None) -> Reply:
+        return await handle("arm failpoint", authorization, point)
+
+    return router
+
+
+def _checkpoint_router(handle: ControlHandler) -> APIRouter:
+    """The control routes; bodies are validated (422) before the bearer is checked (401), as in Gym."""
+    router = APIRouter(prefix=CHECKPOINT_ROUTE_PREFIX)
+
+    @router.get("/status")
+    async def status(authorization: Authorization = None) -> Reply:
+        return await handle("status", authorization, None)
+
+    @router.post("/prepare")
+    async def prepare(body: CheckpointRequest, authorization: Authorization = None) -> Reply:
+        return await handle("prepare", authorization, body)
+
+    @router.post("/renew")
+    async def renew(body: CheckpointRequest, authorization: Authorization = None) -> Reply:
+        return await handle("renew", authorization, body)
+
+    @router.post("/commit")
+    async def commit(body: CommitRequest, authorization: Authorization = None) -> Reply:
+        return await handle("commit", authorization, body)
+
+    @router.post("/restore")
+    async def restore(body: RestoreRequest, authorization: Authorization = None) -> Reply:
+        return await handle("restore", authorization, body)
+
+    @router.post("/resume")
+    async def resume(body: CheckpointRequest, authorization: Authorization = None) -> Reply:
+        return await handle("resume", authorization, body)
+
+    @router.post("/retire")
+    async def retire(body: RetireRequest, authorization: Authorization = None) -> Reply:
+        return await handle("retire", authorization, body)
+
+    @router.post("/forget")
+    async def forget(body: ForgetRequest, authorization: Authorization = None) -> Reply:
+        return await handle("forget", authorization, body)
+
+    return router
+
+
 class RetiredAttempts:
     """Per rollout, the highest retired attempt: refusal starts before retire stops anything, ends at forget."""
 
@@ -105,6 +222,10 @@ class RetiredAttempts:
     def forget(self, rollout_ids: Iterable[str]) -> None:
         for rollout_id in rollout_ids:
             self._marks.pop(rollout_id, None)
+
+    def marks(self) -> dict[str, int]:
+        """Per rollout, the highest retired attempt: what a joining worker of a multi-worker server starts with."""
+        return dict(self._marks)
 
 
 @attrs.frozen
@@ -244,78 +365,23 @@ class ControlPlane:
 
     def router(self) -> APIRouter:
         """The control routes, and the look-alike's own failpoint routes (`fakes.gym.failpoints`)."""
-        router = APIRouter()
-        router.include_router(self._checkpoint_router())
-        router.include_router(self._failpoint_router())
-        return router
+        return control_router(self._call)
 
-    def _failpoint_router(self) -> APIRouter:
-        router = APIRouter(prefix="/_ctl/failpoints")
+    async def _call(self, op: str, authorization: str | None, argument: Any) -> Reply:
+        """Check the bearer, then run the operation."""
+        check_bearer(authorization, self._bearer)
+        return await self._run(op, argument)
 
-        @router.get("")
-        async def failpoints(authorization: Authorization = None) -> Reply:
-            return await self._call(authorization, "failpoints", self._failpoint_state)
+    async def run_forwarded(self, op: str, body: Any) -> Reply:
+        """Run an operation a worker of a multi-worker server forwarded (`fakes.gym.workers`): the worker validated
+        the body and checked the bearer, so the reply is exactly what this server's own route would give."""
+        return await self._run(op, parse_forwarded(op, body))
 
-        @router.post("/{point}")
-        async def arm(point: Failpoint, authorization: Authorization = None) -> Reply:
-            return await self._call(authorization, "arm failpoint", self._arm_failpoint, point)
-
-        return router
-
-    async def _failpoint_state(self) -> Reply:
-        return self.failpoints.state()
-
-    async def _arm_failpoint(self, point: str) -> Reply:
-        self.failpoints.arm(point)
-        return self.failpoints.state()
-
-    def _checkpoint_router(self) -> APIRouter:
-        """The control routes; bodies are validated (422) before the bearer is checked (401), as in Gym."""
-        router = APIRouter(prefix=CHECKPOINT_ROUTE_PREFIX)
-
-        @router.get("/status")
-        async def status(authorization: Authorization = None) -> Reply:
-            return await self._call(authorization, "status", self._status_op)
-
-        @router.post("/prepare")
-        async def prepare(body: CheckpointRequest, authorization: Authorization = None) -> Reply:
-            return await self._call(authorization, "prepare", self.prepare, body)
-
-        @router.post("/renew")
-        async def renew(body: CheckpointRequest, authorization: Authorization = None) -> Reply:
-            return await self._call(authorization, "renew", self.renew, body)
-
-        @router.post("/commit")
-        async def commit(body: CommitRequest, authorization: Authorization = None) -> Reply:
-            return await self._call(authorization, "commit", self.commit, body)
-
-        @router.post("/restore")
-        async def restore(body: RestoreRequest, authorization: Authorization = None) -> Reply:
-            return await self._call(authorization, "restore", self.restore, body)
-
-        @router.post("/resume")
-        async def resume(body: CheckpointRequest, authorization: Authorization = None) -> Reply:
-            return await self._call(authorization, "resume", self.resume, body)
-
-        @router.post("/retire")
-        async def retire(body: RetireRequest, authorization: Authorization = None) -> Reply:
-            return await self._call(authorization, "retire", self.retire, body)
-
-        @router.post("/forget")
-        async def forget(body: ForgetRequest, authorization: Authorization = None) -> Reply:
-            return await self._call(authorization, "forget", self.forget, body)
-
-        return router
-
-    async def _call(
-        self, authorization: str | None, op: str, operation: Callable[..., Awaitable[Reply]], *args: Any
-    ) -> Reply:
-        """Check the bearer, run the operation, and turn an unexpected exception into 500 checkpoint_error."""
-        given = (authorization or "").encode()
-        if not hmac.compare_digest(given, self._bearer):
-            raise UnauthorizedError("control routes need the header 'Authorization: Bearer <control token>'")
+    async def _run(self, op: str, argument: Any) -> Reply:
+        """Run the operation; an unexpected exception becomes 500 checkpoint_error."""
+        operation: Callable[..., Awaitable[Reply]] = getattr(self, _OPERATIONS[op])
         try:
-            return await operation(*args)
+            return await (operation() if argument is None else operation(argument))
         except ControlError:
             raise
         except Exception as exc:
@@ -323,6 +389,13 @@ class ControlPlane:
             raise InternalControlError(
                 f"{op} failed unexpectedly on {self._name}: {exc!r}; this is a server bug, see the server log"
             ) from exc
+
+    async def _failpoint_state(self) -> Reply:
+        return self.failpoints.state()
+
+    async def _arm_failpoint(self, point: str) -> Reply:
+        self.failpoints.arm(point)
+        return self.failpoints.state()
 
     async def _status_op(self) -> Reply:
         return self.status()

@@ -403,30 +403,53 @@ class BackendForwarder:
         return await self.client.post(self.base_url + GENERATION_CUT_ROUTE, json=inventory, headers=headers)
 
 
+def policy_gate(
+    config: ServerConfig, *, is_retired: Callable[[EpisodeId], bool], notify: Callable[[], None]
+) -> PolicyGate:
+    """The gate of one serving process (the server, or one worker of a multi-worker server)."""
+    return PolicyGate(
+        # Read once at startup, so the fault-free server pays nothing per call.
+        holds_responses=FAULT_DELIVERS_HELD not in config.faults,
+        is_retired=is_retired,
+        notify=notify,
+    )
+
+
 def build_app(config: ServerConfig) -> FastAPI:
     """The policy model server with the checkpoint control routes, and the ledger routes with token capture."""
     faults = frozenset(config.faults)
     control_plane: ControlPlane
-    gate = PolicyGate(
-        # Read once at startup, so the fault-free server pays nothing per call.
-        holds_responses=FAULT_DELIVERS_HELD not in faults,
+    gate = policy_gate(
+        config,
         is_retired=lambda episode_id: control_plane.retired.is_retired(episode_id),
         notify=lambda: control_plane.notify(),
     )
-    forwarder = BackendForwarder(base_url=config.backend_url.rstrip("/"), token=config.token)
+    forwarder = backend_forwarder(config)
     ledger = FileLedger(config.capture_dir) if config.token_capture else None
     capture = TokenCapture(ledger, faults) if ledger is not None else None
     cutter = None
     if config.generation_cuts:
         cutter = GenerationCutter(forwarder.post_cut, config.name, lambda: control_plane.checkpoint_id, faults)
     control_plane = ControlPlane.from_config(PolicyParticipant(gate, capture, cutter, faults), config)
-    app = FastAPI(lifespan=lifespan_with_client(lambda client: setattr(forwarder, "client", client)))
-    app.add_middleware(RolloutPrefixMiddleware)
-    install_error_handlers(app)
+    app = generation_app(gate, forwarder, capture)
     add_health(app)
     app.include_router(control_plane.router())
     if ledger is not None:
         app.include_router(ledger_router(ledger, config.capture_token, lambda: control_plane.checkpoint_id, faults))
+    return app
+
+
+def backend_forwarder(config: ServerConfig) -> BackendForwarder:
+    return BackendForwarder(base_url=config.backend_url.rstrip("/"), token=config.token)
+
+
+def generation_app(gate: PolicyGate, forwarder: BackendForwarder, capture: TokenCapture | None = None) -> FastAPI:
+    """An app serving the generation route through `gate` (with `capture`, capturing tagged calls); the caller
+    adds health and the control routes (`fakes.gym.model_workers` builds a worker of a multi-worker server from
+    it)."""
+    app = FastAPI(lifespan=lifespan_with_client(lambda client: setattr(forwarder, "client", client)))
+    app.add_middleware(RolloutPrefixMiddleware)
+    install_error_handlers(app)
 
     @app.post(GENERATION_PATH)
     async def chat_completions(request: Request) -> Response:

@@ -449,7 +449,7 @@ def p13_clean_end(statuses: Mapping[str, Mapping[str, Any]]) -> None:
     """Drained: every participant idle, admission open, nothing counted, no marks, nothing restored or retired."""
     for name, status in statuses.items():
         counts = status.get("report", {}).get("counts", {})
-        leftovers = {k: v for k, v in counts.items() if v and k != "cut_skipped"}
+        leftovers = {k: v for k, v in counts.items() if v and k not in NOT_LEFTOVERS}
         dirty = status.get("phase") != "idle" or status.get("retired_rollouts") or leftovers
         dirty = dirty or status.get("restored_pending") or status.get("retired_sessions")
         dirty = dirty or status.get("accepting") is False
@@ -517,6 +517,8 @@ def p11_prepared_once_verified(
         )
 
 
+# Counts that are no work left over: calls skipped by a cut round, and a multi-worker server's live workers.
+NOT_LEFTOVERS = frozenset({"cut_skipped", "workers"})
 LEDGER_REMOVAL_REFUSAL = "retry ledger retire and delete after it resumes"
 
 

@@ -202,14 +202,16 @@ class BackgroundRun:
 
 @pytest.fixture
 def deploy(tmp_path: Path) -> Iterator[Callable[..., Deployment]]:
-    """Start a whole deployment of a topology (optionally with planted faults, token capture and generation cuts);
-    all of it stops at teardown."""
+    """Start a whole deployment of a topology (optionally with planted faults, token capture and generation cuts,
+    several policy model workers, or cold-started servers); all of it stops at teardown."""
     started: list[Deployment] = []
 
     def start(
         topology: str,
         verify_mode: str = "wait",
         faults: tuple[str, ...] = (),
+        policy_workers: int = 1,
+        fork_server: bool = True,
         *,
         token_capture: bool = False,
         generation_cuts: bool = False,
@@ -222,6 +224,8 @@ def deploy(tmp_path: Path) -> Iterator[Callable[..., Deployment]]:
             faults=faults,
             token_capture=token_capture,
             generation_cuts=generation_cuts,
+            policy_workers=policy_workers,
+            fork_server=fork_server,
         )
         try:
             stack.start_backend()

@@ -9,7 +9,7 @@ import pytest
 from fakes import stack
 from fakes.deployment import EmbeddedDeployment
 from fakes.gym.config import ServerConfig
-from fakes.stack import Stack
+from fakes.stack import Stack, policy_workers_count
 
 
 def test_ports_are_chosen_once_and_kept_across_restarts(tmp_path: Path) -> None:
@@ -120,3 +120,34 @@ def test_clear_capture_empties_the_capture_directory_only_while_gym_is_down(tmp_
     with pytest.raises(RuntimeError, match="running"):
         deployment.clear_capture()
     deployment.stack.gym.clear()
+
+
+def test_the_stack_gives_its_worker_count_to_the_policy_model_only(tmp_path: Path) -> None:
+    stack = Stack("mixed", tmp_path, policy_workers=2)
+    assert {name: config.workers for name, config in stack.configs().items()} == {
+        "environment": 1,
+        "agent": 1,
+        "resources": 1,
+        "policy_model": 2,
+        "restart_resources": 1,
+        "restart_environment": 1,
+    }
+    assert stack.describe()["policy_workers"] == 2
+    assert Stack("native", tmp_path).policy_workers == 1
+    assert policy_workers_count(" 3") == 3
+    for bad in (0, "0", "two", True):
+        with pytest.raises(ValueError, match="'policy_workers' must be an integer >= 1"):
+            policy_workers_count(bad)
+
+
+def test_an_embedded_deployment_passes_its_policy_workers_to_its_stack() -> None:
+    deployment = EmbeddedDeployment("native", policy_workers=2)
+    try:
+        assert (deployment.policy_workers, deployment.stack.configs()["policy_model"].workers) == (2, 2)
+    finally:
+        deployment.close()
+    default = EmbeddedDeployment("native")
+    try:
+        assert default.policy_workers == 1
+    finally:
+        default.close()

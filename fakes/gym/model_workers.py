@@ -1,0 +1,342 @@
+"""The policy model server as several uvicorn workers behind one port (reference 7.4), built on `fakes.gym.workers`.
+
+The coordinator (the server's main process) owns the control plane and a `CoordinatedPolicyParticipant`; each
+worker serves generation calls through its own `PolicyGate` (`fakes.gym.model`) and answers its coordinator's
+requests (`PolicyWorker`). While admission is closed every worker makes new calls wait and holds replies, exactly
+as one process does; a retired attempt's call is refused by whichever worker gets it.
+
+The coordinator's participant wraps a `PolicyParticipant` of its own, over a gate that never serves a call: it is
+what is server-wide rather than per worker, so it validates records, builds the commit extras, keeps the restored
+targets, and, once token capture lands, reads and writes the capture ledger (one per server: the ledger lives on
+disk, shared by every process) and keeps the restored cuts. What is policy-specific is kept in small functions
+below, so that token capture changes only them:
+
+- `worker_report` / `merge_reports`: a worker's GateReport as JSON, and the merge (counts summed, blockers united,
+  ready only if every worker is; plus the coordinator's `<label>-workers-unreported:<n>` and `<label>-worker-lost`).
+- `gate_snapshot` / `export_records`: each worker's still-undelivered calls (model call ID -> capture key) and
+  cuts; the export is what the coordinator's own participant exports (the ledger rows on disk, restored cuts)
+  minus the rows of calls undelivered on ANY worker, with each episode's latest-admitted worker cut.
+- `install_refusal`: restore only into a fresh server (no worker served a call, none left since start); then the
+  coordinator's participant installs what the coordinator keeps, and the workers are told the restored targets.
+- retire: marks to every worker first, then every worker cancels its covered calls, then the coordinator drops
+  what it keeps of them.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI
+
+from fakes.gym.config import ServerConfig
+from fakes.gym.control_plane import ControlPlane
+from fakes.gym.errors import ControlError
+from fakes.gym.model import PolicyGate, PolicyParticipant, backend_forwarder, generation_app, policy_gate
+from fakes.gym.participant import PrepareReport
+from fakes.gym.wire import EpisodeId
+from fakes.gym.workers import WorkerLink, WorkerPool, add_worker_routes, serve_with_workers
+
+# Reference 1.4: how a policy worker finds its coordinator's socket.
+POLICY_SOCKET_ENV = "NEMO_GYM_POLICY_CHECKPOINT_SOCKET"
+
+# --- policy-specific parts (pure; tests/unit/test_policy_workers.py feeds them hand-built values) -------------------
+
+
+def worker_report(participant: PolicyParticipant) -> dict[str, Any]:
+    """A worker's report as it travels to the coordinator: every blocker (the wire's cap applies after the merge),
+    and whether the worker ever served a call (a restore needs a server where none did)."""
+    report = participant.report()
+    return {
+        "ready": report.ready,
+        "blockers": list(report.blockers),
+        "counts": dict(report.counts),
+        "restarts": list(report.restarts),
+        "served": participant.gate.served,
+    }
+
+
+def merge_reports(
+    own: PrepareReport,
+    reports: Sequence[Mapping[str, Any]],
+    *,
+    label: str,
+    workers: int,
+    unreported: int,
+    lost: bool,
+) -> PrepareReport:
+    """The server's report: the coordinator's own (zero counts of every key, restored state) with every worker's.
+
+    Ready only if every worker is, every live worker has reported for the current close generation, and no worker
+    was lost while admission was closed; those two are blockers of their own."""
+    counts = dict(own.counts)
+    blockers, restarts = set(own.blockers), set(own.restarts)
+    ready = own.ready
+    for report in reports:
+        ready = ready and bool(report["ready"])
+        blockers.update(report["blockers"])
+        restarts.update(report["restarts"])
+        for name, count in report["counts"].items():
+            counts[name] = counts.get(name, 0) + count
+    counts["workers"] = workers
+    if unreported:
+        blockers.add(f"{label}-workers-unreported:{unreported}")
+    if lost:
+        blockers.add(f"{label}-worker-lost")
+    return PrepareReport(
+        ready=ready and not unreported and not lost,
+        blockers=tuple(sorted(blockers)),
+        counts=counts,
+        restarts=tuple(sorted(restarts)),
+    )
+
+
+def gate_snapshot(gate: PolicyGate) -> dict[str, Any]:
+    """What a worker holds that a commit must not export as delivered (Gym's GateSnapshot).
+
+    `undelivered` maps the model call ID of every admitted call whose response has not started to its capture key;
+    `cuts` lists the gate's generation cuts as `{capture_key, record, admitted_at}`. Without token capture no call
+    has a model call ID and no call is cut, so both are empty; token capture fills them from the gate's tickets."""
+    return {"undelivered": {}, "cuts": []}
+
+
+def export_records(
+    scope: Sequence[EpisodeId], records: Sequence[Mapping[str, Any]], snapshots: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """The commit's records: `records` (what the coordinator's own participant exports from disk and from what it
+    keeps) without the rows of calls still undelivered on ANY worker, each episode's cut replaced by the latest
+    one a worker admitted; an in-scope episode with only a worker cut gets a record of its own. A record left with
+    neither rows nor a cut is not exported (reference 7.2)."""
+    undelivered = {call_id for snapshot in snapshots for call_id in snapshot["undelivered"]}
+    cuts = latest_cuts({episode.capture_key for episode in scope}, snapshots)
+    exported: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for record in records:
+        key = EpisodeId.model_validate(record["episode_id"]).capture_key
+        seen.add(key)
+        rows = [row for row in record["rows"] if row.get("model_call_id") not in undelivered]
+        generation_cuts = [cuts[key]["record"]] if key in cuts else list(record["generation_cuts"])
+        if rows or generation_cuts:
+            exported.append({**record, "rows": rows, "generation_cuts": generation_cuts})
+    for episode in scope:
+        key = episode.capture_key
+        if key in cuts and key not in seen:
+            seen.add(key)
+            exported.append({"episode_id": episode.wire(), "rows": [], "generation_cuts": [cuts[key]["record"]]})
+    return exported
+
+
+def latest_cuts(scope_keys: set[str], snapshots: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+    """Per in-scope capture key, the cut admitted last on any worker (at most one cut per episode is valid)."""
+    latest: dict[str, Mapping[str, Any]] = {}
+    for snapshot in snapshots:
+        for cut in snapshot["cuts"]:
+            key = cut["capture_key"]
+            if key in scope_keys and (key not in latest or cut["admitted_at"] > latest[key]["admitted_at"]):
+                latest[key] = cut
+    return latest
+
+
+def install_refusal(*, served: Sequence[int], left: bool, unreported: int) -> str | None:
+    """Why a restore must be refused (None: it may install): only a freshly started server restores."""
+    if served:
+        return (
+            f"restore needs a freshly started model server; its worker(s) {sorted(served)} have served calls "
+            "(restart it, then restore)"
+        )
+    if left:
+        return (
+            "restore needs a freshly started model server; a worker of this one left since it started "
+            "(restart it, then restore)"
+        )
+    if unreported:
+        return (
+            f"restore needs every worker of the model server to close admission; {unreported} did not answer "
+            "(see the server log; restart it, then restore)"
+        )
+    return None
+
+
+# --- the coordinator --------------------------------------------------------------------------------------------
+
+
+class CoordinatedPolicyParticipant:
+    """The policy participant of a multi-worker server: its hooks fan out to the workers (`WorkerPool`), and
+    what is server-wide goes through the coordinator's own `PolicyParticipant` (`policy`)."""
+
+    kind = "model"
+
+    def __init__(
+        self,
+        policy: PolicyParticipant,
+        pool: WorkerPool,
+        *,
+        label: str,
+        checkpoint_id: Callable[[], str | None],
+    ) -> None:
+        self.policy = policy
+        self.pool = pool
+        self.label = label
+        self.checkpoint_id = checkpoint_id
+
+    def report(self) -> PrepareReport:
+        return merge_reports(
+            self.policy.report(),
+            self.pool.reports(),
+            label=self.label,
+            workers=len(self.pool.workers),
+            unreported=self.pool.unreported(),
+            lost=self.pool.lost_while_closed,
+        )
+
+    async def close_admission(self) -> None:
+        await self.policy.close_admission()
+        await self.pool.close({"checkpoint_id": self.checkpoint_id()})
+
+    async def open_admission(self) -> None:
+        await self.policy.open_admission()
+        await self.pool.reopen()
+
+    async def export(self, scope: list[EpisodeId] | None) -> list[dict[str, Any]]:
+        records = await self.policy.export(scope)  # refuses a commit without a scope
+        assert scope is not None
+        snapshots = await self.pool.fan_out("snapshot", {})
+        return export_records(scope, records, snapshots)
+
+    def commit_extras(self, records: list[dict[str, Any]]) -> dict[str, Any]:
+        return self.policy.commit_extras(records)
+
+    def validate_record(self, record: dict[str, Any]) -> None:
+        self.policy.validate_record(record)
+
+    async def install(self, records: list[dict[str, Any]], scope: list[EpisodeId]) -> list[str]:
+        # Admission closed before the install (the control plane closes it), and every worker answered that close
+        # with its report: no call can have been admitted since, so `served` is exact here.
+        served = [worker.pid for worker in self.pool.workers.values() if (worker.report or {}).get("served")]
+        refusal = install_refusal(served=served, left=self.pool.left, unreported=self.pool.unreported())
+        if refusal is not None:
+            raise ControlError(refusal)
+        targets = await self.policy.install(records, scope)
+        try:
+            await self.pool.fan_out("install", {"restored_targets": targets})
+        except BaseException:
+            await self.policy.delete_restored(set())
+            raise
+        return targets
+
+    async def delete_restored(self, keep: set[str]) -> None:
+        await self.policy.delete_restored(keep)
+        await self.pool.fan_out("delete_restored", {"keep": sorted(keep)})
+
+    async def retire(self, episode_ids: list[EpisodeId]) -> None:
+        body = {"episode_ids": [episode.wire() for episode in episode_ids]}
+        await self.pool.fan_out("mark", body)  # every worker refuses the attempts before any stops anything
+        await self.pool.fan_out("retire", body, timeout_s=None)  # bounded by the retire's deadline
+        await self.policy.retire(episode_ids)
+
+    async def check_forget(self, rollout_ids: list[str]) -> None:
+        await self.policy.check_forget(rollout_ids)
+        await self.pool.fan_out("check_forget", {"rollout_ids": rollout_ids})
+
+    async def forget(self, rollout_ids: list[str]) -> None:
+        await self.pool.fan_out("forget", {"rollout_ids": rollout_ids})
+        await self.policy.forget(rollout_ids)
+
+    def status_extras(self) -> dict[str, Any]:
+        return {
+            **self.policy.status_extras(),
+            "workers": len(self.pool.workers),
+            "expected_workers": self.pool.expected,
+        }
+
+    def register_state(self) -> dict[str, Any]:
+        """What a joining worker learns besides admission and the marks."""
+        return {"restored_targets": sorted(self.policy.gate.restored_targets)}
+
+
+def coordinator_control_plane(config: ServerConfig, pool: WorkerPool) -> ControlPlane:
+    """The coordinator's control plane over its workers (`serve_with_workers`' `assemble`)."""
+    control_plane: ControlPlane
+    gate = policy_gate(
+        config,
+        is_retired=lambda episode_id: control_plane.retired.is_retired(episode_id),
+        notify=lambda: control_plane.notify(),
+    )
+    participant = CoordinatedPolicyParticipant(
+        PolicyParticipant(gate), pool, label=config.name, checkpoint_id=lambda: control_plane.checkpoint_id
+    )
+    control_plane = ControlPlane.from_config(participant, config)
+    pool.on_change = control_plane.notify
+    pool.state = lambda: {"retired": control_plane.retired.marks(), **participant.register_state()}
+    pool.run_control = control_plane.run_forwarded
+    return control_plane
+
+
+# --- a worker ---------------------------------------------------------------------------------------------------
+
+
+class PolicyWorker:
+    """One worker's gate and participant, driven by its coordinator through `link`."""
+
+    def __init__(self, config: ServerConfig, link: WorkerLink) -> None:
+        self.gate = policy_gate(config, is_retired=link.retired.is_retired, notify=link.report_soon)
+        self.gate.open = False  # nothing is admitted before the coordinator says whether admission is open
+        self.participant = PolicyParticipant(self.gate)
+        link.close_admission = self.participant.close_admission
+        link.open_admission = self.participant.open_admission
+        link.report = lambda: worker_report(self.participant)
+        link.on_register = self._on_register
+        link.handlers.update(
+            retire=self._retire,
+            check_forget=self._check_forget,
+            snapshot=self._snapshot,
+            install=self._install,
+            delete_restored=self._delete_restored,
+        )
+
+    async def _on_register(self, state: dict[str, Any]) -> None:
+        self.gate.restored_targets = set(state["restored_targets"])
+
+    async def _retire(self, body: Any) -> None:
+        await self.participant.retire([EpisodeId.model_validate(episode) for episode in body["episode_ids"]])
+
+    async def _check_forget(self, body: Any) -> None:
+        await self.participant.check_forget(body["rollout_ids"])
+
+    async def _snapshot(self, body: Any) -> dict[str, Any]:
+        return gate_snapshot(self.gate)
+
+    async def _install(self, body: Any) -> None:
+        self.gate.restored_targets = set(body["restored_targets"])
+
+    async def _delete_restored(self, body: Any) -> None:
+        await self.participant.delete_restored(set(body["keep"]))
+
+
+def build_worker_app(config: ServerConfig) -> FastAPI:
+    """A worker's app: generation calls through its own gate, health and control routes through the coordinator."""
+    link = WorkerLink(config, socket_env=POLICY_SOCKET_ENV)
+    worker = PolicyWorker(config, link)
+    app = generation_app(worker.gate, backend_forwarder(config))
+    add_worker_routes(app, link)
+    return app
+
+
+def serve(
+    config: ServerConfig,
+    listening: socket.socket | Callable[[], socket.socket | None] | None = None,
+    app_config: uvicorn.Config | None = None,
+    on_serving: Callable[[], None] | None = None,
+) -> int:
+    """Run the multi-worker policy model server in this process (it becomes the coordinator); the exit code.
+    `listening` is as in `serve_with_workers`."""
+    return serve_with_workers(
+        config,
+        assemble=coordinator_control_plane,
+        socket_env=POLICY_SOCKET_ENV,
+        listening=listening,
+        app_config=app_config,
+        on_serving=on_serving,
+    )
