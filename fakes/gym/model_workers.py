@@ -31,9 +31,11 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 
+from fakes.gym.capture import GenerationCutter, TokenCapture, ledger_router
 from fakes.gym.config import ServerConfig
 from fakes.gym.control_plane import ControlPlane
 from fakes.gym.errors import ControlError
+from fakes.gym.ledger import FileLedger
 from fakes.gym.model import PolicyGate, PolicyParticipant, backend_forwarder, generation_app, policy_gate
 from fakes.gym.participant import PrepareReport
 from fakes.gym.wire import EpisodeId
@@ -97,9 +99,19 @@ def gate_snapshot(gate: PolicyGate) -> dict[str, Any]:
     """What a worker holds that a commit must not export as delivered (Gym's GateSnapshot).
 
     `undelivered` maps the model call ID of every admitted call whose response has not started to its capture key;
-    `cuts` lists the gate's generation cuts as `{capture_key, record, admitted_at}`. Without token capture no call
-    has a model call ID and no call is cut, so both are empty; token capture fills them from the gate's tickets."""
-    return {"undelivered": {}, "cuts": []}
+    `cuts` lists the gate's generation cuts as `{capture_key, record, admitted_at}` (a ticket's latest);
+    `restored_cuts` the keys whose restored cut no call of this worker has used up. Without token capture no call
+    has a model call ID and none is cut."""
+    tickets = list(gate.tickets.values())
+    return {
+        "undelivered": {t.model_call_id: t.capture_key for t in tickets if t.model_call_id and not t.delivered},
+        "cuts": [
+            {"capture_key": t.capture_key, "record": t.cuts[-1], "admitted_at": t.admitted_at}
+            for t in tickets
+            if t.cuts
+        ],
+        "restored_cuts": sorted(gate.restored_cuts),
+    }
 
 
 def export_records(
@@ -111,13 +123,17 @@ def export_records(
     neither rows nor a cut is not exported (reference 7.2)."""
     undelivered = {call_id for snapshot in snapshots for call_id in snapshot["undelivered"]}
     cuts = latest_cuts({episode.capture_key for episode in scope}, snapshots)
+    # A restored cut a worker's call used up (delivered) is gone from that worker: it is exported no more.
+    restored = _restored_keys(records)
+    used = {key for key in restored if any(key not in snapshot.get("restored_cuts", ()) for snapshot in snapshots)}
     exported: list[dict[str, Any]] = []
     seen: set[str] = set()
     for record in records:
         key = EpisodeId.model_validate(record["episode_id"]).capture_key
         seen.add(key)
         rows = [row for row in record["rows"] if row.get("model_call_id") not in undelivered]
-        generation_cuts = [cuts[key]["record"]] if key in cuts else list(record["generation_cuts"])
+        restored = [] if key in used else list(record["generation_cuts"])
+        generation_cuts = [cuts[key]["record"]] if key in cuts else restored
         if rows or generation_cuts:
             exported.append({**record, "rows": rows, "generation_cuts": generation_cuts})
     for episode in scope:
@@ -126,6 +142,11 @@ def export_records(
             seen.add(key)
             exported.append({"episode_id": episode.wire(), "rows": [], "generation_cuts": [cuts[key]["record"]]})
     return exported
+
+
+def _restored_keys(records: Sequence[Mapping[str, Any]]) -> set[str]:
+    """Keys of the coordinator's records that carry a cut: its restored cuts (its own gate never cuts a call)."""
+    return {EpisodeId.model_validate(r["episode_id"]).capture_key for r in records if r["generation_cuts"]}
 
 
 def latest_cuts(scope_keys: set[str], snapshots: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
@@ -191,9 +212,10 @@ class CoordinatedPolicyParticipant:
             lost=self.pool.lost_while_closed,
         )
 
-    async def close_admission(self) -> None:
-        await self.policy.close_admission()
-        await self.pool.close({"checkpoint_id": self.checkpoint_id()})
+    async def close_admission(self, deadline_ts: float | None) -> None:
+        """Close everywhere; with a prepare's deadline each worker cuts the calls it has generating."""
+        await self.policy.close_admission(deadline_ts)
+        await self.pool.close({"checkpoint_id": self.checkpoint_id(), "deadline_ts": deadline_ts})
 
     async def open_admission(self) -> None:
         await self.policy.open_admission()
@@ -219,8 +241,9 @@ class CoordinatedPolicyParticipant:
         if refusal is not None:
             raise ControlError(refusal)
         targets = await self.policy.install(records, scope)
+        restored_cuts = {key: cut.record for key, cut in self.policy.gate.restored_cuts.items()}
         try:
-            await self.pool.fan_out("install", {"restored_targets": targets})
+            await self.pool.fan_out("install", {"restored_targets": targets, "restored_cuts": restored_cuts})
         except BaseException:
             await self.policy.delete_restored(set())
             raise
@@ -264,8 +287,14 @@ def coordinator_control_plane(config: ServerConfig, pool: WorkerPool) -> Control
         is_retired=lambda episode_id: control_plane.retired.is_retired(episode_id),
         notify=lambda: control_plane.notify(),
     )
+    faults = frozenset(config.faults)
+    # The ledger is on disk, shared by every process: the coordinator exports and installs it once for all.
+    capture = TokenCapture(FileLedger(config.capture_dir), faults) if config.token_capture else None
     participant = CoordinatedPolicyParticipant(
-        PolicyParticipant(gate), pool, label=config.name, checkpoint_id=lambda: control_plane.checkpoint_id
+        PolicyParticipant(gate, capture, None, faults),
+        pool,
+        label=config.name,
+        checkpoint_id=lambda: control_plane.checkpoint_id,
     )
     control_plane = ControlPlane.from_config(participant, config)
     pool.on_change = control_plane.notify
@@ -283,8 +312,17 @@ class PolicyWorker:
     def __init__(self, config: ServerConfig, link: WorkerLink) -> None:
         self.gate = policy_gate(config, is_retired=link.retired.is_retired, notify=link.report_soon)
         self.gate.open = False  # nothing is admitted before the coordinator says whether admission is open
-        self.participant = PolicyParticipant(self.gate)
-        link.close_admission = self.participant.close_admission
+        faults = frozenset(config.faults)
+        self.forwarder = backend_forwarder(config)
+        # The checkpoint whose close this worker last took: what its cut round names.
+        self.checkpoint_id: str | None = None
+        self.ledger = FileLedger(config.capture_dir) if config.token_capture else None
+        self.capture = TokenCapture(self.ledger, faults) if self.ledger is not None else None
+        cutter = None
+        if config.generation_cuts:
+            cutter = GenerationCutter(self.forwarder.post_cut, config.name, lambda: self.checkpoint_id, faults)
+        self.participant = PolicyParticipant(self.gate, self.capture, cutter, faults)
+        link.close_admission = self._close_admission
         link.open_admission = self.participant.open_admission
         link.report = lambda: worker_report(self.participant)
         link.on_register = self._on_register
@@ -295,6 +333,14 @@ class PolicyWorker:
             install=self._install,
             delete_restored=self._delete_restored,
         )
+
+    async def _close_admission(self, body: dict[str, Any]) -> None:
+        self.checkpoint_id = body.get("checkpoint_id")
+        await self.participant.close_admission(body.get("deadline_ts"))
+
+    def open_checkpoint(self) -> str | None:
+        """The checkpoint open on the server, as this worker knows it: its gate stays closed until the resume."""
+        return None if self.gate.open else (self.checkpoint_id or "(restore)")
 
     async def _on_register(self, state: dict[str, Any]) -> None:
         self.gate.restored_targets = set(state["restored_targets"])
@@ -310,6 +356,7 @@ class PolicyWorker:
 
     async def _install(self, body: Any) -> None:
         self.gate.restored_targets = set(body["restored_targets"])
+        self.gate.restore_cuts(body.get("restored_cuts", {}))
 
     async def _delete_restored(self, body: Any) -> None:
         await self.participant.delete_restored(set(body["keep"]))
@@ -319,8 +366,12 @@ def build_worker_app(config: ServerConfig) -> FastAPI:
     """A worker's app: generation calls through its own gate, health and control routes through the coordinator."""
     link = WorkerLink(config, socket_env=POLICY_SOCKET_ENV)
     worker = PolicyWorker(config, link)
-    app = generation_app(worker.gate, backend_forwarder(config))
+    app = generation_app(worker.gate, worker.forwarder, worker.capture)
     add_worker_routes(app, link)
+    if worker.ledger is not None:
+        # The trainer's ledger routes, on whichever worker gets them; refused while the server's checkpoint is open.
+        faults = frozenset(config.faults)
+        app.include_router(ledger_router(worker.ledger, config.capture_token, worker.open_checkpoint, faults))
     return app
 
 

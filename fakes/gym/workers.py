@@ -471,7 +471,8 @@ class WorkerLink:
             "mark": self._mark,
             "forget": self._forget,
         }
-        self.close_admission: Callable[[], Awaitable[None]] = _nothing
+        # Called with the close's body (`checkpoint_id`, and a prepare's `deadline_ts`; empty on joining).
+        self.close_admission: Callable[[dict[str, Any]], Awaitable[None]] = _nothing_with
         self.open_admission: Callable[[], Awaitable[None]] = _nothing
         self.report: Callable[[], Any] = lambda: None
         self.on_register: Callable[[dict[str, Any]], Awaitable[None]] = _nothing_with
@@ -513,7 +514,7 @@ class WorkerLink:
         if state["open"]:
             await self.open_admission()
         else:
-            await self.close_admission()  # joining while closed: close at once, and report for this generation
+            await self.close_admission({})  # joining while closed: close at once, and report for this generation
         self._registered.set()
         self._send_report()
         self._serving = asyncio.ensure_future(self.channel.serve())  # kept: the loop holds tasks only weakly
@@ -536,7 +537,7 @@ class WorkerLink:
 
     async def _close(self, body: Any) -> dict[str, Any]:
         self.generation = int(body["generation"])
-        await self.close_admission()
+        await self.close_admission(body)
         return self._report_body()
 
     async def _open(self, body: Any) -> None:

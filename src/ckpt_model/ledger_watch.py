@@ -79,7 +79,8 @@ class LedgerWatch:
         if not self.cuts:
             return
         in_flight = self.lineage.in_flight() if durable else ()
-        p12_cut_round(checkpoint_id, in_flight, self.harness.backend.cuts()[rounds_before:])  # type: ignore[union-attr]
+        rounds = self.harness.backend.cuts()[rounds_before:]  # type: ignore[union-attr]
+        p12_cut_round(checkpoint_id, in_flight, rounds, self.harness.policy_workers)
         self.lineage = self.lineage.cut(durable)
 
     def committed(self, checkpoint_id: str, delivered: Mapping[str, int], directory: Path) -> list[str]:

@@ -391,16 +391,20 @@ def p5_staged(key: str, rows: Sequence[Any], staged: Mapping[str, Any]) -> None:
 # -- P12 ----------------------------------------------------------------------------------------------------------
 
 
-def p12_cut_round(checkpoint_id: str, in_flight: Sequence[CapturedCall], rounds: Sequence[Sequence[str]]) -> None:
-    """At a prepare: the backend answered exactly one cut round, naming every call in flight once (none when
-    nothing was in flight)."""
-    want = [sorted(call.model_call_id for call in in_flight)] if in_flight else []
-    got = [sorted(round_) for round_ in rounds]
-    if got != want:
+def p12_cut_round(
+    checkpoint_id: str, in_flight: Sequence[CapturedCall], rounds: Sequence[Sequence[str]], workers: int = 1
+) -> None:
+    """At a prepare: every call in flight is cut exactly once, in the rounds the backend answered for it (one per
+    policy-model worker that had a call generating, so at most `workers`, none empty; none when nothing was in
+    flight)."""
+    want = sorted(call.model_call_id for call in in_flight)
+    got = sorted(call_id for round_ in rounds for call_id in round_)
+    if got != want or len(rounds) > min(workers, len(want)) or any(not round_ for round_ in rounds):
         raise P12Violation(
             rollout=in_flight[0].capture_key if in_flight else None,
-            expected=f"the prepare of {checkpoint_id} cuts the calls in flight once: rounds {want}",
-            observed=f"the backend answered cut rounds {got}",
+            expected=f"the prepare of {checkpoint_id} cuts each call in flight once, {want}, in at most "
+            f"{min(workers, len(want))} round(s) (one per policy-model worker with a call generating)",
+            observed=f"the backend answered cut rounds {[sorted(round_) for round_ in rounds]}",
         )
 
 

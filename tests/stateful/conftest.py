@@ -75,6 +75,20 @@ def native_cuts_harness() -> Iterator[Harness]:
 
 
 @pytest.fixture(scope="session")
+def counter_capture_two_workers_harness() -> Iterator[Harness]:
+    """The lineage scenarios' deployment with two policy-model workers behind one port (Gym runs them with 1 and 2)."""
+    with Harness.embedded("counter", token_capture=True, policy_workers=2) as harness:
+        yield harness
+
+
+@pytest.fixture(scope="session")
+def native_cuts_two_workers_harness() -> Iterator[Harness]:
+    """The cut scenario's deployment with two policy-model workers behind one port."""
+    with Harness.embedded("native", token_capture=True, generation_cuts=True, policy_workers=2) as harness:
+        yield harness
+
+
+@pytest.fixture(scope="session")
 def slow_wait_harness() -> Iterator[Harness]:
     with Harness.embedded("slow", verify_mode="wait") as harness:
         yield harness

@@ -25,8 +25,10 @@ def test_counter_stack_with_token_capture_keeps_the_contract(counter_capture_har
     run_state_machine_as_test(machine_for(counter_capture_harness), settings=ACTIVE_SETTINGS)
 
 
-def test_native_stack_with_generation_cuts_keeps_the_contract(native_cuts_harness: Harness) -> None:
-    run_state_machine_as_test(machine_for(native_cuts_harness), settings=ACTIVE_SETTINGS)
+def test_native_stack_with_generation_cuts_and_two_policy_workers_keeps_the_contract(
+    native_cuts_two_workers_harness: Harness,
+) -> None:
+    run_state_machine_as_test(machine_for(native_cuts_two_workers_harness), settings=ACTIVE_SETTINGS)
 
 
 def test_slow_stack_with_wait_verification_keeps_the_contract(slow_wait_harness: Harness) -> None:

@@ -54,6 +54,24 @@ def test_native_scenario_with_generation_cuts(native_cuts_harness: Harness, name
     run(native_cuts_harness, named(name))
 
 
+# Gym runs its scenarios 1, 2, 3, 6, 7 and 8 with one policy-model worker and with two.
+TWO_WORKER_SCENARIOS = (
+    "crash_after_prepare__continues_from_boundary",
+    "second_crash_before_replacement__still_continues",
+    "checkpoint_without_crash__parks_then_resumes",
+)
+
+
+@pytest.mark.parametrize("name", sorted({*TWO_WORKER_SCENARIOS, *CAPTURE_SCENARIOS}))
+def test_two_worker_scenario_with_token_capture(counter_capture_two_workers_harness: Harness, name: str) -> None:
+    run(counter_capture_two_workers_harness, named(name))
+
+
+@pytest.mark.parametrize("name", sorted({*TWO_WORKER_SCENARIOS, *CUT_SCENARIOS}))
+def test_two_worker_scenario_with_generation_cuts(native_cuts_two_workers_harness: Harness, name: str) -> None:
+    run(native_cuts_two_workers_harness, named(name))
+
+
 @pytest.mark.parametrize("name", sorted(MIXED_SCENARIOS))
 def test_mixed_scenario(mixed_harness: Harness, name: str) -> None:
     run(mixed_harness, MIXED_SCENARIOS[name])

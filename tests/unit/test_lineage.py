@@ -203,6 +203,12 @@ def test_the_backend_answers_one_round_cutting_each_call_in_flight() -> None:
         p12_cut_round("c1", in_flight, [["r0.0"], ["r0.0"]])
     with pytest.raises(P12Violation, match="rounds"):
         p12_cut_round("c1", (), [["r0.0"]])
+    two = Lineage().start("r0").start("r1").learn([waiting(0, "r0", "r0.0", None), waiting(1, "r1", "r1.0", None)])
+    p12_cut_round("c1", two.in_flight(), [["r1.0"], ["r0.0"]], workers=2)  # one round per worker
+    with pytest.raises(P12Violation, match="at most 1 round"):
+        p12_cut_round("c1", two.in_flight(), [["r1.0"], ["r0.0"]], workers=1)
+    with pytest.raises(P12Violation, match="rounds"):
+        p12_cut_round("c1", two.in_flight(), [["r1.0"], ["r0.0"], []], workers=2)
 
 
 def test_a_record_carries_exactly_the_expected_cut() -> None:

@@ -269,10 +269,13 @@ def record(key: str, *call_ids: str, cuts: tuple[dict[str, Any], ...] = ()) -> d
     return {"episode_id": EpisodeId.from_capture_key(key).wire(), "rows": rows, "generation_cuts": list(cuts)}
 
 
-def snapshot(undelivered: dict[str, str], *cuts: tuple[str, float, str]) -> dict[str, Any]:
+def snapshot(
+    undelivered: dict[str, str], *cuts: tuple[str, float, str], restored: tuple[str, ...] = ("r0", "r1")
+) -> dict[str, Any]:
     return {
         "undelivered": undelivered,
         "cuts": [{"capture_key": key, "admitted_at": at, "record": {"model_call_id": c}} for key, at, c in cuts],
+        "restored_cuts": list(restored),
     }
 
 
@@ -298,6 +301,13 @@ def test_export_takes_the_latest_admitted_worker_cut_and_keeps_a_restored_one_ot
         record("r1", "c4", cuts=(restored,)),
         {"episode_id": {"rollout_id": "r2", "attempt": 0}, "rows": [], "generation_cuts": [{"model_call_id": "only"}]},
     ]
+
+
+def test_export_drops_a_restored_cut_a_worker_used_up() -> None:
+    restored = {"model_call_id": "restored"}
+    records = [record("r0", "c0", cuts=(restored,)), record("r1", cuts=(restored,))]
+    snapshots = [snapshot({}), snapshot({}, restored=("r0",))]  # the second worker delivered r1's continuation
+    assert export_records(episodes("r0", "r1"), records, snapshots) == [record("r0", "c0", cuts=(restored,))]
 
 
 def test_export_without_token_capture_is_what_one_process_exports() -> None:
