@@ -286,14 +286,17 @@ class Model:
     def refuses_late_run(self, rollout: str, attempt: int) -> bool:
         """A late `/run` of a retired attempt is refused (`stale_attempt`) before it leaves anything anywhere: its
         first stop holds a mark covering it, or (environment `/run`) the resources server, whose seed comes first,
-        does and the environment relays the refusal. A participant restarted alone lost its marks."""
+        does and the environment relays the refusal, once no checkpoint is open. A participant restarted alone lost
+        its marks."""
 
         def covers(kind: str) -> bool:
             return dict(self.marks_of(kind)).get(rollout, -1) >= attempt
 
         if covers(self.episode_owner):
             return True
-        return self.episode_owner == "environment" and covers("resources")
+        # The environment checks its own marks first, then admission: while a checkpoint is open it refuses the
+        # /run with admission_closed before the seed could reach the resources server's mark.
+        return self.episode_owner == "environment" and covers("resources") and not self.checkpoint_open
 
     def ends_alone(self, kind: str) -> list[Attempt]:
         """Running attempts whose `/run` ends by itself when the participant of `kind` crashes alone: the owner's

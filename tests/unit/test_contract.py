@@ -547,6 +547,9 @@ def test_a_late_run_is_refused_by_the_first_stop_or_by_the_resources_seed_after_
     alone = model.crash_participant("environment")
     assert alone.refuses_late_run("r0", 0)
     assert not alone.crash_participant("resources").refuses_late_run("r0", 0)
+    # While a checkpoint is open the environment refuses with admission_closed before the seed reaches the mark.
+    prepared, _ = alone.dispatch()[0].prepare()
+    assert not prepared.refuses_late_run("r0", 0)
 
 
 def test_a_participant_crashes_alone_only_with_no_checkpoint_open_and_not_holding_restored_state() -> None:
