@@ -645,7 +645,9 @@ def check_lineage(scenario: Scenario, harness: Harness) -> None:
     """Gym's ledger and cut facts, by backend call index: each pinned ledger's chain (read with the checker's
     own ledger client), the backend's cut rounds, and which calls continued which."""
     assert harness.backend is not None
-    ids = {call["index"]: (call.get("admission") or {}).get("model_call_id") for call in harness.backend.calls()}
+    ids: dict[int, str] = {
+        call["index"]: str((call.get("admission") or {}).get("model_call_id")) for call in harness.backend.calls()
+    }
     for key, indices in (scenario.chains or {}).items():
         manifest = harness.ledger.manifest(key)
         observed = getattr(manifest, "model_call_ids", manifest)
@@ -655,7 +657,7 @@ def check_lineage(scenario: Scenario, harness: Harness) -> None:
             )
     if scenario.cut_rounds is not None:
         rounds = [sorted(r) for r in harness.backend.cuts()]
-        expected = [sorted(ids.get(i) for i in r) for r in scenario.cut_rounds]
+        expected = [sorted(ids.get(i, "") for i in r) for r in scenario.cut_rounds]
         if rounds != expected:
             raise ScenarioFactMismatch(
                 f"cut rounds: expected {expected} (calls {scenario.cut_rounds}), observed {rounds}"
