@@ -61,9 +61,9 @@ from typing import IO, Any, NoReturn
 import attrs
 
 from fakes import process_groups
+from fakes.gym.serve import build_config, listening_socket, touch_stateless_routes
 from fakes.zygote_protocol import write_message
 
-LISTEN_BACKLOG = 2048  # uvicorn's default
 # How long a ping waits for the standbys to be built; how long stopping waits for the children to be gone.
 STANDBYS_READY_TIMEOUT_S = 30.0
 CHILDREN_GONE_TIMEOUT_S = 10.0
@@ -85,24 +85,6 @@ SERVING = b"s"  # standby -> fork server: promoted, its server accepts on the so
 SERVING_TIMEOUT_S = 10.0
 # Signals whose fork-server handlers a child must not keep.
 HANDLED_SIGNALS = (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
-
-
-def listening_socket(host: str, port: int) -> socket.socket:
-    """A bound, listening TCP socket for a server to inherit.
-
-    The protocol must be IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted connections only when the
-    listening socket says TCP, and without it every request after a connection's first stalls ~44 ms (Nagle
-    plus delayed ACK; SPEC section 11). SO_REUSEADDR lets a port be bound again while old connections linger.
-    """
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(LISTEN_BACKLOG)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
 
 
 # --- warm-up, once, before any fork ------------------------------------------------------------------------------
@@ -551,19 +533,6 @@ class Standby:
 # --- in a forked child ------------------------------------------------------------------------------------------
 
 
-async def touch_stateless_routes(app: Any) -> None:
-    """Send `app` the two requests that read or change no server state: health, and status without the token
-    (refused with 401 before the control plane looks at anything). Both walk the app's routers, so FastAPI
-    builds its lazy per-route state and Starlette its middleware stack here, not on a child's first request."""
-    import httpx
-
-    from fakes.gym.wire import CHECKPOINT_ROUTE_PREFIX
-
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://warm-up") as client:
-        await client.get("/health")
-        await client.get(CHECKPOINT_ROUTE_PREFIX + "/status")
-
-
 def run_child(
     label: str,
     log_path: Path,
@@ -728,23 +697,6 @@ def use_config_env(config_json: str) -> None:
     from fakes.gym.config import CONFIG_ENV
 
     os.environ[CONFIG_ENV] = config_json
-
-
-def build_config(config_json: str) -> Any:
-    """uvicorn's loaded config for a server, its app built now and warmed by stateless requests."""
-    import uvicorn
-
-    from fakes.gym.config import ServerConfig
-    from fakes.gym.http import SERVER_KEEP_ALIVE_S
-    from fakes.gym.serve import build_app
-
-    app = build_app(ServerConfig.from_json(config_json))
-    asyncio.run(touch_stateless_routes(app))
-    config = uvicorn.Config(
-        app, log_level="warning", access_log=False, lifespan="on", timeout_keep_alive=SERVER_KEEP_ALIVE_S
-    )
-    config.load()
-    return config
 
 
 # --- the program ------------------------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ from fakes.gym.ledger import FileLedger, Row
 from fakes.gym.wire import EpisodeId, bearer
 
 if TYPE_CHECKING:
-    from fakes.gym.model import PolicyGate, Ticket
+    from fakes.gym.gate import PolicyGate, Ticket
 
 log = logging.getLogger(__name__)
 

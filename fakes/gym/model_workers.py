@@ -35,8 +35,9 @@ from fakes.gym.capture import GenerationCutter, TokenCapture, ledger_router
 from fakes.gym.config import ServerConfig
 from fakes.gym.control_plane import ControlPlane
 from fakes.gym.errors import ControlError
+from fakes.gym.gate import PolicyGate
 from fakes.gym.ledger import FileLedger
-from fakes.gym.model import PolicyGate, PolicyParticipant, backend_forwarder, generation_app, policy_gate
+from fakes.gym.model import PolicyParticipant, backend_forwarder, generation_app, policy_gate
 from fakes.gym.participant import PrepareReport
 from fakes.gym.wire import EpisodeId
 from fakes.gym.workers import WorkerLink, WorkerPool, add_worker_routes, serve_with_workers
@@ -377,12 +378,12 @@ def build_worker_app(config: ServerConfig) -> FastAPI:
 
 def serve(
     config: ServerConfig,
-    listening: socket.socket | Callable[[], socket.socket | None] | None = None,
-    app_config: uvicorn.Config | None = None,
+    listening: socket.socket | Callable[[], socket.socket | None],
+    app_config: uvicorn.Config,
     on_serving: Callable[[], None] | None = None,
 ) -> int:
     """Run the multi-worker policy model server in this process (it becomes the coordinator); the exit code.
-    `listening` is as in `serve_with_workers`."""
+    `listening` and `app_config` are as in `serve_with_workers` (`fakes.gym.serve.serve_workers` fills them in)."""
     return serve_with_workers(
         config,
         assemble=coordinator_control_plane,

@@ -6,6 +6,7 @@ A server configured with several workers (`ServerConfig.workers`, policy model o
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from collections.abc import Callable
 from typing import Any
@@ -15,6 +16,8 @@ from fastapi import FastAPI
 
 from fakes.gym.config import ServerConfig
 from fakes.gym.http import SERVER_KEEP_ALIVE_S
+
+LISTEN_BACKLOG = 2048  # uvicorn's default
 
 
 def build_app(config: ServerConfig) -> FastAPI:
@@ -34,6 +37,48 @@ def build_app(config: ServerConfig) -> FastAPI:
     return build(config)
 
 
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A bound, listening TCP socket for a server to inherit.
+
+    The protocol must be IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted connections only when the
+    listening socket says TCP, and without it every request after a connection's first stalls ~44 ms (Nagle
+    plus delayed ACK; SPEC section 11). SO_REUSEADDR lets a port be bound again while old connections linger.
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(LISTEN_BACKLOG)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+async def touch_stateless_routes(app: Any) -> None:
+    """Send `app` the two requests that read or change no server state: health, and status without the token
+    (refused with 401 before the control plane looks at anything). Both walk the app's routers, so FastAPI
+    builds its lazy per-route state and Starlette its middleware stack here, not on a child's first request."""
+    import httpx
+
+    from fakes.gym.wire import CHECKPOINT_ROUTE_PREFIX
+
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://warm-up") as client:
+        await client.get("/health")
+        await client.get(CHECKPOINT_ROUTE_PREFIX + "/status")
+
+
+def build_config(config_json: str) -> Any:
+    """uvicorn's loaded config for a server, its app built now and warmed by stateless requests."""
+    app = build_app(ServerConfig.from_json(config_json))
+    asyncio.run(touch_stateless_routes(app))
+    config = uvicorn.Config(
+        app, log_level="warning", access_log=False, lifespan="on", timeout_keep_alive=SERVER_KEEP_ALIVE_S
+    )
+    config.load()
+    return config
+
+
 def serve_workers(
     config: ServerConfig,
     listening: socket.socket | Callable[[], socket.socket | None] | None = None,
@@ -45,6 +90,11 @@ def serve_workers(
     config with the worker app (built if None); `on_serving` runs once every worker has registered."""
     from fakes.gym.model_workers import serve
 
+    if app_config is None:
+        app_config = build_config(config.to_json())
+    if listening is None:
+        # Bound only once the workers are built, as a promoted standby's socket arrives.
+        listening = lambda: listening_socket(config.host, config.port)  # noqa: E731
     return serve(config, listening, app_config, on_serving)
 
 

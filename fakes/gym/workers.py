@@ -791,32 +791,22 @@ def _wait_built(workers: Sequence[Forked]) -> bool:
     return built
 
 
-def listening_socket(config: ServerConfig) -> socket.socket:
-    from fakes.zygote import listening_socket as bound
-
-    return bound(config.host, config.port)
-
-
 def serve_with_workers(
     config: ServerConfig,
     *,
     assemble: Callable[[ServerConfig, WorkerPool], Any],
     socket_env: str,
-    listening: socket.socket | Callable[[], socket.socket | None] | None = None,
-    app_config: uvicorn.Config | None = None,
+    listening: socket.socket | Callable[[], socket.socket | None],
+    app_config: uvicorn.Config,
     on_serving: Callable[[], None] | None = None,
 ) -> int:
     """Run a multi-worker server in this process until every worker is gone or SIGTERM/SIGINT; the exit code.
 
     The workers are forked and built first, then handed the listening socket: `listening` itself, or what
     `listening()` returns (a standby's blocks until the fork server promotes it, and returns None if it stands
-    down instead), or one bound here. `app_config` is uvicorn's config with the worker app (built here if None);
+    down instead). `app_config` is uvicorn's config with the worker app;
     `assemble(config, pool)` builds the coordinator's control plane on the pool; `on_serving` runs once every
     worker has registered (a promoted standby says SERVING then)."""
-    from fakes.zygote import build_config
-
-    if app_config is None:
-        app_config = build_config(config.to_json())
     directory = make_runtime_dir(os.getpid())
     path = directory / f"{config.name}-{secrets.token_hex(4)}.sock"
     unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -834,7 +824,7 @@ def serve_with_workers(
         if isinstance(listening, socket.socket):
             sock: socket.socket | None = listening
         else:
-            sock = listening_socket(config) if listening is None else listening()
+            sock = listening()
         if sock is None:
             return 0  # a standby that stood down
         with sock:  # the workers get it; a coordinator serves no HTTP

@@ -44,7 +44,7 @@ from ckpt_model import wire as checker_wire
 from ckpt_model.coordination import ControlClient, Participant, Participants, reply_problems, request_body
 from ckpt_model.errors import ParticipantFailure
 from fakes.gym.config import ServerConfig
-from fakes.gym.model import episode_of
+from fakes.gym.gate import episode_of
 from fakes.gym.serve import build_app
 
 GOLDEN = Path(__file__).parent / "golden"

@@ -19,9 +19,10 @@ import pytest
 
 from fakes.gym.capture import GenerationCutter, TokenCapture, attempts_up_to
 from fakes.gym.errors import CheckpointStateError, ControlError
+from fakes.gym.gate import PolicyGate, Ticket
 from fakes.gym.generation_cut import request_digest
 from fakes.gym.ledger import FileLedger
-from fakes.gym.model import PolicyGate, PolicyParticipant, Ticket
+from fakes.gym.model import PolicyParticipant
 from fakes.gym.wire import EpisodeId
 
 MESSAGES = [{"role": "user", "content": "Weather in SF?"}]

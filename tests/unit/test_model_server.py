@@ -23,7 +23,8 @@ import pytest
 from ckpt_model.wire import CHECKPOINT_ROUTE_PREFIX, EpisodeId
 from fakes.gym.config import CONFIG_ENV, ServerConfig
 from fakes.gym.errors import CheckpointStateError, ControlError
-from fakes.gym.model import PolicyGate, PolicyParticipant
+from fakes.gym.gate import PolicyGate
+from fakes.gym.model import PolicyParticipant
 
 pytestmark = pytest.mark.processes
 
