@@ -245,6 +245,8 @@ CATALOGUE: tuple[Fault, ...] = (
         " execution, so a checkpoint cannot be restored again after its replacement made calls and crashed",
         topology="counter",
         token_capture=True,
+        # Its refusal also meets a restore that a damaged share makes fail: the model refuses beside the victim.
+        also_shows_as=("P8",),
     ),
     Fault(
         "ledger_appends_on_restore",
