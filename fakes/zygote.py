@@ -61,6 +61,7 @@ from typing import IO, Any, NoReturn
 import attrs
 
 from fakes import process_groups
+from fakes.fd_passing import receive_fds
 from fakes.gym.serve import build_config, listening_socket, touch_stateless_routes
 from fakes.zygote_protocol import write_message
 
@@ -623,7 +624,7 @@ def standby_server(config: Any, channel: socket.socket, on_promotion: Callable[[
                 sys.exit(3)  # uvicorn's STARTUP_FAILURE
             with contextlib.suppress(OSError):  # promoted before it was built: its socket already waits for it
                 channel.sendall(READY)
-            fds = await _receive_fds(channel)
+            fds = await receive_fds(channel, len(GO))
             if not fds:  # stood down: the fork server discarded this standby, or is gone
                 channel.close()
                 self.stood_down = True
@@ -644,19 +645,6 @@ def standby_server(config: Any, channel: socket.socket, on_promotion: Callable[[
 
 async def _started() -> None:
     return None
-
-
-async def _receive_fds(channel: socket.socket) -> list[int]:
-    """The descriptors of the next message on `channel` (none at end of stream), without blocking the loop."""
-    loop = asyncio.get_running_loop()
-    readable = loop.create_future()
-    loop.add_reader(channel.fileno(), lambda: readable.done() or readable.set_result(None))
-    try:
-        await readable
-    finally:
-        loop.remove_reader(channel.fileno())
-    _, fds, _, _ = socket.recv_fds(channel, len(GO), 1)
-    return list(fds)
 
 
 def redirect_stdio(log_path: Path) -> None:

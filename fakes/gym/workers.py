@@ -63,6 +63,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from fakes.fd_passing import receive_fds
 from fakes.gym.config import ServerConfig
 from fakes.gym.control_plane import RetiredAttempts, check_bearer, control_router, forwarded_body
 from fakes.gym.errors import ControlError, CoordinatorUnavailableError
@@ -682,7 +683,8 @@ class WorkerServer(uvicorn.Server):
             _flush_and_exit(STARTUP_FAILURE_EXIT)
         with contextlib.suppress(OSError):
             self.handoff.sendall(HANDOFF_READY)
-        sock = await _received_socket(self.handoff)
+        fds = await receive_fds(self.handoff, len(HANDOFF_GO))
+        sock = socket.socket(fileno=fds[0]) if fds else None
         self.handoff.close()
         if sock is None:  # stood down: the coordinator is gone, or stands down itself
             self.stood_down = True
@@ -702,19 +704,6 @@ class WorkerServer(uvicorn.Server):
 
 async def _started() -> None:
     return None
-
-
-async def _received_socket(channel: socket.socket) -> socket.socket | None:
-    """The socket sent as the next message on `channel` (None at end of stream), without blocking the loop."""
-    loop = asyncio.get_running_loop()
-    readable = loop.create_future()
-    loop.add_reader(channel.fileno(), lambda: readable.done() or readable.set_result(None))
-    try:
-        await readable
-    finally:
-        loop.remove_reader(channel.fileno())
-    _, fds, _, _ = socket.recv_fds(channel, len(HANDOFF_GO), 1)
-    return socket.socket(fileno=fds[0]) if fds else None
 
 
 def _coordinator_lost() -> None:
