@@ -15,8 +15,8 @@ import attrs
 
 @attrs.frozen
 class Fault:
-    """A planted bug; `topology`, `verify_mode`, `token_capture` and `generation_cuts` name the deployment it shows
-    in."""
+    """A planted bug; `topology`, `verify_mode`, `token_capture`, `generation_cuts` and `policy_workers` name the
+    deployment it shows in."""
 
     name: str
     server: str
@@ -26,6 +26,7 @@ class Fault:
     verify_mode: str = "wait"
     token_capture: bool = False
     generation_cuts: bool = False
+    policy_workers: int = 1
     # Properties a random search may report first: a bug with more than one symptom shows the one it reaches first.
     also_shows_as: tuple[str, ...] = ()
 
@@ -319,6 +320,16 @@ CATALOGUE: tuple[Fault, ...] = (
         " checkpoint's restore is refused",
         token_capture=True,
         generation_cuts=True,
+    ),
+    Fault(
+        "workers_export_ignores_snapshots",
+        "policy_model",
+        "P5",
+        "a multi-worker policy model whose coordinator exports the ledger without asking its workers which calls are"
+        " still undelivered, so a reply a worker holds is exported as if its episode had seen it",
+        topology="counter",
+        token_capture=True,
+        policy_workers=2,
     ),
 )
 BY_NAME: dict[str, Fault] = {fault.name: fault for fault in CATALOGUE}

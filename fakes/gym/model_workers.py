@@ -197,11 +197,14 @@ class CoordinatedPolicyParticipant:
         *,
         label: str,
         checkpoint_id: Callable[[], str | None],
+        faults: frozenset[str] = frozenset(),
     ) -> None:
         self.policy = policy
         self.pool = pool
         self.label = label
         self.checkpoint_id = checkpoint_id
+        # Planted `workers_export_ignores_snapshots`: the export never asks the workers what they still hold.
+        self.ignores_snapshots = "workers_export_ignores_snapshots" in faults
 
     def report(self) -> PrepareReport:
         return merge_reports(
@@ -226,6 +229,8 @@ class CoordinatedPolicyParticipant:
         records = await self.policy.export(scope)  # refuses a commit without a scope
         assert scope is not None
         snapshots = await self.pool.fan_out("snapshot", {})
+        if self.ignores_snapshots:
+            snapshots = [{"undelivered": {}, "cuts": [], "restored_cuts": sorted(self.policy.gate.restored_cuts)}]
         return export_records(scope, records, snapshots)
 
     def commit_extras(self, records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -296,6 +301,7 @@ def coordinator_control_plane(config: ServerConfig, pool: WorkerPool) -> Control
         pool,
         label=config.name,
         checkpoint_id=lambda: control_plane.checkpoint_id,
+        faults=faults,
     )
     control_plane = ControlPlane.from_config(participant, config)
     pool.on_change = control_plane.notify

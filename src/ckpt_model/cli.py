@@ -209,7 +209,8 @@ def chosen_options(args: argparse.Namespace, planted: Sequence[Any]) -> dict[str
     the policy model's worker count."""
     cuts = args.generation_cuts or any(getattr(fault, "generation_cuts", False) for fault in planted)
     capture = cuts or args.token_capture or any(getattr(fault, "token_capture", False) for fault in planted)
-    return {"token_capture": capture, "generation_cuts": cuts, "policy_workers": args.policy_workers}
+    workers = max([args.policy_workers, *(getattr(fault, "policy_workers", 1) for fault in planted)])
+    return {"token_capture": capture, "generation_cuts": cuts, "policy_workers": workers}
 
 
 def options_label(options: dict[str, Any]) -> str:

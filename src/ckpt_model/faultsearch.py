@@ -47,8 +47,8 @@ FAULT_SEARCH_WITH_SHRINK = settings(FAULT_SEARCH, phases=(Phase.explicit, Phase.
 
 
 def harness_for(fault: str) -> Harness:
-    """A harness of the deployment the fault shows in (its topology, verify mode, token capture and generation
-    cuts), with the fault planted."""
+    """A harness of the deployment the fault shows in (its topology, verify mode, token capture, generation cuts
+    and policy model workers), with the fault planted."""
     chosen = planted(fault)
     harness = Harness.embedded(
         chosen.topology,
@@ -56,6 +56,7 @@ def harness_for(fault: str) -> Harness:
         verify_mode=chosen.verify_mode,
         token_capture=getattr(chosen, "token_capture", False),
         generation_cuts=getattr(chosen, "generation_cuts", False),
+        policy_workers=getattr(chosen, "policy_workers", 1),
     )
     harness.regressions_dir = harness.root / "regressions"  # expected failures: kept with the harness, not the user
     return harness

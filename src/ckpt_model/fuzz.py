@@ -331,7 +331,9 @@ def chosen_targets(args: argparse.Namespace) -> tuple[Target, ...]:
         topology, verify_mode = args.topology, "wait"
     cuts = any(getattr(known[name], "generation_cuts", False) for name in names)
     capture = cuts or any(getattr(known[name], "token_capture", False) for name in names)
-    options = ("capture", "cuts") if cuts else ("capture",) if capture else ()
+    options: tuple[str, ...] = ("capture", "cuts") if cuts else ("capture",) if capture else ()
+    workers = max(getattr(known[name], "policy_workers", 1) for name in names)
+    options += (f"workers{workers}",) if workers > 1 else ()
     return (Target(topology, args.verify_mode or verify_mode, names, options),)
 
 

@@ -575,6 +575,7 @@ FAULT_SCENARIOS: dict[str, str] = {
     "cut_not_attached": "generation_cut__in_flight_call_continued_from_its_prefix",
     "cut_without_timeout": "generation_cut__hung_cut_costs_only_a_regeneration",
     "cuts_pile_up": "generation_cut__one_cut_per_record_after_a_resume",
+    "workers_export_ignores_snapshots": "token_lineage__held_reply_is_not_exported",
 }
 
 
