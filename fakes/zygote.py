@@ -62,6 +62,7 @@ import attrs
 
 from fakes import process_groups
 from fakes.fd_passing import receive_fds
+from fakes.gym.runtime import remove_runtime_dir
 from fakes.gym.serve import build_config, listening_socket, touch_stateless_routes
 from fakes.zygote_protocol import write_message
 
@@ -366,6 +367,7 @@ class Zygote:
         deadline_s = time.monotonic() + timeout_s
         for pid in pids:
             process_groups.wait_gone(pid, self.reap, deadline_s - time.monotonic())
+            remove_runtime_dir(pid)  # a multi-worker server (or its standby) killed here could not remove its own
 
     # -- standby children ---------------------------------------------------------------------------------------
 
@@ -481,6 +483,7 @@ class Zygote:
         """Stop a standby that will not be used (its channel closing tells it to exit; SIGKILL makes sure)."""
         standby.channel.close()
         process_groups.kill(standby.pid)
+        remove_runtime_dir(standby.pid)  # a multi-worker standby made one before it reported READY
 
     def serve(self, requests: IO[bytes], replies: IO[bytes]) -> None:
         """Answer request lines until the owner closes our stdin."""
