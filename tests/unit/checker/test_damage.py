@@ -9,7 +9,7 @@ import pytest
 
 from ckpt_model.damage import damaged_copy, holds_records
 from ckpt_model.storage import CheckpointUnreadable, fingerprint, participant_dir, read_records
-from tests.unit.test_storage_reader import INSTANCE, KIND, RECORDS, _participant
+from tests.unit.checker.test_storage_reader import INSTANCE, KIND, RECORDS, _participant
 
 
 def committed(tmp_path: Path) -> Path:

@@ -641,7 +641,7 @@ def test_p13_each_kind_of_leftover_names_the_participant(leftover: dict[str, Any
 def test_the_docs_property_table_says_what_the_registry_says() -> None:
     """Each row of docs/how-it-works.md's property table names a registered property and says 'yes' exactly when
     the checker checks it, so the docs cannot claim a check the code does not make."""
-    docs = (Path(__file__).parents[2] / "docs" / "how-it-works.md").read_text()
+    docs = (Path(__file__).parents[3] / "docs" / "how-it-works.md").read_text()
     table = docs[docs.index("## The properties") :].split("\n\n")[1]
     rows = [line.split("|")[1:3] for line in table.splitlines()[2:]]
     documented = {cell.split()[0]: checked.strip() == "yes" for cell, checked in rows}
