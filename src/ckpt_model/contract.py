@@ -15,13 +15,13 @@ and continues every exported attempt as attempt + 1 from its boundary.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
 
 Topology = Literal["native", "legacy", "counter", "slow", "mixed"]
 VerifyMode = Literal["wait", "replay"]
-Status = Literal["running", "pending", "replied", "dead", "retired", "dropped"]
+Status = Literal["running", "pending", "replied", "dead", "retired"]
 Phase = Literal["idle", "prepared", "committed"]
 
 # A script entry is a policy call's message count, or VERIFY: the slow topology's judge call, made by the
@@ -164,11 +164,29 @@ class Restarted:
 
 @attrs.frozen
 class Checkpoint:
-    """A committed checkpoint: the exported attempts' keys and the controller snapshot published with it."""
+    """A committed checkpoint: the exported attempts' keys and the controller snapshot published with it. For one
+    whose commit a crash cut short, `shares` names the participants that published their share before it."""
 
     checkpoint_id: str
     exported: tuple[str, ...]
     snapshot: tuple[Attempt, ...]
+    shares: frozenset[str] = frozenset()
+
+
+@attrs.frozen
+class Tried:
+    """The paths of a misbehaving controller, each run once per occasion: a rule that is always enabled and
+    changes nothing is drawn over and over (Hypothesis favours argument-free rules) and crowds out `release`."""
+
+    # The quiet controller's lapsed lease (once per example).
+    lease_lapse: bool = False
+    # The checkpoints a `/run` was refused during, and ledger removal was refused during (one of each per ID).
+    run_while_open_in: str | None = None
+    ledger_removal_in: str | None = None
+    # The resumed IDs late calls were probed for (again only once another ID was resumed).
+    late_calls_for: tuple[str, ...] = ()
+    # One participant crashed alone (once per example).
+    crash_alone: bool = False
 
 
 @attrs.frozen
@@ -195,6 +213,11 @@ class Model:
     fresh: bool = True
     restored_pending_reported: tuple[str, ...] = ()
     restarted: tuple[Restarted, ...] = ()
+    # The IDs of retires and forgets (`retire3`, `forget4`): one sequence for both.
+    control_seq: int = 0
+    # Per rollout, the attempt it had when retired (a late `/run` re-sends it); a crash or a forget ends it.
+    retired_attempts: tuple[Attempt, ...] = ()
+    tried: Tried = Tried()
 
     # -- views ------------------------------------------------------------------------------------------------
 
@@ -322,6 +345,43 @@ class Model:
         holds_restored = kind in (self.episode_owner, "agent") or (kind == "resources" and self.topology == "counter")
         return not (holds_restored and self.with_status("pending"))
 
+    def interruptible(self) -> list[str]:
+        """The operations a crash can land inside now: a restore, a retire of a lost attempt, a forget."""
+        available = {
+            "restore": self.can_restore(),
+            "retire": not self.checkpoint_open and bool(self.with_status("dead", "pending")),
+            "forget": not self.checkpoint_open and bool(self.retired_marks),
+        }
+        return [operation for operation, possible in available.items() if possible]
+
+    def worth_crashing_alone(self) -> bool:
+        """One participant crashing alone is drawn once, when there is something to lose: marks, resumed IDs or
+        running work."""
+        return not self.tried.crash_alone and bool(self.retired_marks or self.resumed or self.with_status("running"))
+
+    def may_run_while_open(self) -> bool:
+        return self.checkpoint_open and self.tried.run_while_open_in != self.open_checkpoint
+
+    def may_remove_ledgers_while_open(self) -> bool:
+        return self.checkpoint_open and self.tried.ledger_removal_in != self.open_checkpoint
+
+    def may_call_late(self) -> bool:
+        return bool(self.resumed) and self.tried.late_calls_for != self.resumed
+
+    def may_go_quiet(self) -> bool:
+        return not self.tried.lease_lapse and self.can_prepare()
+
+    def late_runs(self) -> list[str]:
+        """Retired rollouts whose late `/run` must be refused now."""
+        return sorted(a.rollout for a in self.retired_attempts if self.refuses_late_run(a.rollout, a.attempt))
+
+    def retired_attempt(self, rollout: str) -> Attempt:
+        return next(a for a in self.retired_attempts if a.rollout == rollout)
+
+    def restore_id(self, checkpoint_id: str) -> str:
+        """The ID the next restore of `checkpoint_id` runs under."""
+        return f"{checkpoint_id}-restore{self.checkpoint_seq + 1}"
+
     def marked_rollouts(self) -> tuple[str, ...]:
         return tuple(rollout for rollout, _ in self.retired_marks)
 
@@ -371,7 +431,16 @@ class Model:
         attempt = Attempt(
             rollout=f"r{self.rollout_seq}", attempt=0, status="running", script=self.script, run=self.runs_sent
         )
-        return attrs.evolve(self, rollout_seq=self.rollout_seq + 1, runs_sent=self.runs_sent + 1), attempt
+        tried = attrs.evolve(self.tried, run_while_open_in=self.open_checkpoint)
+        return attrs.evolve(self, rollout_seq=self.rollout_seq + 1, runs_sent=self.runs_sent + 1, tried=tried), attempt
+
+    def issue_id(self, operation: str) -> tuple[Model, str]:
+        """A fresh ID for a retire or a forget."""
+        return attrs.evolve(self, control_seq=self.control_seq + 1), f"{operation}{self.control_seq + 1}"
+
+    def having_tried(self, **tried: Any) -> Model:
+        """The same model, with a misbehaving controller's path marked as run (`Tried`)."""
+        return attrs.evolve(self, tried=attrs.evolve(self.tried, **tried))
 
     def dispatch(self, restart: bool = False) -> tuple[Model, str]:
         """A new rollout starts as attempt 0 (on the restart environment: a restart) and stops at its first model
@@ -419,7 +488,7 @@ class Model:
     def lease_expired(self) -> tuple[Model, str]:
         """A prepare after which the controller went quiet: the lease expires and every participant re-opens as a
         resume would, remembering the ID."""
-        model, checkpoint_id = self.prepare()
+        model, checkpoint_id = self.having_tried(lease_lapse=True).prepare()
         return model.resume(), checkpoint_id
 
     def prepare_blocked(self) -> tuple[Model, str]:
@@ -440,11 +509,12 @@ class Model:
         model = attrs.evolve(self, phase="committed", committed=(*self.committed, checkpoint))
         return model, checkpoint
 
-    def crash_in_commit(self) -> Model:
+    def crash_in_commit(self, shares: frozenset[str] = frozenset()) -> Model:
         """Every Gym process dies while the open checkpoint's commit is under way: as `crash`, and the checkpoint
-        is incomplete (never published), whichever participants committed before the crash."""
+        is incomplete (never published); `shares` names the participants that published their share before."""
         _, checkpoint = self.commit()
-        return attrs.evolve(self.crash(), incomplete=(*self.incomplete, checkpoint))
+        incomplete = attrs.evolve(checkpoint, shares=shares)
+        return attrs.evolve(self.crash(), incomplete=(*self.incomplete, incomplete))
 
     def can_restore_incomplete(self) -> bool:
         return self.fresh and not self.checkpoint_open and bool(self.incomplete)
@@ -471,6 +541,7 @@ class Model:
             fresh=True,
             restored_pending_reported=(),
             restarted=(),
+            retired_attempts=(),
         )
         for attempt in model.with_status("running", "pending"):
             model = model._replace(attrs.evolve(attempt, status="dead", held=False))
@@ -483,7 +554,7 @@ class Model:
         stopped and freed, and none of them replies as if complete."""
         if not self.can_crash_participant(kind):
             raise ValueError(f"{kind} cannot crash alone: a checkpoint is open or it holds restored state")
-        model = self._restarted_alone(kind)
+        model = self._restarted_alone(kind).having_tried(crash_alone=True)
         for attempt in self.with_status("running"):
             model = model.retire(attempt.rollout)
         return model
@@ -491,7 +562,7 @@ class Model:
     def restore(self, checkpoint_id: str) -> tuple[Model, str]:
         """Roll the controller back to the checkpoint's snapshot; exported attempts continue as attempt + 1."""
         checkpoint = self.checkpoint(checkpoint_id)
-        restore_id = f"{checkpoint_id}-restore{self.checkpoint_seq + 1}"
+        restore_id = self.restore_id(checkpoint_id)
         continued = [a for a in checkpoint.snapshot if a.key in checkpoint.exported]
         # A restart running then is not in the checkpoint: it died in the crash and starts over.
         kept = [
@@ -528,7 +599,7 @@ class Model:
         needs a crash first."""
         incomplete = any(c.checkpoint_id == checkpoint_id for c in self.incomplete)
         checkpoint = self.checkpoint(checkpoint_id, incomplete)
-        restore_id = f"{checkpoint_id}-restore{self.checkpoint_seq + 1}"
+        restore_id = self.restore_id(checkpoint_id)
         model = attrs.evolve(
             self, fresh=False, checkpoint_seq=self.checkpoint_seq + 1, resumed=(*self.resumed, restore_id)
         )
@@ -585,11 +656,13 @@ class Model:
         model = self._replace(attrs.evolve(attempt, status="retired", held=False))
         pending = tuple(k for k in model.restored_pending_reported if k != attempt.key)
         restarted = tuple(attrs.evolve(r, marks=_marked(r.marks, rollout, attempt.attempt)) for r in self.restarted)
+        retired = (*(a for a in self.retired_attempts if a.rollout != rollout), attempt)
         return attrs.evolve(
             model,
             retired_marks=_marked(self.retired_marks, rollout, attempt.attempt),
             restored_pending_reported=pending,
             restarted=restarted,
+            retired_attempts=retired,
         )
 
     def forget(self, rollouts: tuple[str, ...] | None = None) -> Model:
@@ -599,13 +672,8 @@ class Model:
             return () if rollouts is None else tuple(m for m in marks if m[0] not in rollouts)
 
         restarted = tuple(attrs.evolve(r, marks=kept(r.marks)) for r in self.restarted)
-        return attrs.evolve(self, retired_marks=kept(self.retired_marks), restarted=restarted)
-
-    def drop(self, rollout: str) -> Model:
-        """The controller gives a retired rollout up for good."""
-        attempt = self._current(rollout)
-        assert attempt.status == "retired"
-        return self._replace(attrs.evolve(attempt, status="dropped"))
+        retired = () if rollouts is None else tuple(a for a in self.retired_attempts if a.rollout not in rollouts)
+        return attrs.evolve(self, retired_marks=kept(self.retired_marks), restarted=restarted, retired_attempts=retired)
 
     # -- helpers ----------------------------------------------------------------------------------------------
 

@@ -362,7 +362,8 @@ def test_a_refused_dispatch_uses_up_its_name_and_changes_nothing_else() -> None:
     model, _ = model.prepare()
     refused, attempt = model.refused_dispatch()
     assert (attempt.key, attempt.run) == ("r1", 1)
-    assert refused == attrs.evolve(model, rollout_seq=2, runs_sent=2)
+    tried = attrs.evolve(model.tried, run_while_open_in="c1")
+    assert refused == attrs.evolve(model, rollout_seq=2, runs_sent=2, tried=tried)
     assert expect(refused) == expect(model)
     later, name = refused.resume().dispatch()
     assert name == "r2"
