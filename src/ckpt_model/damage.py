@@ -18,11 +18,12 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from ckpt_model.contract import capture_key
+from ckpt_model.coordination import Participant
 from ckpt_model.storage import MANIFEST_NAME, CheckpointUnreadable, participant_dir, read_records
 
 Damage = Literal["digest", "record"]
@@ -42,6 +43,17 @@ def _key(record: Any) -> str | None:
     if not isinstance(episode_id, dict):
         return None
     return capture_key(str(episode_id.get("rollout_id")), int(episode_id.get("attempt", 0)))
+
+
+def choose(
+    source: Path, members: Sequence[Participant], scope: Collection[str], rejected_record: bool, victim: int
+) -> tuple[Participant, Damage]:
+    """Which participant's share to damage, and how: with `rejected_record`, among the participants that hold a
+    record the restore continues, its first such record (`record`); otherwise anyone's digest (`digest`)."""
+    holding = [m for m in members if holds_records(source, m.kind, m.name, scope)]
+    how: Damage = "record" if rejected_record and holding else "digest"
+    candidates = holding if how == "record" else list(members)
+    return candidates[victim % len(candidates)], how
 
 
 def damaged_copy(

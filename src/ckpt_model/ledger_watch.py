@@ -1,9 +1,10 @@
-"""P5 and P12 at the edges: keeps the checker's `Lineage` in step with the machine's rules and reads the ledgers.
+"""P5 and P12 at the edges: keeps the checker's `Lineage` in step with the controller and reads the ledgers.
 
-The machine tells it what the controller did (an attempt started, a prepare, a commit, a restore, a retire, the
-policy model died); after every step it learns the backend's captured calls and reads, with its own ledger
-client, every ledger whose predicted rows changed since it last read it; at teardown it reads them all and the
-token store. Without token capture every method does nothing; without generation cuts nothing is cut.
+A watcher of the controller (`observe`): every journal event of what the controller did (an attempt started, a
+prepare, a commit, a restore, a retire, the policy model died) moves the predicted lineage, so no rule can forget
+one. After every step it learns the backend's captured calls and reads, with its own ledger client, every ledger
+whose predicted rows changed since it last read it; at teardown it reads them all and the token store. Without
+token capture every method does nothing; without generation cuts nothing is cut.
 """
 
 from __future__ import annotations
@@ -13,17 +14,18 @@ from pathlib import Path
 from typing import Any
 
 from ckpt_model import timing
+from ckpt_model.controller import Operation
 from ckpt_model.deployment import Harness
-from ckpt_model.ledger import Manifest, Refusal
+from ckpt_model.ledger import Manifest
 from ckpt_model.lineage import (
     Lineage,
-    P5Violation,
     next_key,
     p5_exported,
     p5_manifest,
     p5_no_strays,
     p5_parent_links,
     p5_staged,
+    p5_stale_ledger_deleted,
     p12_continuations,
     p12_cut_round,
     p12_exported_cuts,
@@ -44,8 +46,37 @@ class LedgerWatch:
         self.cuts = self.enabled and harness.generation_cuts
         self.lineage = Lineage()
         self.verified: dict[str, Any] = {}
+        self._cut_rounds_before = 0
 
     # -- what the controller did ---------------------------------------------------------------------------
+
+    def observe(self, operation: Operation) -> None:
+        """Move the lineage by one journal event of the controller (`ckpt_model.controller.Watcher`)."""
+        if not self.enabled:
+            return
+        reached_model = any(member.kind == "model" for member in operation.reached)
+        event = (operation.f, operation.type)
+        if event == ("run", "invoke"):
+            assert operation.key is not None
+            self.started(operation.key)
+        elif event == ("prepare", "invoke"):
+            self._cut_rounds_before = self.cut_rounds_before()
+        elif event == ("prepare", "ok") and operation.cut is not None:
+            assert operation.checkpoint_id is not None
+            self.cut(operation.checkpoint_id, self._cut_rounds_before, durable=operation.cut == "durable")
+        elif event == ("crash", "ok") and reached_model:
+            self.model_died()
+        elif event == ("commit", "ok") and reached_model:
+            assert operation.checkpoint_id is not None
+            assert operation.directory is not None
+            self.committed(operation.checkpoint_id, operation.delivered, operation.directory)
+        elif event == ("restore", "ok") and reached_model and operation.source is not None:
+            self.restored(operation.source)
+        elif event == ("restore", "fail") and operation.source is not None:
+            # Gym's client cleaned up: it retired the next attempts of everything the restore would continue.
+            self.burned(episode.capture_key for episode in operation.episodes)
+        elif event == ("retire", "ok") and reached_model:
+            self.retired(operation.episodes)
 
     def started(self, key: str) -> None:
         """An execution of `key` starts. If the controller retired that attempt's ledger before (a restore of an
@@ -54,13 +85,7 @@ class LedgerWatch:
         if not self.enabled:
             return
         if key in self.lineage.retired:
-            outcome = self.harness.ledger.delete([key])
-            if isinstance(outcome, Refusal):
-                raise P5Violation(
-                    rollout=key,
-                    expected=f"the retired ledger of {key!r} is deleted while no checkpoint is open",
-                    observed=f"the delete was refused: HTTP {outcome.status}: {outcome.text}",
-                )
+            p5_stale_ledger_deleted(key, self.harness.ledger.delete([key]))
             self.lineage = self.lineage.delete(key)
         self.lineage = self.lineage.start(key)
 
@@ -83,11 +108,8 @@ class LedgerWatch:
         p12_cut_round(checkpoint_id, in_flight, rounds, self.harness.policy_workers)
         self.lineage = self.lineage.cut(durable)
 
-    def committed(self, checkpoint_id: str, delivered: Mapping[str, int], directory: Path) -> list[str]:
-        """Record the chains and cuts the commit exports and check the model's records against them (P5, P12);
-        returns the capture keys the model must have written (those with rows or a cut)."""
-        if not self.enabled:
-            return []
+    def committed(self, checkpoint_id: str, delivered: Mapping[str, int], directory: Path) -> None:
+        """Record the chains and cuts the commit exports and check the model's records against them (P5, P12)."""
         self.lineage = self._learned().commit(checkpoint_id, delivered)
         chains = self.lineage.chains[checkpoint_id]
         records: list[Any] = []
@@ -104,7 +126,14 @@ class LedgerWatch:
         cuts = self.lineage.exported_cuts[checkpoint_id]
         if self.cuts:
             p12_exported_cuts(checkpoint_id, cuts, records)
-        return sorted(key for key, chain in chains.items() if chain or key in cuts)
+
+    def exported_keys(self, checkpoint_id: str) -> list[str]:
+        """The capture keys the policy model must have written at a commit: those with rows or a cut (none
+        without token capture)."""
+        if not self.enabled or checkpoint_id not in self.lineage.chains:
+            return []
+        cuts = self.lineage.exported_cuts[checkpoint_id]
+        return sorted(key for key, chain in self.lineage.chains[checkpoint_id].items() if chain or key in cuts)
 
     def restored(self, checkpoint_id: str) -> None:
         if self.enabled:

@@ -34,7 +34,7 @@ import attrs
 
 from ckpt_model.contract import capture_key
 from ckpt_model.errors import PropertyViolation
-from ckpt_model.ledger import Manifest, RetiredLedger
+from ckpt_model.ledger import Manifest, Refusal, RetiredLedger
 
 
 class P12Violation(PropertyViolation):
@@ -259,9 +259,6 @@ class Lineage:
                 pairs.append((self.calls[index], writer.continues if position == 0 else None))
         return pairs
 
-    def continued_calls(self) -> list[CapturedCall]:
-        return [call for call in self.calls.values() if call.continued_from is not None]
-
     def _ids(self, indices: Sequence[int]) -> tuple[str, ...]:
         return tuple(self.calls[i].model_call_id for i in indices)
 
@@ -386,6 +383,17 @@ def p5_staged(key: str, rows: Sequence[Any], staged: Mapping[str, Any]) -> None:
                 expected=f"row {row.model_call_id} of {key!r} names tokens staged for it",
                 observed=f"staging key {row.staging_key!r} holds {entry!r}",
             )
+
+
+def p5_stale_ledger_deleted(key: str, outcome: Any) -> None:
+    """A retired ledger the controller runs an attempt under again is deleted first: with admission open the
+    policy model must not refuse the trainer's delete."""
+    if isinstance(outcome, Refusal):
+        raise P5Violation(
+            rollout=key,
+            expected=f"the retired ledger of {key!r} is deleted while no checkpoint is open",
+            observed=f"the delete was refused: HTTP {outcome.status}: {outcome.text}",
+        )
 
 
 # -- P12 ----------------------------------------------------------------------------------------------------------

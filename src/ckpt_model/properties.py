@@ -91,7 +91,8 @@ class P13Violation(PropertyViolation):
     title = "clean end: drained, every server is idle with no episodes, sessions, in-flight work or marks"
 
 
-# Every property, checked or not yet; docs/how-it-works.md's table must say the same (tests/unit/checker/test_properties).
+# Every property, checked or not yet; docs/how-it-works.md's table must say the same
+# (tests/unit/checker/test_properties).
 REGISTRY: dict[str, PropertyInfo] = {
     info.property_id: info
     for info in (
@@ -534,6 +535,60 @@ def p10_ledger_removal_refused(checkpoint_id: str, outcomes: Mapping[str, Any]) 
                 expected=f"ledger {operation} refused (409, '{LEDGER_REMOVAL_REFUSAL}') while {checkpoint_id} is open",
                 observed=f"HTTP {status}: {text}",
             )
+
+
+def p10_prepared_despite_hung_cut(checkpoint_id: str, deadline_s: float, error: Any) -> None:
+    """A prepare whose generation cut hangs is still prepared within its deadline: the model server gives the cut
+    at most half the time left (reference 7.3). Called with the prepare's refusal."""
+    raise P10Violation(
+        rollout=None,
+        expected=f"{checkpoint_id} prepared within {deadline_s:g} s although its cut hangs",
+        observed=str(error),
+    )
+
+
+def p10_retry_answered(
+    label: str, operation: str, after_crash: bool, first: Mapping[str, Any], outcomes: Mapping[str, Any]
+) -> None:
+    """A retried control call: after a crash a commit is refused by the fresh processes (`invalid_phase`); a
+    resume answers as an idempotent one; anything else answers exactly its first result again."""
+    if after_crash:
+        p10_each_refused(f"{label} after a crash", "invalid_phase", outcomes)
+    elif operation == "resume":
+        idempotent = {"phase": "idle", "idempotent": True}
+        p10_each_replied(label, dict.fromkeys(outcomes, idempotent), outcomes)
+    else:
+        p10_each_replied(label, first, outcomes)
+
+
+def p9_restores(checkpoint_id: str, restore_id: str, error: Any) -> None:
+    """A committed checkpoint restores into fresh processes, also again after its replacement made calls. Called
+    with the restore's refusal."""
+    raise P9Violation(
+        rollout=None,
+        expected=f"committed checkpoint {checkpoint_id} restores (as {restore_id}) into fresh "
+        "processes, also again after its replacement made calls",
+        observed=str(error),
+    )
+
+
+def p8_not_refused(restore_id: str, refusers: Collection[str], why: str) -> None:
+    """A restore that some participant cannot install must be refused. Called when every participant installed."""
+    raise P8Violation(
+        rollout=None,
+        expected=f"restore {restore_id} refused by {list(refusers)} ({why})",
+        observed="every participant installed it",
+    )
+
+
+def p8_cleanup_succeeds(restore_id: str, error: Any) -> None:
+    """The cleanup of a failed restore (retire the next attempts, resume) succeeds everywhere. Called with its
+    refusal."""
+    raise P8Violation(
+        rollout=None,
+        expected=f"the cleanup of restore {restore_id} (retire the next attempts, resume) succeeds everywhere",
+        observed=str(error),
+    )
 
 
 def p10_refused(operation: str, expected_code: str, error: Any) -> None:

@@ -1,0 +1,165 @@
+"""Audits: the checks of replies and of the disk beside the controller, and what each step re-reads.
+
+After a commit: every participant's reply and records name exactly its share (P1), the checkpoint verifies (P9),
+the resources records hold the state the checker computes (P6). After a restore: the resources participant
+installed its sessions (P6). After every step: the history's P2, the ledgers' P5 and P12, and a re-read of every
+committed checkpoint, which must never change (P9; read in full only when a file changed). At the end: P5 over
+every ledger and P13. The audits judge with the properties' named functions; they hold only what they must
+compare later (each committed checkpoint's fingerprints).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from ckpt_model import properties as props
+from ckpt_model import timing
+from ckpt_model.contract import Model
+from ckpt_model.coordination import Participant
+from ckpt_model.deployment import Harness
+from ckpt_model.history import History
+from ckpt_model.ledger_watch import LedgerWatch
+from ckpt_model.quiescence import observe
+from ckpt_model.storage import MANIFEST_NAME, CheckpointUnreadable, FingerprintCache, participant_dir, read_records
+from ckpt_model.tasks import resources_state
+from ckpt_model.wire import EpisodeId
+
+
+class Audits:
+    """Judges each operation's replies and what it left on disk; re-reads the committed checkpoints every step."""
+
+    def __init__(self, harness: Harness, ledgers: LedgerWatch) -> None:
+        self.harness = harness
+        self.ledgers = ledgers
+        self.fingerprints: dict[str, dict[str, Any]] = {}
+        # P9 reads every committed directory after every step: in full only when a file changed.
+        self.cache = FingerprintCache(harness.checkpoint_dir.parent)
+
+    @property
+    def members(self) -> list[Participant]:
+        return list(self.harness.control.participants)  # type: ignore[union-attr]
+
+    # -- after an operation -----------------------------------------------------------------------------------
+
+    def commit(self, model: Model, checkpoint_id: str, replies: Mapping[str, Any]) -> None:
+        """P1 on every participant's reply and records, P9 (the checkpoint verifies) and P6 (exported state)."""
+        owner = model.episode_owner
+        replied = [a.key for a in model.with_status("replied")]
+        scope = [a.key for a in model.scope()]
+        props.p1_replied_or_exported(checkpoint_id, scope, replied, replies[owner]["episode_ids"], owner)
+        read = self.read(checkpoint_id)
+        props.p9_verifies(checkpoint_id, read)
+        self.shares(model, checkpoint_id, self.members, replies, read)
+        self.exported_state(model, checkpoint_id)
+        self.fingerprints[checkpoint_id] = read
+
+    def partial_commit(self, model: Model, checkpoint_id: str, names: list[str], replies: Mapping[str, Any]) -> None:
+        """A commit that reached only `names` before a crash: each replied with and wrote exactly its share (P1),
+        which verifies (P9)."""
+        read = self.read(checkpoint_id)
+        props.p9_verifies(checkpoint_id, {name: read[name] for name in names})
+        self.shares(model, checkpoint_id, [m for m in self.members if m.name in names], replies, read)
+
+    def published_after_crash(self, checkpoint_id: str) -> frozenset[str]:
+        """After a crash inside a commit, every share whose manifest was published verifies in full (P9: the
+        manifest is the commit point, published only once the records are durable); returns who published."""
+        directory = self.harness.checkpoint_dir / checkpoint_id
+        read = self.read(checkpoint_id)
+        published = [
+            m.name for m in self.members if (participant_dir(directory, m.kind, m.name) / MANIFEST_NAME).exists()
+        ]
+        props.p9_verifies(checkpoint_id, {name: read[name] for name in published})
+        return frozenset(published)
+
+    def shares(
+        self,
+        model: Model,
+        checkpoint_id: str,
+        members: Iterable[Participant],
+        replies: Mapping[str, Any],
+        read: Mapping[str, Any],
+    ) -> None:
+        """P1: each member's commit reply and records on disk name exactly what the model says it writes. With
+        token capture the policy model writes the scoped attempts with ledger rows or a cut (P5 judged them)."""
+        for member in members:
+            expected = (
+                self.ledgers.exported_keys(checkpoint_id)
+                if member.kind == "model"
+                else model.exports(member.kind, member.name)
+            )
+            props.p1_exports_exact(
+                checkpoint_id,
+                member.name,
+                expected,
+                replies[member.name]["episode_ids"],
+                read[member.name].episode_ids,
+                optional=model.may_also_export(member.kind),
+            )
+
+    def exported_state(self, model: Model, checkpoint_id: str) -> None:
+        """P6 at a commit: each resources record holds the state the checker computes for its attempt."""
+        scoped = {a.key: a for a in model.scope()}
+        for member in self._resources():
+            expected = {
+                key: resources_state(model.topology, scoped[key].tool_rounds)
+                for key in model.exports("resources", member.name)
+            }
+            records = self._resources_records(self.harness.checkpoint_dir / checkpoint_id, checkpoint_id, member.name)
+            props.p6_exported_state(checkpoint_id, member.name, expected, records)
+
+    def restored(self, source: str, restore_id: str, exported: tuple[str, ...], replies: Mapping[str, Any]) -> None:
+        """P6 at a restore: the resources participant installed the sessions of its in-scope records (read with the
+        checker's own reader), under their next attempts: its reply names them, and its status counts them."""
+        directory = self.harness.checkpoint_dir / source
+        for member in self._resources():
+            records = self._resources_records(directory, source, member.name)
+            keys = [props.record_key(record) for record in records]
+            expected = [EpisodeId.from_capture_key(key).next_attempt().capture_key for key in keys if key in exported]
+            sessions = self.harness.control.status(member)["report"]["counts"].get("sessions")  # type: ignore[union-attr]
+            props.p6_restored(restore_id, member.name, expected, replies[member.name].get("restored"), sessions)
+
+    # -- after every step, and at the end ---------------------------------------------------------------------
+
+    def after_step(self, model: Model, history: History) -> None:
+        """P5 and P12 on the ledgers that changed, P2 on the history, and P9: every committed checkpoint as it was."""
+        self.ledgers.check(model.checkpoint_open)
+        with timing.span("p2_history"):
+            props.p2_no_reply_while_prepared(history)
+        with timing.span("p9_reread"):
+            for checkpoint_id, before in self.fingerprints.items():
+                props.p9_unchanged(checkpoint_id, before, self.read(checkpoint_id))
+
+    def at_end(self, model: Model) -> None:
+        """Drained: P5 over every ledger and the token store, and P13 (everything idle and empty)."""
+        self.ledgers.check(model.checkpoint_open, everything=True)
+        props.p13_clean_end(observe(self.harness).statuses)
+
+    # -- reading the disk -------------------------------------------------------------------------------------
+
+    def read(self, checkpoint_id: str) -> dict[str, Any]:
+        """Every participant's share of `checkpoint_id`, fingerprinted (or why it cannot be read)."""
+        directory = self.harness.checkpoint_dir / checkpoint_id
+        read: dict[str, Any] = {}
+        with timing.span("fingerprint"):
+            for member in self.members:
+                try:
+                    read[member.name] = self.cache.fingerprint(
+                        participant_dir(directory, member.kind, member.name),
+                        member.kind,
+                        member.name,
+                        checkpoint_id=checkpoint_id,
+                    )
+                except CheckpointUnreadable as error:
+                    read[member.name] = error
+        return read
+
+    def _resources(self) -> list[Participant]:
+        return [m for m in self.members if m.kind == "resources"]
+
+    def _resources_records(self, directory: Path, checkpoint_id: str, name: str) -> list[Any]:
+        with timing.span("fingerprint"):
+            return read_records(
+                participant_dir(directory, "resources", name), "resources", name, checkpoint_id=checkpoint_id
+            )

@@ -1,0 +1,548 @@
+"""The controller: performs every control operation and every `/run` for the machine, and journals each once.
+
+Jepsen's interpreter, for one training controller. Each operation is journaled in the history exactly once (invoke,
+then ok, fail, or info when a crash cut it short or its answer never came); its wire body and checkpoint directory
+are built here; the one retry memory (`last_call`) is kept here; and each journal event is handed to the watchers as
+one `Operation` (the ledger watch keeps the predicted token lineage in step with it). Rules never touch the
+history, the retry memory, wire bodies or the watchers; what an operation answered is judged by the audits and the
+properties. Gym's crashes, failpoints and restarts of one server are the nemesis's (`ckpt_model.nemesis`), which
+journals through the same controller.
+
+The retry memory is the last operation the controller sent to every participant and may send again with the same
+arguments (prepare, commit, resume, retire, forget). A renew, a restore, a send to some participants only, and the
+cleanup after a lost server or a failed restore are never retried; a crash keeps only a commit (sent again after
+it, it must be refused), a server restarted alone or a refused restore keeps nothing (a retry would reach processes
+that never saw the first call, or drop the cleanup's marks).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import attrs
+import httpx
+
+from ckpt_model import timing
+from ckpt_model.contract import RESTART_SERVERS, Attempt
+from ckpt_model.coordination import Participant, PrepareResult, request_body
+from ckpt_model.deployment import Harness
+from ckpt_model.errors import CoordinationError, ParticipantFailure, QuiescenceTimeout
+from ckpt_model.history import Event, EventType, History
+from ckpt_model.quiescence import Quiescence, backend_calls
+from ckpt_model.runs import RunOutcome, RunPool
+from ckpt_model.tasks import run_body
+from ckpt_model.wire import EpisodeId
+
+# Far ahead, so a lease (deadline + grace) never lapses between two steps of an example, even on a loaded machine.
+CONTROL_DEADLINE_S = 60.0
+# A prepare the model knows will not become ready waits this long for its blockers, then reports them.
+BLOCKED_PREPARE_DEADLINE_S = 0.25
+# The quiet controller's prepare: short, so its lease lapses soon after (deadline + the harness's lease grace); a
+# deployment whose grace is longer than this does not let it go quiet (the wait would be long).
+QUIET_PREPARE_DEADLINE_S = 0.1
+QUIET_LEASE_GRACE_MAX_S = 1.0
+# A prepare whose generation cut hangs: the model server may spend at most half of it on the cut (reference 7.3),
+# so it is prepared in about half this time; a server that spends all of it misses the deadline.
+HUNG_CUT_PREPARE_DEADLINE_S = 4.0
+# Each refused release of stale calls means the backend cancelled at least one of them meanwhile; a crash leaves
+# at most one waiting call per live rollout.
+STALE_RELEASE_TRIES = 8
+# What a prepare's generation cuts can be judged by: cut in full ("durable"), hung ("hung"), or not at all (a
+# deadline too short to judge a cut, or a prepare that did not complete).
+CutJudgement = Literal["durable", "hung"] | None
+
+
+@attrs.frozen
+class Operation:
+    """One journal event of the controller, as the watchers see it."""
+
+    f: str
+    type: EventType
+    checkpoint_id: str | None = None
+    # Whom it reached: the participants sent to, or for a crash those killed.
+    reached: tuple[Participant, ...] = ()
+    # commit: its scope; restore: what it continues; retire: what it retires.
+    episodes: tuple[EpisodeId, ...] = ()
+    # commit: per scoped key, how many of its calls were delivered (0 for a restored attempt not started).
+    delivered: Mapping[str, int] = attrs.field(factory=dict)
+    # commit, restore: the directory written or read; restore: the committed checkpoint it restores.
+    directory: Path | None = None
+    source: str | None = None
+    cut: CutJudgement = None
+    # run: the capture key of the attempt sent.
+    key: str | None = None
+
+
+class Watcher(Protocol):
+    """Keeps a prediction in step with what the controller did (the ledger watch)."""
+
+    def observe(self, operation: Operation) -> None: ...
+
+
+@attrs.frozen
+class SentCall:
+    """The last control call the controller completed, kept to retry it with the same arguments."""
+
+    operation: str
+    checkpoint_id: str
+    arguments: dict[str, Any]
+    replies: dict[str, Any]
+    after_crash: bool = False
+    retried: bool = False
+
+
+@attrs.frozen
+class Prepared:
+    """How a prepare ended: prepared or not, the participants' replies, and what blocks it. `waited_s` is set when
+    no answer came within the wait and the blockers are the participants' own status reports."""
+
+    prepared: bool
+    replies: dict[str, Any]
+    blockers: dict[str, list[str]]
+    waited_s: float | None = None
+
+    @classmethod
+    def from_result(cls, result: PrepareResult) -> Prepared:
+        return cls(prepared=result.prepared, replies=result.replies, blockers=result.blockers())
+
+
+class Controller:
+    """The training controller's hands: every call it makes, journaled, remembered for a retry, and watched."""
+
+    def __init__(
+        self,
+        harness: Harness,
+        history: History,
+        runs: RunPool,
+        quiescence: Quiescence,
+        watchers: Sequence[Watcher] = (),
+    ) -> None:
+        self.harness = harness
+        self.history = history
+        self.runs = runs
+        self.quiescence = quiescence
+        self.watchers = tuple(watchers)
+        self.last_call: SentCall | None = None
+
+    # -- who is there -----------------------------------------------------------------------------------------
+
+    @property
+    def control(self) -> Any:
+        return self.harness.control
+
+    def members(self) -> list[Participant]:
+        """Every participant, in name order (the order the crash rules count them in)."""
+        return sorted(self.control.participants, key=lambda m: m.name)
+
+    def named(self, names: Iterable[str]) -> tuple[Participant, ...]:
+        wanted = set(names)
+        return tuple(m for m in self.control.participants if m.name in wanted)
+
+    def directory(self, checkpoint_id: str) -> Path:
+        return self.harness.checkpoint_dir / checkpoint_id
+
+    @property
+    def may_lapse(self) -> bool:
+        """The lease lapses soon enough after a short prepare for the controller to wait for it."""
+        return self.harness.lease_grace_s <= QUIET_LEASE_GRACE_MAX_S
+
+    @property
+    def can_retry(self) -> bool:
+        return self.last_call is not None and not self.last_call.retried
+
+    # -- rollouts ---------------------------------------------------------------------------------------------
+
+    def run(self, attempt: Attempt) -> None:
+        """Send an attempt's `/run` in the background: a new execution (the RunPool journals it)."""
+        self._notify(Operation("run", "invoke", key=attempt.key))
+        self.runs.send(attempt)
+
+    def run_refused(self, attempt: Attempt) -> None:
+        """Send a `/run` that must be refused with admission_closed (a checkpoint is open): it starts nothing."""
+        self.runs.refused_closed[attempt.run] = attempt.key
+        self.runs.send(attempt)
+
+    def late_run(self, attempt: Attempt) -> RunOutcome:
+        """A late `/run` of a retired attempt, in this thread."""
+        return self.runs.post(attempt)
+
+    def release(self, keys: list[str]) -> None:
+        """Release the call each capture key has waiting at the backend."""
+        with timing.span("release"):
+            _, waiting = backend_calls(self.harness)
+            missing = [key for key in keys if key not in waiting]
+            if missing:
+                raise QuiescenceTimeout(
+                    prediction=f"{missing} wait at the backend", observed="they do not", pending=missing
+                )
+            assert self.harness.backend is not None, "only a gated backend holds calls to release"
+            self.harness.backend.release([waiting[key] for key in keys])
+
+    # -- prepare ----------------------------------------------------------------------------------------------
+
+    def prepare(self, checkpoint_id: str) -> Prepared:
+        """A prepare the model says must succeed, waited for as long as a settle: everything is at a boundary, so
+        nothing the system could still be doing makes it ready later. Its deadline (and so its lease) stays far
+        ahead; without an answer by then, the participants' own reports of what blocks them are the outcome,
+        instead of the control deadline's full minute."""
+        invocation = self._invoke("prepare", checkpoint_id)
+        future = self.runs.submit(self.control.prepare, checkpoint_id, time.time() + CONTROL_DEADLINE_S)
+        try:
+            with timing.span("control"):
+                result = future.result(timeout=self.quiescence.timeout_s)
+        except CoordinationError as error:
+            self._complete(invocation, "fail", str(error))
+            raise
+        except TimeoutError:
+            statuses = self.control.status_all()
+            blockers = {name: s["report"]["blockers"] for name, s in statuses.items() if s["report"]["blockers"]}
+            self._complete(invocation, "info", "still preparing")
+            return Prepared(False, {}, blockers, waited_s=self.quiescence.timeout_s)
+        return self._prepared(invocation, Prepared.from_result(result), cut="durable")
+
+    def prepare_short(self, checkpoint_id: str, deadline_s: float = BLOCKED_PREPARE_DEADLINE_S) -> Prepared:
+        """A prepare with a short deadline, expected to end with blockers: nothing of it is retried or cut."""
+        result = self._call("prepare", checkpoint_id, lambda _: self.control.prepare(checkpoint_id, _ahead(deadline_s)))
+        return Prepared.from_result(result)
+
+    def prepare_with_hung_cut(self, checkpoint_id: str, deadline_s: float = HUNG_CUT_PREPARE_DEADLINE_S) -> Prepared:
+        """A prepare with a short deadline while the backend's cut endpoint hangs; the cuts are judged before the
+        endpoint is freed (none may have been cut)."""
+        gate = self.harness.backend
+        assert gate is not None, "generation cuts need a gated backend"
+        gate.stall_cuts(True)
+        try:
+            invocation = self._invoke("prepare", checkpoint_id)
+            deadline_ts = _ahead(deadline_s)
+            result = self._answer(invocation, lambda: self.control.prepare(checkpoint_id, deadline_ts))
+            return self._prepared(invocation, Prepared.from_result(result), cut="hung")
+        finally:
+            gate.stall_cuts(False)
+
+    def prepare_waiting(self, checkpoint_id: str, wait: Callable[[Future[Any]], None]) -> Prepared:
+        """A prepare left waiting: `wait` runs while it is in flight (the caller releases what blocks it)."""
+        invocation = self._invoke("prepare", checkpoint_id)
+        future = self.runs.submit(self.control.prepare, checkpoint_id, time.time() + CONTROL_DEADLINE_S)
+        wait(future)
+        result = self._answer(invocation, lambda: future.result(timeout=CONTROL_DEADLINE_S))
+        return self._prepared(invocation, Prepared.from_result(result), cut="durable")
+
+    def go_quiet(self, checkpoint_id: str, deadline_s: float = QUIET_PREPARE_DEADLINE_S) -> None:
+        """Prepare with a short deadline and say nothing more until the lease lapsed (waited for). On a loaded
+        machine the prepare can miss its deadline; the controller then resumes, which leaves the participants
+        where a lapse does. Nothing of it is retried."""
+        deadline_ts = _ahead(deadline_s)
+        invocation = self._invoke("prepare", checkpoint_id)
+        try:
+            prepared = self.control.prepare(checkpoint_id, deadline_ts).prepared
+        except CoordinationError as error:
+            if {f.code for f in error.failures.values()} != {"deadline_exceeded"}:
+                self._complete(invocation, "fail", str(error))
+                raise
+            prepared = False
+        self._complete(invocation, "ok" if prepared else "info", "prepared" if prepared else "missed")
+        if prepared:
+            self.quiescence.wait_lease_lapsed(checkpoint_id, deadline_ts + self.harness.lease_grace_s)
+        else:
+            self._call("resume", checkpoint_id, lambda d: self.control.resume(checkpoint_id, d))
+        self.last_call = None
+
+    def renew(self, checkpoint_id: str) -> None:
+        self._call("renew", checkpoint_id, lambda d: self.control.renew(checkpoint_id, d))
+
+    def _prepared(self, invocation: Event, outcome: Prepared, cut: CutJudgement) -> Prepared:
+        self._complete(invocation, "ok", cut=cut)
+        if outcome.prepared:
+            assert isinstance(invocation.value, str)
+            self.history.note("controller", "prepared", invocation.value)
+            self.last_call = SentCall("prepare", invocation.value, {}, outcome.replies)
+        return outcome
+
+    # -- commit, resume, restore -----------------------------------------------------------------------------
+
+    def commit(self, checkpoint_id: str, scope: Sequence[Attempt]) -> dict[str, Any]:
+        """Commit `scope` on every participant."""
+        directory = self.directory(checkpoint_id)
+        episodes = _episodes(scope)
+        replies = self._call(
+            "commit",
+            checkpoint_id,
+            lambda d: self.control.commit(checkpoint_id, str(directory), episodes, d),
+            episodes=tuple(episodes),
+            delivered=_delivered(scope),
+            directory=directory,
+        )
+        arguments = {"checkpoint_dir": str(directory), "episode_ids": tuple(episodes)}
+        self.last_call = SentCall("commit", checkpoint_id, arguments, replies)
+        return replies
+
+    def commit_on(self, names: list[str], checkpoint_id: str, scope: Sequence[Attempt]) -> dict[str, Any]:
+        """Commit `scope` on the participants `names` only (each on its own); any refusal fails it."""
+        directory = self.directory(checkpoint_id)
+        episodes = tuple(_episodes(scope))
+        body = self.body("commit", checkpoint_id, checkpoint_dir=str(directory), episode_ids=episodes)
+        event = {"episodes": episodes, "delivered": _delivered(scope), "directory": directory}
+        return self.send_each("commit", checkpoint_id, body, names, **event)
+
+    def resume(self, checkpoint_id: str) -> dict[str, Any]:
+        replies = self._call("resume", checkpoint_id, lambda d: self.control.resume(checkpoint_id, d))
+        self.last_call = SentCall("resume", checkpoint_id, {}, replies)
+        return replies
+
+    def restore(self, restore_id: str, source: str, exported: Iterable[str], directory: Path | None = None) -> Any:
+        """Restore the checkpoint `source` (from `directory`, by default its own) as `restore_id`. Gym's client
+        cleans up a refused restore itself (it retires the next attempts and resumes) and raises; nothing before
+        it is retried then."""
+        scope = [EpisodeId.from_capture_key(key) for key in exported]
+        path = directory or self.directory(source)
+        try:
+            return self._call(
+                "restore",
+                restore_id,
+                lambda d: self.control.restore(restore_id, str(path), scope, d),
+                episodes=tuple(scope),
+                directory=path,
+                source=source,
+            )
+        except CoordinationError:
+            self.last_call = None
+            raise
+
+    def undo_restore(self, restore_id: str, exported: Iterable[str]) -> None:
+        """The cleanup of a restore that failed on some participant, as Gym's client runs it: retire the next
+        attempts everywhere, then resume. A cleanup, never retried."""
+        next_attempts = [EpisodeId.from_capture_key(key).next_attempt() for key in exported]
+        self._call(
+            "retire",
+            restore_id,
+            lambda d: self.control.retire(restore_id, next_attempts, d),
+            episodes=tuple(next_attempts),
+        )
+        self._call("resume", restore_id, lambda d: self.control.resume(restore_id, d))
+
+    # -- retire and forget ------------------------------------------------------------------------------------
+
+    def retire(self, retire_id: str, attempts: Sequence[Attempt]) -> dict[str, Any]:
+        """Retire `attempts` everywhere: a running one's `/run` must then be refused with stale_attempt."""
+        episodes = _episodes(attempts)
+        replies = self.retire_lost(retire_id, episodes)
+        self.last_call = SentCall("retire", retire_id, {"episode_ids": tuple(episodes)}, replies)
+        for attempt in attempts:
+            if attempt.status == "running":
+                self.runs.refused_stale[attempt.run] = attempt.key
+        return replies
+
+    def retire_lost(self, retire_id: str, episodes: Sequence[EpisodeId]) -> dict[str, Any]:
+        """Retire work that lost a server (its `/run`s end however they end): a cleanup, never retried."""
+        return self._call(
+            "retire",
+            retire_id,
+            lambda d: self.control.retire(retire_id, episodes, d),
+            episodes=tuple(episodes),
+        )
+
+    def forget(self, forget_id: str, rollouts: Sequence[str]) -> dict[str, Any]:
+        replies = self._call("forget", forget_id, lambda d: self.control.forget(forget_id, rollouts, d))
+        self.last_call = SentCall("forget", forget_id, {"rollout_ids": tuple(rollouts)}, replies)
+        return replies
+
+    def remove_ledgers(self, keys: list[str]) -> dict[str, Any]:
+        """The trainer asks the policy model to retire, then delete, the ledgers of `keys`; each answer."""
+        ledger = self.harness.ledger
+        outcomes: dict[str, Any] = {}
+        for operation, call in (("retire", ledger.retire), ("delete", ledger.delete)):
+            invocation = self._invoke(f"ledger {operation}", ",".join(keys))
+            outcomes[operation] = call(keys)
+            self._complete(invocation, "ok", outcomes[operation])
+        return outcomes
+
+    # -- probes and retries: every participant on its own ----------------------------------------------------
+
+    def body(self, operation: str, checkpoint_id: str, **arguments: Any) -> dict[str, Any]:
+        """The wire body of `operation`, with a fresh deadline."""
+        return request_body(operation, checkpoint_id, _ahead(CONTROL_DEADLINE_S), **arguments)
+
+    def probe(self, operation: str, checkpoint_id: str, names: list[str] | None = None) -> dict[str, Any]:
+        """Send `operation` naming `checkpoint_id` to every participant (or those `names`) on its own, with
+        arguments that name nothing real; return each one's answer, refusals included."""
+        probe_dir = str(self.directory(f"probe-{checkpoint_id}"))
+        naming_nothing: dict[str, dict[str, Any]] = {
+            "commit": {"checkpoint_dir": probe_dir},
+            "restore": {"checkpoint_dir": probe_dir},
+            "retire": {"episode_ids": (EpisodeId(rollout_id="probe", attempt=0),)},
+            "forget": {"rollout_ids": ("probe",)},
+        }
+        arguments = naming_nothing.get(operation, {})
+        return self._probe(operation, operation, checkpoint_id, names, self.body(operation, checkpoint_id, **arguments))
+
+    def probe_commit_naming_restarts(
+        self, checkpoint_id: str, scope: Sequence[Attempt], restarts: Sequence[str]
+    ) -> dict[str, Any] | None:
+        """A commit whose scope also names the running restarts, sent to each restart server on its own (None
+        when there is no restart or no restart server)."""
+        names = [m.name for m in self.control.participants if m.name in RESTART_SERVERS]
+        if not restarts or not names:
+            return None
+        episodes = (*_episodes(scope), *(EpisodeId.from_capture_key(key) for key in restarts))
+        probe_dir = str(self.directory(f"probe-{checkpoint_id}"))
+        body = self.body("commit", checkpoint_id, checkpoint_dir=probe_dir, episode_ids=episodes)
+        return self._probe("commit naming restarts", "commit", checkpoint_id, names, body)
+
+    def retry(self) -> tuple[SentCall, dict[str, Any]]:
+        """Send the remembered call again to every participant, with the same arguments and a new deadline."""
+        last = self.last_call
+        assert last is not None, "retry needs a call the controller may send again"
+        self.last_call = attrs.evolve(last, retried=True)
+        body = self.body(last.operation, last.checkpoint_id, **last.arguments)
+        invocation = self._invoke(f"retry {last.operation}", last.checkpoint_id)
+        with timing.span("control"):
+            outcomes = self.control.post_each(last.operation, body, _ahead(CONTROL_DEADLINE_S))
+        self._complete(invocation, "ok", _outcomes_text(outcomes))
+        return last, outcomes
+
+    def send_each(
+        self, operation: str, checkpoint_id: str, body: dict[str, Any], names: list[str], **event: Any
+    ) -> dict[str, Any]:
+        """Send `body` to the participants `names`, each on its own; any refusal fails it. Never retried."""
+        replies = self._call(
+            operation,
+            checkpoint_id,
+            lambda d: self.control.post_each(operation, body, d, names),
+            reached=self.named(names),
+            **event,
+        )
+        failures = {name: r for name, r in replies.items() if isinstance(r, ParticipantFailure)}
+        if failures:
+            raise CoordinationError(operation, failures, replies)
+        return replies
+
+    def _probe(
+        self, label: str, operation: str, checkpoint_id: str, names: list[str] | None, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        invocation = self._invoke(f"probe {label}", checkpoint_id)
+        with timing.span("probe"):
+            outcomes = self.control.post_each(operation, body, body["deadline_ts"], names)
+        self._complete(invocation, "ok", _outcomes_text(outcomes))
+        return outcomes
+
+    # -- the crash hooks the nemesis calls --------------------------------------------------------------------
+
+    def crashed(self, killed: Sequence[Participant], invocation: Event) -> None:
+        """Processes were killed: after a crash of every one a commit is kept (retried, it must be refused), after
+        one server restarted alone nothing is."""
+        self._complete(invocation, "ok", kill=killed)
+        last = self.last_call
+        everything = len(killed) == len(self.control.participants)
+        keep = everything and last is not None and last.operation == "commit"
+        self.last_call = attrs.evolve(last, after_crash=True, retried=False) if keep and last else None
+
+    def release_stale(self) -> None:
+        """Release the calls the killed servers left waiting at the backend. The backend also cancels each one
+        once it notices its client gone, which can fall between listing them and releasing them: the release is
+        then refused (409 `not_waiting`, nothing released), and the ones still waiting are listed again."""
+        gate = self.harness.backend
+        if gate is None:
+            return
+        for attempt in range(STALE_RELEASE_TRIES):
+            stale = sorted(backend_calls(self.harness)[1].values())
+            if not stale:
+                return
+            try:
+                gate.release(stale)
+                return
+            except httpx.HTTPStatusError as error:
+                if error.response.status_code != httpx.codes.CONFLICT or attempt == STALE_RELEASE_TRIES - 1:
+                    raise
+
+    # -- the journal ------------------------------------------------------------------------------------------
+
+    def _call(self, operation: str, checkpoint_id: str, call: Callable[[float], Any], **event: Any) -> Any:
+        """One control call with the usual deadline, journaled, and handed to the watchers once answered."""
+        invocation = self._invoke(operation, checkpoint_id)
+        result = self._answer(invocation, lambda: call(_ahead(CONTROL_DEADLINE_S)), **event)
+        self._complete(invocation, "ok", **event)
+        return result
+
+    def _answer(self, invocation: Event, call: Callable[[], Any], **event: Any) -> Any:
+        """Wait for a call's answer; a refusal completes the invocation as failed and is raised."""
+        try:
+            with timing.span("control"):
+                return call()
+        except CoordinationError as error:
+            self._complete(invocation, "fail", str(error), **event)
+            raise
+
+    def invoke(self, f: str, value: Any = None) -> Event:
+        """Journal the start of an operation (the nemesis's too)."""
+        return self._invoke(f, value)
+
+    def complete(self, invocation: Event, type_: EventType, value: Any = None, **event: Any) -> None:
+        self._complete(invocation, type_, value, **event)
+
+    def _invoke(self, f: str, value: Any = None) -> Event:
+        invocation = self.history.invoke("controller", f, value)
+        self._notify(Operation(f, "invoke", checkpoint_id=_checkpoint_id(invocation)))
+        return invocation
+
+    def _complete(
+        self,
+        invocation: Event,
+        type_: EventType,
+        value: Any = None,
+        *,
+        reached: tuple[Participant, ...] | None = None,
+        kill: Sequence[Participant] = (),
+        **event: Any,
+    ) -> None:
+        self.history.complete(invocation, type_, value)
+        if reached is None:
+            reached = tuple(kill) if invocation.f == "crash" else tuple(self.control.participants)
+        self._notify(Operation(invocation.f, type_, checkpoint_id=_checkpoint_id(invocation), reached=reached, **event))
+
+    def _notify(self, operation: Operation) -> None:
+        for watcher in self.watchers:
+            watcher.observe(operation)
+
+
+def run_pool(harness: Harness, history: History) -> RunPool:
+    """The pool that sends every `/run` the controller makes: to the restart environment for a restart, with the
+    topology's task body."""
+
+    def url(attempt: Attempt) -> str:
+        return harness.restart_run_url if attempt.restart else harness.run_url
+
+    def body(attempt: Attempt) -> dict[str, Any]:
+        return run_body(harness.topology, attempt.rollout, attempt.attempt)
+
+    return RunPool(harness.run_http, url, body, history)
+
+
+def _checkpoint_id(invocation: Event) -> str | None:
+    """The checkpoint ID an invocation names (a crash names what it kills instead)."""
+    return invocation.value if isinstance(invocation.value, str) and invocation.f != "crash" else None
+
+
+def _ahead(seconds: float) -> float:
+    return time.time() + seconds
+
+
+def _episodes(attempts: Iterable[Attempt]) -> list[EpisodeId]:
+    return [EpisodeId(rollout_id=a.rollout, attempt=a.attempt) for a in attempts]
+
+
+def _delivered(scope: Iterable[Attempt]) -> dict[str, int]:
+    """Per scoped key, the calls delivered to it so far (a restored attempt not yet started has none of its own)."""
+    return {a.key: (a.delivered if a.status == "running" else 0) for a in scope}
+
+
+def outcome_text(outcome: Any) -> Any:
+    """A participant's answer as the history shows it: the reply, or the refusal's description."""
+    return outcome.describe() if isinstance(outcome, ParticipantFailure) else outcome
+
+
+def _outcomes_text(outcomes: Mapping[str, Any]) -> dict[str, Any]:
+    return {name: outcome_text(o) for name, o in outcomes.items()}

@@ -1,0 +1,185 @@
+"""The nemesis: Gym's faults as the machine draws them, each a real effect on real processes.
+
+Every Gym process group SIGKILLed (with a power cut that keeps only what was fsynced), one server killed and
+started again alone, a crash that lands inside a commit, a restore, a retire or a forget after it reached some
+participants, and a participant held by a failpoint inside its own commit or restore. Each is journaled through the
+controller, so the watchers hear of every process that died, and each ends where the model can predict it: every
+`/run` the crash cut off has ended and the calls it left waiting at the backend are released.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from ckpt_model import damage
+from ckpt_model.contract import Attempt, Checkpoint, Model
+from ckpt_model.controller import CONTROL_DEADLINE_S, Controller, outcome_text
+from ckpt_model.coordination import Participant
+from ckpt_model.deployment import FAILPOINT_BEFORE_INSTALL, FAILPOINT_BETWEEN_FILES, Harness
+from ckpt_model.errors import QuiescenceTimeout
+from ckpt_model.history import Event
+from ckpt_model.quiescence import poll
+from ckpt_model.wire import RETIRE_ORDER, EpisodeId
+
+
+@attrs.frozen
+class HeldCommit:
+    """A commit sent to one participant that a failpoint holds between its records file and its manifest."""
+
+    name: str
+    invocation: Event
+    answer: Future[Any]
+
+
+class Nemesis:
+    """Crashes and failpoints, journaled through the controller; counts what it did for the search statistics."""
+
+    def __init__(self, harness: Harness, controller: Controller) -> None:
+        self.harness = harness
+        self.controller = controller
+        self.crashes = 0
+        self.crashes_inside = 0
+
+    @property
+    def timeout_s(self) -> float:
+        return self.controller.quiescence.timeout_s
+
+    def crash(self, *, inside: bool = False, power_loss: bool = False) -> None:
+        """SIGKILL every Gym process group and start fresh processes (the backend and the disk survive)."""
+        invocation = self.controller.invoke("crash", "power loss" if power_loss else None)
+        self.crashes += 1
+        self.crashes_inside += inside
+        self.harness.crash(power_loss)
+        self.controller.crashed(tuple(self.controller.control.participants), invocation)
+        self.controller.runs.wait_ended(self.timeout_s)
+        self.controller.release_stale()
+
+    def restart(self, member: Participant) -> None:
+        """SIGKILL one participant alone and start it again: it comes back idle and empty."""
+        invocation = self.controller.invoke("crash", member.name)
+        self.harness.restart_server(member.name)
+        self.controller.crashed((member,), invocation)
+
+    # -- crashes inside an operation --------------------------------------------------------------------------
+
+    def hold_inside_commit(self, name: str, checkpoint_id: str, episodes: Sequence[EpisodeId]) -> HeldCommit:
+        """Send `name` its commit with a failpoint armed between its two files; return once its work stands there."""
+        self.harness.arm_failpoint(name, FAILPOINT_BETWEEN_FILES)
+        directory = str(self.controller.directory(checkpoint_id))
+        body = self.controller.body("commit", checkpoint_id, checkpoint_dir=directory, episode_ids=episodes)
+        invocation = self.controller.invoke("commit", checkpoint_id)
+        post = self.controller.control.post_each
+        answer = self.controller.runs.submit(post, "commit", body, body["deadline_ts"], [name])
+        if not poll(lambda: self.harness.failpoint_reached(name, FAILPOINT_BETWEEN_FILES), self.timeout_s):
+            raise QuiescenceTimeout(
+                prediction=f"{name}'s commit stops between its records file and its manifest",
+                observed="it never got there" + (f": {answer.result()}" if answer.done() else ""),
+                pending=[f"{name} at {FAILPOINT_BETWEEN_FILES}"],
+                timeout_s=self.timeout_s,
+            )
+        return HeldCommit(name, invocation, answer)
+
+    def ended_by_crash(self, held: HeldCommit) -> None:
+        """The held commit's answer once the crash ended it: indeterminate (`info`)."""
+        outcomes = held.answer.result(timeout=CONTROL_DEADLINE_S)
+        self.controller.complete(held.invocation, "info", {n: outcome_text(o) for n, o in outcomes.items()})
+
+    def crash_inside_restore(self, restore_id: str, source: str, exported: Iterable[str], reached: int) -> list[str]:
+        """A restore of `source` reaches its first `reached` participants (modulo their number, in name order,
+        each alone), each of which must answer it; then everything crashes. Returns the names reached."""
+        scope = [EpisodeId.from_capture_key(key) for key in exported]
+        directory = str(self.controller.directory(source))
+        body = self.controller.body("restore", restore_id, checkpoint_dir=directory, episode_ids=scope)
+        members = self.controller.members()
+        stages = [[m.name] for m in members[: reached % len(members)]]
+        return self._crash_inside("restore", restore_id, body, stages, source=source, episodes=tuple(scope))
+
+    def crash_inside_retire(self, retire_id: str, lost: Attempt, reached: int) -> list[str]:
+        """A retire of `lost` reaches the first `reached` stages of the retire order (callers before callees)."""
+        episodes = [EpisodeId(rollout_id=lost.rollout, attempt=lost.attempt)]
+        body = self.controller.body("retire", retire_id, episode_ids=episodes)
+        stages = self._retire_stages(reached)
+        return self._crash_inside("retire", retire_id, body, stages, episodes=tuple(episodes))
+
+    def crash_inside_forget(self, forget_id: str, rollouts: Sequence[str], reached: int) -> list[str]:
+        """A forget of `rollouts` reaches the first `reached` stages of the retire order."""
+        body = self.controller.body("forget", forget_id, rollout_ids=rollouts)
+        return self._crash_inside("forget", forget_id, body, self._retire_stages(reached))
+
+    def _crash_inside(
+        self, operation: str, operation_id: str, body: dict[str, Any], stages: list[list[str]], **event: Any
+    ) -> list[str]:
+        reached: list[str] = []
+        for names in stages:
+            self.controller.send_each(operation, operation_id, body, names, **event)
+            reached += names
+        self.crash(inside=True)
+        return reached
+
+    def _retire_stages(self, reached: int) -> list[list[str]]:
+        participants = self.controller.control.participants
+        order = [[m.name for m in participants.of_kinds(kinds)] for kinds in RETIRE_ORDER]
+        return order[: reached % len(order)]
+
+    def damaged_copy(
+        self, checkpoint: Checkpoint, restore_id: str, rejected_record: bool, victim: int
+    ) -> tuple[str, damage.Damage, Path]:
+        """A copy of `checkpoint` beside it with one participant's share damaged (`ckpt_model.damage`): whose
+        (by `victim`, in name order) and how (`rejected_record`); returns the participant, the damage, the copy."""
+        source = self.controller.directory(checkpoint.checkpoint_id)
+        member, how = damage.choose(source, self.controller.members(), checkpoint.exported, rejected_record, victim)
+        destination = self.controller.directory(f"{restore_id}-damaged")
+        copy = damage.damaged_copy(source, destination, member.kind, member.name, how, checkpoint.exported)
+        return member.name, how, copy
+
+    # -- who can be killed alone ------------------------------------------------------------------------------
+
+    def crashable_alone(self, model: Model) -> list[Participant]:
+        """The participants the model lets crash alone, where the deployment restarts one server."""
+        if not self.harness.can_restart_one or self.harness.control is None:
+            return []
+        return [m for m in self.controller.members() if model.can_crash_participant(m.kind)]
+
+    def can_die_in_restore(self) -> list[Participant]:
+        """With failpoints and single restarts: the participants that are the only one of their kind (the model
+        says what one participant forgets by its kind)."""
+        if not (self.harness.can_stop_inside_commit and self.harness.can_restart_one) or self.harness.control is None:
+            return []
+        members = self.controller.members()
+        kinds = [m.kind for m in members]
+        return [m for m in members if kinds.count(m.kind) == 1]
+
+    def die_in_restore(self, member: Participant, restore_id: str, source: str, exported: Iterable[str]) -> Any:
+        """Restore `source` as `restore_id` while a failpoint holds `member` just before it installs; once it
+        stands there and every other participant restored, kill it and start it again alone. Returns every
+        participant's answer to the restore (the dead one's is a transport failure)."""
+        scope = [EpisodeId.from_capture_key(key) for key in exported]
+        directory = str(self.controller.directory(source))
+        body = self.controller.body("restore", restore_id, checkpoint_dir=directory, episode_ids=scope)
+        others = [m for m in self.controller.control.participants if m.name != member.name]
+        self.harness.arm_failpoint(member.name, FAILPOINT_BEFORE_INSTALL)
+        invocation = self.controller.invoke("restore", restore_id)
+        restore = self.controller.runs.submit(self.controller.control.post_each, "restore", body, body["deadline_ts"])
+
+        def others_restored() -> bool:
+            statuses = self.harness.statuses()
+            return self.harness.failpoint_reached(member.name, FAILPOINT_BEFORE_INSTALL) and all(
+                statuses[m.name]["phase"] == "restored" for m in others
+            )
+
+        if not poll(others_restored, self.timeout_s):
+            raise QuiescenceTimeout(
+                prediction=f"{member.name} stands before its install while {[m.name for m in others]} restored",
+                observed=self.harness.statuses(),
+                pending=[f"{member.name} at {FAILPOINT_BEFORE_INSTALL}"],
+                timeout_s=self.timeout_s,
+            )
+        self.restart(member)
+        outcomes = restore.result(timeout=CONTROL_DEADLINE_S)
+        self.controller.complete(invocation, "fail", {name: outcome_text(o) for name, o in outcomes.items()})
+        return outcomes

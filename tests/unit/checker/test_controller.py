@@ -1,0 +1,302 @@
+"""The controller and the nemesis without processes: what they journal, what they remember for a retry, and what
+they hand the watchers.
+
+A scripted control client stands in for the participants (it answers each call and records it), and a recording
+watcher takes every event. Three tests replay past false alarms, each of which was one rule forgetting one piece of
+bookkeeping the controller now does for every rule: a retry after a refused restore (`6f0af76`), a power cut that
+left a prepared interval open in the history (`c77d59a`), and a crash inside a restore after it reached the policy
+model (`61659e9`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ckpt_model.contract import Attempt
+from ckpt_model.controller import Controller, Operation
+from ckpt_model.coordination import Participant, Participants, PrepareResult
+from ckpt_model.errors import CoordinationError, ParticipantFailure
+from ckpt_model.history import History
+from ckpt_model.ledger_watch import LedgerWatch
+from ckpt_model.nemesis import Nemesis
+from ckpt_model.wire import EpisodeId
+
+MEMBERS = Participants(
+    members=(
+        Participant(name="env", kind="environment", url="http://env"),
+        Participant(name="policy", kind="model", url="http://policy"),
+        Participant(name="agent", kind="agent", url="http://agent"),
+        Participant(name="weather", kind="resources", url="http://weather"),
+    )
+)
+RUNNING = Attempt(rollout="r0", attempt=0, status="running", script=(2, 4), calls_made=2, delivered=1, run=0)
+
+
+class ScriptedControl:
+    """Answers every control call with `{"phase": ...}` per participant and records what it was asked."""
+
+    def __init__(self) -> None:
+        self.participants = MEMBERS
+        self.calls: list[tuple[str, Any]] = []
+        self.refuse: set[str] = set()
+
+    def _replies(self, operation: str, names: Any = None) -> dict[str, Any]:
+        self.calls.append((operation, names))
+        if operation in self.refuse:
+            failure = ParticipantFailure("weather", 409, "invalid_checkpoint_state", "refused")
+            raise CoordinationError(operation, {"weather": failure})
+        chosen = [m.name for m in MEMBERS if names is None or m.name in names]
+        return {name: {"phase": operation} for name in sorted(chosen)}
+
+    def prepare(self, checkpoint_id: str, deadline_ts: float) -> PrepareResult:
+        replies = self._replies("prepare")
+        return PrepareResult(prepared=True, replies={n: {"phase": "prepared"} for n in replies})
+
+    def commit(self, checkpoint_id: str, directory: str, episodes: Any, deadline_ts: float) -> dict[str, Any]:
+        return self._replies("commit")
+
+    def resume(self, checkpoint_id: str, deadline_ts: float) -> dict[str, Any]:
+        return self._replies("resume")
+
+    def renew(self, checkpoint_id: str, deadline_ts: float) -> dict[str, Any]:
+        return self._replies("renew")
+
+    def restore(self, checkpoint_id: str, directory: str, episodes: Any, deadline_ts: float) -> dict[str, Any]:
+        return self._replies("restore")
+
+    def retire(self, checkpoint_id: str, episodes: Any, deadline_ts: float) -> dict[str, Any]:
+        return self._replies("retire")
+
+    def forget(self, checkpoint_id: str, rollouts: Any, deadline_ts: float) -> dict[str, Any]:
+        return self._replies("forget")
+
+    def post_each(self, operation: str, body: Any, deadline_ts: float, names: Any = None) -> dict[str, Any]:
+        return self._replies(f"post_each {operation}", names)
+
+
+class FakeRuns:
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+        self.refused_stale: dict[int, str] = {}
+        self.refused_closed: dict[int, str] = {}
+
+    def send(self, attempt: Attempt) -> None:
+        self.sent.append(attempt.key)
+
+    def submit(self, call: Any, *args: Any) -> Any:
+        from concurrent.futures import Future
+
+        future: Future[Any] = Future()
+        future.set_result(call(*args))
+        return future
+
+    def wait_ended(self, *args: Any) -> None:
+        pass
+
+
+class FakeHarness:
+    def __init__(self, root: Path) -> None:
+        self.control = ScriptedControl()
+        self.checkpoint_dir = root
+        self.backend = None
+        self.lease_grace_s = 0.25
+        self.crashes: list[str] = []
+
+    def crash(self, power_loss: bool = False) -> None:
+        self.crashes.append("power loss" if power_loss else "crash")
+
+    def restart_server(self, name: str) -> None:
+        self.crashes.append(name)
+
+
+class Quiet:
+    timeout_s = 1.0
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list[Operation] = []
+
+    def observe(self, operation: Operation) -> None:
+        self.events.append(operation)
+
+    def of(self, f: str, type_: str) -> list[Operation]:
+        return [e for e in self.events if (e.f, e.type) == (f, type_)]
+
+
+@pytest.fixture
+def parts(tmp_path: Path) -> tuple[Controller, FakeHarness, History, Recorder]:
+    harness, history, recorder = FakeHarness(tmp_path), History(), Recorder()
+    controller = Controller(harness, history, FakeRuns(), Quiet(), watchers=[recorder])  # type: ignore[arg-type]
+    return controller, harness, history, recorder
+
+
+def test_every_control_call_is_journaled_once_as_invoke_then_ok(parts: Any) -> None:
+    controller, _, history, _ = parts
+    controller.commit("c1", [RUNNING])
+    assert [(e.process, e.f, e.type) for e in history.events] == [
+        ("controller", "commit", "invoke"),
+        ("controller", "commit", "ok"),
+    ]
+    assert history.events[1].invoke_index == history.events[0].index
+
+
+def test_a_refused_call_is_journaled_as_failed_and_raised(parts: Any) -> None:
+    controller, harness, history, recorder = parts
+    harness.control.refuse.add("forget")
+    with pytest.raises(CoordinationError):
+        controller.forget("forget1", ["r0"])
+    assert [e.type for e in history.events] == ["invoke", "fail"]
+    assert "invalid_checkpoint_state" in history.events[1].value
+    assert recorder.of("forget", "fail")
+
+
+def test_the_watchers_get_the_commit_as_one_event_with_its_scope(parts: Any, tmp_path: Path) -> None:
+    controller, _, _, recorder = parts
+    controller.commit("c1", [RUNNING])
+    (event,) = recorder.of("commit", "ok")
+    assert event.checkpoint_id == "c1"
+    assert event.episodes == (EpisodeId(rollout_id="r0", attempt=0),)
+    assert event.delivered == {"r0": 1}
+    assert event.directory == tmp_path / "c1"
+    assert {m.name for m in event.reached} == {"env", "policy", "agent", "weather"}
+
+
+def test_a_run_is_announced_to_the_watchers_before_it_is_sent(parts: Any) -> None:
+    controller, _, _, recorder = parts
+    controller.run(RUNNING)
+    assert [(e.f, e.type, e.key) for e in recorder.events] == [("run", "invoke", "r0")]
+    assert controller.runs.sent == ["r0"]
+
+
+def test_the_retry_memory_holds_the_last_call_with_its_arguments_and_a_retry_uses_it_once(parts: Any) -> None:
+    controller, harness, history, _ = parts
+    controller.commit("c1", [RUNNING])
+    assert controller.can_retry
+    last, outcomes = controller.retry()
+    assert (last.operation, last.checkpoint_id) == ("commit", "c1")
+    assert last.arguments["episode_ids"] == (EpisodeId(rollout_id="r0", attempt=0),)
+    assert harness.control.calls[-1] == ("post_each commit", None)
+    assert set(outcomes) == {"env", "policy", "agent", "weather"}
+    assert not controller.can_retry
+    assert history.events[-2].f == "retry commit"
+
+
+def test_a_prepare_is_remembered_and_noted_as_prepared(parts: Any) -> None:
+    controller, _, history, _ = parts
+    outcome = controller.prepare("c1")
+    assert outcome.prepared
+    assert [e.f for e in history.events] == ["prepare", "prepare", "prepared"]
+    assert controller.last_call.operation == "prepare"
+
+
+def test_a_renew_a_send_to_some_and_a_cleanup_retire_are_never_remembered(parts: Any) -> None:
+    controller, _, _, _ = parts
+    controller.renew("c1")
+    controller.commit_on(["env"], "c1", [RUNNING])
+    controller.retire_lost("retire1", [EpisodeId(rollout_id="r0", attempt=0)])
+    assert controller.last_call is None
+
+
+def test_a_routine_retire_is_remembered_and_its_running_run_must_be_refused(parts: Any) -> None:
+    controller, _, _, _ = parts
+    controller.retire("retire1", [RUNNING])
+    assert controller.last_call.operation == "retire"
+    assert controller.runs.refused_stale == {0: "r0"}
+
+
+def test_a_crash_keeps_only_a_commit_for_its_retry_and_a_server_restarted_alone_keeps_nothing(parts: Any) -> None:
+    controller, harness, _, _ = parts
+    nemesis = Nemesis(harness, controller)  # type: ignore[arg-type]
+    controller.commit("c1", [RUNNING])
+    nemesis.crash()
+    assert controller.last_call.after_crash
+    assert controller.can_retry
+    controller.resume("c1")
+    nemesis.crash()
+    assert controller.last_call is None
+    controller.resume("c1")
+    nemesis.restart(MEMBERS.members[0])
+    assert controller.last_call is None
+
+
+def test_false_alarm_6f0af76_no_retry_across_a_refused_restore(parts: Any) -> None:
+    """A forget sent again after a refused restore would drop the marks the restore's cleanup set."""
+    controller, harness, _, recorder = parts
+    controller.forget("forget1", ["r0"])
+    harness.control.refuse.add("restore")
+    with pytest.raises(CoordinationError):
+        controller.restore("c1-restore2", "c1", ["r0"])
+    assert not controller.can_retry
+    (refused,) = recorder.of("restore", "fail")
+    assert refused.source == "c1"
+    assert refused.episodes == (EpisodeId(rollout_id="r0", attempt=0),)
+
+
+def test_false_alarm_c77d59a_a_power_cut_ends_a_prepared_interval_as_a_crash_does(parts: Any) -> None:
+    """P2 reads `prepared` to the next resume or crash: a power cut that was not journaled as a crash left the
+    interval open, and a later reply read as one while prepared."""
+    controller, harness, history, _ = parts
+    nemesis = Nemesis(harness, controller)  # type: ignore[arg-type]
+    controller.prepare("c1")
+    nemesis.crash(power_loss=True)
+    ((start_s, end_s),) = history.intervals("prepared", ("resume", "crash"))
+    assert start_s < end_s < float("inf")
+    assert harness.crashes == ["power loss"]
+
+
+def test_false_alarm_61659e9_a_restore_cut_short_after_it_reached_the_policy_model_is_watched(parts: Any) -> None:
+    """What a restore that a crash cut short did to the policy model's ledgers is on disk and outlives the crash:
+    the watchers hear of every stage it reached, with what it restored."""
+    controller, harness, _, recorder = parts
+    nemesis = Nemesis(harness, controller)  # type: ignore[arg-type]
+    reached = nemesis.crash_inside_restore("c1-restore2", "c1", ["r0"], reached=3)
+    assert reached == ["agent", "env", "policy"]
+    restores = recorder.of("restore", "ok")
+    assert [[m.name for m in e.reached] for e in restores] == [["agent"], ["env"], ["policy"]]
+    assert all(e.source == "c1" for e in restores)
+    assert recorder.of("crash", "ok")[0].reached == MEMBERS.members
+
+
+def test_the_ledger_watch_moves_the_lineage_for_each_event_it_is_handed(tmp_path: Path) -> None:
+    moved: list[Any] = []
+
+    class Watch(LedgerWatch):
+        def started(self, key: str) -> None:
+            moved.append(("started", key))
+
+        def restored(self, checkpoint_id: str) -> None:
+            moved.append(("restored", checkpoint_id))
+
+        def retired(self, episodes: Any) -> None:
+            moved.append(("retired", list(episodes)))
+
+        def model_died(self) -> None:
+            moved.append(("model died",))
+
+    harness = FakeHarness(tmp_path)
+    harness.token_capture, harness.generation_cuts, harness.backend = True, False, object()  # type: ignore[attr-defined]
+    watch = Watch(harness)  # type: ignore[arg-type]
+    policy, env = MEMBERS.of_kind("model"), MEMBERS.of_kind("environment")
+    episode = EpisodeId(rollout_id="r0", attempt=0)
+    for event in (
+        Operation("run", "invoke", key="r0"),
+        Operation("restore", "ok", reached=env, source="c1"),  # not the policy model: nothing on its disk
+        Operation("restore", "ok", reached=policy, source="c1"),
+        Operation("retire", "ok", reached=env, episodes=(episode,)),
+        Operation("retire", "ok", reached=policy, episodes=(episode,)),
+        Operation("crash", "ok", reached=env),
+        Operation("crash", "ok", reached=policy),
+        Operation("restore", "fail", source="c1", episodes=(episode,)),  # the client's cleanup burned r0-a1
+    ):
+        watch.observe(event)
+    assert moved == [
+        ("started", "r0"),
+        ("restored", "c1"),
+        ("retired", [episode]),
+        ("model died",),
+        ("retired", [EpisodeId(rollout_id="r0", attempt=1)]),
+    ]
