@@ -19,17 +19,14 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
-import fcntl
 import json
 import logging
 import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -43,11 +40,11 @@ from fakes.gym.config import CONFIG_ENV, DEFAULT_LEASE_GRACE_S, ServerConfig, ch
 from fakes.gym.durability import lose_unsynced
 from fakes.gym.runtime import remove_runtime_dir
 from fakes.head import serve_head
+from fakes.ports import free_port
 from fakes.zygote_client import ForkServer, ForkServerError, SpawnRequest
 
 log = logging.getLogger(__name__)
 
-PORT_RANGE = (20000, 32767)
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
 POLL_INTERVAL_S = 0.005
@@ -127,48 +124,6 @@ def peer_names(roles: Mapping[str, str], name: str) -> tuple[str, ...]:
 def resources_mode(topology: str, name: str) -> str:
     """Reference 8.1: the counter exports its sessions, `restart_resources` is restart-only, the rest stateless."""
     return RESOURCES_MODE_OF.get(name, "exported" if topology == "counter" else "stateless")
-
-
-# Every port handed out is reserved for as long as the process that took it lives: a one-byte lock at offset
-# `port` of this file (one per user). The kernel drops a process's locks however it ends, SIGKILL included. Ports
-# belong to the machine, so the file does too: not under $TMPDIR, which differs between processes.
-PORT_LOCK_PATH = Path("/tmp") / f"ckpt-model-ports-{os.getuid()}.lock"
-PORT_TRIES_MAX = 1000
-
-_handed_out: set[int] = set()
-_port_lock_fd: int | None = None
-_port_mutex = threading.Lock()
-
-
-def free_port() -> int:
-    """A loopback port in 20000-32767 that binds now and that no live process of this user has taken.
-
-    Checkers run side by side (pytest-xdist workers, HypoFuzz workers, several `ckpt-model check`), and a port stays
-    its server's across restarts, while nothing listens on it: a bind probe alone would hand it to another process
-    then. So each port handed out is locked in `PORT_LOCK_PATH` (POSIX byte-range locks, per process; a child does
-    not inherit them) and a port another process holds is skipped. The range lies below the kernel's ephemeral
-    ports (32768-60999), so no outgoing connection takes one meanwhile."""
-    global _port_lock_fd
-    with _port_mutex:
-        if _port_lock_fd is None:
-            _port_lock_fd = os.open(PORT_LOCK_PATH, os.O_RDWR | os.O_CREAT, 0o600)
-        for _ in range(PORT_TRIES_MAX):
-            port = secrets.choice(range(*PORT_RANGE))
-            if port in _handed_out:
-                continue
-            try:
-                fcntl.lockf(_port_lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, port)
-            except OSError:
-                continue  # another process holds it
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP) as probe:
-                try:
-                    probe.bind(("127.0.0.1", port))
-                except OSError:
-                    fcntl.lockf(_port_lock_fd, fcntl.LOCK_UN, 1, port)
-                    continue
-            _handed_out.add(port)
-            return port
-    raise RuntimeError(f"no free loopback port in 20000-32767 after {PORT_TRIES_MAX} tries")
 
 
 class StackStartError(RuntimeError):
