@@ -18,8 +18,9 @@ import httpx
 from fakes.faults import CATALOGUE, Fault
 from fakes.gym.config import DEFAULT_LEASE_GRACE_S
 from fakes.gym.wire import bearer
-from fakes.stack import TOPOLOGIES, Stack, StackStartError
+from fakes.stack import Stack, StackStartError
 from fakes.stack import main as launch
+from fakes.topologies import TOPOLOGIES
 
 FAILPOINT_TIMEOUT_S = 10.0
 
