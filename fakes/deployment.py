@@ -18,7 +18,8 @@ import httpx
 from fakes.faults import CATALOGUE, Fault
 from fakes.gym.config import DEFAULT_LEASE_GRACE_S
 from fakes.gym.wire import bearer
-from fakes.stack import Stack, StackStartError
+from fakes.server_processes import StackStartError
+from fakes.stack import Stack
 from fakes.stack import main as launch
 from fakes.topologies import TOPOLOGIES
 
