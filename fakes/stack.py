@@ -1,27 +1,24 @@
-"""Launch a look-alike Gym deployment: the fake backend plus the Gym servers, each in its own process group.
+"""A look-alike Gym deployment under one state directory: the fake backend plus the Gym servers, each in its own
+process group.
 
-As a program: `python -m fakes.stack --topology native|legacy|counter|slow|mixed --state-dir DIR [--backend-url URL]
-[--faults a,b] [--no-fork-server] [--verify-mode wait|replay] [--lease-grace-s S] [--token-capture
-[--generation-cuts]] [--policy-workers N]` starts everything, writes
-`DIR/deployment.json` and stays in the foreground until SIGTERM or SIGINT. As a library: `Stack` starts, crashes
-(SIGKILL of every Gym process group) and restarts the Gym servers against a backend that survives, which is what
-the checker's deployment harness builds on.
+`Stack` starts, crashes (SIGKILL of every Gym process group) and restarts the Gym servers against a backend that
+survives, which is what the checker's deployment harness builds on. `python -m fakes.stack` runs one by hand
+(`fakes.stack_cli`).
 
 By default the Gym servers are forked from a warmed fork server (`fakes.zygote`, driven through
 `fakes.zygote_client`), so a restart costs milliseconds; `fork_server=False` cold-starts `python -m
 fakes.gym.serve` per server instead (the fallback, and the baseline of `benchmarks/restart.py`). Either way a
-crashed server's port refuses connections until the next start binds it again, as after a real crash. Crashes
-and stops go through `fakes.process_groups`.
+crashed server's port refuses connections until the next start binds it again, as after a real crash. Servers
+start, answer and die through `fakes.server_processes`; their ports come from `fakes.ports`.
 """
 
 from __future__ import annotations
 
-import argparse
 import atexit
 import contextlib
-import json
 import logging
 import os
+import runpy
 import secrets
 import shutil
 import signal
@@ -35,7 +32,6 @@ import httpx
 from fakes.gym.config import CONFIG_ENV, DEFAULT_LEASE_GRACE_S, ServerConfig, check_capture, lease_grace
 from fakes.gym.durability import lose_unsynced
 from fakes.gym.runtime import remove_runtime_dir
-from fakes.head import serve_head
 from fakes.ports import free_port
 from fakes.server_processes import (
     START_TIMEOUT_S,
@@ -381,94 +377,7 @@ class Stack:
             log.exception("stopping the stack after %r", exc)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fakes.stack", description=__doc__.splitlines()[0])
-    parser.add_argument("--topology", choices=sorted(TOPOLOGIES), default="native")
-    parser.add_argument("--state-dir", type=Path, required=True, help="logs, checkpoints, deployment.json")
-    parser.add_argument("--backend-url", help="use a running backend (one that survived a crash) instead")
-    parser.add_argument("--faults", default="", help="comma-separated fault names (see fakes.faults)")
-    parser.add_argument("--token", help="control bearer token (default: a fresh random one)")
-    parser.add_argument(
-        "--head-port", type=int, help="also serve a look-alike of Gym's head server (its global config) on this port"
-    )
-    parser.add_argument(
-        "--no-fork-server", action="store_true", help="cold-start every Gym server (slow restarts; the fallback)"
-    )
-    parser.add_argument(
-        "--verify-mode", choices=VERIFY_MODES, default="wait", help="how a checkpoint treats verification in flight"
-    )
-    parser.add_argument(
-        "--lease-grace-s",
-        type=lease_grace,
-        default=DEFAULT_LEASE_GRACE_S,
-        help="seconds a checkpoint's lease outlives the last call's deadline (default %(default)s)",
-    )
-    parser.add_argument(
-        "--token-capture", action="store_true", help="the policy model keeps a capture ledger (its own bearer token)"
-    )
-    parser.add_argument(
-        "--generation-cuts", action="store_true", help="a prepare cuts generations in flight (needs --token-capture)"
-    )
-    parser.add_argument(
-        "--policy-workers",
-        type=policy_workers_count,
-        default=1,
-        help="uvicorn worker processes of the policy model server, behind its one port (default %(default)s)",
-    )
-    args = parser.parse_args(argv)
-    if args.generation_cuts and not args.token_capture:
-        parser.error("--generation-cuts needs --token-capture")
-    faults = tuple(name for name in args.faults.split(",") if name)
-    stop_requested = False
-
-    def request_stop(signum: int, frame: object) -> None:
-        nonlocal stop_requested
-        stop_requested = True
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
-    stack = Stack(
-        args.topology,
-        args.state_dir,
-        backend_url=args.backend_url,
-        faults=faults,
-        token=args.token,
-        fork_server=not args.no_fork_server,
-        verify_mode=args.verify_mode,
-        lease_grace_s=args.lease_grace_s,
-        token_capture=args.token_capture,
-        generation_cuts=args.generation_cuts,
-        policy_workers=args.policy_workers,
-    )
-    try:
-        if args.backend_url is None:
-            stack.start_backend()
-        stack.start_gym()
-        description = stack.describe()
-        if args.head_port is not None:
-            description["head"] = {"url": f"http://127.0.0.1:{args.head_port}"}
-        description_path = stack.state_dir / "deployment.json"
-        description_path.write_text(json.dumps(description, indent=2) + "\n")
-        print(f"deployment ready: {description_path}", flush=True)
-        # Block the stop signals only now: children inherit the mask, and they must stay killable. SIGCHLD too:
-        # a server killed from outside must be reaped at once, or its process group never disappears.
-        waited = {signal.SIGTERM, signal.SIGINT, signal.SIGCHLD}
-        signal.pthread_sigmask(signal.SIG_BLOCK, waited)
-        # Started after the mask, so its thread inherits it and every stop signal still reaches the sigwait.
-        head = None
-        if args.head_port is not None:
-            head = serve_head("127.0.0.1", args.head_port, lambda: {n: s.url for n, s in stack.gym.items()})
-        while not stop_requested and signal.sigwait(waited) == signal.SIGCHLD:
-            stack.reap_exited()
-        if head is not None:
-            head.shutdown()
-    except StackStartError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    finally:
-        stack.stop()
-    return 0
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    # `python -m fakes.stack` is the command line's program: run it as `python -m fakes.stack_cli` would, rather
+    # than import the module that imports this one.
+    runpy.run_module("fakes.stack_cli", run_name="__main__")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from fakes import ports, stack
+from fakes import ports, stack_cli
 from fakes.deployment import EmbeddedDeployment
 from fakes.gym.config import ServerConfig
 from fakes.stack import Stack, policy_workers_count
@@ -101,7 +101,7 @@ def test_cuts_need_token_capture_and_capture_needs_its_bearer(tmp_path: Path) ->
     with pytest.raises(ValueError, match="non-empty 'capture_token'"):
         ServerConfig(**base, token_capture=True)
     with pytest.raises(SystemExit):
-        stack.main(["--state-dir", str(tmp_path), "--generation-cuts"])
+        stack_cli.main(["--state-dir", str(tmp_path), "--generation-cuts"])
 
 
 def test_clear_capture_empties_the_capture_directory_only_while_gym_is_down(tmp_path: Path) -> None:
