@@ -18,8 +18,10 @@ import httpx
 from fakes.faults import CATALOGUE, Fault
 from fakes.gym.config import DEFAULT_LEASE_GRACE_S
 from fakes.gym.wire import bearer
-from fakes.stack import TOPOLOGIES, Stack, StackStartError
-from fakes.stack import main as launch
+from fakes.server_processes import StackStartError
+from fakes.stack import Stack
+from fakes.stack_cli import main as launch
+from fakes.topologies import TOPOLOGIES
 
 FAILPOINT_TIMEOUT_S = 10.0
 

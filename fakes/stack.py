@@ -1,330 +1,56 @@
-"""Launch a look-alike Gym deployment: the fake backend plus the Gym servers, each in its own process group.
+"""A look-alike Gym deployment under one state directory: the fake backend plus the Gym servers, each in its own
+process group.
 
-As a program: `python -m fakes.stack --topology native|legacy|counter|slow|mixed --state-dir DIR [--backend-url URL]
-[--faults a,b] [--no-fork-server] [--verify-mode wait|replay] [--lease-grace-s S] [--token-capture
-[--generation-cuts]] [--policy-workers N]` starts everything, writes
-`DIR/deployment.json` and stays in the foreground until SIGTERM or SIGINT. As a library: `Stack` starts, crashes
-(SIGKILL of every Gym process group) and restarts the Gym servers against a backend that survives, which is what
-the checker's deployment harness builds on.
+`Stack` starts, crashes (SIGKILL of every Gym process group) and restarts the Gym servers against a backend that
+survives, which is what the checker's deployment harness builds on. `python -m fakes.stack` runs one by hand
+(`fakes.stack_cli`).
 
 By default the Gym servers are forked from a warmed fork server (`fakes.zygote`, driven through
 `fakes.zygote_client`), so a restart costs milliseconds; `fork_server=False` cold-starts `python -m
 fakes.gym.serve` per server instead (the fallback, and the baseline of `benchmarks/restart.py`). Either way a
-crashed server's port refuses connections until the next start binds it again, as after a real crash. Crashes
-and stops go through `fakes.process_groups`.
+crashed server's port refuses connections until the next start binds it again, as after a real crash. Servers
+start, answer and die through `fakes.server_processes`; their ports come from `fakes.ports`.
 """
 
 from __future__ import annotations
 
-import argparse
 import atexit
 import contextlib
-import fcntl
-import json
 import logging
 import os
+import runpy
 import secrets
 import shutil
 import signal
-import socket
-import subprocess
 import sys
-import threading
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import attrs
 import httpx
 
-from fakes import process_groups
 from fakes.gym.config import CONFIG_ENV, DEFAULT_LEASE_GRACE_S, ServerConfig, check_capture, lease_grace
 from fakes.gym.durability import lose_unsynced
 from fakes.gym.runtime import remove_runtime_dir
-from fakes.head import serve_head
+from fakes.ports import free_port
+from fakes.server_processes import (
+    START_TIMEOUT_S,
+    STOP_TIMEOUT_S,
+    ServerProcess,
+    StackStartError,
+    health_client,
+    kill_groups,
+    log_start,
+    log_tail,
+    spawn,
+    wait_healthy,
+)
+from fakes.topologies import KIND_OF_ROLE, RESOURCES_SERVER_OF, TOPOLOGIES, peer_names, resources_mode
 from fakes.zygote_client import ForkServer, ForkServerError, SpawnRequest
 
 log = logging.getLogger(__name__)
 
-PORT_RANGE = (20000, 32767)
-START_TIMEOUT_S = 60.0
-STOP_TIMEOUT_S = 10.0
-POLL_INTERVAL_S = 0.005
-# One health request: a forked server's socket listens before the server runs, so a request waits here while the
-# server starts; a server that hangs before accepting is looked at again after this long.
-HEALTH_REQUEST_TIMEOUT_S = 1.0
-LOG_TAIL_LINES = 30
-
-# Server instance names as in Gym's suite, with the role each plays per topology.
-TOPOLOGIES: dict[str, dict[str, str]] = {
-    "native": {
-        "environment": "environment",
-        "agent": "agent",
-        "resources": "resources",
-        "policy_model": "policy_model",
-    },
-    "legacy": {
-        "environment": "legacy_relay",
-        "agent": "agent",
-        "resources": "resources",
-        "policy_model": "policy_model",
-    },
-    # legacy rows of Gym's counter example: the resources server exports each session's count (mode `exported`)
-    "counter": {
-        "environment": "legacy_relay",
-        "agent": "agent",
-        "resources": "resources",
-        "policy_model": "policy_model",
-    },
-    # native, with a verification that asks a judge model on the backend: it blocks until the checker releases it
-    "slow": {
-        "environment": "environment",
-        "agent": "agent",
-        "resources": "resources",
-        "policy_model": "policy_model",
-    },
-    # native, plus a second environment whose resources server is `restart_only`: its episodes become restarts
-    "mixed": {
-        "environment": "environment",
-        "agent": "agent",
-        "resources": "resources",
-        "policy_model": "policy_model",
-        "restart_resources": "resources",
-        "restart_environment": "environment",
-    },
-}
 VERIFY_MODES = ("wait", "replay")
-KIND_OF_ROLE = {
-    "environment": "environment",
-    "legacy_relay": None,
-    "agent": "agent",
-    "resources": "resources",
-    "policy_model": "model",
-}
-# The servers each role calls; environments and the agent are resolved per server name by `peer_names`.
-PEERS = {
-    "legacy_relay": ("agent",),
-    "resources": (),
-    "policy_model": (),
-}
-# Where a server's Gym `resources_server` ref is not `resources`, and resources servers not in the topology's mode.
-RESOURCES_SERVER_OF = {"restart_environment": "restart_resources"}
-RESOURCES_MODE_OF = {"restart_resources": "restart_only"}
-
-
-def peer_names(roles: Mapping[str, str], name: str) -> tuple[str, ...]:
-    """The servers `name` calls: an environment its agent and the resources server it is bound to; the agent the
-    policy model and every resources server (each native session's seed names the one its tools live on)."""
-    role = roles[name]
-    if role == "environment":
-        return ("agent", RESOURCES_SERVER_OF.get(name, "resources"))
-    if role == "agent":
-        return ("policy_model", *sorted(peer for peer, peer_role in roles.items() if peer_role == "resources"))
-    return PEERS[role]
-
-
-def resources_mode(topology: str, name: str) -> str:
-    """Reference 8.1: the counter exports its sessions, `restart_resources` is restart-only, the rest stateless."""
-    return RESOURCES_MODE_OF.get(name, "exported" if topology == "counter" else "stateless")
-
-
-# Every port handed out is reserved for as long as the process that took it lives: a one-byte lock at offset
-# `port` of this file (one per user). The kernel drops a process's locks however it ends, SIGKILL included. Ports
-# belong to the machine, so the file does too: not under $TMPDIR, which differs between processes.
-PORT_LOCK_PATH = Path("/tmp") / f"ckpt-model-ports-{os.getuid()}.lock"
-PORT_TRIES_MAX = 1000
-
-_handed_out: set[int] = set()
-_port_lock_fd: int | None = None
-_port_mutex = threading.Lock()
-
-
-def free_port() -> int:
-    """A loopback port in 20000-32767 that binds now and that no live process of this user has taken.
-
-    Checkers run side by side (pytest-xdist workers, HypoFuzz workers, several `ckpt-model check`), and a port stays
-    its server's across restarts, while nothing listens on it: a bind probe alone would hand it to another process
-    then. So each port handed out is locked in `PORT_LOCK_PATH` (POSIX byte-range locks, per process; a child does
-    not inherit them) and a port another process holds is skipped. The range lies below the kernel's ephemeral
-    ports (32768-60999), so no outgoing connection takes one meanwhile."""
-    global _port_lock_fd
-    with _port_mutex:
-        if _port_lock_fd is None:
-            _port_lock_fd = os.open(PORT_LOCK_PATH, os.O_RDWR | os.O_CREAT, 0o600)
-        for _ in range(PORT_TRIES_MAX):
-            port = secrets.choice(range(*PORT_RANGE))
-            if port in _handed_out:
-                continue
-            try:
-                fcntl.lockf(_port_lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, port)
-            except OSError:
-                continue  # another process holds it
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP) as probe:
-                try:
-                    probe.bind(("127.0.0.1", port))
-                except OSError:
-                    fcntl.lockf(_port_lock_fd, fcntl.LOCK_UN, 1, port)
-                    continue
-            _handed_out.add(port)
-            return port
-    raise RuntimeError(f"no free loopback port in 20000-32767 after {PORT_TRIES_MAX} tries")
-
-
-class StackStartError(RuntimeError):
-    """A server exited or never became healthy; the message carries its log tail."""
-
-
-class StackStopError(RuntimeError):
-    """A process group still had processes after SIGKILL and the stop timeout."""
-
-
-def log_tail(log_path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    try:
-        text = log_path.read_text(errors="replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(text.splitlines()[-lines:])
-
-
-@attrs.define(eq=False)
-class ServerProcess:
-    """One server process leading its own process group, with its log file.
-
-    Its parent is either this process (`process` is the Popen, which reaps it) or the fork server (which reaps
-    it and is asked, through `exit_status_of`, how it exited).
-    """
-
-    name: str
-    url: str
-    kind: str | None
-    pid: int
-    log_path: Path
-    process: subprocess.Popen[bytes] | None = None
-    exit_status_of: Callable[[int], int | None] | None = None
-
-    @property
-    def pgid(self) -> int:
-        return self.pid
-
-    def poll(self) -> int | None:
-        """The exit status once the process is gone (-1 if no one recorded it), None while it runs."""
-        if self.process is not None:
-            return self.process.poll()
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            # Gone means reaped, and the fork server records the status as it reaps.
-            status = self.exit_status_of(self.pid) if self.exit_status_of is not None else None
-            return -1 if status is None else status
-        return None
-
-    def reap(self) -> None:
-        """Have the process collected if it exited: its group cannot disappear while its leader is a zombie.
-
-        Through its Popen on the cold path. The fork server's SIGCHLD handler reaps its children; should a zombie
-        wait there anyway, any request makes the fork server reap before it answers.
-        """
-        if self.process is not None:
-            self.process.poll()
-        elif self.exit_status_of is not None and process_groups.process_state(self.pid) == "Z":
-            with contextlib.suppress(ForkServerError):
-                self.exit_status_of(self.pid)
-
-    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
-        return log_tail(self.log_path, lines)
-
-    def describe(self) -> dict[str, Any]:
-        return {"url": self.url, "kind": self.kind, "pgid": self.pgid}
-
-
-def log_start(log_path: Path, name: str) -> None:
-    """Mark a (re)start in the server's log, which every start of that server appends to."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("ab") as log_file:
-        log_file.write(f"--- start {name} at {time.time():.3f}\n".encode())
-
-
-def spawn(
-    name: str,
-    argv: list[str],
-    env: dict[str, str],
-    log_path: Path,
-    url: str,
-    kind: str | None,
-    *,
-    stdin_pipe: bool = False,
-) -> ServerProcess:
-    """Cold-start one server as our child, in a new session (so its own process group).
-
-    With `stdin_pipe` the child's stdin is a pipe from us: a server started with `--exit-with-stdin` stops when
-    it closes, which happens however we die (SIGTERM and SIGKILL skip atexit)."""
-    log_start(log_path, name)
-    stdin = subprocess.PIPE if stdin_pipe else subprocess.DEVNULL
-    with log_path.open("ab") as log_file:
-        process = subprocess.Popen(
-            argv, env=env, stdout=log_file, stderr=subprocess.STDOUT, stdin=stdin, start_new_session=True
-        )
-    return ServerProcess(name=name, url=url, kind=kind, pid=process.pid, log_path=log_path, process=process)
-
-
-def health_client() -> httpx.Client:
-    """The client health checks reuse: building one costs ~42 ms (its SSL context), so a Stack builds one."""
-    return httpx.Client(timeout=HEALTH_REQUEST_TIMEOUT_S, trust_env=False)
-
-
-def wait_healthy(
-    servers: Sequence[ServerProcess],
-    path: str,
-    timeout_s: float = START_TIMEOUT_S,
-    http: httpx.Client | None = None,
-) -> None:
-    """Poll each server's health route until it answers < 500; a server that exits fails the start.
-
-    A cold server refuses connections until it binds, hence the polling; a forked server's socket listens
-    before the server runs, so its first request simply waits in the backlog until the server answers.
-    """
-    deadline_s = time.monotonic() + timeout_s
-    pending = list(servers)
-    with contextlib.ExitStack() as resources:
-        client = http if http is not None else resources.enter_context(health_client())
-        while pending:
-            server = pending[0]
-            status = server.poll()
-            if status is not None:
-                raise StackStartError(
-                    f"{server.name} exited with status {status} before it was healthy; "
-                    f"log {server.log_path}:\n{server.log_tail()}"
-                )
-            try:
-                if client.get(server.url + path).status_code < 500:
-                    pending.pop(0)
-                    continue
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline_s:
-                raise StackStartError(
-                    f"{server.name} was not healthy at {server.url}{path} within {timeout_s:.0f} s; "
-                    f"log {server.log_path}:\n{server.log_tail()}"
-                )
-            time.sleep(POLL_INTERVAL_S)
-
-
-def kill_groups(servers: Sequence[ServerProcess], sig: int = signal.SIGKILL, timeout_s: float = STOP_TIMEOUT_S) -> None:
-    """Signal every server's process group first (they die in parallel), then wait (bounded) until each group is
-    gone; a group still there after `timeout_s` gets SIGKILL and another `timeout_s`, then the stop fails."""
-    for server in servers:
-        process_groups.kill(server.pgid, sig)
-    stuck = [server for server in servers if not process_groups.wait_gone(server.pgid, server.reap, timeout_s)]
-    for server in stuck:
-        process_groups.kill(server.pgid, signal.SIGKILL)
-    stuck = [server for server in stuck if not process_groups.wait_gone(server.pgid, server.reap, timeout_s)]
-    if stuck:
-        names = ", ".join(
-            f"{server.name} (pgid {server.pgid}: {process_groups.members(server.pgid)})" for server in stuck
-        )
-        waited_s = 2 * timeout_s
-        raise StackStopError(f"process groups still alive {waited_s:.0f} s after signal {sig}, then SIGKILL: {names}")
 
 
 def kill_gym(servers: Sequence[ServerProcess]) -> None:
@@ -651,94 +377,7 @@ class Stack:
             log.exception("stopping the stack after %r", exc)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fakes.stack", description=__doc__.splitlines()[0])
-    parser.add_argument("--topology", choices=sorted(TOPOLOGIES), default="native")
-    parser.add_argument("--state-dir", type=Path, required=True, help="logs, checkpoints, deployment.json")
-    parser.add_argument("--backend-url", help="use a running backend (one that survived a crash) instead")
-    parser.add_argument("--faults", default="", help="comma-separated fault names (see fakes.faults)")
-    parser.add_argument("--token", help="control bearer token (default: a fresh random one)")
-    parser.add_argument(
-        "--head-port", type=int, help="also serve a look-alike of Gym's head server (its global config) on this port"
-    )
-    parser.add_argument(
-        "--no-fork-server", action="store_true", help="cold-start every Gym server (slow restarts; the fallback)"
-    )
-    parser.add_argument(
-        "--verify-mode", choices=VERIFY_MODES, default="wait", help="how a checkpoint treats verification in flight"
-    )
-    parser.add_argument(
-        "--lease-grace-s",
-        type=lease_grace,
-        default=DEFAULT_LEASE_GRACE_S,
-        help="seconds a checkpoint's lease outlives the last call's deadline (default %(default)s)",
-    )
-    parser.add_argument(
-        "--token-capture", action="store_true", help="the policy model keeps a capture ledger (its own bearer token)"
-    )
-    parser.add_argument(
-        "--generation-cuts", action="store_true", help="a prepare cuts generations in flight (needs --token-capture)"
-    )
-    parser.add_argument(
-        "--policy-workers",
-        type=policy_workers_count,
-        default=1,
-        help="uvicorn worker processes of the policy model server, behind its one port (default %(default)s)",
-    )
-    args = parser.parse_args(argv)
-    if args.generation_cuts and not args.token_capture:
-        parser.error("--generation-cuts needs --token-capture")
-    faults = tuple(name for name in args.faults.split(",") if name)
-    stop_requested = False
-
-    def request_stop(signum: int, frame: object) -> None:
-        nonlocal stop_requested
-        stop_requested = True
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
-    stack = Stack(
-        args.topology,
-        args.state_dir,
-        backend_url=args.backend_url,
-        faults=faults,
-        token=args.token,
-        fork_server=not args.no_fork_server,
-        verify_mode=args.verify_mode,
-        lease_grace_s=args.lease_grace_s,
-        token_capture=args.token_capture,
-        generation_cuts=args.generation_cuts,
-        policy_workers=args.policy_workers,
-    )
-    try:
-        if args.backend_url is None:
-            stack.start_backend()
-        stack.start_gym()
-        description = stack.describe()
-        if args.head_port is not None:
-            description["head"] = {"url": f"http://127.0.0.1:{args.head_port}"}
-        description_path = stack.state_dir / "deployment.json"
-        description_path.write_text(json.dumps(description, indent=2) + "\n")
-        print(f"deployment ready: {description_path}", flush=True)
-        # Block the stop signals only now: children inherit the mask, and they must stay killable. SIGCHLD too:
-        # a server killed from outside must be reaped at once, or its process group never disappears.
-        waited = {signal.SIGTERM, signal.SIGINT, signal.SIGCHLD}
-        signal.pthread_sigmask(signal.SIG_BLOCK, waited)
-        # Started after the mask, so its thread inherits it and every stop signal still reaches the sigwait.
-        head = None
-        if args.head_port is not None:
-            head = serve_head("127.0.0.1", args.head_port, lambda: {n: s.url for n, s in stack.gym.items()})
-        while not stop_requested and signal.sigwait(waited) == signal.SIGCHLD:
-            stack.reap_exited()
-        if head is not None:
-            head.shutdown()
-    except StackStartError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    finally:
-        stack.stop()
-    return 0
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    # `python -m fakes.stack` is the command line's program: run it as `python -m fakes.stack_cli` would, rather
+    # than import the module that imports this one.
+    runpy.run_module("fakes.stack_cli", run_name="__main__")

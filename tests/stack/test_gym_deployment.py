@@ -24,7 +24,7 @@ from ckpt_model.gym_deployment import GymDeployment
 from ckpt_model.machine import machine_for
 from ckpt_model.profiles import BASE
 from ckpt_model.scenarios import named, run
-from fakes.stack import free_port
+from fakes.ports import free_port
 from tests.stack.conftest import process_gone, wait_until
 
 pytestmark = pytest.mark.processes

@@ -15,7 +15,8 @@ from ckpt_model.deployment import Harness
 from ckpt_model.tasks import legacy_run_body
 from fakes import stack as stack_module
 from fakes.deployment import EmbeddedDeployment
-from fakes.stack import ServerProcess, Stack
+from fakes.server_processes import ServerProcess
+from fakes.stack import Stack
 from tests.stack.conftest import wait_until
 
 processes = pytest.mark.processes

@@ -26,7 +26,8 @@ import pytest
 from ckpt_model.coordination import ControlClient
 from ckpt_model.wire import CHECKPOINT_ROUTE_PREFIX
 from fakes.gym.config import ServerConfig
-from fakes.stack import Stack, StackStartError
+from fakes.server_processes import StackStartError
+from fakes.stack import Stack
 from fakes.zygote import EXIT_STATUSES_KEPT_MAX, listening_socket
 from tests.stack.conftest import WAIT_TIMEOUT_S, group_gone, process_gone, wait_until
 

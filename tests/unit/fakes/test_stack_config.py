@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from fakes import stack
+from fakes import ports, stack_cli
 from fakes.deployment import EmbeddedDeployment
 from fakes.gym.config import ServerConfig
 from fakes.stack import Stack, policy_workers_count
@@ -15,11 +15,11 @@ from fakes.stack import Stack, policy_workers_count
 def test_ports_are_chosen_once_and_kept_across_restarts(tmp_path: Path) -> None:
     """Every start asks for the configs; a port handed out per call would exhaust the range in a long run."""
     deployment = Stack("native", tmp_path, backend_url="http://127.0.0.1:1")
-    handed_out = len(stack._handed_out)
+    handed_out = len(ports._handed_out)
     first = {name: config.port for name, config in deployment.configs().items()}
     for _ in range(50):
         assert {name: config.port for name, config in deployment.configs().items()} == first
-    assert len(stack._handed_out) == handed_out + 4
+    assert len(ports._handed_out) == handed_out + 4
 
 
 def test_only_the_slow_topologys_resources_server_asks_a_judge(tmp_path: Path) -> None:
@@ -101,7 +101,7 @@ def test_cuts_need_token_capture_and_capture_needs_its_bearer(tmp_path: Path) ->
     with pytest.raises(ValueError, match="non-empty 'capture_token'"):
         ServerConfig(**base, token_capture=True)
     with pytest.raises(SystemExit):
-        stack.main(["--state-dir", str(tmp_path), "--generation-cuts"])
+        stack_cli.main(["--state-dir", str(tmp_path), "--generation-cuts"])
 
 
 def test_clear_capture_empties_the_capture_directory_only_while_gym_is_down(tmp_path: Path) -> None:
