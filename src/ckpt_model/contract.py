@@ -368,9 +368,6 @@ class Model:
     def may_call_late(self) -> bool:
         return bool(self.resumed) and self.tried.late_calls_for != self.resumed
 
-    def may_go_quiet(self) -> bool:
-        return not self.tried.lease_lapse and self.can_prepare()
-
     def late_runs(self) -> list[str]:
         """Retired rollouts whose late `/run` must be refused now."""
         return sorted(a.rollout for a in self.retired_attempts if self.refuses_late_run(a.rollout, a.attempt))

@@ -329,15 +329,18 @@ class Controller:
     def retire(self, retire_id: str, attempts: Sequence[Attempt]) -> dict[str, Any]:
         """Retire `attempts` everywhere: a running one's `/run` must then be refused with stale_attempt."""
         episodes = _episodes(attempts)
-        replies = self.retire_lost(retire_id, episodes)
+        replies = self._retire(retire_id, episodes)
         self.last_call = SentCall("retire", retire_id, {"episode_ids": tuple(episodes)}, replies)
         for attempt in attempts:
             if attempt.status == "running":
                 self.runs.refused_stale[attempt.run] = attempt.key
         return replies
 
-    def retire_lost(self, retire_id: str, episodes: Sequence[EpisodeId]) -> dict[str, Any]:
+    def retire_lost(self, retire_id: str, attempts: Sequence[Attempt]) -> dict[str, Any]:
         """Retire work that lost a server (its `/run`s end however they end): a cleanup, never retried."""
+        return self._retire(retire_id, _episodes(attempts))
+
+    def _retire(self, retire_id: str, episodes: Sequence[EpisodeId]) -> dict[str, Any]:
         return self._call(
             "retire",
             retire_id,

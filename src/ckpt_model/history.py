@@ -73,9 +73,6 @@ class History:
         with self._lock:
             return tuple(self._events)
 
-    def of_process(self, process: str) -> list[Event]:
-        return [event for event in self.events if event.process == process]
-
     def intervals(self, opened: str, closed: Iterable[str]) -> list[tuple[float, float]]:
         """Controller intervals from each `opened` note to the next `closed` one (open-ended: now)."""
         closing = set(closed)

@@ -1,10 +1,9 @@
 """The Hypothesis state machine: the training controller, played against real server processes.
 
-It only chooses. Every rule reads: the model's transition (`contract.Model`), the controller's call (`controller`,
-which journals it, builds its wire body and keeps the retry memory; or the nemesis's crash), and the audit (the
-`audits` and the properties' named checks); then it waits until the system shows the quiet state the model
-predicts. Everything that could race is gated: model calls wait at the backend until `release` lets one go, so
-every example replays the same way. docs/how-it-works.md describes each rule in full.
+It only chooses. Every rule reads: the model's transition (`contract`), the controller's call (`controller`, or the
+`nemesis`'s fault), the audit (`audits`, the properties' named checks); then it waits for the quiet state the model
+predicts. Model calls wait at the backend until `release` lets one go, so every example replays the same way.
+docs/how-it-works.md describes each rule in full.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine
 
 from ckpt_model import properties as props
 from ckpt_model.audits import Audits
-from ckpt_model.contract import Attempt, Checkpoint, Model
+from ckpt_model.contract import Checkpoint, Model
 from ckpt_model.controller import HUNG_CUT_PREPARE_DEADLINE_S, Controller, run_pool
 from ckpt_model.deployment import Harness
 from ckpt_model.errors import CoordinationError, PropertyViolation
@@ -29,7 +28,6 @@ from ckpt_model.regression import deployment_options, option_words
 from ckpt_model.stats import SearchStats
 from ckpt_model.steplog import StepLog, action
 from ckpt_model.tasks import expected_reward, script_for
-from ckpt_model.wire import EpisodeId
 
 # Who must refuse a restore, and why.
 Refused = tuple[list[str], str]
@@ -129,7 +127,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         self.controller.resume(checkpoint_id)
         self._advance(model, f"prepare_blocked() -> {checkpoint_id} blocked by {blockers}; resume({checkpoint_id})")
         for key in blockers:
-            self._retire(EpisodeId.from_capture_key(key).rollout_id, again=True)
+            self._retire(self.model.attempt(key).rollout, again=True)
 
     @action(lambda self: self.model.can_prepare_blocked())
     def prepare_waiting(self) -> None:
@@ -199,7 +197,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         if done:
             replies = self.controller.commit_on(done, checkpoint_id, scope)
             self.audits.partial_commit(self.model, checkpoint_id, done, replies)
-        held = None if stopped is None else self.nemesis.hold_inside_commit(stopped, checkpoint_id, _episodes(scope))
+        held = None if stopped is None else self.nemesis.hold_inside_commit(stopped, checkpoint_id, scope)
         self.nemesis.crash(inside=True)
         if held is not None:
             self.nemesis.ended_by_crash(held)
@@ -238,7 +236,7 @@ class CheckpointMachine(RuleBasedStateMachine):
             ending = [a.run for a in self.model.ends_alone(member.kind)]
             self.controller.runs.wait_ended(self.quiescence.timeout_s, ending, f"{member.name} crashed alone")
             model, retire_id = model.issue_id("retire")
-            self.controller.retire_lost(retire_id, _episodes(running))
+            self.controller.retire_lost(retire_id, running)
             self.controller.runs.wait_ended(self.quiescence.timeout_s)
             label += f"; retire({sorted(a.key for a in running)})"
         self._advance(model, label, violation=props.P7Violation, counts_final=bool(running))
@@ -478,8 +476,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         return self.model.can_prepare() and (self.harness.backend is None or bool(self.model.live()))
 
     def _refused(self, operation: str, checkpoint_id: str, code: str, names: list[str] | None = None) -> None:
-        """`operation` naming `checkpoint_id`, sent to every participant (or those `names`) on its own, is refused
-        by each with `code` (P10)."""
+        """`operation` naming `checkpoint_id`, sent to each participant (or those `names`), is refused with `code`."""
         outcomes = self.controller.probe(operation, checkpoint_id, names)
         props.p10_each_refused(f"{operation}({checkpoint_id})", code, outcomes)
 
@@ -495,10 +492,6 @@ class CheckpointMachine(RuleBasedStateMachine):
 
 def _pick(items: list[Any], pick: int) -> Any:
     return items[pick % len(items)]
-
-
-def _episodes(attempts: list[Attempt]) -> list[EpisodeId]:
-    return [EpisodeId(rollout_id=a.rollout, attempt=a.attempt) for a in attempts]
 
 
 def machine_for(harness: Harness, stats: SearchStats | None = None) -> type[CheckpointMachine]:

@@ -95,11 +95,6 @@ def as_code(steps: Sequence[Step]) -> tuple[str, ...]:
     )
 
 
-def primitive_size(steps: Sequence[Step]) -> int:
-    """The primitive rule calls a sequence makes: a composite counts as its primitives."""
-    return sum(len(COMPOSITES[name](arguments)) if name in COMPOSITES else 1 for name, arguments in steps)
-
-
 # --- the cache ------------------------------------------------------------------------------------------------
 
 

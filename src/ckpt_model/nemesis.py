@@ -67,10 +67,11 @@ class Nemesis:
 
     # -- crashes inside an operation --------------------------------------------------------------------------
 
-    def hold_inside_commit(self, name: str, checkpoint_id: str, episodes: Sequence[EpisodeId]) -> HeldCommit:
+    def hold_inside_commit(self, name: str, checkpoint_id: str, scope: Sequence[Attempt]) -> HeldCommit:
         """Send `name` its commit with a failpoint armed between its two files; return once its work stands there."""
         self.harness.arm_failpoint(name, FAILPOINT_BETWEEN_FILES)
         directory = str(self.controller.directory(checkpoint_id))
+        episodes = [EpisodeId(rollout_id=a.rollout, attempt=a.attempt) for a in scope]
         body = self.controller.body("commit", checkpoint_id, checkpoint_dir=directory, episode_ids=episodes)
         invocation = self.controller.invoke("commit", checkpoint_id)
         post = self.controller.control.post_each

@@ -591,16 +591,6 @@ def p8_cleanup_succeeds(restore_id: str, error: Any) -> None:
     )
 
 
-def p10_refused(operation: str, expected_code: str, error: Any) -> None:
-    codes = sorted({str(failure.code) for failure in getattr(error, "failures", {}).values()})
-    if codes != [expected_code]:
-        raise P10Violation(
-            rollout=None,
-            expected=f"{operation} refused everywhere with {expected_code}",
-            observed=f"{error!s}" if error is not None else "it was accepted",
-        )
-
-
 def _short(value: Any, limit: int = 300) -> str:
     text = str(value)
     return text if len(text) <= limit else text[:limit] + "..."

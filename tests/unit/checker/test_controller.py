@@ -197,7 +197,7 @@ def test_a_renew_a_send_to_some_and_a_cleanup_retire_are_never_remembered(parts:
     controller, _, _, _ = parts
     controller.renew("c1")
     controller.commit_on(["env"], "c1", [RUNNING])
-    controller.retire_lost("retire1", [EpisodeId(rollout_id="r0", attempt=0)])
+    controller.retire_lost("retire1", [RUNNING])
     assert controller.last_call is None
 
 

@@ -59,16 +59,6 @@ def test_several_open_invocations_complete_out_of_order() -> None:
     assert (done_first.invoke_index, done_first.process) == (0, "r0")
 
 
-def test_of_process_keeps_one_process_in_order() -> None:
-    events, _ = history()
-    run = events.invoke("r0", "run")
-    events.invoke("controller", "prepare", "c1")
-    events.note("r0-a1", "model_call")
-    done = events.complete(run, "ok")
-    assert events.of_process("r0") == [run, done]
-    assert events.of_process("nobody") == []
-
-
 # -- intervals ---------------------------------------------------------------------------------------------------
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from ckpt_model import properties
 from ckpt_model.contract import VERIFY, Expectation, Model, expect
-from ckpt_model.errors import CoordinationError, ParticipantFailure
+from ckpt_model.errors import ParticipantFailure
 from ckpt_model.history import Event, EventType, History
 from ckpt_model.properties import (
     P1Violation,
@@ -40,7 +40,6 @@ from ckpt_model.properties import (
     p10_each_refused,
     p10_each_replied,
     p10_phase,
-    p10_refused,
     p13_clean_end,
     status_mismatches,
 )
@@ -455,42 +454,6 @@ def test_p10_phase_a_wrong_phase_or_id_names_the_participant(status: dict[str, A
     with pytest.raises(P10Violation, match=r"agent in phase \('prepared', 'c1'\)[\s\S]*observed: agent in") as c:
         p10_phase("agent", ("prepared", "c1"), status)
     assert type(c.value) is P10Violation
-
-
-def test_p10_refused_passes_when_every_failure_has_the_code() -> None:
-    error = CoordinationError(
-        "prepare", {"env": failure("env", "checkpoint_conflict"), "agent": failure("agent", "checkpoint_conflict")}
-    )
-    p10_refused("prepare(c2)", "checkpoint_conflict", error)
-
-
-def test_p10_refused_a_participant_that_failed_without_any_code_alone_is_p10() -> None:
-    error = CoordinationError("prepare", {"agent": "connection refused"})
-    with pytest.raises(P10Violation, match=r"agent: connection refused"):
-        p10_refused("prepare(c2)", "checkpoint_conflict", error)
-
-
-def test_p10_refused_a_codeless_failure_next_to_a_refusal_is_p10() -> None:
-    error = CoordinationError("prepare", {"env": failure("env", "checkpoint_conflict"), "agent": "timed out"})
-    with pytest.raises(P10Violation):
-        p10_refused("prepare(c2)", "checkpoint_conflict", error)
-
-
-def test_p10_refused_an_accepted_call_is_p10() -> None:
-    with pytest.raises(P10Violation, match=r"prepare\(c2\) refused everywhere[\s\S]*it was accepted") as caught:
-        p10_refused("prepare(c2)", "checkpoint_conflict", None)
-    assert type(caught.value) is P10Violation
-
-
-def test_p10_refused_with_another_or_mixed_codes_is_p10() -> None:
-    other = CoordinationError("commit", {"env": failure("env", "invalid_phase")})
-    with pytest.raises(P10Violation, match=r"env: HTTP 409 invalid_phase"):
-        p10_refused("commit(c1)", "stale_checkpoint", other)
-    mixed = CoordinationError(
-        "commit", {"env": failure("env", "stale_checkpoint"), "agent": failure("agent", "invalid_phase")}
-    )
-    with pytest.raises(P10Violation, match=r"agent: HTTP 409 invalid_phase"):
-        p10_refused("commit(c1)", "stale_checkpoint", mixed)
 
 
 # -- status_mismatches --------------------------------------------------------------------------------------------
