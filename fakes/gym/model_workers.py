@@ -1,4 +1,5 @@
-"""The policy model server as several uvicorn workers behind one port (reference 7.4), built on `fakes.gym.workers`.
+"""The policy model server as several uvicorn workers behind one port (reference 7.4), built on the generic
+coordinator and worker modules (`fakes.gym.coordinator_process` names them).
 
 The coordinator (the server's main process) owns the control plane and a `CoordinatedPolicyParticipant`; each
 worker serves generation calls through its own `PolicyGate` (`fakes.gym.model`) and answers its coordinator's
