@@ -49,7 +49,7 @@ from fakes.gym.worker_routes import add_worker_routes
 # Reference 1.4: how a policy worker finds its coordinator's socket.
 POLICY_SOCKET_ENV = "NEMO_GYM_POLICY_CHECKPOINT_SOCKET"
 
-# --- policy-specific parts (pure; tests/unit/fakes/test_policy_workers.py feeds them hand-built values) -------------------
+# --- policy-specific parts (pure; tests/unit/fakes/test_policy_workers.py feeds them hand-built values) ---------------
 
 
 def worker_report(participant: PolicyParticipant) -> dict[str, Any]:
