@@ -63,7 +63,7 @@ class EmbeddedDeployment:
         self.lease_grace_s = self.stack.lease_grace_s
         self.token_capture = token_capture
         self.generation_cuts = generation_cuts
-        # uvicorn workers of the policy model server behind its one port (`fakes.gym.workers`).
+        # uvicorn workers of the policy model server behind its one port (`fakes.gym.coordinator_process`).
         self.policy_workers = self.stack.policy_workers
 
     @property

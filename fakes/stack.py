@@ -99,7 +99,7 @@ class Stack:
         self.verify_mode = verify_mode
         self.token_capture = token_capture
         self.generation_cuts = generation_cuts
-        # uvicorn workers of the policy model server (`fakes.gym.workers`); the other servers run one each.
+        # uvicorn workers of the policy model server (`fakes.gym.coordinator_process`); the other servers run one each.
         self.policy_workers = policy_workers_count(policy_workers)
         # Every start (first, restart, a fork server standby) builds its configs from this, so it survives restarts.
         self.lease_grace_s = lease_grace(lease_grace_s)

@@ -17,8 +17,8 @@ start binds the port and passes the standby the listening socket (SCM_RIGHTS); i
 its socket pair, so the start needs no health check over HTTP. A start without a usable standby forks a child
 that builds everything itself (or uses the prepared config).
 
-A server with several workers (`ServerConfig.workers`, see `fakes.gym.workers`) starts the same way: its child
-becomes the coordinator, forks its workers (each starts its loop and lifespan and waits) and hands each the
+A server with several workers (`ServerConfig.workers`, see `fakes.gym.coordinator_process`) starts the same way: its
+child becomes the coordinator, forks its workers (each starts its loop and lifespan and waits) and hands each the
 listening socket; its standby forks and builds them before it reports READY, waits for the socket without an event
 loop (a process that runs one must not fork), and says SERVING only once every worker has registered.
 
@@ -588,9 +588,9 @@ def run_standby(config_json: str, config: Any, channel: socket.socket, on_promot
 def run_coordinator_standby(
     config_json: str, config: Any, channel: socket.socket, on_promotion: Callable[[], None]
 ) -> int:
-    """A standby of a server with several workers (`fakes.gym.workers`): it forks its workers, which start their
-    loops and lifespans and wait for the listening socket, then reports READY and waits, without an event loop
-    (a process that runs one must not fork), for the socket; it hands it to every worker, becomes their
+    """A standby of a server with several workers (`fakes.gym.coordinator_process`): it forks its workers, which
+    start their loops and lifespans and wait for the listening socket, then reports READY and waits, without an
+    event loop (a process that runs one must not fork), for the socket; it hands it to every worker, becomes their
     coordinator, and says SERVING once every worker has registered."""
     from fakes.gym.config import ServerConfig
     from fakes.gym.serve import serve_workers

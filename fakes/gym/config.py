@@ -20,8 +20,8 @@ ROLES: tuple[str, ...] = ("environment", "legacy_relay", "agent", "resources", "
 # Reference 8.1; `restart_only` is Gym's default for resources servers nobody audited.
 RESOURCES_MODES: tuple[str, ...] = ("stateless", "exported", "restart_only")
 DEFAULT_LEASE_GRACE_S = 600.0
-# Only the policy model server runs several uvicorn workers behind its port (`fakes.gym.workers`); the other roles
-# are one process each (SPEC section 3: several workers for them are planned, not built).
+# Only the policy model server runs several uvicorn workers behind its port (`fakes.gym.coordinator_process`);
+# the other roles are one process each (SPEC section 3: several workers for them are planned, not built).
 MULTI_WORKER_ROLES: tuple[str, ...] = ("policy_model",)
 
 

@@ -1,4 +1,5 @@
-"""The policy model server as several uvicorn workers behind one port (reference 7.4), built on `fakes.gym.workers`.
+"""The policy model server as several uvicorn workers behind one port (reference 7.4), built on the generic
+coordinator and worker modules (`fakes.gym.coordinator_process` names them).
 
 The coordinator (the server's main process) owns the control plane and a `CoordinatedPolicyParticipant`; each
 worker serves generation calls through its own `PolicyGate` (`fakes.gym.model`) and answers its coordinator's
@@ -34,13 +35,16 @@ from fastapi import FastAPI
 from fakes.gym.capture import GenerationCutter, TokenCapture, ledger_router
 from fakes.gym.config import ServerConfig
 from fakes.gym.control_plane import ControlPlane
+from fakes.gym.coordinator import WorkerPool
+from fakes.gym.coordinator_process import serve_with_workers
 from fakes.gym.errors import ControlError
 from fakes.gym.gate import PolicyGate
 from fakes.gym.ledger import FileLedger
 from fakes.gym.model import PolicyParticipant, backend_forwarder, generation_app, policy_gate
 from fakes.gym.participant import PrepareReport
 from fakes.gym.wire import EpisodeId
-from fakes.gym.workers import WorkerLink, WorkerPool, add_worker_routes, serve_with_workers
+from fakes.gym.worker_link import WorkerLink
+from fakes.gym.worker_routes import add_worker_routes
 
 # Reference 1.4: how a policy worker finds its coordinator's socket.
 POLICY_SOCKET_ENV = "NEMO_GYM_POLICY_CHECKPOINT_SOCKET"

@@ -1,7 +1,7 @@
 """Entry point of one look-alike server process: `python -m fakes.gym.serve` with `CKPT_FAKES_SERVER` set.
 
 A server configured with several workers (`ServerConfig.workers`, policy model only) becomes their coordinator
-(`fakes.gym.workers`): `build_app` then builds the app each worker serves.
+(`fakes.gym.coordinator_process`): `build_app` then builds the app each worker serves.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ import pytest
 from fakes.gym import runtime
 from fakes.gym.config import ServerConfig
 from fakes.gym.control_plane import ControlPlane
+from fakes.gym.coordinator import Worker, WorkerPool
 from fakes.gym.errors import ControlError, InvalidPhaseError, StaleAttemptError, UnauthorizedError
 from fakes.gym.model_workers import (
     POLICY_SOCKET_ENV,
@@ -32,18 +33,14 @@ from fakes.gym.model_workers import (
 )
 from fakes.gym.participant import PrepareReport
 from fakes.gym.wire import CheckpointRequest, CommitRequest, EpisodeId, RestoreRequest, RetireRequest
-from fakes.gym.workers import (
-    CONTROL_EXTRA_S,
+from fakes.gym.worker_link import CONTROL_EXTRA_S, WorkerLink, control_timeout_s
+from fakes.gym.worker_protocol import (
     FRAME_BYTES_MAX,
     LIGHT_TIMEOUT_S,
     Channel,
     ChannelClosed,
     FrameError,
     RemoteControlError,
-    Worker,
-    WorkerLink,
-    WorkerPool,
-    control_timeout_s,
     encode_frame,
     read_frame,
 )

@@ -1,0 +1,50 @@
+"""A worker app's own routes beside its data plane: they answer through the worker's link to its coordinator
+(`fakes.gym.worker_link`), and every reply names the worker process that sent it."""
+
+from __future__ import annotations
+
+import os
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from fakes.gym.control_plane import control_router
+from fakes.gym.worker_link import WorkerLink
+
+WORKER_HEADER = b"x-ckpt-worker"
+
+
+class WorkerHeaderMiddleware:
+    """Every reply says which worker process answered (`x-ckpt-worker: <pid>`), so tests can tell them apart."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_pid(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                # Read per reply: the app is built before the fork, in the fork server or the coordinator.
+                headers.append((WORKER_HEADER, str(os.getpid()).encode()))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_pid)
+
+
+def add_worker_routes(app: FastAPI, link: WorkerLink) -> None:
+    """What every worker app serves besides its data plane: /health, the forwarded control routes, the pid header."""
+    app.add_middleware(WorkerHeaderMiddleware)
+    app.state.worker_link = link
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        status, body = await link.health()
+        return JSONResponse(body, status_code=status)
+
+    app.include_router(control_router(link.handle_control))
