@@ -9,7 +9,8 @@ Concurrency: one asyncio lock serialises the short state transitions. Long work 
 readiness wait, and commit and restore as a background `_Work` task that the request awaits under its
 deadline (the work keeps running past the deadline so a retry with the same arguments awaits it, as in Gym).
 A resume interrupts that work (cancels an export or a read, stops a write so it never publishes, waits for a
-cleanup or an install) before it re-opens admission.
+cleanup or an install) before it re-opens admission. The lease's time and timer are the `Lease`'s
+(`fakes.gym.lease`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from fakes.gym.errors import (
     UnauthorizedError,
 )
 from fakes.gym.failpoints import BEFORE_INSTALL, BETWEEN_FILES, Failpoint, Failpoints
+from fakes.gym.lease import Lease
 from fakes.gym.participant import Participant, PrepareReport
 from fakes.gym.store import (
     MANIFEST_NAME,
@@ -300,7 +302,6 @@ class ControlPlane:
             "resumed_id_not_fenced" in self.faults or (kind == "agent" and "agent_forgets_resumed_ids" in self.faults)
         )
         self._restore_skips_fence = kind == "resources" and "resources_restore_skips_fence" in self.faults
-        self._arms_lease = "lease_never_expires" not in self.faults
         self._commit_replay_compares_request = kind == "environment" and "retried_commit_conflicts" in self.faults
         self._retire_frees_restored = kind != "environment" or "environment_retire_leaves_restored" not in self.faults
         self._missing_share_is_empty = kind == "model" and "model_restore_accepts_missing_share" in self.faults
@@ -311,10 +312,8 @@ class ControlPlane:
         self._checks_restart_scope = "restart_in_scope_accepted" not in self.faults
         self.failpoints = Failpoints()
         self.instance = instance
-        self.lease_grace_s = lease_grace_s
         self.retired = RetiredAttempts()
         self.checkpoint_id: str | None = None
-        self.lease_expires_at: float | None = None
         self._bearer = bearer(token).encode()
         self._phase = "idle"
         self._resumed: OrderedDict[str, None] = OrderedDict()
@@ -323,8 +322,13 @@ class ControlPlane:
         self._work: _Work | None = None
         self._lock = asyncio.Lock()
         self._changed = asyncio.Event()
-        self._lease_timer: asyncio.TimerHandle | None = None
         self._background: set[asyncio.Task[Any]] = set()
+        self.lease = Lease(
+            lease_grace_s,
+            on_lapse=self._lapse,
+            spawn=self._spawn,
+            acts="lease_never_expires" not in self.faults,
+        )
 
     @classmethod
     def from_config(cls, participant: Participant, config: ServerConfig) -> ControlPlane:
@@ -355,7 +359,7 @@ class ControlPlane:
 
     async def close(self) -> None:
         """Stop the lease timer and background work (server shutdown; tests)."""
-        self._clear_lease()
+        self.lease.clear()
         tasks = list(self._background)
         for task in tasks:
             task.cancel()
@@ -409,7 +413,7 @@ class ControlPlane:
             "instance": self.instance,
             "phase": self.phase,
             "checkpoint_id": self.checkpoint_id,
-            "lease_expires_at": self.lease_expires_at,
+            "lease_expires_at": self.lease.expires_at,
             "retired_rollouts": len(self.retired),
             "report": self.participant.report().to_wire(),
             **self.participant.status_extras(),
@@ -443,7 +447,7 @@ class ControlPlane:
             self._admit(request.checkpoint_id, "renew")
             self._require_phase("renew", request.checkpoint_id)
             self._renew_lease(request.deadline_ts)
-            return {"lease_expires_at": self.lease_expires_at}
+            return {"lease_expires_at": self.lease.expires_at}
 
     async def commit(self, request: CommitRequest) -> Reply:
         """Export once, write records then manifest, then free restored state outside the scope."""
@@ -619,40 +623,10 @@ class ControlPlane:
     # -- lease ----------------------------------------------------------------------------------------------
 
     def _renew_lease(self, deadline_ts: float) -> None:
-        expires_at = deadline_ts + self.lease_grace_s
-        if self.lease_expires_at is not None:
-            expires_at = max(expires_at, self.lease_expires_at)
-        self.lease_expires_at = expires_at
-        self._arm_lease_timer()
+        self.lease.renew(self.checkpoint_id, deadline_ts)
 
-    def _arm_lease_timer(self) -> None:
-        if not self._arms_lease:
-            return  # planted fault `lease_never_expires`: the expiry is computed and shown but never acted on
-        if self._lease_timer is not None:
-            self._lease_timer.cancel()
-        assert self.lease_expires_at is not None
-        delay_s = max(0.0, self.lease_expires_at - time.time())
-        loop = asyncio.get_running_loop()
-        self._lease_timer = loop.call_later(delay_s, self._on_lease_timer, self.checkpoint_id)
-
-    def _clear_lease(self) -> None:
-        if self._lease_timer is not None:
-            self._lease_timer.cancel()
-        self._lease_timer = None
-        self.lease_expires_at = None
-
-    def _on_lease_timer(self, checkpoint_id: str | None) -> None:
-        self._lease_timer = None
-        self._spawn(self._expire_lease(checkpoint_id))
-
-    async def _expire_lease(self, checkpoint_id: str | None) -> None:
+    async def _lapse(self, checkpoint_id: str) -> None:
         """An unreachable controller must not hold admission closed forever: re-open as its resume would."""
-        if checkpoint_id is None or self.checkpoint_id != checkpoint_id or self.lease_expires_at is None:
-            return
-        if self.lease_expires_at > time.time():
-            # The loop's monotonic timer can fire a hair before the wall clock reaches the lease.
-            self._arm_lease_timer()
-            return
         log.warning("lease of checkpoint %r expired on %s; re-opening admission", checkpoint_id, self._name)
         with contextlib.suppress(CheckpointConflictError):
             await self._resume(checkpoint_id)
@@ -943,7 +917,7 @@ class ControlPlane:
         self.checkpoint_id = None
         self._work = None
         self._exported = None
-        self._clear_lease()
+        self.lease.clear()
         self.notify()
         await self.participant.open_admission()
 
