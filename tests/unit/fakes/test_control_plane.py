@@ -608,7 +608,7 @@ async def test_resume_during_a_commit_write_publishes_no_manifest(
         commit = asyncio.ensure_future(stack.commit())
         await wait_until(entered.is_set, "the write started")
         resume = asyncio.ensure_future(stack.ok("resume"))
-        work = stack.plane._work
+        work = stack.plane.runner.current
         await wait_until(lambda: work is not None and work.stop.stopped, "the resume stopped the write")
         release.set()
         commit_reply, resume_reply = await asyncio.wait_for(asyncio.gather(commit, resume), WAIT_TIMEOUT_S)
