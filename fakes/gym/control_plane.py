@@ -5,11 +5,10 @@ a time, idempotent replay of completed operations, deadlines, the lease, storage
 server's `Participant` owns only its live state and is reached through its hooks, so all four servers answer
 the control routes identically.
 
-Concurrency: one asyncio lock serialises the short state transitions. Long work runs outside it: the prepare's
-readiness wait, and commit and restore as a background `_Work` task that the request awaits under its
-deadline (the work keeps running past the deadline so a retry with the same arguments awaits it, as in Gym).
-A resume interrupts that work (cancels an export or a read, stops a write so it never publishes, waits for a
-cleanup or an install) before it re-opens admission.
+How operations are serialised, bounded by their deadlines, run in the background and replayed is the
+`WorkRunner`'s (`fakes.gym.work_runner`); the lease's time and timer are the `Lease`'s (`fakes.gym.lease`). The
+prepare's readiness wait runs outside the lock too. A resume interrupts running work (cancels an export or a
+read, stops a write so it never publishes, waits for a cleanup or an install) before it re-opens admission.
 """
 
 from __future__ import annotations
@@ -21,10 +20,9 @@ import hmac
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Annotated, Any
 
-import attrs
 from fastapi import APIRouter, Header
 from pydantic import BaseModel, ValidationError
 
@@ -34,19 +32,16 @@ from fakes.gym.errors import (
     CheckpointConflictError,
     CheckpointStateError,
     ControlError,
-    DeadlineExceededError,
-    InternalControlError,
     InvalidPhaseError,
     RestartInScopeError,
     StaleCheckpointError,
     UnauthorizedError,
 )
 from fakes.gym.failpoints import BEFORE_INSTALL, BETWEEN_FILES, Failpoint, Failpoints
+from fakes.gym.lease import Lease
 from fakes.gym.participant import Participant, PrepareReport
 from fakes.gym.store import (
     MANIFEST_NAME,
-    StopFlag,
-    WriteStoppedError,
     collector_paused,
     participant_dir,
     read_participant_state,
@@ -62,6 +57,7 @@ from fakes.gym.wire import (
     RetireRequest,
     bearer,
 )
+from fakes.gym.work_runner import Reply, Result, Work, WorkRunner
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +76,6 @@ _ALLOWED_PHASES: dict[str, frozenset[str]] = {
 }
 
 Authorization = Annotated[str | None, Header()]
-Reply = dict[str, Any]
 
 
 # What a control route hands its handler: the operation, the `Authorization` header, and the validated body (a
@@ -228,31 +223,6 @@ class RetiredAttempts:
         return dict(self._marks)
 
 
-@attrs.frozen
-class _Result:
-    """A completed operation's reply, replayed to a retry with the same arguments.
-
-    `request` is the whole first request (deadline included), kept only for the `retried_commit_conflicts` fault.
-    """
-
-    args: tuple[Any, ...]
-    reply: Reply
-    request: Reply | None = None
-
-
-@attrs.define(eq=False)
-class _Work:
-    """A commit or restore running for the active checkpoint; `stage` says how a resume may interrupt it."""
-
-    checkpoint_id: str
-    op: str
-    args: tuple[Any, ...]
-    request: Reply | None = None
-    stop: StopFlag = attrs.Factory(StopFlag)
-    stage: str = "start"
-    task: asyncio.Task[Reply] | None = None
-
-
 def _op_args(checkpoint_dir: str, scope: list[EpisodeId] | None) -> tuple[Any, ...]:
     """What a replay must match: the directory and the sorted scope capture keys (None: no scope given)."""
     keys = None if scope is None else tuple(sorted({episode.capture_key for episode in scope}))
@@ -272,11 +242,6 @@ def _record_key(record: Any) -> str:
 
 def _select_in_scope(scope_keys: frozenset[str], record: Any) -> Any:
     return record if _record_key(record) in scope_keys else None
-
-
-def _being_cancelled() -> bool:
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
 
 
 class ControlPlane:
@@ -300,8 +265,6 @@ class ControlPlane:
             "resumed_id_not_fenced" in self.faults or (kind == "agent" and "agent_forgets_resumed_ids" in self.faults)
         )
         self._restore_skips_fence = kind == "resources" and "resources_restore_skips_fence" in self.faults
-        self._arms_lease = "lease_never_expires" not in self.faults
-        self._commit_replay_compares_request = kind == "environment" and "retried_commit_conflicts" in self.faults
         self._retire_frees_restored = kind != "environment" or "environment_retire_leaves_restored" not in self.faults
         self._missing_share_is_empty = kind == "model" and "model_restore_accepts_missing_share" in self.faults
         self._resume_needs_known_id = "resume_refuses_unknown_id" in self.faults
@@ -311,20 +274,21 @@ class ControlPlane:
         self._checks_restart_scope = "restart_in_scope_accepted" not in self.faults
         self.failpoints = Failpoints()
         self.instance = instance
-        self.lease_grace_s = lease_grace_s
         self.retired = RetiredAttempts()
         self.checkpoint_id: str | None = None
-        self.lease_expires_at: float | None = None
+        compares_requests = kind == "environment" and "retried_commit_conflicts" in self.faults
+        self.runner = WorkRunner(self._name, compares_requests=compares_requests)
+        self.lease = Lease(
+            lease_grace_s,
+            on_lapse=self._lapse,
+            spawn=self.runner.spawn,
+            acts="lease_never_expires" not in self.faults,
+        )
         self._bearer = bearer(token).encode()
         self._phase = "idle"
         self._resumed: OrderedDict[str, None] = OrderedDict()
-        self._results: dict[tuple[str, str], _Result] = {}
         self._exported: tuple[str, tuple[Any, ...], list[Any]] | None = None
-        self._work: _Work | None = None
-        self._lock = asyncio.Lock()
         self._changed = asyncio.Event()
-        self._lease_timer: asyncio.TimerHandle | None = None
-        self._background: set[asyncio.Task[Any]] = set()
 
     @classmethod
     def from_config(cls, participant: Participant, config: ServerConfig) -> ControlPlane:
@@ -355,11 +319,8 @@ class ControlPlane:
 
     async def close(self) -> None:
         """Stop the lease timer and background work (server shutdown; tests)."""
-        self._clear_lease()
-        tasks = list(self._background)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        self.lease.clear()
+        await self.runner.close()
 
     # -- routes ---------------------------------------------------------------------------------------------
 
@@ -373,22 +334,14 @@ class ControlPlane:
         return await self._run(op, argument)
 
     async def run_forwarded(self, op: str, body: Any) -> Reply:
-        """Run an operation a worker of a multi-worker server forwarded (`fakes.gym.workers`): the worker validated
+        """Run an operation a worker of a multi-worker server forwarded (`fakes.gym.worker_link`): the worker validated
         the body and checked the bearer, so the reply is exactly what this server's own route would give."""
         return await self._run(op, parse_forwarded(op, body))
 
     async def _run(self, op: str, argument: Any) -> Reply:
-        """Run the operation; an unexpected exception becomes 500 checkpoint_error."""
+        """Run the operation `op` names through the runner (an unexpected exception becomes 500)."""
         operation: Callable[..., Awaitable[Reply]] = getattr(self, _OPERATIONS[op])
-        try:
-            return await (operation() if argument is None else operation(argument))
-        except ControlError:
-            raise
-        except Exception as exc:
-            log.exception("checkpoint %s failed on %s", op, self._name)
-            raise InternalControlError(
-                f"{op} failed unexpectedly on {self._name}: {exc!r}; this is a server bug, see the server log"
-            ) from exc
+        return await self.runner.run(op, lambda: operation() if argument is None else operation(argument))
 
     async def _failpoint_state(self) -> Reply:
         return self.failpoints.state()
@@ -409,7 +362,7 @@ class ControlPlane:
             "instance": self.instance,
             "phase": self.phase,
             "checkpoint_id": self.checkpoint_id,
-            "lease_expires_at": self.lease_expires_at,
+            "lease_expires_at": self.lease.expires_at,
             "retired_rollouts": len(self.retired),
             "report": self.participant.report().to_wire(),
             **self.participant.status_extras(),
@@ -418,13 +371,13 @@ class ControlPlane:
     async def prepare(self, request: CheckpointRequest) -> Reply:
         """Close admission, then wait until the participant is ready or the deadline passes."""
         checkpoint_id = request.checkpoint_id
-        async with self._lock:
+        async with self.runner.lock:
             self._admit(checkpoint_id, "prepare")
             replay = self._replay(checkpoint_id, "prepare", (), request.deadline_ts)
             if replay is not None:
                 return replay
             self._require_phase("prepare", checkpoint_id)
-            remaining_s = self._remaining_s(request.deadline_ts, f"prepare of {checkpoint_id!r}")
+            remaining_s = self.runner.remaining_s(request.deadline_ts, f"prepare of {checkpoint_id!r}")
             if self._phase == "idle":
                 await self._close_for_prepare(request, remaining_s)
             else:
@@ -439,43 +392,43 @@ class ControlPlane:
 
     async def renew(self, request: CheckpointRequest) -> Reply:
         """For a controller whose publication outlasts the last call's lease."""
-        async with self._lock:
+        async with self.runner.lock:
             self._admit(request.checkpoint_id, "renew")
             self._require_phase("renew", request.checkpoint_id)
             self._renew_lease(request.deadline_ts)
-            return {"lease_expires_at": self.lease_expires_at}
+            return {"lease_expires_at": self.lease.expires_at}
 
     async def commit(self, request: CommitRequest) -> Reply:
         """Export once, write records then manifest, then free restored state outside the scope."""
         checkpoint_id = request.checkpoint_id
         args = _op_args(request.checkpoint_dir, request.episode_ids)
-        async with self._lock:
+        async with self.runner.lock:
             self._admit(checkpoint_id, "commit")
-            replay = self._replay(checkpoint_id, "commit", args, request.deadline_ts, request=self._kept(request))
+            replay = self._replay(checkpoint_id, "commit", args, request.deadline_ts, request=self.runner.keep(request))
             if replay is not None:
                 return replay
-            work = self._running_work(checkpoint_id, "commit", args)
+            work = self.runner.running(checkpoint_id, "commit", args)
             if work is None:
                 work = self._start_commit(request, args)
             else:
                 self._renew_lease(request.deadline_ts)
-        return await self._await_work(work, request.deadline_ts)
+        return await self.runner.wait(work, request.deadline_ts)
 
     async def restore(self, request: RestoreRequest) -> Reply:
         """Verify and install the in-scope records under their next attempts; all or nothing."""
         checkpoint_id = request.checkpoint_id
         args = _op_args(request.checkpoint_dir, request.episode_ids)
-        async with self._lock:
+        async with self.runner.lock:
             self._admit(checkpoint_id, "restore", fenced=not self._restore_skips_fence)
             replay = self._replay(checkpoint_id, "restore", args, request.deadline_ts)
             if replay is not None:
                 return replay
-            work = self._running_work(checkpoint_id, "restore", args)
+            work = self.runner.running(checkpoint_id, "restore", args)
             if work is None:
                 work = self._start_restore(request, args)
             else:
                 self._renew_lease(request.deadline_ts)
-        return await self._await_work(work, request.deadline_ts)
+        return await self.runner.wait(work, request.deadline_ts)
 
     async def resume(self, request: CheckpointRequest) -> Reply:
         """End the checkpoint and re-open admission; no deadline check, since aborting must always work."""
@@ -485,17 +438,17 @@ class ControlPlane:
     async def retire(self, request: RetireRequest) -> Reply:
         """Mark first (refusals start at once), then let the participant stop and free the attempts."""
         checkpoint_id = request.checkpoint_id
-        async with self._locked_by(request.deadline_ts, f"retire under {checkpoint_id!r}"):
+        async with self.runner.locked_by(request.deadline_ts, f"retire under {checkpoint_id!r}"):
             self._admit(checkpoint_id, "retire")
             self._require_phase("retire", checkpoint_id)
-            remaining_s = self._remaining_s(request.deadline_ts, f"retire under {checkpoint_id!r}")
+            remaining_s = self.runner.remaining_s(request.deadline_ts, f"retire under {checkpoint_id!r}")
             if self._phase == "restored":
                 self._renew_lease(request.deadline_ts)
             self.retired.mark(request.episode_ids)
             self.notify()
             if self._phase == "restored" and not self._retire_frees_restored:
                 return {"retired": [episode.capture_key for episode in request.episode_ids]}
-            async with self._bounded(remaining_s, f"retire under {checkpoint_id!r}"):
+            async with self.runner.bounded(remaining_s, f"retire under {checkpoint_id!r}"):
                 await self.participant.retire(list(request.episode_ids))
         return {"retired": [episode.capture_key for episode in request.episode_ids]}
 
@@ -503,20 +456,20 @@ class ControlPlane:
         """Drop the marks once nothing of those rollouts can run; the participant may refuse first."""
         checkpoint_id = request.checkpoint_id
         rollout_ids = sorted(set(request.rollout_ids))
-        async with self._locked_by(request.deadline_ts, f"forget under {checkpoint_id!r}"):
+        async with self.runner.locked_by(request.deadline_ts, f"forget under {checkpoint_id!r}"):
             self._admit(checkpoint_id, "forget")
             self._require_phase("forget", checkpoint_id)
-            remaining_s = self._remaining_s(request.deadline_ts, f"forget under {checkpoint_id!r}")
+            remaining_s = self.runner.remaining_s(request.deadline_ts, f"forget under {checkpoint_id!r}")
             if self._phase == "restored":
                 self._renew_lease(request.deadline_ts)
-            async with self._bounded(remaining_s, f"forget under {checkpoint_id!r}"):
+            async with self.runner.bounded(remaining_s, f"forget under {checkpoint_id!r}"):
                 await self.participant.check_forget(rollout_ids)
                 self.retired.forget(rollout_ids)
                 await self.participant.forget(rollout_ids)
             self.notify()
         return {"forgotten": rollout_ids}
 
-    # -- admission, replay, deadlines -----------------------------------------------------------------------
+    # -- admission, replay, the lease -----------------------------------------------------------------------
 
     @property
     def _name(self) -> str:
@@ -547,26 +500,11 @@ class ControlPlane:
         *,
         request: Reply | None = None,
     ) -> Reply | None:
-        """The recorded reply of a completed op when its arguments match; a retry's deadline never matters."""
-        result = self._results.get((checkpoint_id, op))
-        if result is None:
-            return None
-        if self._commit_replay_compares_request and op == "commit" and result.request != request:
-            raise CheckpointConflictError(
-                f"{op} of {checkpoint_id!r} already completed on {self._name} with the request {result.request}; "
-                f"a retry must repeat it exactly (got {request})"
-            )
-        if result.args != args:
-            raise CheckpointConflictError(
-                f"{op} of {checkpoint_id!r} already completed on {self._name} with (checkpoint_dir, scope) = "
-                f"{result.args}; a retry must repeat them (got {args})"
-            )
-        self._renew_lease(deadline_ts)
-        return result.reply
-
-    def _kept(self, request: CommitRequest) -> Reply | None:
-        """The whole commit request, kept only under the `retried_commit_conflicts` fault (which compares it)."""
-        return request.model_dump() if self._commit_replay_compares_request else None
+        """The recorded reply of a completed op (see `WorkRunner.replay`); replaying renews the lease."""
+        reply = self.runner.replay(checkpoint_id, op, args, request=request)
+        if reply is not None:
+            self._renew_lease(deadline_ts)
+        return reply
 
     def _require_phase(self, op: str, checkpoint_id: str) -> None:
         if self._phase in _ALLOWED_PHASES[op]:
@@ -582,77 +520,11 @@ class ControlPlane:
             f"(allowed: {', '.join(allowed)})"
         )
 
-    def _remaining_s(self, deadline_ts: float, what: str) -> float:
-        remaining_s = deadline_ts - time.time()
-        if remaining_s <= 0:
-            raise DeadlineExceededError(
-                f"{what} on {self._name}: deadline_ts {deadline_ts:.3f} passed {-remaining_s:.3f} s ago; "
-                "retry with a deadline in the future"
-            )
-        return remaining_s
-
-    @contextlib.asynccontextmanager
-    async def _locked_by(self, deadline_ts: float, what: str) -> AsyncIterator[None]:
-        """Hold the lock, waiting for it no longer than the request's deadline: a resume that waits under the lock
-        for a commit's write to stop must not leave a retire hanging past its caller's timeout."""
-        async with self._bounded(self._remaining_s(deadline_ts, what), f"{what} (waiting for the control lock)"):
-            await self._lock.acquire()
-        try:
-            yield
-        finally:
-            self._lock.release()
-
-    @contextlib.asynccontextmanager
-    async def _bounded(self, remaining_s: float, what: str) -> AsyncIterator[None]:
-        """Run the body under the request's deadline; its expiry becomes 409 deadline_exceeded."""
-        timeout = asyncio.timeout(remaining_s)
-        try:
-            async with timeout:
-                yield
-        except TimeoutError as exc:
-            if not timeout.expired():
-                raise
-            raise DeadlineExceededError(
-                f"{what} did not finish by its deadline on {self._name}; retry with a later deadline"
-            ) from exc
-
-    # -- lease ----------------------------------------------------------------------------------------------
-
     def _renew_lease(self, deadline_ts: float) -> None:
-        expires_at = deadline_ts + self.lease_grace_s
-        if self.lease_expires_at is not None:
-            expires_at = max(expires_at, self.lease_expires_at)
-        self.lease_expires_at = expires_at
-        self._arm_lease_timer()
+        self.lease.renew(self.checkpoint_id, deadline_ts)
 
-    def _arm_lease_timer(self) -> None:
-        if not self._arms_lease:
-            return  # planted fault `lease_never_expires`: the expiry is computed and shown but never acted on
-        if self._lease_timer is not None:
-            self._lease_timer.cancel()
-        assert self.lease_expires_at is not None
-        delay_s = max(0.0, self.lease_expires_at - time.time())
-        loop = asyncio.get_running_loop()
-        self._lease_timer = loop.call_later(delay_s, self._on_lease_timer, self.checkpoint_id)
-
-    def _clear_lease(self) -> None:
-        if self._lease_timer is not None:
-            self._lease_timer.cancel()
-        self._lease_timer = None
-        self.lease_expires_at = None
-
-    def _on_lease_timer(self, checkpoint_id: str | None) -> None:
-        self._lease_timer = None
-        self._spawn(self._expire_lease(checkpoint_id))
-
-    async def _expire_lease(self, checkpoint_id: str | None) -> None:
+    async def _lapse(self, checkpoint_id: str) -> None:
         """An unreachable controller must not hold admission closed forever: re-open as its resume would."""
-        if checkpoint_id is None or self.checkpoint_id != checkpoint_id or self.lease_expires_at is None:
-            return
-        if self.lease_expires_at > time.time():
-            # The loop's monotonic timer can fire a hair before the wall clock reaches the lease.
-            self._arm_lease_timer()
-            return
         log.warning("lease of checkpoint %r expired on %s; re-opening admission", checkpoint_id, self._name)
         with contextlib.suppress(CheckpointConflictError):
             await self._resume(checkpoint_id)
@@ -666,7 +538,7 @@ class ControlPlane:
         self._renew_lease(request.deadline_ts)
         self.notify()
         try:
-            async with self._bounded(remaining_s, f"closing admission for {request.checkpoint_id!r}"):
+            async with self.runner.bounded(remaining_s, f"closing admission for {request.checkpoint_id!r}"):
                 await self.participant.close_admission(request.deadline_ts)
         except BaseException:
             await self._abandon()
@@ -682,7 +554,7 @@ class ControlPlane:
             if report.ready:
                 self._phase = "prepared"
                 reply = {"phase": "prepared", "report": report.to_wire()}
-                self._results[(checkpoint_id, "prepare")] = _Result((), reply)
+                self.runner.record(checkpoint_id, "prepare", Result((), reply))
                 self.notify()
                 return report
             remaining_s = deadline_ts - time.time()
@@ -694,16 +566,16 @@ class ControlPlane:
 
     async def _abort_prepare(self, checkpoint_id: str) -> None:
         """A prepare whose wait raised (e.g. was cancelled) must not leave admission closed."""
-        async with self._lock:
+        async with self.runner.lock:
             if self.checkpoint_id == checkpoint_id and self._phase == "preparing":
                 await self._abandon()
 
     # -- commit ---------------------------------------------------------------------------------------------
 
-    def _start_commit(self, request: CommitRequest, args: tuple[Any, ...]) -> _Work:
+    def _start_commit(self, request: CommitRequest, args: tuple[Any, ...]) -> Work:
         checkpoint_id = request.checkpoint_id
         self._require_phase("commit", checkpoint_id)
-        self._remaining_s(request.deadline_ts, f"commit of {checkpoint_id!r}")
+        self.runner.remaining_s(request.deadline_ts, f"commit of {checkpoint_id!r}")
         self._check_commit_scope(checkpoint_id, request.episode_ids)
         exported = self._exported
         if exported is not None and exported[0] == checkpoint_id and exported[1] != args[1]:
@@ -712,10 +584,8 @@ class ControlPlane:
                 f"a retried commit must repeat that scope (got {args[1]}), or resume and prepare again"
             )
         self._renew_lease(request.deadline_ts)
-        work = _Work(checkpoint_id, "commit", args, request=self._kept(request))
-        work.task = self._spawn(self._run_commit(work, request))
-        self._work = work
-        return work
+        work = Work(checkpoint_id, "commit", args, request=self.runner.keep(request))
+        return self.runner.start(work, functools.partial(self._run_commit, request=request))
 
     def _check_commit_scope(self, checkpoint_id: str, scope: list[EpisodeId] | None) -> None:
         report = self.participant.report()
@@ -733,11 +603,11 @@ class ControlPlane:
                 "leave restarts out of the scope (they start over instead of continuing)"
             )
 
-    async def _run_commit(self, work: _Work, request: CommitRequest) -> Reply:
+    async def _run_commit(self, work: Work, *, request: CommitRequest) -> Reply:
         with collector_paused():  # thousands of records: see collector_paused
             return await self._commit_steps(work, request)
 
-    async def _commit_steps(self, work: _Work, request: CommitRequest) -> Reply:
+    async def _commit_steps(self, work: Work, request: CommitRequest) -> Reply:
         records = await self._export_once(work, request.episode_ids)
         keys = sorted({_record_key(record) for record in records})
         work.stage = "write"
@@ -766,7 +636,7 @@ class ControlPlane:
         self._finish(work, "committed", reply)
         return reply
 
-    async def _export_once(self, work: _Work, scope: list[EpisodeId] | None) -> list[Any]:
+    async def _export_once(self, work: Work, scope: list[EpisodeId] | None) -> list[Any]:
         """A retry after a failed or timed-out write stores the first export again, never a fresh one."""
         exported = self._exported
         if exported is not None and exported[0] == work.checkpoint_id:
@@ -783,29 +653,27 @@ class ControlPlane:
 
     # -- restore --------------------------------------------------------------------------------------------
 
-    def _start_restore(self, request: RestoreRequest, args: tuple[Any, ...]) -> _Work:
+    def _start_restore(self, request: RestoreRequest, args: tuple[Any, ...]) -> Work:
         self._require_phase("restore", request.checkpoint_id)
-        self._remaining_s(request.deadline_ts, f"restore of {request.checkpoint_id!r}")
+        self.runner.remaining_s(request.deadline_ts, f"restore of {request.checkpoint_id!r}")
         self._phase = "restoring"
         self.checkpoint_id = request.checkpoint_id
         self._renew_lease(request.deadline_ts)
         self.notify()
-        work = _Work(request.checkpoint_id, "restore", args)
-        work.task = self._spawn(self._run_restore(work, request))
-        self._work = work
-        return work
+        work = Work(request.checkpoint_id, "restore", args)
+        return self.runner.start(work, functools.partial(self._run_restore, request=request))
 
-    async def _run_restore(self, work: _Work, request: RestoreRequest) -> Reply:
+    async def _run_restore(self, work: Work, *, request: RestoreRequest) -> Reply:
         try:
             with collector_paused():  # thousands of records: see collector_paused
                 return await self._restore_steps(work, request)
         except BaseException:
-            async with self._lock:
-                if self._work is work:
+            async with self.runner.lock:
+                if self.runner.current is work:
                     await self._abandon()
             raise
 
-    async def _restore_steps(self, work: _Work, request: RestoreRequest) -> Reply:
+    async def _restore_steps(self, work: Work, request: RestoreRequest) -> Reply:
         scope_keys = frozenset(episode.capture_key for episode in request.episode_ids)
         work.stage = "read"
         share = participant_dir(request.checkpoint_dir, self.kind, self.instance) / MANIFEST_NAME
@@ -844,60 +712,15 @@ class ControlPlane:
                 f"record of {_record_key(record)!r} is not one {self._name} can install: {exc}"
             ) from exc
 
-    # -- background work shared by commit and restore -------------------------------------------------------
+    # -- completing a commit or a restore -------------------------------------------------------------------
 
-    def _running_work(self, checkpoint_id: str, op: str, args: tuple[Any, ...]) -> _Work | None:
-        """A retry with the same arguments awaits the running work; other arguments conflict."""
-        work = self._work
-        if work is None or work.op != op or work.task is None or work.task.done():
-            return None
-        if work.args != args:
-            raise CheckpointConflictError(
-                f"a {op} of {checkpoint_id!r} with (checkpoint_dir, scope) = {work.args} is still running on "
-                f"{self._name}; retry with the same arguments (got {args}), or resume"
-            )
-        return work
-
-    async def _await_work(self, work: _Work, deadline_ts: float) -> Reply:
-        what = f"{work.op} of {work.checkpoint_id!r}"
-        remaining_s = self._remaining_s(deadline_ts, what)
-        assert work.task is not None  # set by _start_*
-        try:
-            async with self._bounded(remaining_s, f"{what} (still running; a retry awaits it)"):
-                return await asyncio.shield(work.task)
-        except WriteStoppedError as exc:
-            raise self._ended_during(work) from exc
-        except asyncio.CancelledError:
-            if work.task.cancelled() and not _being_cancelled():
-                raise self._ended_during(work) from None
-            raise
-
-    def _ended_during(self, work: _Work) -> StaleCheckpointError:
-        return StaleCheckpointError(
-            f"checkpoint {work.checkpoint_id!r} was resumed on {self._name} while its {work.op} ran; "
-            f"the {work.op} did not complete; use a new checkpoint ID"
-        )
-
-    def _finish(self, work: _Work, phase: str, reply: Reply) -> None:
+    def _finish(self, work: Work, phase: str, reply: Reply) -> None:
         """Record a completed commit or restore, unless a resume ended its checkpoint meanwhile."""
-        if self._work is not work or self.checkpoint_id != work.checkpoint_id:
-            raise self._ended_during(work)
+        if self.checkpoint_id != work.checkpoint_id:
+            raise self.runner.ended_during(work)
+        self.runner.complete(work, reply)
         self._phase = phase
-        self._results[(work.checkpoint_id, work.op)] = _Result(work.args, reply, work.request)
-        self._work = None
         self.notify()
-
-    def _spawn(self, coroutine: Awaitable[Any]) -> asyncio.Task[Any]:
-        task = asyncio.ensure_future(coroutine)
-        self._background.add(task)
-        task.add_done_callback(self._background_done)
-        return task
-
-    def _background_done(self, task: asyncio.Task[Any]) -> None:
-        self._background.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            # Retrieved here so a failure nobody awaited (its request gave up) is logged, not lost.
-            log.info("background checkpoint work on %s ended with %r", self._name, task.exception())
 
     # -- ending a checkpoint --------------------------------------------------------------------------------
 
@@ -905,51 +728,42 @@ class ControlPlane:
         """End `checkpoint_id` as a resume does; True when there was nothing to end (idempotent)."""
         ended = False
         while True:
-            async with self._lock:
+            async with self.runner.lock:
                 if self.checkpoint_id is None and checkpoint_id not in self._resumed and self._resume_needs_known_id:
                     raise InvalidPhaseError(f"{self._name} has no checkpoint {checkpoint_id!r} to resume")
                 if checkpoint_id in self._resumed or self.checkpoint_id is None:
                     self._remember(checkpoint_id)
                     return not ended
                 self._admit(checkpoint_id, "resume")
-                work = self._work
-                if work is None or work.task is None or work.task.done():
+                work = self.runner.current
+                if work is None or not work.running:
                     await self._end_checkpoint(checkpoint_id)
                     return False
                 ended = True
-                await self._interrupt(work)
+                await work.interrupt()
             # Outside the lock: the work's own ending (a failed restore re-opening admission) takes the lock.
-            await asyncio.wait({work.task})
-
-    async def _interrupt(self, work: _Work) -> None:
-        """Cancel what may be cancelled; stop a write; let an install or a cleanup finish."""
-        assert work.task is not None
-        if work.stage in ("start", "export", "read"):
-            work.task.cancel()
-        elif work.stage == "write":
-            # Blocks only while a publication is already under the store's lock.
-            await asyncio.to_thread(work.stop.stop)
+            await work.ended()
 
     async def _end_checkpoint(self, checkpoint_id: str) -> None:
         if "resume_deletes_records" in self.faults:
             self._delete_committed_records(checkpoint_id)
         self._remember(checkpoint_id)
-        self._results = {key: result for key, result in self._results.items() if key[0] != checkpoint_id}
+        self.runner.forget(checkpoint_id)
         await self._abandon()
 
     async def _abandon(self) -> None:
         """Back to idle with admission open (the ID is remembered only by a resume)."""
         self._phase = "idle"
         self.checkpoint_id = None
-        self._work = None
+        self.runner.abandon()
         self._exported = None
-        self._clear_lease()
+        self.lease.clear()
         self.notify()
         await self.participant.open_admission()
 
     def _delete_committed_records(self, checkpoint_id: str) -> None:
         """Planted fault: clean up the records file of the checkpoint this participant committed."""
-        committed = self._results.get((checkpoint_id, "commit"))
+        committed = self.runner.result(checkpoint_id, "commit")
         if committed is None:
             return
         directory = participant_dir(committed.args[0], self.kind, self.instance)

@@ -569,7 +569,7 @@ async def test_renew_extends_the_lease_and_is_refused_while_idle(tmp_path: Path)
     async with open_stack(tmp_path) as stack:
         idle = await stack.post("renew")
         await stack.ok("prepare", deadline_s=10)
-        first = stack.plane.lease_expires_at
+        first = stack.plane.lease.expires_at
         renewed = await stack.ok("renew", deadline_s=20)
         shorter = await stack.ok("renew", deadline_s=1)
 
@@ -608,7 +608,7 @@ async def test_resume_during_a_commit_write_publishes_no_manifest(
         commit = asyncio.ensure_future(stack.commit())
         await wait_until(entered.is_set, "the write started")
         resume = asyncio.ensure_future(stack.ok("resume"))
-        work = stack.plane._work
+        work = stack.plane.runner.current
         await wait_until(lambda: work is not None and work.stop.stopped, "the resume stopped the write")
         release.set()
         commit_reply, resume_reply = await asyncio.wait_for(asyncio.gather(commit, resume), WAIT_TIMEOUT_S)
@@ -701,13 +701,13 @@ async def test_retries_with_a_new_deadline_return_the_first_result(tmp_path: Pat
     async with open_stack(tmp_path) as stack:
         stack.participant.live = {"r0": {"step": 1}, "r1": {"step": 2}}
         first_prepare = await stack.ok("prepare", deadline_s=10)
-        first_lease = stack.plane.lease_expires_at
+        first_lease = stack.plane.lease.expires_at
         again_prepare = await stack.ok("prepare", deadline_s=20)
         first = await stack.commit(scope=["r1", "r0"], deadline_s=10)
         stack.participant.live["r0"] = {"step": 99}  # a fresh export would now differ
         again = await stack.commit(scope=["r0", "r1", "r0"], deadline_s=30)  # same scope, other order, new deadline
         prepare_after_commit = await stack.ok("prepare", deadline_s=40)
-        lease_after_retries = stack.plane.lease_expires_at
+        lease_after_retries = stack.plane.lease.expires_at
         resumed = await stack.ok("resume")
         resumed_again = await stack.ok("resume", deadline_s=50)
         retire = [await stack.ok("retire", "c2", episode_ids=[{"rollout_id": "r1", "attempt": 0}]) for _ in range(2)]
@@ -870,7 +870,7 @@ async def test_lease_never_expires_leaves_admission_closed_past_the_lease(
     ):
         await stack.ok("prepare", deadline_s=SHORT_DEADLINE_S)
         await witness.ok("prepare", deadline_s=SHORT_DEADLINE_S)
-        lease_expires_at = stack.plane.lease_expires_at
+        lease_expires_at = stack.plane.lease.expires_at
         await wait_until(lambda: witness.plane.phase == "idle", "the witness's lease expired")
         assert lease_expires_at is not None
         await wait_until(lambda: time.time() > lease_expires_at, "the lease time passed")
@@ -933,7 +933,7 @@ def test_the_deployments_lease_grace_reaches_every_control_plane(tmp_path: Path)
     assert {name: config.to_json() for name, config in restarted.items()} == {
         name: config.to_json() for name, config in first.items()
     }
-    assert {plane.lease_grace_s for plane in planes.values()} == {0.25}
+    assert {plane.lease.grace_s for plane in planes.values()} == {0.25}
     assert {config.lease_grace_s for config in default.values()} == {600.0}
     assert deployment.describe()["lease_grace_s"] == 0.25
 
