@@ -91,7 +91,7 @@ class P13Violation(PropertyViolation):
     title = "clean end: drained, every server is idle with no episodes, sessions, in-flight work or marks"
 
 
-# Every property, checked or not yet; docs/how-it-works.md's table must say the same (tests/unit/checker/test_properties).
+# Every property, checked or not yet; docs/how-it-works.md's table must agree (tests/unit/checker/test_properties).
 REGISTRY: dict[str, PropertyInfo] = {
     info.property_id: info
     for info in (
