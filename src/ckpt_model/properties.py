@@ -623,7 +623,7 @@ def p10_refusal_came(
 
 def p10_lease_lapsed(checkpoint_id: str, phases: Mapping[str, Any], lapsed_s: float) -> None:
     """Once the lease of `checkpoint_id` lapsed (`lapsed_s` ago, grace included) every participant is idle again,
-    as after a resume (reference section 6)."""
+    as a resume would leave it (reference section 2.7)."""
     if not all(phase == ("idle", None) for phase in phases.values()):
         raise P10Violation(
             rollout=None,
