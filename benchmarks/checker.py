@@ -36,12 +36,13 @@ from restart import measure_harness  # benchmarks/restart.py, beside this script
 
 from ckpt_model import profiles
 from ckpt_model.deployment import Harness, fault_catalogue
-from ckpt_model.faultsearch import FAULT_SEARCH, FAULT_SEARCH_WITH_SHRINK, Failure, Finding, harness_for, search
+from ckpt_model.faultsearch import FAULT_SEARCH, FAULT_SEARCH_WITH_SHRINK, Finding, harness_for, search
 from ckpt_model.fuzz import EVERY_DEPLOYMENT, WITH_OPTIONS, deployment_label
 from ckpt_model.interrupts import sigterm_unwinds
 from ckpt_model.machine import machine_for
 from ckpt_model.regression import options_of_words
 from ckpt_model.stats import ExampleStat, SearchStats
+from ckpt_model.verdicts import Failure
 
 # Seconds per example of the default profile on 2 idle cores before the speed work (issue 9's baseline; none for
 # counter, which came after).

@@ -10,19 +10,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from typing import Literal
 
 import attrs
 from hypothesis import HealthCheck, Phase, settings
-from hypothesis.errors import HypothesisException
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
 from ckpt_model.deployment import Harness, planted
-from ckpt_model.errors import HarnessError, PropertyViolation
 from ckpt_model.machine import machine_for
 from ckpt_model.minimise import Minimised, minimise_error
 from ckpt_model.profiles import BASE
 from ckpt_model.stats import SearchStats
+from ckpt_model.verdicts import Failure, classify, in_order, shrunk_steps
 
 # Derandomized, so a fault is found by the same examples on every run; no database, so a run stands alone.
 # No shrink phase: the domain minimiser (`ckpt_model.minimise`) makes the failing run 1-minimal after the search,
@@ -62,34 +60,13 @@ def harness_for(fault: str) -> Harness:
     return harness
 
 
-FailureKind = Literal["violation", "harness", "checker"]
-KIND_ORDER: tuple[FailureKind, ...] = ("violation", "harness", "checker")
-
-
-@attrs.frozen
-class Failure:
-    """One distinct failure a search met, as Hypothesis reported it (shrunk if the settings shrink), then minimised.
-
-    `kind` is "violation" (the system under test broke a property), "harness" (the checker could not decide: a
-    `HarnessError`) or "checker" (Hypothesis gave up on the checker itself: a flaky replay, the same steps not
-    failing the same way twice, or another Hypothesis error). Only a violation has a `property_id`.
-    `shrunk_steps` is the sequence reported: the minimal one when minimising kept the failure, else Hypothesis's
-    example (`hypothesis_steps`); `minimised` holds the minimiser's figures."""
-
-    error: BaseException
-    kind: FailureKind
-    property_id: str | None
-    shrunk_steps: tuple[str, ...]
-    hypothesis_steps: tuple[str, ...] = ()
-    minimised: Minimised | None = None
-
-
 @attrs.frozen
 class Finding:
-    """What one search produced: every distinct failure it met, and the times.
+    """What one search produced: every distinct failure it met, the times, and how the first was minimised.
 
-    `failures` lists violations first, then harness errors, then checker errors, each by fewest shrunk steps (the
-    order Hypothesis reports them in is most complex first). The single-failure properties read the first one."""
+    `failures` lists violations first, then harness errors, then checker errors, each by fewest shrunk steps
+    (`verdicts.in_order`). The single-failure properties read the first one; `minimised` holds the minimiser's
+    figures for it (None if it was not minimised)."""
 
     fault: str
     failures: tuple[Failure, ...]
@@ -97,11 +74,7 @@ class Finding:
     first_failure_s: float | None
     total_s: float
     search_s: float | None = None  # the Hypothesis search alone, before minimising
-
-    @property
-    def minimised(self) -> Minimised | None:
-        """The first failure's minimiser figures; None if it was not minimised."""
-        return self.first.minimised if self.first is not None else None
+    minimised: Minimised | None = None
 
     @property
     def first(self) -> Failure | None:
@@ -127,73 +100,22 @@ class Finding:
         return tuple(dict.fromkeys(f.property_id for f in self.failures if f.property_id is not None))
 
 
-def shrunk_steps(error: BaseException) -> tuple[str, ...]:
-    """The rule calls of the failing example Hypothesis attached to the exception, teardown excluded.
-
-    Read from the lines after the last `state = ...` line, so it holds whatever header a Hypothesis version
-    puts before them ("Falsifying example:", "Failing test case: ...")."""
-    lines = [line.strip() for note in getattr(error, "__notes__", ()) for line in str(note).splitlines()]
-    starts = [index for index, line in enumerate(lines) if line.startswith("state = ")]
-    if not starts:
-        return ()
-    return tuple(
-        line for line in lines[starts[-1] + 1 :] if line.startswith("state.") and not line.startswith("state.teardown(")
-    )
-
-
-def classify_one(error: BaseException) -> Failure | None:
-    """The failure one exception Hypothesis raised stands for, or None if it is none we know (a checker bug).
-
-    Hypothesis errors are checked first: a `FlakyFailure` is an exception group that holds the violation which did
-    not fail again, and that violation must not count as found."""
-    steps = shrunk_steps(error)
-    if isinstance(error, HypothesisException):
-        return Failure(error=error, kind="checker", property_id=None, shrunk_steps=steps, hypothesis_steps=steps)
-    if isinstance(error, PropertyViolation):
-        return Failure(
-            error=error, kind="violation", property_id=error.property_id, shrunk_steps=steps, hypothesis_steps=steps
-        )
-    if isinstance(error, HarnessError):
-        return Failure(error=error, kind="harness", property_id=None, shrunk_steps=steps, hypothesis_steps=steps)
-    return None
-
-
-def classify(error: BaseException) -> tuple[Failure, ...] | None:
-    """Every failure in what a search raised, in `Finding` order; None if any part of it is unknown.
-
-    Hypothesis raises one exception for one distinct failure, and an exception group of them (each shrunk, with its
-    own notes) for several. None tells the caller to re-raise the whole error: an exception the checker did not
-    expect is a bug in the checker, and the violations beside it stay visible in the group."""
-    if isinstance(error, BaseExceptionGroup) and not isinstance(error, HypothesisException):
-        parts = [classify(part) for part in error.exceptions]
-        if any(part is None for part in parts):
-            return None
-        failures = [failure for part in parts if part is not None for failure in part]
-    else:
-        one = classify_one(error)
-        if one is None:
-            return None
-        failures = [one]
-    return in_order(failures)
-
-
-def in_order(failures: Iterable[Failure]) -> tuple[Failure, ...]:
-    """Violations first, then harness errors, then checker errors, each by fewest reported steps."""
-    return tuple(sorted(failures, key=lambda failure: (KIND_ORDER.index(failure.kind), len(failure.shrunk_steps))))
-
-
 def minimised_failures(
     failures: Iterable[Failure], minimise_one: Callable[[BaseException], Minimised | None]
-) -> tuple[Failure, ...]:
+) -> tuple[tuple[Failure, ...], Minimised | None]:
     """Each violation and harness error minimised (`minimise_one` adds the minimal sequence to the error's notes,
-    where `shrunk_steps` reads it); a checker error has no run of its own to minimise."""
+    where `shrunk_steps` reads it); a checker error has no run of its own to minimise. Returns them in
+    `in_order` (a minimal sequence may put another failure first), and the minimiser's figures for the first."""
     updated = []
+    figures: dict[Failure, Minimised] = {}
     for failure in failures:
         result = minimise_one(failure.error) if failure.kind != "checker" else None
         if result is not None:
-            failure = attrs.evolve(failure, shrunk_steps=shrunk_steps(failure.error), minimised=result)
+            failure = attrs.evolve(failure, shrunk_steps=shrunk_steps(failure.error))
+            figures[failure] = result
         updated.append(failure)
-    return in_order(updated)
+    ordered = in_order(updated)
+    return ordered, figures.get(ordered[0]) if ordered else None
 
 
 def run_search(machine: type[RuleBasedStateMachine], search_settings: settings) -> tuple[Failure, ...]:
@@ -216,8 +138,9 @@ def search(harness: Harness, search_settings: settings = FAULT_SEARCH, *, minimi
     stats = SearchStats()
     failures = run_search(machine_for(harness, stats), search_settings)
     search_s = time.monotonic() - stats.started_s
+    minimised = None
     if minimise:
-        failures = minimised_failures(failures, lambda error: minimise_error(harness, error))
+        failures, minimised = minimised_failures(failures, lambda error: minimise_error(harness, error))
     return Finding(
         fault=",".join(harness.faults) or "(none)",
         failures=failures,
@@ -225,4 +148,5 @@ def search(harness: Harness, search_settings: settings = FAULT_SEARCH, *, minimi
         first_failure_s=stats.first_failure_s,
         total_s=time.monotonic() - stats.started_s,
         search_s=search_s,
+        minimised=minimised,
     )

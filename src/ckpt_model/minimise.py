@@ -518,7 +518,7 @@ def minimise_error(harness: Harness, error: BaseException) -> Minimised | None:
     if result.reproduced:
         error.add_note(_reproduced_note(harness, error, result, replayer.last_error))
     else:
-        # Not in `state.` form, so `faultsearch.shrunk_steps` keeps reading Hypothesis's example, which did fail.
+        # Not in `state.` form, so `verdicts.shrunk_steps` keeps reading Hypothesis's example, which did fail.
         error.add_note(
             f"Minimising did not keep the failure ({result.summary()}): the candidate "
             f"{'; '.join(result.code)} did not fail again; the regression file keeps the steps that failed"
@@ -529,7 +529,7 @@ def minimise_error(harness: Harness, error: BaseException) -> Minimised | None:
 def _reproduced_note(
     harness: Harness, error: BaseException, result: Minimised, final_error: BaseException | None
 ) -> str:
-    """The minimal sequence as Hypothesis prints an example (so `faultsearch.shrunk_steps` reads it), the minimal
+    """The minimal sequence as Hypothesis prints an example (so `verdicts.shrunk_steps` reads it), the minimal
     run's steps with model names, and the regression file, rewritten with the minimal sequence."""
     from ckpt_model import regression
 

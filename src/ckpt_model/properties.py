@@ -91,8 +91,7 @@ class P13Violation(PropertyViolation):
     title = "clean end: drained, every server is idle with no episodes, sessions, in-flight work or marks"
 
 
-# Every property, checked or not yet; docs/how-it-works.md's table must say the same
-# (tests/unit/checker/test_properties).
+# Every property, checked or not yet; docs/how-it-works.md's table must agree (tests/unit/checker/test_properties).
 REGISTRY: dict[str, PropertyInfo] = {
     info.property_id: info
     for info in (
@@ -594,3 +593,182 @@ def p8_cleanup_succeeds(restore_id: str, error: Any) -> None:
 def _short(value: Any, limit: int = 300) -> str:
     text = str(value)
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+# -- verdicts of the settle (quiescence) and of scale mode ---------------------------------------------------------
+
+# How a status mismatch on admission reads (`status_mismatches`), and how a refusal still to come reads among the
+# settle's pending items: the settle's timeout verdicts tell them apart by these.
+ADMISSION_MISMATCH = "accepting="
+REFUSAL_PENDING = "refusal"
+# Keys a scale verdict names before it only counts the rest.
+SHOWN_MAX = 10
+
+
+def p3_still_running(
+    key: str,
+    calls_made: int,
+    calls_total: int,
+    open_checkpoint: str | None,
+    status_code: int | None,
+    body: Any,
+    error: str | None,
+) -> None:
+    """An attempt the model says still runs has neither replied (`status_code`) nor failed (`error`): a failure is
+    P3, a reply while a checkpoint is open P2, a 200 reply P4 (it ended without the calls the model still expects)
+    and any other reply P3. Decided at once: no wait takes a reply back."""
+    if error is not None:
+        raise P3Violation(rollout=key, expected="the /run still running", observed=f"it failed: {error}")
+    if status_code is None:
+        return
+    if open_checkpoint is not None:
+        raise P2Violation(
+            rollout=key,
+            expected=f"no reply while {open_checkpoint} is open",
+            observed=f"HTTP {status_code}: {body}",
+        )
+    raise (P4Violation if status_code == 200 else P3Violation)(
+        rollout=key,
+        expected=f"the /run still running at call {calls_made} of {calls_total}",
+        observed=f"it ended with HTTP {status_code}: {body}",
+    )
+
+
+def p10_status_agrees(violation: type[PropertyViolation] | None, prediction: str, mismatches: Sequence[str]) -> None:
+    """A status mismatch that is confirmed (by the step's own reply, or by outliving the settle and one fresh poll)
+    breaks the step's own property (`violation`: P7 after retire and forget, P8 after a failed restore), else P10."""
+    if mismatches:
+        raise (violation or P10Violation)(rollout=None, expected=prediction, observed="; ".join(mismatches))
+
+
+def p10_admission_agrees(prediction: str, mismatches: Sequence[str], pending: Sequence[str], timeout_s: float) -> None:
+    """Once the settle timed out: no participant's admission contradicts the model (closed after a resume, open
+    while prepared), since such a participant explains whatever stalled behind it."""
+    admission = [item for item in mismatches if ADMISSION_MISMATCH in item]
+    if admission:
+        raise P10Violation(
+            rollout=None,
+            expected=prediction,
+            observed="; ".join(admission) + f" (still pending after {timeout_s:g} s: {list(pending)})",
+        )
+
+
+def p10_refusal_came(
+    violation: type[PropertyViolation] | None, prediction: str, pending: Sequence[str], mismatches: Sequence[str]
+) -> None:
+    """Once the settle timed out: a refusal that never came while the statuses show the request was taken in (an
+    episode counted) breaks the step's own property (`violation`), else P10. Anything else still pending is for
+    the caller to report: it is no verdict."""
+    if mismatches and pending and all(REFUSAL_PENDING in item for item in pending):
+        raise (violation or P10Violation)(
+            rollout=None, expected=prediction, observed="; ".join([*pending, *mismatches])
+        )
+
+
+def p10_lease_lapsed(checkpoint_id: str, phases: Mapping[str, Any], lapsed_s: float) -> None:
+    """Once the lease of `checkpoint_id` lapsed (`lapsed_s` ago, grace included) every participant is idle again,
+    as a resume would leave it (reference section 2.7)."""
+    if not all(phase == ("idle", None) for phase in phases.values()):
+        raise P10Violation(
+            rollout=None,
+            expected=f"every participant idle again once the lease of {checkpoint_id} lapsed",
+            observed=f"phases {dict(phases)} {lapsed_s:.1f} s after it lapsed",
+        )
+
+
+def p11_preparing(checkpoint_id: str, owner: str, blockers: Sequence[str], seen: Sequence[Any], returned: bool) -> None:
+    """A prepare left waiting on `wait` verifications shows at the episode owner as phase `preparing` of that
+    checkpoint, with exactly their capture keys as blockers (`seen`: the owner's phase, checkpoint ID and sorted
+    blockers); `returned` says the prepare answered instead."""
+    if list(seen) != ["preparing", checkpoint_id, list(blockers)]:
+        raise P11Violation(
+            rollout=blockers[0] if blockers else None,
+            expected=f"{owner} preparing {checkpoint_id}, waiting for the verifications of {list(blockers)}",
+            observed=f"(phase, checkpoint, blockers) {tuple(seen)}" + ("; the prepare returned" if returned else ""),
+        )
+
+
+def p1_finished_or_exported(rollouts: Iterable[str], finished: Iterable[str], exported: Iterable[str]) -> None:
+    """Scale mode: the rollouts that replied before the checkpoint and those it exported are disjoint, together
+    cover every rollout dispatched, and name no other."""
+    everything, done, saved = set(rollouts), set(finished), set(exported)
+    both = done & saved
+    if both:
+        raise P1Violation(
+            rollout=min(both),
+            expected="a rollout that replied before the checkpoint is not exported",
+            observed=f"{len(both)} replied and were exported: {_shown(both)}",
+        )
+    lost = everything - done - saved
+    if lost:
+        raise P1Violation(
+            rollout=min(lost),
+            expected="every rollout replied before the checkpoint or is exported",
+            observed=f"{len(lost)} neither replied nor were exported: {_shown(lost)}",
+        )
+    unknown = saved - everything
+    if unknown:
+        raise P1Violation(
+            rollout=min(unknown),
+            expected="only dispatched rollouts are exported",
+            observed=f"{len(unknown)} exported that were never dispatched: {_shown(unknown)}",
+        )
+
+
+def p2_silent_while_checkpointed(replied: str | None) -> None:
+    """Scale mode: no `/run` in flight at the checkpoint ended before the crash (`replied` describes one that did)."""
+    if replied is not None:
+        raise P2Violation(
+            rollout=None,
+            expected="no /run in flight replies while the checkpoint is prepared and committed",
+            observed=replied,
+        )
+
+
+def p3_every_reply_complete(what: str, reward: float, replies: Mapping[str, tuple[int | None, Any] | None]) -> None:
+    """Scale mode: every `/run` of `what` replied (None: it never did), each with HTTP 200 and the reward of an
+    uninterrupted run (`p3_reply_complete`); one violation names how many failed, and the first."""
+    replied = {key: reply for key, reply in replies.items() if reply is not None}
+    missing = sorted(set(replies) - set(replied))
+    if missing:
+        raise P3Violation(
+            rollout=missing[0],
+            expected=f"every {what} /run replies",
+            observed=f"{len(missing)} never replied: {_shown(missing)}",
+        )
+    wrong = {}
+    for key, (status_code, body) in replied.items():
+        try:
+            p3_reply_complete(key, status_code, body, reward)
+        except P3Violation as violation:
+            wrong[key] = violation
+    if wrong:
+        first = wrong[min(wrong)]
+        raise P3Violation(
+            rollout=first.rollout,
+            expected=f"every {what} /run replies {first.expected}",
+            observed=f"{len(wrong)} did not ({_shown(wrong)}); {first.rollout}: {first.observed}",
+        )
+
+
+def p4_calls_complete(
+    expected: Mapping[str, tuple[ScriptCall, ...]], observed: Mapping[str, tuple[ScriptCall, ...]]
+) -> None:
+    """Scale mode, once every run replied: every expected capture key made exactly its calls (`p4_calls`), none
+    still missing; calls of keys the plan does not name are not judged."""
+    missing = p4_calls(expected, {key: calls for key, calls in observed.items() if key in expected})
+    if missing:
+        first = missing[0]
+        raise P4Violation(
+            rollout=first,
+            expected=f"calls {list(expected[first])} (and the expected calls of every other key)",
+            observed=f"{len(missing)} keys are missing calls once every run replied, {first}: "
+            f"{list(observed.get(first, ()))}; missing: {_shown(missing)}",
+        )
+
+
+def _shown(keys: Iterable[str]) -> str:
+    """At most `SHOWN_MAX` keys, sorted, and how many more: a scale verdict may be about thousands."""
+    listed = sorted(keys)
+    more = f" and {len(listed) - SHOWN_MAX} more" if len(listed) > SHOWN_MAX else ""
+    return f"{listed[:SHOWN_MAX]}{more}"

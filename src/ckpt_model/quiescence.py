@@ -19,19 +19,16 @@ import attrs
 
 from ckpt_model import properties as props
 from ckpt_model import timing
-from ckpt_model.contract import VERIFY, Attempt, Expectation, Model, ScriptCall, expect
+from ckpt_model.contract import VERIFY, Expectation, Model, ScriptCall, expect
 from ckpt_model.deployment import Harness
 from ckpt_model.errors import PropertyViolation, QuiescenceTimeout
-from ckpt_model.runs import RunOutcome, RunPool
+from ckpt_model.runs import RunPool
 
 SETTLE_TIMEOUT_S = 10.0
 # Polls back off from the first to the last interval: quick when the state is almost there, and gentle on two
 # loaded cores when a participant lags.
 POLL_INTERVAL_MIN_S = 0.001
 POLL_INTERVAL_MAX_S = 0.02
-# How pending items and status mismatches are told apart when the settle timeout has passed.
-REFUSAL_PENDING = "refusal"
-ADMISSION_MISMATCH = "accepting="
 
 
 @attrs.frozen
@@ -157,14 +154,8 @@ class Quiescence:
             return seen == ["preparing", checkpoint_id, blockers] or future.done()
 
         with timing.span("wait_preparing"):
-            found = poll(preparing, self.timeout_s)
-        if not found or seen != ["preparing", checkpoint_id, blockers]:
-            raise props.P11Violation(
-                rollout=blockers[0],
-                expected=f"{owner} preparing {checkpoint_id}, waiting for the verifications of {blockers}",
-                observed=f"(phase, checkpoint, blockers) {tuple(seen)}"
-                + ("; the prepare returned" if future.done() else ""),
-            )
+            poll(preparing, self.timeout_s)
+        props.p11_preparing(checkpoint_id, owner, blockers, seen, future.done())
 
     def wait_lease_lapsed(self, checkpoint_id: str, lapses_at_ts: float) -> None:
         """Until every participant is idle again after the lease of `checkpoint_id` lapsed (P10)."""
@@ -179,13 +170,8 @@ class Quiescence:
 
         # Most of this wait is the lease itself (deadline + grace): fixed by the rule, not a cost to cut.
         with timing.span("wait_lease_lapsed"):
-            lapsed = poll(idle, max(lapses_at_ts - time.time(), 0.0) + self.timeout_s)
-        if not lapsed:
-            raise props.P10Violation(
-                rollout=None,
-                expected=f"every participant idle again once the lease of {checkpoint_id} lapsed",
-                observed=f"phases {phases} {time.time() - lapses_at_ts:.1f} s after it lapsed",
-            )
+            poll(idle, max(lapses_at_ts - time.time(), 0.0) + self.timeout_s)
+        props.p10_lease_lapsed(checkpoint_id, phases, time.time() - lapses_at_ts)
 
     # -- what is pending, and what is already wrong ------------------------------------------------------------
 
@@ -210,17 +196,25 @@ class Quiescence:
                 else:
                     props.p3_reply_complete(attempt.key, outcome.status_code, outcome.body, self.reward)
             elif attempt.status == "running" and outcome is not None and attempt.run not in runs.refused_stale:
-                _unexpected_reply(model, attempt, outcome)
+                props.p3_still_running(
+                    attempt.key,
+                    attempt.calls_made,
+                    len(attempt.script),
+                    model.open_checkpoint,
+                    outcome.status_code,
+                    outcome.body,
+                    outcome.error,
+                )
         for run, key in sorted(runs.refused_stale.items()):
             outcome = runs.outcomes.get(run)
             if outcome is None:
-                pending.append(f"{key} {REFUSAL_PENDING} after retire")
+                pending.append(f"{key} {props.REFUSAL_PENDING} after retire")
             elif outcome.error is None:
                 props.p7_refused(key, outcome.status_code, outcome.body)
         for run, key in sorted(runs.refused_closed.items()):
             outcome = runs.outcomes.get(run)
             if outcome is None:
-                pending.append(f"{key} {REFUSAL_PENDING} while a checkpoint is open")
+                pending.append(f"{key} {props.REFUSAL_PENDING} while a checkpoint is open")
             else:
                 props.p10_admission_refused(key, outcome.status_code, outcome.body)
         return pending
@@ -235,17 +229,8 @@ class Quiescence:
         fresh = observe(self.harness)
         pending = self._pending(model, expected, fresh)
         mismatches = _status_mismatches(expected, fresh)
-        admission = [item for item in mismatches if ADMISSION_MISMATCH in item]
-        if admission:
-            raise props.P10Violation(
-                rollout=None,
-                expected=describe(expected),
-                observed="; ".join(admission) + f" (still pending after {self.timeout_s:g} s: {pending})",
-            )
-        if mismatches and pending and all(REFUSAL_PENDING in item for item in pending):
-            raise (violation or props.P10Violation)(
-                rollout=None, expected=describe(expected), observed="; ".join(pending + mismatches)
-            )
+        props.p10_admission_agrees(describe(expected), mismatches, pending, self.timeout_s)
+        props.p10_refusal_came(violation, describe(expected), pending, mismatches)
         raise QuiescenceTimeout(
             prediction=describe(expected),
             observed=fresh.summary(),
@@ -265,10 +250,7 @@ class Quiescence:
         held = _model_counts(observation.statuses).get("held")
         if model.checkpoint_open and held != expected.held:
             props.p2_held_responses(model.open_checkpoint or "", expected.held, held)
-        mismatches = _status_mismatches(expected, observation)
-        raise (violation or props.P10Violation)(
-            rollout=None, expected=describe(expected), observed="; ".join(mismatches)
-        )
+        props.p10_status_agrees(violation, describe(expected), _status_mismatches(expected, observation))
 
 
 def _status_mismatches(expected: Expectation, observation: Observation) -> list[str]:
@@ -284,25 +266,6 @@ def _model_counts(statuses: Mapping[str, Mapping[str, Any]]) -> Mapping[str, Any
         if status.get("kind") == "model":
             return status.get("report", {}).get("counts", {})
     return {}
-
-
-def _unexpected_reply(model: Model, attempt: Attempt, outcome: RunOutcome) -> None:
-    if outcome.error is not None:
-        raise props.P3Violation(
-            rollout=attempt.key, expected="the /run still running", observed=f"it failed: {outcome.error}"
-        )
-    if model.checkpoint_open:
-        raise props.P2Violation(
-            rollout=attempt.key,
-            expected=f"no reply while {model.open_checkpoint} is open",
-            observed=f"HTTP {outcome.status_code}: {outcome.body}",
-        )
-    violation = props.P4Violation if outcome.status_code == 200 else props.P3Violation
-    raise violation(
-        rollout=attempt.key,
-        expected=f"the /run still running at call {attempt.calls_made} of {len(attempt.script)}",
-        observed=f"it ended with HTTP {outcome.status_code}: {outcome.body}",
-    )
 
 
 def describe(expected: Expectation) -> str:

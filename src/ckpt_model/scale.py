@@ -68,7 +68,6 @@ CONTROL_DEADLINE_S = 600.0
 STALL_S = 120.0
 POLL_INTERVAL_MIN_S = 0.002
 POLL_INTERVAL_MAX_S = 0.1
-SHOWN_MAX = 10
 LOG_LINES_SHOWN = 40
 CHECKPOINT_ID = "scale-c1"
 RESTORE_ID = "scale-r1"
@@ -133,36 +132,10 @@ def expected_calls(plan: ScalePlan) -> dict[str, tuple[ScriptCall, ...]]:
     return expected
 
 
-def _shown(keys: Iterable[str]) -> str:
-    listed = sorted(keys)
-    more = f" and {len(listed) - SHOWN_MAX} more" if len(listed) > SHOWN_MAX else ""
-    return f"{listed[:SHOWN_MAX]}{more}"
-
-
 def check_cover(rollouts: Iterable[str], finished: Iterable[str], exported: Iterable[str]) -> str:
     """Finished and exported are disjoint and together cover every rollout (P1); returns the verdict."""
     everything, done, saved = set(rollouts), set(finished), set(exported)
-    both = done & saved
-    if both:
-        raise props.P1Violation(
-            rollout=min(both),
-            expected="a rollout that replied before the checkpoint is not exported",
-            observed=f"{len(both)} replied and were exported: {_shown(both)}",
-        )
-    lost = everything - done - saved
-    if lost:
-        raise props.P1Violation(
-            rollout=min(lost),
-            expected="every rollout replied before the checkpoint or is exported",
-            observed=f"{len(lost)} neither replied nor were exported: {_shown(lost)}",
-        )
-    unknown = saved - everything
-    if unknown:
-        raise props.P1Violation(
-            rollout=min(unknown),
-            expected="only dispatched rollouts are exported",
-            observed=f"{len(unknown)} exported that were never dispatched: {_shown(unknown)}",
-        )
+    props.p1_finished_or_exported(everything, done, saved)
     return f"ok: {len(done)} finished + {len(saved)} exported = {len(everything)} rollouts, disjoint"
 
 
@@ -177,38 +150,16 @@ class RunOutcome:
 
 def check_replies(outcomes: Mapping[str, RunOutcome | None], reward: float, what: str) -> str:
     """Every `/run` replied HTTP 200 with the reward of an uninterrupted run (P3); returns the verdict."""
-    missing = sorted(key for key, outcome in outcomes.items() if outcome is None)
-    if missing:
-        raise props.P3Violation(
-            rollout=missing[0],
-            expected=f"every {what} /run replies",
-            observed=f"{len(missing)} never replied: {_shown(missing)}",
-        )
-    wrong = {}
-    for key, outcome in outcomes.items():
-        assert outcome is not None
-        try:
-            props.p3_reply_complete(key, outcome.status_code, outcome.body, reward)
-        except props.P3Violation as violation:
-            wrong[key] = violation
-    if wrong:
-        first = wrong[min(wrong)]
-        raise props.P3Violation(
-            rollout=first.rollout,
-            expected=f"every {what} /run replies {first.expected}",
-            observed=f"{len(wrong)} did not ({_shown(wrong)}); {first.rollout}: {first.observed}",
-        )
+    replies = {
+        key: None if outcome is None else (outcome.status_code, outcome.body) for key, outcome in outcomes.items()
+    }
+    props.p3_every_reply_complete(what, reward, replies)
     return f"ok: {len(outcomes)} {what} /runs replied 200 with reward {reward}"
 
 
 def check_silent(replied: str | None, in_flight: int) -> str:
     """No `/run` in flight at the checkpoint ended before the crash (P2): it waits at the backend, or is held."""
-    if replied is not None:
-        raise props.P2Violation(
-            rollout=None,
-            expected="no /run in flight replies while the checkpoint is prepared and committed",
-            observed=replied,
-        )
+    props.p2_silent_while_checkpointed(replied)
     return f"ok: none of the {in_flight} /runs in flight replied between the dispatch and the crash"
 
 
@@ -216,15 +167,7 @@ def check_continuations(
     expected: Mapping[str, tuple[ScriptCall, ...]], observed: Mapping[str, tuple[ScriptCall, ...]]
 ) -> str:
     """Every capture key made exactly its expected calls, none missing (P4); returns the verdict."""
-    missing = props.p4_calls(expected, {key: calls for key, calls in observed.items() if key in expected})
-    if missing:
-        first = missing[0]
-        raise props.P4Violation(
-            rollout=first,
-            expected=f"calls {list(expected[first])} (and the expected calls of every other key)",
-            observed=f"{len(missing)} keys are missing calls once every run replied, {first}: "
-            f"{list(observed.get(first, ()))}; missing: {_shown(missing)}",
-        )
+    props.p4_calls_complete(expected, observed)
     continued = sum(1 for key in expected if EpisodeId.from_capture_key(key).attempt > 0)
     return f"ok: {len(expected)} capture keys made exactly their calls; {continued} continued from their boundary"
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 
 from ckpt_model import regression
-from ckpt_model.faultsearch import harness_for, shrunk_steps
+from ckpt_model.faultsearch import harness_for
 from ckpt_model.minimise import minimise_error, replay_once
 from ckpt_model.properties import P7Violation
 from ckpt_model.report import rule_calls_of
+from ckpt_model.verdicts import shrunk_steps
 
 FAULT = "agent_retire_keeps_sessions"
 LONGER = [

@@ -1,4 +1,4 @@
-"""Reading the shrunk steps off a failure, and classifying every failure a search meets, without servers.
+"""Every failure a search meets, and minimising them, without servers (`test_verdicts` classifies by hand).
 
 The search itself runs tiny state machines defined here: two rules that break two properties (Hypothesis reports
 both, as an exception group), a harness error, a failure that never comes back (Hypothesis calls it flaky), a
@@ -15,9 +15,10 @@ from hypothesis.errors import Flaky, InvalidDefinition
 from hypothesis.stateful import RuleBasedStateMachine, rule
 
 from ckpt_model.errors import QuiescenceTimeout
-from ckpt_model.faultsearch import Failure, Finding, classify, minimised_failures, run_search, shrunk_steps
+from ckpt_model.faultsearch import Finding, minimised_failures, run_search
 from ckpt_model.minimise import Minimised
 from ckpt_model.properties import P1Violation, P9Violation
+from ckpt_model.verdicts import Failure, classify
 
 SMALL = settings(
     max_examples=100,
@@ -27,19 +28,6 @@ SMALL = settings(
     phases=(Phase.generate, Phase.shrink),
     print_blob=False,
 )
-
-
-@pytest.mark.parametrize("header", ["Falsifying example:", "Failing test case: <state machine>"])
-def test_shrunk_steps_are_the_rule_calls_after_the_machine(header: str) -> None:
-    error = AssertionError("P9")
-    error.add_note("Steps (model names):\n  1. prepare() -> c1")
-    for line in [header, "state = CheckpointMachine()", "state.prepare()", "state.commit()", "state.teardown()"]:
-        error.add_note(line)
-    assert shrunk_steps(error) == ("state.prepare()", "state.commit()")
-
-
-def test_no_example_means_no_steps() -> None:
-    assert shrunk_steps(AssertionError("no notes")) == ()
 
 
 # --- tiny machines --------------------------------------------------------------------------------------------
@@ -181,52 +169,13 @@ def test_a_passing_machine_has_no_failures() -> None:
     assert (found.violation, found.property_id, found.shrunk_steps, found.property_ids) == (None, None, (), ())
 
 
-# --- classifying by hand --------------------------------------------------------------------------------------
+# --- minimising what a search found ---------------------------------------------------------------------------
 
 
 def noted(error: BaseException, *steps: str) -> BaseException:
     for line in ("Failing test case: <state machine>", "state = M()", *steps, "state.teardown()"):
         error.add_note(line)
     return error
-
-
-def test_violations_come_first_then_harness_then_checker_each_by_fewest_steps() -> None:
-    group = BaseExceptionGroup(
-        "Hypothesis found 4 distinct failures.",
-        [
-            noted(InvalidDefinition("bad"), "state.a()"),
-            noted(QuiescenceTimeout(prediction="p", observed="o", pending=()), "state.a()"),
-            noted(p9(), "state.a()", "state.b()", "state.c()"),
-            noted(p1(), "state.a()"),
-        ],
-    )
-
-    failures = classify(group)
-
-    assert failures is not None
-    assert [(f.kind, f.property_id, len(f.shrunk_steps)) for f in failures] == [
-        ("violation", "P1", 1),
-        ("violation", "P9", 3),
-        ("harness", None, 1),
-        ("checker", None, 1),
-    ]
-
-
-def test_a_flaky_failure_group_is_one_checker_error_whatever_it_holds() -> None:
-    from hypothesis.errors import FlakyFailure
-
-    failures = classify(FlakyFailure("Inconsistent results", [p1()]))
-
-    assert failures is not None
-    assert [(f.kind, f.property_id) for f in failures] == [("checker", None)]
-
-
-def test_an_unknown_exception_is_not_classified() -> None:
-    assert classify(RuntimeError("bug")) is None
-    assert classify(ExceptionGroup("two", [p1(), RuntimeError("bug")])) is None
-
-
-# --- minimising what a search found ---------------------------------------------------------------------------
 
 
 def minimised(before: int, after: int) -> Minimised:
@@ -252,7 +201,7 @@ def test_a_minimised_failure_reports_the_minimal_steps_and_keeps_hypothesis_step
         error.add_note("Minimal failing sequence (test):\nstate = CheckpointMachine()\nstate.d()\nstate.teardown()")
         return minimised(4, 1)
 
-    result = minimised_failures(failures, minimise_one)
+    result, figures = minimised_failures(failures, minimise_one)
 
     assert asked == [short_p9, long_p1]  # a checker error has no run of its own to minimise
     assert [(f.property_id, f.shrunk_steps) for f in result] == [
@@ -261,9 +210,22 @@ def test_a_minimised_failure_reports_the_minimal_steps_and_keeps_hypothesis_step
         (None, ("state.a()",)),
     ]
     assert result[0].hypothesis_steps == ("state.a()", "state.b()", "state.c()", "state.d()")
-    assert result[0].minimised is not None
-    assert result[0].minimised.steps_after == 1
-    assert result[1].minimised is None
-    found = Finding(fault="(test)", failures=result, examples=0, first_failure_s=1.0, total_s=2.0, search_s=1.5)
-    assert found.minimised is result[0].minimised
+    assert figures is not None
+    assert figures.steps_after == 1  # the figures of the failure now first
+    found = Finding(
+        fault="(test)", failures=result, examples=0, first_failure_s=1.0, total_s=2.0, search_s=1.5, minimised=figures
+    )
     assert found.shrunk_steps == ("state.d()",)
+
+
+def test_when_the_first_failure_was_not_minimised_there_are_no_figures() -> None:
+    failures = classify(BaseExceptionGroup("two", [noted(p1(), "state.a()"), noted(p9(), "state.a()", "state.b()")]))
+    assert failures is not None
+
+    def minimise_p9_only(error: BaseException) -> Minimised | None:
+        return minimised(2, 2) if isinstance(error, P9Violation) else None
+
+    result, figures = minimised_failures(failures, minimise_p9_only)
+
+    assert [f.property_id for f in result] == ["P1", "P9"]
+    assert figures is None

@@ -830,3 +830,170 @@ def test_p8_died_in_restore_another_participant_that_did_not_restore_is_named() 
     outcomes = {"agent": failure("agent", None, None), "environment": failure("environment", "checkpoint_error")}
     with pytest.raises(P8Violation, match=r"not restored: \{'environment': 'HTTP 409 checkpoint_error"):
         p8_died_in_restore("c1-restore2", "agent", outcomes)
+
+
+# -- verdicts of the settle (quiescence) and of scale mode ----------------------------------------------------------
+
+
+def test_p3_still_running_passes_while_the_run_has_neither_replied_nor_failed() -> None:
+    properties.p3_still_running("r0", 1, 2, None, None, None, None)
+    properties.p3_still_running("r0", 1, 2, "c1", None, None, None)
+
+
+@pytest.mark.parametrize(
+    ("open_checkpoint", "status_code", "error", "violation", "shown"),
+    [
+        (None, None, "ReadError", P3Violation, "it failed: ReadError"),
+        ("c1", None, "ReadError", P3Violation, "it failed: ReadError"),
+        ("c1", 200, None, P2Violation, "no reply while c1 is open"),
+        (None, 200, None, P4Violation, "it ended with HTTP 200"),
+        (None, 500, None, P3Violation, "it ended with HTTP 500"),
+    ],
+    ids=["failed", "failed-while-open", "replied-while-open", "replied-200", "replied-500"],
+)
+def test_p3_still_running_an_ended_run_breaks_the_property_of_how_it_ended(
+    open_checkpoint: str | None, status_code: int | None, error: str | None, violation: type[Exception], shown: str
+) -> None:
+    with pytest.raises(violation, match=shown) as caught:
+        properties.p3_still_running("r0", 1, 2, open_checkpoint, status_code, {"result": {}}, error)
+    assert type(caught.value) is violation
+    assert caught.value.rollout == "r0"
+
+
+def test_p10_status_agrees_passes_without_mismatches() -> None:
+    properties.p10_status_agrees(None, "phase idle", [])
+
+
+def test_p10_status_agrees_a_mismatch_is_the_steps_property_or_p10() -> None:
+    with pytest.raises(P10Violation, match="status of agent counts sessions=1"):
+        properties.p10_status_agrees(None, "phase idle", ["status of agent counts sessions=1 (expected 0)"])
+    with pytest.raises(P7Violation, match="retired_rollouts=0"):
+        properties.p10_status_agrees(P7Violation, "phase idle", ["status of agent retired_rollouts=0 (expected 1)"])
+
+
+def test_p10_admission_agrees_passes_when_no_mismatch_is_about_admission() -> None:
+    properties.p10_admission_agrees("phase idle", ["status of agent counts sessions=1 (expected 0)"], ["x"], 10.0)
+
+
+def test_p10_admission_agrees_a_contradicting_admission_is_p10_with_what_is_pending() -> None:
+    mismatches = ["status of agent accepting=False (expected True)", "status of agent counts sessions=1 (expected 0)"]
+    with pytest.raises(P10Violation) as caught:
+        properties.p10_admission_agrees("phase idle", mismatches, ["r0 reply"], 10.0)
+    assert caught.value.observed == (
+        "status of agent accepting=False (expected True) (still pending after 10 s: ['r0 reply'])"
+    )
+
+
+def test_p10_refusal_came_passes_unless_only_refusals_are_pending_beside_a_mismatch() -> None:
+    mismatch = ["status of environment counts episodes=1 (expected 0)"]
+    properties.p10_refusal_came(None, "phase idle", ["r0 refusal after retire"], [])
+    properties.p10_refusal_came(None, "phase idle", [], mismatch)
+    properties.p10_refusal_came(None, "phase idle", ["r0 refusal after retire", "r1 reply"], mismatch)
+
+
+def test_p10_refusal_came_a_refusal_taken_in_is_the_steps_property_or_p10() -> None:
+    mismatch = ["status of environment counts episodes=1 (expected 0)"]
+    with pytest.raises(P7Violation) as caught:
+        properties.p10_refusal_came(P7Violation, "phase idle", ["r0 refusal after retire"], mismatch)
+    assert caught.value.observed == "r0 refusal after retire; status of environment counts episodes=1 (expected 0)"
+    with pytest.raises(P10Violation):
+        properties.p10_refusal_came(None, "phase idle", ["r0 refusal while a checkpoint is open"], mismatch)
+
+
+def test_p10_lease_lapsed_passes_when_every_participant_is_idle() -> None:
+    properties.p10_lease_lapsed("c1", {"agent": ("idle", None), "environment": ("idle", None)}, 0.5)
+
+
+def test_p10_lease_lapsed_a_participant_still_prepared_is_p10() -> None:
+    phases = {"agent": ("idle", None), "environment": ("prepared", "c1")}
+    with pytest.raises(P10Violation, match=r"once the lease of c1 lapsed") as caught:
+        properties.p10_lease_lapsed("c1", phases, 10.25)
+    assert caught.value.observed == f"phases {phases} 10.2 s after it lapsed"
+
+
+def test_p11_preparing_passes_on_exactly_the_blockers() -> None:
+    properties.p11_preparing("c1", "environment", ["r0", "r1"], ["preparing", "c1", ["r0", "r1"]], returned=False)
+
+
+@pytest.mark.parametrize(
+    ("seen", "returned", "shown"),
+    [
+        (["preparing", "c1", ["r0"]], False, r"\('preparing', 'c1', \['r0'\]\)$"),
+        (["prepared", "c1", []], True, r"\('prepared', 'c1', \[\]\); the prepare returned$"),
+    ],
+    ids=["other-blockers", "returned"],
+)
+def test_p11_preparing_other_blockers_or_a_returned_prepare_is_p11(seen: list[Any], returned: bool, shown: str) -> None:
+    with pytest.raises(P11Violation, match=shown) as caught:
+        properties.p11_preparing("c1", "environment", ["r0", "r1"], seen, returned)
+    assert caught.value.rollout == "r0"
+
+
+def test_p1_finished_or_exported_passes_when_disjoint_and_covering() -> None:
+    properties.p1_finished_or_exported(["a", "b", "c"], ["a"], ["b", "c"])
+
+
+@pytest.mark.parametrize(
+    ("finished", "exported", "rollout", "shown"),
+    [
+        (["a", "b"], ["b", "c"], "b", r"1 replied and were exported: \['b'\]"),
+        (["a"], ["b"], "c", r"1 neither replied nor were exported: \['c'\]"),
+        (["a"], ["b", "c", "z"], "z", r"1 exported that were never dispatched: \['z'\]"),
+    ],
+    ids=["both", "lost", "never-dispatched"],
+)
+def test_p1_finished_or_exported_overlap_loss_or_stranger_is_p1(
+    finished: list[str], exported: list[str], rollout: str, shown: str
+) -> None:
+    with pytest.raises(P1Violation, match=shown) as caught:
+        properties.p1_finished_or_exported(["a", "b", "c"], finished, exported)
+    assert caught.value.rollout == rollout
+
+
+def test_p1_finished_or_exported_names_ten_keys_then_counts_the_rest() -> None:
+    rollouts = [f"r{index:02d}" for index in range(12)]
+    with pytest.raises(P1Violation, match=r"12 neither replied .*'r09'\] and 2 more$"):
+        properties.p1_finished_or_exported(rollouts, [], [])
+
+
+def test_p2_silent_while_checkpointed_passes_when_none_replied() -> None:
+    properties.p2_silent_while_checkpointed(None)
+
+
+def test_p2_silent_while_checkpointed_a_run_that_ended_is_p2() -> None:
+    with pytest.raises(P2Violation, match="observed: 1 /runs that should wait at the backend ended"):
+        properties.p2_silent_while_checkpointed("1 /runs that should wait at the backend ended, r3: ...")
+
+
+def test_p3_every_reply_complete_passes_on_every_reward() -> None:
+    replies = {"a": (200, {"result": {"reward": 1.0}}), "b": (200, {"reward": 1.0})}
+    properties.p3_every_reply_complete("replacement", 1.0, replies)
+
+
+@pytest.mark.parametrize(
+    ("reply", "shown"),
+    [
+        (None, r"1 never replied: \['b'\]"),
+        ((500, {"error": "boom"}), r"1 did not \(\['b'\]\); b: HTTP 500"),
+        ((200, {"result": {"reward": 0.0}}), r"1 did not \(\['b'\]\); b: HTTP 200"),
+        ((None, None), r"1 did not \(\['b'\]\); b: HTTP None"),
+    ],
+    ids=["never", "500", "reward", "cut-off"],
+)
+def test_p3_every_reply_complete_a_missing_or_wrong_reply_is_p3(
+    reply: tuple[int | None, Any] | None, shown: str
+) -> None:
+    replies = {"a": (200, {"result": {"reward": 1.0}}), "b": reply}
+    with pytest.raises(P3Violation, match=shown) as caught:
+        properties.p3_every_reply_complete("replacement", 1.0, replies)
+    assert caught.value.rollout == "b"
+
+
+def test_p4_calls_complete_passes_on_exactly_the_expected_calls_of_the_planned_keys() -> None:
+    properties.p4_calls_complete({"b": (2, 4), "b-a1": (4,)}, {"b": (2, 4), "b-a1": (4,), "other": (2,)})
+
+
+def test_p4_calls_complete_missing_calls_are_p4() -> None:
+    with pytest.raises(P4Violation, match=r"1 keys are missing calls once every run replied, b-a1: \[\]") as caught:
+        properties.p4_calls_complete({"b": (2, 4), "b-a1": (4,)}, {"b": (2, 4)})
+    assert caught.value.rollout == "b-a1"
