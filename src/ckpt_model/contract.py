@@ -345,6 +345,12 @@ class Model:
         holds_restored = kind in (self.episode_owner, "agent") or (kind == "resources" and self.topology == "counter")
         return not (holds_restored and self.with_status("pending"))
 
+    @property
+    def opened(self) -> str:
+        """The open checkpoint's ID (only asked while one is open)."""
+        assert self.open_checkpoint is not None, "no checkpoint is open"
+        return self.open_checkpoint
+
     def interruptible(self) -> list[str]:
         """The operations a crash can land inside now: a restore, a retire of a lost attempt, a forget."""
         available = {

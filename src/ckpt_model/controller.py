@@ -384,12 +384,12 @@ class Controller:
 
     def probe_commit_naming_restarts(
         self, checkpoint_id: str, scope: Sequence[Attempt], restarts: Sequence[str]
-    ) -> dict[str, Any] | None:
-        """A commit whose scope also names the running restarts, sent to each restart server on its own (None
-        when there is no restart or no restart server)."""
+    ) -> dict[str, Any]:
+        """A commit whose scope also names the running restarts, sent to each restart server on its own (nothing
+        is sent, and nobody answers, when there is no restart or no restart server)."""
         names = [m.name for m in self.control.participants if m.name in RESTART_SERVERS]
         if not restarts or not names:
-            return None
+            return {}
         episodes = (*_episodes(scope), *(EpisodeId.from_capture_key(key) for key in restarts))
         probe_dir = str(self.directory(f"probe-{checkpoint_id}"))
         body = self.body("commit", checkpoint_id, checkpoint_dir=probe_dir, episode_ids=episodes)

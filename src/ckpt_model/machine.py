@@ -29,8 +29,9 @@ from ckpt_model.stats import SearchStats
 from ckpt_model.steplog import StepLog, action
 from ckpt_model.tasks import expected_reward, script_for
 
-# Who must refuse a restore, and why.
+# Who must refuse a restore, and why; the property a step's settle judges by.
 Refused = tuple[list[str], str]
+Violation = type[PropertyViolation]
 PICK = st.integers(min_value=0, max_value=7)
 # Operations a delayed call of an older controller can carry (resume of a resumed ID is idempotent instead).
 LATE_OPERATIONS = ("prepare", "renew", "commit", "restore", "retire", "forget")
@@ -97,9 +98,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         model, checkpoint_id = self.model.prepare()
         verifying = [a.key for a in self.model.with_status("running") if a.verifying]
         outcome = self.controller.prepare(checkpoint_id)
-        props.p10_prepared_everywhere(
-            checkpoint_id, outcome.prepared, outcome.blockers, verifying, waited_s=outcome.waited_s
-        )
+        props.p10_prepared_everywhere(checkpoint_id, outcome.prepared, outcome.blockers, verifying, outcome.waited_s)
         self._prepared(checkpoint_id, outcome.replies)
         self._advance(model, f"prepare() -> {checkpoint_id}; prepare(other{model.checkpoint_seq}) refused")
 
@@ -153,11 +152,9 @@ class CheckpointMachine(RuleBasedStateMachine):
     @action(lambda self: self.model.phase == "prepared")
     def commit(self) -> None:
         """Commit every unfinished attempt; P1 on every reply and share, P9 (it verifies), P6 (exported state)."""
-        checkpoint_id, scope = self.model.open_checkpoint, self.model.scope()
-        assert checkpoint_id is not None
-        outcomes = self.controller.probe_commit_naming_restarts(checkpoint_id, scope, self.model.restarts())
-        if outcomes is not None:
-            props.p1_restart_in_scope_refused(checkpoint_id, outcomes)
+        checkpoint_id, scope = self.model.opened, self.model.scope()
+        refusals = self.controller.probe_commit_naming_restarts(checkpoint_id, scope, self.model.restarts())
+        props.p1_restart_in_scope_refused(checkpoint_id, refusals)
         replies = self.controller.commit(checkpoint_id, scope)
         self.audits.commit(self.model, checkpoint_id, replies)
         model, _ = self.model.commit()
@@ -166,8 +163,7 @@ class CheckpointMachine(RuleBasedStateMachine):
     @action(lambda self: self.model.checkpoint_open)
     def resume(self) -> None:
         """End the open checkpoint; every participant then refuses a prepare naming the resumed ID (P10)."""
-        checkpoint_id = self.model.open_checkpoint
-        assert checkpoint_id is not None
+        checkpoint_id = self.model.opened
         self.controller.resume(checkpoint_id)
         self._refused("prepare", checkpoint_id, "stale_checkpoint")
         self._advance(self.model.resume(), f"resume({checkpoint_id}); prepare({checkpoint_id}) refused")
@@ -189,8 +185,7 @@ class CheckpointMachine(RuleBasedStateMachine):
     @action(lambda self: self.model.phase == "prepared", committed=PICK, inside=st.booleans())
     def crash_in_commit(self, committed: int, inside: bool) -> None:
         """Gym crashes inside a commit reached by `committed` participants (one more held inside with `inside`)."""
-        checkpoint_id, scope = self.model.open_checkpoint, self.model.scope()
-        assert checkpoint_id is not None
+        checkpoint_id, scope = self.model.opened, self.model.scope()
         members = self.controller.members()
         done = [m.name for m in members[: committed % len(members)]]
         stopped = members[len(done)].name if inside and self.harness.can_stop_inside_commit else None
@@ -412,9 +407,8 @@ class CheckpointMachine(RuleBasedStateMachine):
     @action(lambda self: self.ledgers.enabled and self.model.may_remove_ledgers_while_open())
     def remove_ledgers_while_open(self) -> None:
         """A ledger retire and delete while a checkpoint is open are refused (P10); the ledgers stay (P5)."""
-        checkpoint_id = self.model.open_checkpoint
-        keys = sorted(a.key for a in self.model.live()) or ["probe"]
-        props.p10_ledger_removal_refused(checkpoint_id, self.controller.remove_ledgers(keys))  # type: ignore[arg-type]
+        checkpoint_id, keys = self.model.opened, sorted(a.key for a in self.model.live()) or ["probe"]
+        props.p10_ledger_removal_refused(checkpoint_id, self.controller.remove_ledgers(keys))
         model = self.model.having_tried(ledger_removal_in=checkpoint_id)
         self._advance(model, f"remove_ledgers_while_open({keys}) refused", violation=props.P10Violation)
 
@@ -481,7 +475,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         props.p10_each_refused(f"{operation}({checkpoint_id})", code, outcomes)
 
     def _advance(
-        self, model: Model, label: str, violation: type[PropertyViolation] | None = None, counts_final: bool = False
+        self, model: Model, label: str, violation: Violation | None = None, counts_final: bool = False
     ) -> None:
         """Adopt the model's next value, then wait for the quiet state it predicts and audit the step."""
         self.model = model
@@ -495,11 +489,9 @@ def _pick(items: list[Any], pick: int) -> Any:
 
 
 def machine_for(harness: Harness, stats: SearchStats | None = None) -> type[CheckpointMachine]:
-    """A factory of machines bound to `harness`, for `run_state_machine_as_test`.
-
-    Hypothesis keys its example database (and, derandomized, its draws) on the factory's source plus this digest,
-    so each deployment (topology, verify mode, faults) keeps its own examples: a failure saved by one topology is
-    not replayed against another."""
+    """A factory of machines bound to `harness`, for `run_state_machine_as_test`. Hypothesis keys its example
+    database (and, derandomized, its draws) on the factory's source plus this digest, so each deployment keeps its
+    own examples: a failure saved by one is not replayed against another."""
 
     def factory() -> CheckpointMachine:
         return CheckpointMachine(harness, stats)
