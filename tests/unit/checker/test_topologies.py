@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from ckpt_model.contract import Model
 from ckpt_model.tasks import COUNTER_SCRIPT, WEATHER_SCRIPT, counter_run_body, legacy_run_body, native_run_body
 from ckpt_model.topologies import TOPOLOGIES, Topology
+
+SRC = Path(__file__).resolve().parents[3] / "src" / "ckpt_model"
 
 
 def with_trait(trait: str) -> list[str]:
@@ -77,3 +82,15 @@ def test_the_model_reads_the_traits(topology: Topology) -> None:
     assert model.episode_owner == topology.episode_owner
     assert model.can_dispatch_restart() == topology.restart_environment
     assert bool(model.exports("resources")) is False  # nothing scoped yet, whatever the topology
+
+
+def test_no_module_of_the_checker_compares_a_topology_name() -> None:
+    """Code asks for a trait; a comparison with a topology's name is how traits got lost before the table."""
+    comparison = re.compile(r"topology (==|!=|in|not in) ")
+    found = [
+        f"{path.name}:{number}: {line.strip()}"
+        for path in sorted(SRC.glob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), start=1)
+        if comparison.search(line)
+    ]
+    assert found == []
