@@ -45,7 +45,7 @@ from fakes.gym.workers import WorkerLink, WorkerPool, add_worker_routes, serve_w
 # Reference 1.4: how a policy worker finds its coordinator's socket.
 POLICY_SOCKET_ENV = "NEMO_GYM_POLICY_CHECKPOINT_SOCKET"
 
-# --- policy-specific parts (pure; tests/unit/fakes/test_policy_workers.py feeds them hand-built values) -------------------
+# --- policy-specific parts (pure; tests/unit/fakes/test_policy_workers.py feeds them hand-built values) ---------------
 
 
 def worker_report(participant: PolicyParticipant) -> dict[str, Any]:
