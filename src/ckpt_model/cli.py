@@ -55,7 +55,7 @@ from ckpt_model import profiles
 from ckpt_model.errors import CoordinationError, PropertyViolation
 from ckpt_model.interrupts import signal_number, sigterm_unwinds
 from ckpt_model.spec import OPTIONS, DeploymentSpec, OptionValue, SpecError, flag_keywords
-from ckpt_model.topologies import TOPOLOGIES
+from ckpt_model.topologies import TOPOLOGIES, VERIFY_MODES
 from ckpt_model.verdicts import Exit, exception_text, kind_of, leaves, report_failure
 
 if TYPE_CHECKING:  # the stateful module is imported only when a check runs
@@ -63,7 +63,6 @@ if TYPE_CHECKING:  # the stateful module is imported only when a check runs
 
     from ckpt_model.deployment import PlantedFault
 
-VERIFY_MODES: tuple[str, ...] = tuple(dict.fromkeys(mode for t in TOPOLOGIES.values() for mode in t.verify_modes))
 REAL_GYM_DOC = "docs/real-gym.md"
 SEED_BITS = 32
 
@@ -125,7 +124,7 @@ def build_parser() -> Parser:
     for option in OPTIONS:
         keywords = flag_keywords(option)
         keywords["help"] += "; on when a planted fault needs it"
-        check.add_argument("--" + option.name.replace("_", "-"), **keywords)
+        check.add_argument(option.flag(), **keywords)
     check.add_argument("--profile", choices=sorted(profiles.PROFILES), default="default", help="default: default")
     check.add_argument("--examples", type=positive_int, help="override the profile's max_examples")
     check.add_argument("--steps", type=positive_int, help="override the profile's stateful_step_count")

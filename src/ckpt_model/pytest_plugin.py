@@ -26,12 +26,11 @@ from typing import TYPE_CHECKING
 import pytest
 
 from ckpt_model.spec import OPTIONS, DeploymentSpec, Option, OptionValue, SpecError, flag_keywords
-from ckpt_model.topologies import TOPOLOGIES
+from ckpt_model.topologies import TOPOLOGIES, VERIFY_MODES
 
 if TYPE_CHECKING:
     from ckpt_model.deployment import Harness, PlantedFault
 
-VERIFY_MODES: tuple[str, ...] = tuple(dict.fromkeys(mode for t in TOPOLOGIES.values() for mode in t.verify_modes))
 CHOICES = ("ckpt_topology", "ckpt_verify_mode", "ckpt_faults")
 
 
@@ -56,8 +55,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption("--ckpt-faults", default=None, metavar="A,B", help="comma-separated planted faults of ckpt_harness")
     for option in OPTIONS:
-        keywords = flag_keywords(option)
-        group.addoption("--ckpt-" + option.name.replace("_", "-"), dest=dest(option), **keywords)
+        group.addoption(option.flag("--ckpt-"), dest=dest(option), **flag_keywords(option))
 
 
 def asked_options(config: pytest.Config) -> dict[str, OptionValue]:

@@ -348,6 +348,10 @@ class Option:
     def pattern(self) -> str:
         return f"{self.word}N" if self.counts else self.word
 
+    def flag(self, prefix: str = "--") -> str:
+        """Its command-line flag: `--token-capture` (`--ckpt-token-capture` with the pytest plugin's prefix)."""
+        return prefix + self.name.replace("_", "-")
+
     def words(self, value: OptionValue) -> tuple[str, ...]:
         if value == self.default:
             return ()
