@@ -20,12 +20,12 @@ import attrs
 from ckpt_model.contract import ScriptCall
 from ckpt_model.deployment import Harness
 from ckpt_model.errors import StepNotEnabled
+from ckpt_model.gym_tasks import COUNTER_SCRIPT
 from ckpt_model.machine import CheckpointMachine
 from ckpt_model.properties import record_key
 from ckpt_model.quiescence import SETTLE_TIMEOUT_S, observe
 from ckpt_model.spec import DeploymentSpec
 from ckpt_model.storage import participant_dir, read_records
-from ckpt_model.tasks import COUNTER_SCRIPT
 from ckpt_model.topologies import TOPOLOGIES
 
 Step = tuple[str, dict[str, Any]]

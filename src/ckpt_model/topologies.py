@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import attrs
 
-from ckpt_model.tasks import (
+from ckpt_model.gym_tasks import (
     COUNTER_SCRIPT,
     WEATHER_SCRIPT,
     Script,

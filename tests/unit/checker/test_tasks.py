@@ -2,16 +2,8 @@
 
 from __future__ import annotations
 
-from ckpt_model.tasks import (
-    COUNTER_SCRIPT,
-    WEATHER_SCRIPT,
-    counter_after,
-    counter_run_body,
-    expected_reward,
-    resources_state,
-    run_body,
-    script_for,
-)
+from ckpt_model.gym_tasks import COUNTER_SCRIPT, WEATHER_SCRIPT, counter_after, counter_run_body
+from ckpt_model.tasks import expected_reward, resources_state, run_body, script_for
 
 
 def test_each_topology_pins_its_own_script() -> None:

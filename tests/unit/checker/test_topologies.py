@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ckpt_model.contract import Model
-from ckpt_model.tasks import COUNTER_SCRIPT, WEATHER_SCRIPT, counter_run_body, legacy_run_body, native_run_body
+from ckpt_model.gym_tasks import COUNTER_SCRIPT, WEATHER_SCRIPT, counter_run_body, legacy_run_body, native_run_body
 from ckpt_model.topologies import TOPOLOGIES, Topology
 
 SRC = Path(__file__).resolve().parents[3] / "src" / "ckpt_model"
