@@ -3,8 +3,8 @@ and finding faults.
 
     python benchmarks/checker.py                 # all three: default profile, restart, then every planted fault
     python benchmarks/checker.py --no-faults     # only the default profile against the fault-free stack
-    python benchmarks/checker.py --no-faults --restart-rounds 0 --policy-workers 2   # deployments with options,
-                                                 # token capture and cuts, with 1 and 2 policy model workers
+    python benchmarks/checker.py --no-faults --restart-rounds 0 --policy-workers 2   # the fault-free matrix, and
+                                                 # its deployments with options with 1 and 2 policy model workers
     python benchmarks/checker.py --faults model_delivers_held,resume_deletes_records
     python benchmarks/checker.py --no-default --faults X --hypothesis-shrink   # Hypothesis shrinks first, too
 
@@ -37,10 +37,9 @@ from restart import measure_harness  # benchmarks/restart.py, beside this script
 from ckpt_model import profiles
 from ckpt_model.deployment import Harness, fault_catalogue
 from ckpt_model.faultsearch import FAULT_SEARCH, FAULT_SEARCH_WITH_SHRINK, Finding, harness_for, search
-from ckpt_model.fuzz import EVERY_DEPLOYMENT, WITH_OPTIONS, deployment_label
 from ckpt_model.interrupts import sigterm_unwinds
 from ckpt_model.machine import machine_for
-from ckpt_model.regression import options_of_words
+from ckpt_model.spec import FAULT_FREE, DeploymentSpec
 from ckpt_model.stats import ExampleStat, SearchStats
 from ckpt_model.verdicts import Failure
 
@@ -72,20 +71,16 @@ class ProfileFigures:
         return 1000 * sum(self.seconds) / steps if steps else float("nan")
 
 
-def measure_profile(
-    topology: str, verify_mode: str, chosen: settings = profiles.DEFAULT, options: tuple[str, ...] = ()
-) -> ProfileFigures:
-    """Run the machine with `chosen` settings on a fresh deployment (with the option words `options`, e.g.
-    `capture`, `cuts`, `workers2`); every example's steps, crashes and time."""
+def measure_profile(spec: DeploymentSpec, chosen: settings = profiles.DEFAULT) -> ProfileFigures:
+    """Run the machine with `chosen` settings on a fresh deployment; every example's steps, crashes and time."""
     stats = SearchStats()
-    with Harness.embedded(topology, verify_mode=verify_mode, **options_of_words(options)) as harness:
+    with Harness.embedded(spec) as harness:
         run_state_machine_as_test(machine_for(harness, stats), settings=chosen)
-    label = "+".join((deployment_label(topology, verify_mode), *options))
-    return ProfileFigures(label, tuple(stats.finished), time.monotonic() - stats.started_s)
+    return ProfileFigures(spec.label, tuple(stats.finished), time.monotonic() - stats.started_s)
 
 
-def default_profile(topology: str, verify_mode: str, options: tuple[str, ...] = ()) -> None:
-    figures = measure_profile(topology, verify_mode, options=options)
+def default_profile(spec: DeploymentSpec) -> None:
+    figures = measure_profile(spec)
     done, seconds = list(figures.examples), figures.seconds
     print(
         f"{figures.label:<28} examples {len(done):>3} ({sum(e.steps == 0 for e in done)} without a step)"
@@ -97,6 +92,13 @@ def default_profile(topology: str, verify_mode: str, options: tuple[str, ...] = 
         f"  total {figures.total_s:.1f} s",
         flush=True,
     )
+
+
+def profiled_deployments(policy_workers: int) -> list[DeploymentSpec]:
+    """The fault-free matrix, and each of its deployments with options also with 1 and `policy_workers` workers."""
+    workers = (1, policy_workers)
+    variants = [attrs.evolve(spec, policy_workers=n) for spec in FAULT_FREE if spec.option_words for n in workers]
+    return list(dict.fromkeys([*FAULT_FREE, *variants]))
 
 
 def restart(rounds: int) -> None:
@@ -189,16 +191,12 @@ def main(argv: list[str] | None = None) -> int:
         "--policy-workers",
         type=int,
         default=2,
-        help="also run the deployments with options with this many policy model workers (1: only one; default 2)",
+        help="also run the deployments with options with 1 and with this many policy model workers (default 2)",
     )
     args = parser.parse_args(argv)
     if not args.no_default:
-        for topology, verify_mode in EVERY_DEPLOYMENT:
-            default_profile(topology, verify_mode)
-        for topology, verify_mode, options in WITH_OPTIONS:
-            default_profile(topology, verify_mode, options)
-            if args.policy_workers != 1:
-                default_profile(topology, verify_mode, (*options, f"workers{args.policy_workers}"))
+        for spec in profiled_deployments(args.policy_workers):
+            default_profile(spec)
     if args.restart_rounds:
         restart(args.restart_rounds)
     if not args.no_faults:

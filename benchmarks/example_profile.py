@@ -1,13 +1,14 @@
 """Where an example's time goes: the default profile per topology against the fault-free stack, broken down.
 
-    python benchmarks/example_profile.py [--examples 8] [--deployments native,legacy,counter,slow/wait,slow/replay]
+    python benchmarks/example_profile.py [--examples 8] [--deployments native,slow/replay,counter+capture]
                                          [--seed 1 | --derandomize]
 
-For each deployment it runs the default profile's machine (`--examples` examples, explored randomly from
-`--seed`, so two runs of one commit, or of two commits with the same rules, play the same examples; Hypothesis's
-derandomized draws start with the shortest examples, most of them empty) with a
-`ckpt_model.timing.Timings` collector active, and prints seconds per example (median, p90; from the start of an
-example's fresh processes to the end of its teardown), milliseconds per step, and the parts: starts and restarts
+For each deployment (by label; default: every fault-free one, `ckpt_model.spec.FAULT_FREE`) it runs the default
+profile's machine (`--examples` examples, explored randomly from `--seed`, so two runs of one commit, or of two
+commits with the same rules, play the same examples; Hypothesis's derandomized draws start with the shortest
+examples, most of them empty) with a `ckpt_model.timing.Timings` collector active, and prints seconds per
+example (median, p90; from the start of an example's fresh processes to the end of its teardown), milliseconds
+per step, and the parts: starts and restarts
 (`begin_example`, `crash`, `crash_participant`, each split into kill, start and discovery), control calls and
 probes, settling (its polls, and how much of it was sleeping), checkpoint fingerprints (at commit, and the P9
 re-reads after every step), releases, the `/run` pool, and the teardown drain (whose own parts are listed under
@@ -37,12 +38,12 @@ sys.path[:0] = [str(ROOT), str(ROOT / "src")]  # run from a checkout without ins
 
 from ckpt_model import profiles, timing  # noqa: E402 - after the path set-up above
 from ckpt_model.deployment import Harness  # noqa: E402
-from ckpt_model.fuzz import EVERY_DEPLOYMENT, deployment_label  # noqa: E402
 from ckpt_model.interrupts import sigterm_unwinds  # noqa: E402
 from ckpt_model.machine import machine_for  # noqa: E402
+from ckpt_model.spec import FAULT_FREE  # noqa: E402
 from ckpt_model.stats import SearchStats  # noqa: E402
 
-DEPLOYMENTS = {deployment_label(*deployment): deployment for deployment in EVERY_DEPLOYMENT}
+DEPLOYMENTS = {spec.label: spec for spec in FAULT_FREE}
 # Counts per step worth reading next to the times.
 COUNTS = ("settle.polls",)
 
@@ -84,11 +85,10 @@ def percentile(samples: Sequence[float], fraction: float) -> float:
 
 def measure(label: str, examples: int, seed: int | None) -> Profile:
     """`seed` None: derandomized."""
-    topology, verify_mode = DEPLOYMENTS[label]
     chosen = settings(profiles.DEFAULT, max_examples=examples, derandomize=seed is None, database=None)
     clock = ExampleClock()
     timings = timing.Timings()
-    with Harness.embedded(topology, verify_mode=verify_mode) as harness:
+    with Harness.embedded(DEPLOYMENTS[label]) as harness:
         # The fork server's warm-up (seconds, once per deployment) belongs to no example.
         harness.begin_example()
         started_s = time.perf_counter()

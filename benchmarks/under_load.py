@@ -23,8 +23,8 @@ from checker import ProfileFigures, measure_profile  # benchmarks/checker.py, be
 from hypothesis import settings
 
 from ckpt_model import profiles
-from ckpt_model.fuzz import EVERY_DEPLOYMENT, deployment_label
 from ckpt_model.interrupts import sigterm_unwinds
+from ckpt_model.spec import FAULT_FREE, DeploymentSpec
 
 HOG = (sys.executable, "-c", "while True: pass")
 RATIO_TARGET = 2.0
@@ -44,16 +44,16 @@ def hogs(count: int) -> Iterator[None]:
 
 
 def pair(
-    topology: str, verify_mode: str, chosen: settings, hog_count: int, hogs_first: bool
+    spec: DeploymentSpec, chosen: settings, hog_count: int, hogs_first: bool
 ) -> tuple[ProfileFigures, ProfileFigures]:
     """(idle, beside hogs) for one deployment, in the order given."""
     if hogs_first:
         with hogs(hog_count):
-            loaded = measure_profile(topology, verify_mode, chosen)
-        return measure_profile(topology, verify_mode, chosen), loaded
-    idle = measure_profile(topology, verify_mode, chosen)
+            loaded = measure_profile(spec, chosen)
+        return measure_profile(spec, chosen), loaded
+    idle = measure_profile(spec, chosen)
     with hogs(hog_count):
-        return idle, measure_profile(topology, verify_mode, chosen)
+        return idle, measure_profile(spec, chosen)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,14 +61,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hogs", type=int, default=2, help="busy-looping processes beside the loaded run")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--examples", type=int, default=12, help="examples per run (derandomized)")
-    labels = [deployment_label(*deployment) for deployment in EVERY_DEPLOYMENT]
+    labels = [spec.label for spec in FAULT_FREE]
     parser.add_argument("--deployments", default=",".join(labels), help="comma-separated: " + ", ".join(labels))
     args = parser.parse_args(argv)
     chosen_labels = [label for label in args.deployments.split(",") if label]
     if set(chosen_labels) - set(labels) or args.rounds < 1 or args.examples < 1 or args.hogs < 1:
         parser.error(f"deployments must be among {labels}; hogs, rounds and examples must be >= 1")
     chosen = settings(profiles.DEFAULT, max_examples=args.examples, derandomize=True, database=None)
-    deployments = [d for d in EVERY_DEPLOYMENT if deployment_label(*d) in chosen_labels]
+    deployments = [spec for spec in FAULT_FREE if spec.label in chosen_labels]
     print(
         f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at the start; {args.hogs} hogs; "
         f"{args.rounds} rounds of {args.examples} derandomized examples per side",
@@ -78,11 +78,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{'deployment':<11} {'idle s/ex':>9} {'hogs s/ex':>9} {'idle ms/step':>12} {'hogs ms/step':>12} {'ratio':>6}"
     )
     ratios: list[float] = []
-    for topology, verify_mode in deployments:
+    for spec in deployments:
         idle_runs: list[ProfileFigures] = []
         loaded_runs: list[ProfileFigures] = []
         for round_number in range(args.rounds):
-            idle, loaded = pair(topology, verify_mode, chosen, args.hogs, hogs_first=round_number % 2 == 1)
+            idle, loaded = pair(spec, chosen, args.hogs, hogs_first=round_number % 2 == 1)
             idle_runs.append(idle)
             loaded_runs.append(loaded)
         ratio = statistics.median(
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         ratios.append(ratio)
         print(
-            f"{deployment_label(topology, verify_mode):<11}"
+            f"{spec.label:<11}"
             f" {statistics.median(statistics.median(r.seconds) for r in idle_runs):>9.2f}"
             f" {statistics.median(statistics.median(r.seconds) for r in loaded_runs):>9.2f}"
             f" {statistics.median(r.ms_per_step for r in idle_runs):>12.0f}"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The nightly deep search: the state machine with the `ci` profile over every topology, then the full fault search
-# (`pytest -m search`: every planted fault found and shrunk). Installs nothing: run it in the project's
+# The nightly deep search: the state machine with the `ci` profile over every fault-free deployment, then the full
+# fault search (`pytest -m search`: every planted fault found and shrunk). Installs nothing: run it in the project's
 # environment (`pip install -e '.[test]'` done).
 #
 # Keeps Hypothesis's example database in .hypothesis/ at the repository root (the workflow caches it between runs,
@@ -43,8 +43,10 @@ run_step() {
   fi
 }
 
-# tests/stateful runs the machine against every topology (native, legacy, counter, slow with wait and with replay
-# verification, mixed) and the fixed scenarios.
+# tests/stateful runs the machine against every fault-free deployment (`ckpt_model.spec.FAULT_FREE`, read from the
+# package, so this list is never declared twice) and the fixed scenarios.
+deployments="$("$python" -m ckpt_model.spec --fault-free)"
+echo "=== nightly: fault-free deployments: ${deployments//$'\n'/ }" | tee -a "$artifacts/console.log"
 run_step stateful "$python" -m pytest tests/stateful -p no:cacheprovider -n "$workers" \
   --junitxml="$artifacts/junit-stateful.xml"
 run_step search "$python" -m pytest -m search -p no:cacheprovider -n "$workers" \

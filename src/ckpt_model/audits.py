@@ -23,7 +23,6 @@ from ckpt_model.history import History
 from ckpt_model.ledger_watch import LedgerWatch
 from ckpt_model.quiescence import observe
 from ckpt_model.storage import MANIFEST_NAME, CheckpointUnreadable, FingerprintCache, participant_dir, read_records
-from ckpt_model.tasks import resources_state
 from ckpt_model.wire import EpisodeId
 
 
@@ -103,7 +102,7 @@ class Audits:
         scoped = {a.key: a for a in model.scope()}
         for member in self._resources():
             expected = {
-                key: resources_state(model.topology, scoped[key].tool_rounds)
+                key: self.harness.spec.traits.resources_state(scoped[key].tool_rounds)
                 for key in model.exports("resources", member.name)
             }
             records = self._resources_records(self.harness.checkpoint_dir / checkpoint_id, checkpoint_id, member.name)

@@ -1,9 +1,10 @@
 """`ckpt-model`: the checker's command line (also `python -m ckpt_model`).
 
-    ckpt-model check [--topology T] [--verify-mode M] [--faults a,b] [--profile P] [--examples N] [--steps N]
-                     [--seed N] [--no-minimise]
-                                      run the state machine against the embedded look-alike stack; each failure
-                                      is then minimised (1-minimal) and its regression file rewritten with it
+    ckpt-model check [--topology T] [--verify-mode M] [--faults a,b] [--token-capture] [--generation-cuts]
+                     [--policy-workers N] [--profile P] [--examples N] [--steps N] [--seed N] [--no-minimise]
+                                      run the state machine against the embedded look-alike stack, in the
+                                      deployment `DeploymentSpec.for_faults` picks; each failure is then
+                                      minimised (1-minimal) and its regression file rewritten with it
     ckpt-model replay FILE            replay a regression file the checker wrote, without Hypothesis
     ckpt-model minimise FILE          make a regression file's steps 1-minimal and rewrite it (only if they fail
                                       as recorded, and the minimal steps fail again the same way)
@@ -47,19 +48,21 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
+import attrs
 from hypothesis import settings
 
 from ckpt_model import profiles
-from ckpt_model.contract import Topology, VerifyMode
 from ckpt_model.errors import CoordinationError, PropertyViolation
 from ckpt_model.interrupts import signal_number, sigterm_unwinds
+from ckpt_model.spec import OPTIONS, DeploymentSpec, OptionValue, SpecError, flag_keywords
+from ckpt_model.topologies import TOPOLOGIES, VERIFY_MODES
 from ckpt_model.verdicts import Exit, exception_text, kind_of, leaves, report_failure
 
 if TYPE_CHECKING:  # the stateful module is imported only when a check runs
     from hypothesis.stateful import RuleBasedStateMachine
 
-TOPOLOGIES: tuple[str, ...] = typing.get_args(Topology)
-VERIFY_MODES: tuple[str, ...] = typing.get_args(VerifyMode)
+    from ckpt_model.deployment import PlantedFault
+
 REAL_GYM_DOC = "docs/real-gym.md"
 SEED_BITS = 32
 
@@ -110,28 +113,18 @@ def build_parser() -> Parser:
 
     check = commands.add_parser("check", help="run the state machine against the embedded look-alike stack")
     check.add_argument(
-        "--topology", choices=TOPOLOGIES, help="default: the deployment the planted faults show in, else native"
+        "--topology", choices=list(TOPOLOGIES), help="default: the deployment the planted faults show in, else native"
     )
     check.add_argument(
-        "--verify-mode", choices=VERIFY_MODES, help="verification mode of the slow topology (default: wait)"
+        "--verify-mode",
+        choices=VERIFY_MODES,
+        help="verify mode, of a topology that runs in several (slow); default: the faults', else wait",
     )
     check.add_argument("--faults", default="", help="comma-separated planted faults (see `ckpt-model faults`)")
-    check.add_argument(
-        "--token-capture",
-        action="store_true",
-        help="the policy model keeps capture ledgers (P5 token lineage); on when a planted fault needs it",
-    )
-    check.add_argument(
-        "--generation-cuts",
-        action="store_true",
-        help="cut in-flight generations at every prepare (P12); implies --token-capture; on when a fault needs it",
-    )
-    check.add_argument(
-        "--policy-workers",
-        type=positive_int,
-        default=1,
-        help="worker processes of the policy model behind its one port (default: 1)",
-    )
+    for option in OPTIONS:
+        keywords = flag_keywords(option)
+        keywords["help"] += "; on when a planted fault needs it"
+        check.add_argument(option.flag(), **keywords)
     check.add_argument("--profile", choices=sorted(profiles.PROFILES), default="default", help="default: default")
     check.add_argument("--examples", type=positive_int, help="override the profile's max_examples")
     check.add_argument("--steps", type=positive_int, help="override the profile's stateful_step_count")
@@ -182,40 +175,32 @@ def build_parser() -> Parser:
 # --- check -------------------------------------------------------------------------------------------------
 
 
-def parse_faults(text: str, catalogue: Sequence[Any]) -> tuple[str, ...]:
-    names = tuple(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))
-    known = [fault.name for fault in catalogue]
-    unknown = [name for name in names if name not in known]
-    if unknown:
+def planted_faults(text: str) -> tuple[PlantedFault, ...]:
+    from ckpt_model.deployment import UnknownFaults, faults_named
+
+    try:
+        return faults_named(text)
+    except UnknownFaults as error:
         raise UsageError(
-            f"unknown fault(s) {', '.join(map(repr, unknown))}; known faults:\n"
-            + "\n".join(f"  {name}" for name in known)
+            f"unknown fault(s) {', '.join(map(repr, error.unknown))}; known faults:\n"
+            + "\n".join(f"  {name}" for name in error.known)
             + "\n(`ckpt-model faults` describes them)"
+        ) from None
+
+
+def asked_options(args: argparse.Namespace) -> dict[str, OptionValue]:
+    """The option flags given (a count left out is None: the faults' and the default's)."""
+    return {option.name: value for option in OPTIONS if (value := vars(args)[option.name]) is not None}
+
+
+def chosen_spec(args: argparse.Namespace, planted: Sequence[PlantedFault]) -> DeploymentSpec:
+    """The deployment to check: `DeploymentSpec.for_faults` with what the options ask for."""
+    try:
+        return DeploymentSpec.for_faults(
+            planted, topology=args.topology, verify_mode=args.verify_mode, options=asked_options(args)
         )
-    return names
-
-
-def chosen_deployment(args: argparse.Namespace, planted: Sequence[Any]) -> tuple[str, str]:
-    """The explicit topology and verify mode, else the one deployment every planted fault shows in, else native."""
-    shown_in = {(fault.topology, fault.verify_mode) for fault in planted}
-    topology, verify_mode = next(iter(shown_in)) if len(shown_in) == 1 else ("native", "wait")
-    if args.topology is not None and args.topology != topology:
-        verify_mode = "wait"
-    return args.topology or topology, args.verify_mode or verify_mode
-
-
-def chosen_options(args: argparse.Namespace, planted: Sequence[Any]) -> dict[str, Any]:
-    """Token capture and generation cuts (asked for, or needed by a planted fault; cuts need token capture), and
-    the policy model's worker count."""
-    cuts = args.generation_cuts or any(getattr(fault, "generation_cuts", False) for fault in planted)
-    capture = cuts or args.token_capture or any(getattr(fault, "token_capture", False) for fault in planted)
-    workers = max([args.policy_workers, *(getattr(fault, "policy_workers", 1) for fault in planted)])
-    return {"token_capture": capture, "generation_cuts": cuts, "policy_workers": workers}
-
-
-def options_label(options: dict[str, Any]) -> str:
-    on = [name.replace("_", " ") for name in ("token_capture", "generation_cuts") if options[name]]
-    return f"{', '.join(on) or 'no token capture'}; policy model workers: {options['policy_workers']}"
+    except SpecError as error:
+        raise UsageError(str(error)) from None
 
 
 def run_settings(args: argparse.Namespace) -> settings:
@@ -257,9 +242,8 @@ def seeded(factory: type[RuleBasedStateMachine], seed: int) -> type[RuleBasedSta
 
 def banner(
     args: argparse.Namespace,
-    topology: str,
-    verify_mode: str,
-    faults: Sequence[Any],
+    spec: DeploymentSpec,
+    faults: Sequence[PlantedFault],
     chosen: settings,
     seed: int | None,
 ) -> str:
@@ -273,10 +257,10 @@ def banner(
     lines = [
         "ckpt-model check",
         "  system:      embedded look-alike stack",
-        f"  topology:    {topology}",
-        f"  verify mode: {verify_mode}",
+        f"  topology:    {spec.topology}",
+        f"  verify mode: {spec.verify_mode}",
         f"  faults:      {planted}",
-        f"  options:     {options_label(chosen_options(args, faults))}",
+        f"  options:     {spec.options_text}",
         f"  profile:     {args.profile} ({profile_description(chosen, seeded_run=args.seed is not None)})",
         f"  seed:        {seed_line}",
         f"  examples:    {chosen.max_examples} x up to {chosen.stateful_step_count} steps",
@@ -284,10 +268,10 @@ def banner(
         + ("yes: each failure is made 1-minimal after the search" if args.minimise else "no (--no-minimise)"),
     ]
     for fault in faults:
-        if (fault.topology, fault.verify_mode) != (topology, verify_mode):
+        if (fault.topology, fault.verify_mode) != (spec.topology, spec.verify_mode):
             lines.append(
                 f"  note: {fault.name} shows in topology {fault.topology} (verify mode {fault.verify_mode}); "
-                f"on {topology}/{verify_mode} it may never show"
+                f"on {spec.topology}/{spec.verify_mode} it may never show"
             )
     return "\n".join(lines)
 
@@ -301,35 +285,31 @@ def run_check(args: argparse.Namespace) -> int:
     # Imported here, not at the top: `--help` and usage errors need none of the stack.
     from hypothesis.stateful import run_state_machine_as_test
 
-    from ckpt_model.deployment import Harness, fault_catalogue
+    from ckpt_model.deployment import Harness, spec_of
     from ckpt_model.machine import machine_for
     from ckpt_model.stats import SearchStats
 
     gym = None
+    faults = planted_faults(args.faults)
     if args.deployment is not None:
         from ckpt_model.gym_deployment import GymDeployment
 
-        if args.faults:
+        if faults:
             raise UsageError("--faults plants faults in the embedded stack; a real Gym deployment has none")
         try:
             gym = GymDeployment.from_file(args.deployment)
+            spec = spec_of(gym)
         except (ValueError, TypeError) as error:
             raise UsageError(f"--deployment: {error} (see {REAL_GYM_DOC})") from None
-    catalogue = fault_catalogue()
-    names = parse_faults(args.faults, catalogue)
-    faults = [fault for fault in catalogue if fault.name in names]
-    topology, verify_mode = (gym.topology, gym.verify_mode) if gym is not None else chosen_deployment(args, faults)
+    else:
+        spec = chosen_spec(args, faults)
     chosen = run_settings(args)
     seed = chosen_seed(args, chosen)
-    print(banner(args, topology, verify_mode, faults, chosen, seed), flush=True)
+    print(banner(args, spec, faults, chosen, seed), flush=True)
 
     stats = SearchStats()
     try:
-        harness = (
-            Harness(gym)
-            if gym
-            else Harness.embedded(topology, faults=names, verify_mode=verify_mode, **chosen_options(args, faults))
-        )
+        harness = Harness(gym, spec=spec) if gym else Harness.embedded(spec)
         try:
             factory = machine_for(harness, stats)
             run_state_machine_as_test(factory if seed is None else seeded(factory, seed), settings=chosen)
@@ -374,7 +354,8 @@ def describe_failure(error: BaseException) -> str:
 # --- replay, stack, faults ---------------------------------------------------------------------------------
 
 
-def load_regression(path: Path) -> dict[str, Any]:
+def load_regression(path: Path) -> tuple[dict[str, Any], DeploymentSpec]:
+    """The file and its deployment; every problem with it at once, as a usage error."""
     from ckpt_model import regression
     from ckpt_model.deployment import fault_catalogue
 
@@ -384,26 +365,26 @@ def load_regression(path: Path) -> dict[str, Any]:
         raise UsageError(str(error)) from None
     known = {fault.name for fault in fault_catalogue()}
     failure = document.get("failure")
-    faults = document.get("faults")
-    problems = []
-    if document.get("topology") not in TOPOLOGIES:
-        problems.append(f"'topology' must be one of {list(TOPOLOGIES)} (got {document.get('topology')!r})")
-    if document.get("verify_mode", "wait") not in VERIFY_MODES:
-        problems.append(f"'verify_mode' must be one of {list(VERIFY_MODES)} (got {document.get('verify_mode')!r})")
-    if not isinstance(faults, list) or not all(isinstance(name, str) and name in known for name in faults):
-        problems.append(f"'faults' must be a list of known fault names (got {faults!r}; see `ckpt-model faults`)")
+    problems: list[str] = []
+    try:
+        spec = DeploymentSpec.from_document(document)
+    except SpecError as error:
+        problems.extend(error.problems)
+    else:
+        if not set(spec.faults) <= known:
+            problems.append(f"'faults' must be known fault names (got {document['faults']!r}; see `ckpt-model faults`)")
     if not isinstance(failure, dict) or not isinstance(failure.get("type"), str):
         problems.append(f"'failure' must be {{'type': ..., 'property': ...}} (got {failure!r})")
     if problems:
         raise UsageError(f"{path}: not a replayable regression file:\n" + "\n".join(f"  - {p}" for p in problems))
-    return document
+    return document, spec
 
 
 def run_replay(args: argparse.Namespace) -> int:
     from ckpt_model import regression
     from ckpt_model.scenarios import replay
 
-    document = load_regression(args.file)
+    document, _ = load_regression(args.file)
     recorded_type = document["failure"]["type"]
     recorded = document["failure"].get("property") or recorded_type
     print(f"replaying {args.file} (recorded: {recorded})\n  {regression.describe(document)}", flush=True)
@@ -430,12 +411,12 @@ def run_minimise(args: argparse.Namespace) -> int:
     from ckpt_model import regression
     from ckpt_model.minimise import describe, minimise_on, provenance, replay_once, signature
 
-    document = load_regression(args.file)
+    document, spec = load_regression(args.file)
     recorded = (document["failure"]["type"], document["failure"].get("property"))
     steps = [(name, arguments) for name, arguments in document["steps"]]
     print(f"minimising {args.file} (recorded: {recorded[1] or recorded[0]})\n  {regression.describe(document)}")
     try:
-        with regression_harness(document) as harness:
+        with regression_harness(spec) as harness:
             first = replay_once(harness, steps)
             if signature(first) != recorded:
                 return not_minimised(args.file, first, recorded)
@@ -459,18 +440,12 @@ def run_minimise(args: argparse.Namespace) -> int:
 
 
 @contextlib.contextmanager
-def regression_harness(document: dict[str, Any]) -> Iterator[Any]:
-    """A fresh embedded deployment of the file's topology and faults, whose failures write their regression
-    files under its own root (never over the file being minimised)."""
-    from ckpt_model import regression
+def regression_harness(spec: DeploymentSpec) -> Iterator[Any]:
+    """A fresh embedded deployment of the file's deployment, whose failures write their regression files under
+    its own root (never over the file being minimised)."""
     from ckpt_model.deployment import Harness
 
-    harness = Harness.embedded(
-        document["topology"],
-        faults=tuple(document["faults"]),
-        verify_mode=document.get("verify_mode", "wait"),
-        **regression.deployment_options(document),
-    )
+    harness = Harness.embedded(spec)
     harness.regressions_dir = harness.root / "regressions"
     try:
         yield harness
@@ -534,7 +509,7 @@ def run_faults() -> int:
     rows = [
         (
             fault.name,
-            f"{fault.topology}/{fault.verify_mode}",
+            attrs.evolve(DeploymentSpec.for_faults([fault]), faults=()).label,
             "/".join(fault.shows_as),
             f"{fault.server}: {fault.description}",
         )

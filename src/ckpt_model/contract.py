@@ -19,6 +19,8 @@ from typing import Any, Literal
 
 import attrs
 
+from ckpt_model.topologies import TOPOLOGIES
+
 Topology = Literal["native", "legacy", "counter", "slow", "mixed"]
 VerifyMode = Literal["wait", "replay"]
 Status = Literal["running", "pending", "replied", "dead", "retired"]
@@ -133,7 +135,7 @@ class Attempt:
         one again with the continuation's first request to it: the tool round (continued from call 0) or a
         replayed verification. The counter server restores each exported session with the checkpoint, bound to
         the next attempt, which holds it from the restore on."""
-        if topology == "counter":
+        if TOPOLOGIES[topology].resources_exported:
             return self.status in ("running", "pending") and not self.at_return
         if self.status != "running" or self.at_return:
             return False
@@ -229,7 +231,7 @@ class Model:
     def episode_owner(self) -> str:
         """The server that holds episodes and lists them in its commit reply: the agent for legacy `/run` (the
         counter rows are legacy rows)."""
-        return "agent" if self.topology in ("legacy", "counter") else "environment"
+        return TOPOLOGIES[self.topology].episode_owner
 
     def current(self) -> dict[str, Attempt]:
         """The latest attempt of each rollout."""
@@ -282,7 +284,7 @@ class Model:
         return not self.checkpoint_open and len(self.live()) < self.rollouts_max
 
     def can_dispatch_restart(self) -> bool:
-        return self.topology == "mixed" and self.can_dispatch()
+        return TOPOLOGIES[self.topology].restart_environment and self.can_dispatch()
 
     def can_restore(self) -> bool:
         """Restore needs processes that have served nothing since they started, and a committed checkpoint."""
@@ -339,10 +341,11 @@ class Model:
         """One participant may crash alone between operations with no checkpoint open, unless it holds a restored
         episode waiting for its replacement (that would need the controller to restore again): the owner, the
         agent, and the counter's resources server."""
-        if self.checkpoint_open or self.topology == "mixed":
+        if self.checkpoint_open or TOPOLOGIES[self.topology].restart_environment:
             # Mixed runs two participants of a kind; what one of them forgets alone is not modelled.
             return False
-        holds_restored = kind in (self.episode_owner, "agent") or (kind == "resources" and self.topology == "counter")
+        exported = TOPOLOGIES[self.topology].resources_exported
+        holds_restored = kind in (self.episode_owner, "agent") or (kind == "resources" and exported)
         return not (holds_restored and self.with_status("pending"))
 
     @property
@@ -414,7 +417,7 @@ class Model:
             return tuple(sorted(a.key for a in scope))
         if kind == "agent":
             return tuple(sorted(a.key for a in scope if a.needs_agent))
-        if kind == "resources" and self.topology == "counter":
+        if kind == "resources" and TOPOLOGIES[self.topology].resources_exported:
             return tuple(sorted(a.key for a in scope if a.holds_resources_session(self.topology)))
         return ()
 

@@ -34,7 +34,6 @@ from ckpt_model.errors import CoordinationError, ParticipantFailure, QuiescenceT
 from ckpt_model.history import Event, EventType, History
 from ckpt_model.quiescence import Quiescence, backend_calls
 from ckpt_model.runs import RunOutcome, RunPool
-from ckpt_model.tasks import run_body
 from ckpt_model.wire import EpisodeId
 
 # Far ahead, so a lease (deadline + grace) never lapses between two steps of an example, even on a loaded machine.
@@ -519,7 +518,7 @@ def run_pool(harness: Harness, history: History) -> RunPool:
         return harness.restart_run_url if attempt.restart else harness.run_url
 
     def body(attempt: Attempt) -> dict[str, Any]:
-        return run_body(harness.topology, attempt.rollout, attempt.attempt)
+        return harness.spec.traits.run_body(attempt.rollout, attempt.attempt)
 
     return RunPool(harness.run_http, url, body, history)
 

@@ -4,24 +4,33 @@ Two small protocols say what the checker needs of a system under test:
 
 - `Deployment`: start the backend once (None: there is no gated backend), start fresh Gym servers, crash every
   Gym process group, say where `/run` goes, show log tails, close. Failures to start are `OSError` or
-  `RuntimeError` naming the server. Optionally `restart_server(name)`: crash one server alone and start it again
-  (returns every server's URL, like `start_gym`); without it the machine never crashes one participant alone.
-  Optionally `arm_failpoint(name, point)` and `failpoint_reached(name, point) -> bool`: stop one server's work at
-  a named point until it is killed (`FAILPOINT_BETWEEN_FILES`: inside a commit, between the participant's records
-  file and its manifest; `FAILPOINT_BEFORE_INSTALL`: inside a restore, just before the participant installs);
-  without them a crash inside a commit only lands between participants, and no participant dies in its restore.
-  Optionally `lose_unsynced()`: after `crash_gym`, a power cut: the checkpoint directories keep only what the
-  writers made durable (fsynced); without it the machine never cuts the power.
-  Optionally `restart_run_url()`: where the `/run`s of restarts go (topology `mixed`: the second environment,
-  bound to a `restart_only` resources server); the machine dispatches restarts only through it.
-  Optionally `token_capture` (bool; the policy model keeps capture ledgers, read with `capture_token` over the
-  token-capture control routes) and `generation_cuts` (bool; closing admission cuts in-flight generations), with
-  `clear_capture()`: empty the capture directory while no Gym server runs (each example starts with no ledger);
-  without them the machine checks neither P5 nor P12. Optionally `policy_workers` (int): how many worker
-  processes serve the policy model behind its one port (the checker treats them as one participant).
+  `RuntimeError` naming the server.
 - `Gate`: the backend's control routes (Gym's fake backend, reference section 11): the call list, release chosen
   calls, reset, gate every call, pin the policy's script; with token capture also the token store (`staged`), the
   cut rounds (`cuts`) and a hung cut endpoint (`stall_cuts`). `BackendGate` speaks them over HTTP.
+
+What a deployment can do beyond that is a capability of its own, a runtime-checkable protocol the harness checks
+with `isinstance`; without one the machine never draws the rules that need it:
+
+- `RestartsOne`: `restart_server(name)` crashes one server alone and starts it again (returns every server's URL,
+  like `start_gym`); without it the machine never crashes one participant alone.
+- `Failpoints`: `arm_failpoint(name, point)` and `failpoint_reached(name, point)` stop one server's work at a named
+  point until it is killed (`FAILPOINT_BETWEEN_FILES`: inside a commit, between the participant's records file
+  and its manifest; `FAILPOINT_BEFORE_INSTALL`: inside a restore, just before the participant installs); without
+  them a crash inside a commit only lands between participants, and no participant dies in its restore.
+- `LosesUnsynced`: `lose_unsynced()`, after `crash_gym`, cuts the power: the checkpoint directories keep only what
+  the writers made durable (fsynced); without it the machine never cuts the power.
+- `RestartEnvironment`: `restart_run_url()`, where the `/run`s of restarts go (a topology with a restart
+  environment: `mixed`'s second environment, bound to a `restart_only` resources server).
+- `CapturesTokens`: `token_capture` (the policy model keeps capture ledgers, read with `capture_token` over the
+  token-capture control routes), `generation_cuts` (closing admission cuts in-flight generations) and
+  `clear_capture()`, which empties the capture directory while no Gym server runs (each example starts with no
+  ledger); without them the machine checks neither P5 nor P12.
+- `PolicyWorkers`: `policy_workers`, how many worker processes serve the policy model behind its one port (the
+  checker treats them as one participant).
+
+Which deployment to start is a `ckpt_model.spec.DeploymentSpec`: `Harness.embedded(spec)` hands its keywords to
+the embedded system's deployment factory, and `harness.spec` is what everything else reads.
 
 `src/` imports nothing from `fakes/`. The look-alike stack is found through the entry point group
 `ckpt_model.systems` (name `embedded`), which hands over a deployment factory and its planted-fault catalogue;
@@ -39,7 +48,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import httpx
 
@@ -47,7 +56,7 @@ from ckpt_model import timing
 from ckpt_model.coordination import ControlClient, new_http_client
 from ckpt_model.errors import CoordinationError, HarnessError, ServerStartError
 from ckpt_model.ledger import LedgerClient
-from ckpt_model.tasks import script_for
+from ckpt_model.spec import DeploymentSpec, FaultNeeds
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +65,6 @@ FAILPOINT_BETWEEN_FILES = "commit.between_files"
 # ... and inside a restore: admission closed, the records read and validated, nothing installed yet.
 FAILPOINT_BEFORE_INSTALL = "restore.before_install"
 
-# The participants' lease grace: short, so the machine can let a lease lapse in well under a second (its rule
-# `quiet_controller`); every other control call sets a deadline far enough ahead that no lease lapses by itself.
-LEASE_GRACE_S = 0.25
 SYSTEMS_GROUP = "ckpt_model.systems"
 EMBEDDED = "embedded"
 
@@ -90,6 +96,73 @@ class Deployment(Protocol):
     def close(self) -> None: ...
 
 
+@runtime_checkable
+class RestartsOne(Protocol):
+    """Crash one Gym server alone and start it again; returns every server's URL, as `start_gym` does."""
+
+    def restart_server(self, name: str) -> dict[str, str]: ...
+
+
+@runtime_checkable
+class Failpoints(Protocol):
+    """Stop one server's work at a named point until it is killed, and say whether it got there."""
+
+    def arm_failpoint(self, name: str, point: str) -> None: ...
+
+    def failpoint_reached(self, name: str, point: str) -> bool: ...
+
+
+@runtime_checkable
+class LosesUnsynced(Protocol):
+    """After `crash_gym`, a power cut: the checkpoint directories keep only what was fsynced."""
+
+    def lose_unsynced(self) -> None: ...
+
+
+@runtime_checkable
+class RestartEnvironment(Protocol):
+    """Where the `/run`s of restarts go: the environment bound to a `restart_only` resources server."""
+
+    def restart_run_url(self) -> str: ...
+
+
+@runtime_checkable
+class CapturesTokens(Protocol):
+    """The policy model's capture ledgers (P5) and generation cuts (P12)."""
+
+    token_capture: bool
+    generation_cuts: bool
+
+    @property
+    def capture_token(self) -> str: ...
+
+    def clear_capture(self) -> None: ...
+
+
+@runtime_checkable
+class PolicyWorkers(Protocol):
+    """How many worker processes serve the policy model behind its one port."""
+
+    policy_workers: int
+
+
+def spec_of(deployment: Deployment) -> DeploymentSpec:
+    """The spec of a deployment built elsewhere (a real Gym's): its own fields, and the options its capabilities
+    declare (a deployment without `CapturesTokens` captures nothing)."""
+    options: dict[str, Any] = {}
+    if isinstance(deployment, CapturesTokens):
+        options.update(token_capture=deployment.token_capture, generation_cuts=deployment.generation_cuts)
+    if isinstance(deployment, PolicyWorkers):
+        options.update(policy_workers=deployment.policy_workers)
+    return DeploymentSpec(
+        deployment.topology,
+        deployment.verify_mode,
+        tuple(deployment.faults),
+        lease_grace_s=deployment.lease_grace_s,
+        **options,
+    )
+
+
 class Gate(Protocol):
     """The gated backend: nothing a model call does happens until the checker releases it."""
 
@@ -110,15 +183,18 @@ class Gate(Protocol):
     def stall_cuts(self, stall: bool) -> Any: ...
 
 
-class PlantedFault(Protocol):
-    """A catalogued fault of a system under test, as the checker reads it."""
+class PlantedFault(FaultNeeds, Protocol):
+    """A catalogued fault of a system under test, as the checker reads it: what it is, which property catches it,
+    and (`FaultNeeds`) the deployment it shows in."""
 
-    name: str
-    server: str
-    caught_by: str
-    description: str
-    topology: str
-    verify_mode: str
+    @property
+    def server(self) -> str: ...
+
+    @property
+    def caught_by(self) -> str: ...
+
+    @property
+    def description(self) -> str: ...
 
     @property
     def shows_as(self) -> tuple[str, ...]: ...
@@ -188,10 +264,27 @@ def fault_catalogue() -> tuple[PlantedFault, ...]:
 
 
 def planted(name: str) -> PlantedFault:
-    for fault in fault_catalogue():
-        if fault.name == name:
-            return fault
-    raise LookupError(f"unknown fault {name!r}; known faults: {', '.join(f.name for f in fault_catalogue())}")
+    (fault,) = faults_named(name)
+    return fault
+
+
+class UnknownFaults(LookupError):
+    """Fault names the catalogue does not hold; the message names them and every known one."""
+
+    def __init__(self, unknown: Sequence[str], known: Sequence[str]) -> None:
+        self.unknown, self.known = tuple(unknown), tuple(known)
+        super().__init__(f"unknown fault(s) {', '.join(map(repr, unknown))}; known faults: {', '.join(known)}")
+
+
+def faults_named(text: str) -> tuple[PlantedFault, ...]:
+    """The planted faults a comma-separated list names, each once, in the order named; `UnknownFaults` if the
+    catalogue lacks any."""
+    catalogue = {fault.name: fault for fault in fault_catalogue()}
+    names = list(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))
+    unknown = [name for name in names if name not in catalogue]
+    if unknown:
+        raise UnknownFaults(unknown, list(catalogue))
+    return tuple(catalogue[name] for name in names)
 
 
 class Harness:
@@ -205,10 +298,17 @@ class Harness:
     verifies that each still answers as the kind it was discovered as, and discovers anew if one does not; any
     other use of `control` before that verifies first."""
 
-    def __init__(self, deployment: Deployment, *, root: Path | None = None) -> None:
+    def __init__(self, deployment: Deployment, *, spec: DeploymentSpec | None = None, root: Path | None = None) -> None:
         self.deployment = deployment
+        # What the deployment is; without `spec`, what it says it is (a real Gym's, `spec_of`).
+        self.spec = spec if spec is not None else spec_of(deployment)
+        if self.spec.token_capture and not isinstance(deployment, CapturesTokens):
+            raise HarnessError(
+                f"the {self.spec.label} deployment asks for token capture, but the system has no capture ledgers "
+                "(token_capture, generation_cuts, capture_token, clear_capture())"
+            )
         self._own_root = root is None
-        prefix = f"ckpt-model-checkpoints-{deployment.topology}-"
+        prefix = f"ckpt-model-checkpoints-{self.spec.topology}-"
         self.root = Path(tempfile.mkdtemp(prefix=prefix)) if root is None else Path(root)
         self.http = new_http_client(httpx.Timeout(30.0, read=None))
         # `/run`s get connections of their own. A `/run` the server ends with an unhandled exception leaves its
@@ -238,63 +338,47 @@ class Harness:
         self.backend = None if backend_url is None else BackendGate(backend_url, self.http)
 
     @classmethod
-    def embedded(
-        cls,
-        topology: str,
-        *,
-        faults: tuple[str, ...] = (),
-        verify_mode: str = "wait",
-        lease_grace_s: float = LEASE_GRACE_S,
-        token_capture: bool = False,
-        generation_cuts: bool = False,
-        policy_workers: int = 1,
-    ) -> Harness:
-        """A harness over the look-alike stack (the `embedded` system)."""
-        # Passed only when asked for, so a system without token capture still starts every other deployment.
-        options: dict[str, Any] = {
-            name: True for name, on in (("token_capture", token_capture), ("generation_cuts", generation_cuts)) if on
-        }
-        if policy_workers != 1:
-            options["policy_workers"] = policy_workers
-        deployment = system().deployment(
-            topology, faults=tuple(faults), verify_mode=verify_mode, lease_grace_s=lease_grace_s, **options
-        )
+    def embedded(cls, spec: DeploymentSpec | str) -> Harness:
+        """A harness over the look-alike stack (the `embedded` system) in deployment `spec`; a topology's name
+        stands for its plain deployment (`DeploymentSpec(name)`)."""
+        chosen = DeploymentSpec(spec) if isinstance(spec, str) else spec
+        deployment = system().deployment(chosen.topology, **chosen.system_keywords())
         try:
-            return cls(deployment)
+            return cls(deployment, spec=chosen)
         except BaseException:
             deployment.close()
             raise
 
-    # -- what the machine and reports read -------------------------------------------------------------------
+    # -- what the machine and reports read (the spec's fields, and the deployment's capabilities) ---------------
 
     @property
     def topology(self) -> str:
-        return self.deployment.topology
+        return self.spec.topology
 
     @property
     def verify_mode(self) -> str:
-        return self.deployment.verify_mode
+        return self.spec.verify_mode
 
     @property
     def faults(self) -> tuple[str, ...]:
-        return tuple(self.deployment.faults)
+        return self.spec.faults
 
     @property
     def lease_grace_s(self) -> float:
-        return self.deployment.lease_grace_s
+        return self.spec.lease_grace_s
 
     @property
     def token_capture(self) -> bool:
-        return bool(getattr(self.deployment, "token_capture", False))
+        return self.spec.token_capture
 
     @property
     def generation_cuts(self) -> bool:
-        return bool(getattr(self.deployment, "generation_cuts", False))
+        return self.spec.generation_cuts
 
     @property
     def policy_workers(self) -> int:
         """How many worker processes serve the policy model behind its one port."""
-        return int(getattr(self.deployment, "policy_workers", 1))
+        return self.spec.policy_workers
 
     @property
     def ledger(self) -> LedgerClient:
@@ -302,11 +386,12 @@ class Harness:
         control = self.control
         assert control is not None, "start_gym comes first"
         models = [member for member in control.participants if member.kind == "model"]
-        if not self.token_capture or not models:
-            raise HarnessError(f"the {self.topology} deployment has no policy model with token capture")
+        deployment = self.deployment
+        if not self.token_capture or not models or not isinstance(deployment, CapturesTokens):
+            raise HarnessError(f"the {self.spec.label} deployment has no policy model with token capture")
         url = models[0].url
         if self._ledger is None or self._ledger.url != url:
-            self._ledger = LedgerClient(url, str(self.deployment.capture_token), self.http)  # type: ignore[attr-defined]
+            self._ledger = LedgerClient(url, deployment.capture_token, self.http)
         return self._ledger
 
     @property
@@ -315,14 +400,14 @@ class Harness:
 
     @property
     def restart_run_url(self) -> str:
-        """The restart environment's `/run` (topology `mixed`)."""
-        restart_run_url = getattr(self.deployment, "restart_run_url", None)
-        if not callable(restart_run_url):
+        """The restart environment's `/run` (a topology with a restart environment: `mixed`)."""
+        deployment = self.deployment
+        if not self.spec.traits.restart_environment or not isinstance(deployment, RestartEnvironment):
             raise HarnessError(
-                f"the {self.topology} deployment has no restart environment: it needs restart_run_url() to run "
-                "restarts (topology mixed)"
+                f"the {self.spec.label} deployment has no restart environment: restarts need a topology with one "
+                "(mixed) and a deployment with restart_run_url()"
             )
-        return str(restart_run_url())
+        return deployment.restart_run_url()
 
     def log_tails(self, lines: int = 15) -> str:
         return self.deployment.log_tails(lines)
@@ -353,7 +438,7 @@ class Harness:
             with timing.span("restart.kill"):
                 self.deployment.crash_gym()
             if self.token_capture:
-                self.deployment.clear_capture()  # type: ignore[attr-defined]
+                self._capturing().clear_capture()
             reset = self._chore(self._reset_backend) if self.backend is not None else None
             with timing.span("directories"):
                 self.example += 1
@@ -379,33 +464,36 @@ class Harness:
             with timing.span("restart.kill"):
                 self.deployment.crash_gym()
             if power_loss:
-                self.deployment.lose_unsynced()  # type: ignore[attr-defined]
+                self._losing().lose_unsynced()
             self.start_gym()
 
     @property
     def can_lose_unsynced(self) -> bool:
-        return callable(getattr(self.deployment, "lose_unsynced", None))
+        return isinstance(self.deployment, LosesUnsynced)
 
     @property
     def can_restart_one(self) -> bool:
-        return callable(getattr(self.deployment, "restart_server", None))
+        return isinstance(self.deployment, RestartsOne)
 
     def restart_server(self, name: str) -> None:
         """SIGKILL one Gym server alone and start it again; the client learns the servers anew."""
+        deployment = self.deployment
+        if not isinstance(deployment, RestartsOne):
+            raise HarnessError(self._lacks("restart_server(name)"))
         with timing.span("crash_participant"):
             with timing.span("restart.one"):
-                servers = self._started(lambda: self.deployment.restart_server(name))  # type: ignore[attr-defined]
+                servers = self._started(lambda: deployment.restart_server(name))
             self._discover(servers)
 
     @property
     def can_stop_inside_commit(self) -> bool:
-        return callable(getattr(self.deployment, "arm_failpoint", None))
+        return isinstance(self.deployment, Failpoints)
 
     def arm_failpoint(self, name: str, point: str) -> None:
-        self.deployment.arm_failpoint(name, point)  # type: ignore[attr-defined]
+        self._failpoints().arm_failpoint(name, point)
 
     def failpoint_reached(self, name: str, point: str) -> bool:
-        return bool(self.deployment.failpoint_reached(name, point))  # type: ignore[attr-defined]
+        return bool(self._failpoints().failpoint_reached(name, point))
 
     def close(self) -> None:
         if self._chores is not None:
@@ -464,8 +552,31 @@ class Harness:
     def _reset_backend(self) -> None:
         assert self.backend is not None
         self.backend.reset()
-        self.backend.script(script_for(self.topology))
+        self.backend.script(self.spec.traits.script)
         self.backend.gate()
+
+    # -- capabilities the machine only uses where it checked for them ---------------------------------------------
+
+    def _lacks(self, what: str) -> str:
+        return f"the {self.spec.label} deployment cannot do this: it has no {what} (the machine should not ask)"
+
+    def _capturing(self) -> CapturesTokens:
+        deployment = self.deployment
+        if not isinstance(deployment, CapturesTokens):
+            raise HarnessError(self._lacks("clear_capture()"))
+        return deployment
+
+    def _losing(self) -> LosesUnsynced:
+        deployment = self.deployment
+        if not isinstance(deployment, LosesUnsynced):
+            raise HarnessError(self._lacks("lose_unsynced()"))
+        return deployment
+
+    def _failpoints(self) -> Failpoints:
+        deployment = self.deployment
+        if not isinstance(deployment, Failpoints):
+            raise HarnessError(self._lacks("arm_failpoint(name, point) and failpoint_reached(name, point)"))
+        return deployment
 
     def _chore(self, work: Any, *args: Any, **kwargs: Any) -> Future[Any]:
         if self._chores is None:
@@ -477,5 +588,5 @@ class Harness:
             return start()
         except (OSError, RuntimeError) as error:
             raise ServerStartError(
-                name=self.topology, exit_status=None, log_tail=str(error), log_path=str(self.deployment.logs_dir)
+                name=self.spec.label, exit_status=None, log_tail=str(error), log_path=str(self.deployment.logs_dir)
             ) from error

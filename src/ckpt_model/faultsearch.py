@@ -19,6 +19,7 @@ from ckpt_model.deployment import Harness, planted
 from ckpt_model.machine import machine_for
 from ckpt_model.minimise import Minimised, minimise_error
 from ckpt_model.profiles import BASE
+from ckpt_model.spec import DeploymentSpec
 from ckpt_model.stats import SearchStats
 from ckpt_model.verdicts import Failure, classify, in_order, shrunk_steps
 
@@ -47,15 +48,7 @@ FAULT_SEARCH_WITH_SHRINK = settings(FAULT_SEARCH, phases=(Phase.explicit, Phase.
 def harness_for(fault: str) -> Harness:
     """A harness of the deployment the fault shows in (its topology, verify mode, token capture, generation cuts
     and policy model workers), with the fault planted."""
-    chosen = planted(fault)
-    harness = Harness.embedded(
-        chosen.topology,
-        faults=(fault,),
-        verify_mode=chosen.verify_mode,
-        token_capture=getattr(chosen, "token_capture", False),
-        generation_cuts=getattr(chosen, "generation_cuts", False),
-        policy_workers=getattr(chosen, "policy_workers", 1),
-    )
+    harness = Harness.embedded(DeploymentSpec.for_faults([planted(fault)]))
     harness.regressions_dir = harness.root / "regressions"  # expected failures: kept with the harness, not the user
     return harness
 

@@ -3,8 +3,10 @@
     python -m ckpt_model.fuzz worker [--redis URL] [-n N] [--topology T] [--verify-mode M] [--faults a,b]
                                      [--profile P] [--dashboard]
         HypoFuzz (`hypothesis fuzz`) with N processes (default: one per core) over the state machine, until Ctrl-C
-        or SIGTERM; every deployment when none is named. Failures and the corpus go to the Redis example database
-        at URL (`CKPT_MODEL_REDIS_URL` for the workers), else to .hypothesis/examples here.
+        or SIGTERM: the deployment the faults need (`DeploymentSpec.for_faults`), or every fault-free one
+        (`ckpt_model.spec.FAULT_FREE`) when neither faults nor a topology are named. Failures and the corpus go
+        to the Redis example database at URL (`CKPT_MODEL_REDIS_URL` for the workers), else to
+        .hypothesis/examples here.
     python -m ckpt_model.fuzz replay [--redis URL] [--topology T] [--verify-mode M] [--faults a,b] [--profile P]
         replays what the database holds for the deployment and generates nothing: exit 1 with the report if a
         saved example breaks a property (the exit codes are `ckpt-model check`'s).
@@ -20,7 +22,8 @@ check` and `replay` with the same database replay what a worker found. The steps
 profile, so replay with the profile the workers used (both default to `ci`).
 
 HypoFuzz fuzzes collected pytest tests, so the targets are `unittest.TestCase` classes in this module, one per
-deployment named in `CKPT_MODEL_FUZZ_TARGETS` (which `worker` sets), marked as Hypothesis state machine tests;
+deployment named in `CKPT_MODEL_FUZZ_TARGETS` (which `worker` sets: `DeploymentSpec.words`, whitespace-separated),
+marked as Hypothesis state machine tests;
 without that variable this module defines none and loads no profile. A target's harness lives from its class
 set-up to its tear-down (HypoFuzz sets a class up whenever it switches to it), and dies with its process:
 the backend and the fork server stop when their parent does, and `worker` removes the temporary directory the
@@ -42,18 +45,16 @@ import subprocess
 import sys
 import tempfile
 import time
-import typing
 import unittest
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
-import attrs
-
 from ckpt_model import profiles
-from ckpt_model.contract import Topology
 from ckpt_model.interrupts import signal_number, sigterm_unwinds
-from ckpt_model.regression import options_of_words
+from ckpt_model.spec import FAULT_FREE, DeploymentSpec, SpecError
+from ckpt_model.topologies import TOPOLOGIES
 
 if TYPE_CHECKING:
     from hypothesis import settings
@@ -63,26 +64,6 @@ if TYPE_CHECKING:
 
 TARGETS_ENV = "CKPT_MODEL_FUZZ_TARGETS"
 DEFAULT_PROFILE = "ci"
-# The fault-free deployments, each a fuzz target when no deployment is named.
-EVERY_DEPLOYMENT = (
-    ("native", "wait"),
-    ("legacy", "wait"),
-    ("counter", "wait"),
-    ("slow", "wait"),
-    ("slow", "replay"),
-    ("mixed", "wait"),
-)
-
-
-# ... and with options beyond the topology (`ckpt_model.regression.option_words`): token capture on the counter
-# topology (the lineage scenarios'), and generation cuts on the native one (the cut scenario's).
-WITH_OPTIONS = (("counter", "wait", ("capture",)), ("native", "wait", ("capture", "cuts")))
-
-
-def deployment_label(topology: str, verify_mode: str) -> str:
-    """How reports name a deployment: the topology, with the verify mode for `slow`, the one topology run in both."""
-    return f"{topology}/{verify_mode}" if topology == "slow" else topology
-
 
 # `hypothesis fuzz` (HypoFuzz adds the command), started with this interpreter rather than a console script.
 HYPOFUZZ = "import sys; from hypothesis.extra.cli import main; sys.exit(main())"
@@ -104,58 +85,29 @@ class RedisUnavailable(RuntimeError):
 # --- fuzz targets ------------------------------------------------------------------------------------------
 
 
-@attrs.frozen
-class Target:
-    """One deployment to fuzz: what `ckpt_model.machine.deployment_key` reads from a harness, and nothing more."""
-
-    topology: str
-    verify_mode: str = "wait"
-    faults: tuple[str, ...] = ()
-    # Option words (`capture`, `cuts`, `workers2`): `ckpt_model.regression.option_words`.
-    options: tuple[str, ...] = ()
-
-    @property
-    def text(self) -> str:
-        """`topology:verify_mode:fault,fault[:option+option]`, one word of `CKPT_MODEL_FUZZ_TARGETS`."""
-        text = f"{self.topology}:{self.verify_mode}:{','.join(self.faults)}"
-        return text + (f":{'+'.join(self.options)}" if self.options else "")
-
-    @classmethod
-    def from_text(cls, text: str) -> Target:
-        topology, verify_mode, faults, options = [*text.split(":"), "", "", ""][:4]
-        return cls(
-            topology,
-            verify_mode or "wait",
-            tuple(name for name in faults.split(",") if name),
-            tuple(word for word in options.split("+") if word),
-        )
-
-    @property
-    def case_name(self) -> str:
-        """The class name pytest and HypoFuzz show: `FuzzSlowReplay`, `FuzzNative_resume_deletes_records`."""
-        words = [self.topology] + ([self.verify_mode] if self.topology == "slow" else [])
-        name = "Fuzz" + "".join(word.capitalize() for word in [*words, *self.options])
-        return name + "".join("_" + fault for fault in self.faults)
-
-    def start(self) -> Harness:
-        """A harness of this deployment. With planted faults its failures are expected, so their regression files
-        stay with the harness (as `faultsearch.harness_for` does); without, they go where the user keeps them."""
-        from ckpt_model.deployment import Harness
-
-        harness = Harness.embedded(
-            self.topology, faults=self.faults, verify_mode=self.verify_mode, **options_of_words(self.options)
-        )
-        if self.faults:
-            harness.regressions_dir = harness.root / "regressions"
-        return harness
+def case_name(spec: DeploymentSpec) -> str:
+    """The class name pytest and HypoFuzz show: `FuzzSlowReplay`, `FuzzNative_resume_deletes_records`."""
+    words = (spec.topology, *spec.verify_words, *spec.option_words)
+    return "Fuzz" + "".join(word.capitalize() for word in words) + "".join("_" + fault for fault in spec.faults)
 
 
-def targets_of(environ: Mapping[str, str] = os.environ) -> tuple[Target, ...]:
-    """The deployments `CKPT_MODEL_FUZZ_TARGETS` names (whitespace-separated `Target.text` words)."""
-    return tuple(Target.from_text(word) for word in environ.get(TARGETS_ENV, "").split())
+def start(spec: DeploymentSpec) -> Harness:
+    """A harness of a fuzz target's deployment. With planted faults its failures are expected, so their regression
+    files stay with the harness (as `faultsearch.harness_for` does); without, they go where the user keeps them."""
+    from ckpt_model.deployment import Harness
+
+    harness = Harness.embedded(spec)
+    if spec.faults:
+        harness.regressions_dir = harness.root / "regressions"
+    return harness
 
 
-def lazy_machine(target: Target, harness_of: Callable[[], Harness]) -> type[CheckpointMachine]:
+def targets_of(environ: Mapping[str, str] = os.environ) -> tuple[DeploymentSpec, ...]:
+    """The deployments `CKPT_MODEL_FUZZ_TARGETS` names (whitespace-separated `DeploymentSpec.words`)."""
+    return tuple(DeploymentSpec.from_words(word) for word in environ.get(TARGETS_ENV, "").split())
+
+
+def lazy_machine(target: DeploymentSpec, harness_of: Callable[[], Harness]) -> type[CheckpointMachine]:
     """A machine factory for `target` that HypoFuzz can collect before any harness exists.
 
     `harness_of()` gives the harness when an example starts. The factory keys the example database exactly as
@@ -164,7 +116,8 @@ def lazy_machine(target: Target, harness_of: Callable[[], Harness]) -> type[Chec
     `ckpt-model check --seed` does too). `tests/fuzz` holds the two keys equal."""
     from ckpt_model.machine import CheckpointMachine, machine_for
 
-    template = machine_for(cast("Harness", target))  # only its digest is used: it is never called
+    # Only its digest is used, which reads the harness's spec: a stand-in that holds only the spec; never called.
+    template = machine_for(cast("Harness", SimpleNamespace(spec=target)))
 
     def machine() -> CheckpointMachine:
         return CheckpointMachine(harness_of())
@@ -173,7 +126,7 @@ def lazy_machine(target: Target, harness_of: Callable[[], Harness]) -> type[Chec
     return cast("type[CheckpointMachine]", machine)
 
 
-def fuzz_case(target: Target, target_settings: settings) -> type[unittest.TestCase]:
+def fuzz_case(target: DeploymentSpec, target_settings: settings) -> type[unittest.TestCase]:
     """A `unittest.TestCase` that runs the machine against `target`, marked as the state machine test HypoFuzz
     fuzzes (as `RuleBasedStateMachine.TestCase` is); plain pytest runs it like `tests/stateful` does."""
     from hypothesis.stateful import run_state_machine_as_test
@@ -185,7 +138,7 @@ def fuzz_case(target: Target, target_settings: settings) -> type[unittest.TestCa
 
         @classmethod
         def setUpClass(cls) -> None:
-            harness = cls.harness = target.start()
+            harness = cls.harness = start(target)
             # Runs once: at tear-down, or when the process ends without one. A HypoFuzz worker is a
             # multiprocessing child, which runs these finalizers when it is interrupted but not atexit's.
             cls.close_harness = multiprocessing.util.Finalize(harness, harness.close, exitpriority=10)
@@ -206,14 +159,14 @@ def fuzz_case(target: Target, target_settings: settings) -> type[unittest.TestCa
     factory = lazy_machine(target, harness_of)
     Case.runTest.is_hypothesis_test = True  # type: ignore[attr-defined]  # pytest marks it `hypothesis`
     Case.runTest._hypothesis_state_machine_class = factory  # type: ignore[attr-defined]  # HypoFuzz's hook
-    Case.__name__ = Case.__qualname__ = target.case_name
+    Case.__name__ = Case.__qualname__ = case_name(target)
     return Case
 
 
-def define_targets(namespace: dict[str, Any], targets: Sequence[Target], target_settings: settings) -> None:
+def define_targets(namespace: dict[str, Any], targets: Sequence[DeploymentSpec], target_settings: settings) -> None:
     """Put one test class per deployment in `namespace`, for pytest (and so HypoFuzz) to collect."""
     for target in targets:
-        namespace[target.case_name] = fuzz_case(target, target_settings)
+        namespace[case_name(target)] = fuzz_case(target, target_settings)
 
 
 if targets_of():  # only in the processes `worker` starts, which need the shared database in the loaded profile
@@ -310,31 +263,21 @@ def stop(process: subprocess.Popen[bytes]) -> None:
 # --- commands ----------------------------------------------------------------------------------------------
 
 
-def chosen_targets(args: argparse.Namespace) -> tuple[Target, ...]:
-    """The deployment the options name (the one the faults show in, as `ckpt-model check` picks), else every
+def chosen_targets(args: argparse.Namespace) -> tuple[DeploymentSpec, ...]:
+    """The deployment the options name (`DeploymentSpec.for_faults`, as `ckpt-model check` picks), else every
     fault-free deployment."""
-    from ckpt_model.deployment import fault_catalogue
+    from ckpt_model.deployment import UnknownFaults, faults_named
 
-    names = tuple(dict.fromkeys(name.strip() for name in args.faults.split(",") if name.strip()))
-    known = {fault.name: fault for fault in fault_catalogue()}
-    unknown = [name for name in names if name not in known]
-    if unknown:
-        raise UsageError(f"unknown fault(s) {', '.join(map(repr, unknown))}; known: {', '.join(known)}")
-    if not names and args.topology is None:
-        plain = tuple(Target(topology, verify_mode) for topology, verify_mode in EVERY_DEPLOYMENT)
-        return plain + tuple(
-            Target(topology, verify_mode, (), options) for topology, verify_mode, options in WITH_OPTIONS
-        )
-    shown_in = {(known[name].topology, known[name].verify_mode) for name in names}
-    topology, verify_mode = next(iter(shown_in)) if len(shown_in) == 1 else ("native", "wait")
-    if args.topology is not None and args.topology != topology:
-        topology, verify_mode = args.topology, "wait"
-    cuts = any(getattr(known[name], "generation_cuts", False) for name in names)
-    capture = cuts or any(getattr(known[name], "token_capture", False) for name in names)
-    options: tuple[str, ...] = ("capture", "cuts") if cuts else ("capture",) if capture else ()
-    workers = max(getattr(known[name], "policy_workers", 1) for name in names)
-    options += (f"workers{workers}",) if workers > 1 else ()
-    return (Target(topology, args.verify_mode or verify_mode, names, options),)
+    try:
+        faults = faults_named(args.faults)
+    except UnknownFaults as error:
+        raise UsageError(str(error)) from None
+    if not faults and args.topology is None:
+        return FAULT_FREE
+    try:
+        return (DeploymentSpec.for_faults(faults, topology=args.topology, verify_mode=args.verify_mode),)
+    except SpecError as error:
+        raise UsageError(str(error)) from None
 
 
 def searching_settings(profile: str, environ: Mapping[str, str]) -> settings:
@@ -348,9 +291,9 @@ def searching_settings(profile: str, environ: Mapping[str, str]) -> settings:
     return chosen
 
 
-def worker_environment(args: argparse.Namespace, targets: Sequence[Target], tmp: str) -> dict[str, str]:
+def worker_environment(args: argparse.Namespace, targets: Sequence[DeploymentSpec], tmp: str) -> dict[str, str]:
     environ = dict(os.environ)
-    environ.update({TARGETS_ENV: " ".join(target.text for target in targets), profiles.PROFILE_ENV: args.profile})
+    environ.update({TARGETS_ENV: " ".join(target.words for target in targets), profiles.PROFILE_ENV: args.profile})
     environ["TMPDIR"] = tmp  # every directory a harness makes, removed with it even after a SIGKILL
     if args.redis:
         environ[profiles.REDIS_ENV] = args.redis
@@ -373,7 +316,7 @@ def run_worker(args: argparse.Namespace, prog: str) -> int:
         argv += ["--", str(Path(__file__).resolve()), "-p", "no:cacheprovider", "--noconftest", "-o", "addopts=", "-q"]
         print(
             f"{prog} worker: {args.processes or 'one per core:'} HypoFuzz process(es) over "
-            f"{', '.join(target.text for target in targets)}; profile {args.profile} "
+            f"{', '.join(target.words for target in targets)}; profile {args.profile} "
             f"({chosen.stateful_step_count} steps per example), {profiles.database_label(chosen.database)}",
             flush=True,
         )
@@ -415,9 +358,9 @@ def run_replay(args: argparse.Namespace) -> int:
     chosen = settings(searching_settings(args.profile, environ), phases=(Phase.explicit, Phase.reuse))
     verdicts = []
     for target in chosen_targets(args):
-        print(f"ckpt-model fuzz replay: {target.text}, {profiles.database_label(chosen.database)}", flush=True)
+        print(f"ckpt-model fuzz replay: {target.words}, {profiles.database_label(chosen.database)}", flush=True)
         try:
-            harness = target.start()
+            harness = start(target)
             try:
                 run_state_machine_as_test(machine_for(harness), settings=chosen)
             finally:
@@ -444,7 +387,7 @@ def build_parser(prog: str = "python -m ckpt_model.fuzz") -> argparse.ArgumentPa
     replay = commands.add_parser("replay", help="replay what the database holds for a deployment, generating nothing")
     for command in (worker, replay):
         command.add_argument("--redis", metavar="URL", help=f"the shared example database (sets {profiles.REDIS_ENV})")
-        command.add_argument("--topology", choices=typing.get_args(Topology))
+        command.add_argument("--topology", choices=list(TOPOLOGIES))
         command.add_argument("--verify-mode", choices=("wait", "replay"))
         command.add_argument("--faults", default="", help="comma-separated planted faults")
         command.add_argument(

@@ -24,10 +24,8 @@ from ckpt_model.history import History
 from ckpt_model.ledger_watch import LedgerWatch
 from ckpt_model.nemesis import Nemesis
 from ckpt_model.quiescence import SETTLE_TIMEOUT_S, Quiescence
-from ckpt_model.regression import deployment_options, option_words
 from ckpt_model.stats import SearchStats
 from ckpt_model.steplog import StepLog, action
-from ckpt_model.tasks import expected_reward, script_for
 
 # Who must refuse a restore, and why; the property a step's settle judges by.
 Refused = tuple[list[str], str]
@@ -51,8 +49,8 @@ class CheckpointMachine(RuleBasedStateMachine):
         self.model = Model(topology=harness.topology, verify_mode=harness.verify_mode)  # type: ignore[arg-type]
         self.history = History()
         runs = run_pool(harness, self.history)
-        reward = expected_reward(self.model.topology, script_for(self.model.topology))
-        self.quiescence = Quiescence(harness, runs, reward, settle_timeout_s)
+        traits = harness.spec.traits
+        self.quiescence = Quiescence(harness, runs, traits.reward(traits.script), settle_timeout_s)
         self.ledgers = LedgerWatch(harness)  # P5, P12: the capture ledgers the checker predicts and reads
         self.controller = Controller(harness, self.history, runs, self.quiescence, watchers=[self.ledgers])
         self.nemesis = Nemesis(harness, self.controller)
@@ -496,13 +494,7 @@ def machine_for(harness: Harness, stats: SearchStats | None = None) -> type[Chec
     def factory() -> CheckpointMachine:
         return CheckpointMachine(harness, stats)
 
-    factory._hypothesis_internal_add_digest = deployment_key(harness).encode()  # type: ignore[attr-defined]
+    factory._hypothesis_internal_add_digest = harness.spec.key.encode()  # type: ignore[attr-defined]
     # `run_state_machine_as_test` is typed for the class but calls what it gets with no arguments; a factory that
     # closes over the harness is how a machine is bound by composition.
     return cast(type[CheckpointMachine], factory)
-
-
-def deployment_key(harness: Harness) -> str:
-    """What makes one deployment behave differently from another, as one string."""
-    options = option_words(deployment_options(harness))
-    return "/".join((harness.topology, harness.verify_mode, ",".join(sorted(harness.faults)), *options))

@@ -6,9 +6,11 @@ command line, as the session fixture `ckpt_harness`.
     def test_my_machine(ckpt_harness):            # a `ckpt_model.deployment.Harness`, started once per session
         run_state_machine_as_test(machine_for(ckpt_harness))
 
-`--ckpt-token-capture` turns on the policy model's capture ledgers (P5), `--ckpt-generation-cuts` generation cuts
-too (P12). Defaults: topology native, verify mode wait, no faults, neither. An unknown fault is a usage error
-naming the known ones.
+The options are `ckpt-model check`'s, prefixed `--ckpt-`: one per deployment option (`--ckpt-token-capture` turns
+on the policy model's capture ledgers, P5; `--ckpt-generation-cuts` generation cuts too, P12;
+`--ckpt-policy-workers N`). The deployment is the one `DeploymentSpec.for_faults` picks, as `check` does: the
+one the planted faults show in (else native, verify mode wait), with what the options ask for. An unknown fault is
+a usage error naming the known ones.
 
 The plugin is inert unless used: it imports nothing heavy at load time (the stack is imported when the fixture is
 first requested), starts nothing unless a test requests `ckpt_harness`, loads no Hypothesis profile (the suites do
@@ -18,89 +20,92 @@ that themselves, `ckpt_model.profiles`), and adds its report header line only wh
 
 from __future__ import annotations
 
-import typing
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
-from ckpt_model.contract import Topology, VerifyMode
+from ckpt_model.spec import OPTIONS, DeploymentSpec, Option, OptionValue, SpecError, flag_keywords
+from ckpt_model.topologies import TOPOLOGIES, VERIFY_MODES
 
 if TYPE_CHECKING:
-    from ckpt_model.deployment import Harness
+    from ckpt_model.deployment import Harness, PlantedFault
 
-TOPOLOGIES: tuple[str, ...] = typing.get_args(Topology)
-VERIFY_MODES: tuple[str, ...] = typing.get_args(VerifyMode)
-OPTIONS = ("ckpt_topology", "ckpt_verify_mode", "ckpt_faults", "ckpt_policy_workers")
-FLAGS = ("ckpt_token_capture", "ckpt_generation_cuts")
+CHOICES = ("ckpt_topology", "ckpt_verify_mode", "ckpt_faults")
+
+
+def dest(option: Option) -> str:
+    """Where pytest keeps an option's flag: `ckpt_token_capture`."""
+    return "ckpt_" + option.name
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("ckpt-model", "ckpt-model: the deployment behind the `ckpt_harness` fixture")
     group.addoption(
-        "--ckpt-topology", choices=TOPOLOGIES, default=None, help="topology of ckpt_harness (default: native)"
+        "--ckpt-topology",
+        choices=list(TOPOLOGIES),
+        default=None,
+        help="topology of ckpt_harness (default: the planted faults', else native)",
     )
     group.addoption(
         "--ckpt-verify-mode",
         choices=VERIFY_MODES,
         default=None,
-        help="verify mode of ckpt_harness, for the slow topology (default: wait)",
+        help="verify mode of ckpt_harness, of a topology that runs in several (slow; default: wait)",
     )
     group.addoption("--ckpt-faults", default=None, metavar="A,B", help="comma-separated planted faults of ckpt_harness")
-    group.addoption("--ckpt-token-capture", action="store_true", help="ckpt_harness's policy model keeps ledgers")
-    group.addoption(
-        "--ckpt-generation-cuts", action="store_true", help="ckpt_harness cuts generations (implies token capture)"
-    )
-    group.addoption(
-        "--ckpt-policy-workers", type=int, default=None, help="worker processes of ckpt_harness's policy model"
-    )
+    for option in OPTIONS:
+        group.addoption(option.flag("--ckpt-"), dest=dest(option), **flag_keywords(option))
 
 
-def capture(config: pytest.Config) -> dict[str, Any]:
-    """The deployment options beyond topology, verify mode and faults (`Harness.embedded`'s keywords)."""
-    cuts = bool(config.getoption("ckpt_generation_cuts"))
-    return {
-        "token_capture": cuts or bool(config.getoption("ckpt_token_capture")),
-        "generation_cuts": cuts,
-        "policy_workers": config.getoption("ckpt_policy_workers") or 1,
-    }
+def asked_options(config: pytest.Config) -> dict[str, OptionValue]:
+    """The option flags given (a count left out is None: the faults' and the default's)."""
+    return {option.name: value for option in OPTIONS if (value := config.getoption(dest(option))) is not None}
 
 
-def chosen(config: pytest.Config) -> tuple[str, str, tuple[str, ...]]:
-    """The topology, verify mode and faults the options name, with the defaults filled in."""
+def chosen(config: pytest.Config) -> DeploymentSpec:
+    """The deployment the options name, with the defaults filled in (the catalogue is read only for faults)."""
     faults_text = config.getoption("ckpt_faults") or ""
-    faults = tuple(dict.fromkeys(name.strip() for name in faults_text.split(",") if name.strip()))
-    return config.getoption("ckpt_topology") or "native", config.getoption("ckpt_verify_mode") or "wait", faults
+    planted: tuple[PlantedFault, ...] = ()
+    if faults_text.strip():
+        from ckpt_model.deployment import faults_named
+
+        planted = faults_named(faults_text)
+    return DeploymentSpec.for_faults(
+        planted,
+        topology=config.getoption("ckpt_topology"),
+        verify_mode=config.getoption("ckpt_verify_mode"),
+        options=asked_options(config),
+    )
 
 
 def used(config: pytest.Config) -> bool:
-    return any(config.getoption(name) is not None for name in OPTIONS) or any(map(config.getoption, FLAGS))
+    return any(config.getoption(name) is not None for name in CHOICES) or any(
+        config.getoption(dest(option)) not in (None, False) for option in OPTIONS
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if config.getoption("ckpt_faults") is None:
+    if not used(config):
         return
-    from ckpt_model.deployment import fault_catalogue
+    from ckpt_model.deployment import UnknownFaults
 
-    known = [fault.name for fault in fault_catalogue()]
-    unknown = [name for name in chosen(config)[2] if name not in known]
-    if unknown:
-        raise pytest.UsageError(
-            f"--ckpt-faults: unknown fault(s) {', '.join(map(repr, unknown))}; known faults: {', '.join(known)}"
-        )
+    try:
+        chosen(config)
+    except UnknownFaults as error:
+        raise pytest.UsageError(f"--ckpt-faults: {error}") from None
+    except SpecError as error:
+        raise pytest.UsageError(f"ckpt-model: {error}") from None
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
     if not used(config):
         return None
-    topology, verify_mode, faults = chosen(config)
-    chosen_options = capture(config)
-    options = [name.replace("_", " ") for name in ("token_capture", "generation_cuts") if chosen_options[name]]
-    if chosen_options["policy_workers"] != 1:
-        options.append(f"{chosen_options['policy_workers']} policy model workers")
+    spec = chosen(config)
+    options = f", options {'+'.join(spec.option_words)}" if spec.option_words else ""
     return (
-        f"ckpt-model: ckpt_harness topology {topology}, verify mode {verify_mode}, faults {','.join(faults) or 'none'}"
-        + (f", {', '.join(options)}" if options else "")
+        f"ckpt-model: ckpt_harness topology {spec.topology}, verify mode {spec.verify_mode}, "
+        f"faults {','.join(spec.faults) or 'none'}{options}"
     )
 
 
@@ -109,6 +114,5 @@ def ckpt_harness(pytestconfig: pytest.Config) -> Iterator[Harness]:
     """A harness over the embedded stack in the deployment the `--ckpt-*` options name; closed at session end."""
     from ckpt_model.deployment import Harness
 
-    topology, verify_mode, faults = chosen(pytestconfig)
-    with Harness.embedded(topology, faults=faults, verify_mode=verify_mode, **capture(pytestconfig)) as harness:
+    with Harness.embedded(chosen(pytestconfig)) as harness:
         yield harness

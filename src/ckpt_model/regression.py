@@ -1,4 +1,4 @@
-"""Regression files: a failing run as data (topology, verify mode, faults, rule calls), replayed without Hypothesis.
+"""Regression files: a failing run as data (its deployment and rule calls), replayed without Hypothesis.
 
 Hypothesis's database key depends on the test's source and its `@reproduce_failure` blob on its version, so
 neither survives an edit of the checker. When a run fails, the machine writes the rules it called to a JSON file
@@ -6,6 +6,10 @@ named after the property and the deployment; Hypothesis runs the shrunk example 
 the shrunk sequence, and the domain minimiser (`ckpt_model.minimise`) rewrites it with the 1-minimal one, recording
 how under "minimised". Replay it with `ckpt-model replay FILE` (`ckpt_model.scenarios.replay`), minimise an
 existing one with `ckpt-model minimise FILE`, or keep it as a fixed scenario.
+
+A file's deployment is `DeploymentSpec.document()` (topology, verify mode, faults, and the options that differ from
+their defaults) and reads back with `DeploymentSpec.from_document`, so a file written before an option existed
+replays with that option at its default, as it ran.
 """
 
 from __future__ import annotations
@@ -13,7 +17,12 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from ckpt_model.spec import DeploymentSpec
+
+if TYPE_CHECKING:
+    from ckpt_model.deployment import Harness
 
 REGRESSIONS_ENV = "CKPT_MODEL_REGRESSIONS"
 DEFAULT_DIR = Path(".ckpt-model") / "regressions"
@@ -26,7 +35,7 @@ def directory() -> Path:
 
 
 def write(
-    harness: Any,
+    harness: Harness,
     rule_calls: list[tuple[str, dict[str, Any]]],
     error: BaseException,
     *,
@@ -35,21 +44,13 @@ def write(
     """Write (overwrite) the file for this failure's property and deployment; returns its path. `minimised`
     records how the steps were minimised (`ckpt_model.minimise.provenance`)."""
     label = getattr(error, "property_id", None) or type(error).__name__
-    deployment = [harness.topology]
-    if harness.topology == "slow":
-        deployment.append(harness.verify_mode)
-    deployment.extend(harness.faults)
-    options = deployment_options(harness)
-    deployment.extend(option_words(options))
+    spec = harness.spec
     target_dir = harness.regressions_dir or directory()
-    path = target_dir / f"{label}-{'-'.join(deployment)}.json"
+    path = target_dir / f"{label}-{'-'.join(spec.file_words)}.json"
     document = {
         "format": FORMAT_VERSION,
         "failure": {"type": type(error).__name__, "property": getattr(error, "property_id", None)},
-        "topology": harness.topology,
-        "verify_mode": harness.verify_mode,
-        "faults": list(harness.faults),
-        **{name: value for name, value in options.items() if value != DEFAULT_OPTIONS[name]},
+        **spec.document(),
         "steps": [[name, arguments] for name, arguments in rule_calls],
     }
     if minimised is not None:
@@ -57,40 +58,6 @@ def write(
     target_dir.mkdir(parents=True, exist_ok=True)
     replace_atomically(path, document)
     return path
-
-
-# A deployment's options beyond topology, verify mode and faults, with their defaults (`Harness.embedded` takes them).
-DEFAULT_OPTIONS: dict[str, Any] = {"token_capture": False, "generation_cuts": False, "policy_workers": 1}
-
-
-def deployment_options(source: Any) -> dict[str, Any]:
-    """The options of a harness or a regression file (absent ones at their defaults)."""
-    if isinstance(source, dict):
-        return {name: source.get(name, default) for name, default in DEFAULT_OPTIONS.items()}
-    return {name: getattr(source, name, default) for name, default in DEFAULT_OPTIONS.items()}
-
-
-def options_of_words(words: Any) -> dict[str, Any]:
-    """The keywords `option_words` wrote (`capture`, `cuts`, `workersN`); a ValueError names an unknown word."""
-    options: dict[str, Any] = {}
-    for word in words:
-        if word in ("capture", "cuts"):
-            options["token_capture"] = True
-            options["generation_cuts"] = options.get("generation_cuts", False) or word == "cuts"
-        elif word.startswith("workers") and word[len("workers") :].isdigit() and int(word[len("workers") :]) > 0:
-            options["policy_workers"] = int(word[len("workers") :])
-        else:
-            raise ValueError(f"unknown deployment option {word!r}: use capture, cuts or workersN")
-    return options
-
-
-def option_words(options: dict[str, Any]) -> list[str]:
-    """The options that differ from the defaults, as words for file names and keys (`capture`, `cuts`,
-    `workers2`)."""
-    words = [word for word, name in (("capture", "token_capture"), ("cuts", "generation_cuts")) if options.get(name)]
-    if options.get("policy_workers", 1) != 1:
-        words.append(f"workers{options['policy_workers']}")
-    return words
 
 
 def rewrite(
@@ -136,5 +103,4 @@ def describe(document: dict[str, Any]) -> str:
         f"{name}({', '.join(f'{key}={value!r}' for key, value in arguments.items())})"
         for name, arguments in document["steps"]
     ]
-    faults = f" with {', '.join(document['faults'])}" if document["faults"] else ""
-    return f"{document['topology']}{faults}: " + "; ".join(calls)
+    return f"{DeploymentSpec.from_document(document).label}: " + "; ".join(calls)

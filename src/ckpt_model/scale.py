@@ -48,7 +48,8 @@ from ckpt_model.contract import SCRIPTS, ScriptCall, capture_key
 from ckpt_model.coordination import ControlClient
 from ckpt_model.deployment import BackendGate, Harness
 from ckpt_model.errors import HarnessError, QuiescenceTimeout
-from ckpt_model.tasks import WEATHER_SCRIPT, expected_reward, native_run_body
+from ckpt_model.gym_tasks import WEATHER_SCRIPT, native_run_body
+from ckpt_model.topologies import TOPOLOGIES
 from ckpt_model.wire import EpisodeId
 
 TOPOLOGY = "native"
@@ -474,7 +475,7 @@ class _ScaleRun:
         self.plan = plan
         self.calls = CallLog(harness.backend, harness.http)
         self.sender = RunSender(harness.run_url, connect_timeout_s=STALL_S)
-        self.reward = expected_reward(TOPOLOGY, WEATHER_SCRIPT)
+        self.reward = TOPOLOGIES[TOPOLOGY].reward(WEATHER_SCRIPT)
         self.directory = str(harness.checkpoint_dir / CHECKPOINT_ID)
 
     # -- before the checkpoint -----------------------------------------------------------------------------

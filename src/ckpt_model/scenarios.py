@@ -17,14 +17,16 @@ from typing import Any
 
 import attrs
 
-from ckpt_model import regression
 from ckpt_model.contract import ScriptCall
 from ckpt_model.deployment import Harness
 from ckpt_model.errors import StepNotEnabled
+from ckpt_model.gym_tasks import COUNTER_SCRIPT
 from ckpt_model.machine import CheckpointMachine
 from ckpt_model.properties import record_key
 from ckpt_model.quiescence import SETTLE_TIMEOUT_S, observe
+from ckpt_model.spec import DeploymentSpec
 from ckpt_model.storage import participant_dir, read_records
+from ckpt_model.topologies import TOPOLOGIES
 
 Step = tuple[str, dict[str, Any]]
 # Per capture key, the script positions of the calls the backend saw for it, in order.
@@ -41,7 +43,7 @@ class ScenarioFactMismatch(AssertionError):
 class Scenario:
     steps: tuple[Step, ...]
     calls: Facts | None = None
-    # The same steps' calls on the counter topology, whose rows make three calls (None: as `calls`).
+    # The same steps' calls where the task runs the counter script, whose rows make three calls (None: as `calls`).
     counter_calls: Facts | None = None
     counts: Counts | None = None
     # Token capture: per capture key, the backend call indices its ledger chain holds at the end, in order.
@@ -51,8 +53,8 @@ class Scenario:
     continued: Mapping[int, int] | None = None
 
     def facts(self, topology: str) -> Facts | None:
-        """The calls pinned for `topology`."""
-        if topology == "counter" and self.counter_calls is not None:
+        """The calls pinned for `topology`'s task."""
+        if TOPOLOGIES[topology].script == COUNTER_SCRIPT and self.counter_calls is not None:
             return self.counter_calls
         return self.calls
 
@@ -673,13 +675,8 @@ def check_lineage(scenario: Scenario, harness: Harness) -> None:
 
 
 def replay(document: Mapping[str, Any]) -> None:
-    """Run a regression file's steps on a fresh embedded deployment of its topology and faults; raises what the
-    run raises (`ckpt_model.regression.load` reads the file)."""
-    with Harness.embedded(
-        document["topology"],
-        faults=tuple(document["faults"]),
-        verify_mode=document.get("verify_mode", "wait"),
-        **regression.deployment_options(document),
-    ) as harness:
+    """Run a regression file's steps on a fresh embedded deployment of the file's (`DeploymentSpec.from_document`);
+    raises what the run raises (`ckpt_model.regression.load` reads the file)."""
+    with Harness.embedded(DeploymentSpec.from_document(document)) as harness:
         harness.regressions_dir = harness.root / "regressions"  # a replay does not overwrite the file it replays
         run(harness, [(name, arguments) for name, arguments in document["steps"]])

@@ -17,9 +17,10 @@ def test_deployment(ckpt_harness):
 
 DEFAULTS = """
 from ckpt_model.pytest_plugin import chosen
+from ckpt_model.spec import DeploymentSpec
 
 def test_defaults(pytestconfig):
-    assert chosen(pytestconfig) == ("native", "wait", ())
+    assert chosen(pytestconfig) == DeploymentSpec("native")
 """
 
 

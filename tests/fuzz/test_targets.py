@@ -13,8 +13,9 @@ from hypothesis.stateful import get_state_machine_test
 from ckpt_model import fuzz, profiles
 from ckpt_model.deployment import Harness
 from ckpt_model.machine import machine_for
+from ckpt_model.spec import FAULT_FREE, DeploymentSpec
 
-SLOW_WAIT_WITH_FAULT = fuzz.Target("slow", "wait", ("environment_verify_never_waits",))
+SLOW_WAIT_WITH_FAULT = DeploymentSpec("slow", "wait", ("environment_verify_never_waits",))
 
 
 def database_key(factory: object) -> bytes:
@@ -29,33 +30,41 @@ def no_harness() -> Harness:
 
 @pytest.mark.processes
 def test_a_target_is_keyed_as_the_machine_of_a_real_harness_of_its_deployment() -> None:
-    target = fuzz.Target("legacy")
-    with Harness.embedded("legacy") as harness:
+    target = DeploymentSpec("legacy")
+    with Harness.embedded(target) as harness:
         assert database_key(fuzz.lazy_machine(target, no_harness)) == database_key(machine_for(harness))
 
 
 def test_each_deployment_keeps_its_own_key() -> None:
-    targets = [fuzz.Target(topology, mode) for topology, mode in fuzz.EVERY_DEPLOYMENT] + [SLOW_WAIT_WITH_FAULT]
+    targets = [*FAULT_FREE, SLOW_WAIT_WITH_FAULT]
     keys = {database_key(fuzz.lazy_machine(target, no_harness)) for target in targets}
     assert len(keys) == len(targets)
 
 
+def test_a_target_with_options_is_keyed_with_them() -> None:
+    """A target's options are part of its key, as they are of a harness's (`DeploymentSpec.key`)."""
+    with_capture = DeploymentSpec("counter", token_capture=True)
+    assert database_key(fuzz.lazy_machine(with_capture, no_harness)) != database_key(
+        fuzz.lazy_machine(DeploymentSpec("counter"), no_harness)
+    )
+
+
 def test_targets_round_trip_through_the_environment() -> None:
-    targets = (fuzz.Target("native"), SLOW_WAIT_WITH_FAULT)
-    environ = {fuzz.TARGETS_ENV: " ".join(target.text for target in targets)}
+    targets = (DeploymentSpec("native"), SLOW_WAIT_WITH_FAULT, *FAULT_FREE)
+    environ = {fuzz.TARGETS_ENV: " ".join(target.words for target in targets)}
     assert fuzz.targets_of(environ) == targets
     assert fuzz.targets_of({}) == ()
 
 
 def test_each_target_is_a_state_machine_test_case_named_after_its_deployment() -> None:
     namespace: dict[str, type] = {}
-    fuzz.define_targets(namespace, (fuzz.Target("native"), SLOW_WAIT_WITH_FAULT), profiles.CI)
+    fuzz.define_targets(namespace, (DeploymentSpec("native"), SLOW_WAIT_WITH_FAULT), profiles.CI)
     assert sorted(namespace) == ["FuzzNative", "FuzzSlowWait_environment_verify_never_waits"]
     run_test = namespace["FuzzNative"].runTest  # type: ignore[attr-defined]
     assert run_test.is_hypothesis_test
     assert namespace["FuzzNative"].settings is profiles.CI  # type: ignore[attr-defined]
     assert database_key(run_test._hypothesis_state_machine_class) == database_key(
-        fuzz.lazy_machine(fuzz.Target("native"), no_harness)
+        fuzz.lazy_machine(DeploymentSpec("native"), no_harness)
     )
 
 
@@ -64,30 +73,20 @@ def options(**values: object) -> argparse.Namespace:
 
 
 def test_without_options_every_fault_free_deployment_is_a_target() -> None:
-    assert [target.text for target in fuzz.chosen_targets(options())] == [
-        "native:wait:",
-        "legacy:wait:",
-        "counter:wait:",
-        "slow:wait:",
-        "slow:replay:",
-        "mixed:wait:",
-        "counter:wait::capture",
-        "native:wait::capture+cuts",
-    ]
+    assert fuzz.chosen_targets(options()) == FAULT_FREE
 
 
-def test_a_target_with_options_round_trips_through_its_text_and_names_its_case() -> None:
-    target = fuzz.Target("native", "wait", (), ("capture", "cuts"))
-    assert fuzz.Target.from_text(target.text) == target
-    assert target.case_name == "FuzzNativeCaptureCuts"
-    assert fuzz.options_of_words(target.options) == {"token_capture": True, "generation_cuts": True}
-    with pytest.raises(ValueError, match="unknown deployment option 'turbo'"):
-        fuzz.options_of_words(["turbo"])
+def test_a_target_with_options_names_its_case_after_them() -> None:
+    target = DeploymentSpec("native", token_capture=True, generation_cuts=True)
+    assert target.words == "native:wait::capture+cuts"
+    assert fuzz.case_name(target) == "FuzzNativeCaptureCuts"
 
 
 def test_a_planted_fault_is_fuzzed_in_the_deployment_it_shows_in() -> None:
     (target,) = fuzz.chosen_targets(options(faults="agent_retire_keeps_sessions"))
-    assert target == fuzz.Target("native", "wait", ("agent_retire_keeps_sessions",))
+    assert target == DeploymentSpec("native", "wait", ("agent_retire_keeps_sessions",))
+    (captured,) = fuzz.chosen_targets(options(faults="workers_export_ignores_snapshots"))
+    assert captured.words == "counter:wait:workers_export_ignores_snapshots:capture+workers2"
 
 
 def test_an_unknown_fault_is_a_usage_error() -> None:
@@ -106,6 +105,6 @@ def test_the_worker_command_usage_errors_exit_3(capsys: pytest.CaptureFixture[st
     assert "unknown fault" in capsys.readouterr().err
 
 
-def test_reports_name_each_deployment_once_with_the_verify_mode_only_for_slow() -> None:
-    labels = [fuzz.deployment_label(topology, mode) for topology, mode in fuzz.EVERY_DEPLOYMENT]
-    assert labels == ["native", "legacy", "counter", "slow/wait", "slow/replay", "mixed"]
+def test_an_unknown_topology_in_the_targets_variable_is_refused() -> None:
+    with pytest.raises(ValueError, match="'topology' must be one of"):
+        fuzz.targets_of({fuzz.TARGETS_ENV: "kubernetes:wait:"})

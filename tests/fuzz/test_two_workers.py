@@ -26,8 +26,8 @@ from hypothesis.internal.reflection import function_digest
 from hypothesis.stateful import get_state_machine_test
 
 from ckpt_model.deployment import Harness
-from ckpt_model.fuzz import Target
 from ckpt_model.machine import machine_for
+from ckpt_model.spec import DeploymentSpec
 from fakes.faults import BY_NAME
 
 pytestmark = pytest.mark.processes
@@ -40,7 +40,7 @@ GONE_GUARD_S = 60.0
 WORKER = [sys.executable, "-m", "ckpt_model.fuzz"]
 
 
-def plain_hypothesis_key(target: Target) -> bytes:
+def plain_hypothesis_key(target: DeploymentSpec) -> bytes:
     """The database key of `run_state_machine_as_test(machine_for(harness))` for a harness of `target`."""
     test = get_state_machine_test(machine_for(cast("Harness", target)))
     return function_digest(test.hypothesis.inner_test)  # type: ignore[attr-defined]
@@ -73,7 +73,7 @@ def found_by(client: redis.Redis, key: bytes) -> set[str]:
 
 
 def test_a_failure_one_worker_finds_replays_on_another_from_the_shared_database(redis_url: str, tmp_path: Path) -> None:
-    target = Target("native", "wait", (FAULT,))
+    target = DeploymentSpec("native", "wait", (FAULT,))
     key = plain_hypothesis_key(target)
     client = redis.Redis.from_url(redis_url)
     # Short: HypoFuzz's multiprocessing manager listens on a socket file in here (108 bytes at most).

@@ -15,8 +15,8 @@ import pytest
 
 from ckpt_model.coordination import PrepareResult, request_body
 from ckpt_model.errors import ParticipantFailure
+from ckpt_model.gym_tasks import native_run_body
 from ckpt_model.storage import participant_dir, read_records
-from ckpt_model.tasks import native_run_body
 from ckpt_model.wire import EpisodeId
 from fakes.gym.resources import SESSION_COOKIE, session_id_for
 from tests.stack.conftest import Deployment, InBackground, deadline, wait_until

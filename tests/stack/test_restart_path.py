@@ -12,7 +12,7 @@ import pytest
 
 from ckpt_model.coordination import Participants
 from ckpt_model.deployment import Harness
-from ckpt_model.tasks import legacy_run_body
+from ckpt_model.gym_tasks import legacy_run_body
 from fakes import stack as stack_module
 from fakes.deployment import EmbeddedDeployment
 from fakes.server_processes import ServerProcess

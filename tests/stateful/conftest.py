@@ -1,4 +1,4 @@
-"""Stateful suite: our Hypothesis profile loaded explicitly, and one harness per topology per session.
+"""Stateful suite: our Hypothesis profile loaded explicitly, and one harness per deployment per session.
 
 `CKPT_MODEL_EXAMPLES=N` runs N examples per machine test instead of the profile's number, with everything else of
 the profile: how the nightly's search is sized to a time budget, and how its throughput is measured
@@ -8,13 +8,15 @@ the profile: how the nightly's search is sized to a time budget, and how its thr
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from hypothesis import settings
 
 from ckpt_model import profiles
 from ckpt_model.deployment import Harness
+from ckpt_model.spec import DeploymentSpec
 
 EXAMPLES_ENV = "CKPT_MODEL_EXAMPLES"
 
@@ -43,64 +45,50 @@ def pytest_report_header() -> str:
 
 
 @pytest.fixture(scope="session")
-def native_harness() -> Iterator[Harness]:
-    with Harness.embedded("native") as harness:
+def harness_of() -> Iterator[Callable[[DeploymentSpec], Harness]]:
+    """One harness per deployment per session (per xdist worker), started when a test first asks for it."""
+    started: dict[DeploymentSpec, Harness] = {}
+
+    def harness(spec: DeploymentSpec) -> Harness:
+        if spec not in started:
+            started[spec] = Harness.embedded(spec)
+        return started[spec]
+
+    try:
         yield harness
+    finally:
+        for each in started.values():
+            each.close()
 
 
-@pytest.fixture(scope="session")
-def legacy_harness() -> Iterator[Harness]:
-    with Harness.embedded("legacy") as harness:
-        yield harness
+def deployment_fixture(spec: DeploymentSpec, doc: str | None = None) -> Any:
+    """A session fixture: the harness of `spec`, shared with every other test of that deployment."""
+
+    def fixture(harness_of: Callable[[DeploymentSpec], Harness]) -> Harness:
+        return harness_of(spec)
+
+    fixture.__doc__ = doc or f"The {spec.label} deployment."
+    return pytest.fixture(scope="session")(fixture)
 
 
-@pytest.fixture(scope="session")
-def counter_harness() -> Iterator[Harness]:
-    with Harness.embedded("counter") as harness:
-        yield harness
-
-
-@pytest.fixture(scope="session")
-def counter_capture_harness() -> Iterator[Harness]:
-    """Gym's lineage scenarios' deployment: the counter topology with token capture."""
-    with Harness.embedded("counter", token_capture=True) as harness:
-        yield harness
-
-
-@pytest.fixture(scope="session")
-def native_cuts_harness() -> Iterator[Harness]:
-    """Gym's cut scenario's deployment: the native topology with token capture and generation cuts."""
-    with Harness.embedded("native", token_capture=True, generation_cuts=True) as harness:
-        yield harness
-
-
-@pytest.fixture(scope="session")
-def counter_capture_two_workers_harness() -> Iterator[Harness]:
-    """The lineage scenarios' deployment with two policy-model workers behind one port (Gym runs them with 1 and 2)."""
-    with Harness.embedded("counter", token_capture=True, policy_workers=2) as harness:
-        yield harness
-
-
-@pytest.fixture(scope="session")
-def native_cuts_two_workers_harness() -> Iterator[Harness]:
-    """The cut scenario's deployment with two policy-model workers behind one port."""
-    with Harness.embedded("native", token_capture=True, generation_cuts=True, policy_workers=2) as harness:
-        yield harness
-
-
-@pytest.fixture(scope="session")
-def slow_wait_harness() -> Iterator[Harness]:
-    with Harness.embedded("slow", verify_mode="wait") as harness:
-        yield harness
-
-
-@pytest.fixture(scope="session")
-def slow_replay_harness() -> Iterator[Harness]:
-    with Harness.embedded("slow", verify_mode="replay") as harness:
-        yield harness
-
-
-@pytest.fixture(scope="session")
-def mixed_harness() -> Iterator[Harness]:
-    with Harness.embedded("mixed") as harness:
-        yield harness
+native_harness = deployment_fixture(DeploymentSpec("native"))
+legacy_harness = deployment_fixture(DeploymentSpec("legacy"))
+counter_harness = deployment_fixture(DeploymentSpec("counter"))
+counter_capture_harness = deployment_fixture(
+    DeploymentSpec("counter", token_capture=True), "Gym's lineage scenarios' deployment: counter, token capture."
+)
+native_cuts_harness = deployment_fixture(
+    DeploymentSpec("native", token_capture=True, generation_cuts=True),
+    "Gym's cut scenario's deployment: the native topology with token capture and generation cuts.",
+)
+counter_capture_two_workers_harness = deployment_fixture(
+    DeploymentSpec("counter", token_capture=True, policy_workers=2),
+    "The lineage scenarios' deployment with two policy-model workers behind one port (Gym runs them with 1 and 2).",
+)
+native_cuts_two_workers_harness = deployment_fixture(
+    DeploymentSpec("native", token_capture=True, generation_cuts=True, policy_workers=2),
+    "The cut scenario's deployment with two policy-model workers behind one port.",
+)
+slow_wait_harness = deployment_fixture(DeploymentSpec("slow", "wait"))
+slow_replay_harness = deployment_fixture(DeploymentSpec("slow", "replay"))
+mixed_harness = deployment_fixture(DeploymentSpec("mixed"))

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from ckpt_model import regression
+from ckpt_model.spec import DeploymentSpec
 
 
 def test_a_file_that_is_not_json_is_refused(tmp_path: Path) -> None:
@@ -39,9 +40,7 @@ def test_describe_prints_the_steps_as_calls() -> None:
 
 
 class FakeHarness:
-    topology = "native"
-    verify_mode = "wait"
-    faults = ("agent_retire_keeps_sessions",)
+    spec = DeploymentSpec("native", faults=("agent_retire_keeps_sessions",))
 
     def __init__(self, directory: Path) -> None:
         self.regressions_dir = directory

@@ -1,17 +1,26 @@
-"""The rewards and resources states the checker computes from a task and the script it pins (P3, P6)."""
+"""The rewards and resources states the checker computes from a task and the script it pins (P3, P6), read from
+the topology table as the checker reads them."""
 
 from __future__ import annotations
 
-from ckpt_model.tasks import (
-    COUNTER_SCRIPT,
-    WEATHER_SCRIPT,
-    counter_after,
-    counter_run_body,
-    expected_reward,
-    resources_state,
-    run_body,
-    script_for,
-)
+from ckpt_model.gym_tasks import COUNTER_SCRIPT, WEATHER_SCRIPT, counter_after, counter_run_body
+from ckpt_model.topologies import TOPOLOGIES
+
+
+def script_for(topology: str) -> tuple:
+    return TOPOLOGIES[topology].script
+
+
+def expected_reward(topology: str, script: tuple) -> float:
+    return TOPOLOGIES[topology].reward(script)
+
+
+def resources_state(topology: str, tool_rounds: int) -> object:
+    return TOPOLOGIES[topology].resources_state(tool_rounds)
+
+
+def run_body(topology: str, rollout_id: str, attempt: int) -> dict:
+    return TOPOLOGIES[topology].run_body(rollout_id, attempt)
 
 
 def test_each_topology_pins_its_own_script() -> None:

@@ -1,5 +1,6 @@
-"""The tasks the controller dispatches: Gym's weather episode, native and legacy, and Gym's counter row
-(reference 5.2, 5.3, 8.4, 9.4).
+"""The tasks of Gym's suite the controller dispatches: the weather episode, native and legacy, and the counter row
+(reference 5.2, 5.3, 8.4, 9.4): their `/run` bodies, the scripts the checker pins, their rewards and exported
+state. `ckpt_model.topologies` says which topology runs which.
 
 An uninterrupted native weather episode makes two model calls with 2 and 4 messages; a legacy row's calls have
 1 and 3 messages (the row has no developer message). A counter row is a legacy row whose resources session counts:
@@ -86,59 +87,34 @@ def counter_run_body(rollout_id: str, attempt: int) -> dict[str, Any]:
     }
 
 
-def run_body(topology: str, rollout_id: str, attempt: int) -> dict[str, Any]:
-    """The `/run` body of a topology's task."""
-    if topology == "counter":
-        return counter_run_body(rollout_id, attempt)
-    if topology == "legacy":
-        return legacy_run_body(rollout_id, attempt)
-    return native_run_body(rollout_id, attempt)
-
-
 # The backend's script, pinned by the checker at the start of every example: the policy's tool calls in order.
-WEATHER_SCRIPT: tuple[dict[str, Any], ...] = ({"name": "get_weather", "arguments": {"city": "SF"}},)
+Script = tuple[dict[str, Any], ...]
+WEATHER_SCRIPT: Script = ({"name": "get_weather", "arguments": {"city": "SF"}},)
 # Gym's `COUNTER_SCRIPT`: 3 + 1 + 2 = 6.
-COUNTER_SCRIPT: tuple[dict[str, Any], ...] = (
+COUNTER_SCRIPT: Script = (
     {"name": "increment_counter", "arguments": {"count": 1}},
     {"name": "increment_counter", "arguments": {"count": 2}},
 )
 
 
-def script_for(topology: str) -> tuple[dict[str, Any], ...]:
-    """The script the checker pins on the backend for a topology's task."""
-    return COUNTER_SCRIPT if topology == "counter" else WEATHER_SCRIPT
-
-
-def task_tools(topology: str) -> tuple[str, ...]:
-    """Names of the tools the dispatched task offers the policy (every weather task offers `get_weather`)."""
-    if topology == "counter":
-        return (INCREMENT_TOOL["name"], GET_COUNTER_TOOL["name"])
-    return (WEATHER_TOOL["name"],)
-
-
-def counter_after(script: tuple[dict[str, Any], ...], tool_rounds: int) -> int:
+def counter_after(script: Script, tool_rounds: int) -> int:
     """The counter task's count once the first `tool_rounds` scripted calls ran: the seed plus their increments.
     What the resources server must export for an attempt at that boundary, and restore with it (P6)."""
     done = script[:tool_rounds]
     return COUNTER_INITIAL + sum(call["arguments"]["count"] for call in done if call["name"] == INCREMENT_TOOL["name"])
 
 
-def resources_state(topology: str, tool_rounds: int) -> dict[str, Any] | None:
-    """The state the resources server must export for an attempt that ran `tool_rounds` tool rounds (None: its
-    sessions hold nothing to export, as the weather server's): the counter's `{"count": n}`."""
-    if topology != "counter":
-        return None
+def counter_state(tool_rounds: int) -> dict[str, Any]:
+    """What the counter's resources server exports for an attempt that ran `tool_rounds` tool rounds (P6)."""
     return {"count": counter_after(COUNTER_SCRIPT, tool_rounds)}
 
 
-def expected_reward(topology: str, script: tuple[dict[str, Any], ...]) -> float:
-    """The reward an uninterrupted episode earns, computed by the checker from the task and the pinned script,
-    not read from the system. The policy makes exactly the scripted tool calls, and the agent runs them.
+def weather_reward(script: Script) -> float:
+    """Gym's weather verifier rewards a response that calls `get_weather`, which the task offers: 1.0 exactly
+    when the script calls it. The policy makes exactly the scripted tool calls, and the agent runs them."""
+    return 1.0 if any(call["name"] == WEATHER_TOOL["name"] for call in script) else 0.0
 
-    Weather: Gym's verifier rewards a response that calls `get_weather`, so 1.0 exactly when the script calls it
-    and the task offers it. Counter: 1.0 exactly when the seed plus the script's increments reach
-    `expected_count`."""
-    if topology == "counter":
-        return 1.0 if counter_after(script, len(script)) == COUNTER_EXPECTED else 0.0
-    offered = {call["name"] for call in script} & set(task_tools(topology))
-    return 1.0 if "get_weather" in offered else 0.0
+
+def counter_reward(script: Script) -> float:
+    """1.0 exactly when the seed plus the script's increments reach `expected_count`."""
+    return 1.0 if counter_after(script, len(script)) == COUNTER_EXPECTED else 0.0
