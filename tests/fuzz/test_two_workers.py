@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 from typing import cast
 
 import psutil
@@ -42,7 +43,7 @@ WORKER = [sys.executable, "-m", "ckpt_model.fuzz"]
 
 def plain_hypothesis_key(target: DeploymentSpec) -> bytes:
     """The database key of `run_state_machine_as_test(machine_for(harness))` for a harness of `target`."""
-    test = get_state_machine_test(machine_for(cast("Harness", target)))
+    test = get_state_machine_test(machine_for(cast("Harness", SimpleNamespace(spec=target))))
     return function_digest(test.hypothesis.inner_test)  # type: ignore[attr-defined]
 
 
