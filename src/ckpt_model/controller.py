@@ -266,7 +266,7 @@ class Controller:
     def commit(self, checkpoint_id: str, scope: Sequence[Attempt]) -> dict[str, Any]:
         """Commit `scope` on every participant."""
         directory = self.directory(checkpoint_id)
-        episodes = _episodes(scope)
+        episodes = episodes_of(scope)
         replies = self._call(
             "commit",
             checkpoint_id,
@@ -282,7 +282,7 @@ class Controller:
     def commit_on(self, names: list[str], checkpoint_id: str, scope: Sequence[Attempt]) -> dict[str, Any]:
         """Commit `scope` on the participants `names` only (each on its own); any refusal fails it."""
         directory = self.directory(checkpoint_id)
-        episodes = tuple(_episodes(scope))
+        episodes = tuple(episodes_of(scope))
         body = self.body("commit", checkpoint_id, checkpoint_dir=str(directory), episode_ids=episodes)
         event = {"episodes": episodes, "delivered": _delivered(scope), "directory": directory}
         return self.send_each("commit", checkpoint_id, body, names, **event)
@@ -296,7 +296,7 @@ class Controller:
         """Restore the checkpoint `source` (from `directory`, by default its own) as `restore_id`. Gym's client
         cleans up a refused restore itself (it retires the next attempts and resumes) and raises; nothing before
         it is retried then."""
-        scope = [EpisodeId.from_capture_key(key) for key in exported]
+        scope = episodes_keyed(exported)
         path = directory or self.directory(source)
         try:
             return self._call(
@@ -314,7 +314,7 @@ class Controller:
     def undo_restore(self, restore_id: str, exported: Iterable[str]) -> None:
         """The cleanup of a restore that failed on some participant, as Gym's client runs it: retire the next
         attempts everywhere, then resume. A cleanup, never retried."""
-        next_attempts = [EpisodeId.from_capture_key(key).next_attempt() for key in exported]
+        next_attempts = [episode.next_attempt() for episode in episodes_keyed(exported)]
         self._call(
             "retire",
             restore_id,
@@ -327,7 +327,7 @@ class Controller:
 
     def retire(self, retire_id: str, attempts: Sequence[Attempt]) -> dict[str, Any]:
         """Retire `attempts` everywhere: a running one's `/run` must then be refused with stale_attempt."""
-        episodes = _episodes(attempts)
+        episodes = episodes_of(attempts)
         replies = self._retire(retire_id, episodes)
         self.last_call = SentCall("retire", retire_id, {"episode_ids": tuple(episodes)}, replies)
         for attempt in attempts:
@@ -337,7 +337,7 @@ class Controller:
 
     def retire_lost(self, retire_id: str, attempts: Sequence[Attempt]) -> dict[str, Any]:
         """Retire work that lost a server (its `/run`s end however they end): a cleanup, never retried."""
-        return self._retire(retire_id, _episodes(attempts))
+        return self._retire(retire_id, episodes_of(attempts))
 
     def _retire(self, retire_id: str, episodes: Sequence[EpisodeId]) -> dict[str, Any]:
         return self._call(
@@ -389,7 +389,7 @@ class Controller:
         names = [m.name for m in self.control.participants if m.name in RESTART_SERVERS]
         if not restarts or not names:
             return {}
-        episodes = (*_episodes(scope), *(EpisodeId.from_capture_key(key) for key in restarts))
+        episodes = (*episodes_of(scope), *episodes_keyed(restarts))
         probe_dir = str(self.directory(f"probe-{checkpoint_id}"))
         body = self.body("commit", checkpoint_id, checkpoint_dir=probe_dir, episode_ids=episodes)
         return self._probe("commit naming restarts", "commit", checkpoint_id, names, body)
@@ -403,7 +403,7 @@ class Controller:
         invocation = self._invoke(f"retry {last.operation}", last.checkpoint_id)
         with timing.span("control"):
             outcomes = self.control.post_each(last.operation, body, _ahead(CONTROL_DEADLINE_S))
-        self._complete(invocation, "ok", _outcomes_text(outcomes))
+        self._complete(invocation, "ok", outcomes_text(outcomes))
         return last, outcomes
 
     def send_each(
@@ -428,7 +428,7 @@ class Controller:
         invocation = self._invoke(f"probe {label}", checkpoint_id)
         with timing.span("probe"):
             outcomes = self.control.post_each(operation, body, body["deadline_ts"], names)
-        self._complete(invocation, "ok", _outcomes_text(outcomes))
+        self._complete(invocation, "ok", outcomes_text(outcomes))
         return outcomes
 
     # -- the crash hooks the nemesis calls --------------------------------------------------------------------
@@ -532,7 +532,13 @@ def _ahead(seconds: float) -> float:
     return time.time() + seconds
 
 
-def _episodes(attempts: Iterable[Attempt]) -> list[EpisodeId]:
+def episodes_keyed(keys: Iterable[str]) -> list[EpisodeId]:
+    """The episode IDs that capture keys name."""
+    return [EpisodeId.from_capture_key(key) for key in keys]
+
+
+def episodes_of(attempts: Iterable[Attempt]) -> list[EpisodeId]:
+    """The episode IDs of attempts, as the wire names them."""
     return [EpisodeId(rollout_id=a.rollout, attempt=a.attempt) for a in attempts]
 
 
@@ -546,5 +552,6 @@ def outcome_text(outcome: Any) -> Any:
     return outcome.describe() if isinstance(outcome, ParticipantFailure) else outcome
 
 
-def _outcomes_text(outcomes: Mapping[str, Any]) -> dict[str, Any]:
+def outcomes_text(outcomes: Mapping[str, Any]) -> dict[str, Any]:
+    """Every participant's answer as the history shows it."""
     return {name: outcome_text(o) for name, o in outcomes.items()}

@@ -18,13 +18,13 @@ import attrs
 
 from ckpt_model import damage
 from ckpt_model.contract import Attempt, Checkpoint, Model
-from ckpt_model.controller import CONTROL_DEADLINE_S, Controller, outcome_text
+from ckpt_model.controller import CONTROL_DEADLINE_S, Controller, episodes_keyed, episodes_of, outcomes_text
 from ckpt_model.coordination import Participant
 from ckpt_model.deployment import FAILPOINT_BEFORE_INSTALL, FAILPOINT_BETWEEN_FILES, Harness
 from ckpt_model.errors import QuiescenceTimeout
 from ckpt_model.history import Event
 from ckpt_model.quiescence import poll
-from ckpt_model.wire import RETIRE_ORDER, EpisodeId
+from ckpt_model.wire import RETIRE_ORDER
 
 
 @attrs.frozen
@@ -71,7 +71,7 @@ class Nemesis:
         """Send `name` its commit with a failpoint armed between its two files; return once its work stands there."""
         self.harness.arm_failpoint(name, FAILPOINT_BETWEEN_FILES)
         directory = str(self.controller.directory(checkpoint_id))
-        episodes = [EpisodeId(rollout_id=a.rollout, attempt=a.attempt) for a in scope]
+        episodes = episodes_of(scope)
         body = self.controller.body("commit", checkpoint_id, checkpoint_dir=directory, episode_ids=episodes)
         invocation = self.controller.invoke("commit", checkpoint_id)
         post = self.controller.control.post_each
@@ -88,12 +88,12 @@ class Nemesis:
     def ended_by_crash(self, held: HeldCommit) -> None:
         """The held commit's answer once the crash ended it: indeterminate (`info`)."""
         outcomes = held.answer.result(timeout=CONTROL_DEADLINE_S)
-        self.controller.complete(held.invocation, "info", {n: outcome_text(o) for n, o in outcomes.items()})
+        self.controller.complete(held.invocation, "info", outcomes_text(outcomes))
 
     def crash_inside_restore(self, restore_id: str, source: str, exported: Iterable[str], reached: int) -> list[str]:
         """A restore of `source` reaches its first `reached` participants (modulo their number, in name order,
         each alone), each of which must answer it; then everything crashes. Returns the names reached."""
-        scope = [EpisodeId.from_capture_key(key) for key in exported]
+        scope = episodes_keyed(exported)
         directory = str(self.controller.directory(source))
         body = self.controller.body("restore", restore_id, checkpoint_dir=directory, episode_ids=scope)
         members = self.controller.members()
@@ -102,7 +102,7 @@ class Nemesis:
 
     def crash_inside_retire(self, retire_id: str, lost: Attempt, reached: int) -> list[str]:
         """A retire of `lost` reaches the first `reached` stages of the retire order (callers before callees)."""
-        episodes = [EpisodeId(rollout_id=lost.rollout, attempt=lost.attempt)]
+        episodes = episodes_of([lost])
         body = self.controller.body("retire", retire_id, episode_ids=episodes)
         stages = self._retire_stages(reached)
         return self._crash_inside("retire", retire_id, body, stages, episodes=tuple(episodes))
@@ -159,7 +159,7 @@ class Nemesis:
         """Restore `source` as `restore_id` while a failpoint holds `member` just before it installs; once it
         stands there and every other participant restored, kill it and start it again alone. Returns every
         participant's answer to the restore (the dead one's is a transport failure)."""
-        scope = [EpisodeId.from_capture_key(key) for key in exported]
+        scope = episodes_keyed(exported)
         directory = str(self.controller.directory(source))
         body = self.controller.body("restore", restore_id, checkpoint_dir=directory, episode_ids=scope)
         others = [m for m in self.controller.control.participants if m.name != member.name]
@@ -182,5 +182,5 @@ class Nemesis:
             )
         self.restart(member)
         outcomes = restore.result(timeout=CONTROL_DEADLINE_S)
-        self.controller.complete(invocation, "fail", {name: outcome_text(o) for name, o in outcomes.items()})
+        self.controller.complete(invocation, "fail", outcomes_text(outcomes))
         return outcomes
