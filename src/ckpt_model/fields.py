@@ -72,7 +72,9 @@ FIELDS: dict[str, Body] = {
             "lease_expires_at": Compared("p10_lease_held", "a time set while a checkpoint is open"),
             "retired_rollouts": Compared("status_mismatches"),
             "report": Compared("p10_report_consistent", "see the report's own fields"),
-            "report.ready": Compared("p10_report_consistent", "ready exactly when nothing blocks"),
+            "report.ready": NotCompared(
+                "a participant may be unready with no blocker to name; a prepare's readiness is compared there"
+            ),
             "report.blockers": Compared("p11_preparing", "and p15_capture_keys: each a capture key"),
             "report.blocker_count": Compared("p10_report_consistent", "the length of the uncapped blockers"),
             "report.counts": Compared("status_mismatches", "per key, see the counts table"),
