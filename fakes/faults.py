@@ -331,6 +331,15 @@ CATALOGUE: tuple[Fault, ...] = (
         token_capture=True,
         policy_workers=2,
     ),
+    Fault(
+        "ledger_reuses_call_ids",
+        "policy_model",
+        "P15",
+        "a restore that rebuilds a ledger's call counter from the rows it installs, so restoring a checkpoint again"
+        " hands the dead execution's undelivered call IDs to the new execution's calls",
+        topology="counter",
+        token_capture=True,
+    ),
 )
 BY_NAME: dict[str, Fault] = {fault.name: fault for fault in CATALOGUE}
 

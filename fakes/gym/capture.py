@@ -62,6 +62,7 @@ class TokenCapture:
         self._exports_undelivered = "ledger_exports_undelivered" in faults
         self._refuses_dead_rows = "ledger_refuses_dead_rows" in faults
         self._appends_on_restore = "ledger_appends_on_restore" in faults
+        self._recounts_calls = "ledger_reuses_call_ids" in faults
         self._parent_from_own_rows = "lineage_forgets_restored_parent" in faults
         self._retires_source = "ledger_source_not_retired" not in faults
         self._retires_on_retire = "ledger_retire_skipped" not in faults
@@ -144,7 +145,7 @@ class TokenCapture:
             for key, rows in rows_by_target.items():
                 self.ledger.append(key, rows)
         else:
-            self.ledger.replace_many(rows_by_target)
+            self.ledger.replace_many(rows_by_target, recount_calls=self._recounts_calls)
         if self._retires_source:
             self.ledger.retire(sources)
 

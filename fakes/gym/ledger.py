@@ -69,12 +69,16 @@ class FileLedger:
             with self._path(key, ROWS_SUFFIX).open("a") as ledger:
                 ledger.write("".join(json.dumps(row) + "\n" for row in rows))
 
-    def replace_many(self, rows_by_key: dict[str, list[Row]]) -> None:
-        """Each key's ledger becomes exactly `rows`, live again: a dead execution's rows and marker are gone."""
+    def replace_many(self, rows_by_key: dict[str, list[Row]], *, recount_calls: bool = False) -> None:
+        """Each key's ledger becomes exactly `rows`, live again: a dead execution's rows and marker are gone. The
+        call counter stays (`recount_calls`, a planted fault, rebuilds it from the rows installed, so the dead
+        execution's undelivered calls' IDs are handed out again)."""
         with self._locked():
             for key, rows in rows_by_key.items():
                 _write_atomically(self._path(key, ROWS_SUFFIX), "".join(json.dumps(row) + "\n" for row in rows))
                 self._path(key, RETIRED_SUFFIX).unlink(missing_ok=True)
+                if recount_calls:
+                    _write_atomically(self._path(key, CALLS_SUFFIX), f"{len(rows)}\n")
 
     def is_retired(self, key: str) -> bool:
         return self._path(key, RETIRED_SUFFIX).exists()

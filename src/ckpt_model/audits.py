@@ -21,8 +21,16 @@ from ckpt_model.coordination import Participant
 from ckpt_model.deployment import Harness
 from ckpt_model.history import History
 from ckpt_model.ledger_watch import LedgerWatch
+from ckpt_model.lineage import next_key
 from ckpt_model.quiescence import observe
-from ckpt_model.storage import MANIFEST_NAME, CheckpointUnreadable, FingerprintCache, participant_dir, read_records
+from ckpt_model.storage import (
+    MANIFEST_NAME,
+    CheckpointUnreadable,
+    Fingerprint,
+    FingerprintCache,
+    participant_dir,
+    read_records,
+)
 from ckpt_model.wire import EpisodeId
 
 
@@ -48,6 +56,7 @@ class Audits:
         replied = [a.key for a in model.with_status("replied")]
         scope = [a.key for a in model.scope()]
         props.p1_replied_or_exported(checkpoint_id, scope, replied, replies[owner]["episode_ids"], owner)
+        props.p10_reply_phase("commit", checkpoint_id, "committed", replies)
         read = self.read(checkpoint_id)
         props.p9_verifies(checkpoint_id, read)
         self.shares(model, checkpoint_id, self.members, replies, read)
@@ -96,6 +105,8 @@ class Audits:
                 read[member.name].episode_ids,
                 optional=model.may_also_export(member.kind),
             )
+            manifest = replies[member.name]["manifest"]
+            props.p15_manifest_names_share(checkpoint_id, member.name, member.kind, manifest, read[member.name])
 
     def exported_state(self, model: Model, checkpoint_id: str) -> None:
         """P6 at a commit: each resources record holds the state the checker computes for its attempt."""
@@ -110,7 +121,11 @@ class Audits:
 
     def restored(self, source: str, restore_id: str, exported: tuple[str, ...], replies: Mapping[str, Any]) -> None:
         """P6 at a restore: the resources participant installed the sessions of its in-scope records (read with the
-        checker's own reader), under their next attempts: its reply names them, and its status counts them."""
+        checker's own reader), under their next attempts: its reply names them, and its status counts them. P10
+        and P15: every reply says restored, names the source, and names the next attempts of its records."""
+        props.p10_reply_phase("restore", restore_id, "restored", replies)
+        props.p15_restore_names_source(restore_id, source, replies)
+        self.restored_keys(source, restore_id, exported, replies)
         directory = self.harness.checkpoint_dir / source
         for member in self._resources():
             records = self._resources_records(directory, source, member.name)
@@ -118,6 +133,19 @@ class Audits:
             expected = [EpisodeId.from_capture_key(key).next_attempt().capture_key for key in keys if key in exported]
             sessions = self.harness.control.status(member)["report"]["counts"].get("sessions")  # type: ignore[union-attr]
             props.p6_restored(restore_id, member.name, expected, replies[member.name].get("restored"), sessions)
+
+    def restored_keys(
+        self, source: str, restore_id: str, exported: tuple[str, ...], replies: Mapping[str, Any]
+    ) -> None:
+        """P15: each participant but the policy model restores the next attempts of its in-scope records on disk
+        (the model installs a record, maybe empty, for every scoped attempt: its rows are P5's)."""
+        shares = self.fingerprints.get(source, {})
+        for member in self.members:
+            share = shares.get(member.name)
+            if member.kind == "model" or not isinstance(share, Fingerprint):
+                continue
+            expected = [next_key(key) for key in share.episode_ids if key in exported]
+            props.p15_restored_next_attempts(restore_id, member.name, expected, replies[member.name].get("restored"))
 
     # -- after every step, and at the end ---------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from typing import Any, Literal, Protocol
 import attrs
 import httpx
 
+from ckpt_model import properties as props
 from ckpt_model import timing
 from ckpt_model.contract import RESTART_SERVERS, Attempt
 from ckpt_model.coordination import Participant, PrepareResult, request_body
@@ -50,6 +51,9 @@ HUNG_CUT_PREPARE_DEADLINE_S = 4.0
 # Each refused release of stale calls means the backend cancelled at least one of them meanwhile; a crash leaves
 # at most one waiting call per live rollout.
 STALE_RELEASE_TRIES = 8
+# A renewed lease is compared with the renew's deadline plus the grace, summed here and by the participant: the two
+# sums may round apart.
+LEASE_SLACK_S = 0.001
 # What a prepare's generation cuts can be judged by: cut in full ("durable"), hung ("hung"), or not at all (a
 # deadline too short to judge a cut, or a prepare that did not complete).
 CutJudgement = Literal["durable", "hung"] | None
@@ -247,14 +251,20 @@ class Controller:
         if prepared:
             self.quiescence.wait_lease_lapsed(checkpoint_id, deadline_ts + self.harness.lease_grace_s)
         else:
-            self._call("resume", checkpoint_id, lambda d: self.control.resume(checkpoint_id, d))
+            self._resume(checkpoint_id)
         self.last_call = None
 
     def renew(self, checkpoint_id: str) -> None:
-        self._call("renew", checkpoint_id, lambda d: self.control.renew(checkpoint_id, d))
+        """Extend every lease; each must then run at least to the renew's deadline plus the grace (P10)."""
+        deadline_ts = _ahead(CONTROL_DEADLINE_S)
+        replies = self._call("renew", checkpoint_id, lambda _: self.control.renew(checkpoint_id, deadline_ts))
+        props.p10_lease_renewed(checkpoint_id, deadline_ts + self.harness.lease_grace_s - LEASE_SLACK_S, replies)
 
     def _prepared(self, invocation: Event, outcome: Prepared, cut: CutJudgement) -> Prepared:
         self._complete(invocation, "ok", cut=cut)
+        for name, reply in outcome.replies.items():
+            props.p10_report_consistent(f"{name}'s prepare reply", reply["report"], reply["phase"])
+            props.p15_capture_keys(f"{name}'s prepare report.restarts", reply["report"]["restarts"])
         if outcome.prepared:
             assert isinstance(invocation.value, str)
             self.history.note("controller", "prepared", invocation.value)
@@ -288,8 +298,14 @@ class Controller:
         return self.send_each("commit", checkpoint_id, body, names, **event)
 
     def resume(self, checkpoint_id: str) -> dict[str, Any]:
-        replies = self._call("resume", checkpoint_id, lambda d: self.control.resume(checkpoint_id, d))
+        replies = self._resume(checkpoint_id)
         self.last_call = SentCall("resume", checkpoint_id, {}, replies)
+        return replies
+
+    def _resume(self, checkpoint_id: str) -> dict[str, Any]:
+        """Resume everywhere: every participant then answers phase idle (P10)."""
+        replies: dict[str, Any] = self._call("resume", checkpoint_id, lambda d: self.control.resume(checkpoint_id, d))
+        props.p10_reply_phase("resume", checkpoint_id, "idle", replies)
         return replies
 
     def restore(self, restore_id: str, source: str, exported: Iterable[str], directory: Path | None = None) -> Any:
@@ -314,14 +330,8 @@ class Controller:
     def undo_restore(self, restore_id: str, exported: Iterable[str]) -> None:
         """The cleanup of a restore that failed on some participant, as Gym's client runs it: retire the next
         attempts everywhere, then resume. A cleanup, never retried."""
-        next_attempts = [episode.next_attempt() for episode in episodes_keyed(exported)]
-        self._call(
-            "retire",
-            restore_id,
-            lambda d: self.control.retire(restore_id, next_attempts, d),
-            episodes=tuple(next_attempts),
-        )
-        self._call("resume", restore_id, lambda d: self.control.resume(restore_id, d))
+        self._retire(restore_id, [episode.next_attempt() for episode in episodes_keyed(exported)])
+        self._resume(restore_id)
 
     # -- retire and forget ------------------------------------------------------------------------------------
 
@@ -340,15 +350,19 @@ class Controller:
         return self._retire(retire_id, episodes_of(attempts))
 
     def _retire(self, retire_id: str, episodes: Sequence[EpisodeId]) -> dict[str, Any]:
-        return self._call(
+        """Retire everywhere: every participant then echoes the capture keys as given (P15)."""
+        replies: dict[str, Any] = self._call(
             "retire",
             retire_id,
             lambda d: self.control.retire(retire_id, episodes, d),
             episodes=tuple(episodes),
         )
+        props.p15_retired_echoed(retire_id, [episode.capture_key for episode in episodes], replies)
+        return replies
 
     def forget(self, forget_id: str, rollouts: Sequence[str]) -> dict[str, Any]:
         replies = self._call("forget", forget_id, lambda d: self.control.forget(forget_id, rollouts, d))
+        props.p15_forgotten_echoed(forget_id, rollouts, replies)
         self.last_call = SentCall("forget", forget_id, {"rollout_ids": tuple(rollouts)}, replies)
         return replies
 

@@ -45,6 +45,8 @@ class Manifest:
 
     rows: tuple[LedgerRow, ...]
     failures: tuple[Any, ...] = ()
+    # The capture key the manifest says it answers for (`rollout_id`; None when it names none).
+    answered_for: str | None = None
 
     @property
     def model_call_ids(self) -> tuple[str, ...]:
@@ -104,7 +106,8 @@ class LedgerClient:
         if not isinstance(records, list):
             raise ProtocolError(source=where, problems=["'records' must be a list"], reply=body)
         failures = body.get("failures") or []
-        return Manifest(tuple(row_from_wire(row, where) for row in records), tuple(failures))
+        rows = tuple(row_from_wire(row, where) for row in records)
+        return Manifest(rows, tuple(failures), body.get("rollout_id"))
 
     def retire(self, capture_keys: Sequence[str]) -> Any:
         """Retire the ledgers (a marker stays; later rows are refused); a `Refusal` if the server refused."""

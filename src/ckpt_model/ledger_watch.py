@@ -31,6 +31,7 @@ from ckpt_model.lineage import (
     p12_exported_cuts,
     p12_tokens,
 )
+from ckpt_model.properties import p15_admission_names_attempt, p15_ledger_identifiers, p15_model_call_ids_unique
 from ckpt_model.storage import participant_dir, read_records
 from ckpt_model.wire import EpisodeId
 
@@ -157,7 +158,10 @@ class LedgerWatch:
         if not self.enabled:
             return
         with timing.span("p5_lineage"):
-            self.lineage = self._learned()
+            calls = self.harness.backend.calls()  # type: ignore[union-attr]
+            p15_model_call_ids_unique(calls)
+            p15_admission_names_attempt(calls)
+            self.lineage = self.lineage.learn(calls)
             if not checkpoint_open:
                 self.lineage = self.lineage.opened()
             p5_no_strays(self.lineage.strays)
@@ -172,6 +176,8 @@ class LedgerWatch:
                     continue
                 manifest = self.harness.ledger.manifest(key)
                 p5_manifest(key, expected, manifest)
+                if isinstance(manifest, Manifest):
+                    p15_ledger_identifiers(key, manifest.answered_for, [row.capture_key for row in manifest.rows])
                 if staged is not None and isinstance(manifest, Manifest):
                     p5_staged(key, manifest.rows, staged)
                 self.verified[key] = expected

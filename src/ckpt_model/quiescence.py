@@ -181,8 +181,10 @@ class Quiescence:
         pending += [f"{key} waiting at the backend" for key in expected.waiting if key not in observation.waiting]
         pending += [f"{key} released" for key in observation.waiting if key not in expected.waiting]
         pending += self._pending_runs(model)
+        kinds = {member.name: member.kind for member in self.harness.control.participants}  # type: ignore[union-attr]
         for name, status in observation.statuses.items():
             props.p10_phase(name, (expected.phase, expected.checkpoint_id), status)
+            judge_status_fields(name, kinds[name], status)
         return pending
 
     def _pending_runs(self, model: Model) -> list[str]:
@@ -195,6 +197,8 @@ class Quiescence:
                     pending.append(f"{attempt.key} reply")
                 else:
                     props.p3_reply_complete(attempt.key, outcome.status_code, outcome.body, self.reward)
+                    sent = self.harness.spec.traits.run_body(attempt.rollout, attempt.attempt)
+                    props.p15_run_names_episode(attempt.key, sent, outcome.body)
             elif attempt.status == "running" and outcome is not None and attempt.run not in runs.refused_stale:
                 props.p3_still_running(
                     attempt.key,
@@ -251,6 +255,19 @@ class Quiescence:
         if model.checkpoint_open and held != expected.held:
             props.p2_held_responses(model.open_checkpoint or "", expected.held, held)
         props.p10_status_agrees(violation, describe(expected), _status_mismatches(expected, observation))
+
+
+def judge_status_fields(name: str, kind: str, status: Mapping[str, Any]) -> None:
+    """What one status must say whatever the model predicts (docs/fields.md): it names its participant, its report
+    agrees with itself, an active checkpoint holds a lease, and every key it lists is a capture key (P10, P15)."""
+    props.p15_status_names_participant(name, kind, status)
+    props.p10_report_consistent(f"{name}'s status", status["report"])
+    props.p10_lease_held(name, status)
+    for field in ("blockers", "restarts"):
+        props.p15_capture_keys(f"{name}'s status report.{field}", status["report"][field])
+    for field in ("restored_pending", "restored_generation_cuts"):
+        if field in status:
+            props.p15_capture_keys(f"{name}'s status {field}", status[field])
 
 
 def _status_mismatches(expected: Expectation, observation: Observation) -> list[str]:

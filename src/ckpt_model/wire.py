@@ -171,3 +171,231 @@ class EpisodeRequest(_Strict):
 
     episode_id: EpisodeId
     task: Task
+
+
+# -- replies: every field of every body the checker reads (reference 2.4, 2.5, 5.2, 7.2, 7.3 and 11) -------------
+#
+# The table `ckpt_model.fields` says, field by field, which check compares each one or why none does; its unit test
+# holds it to these models, so a field added here cannot go unlisted. The client checks replies for their required
+# fields (`coordination.reply_problems`) and tolerates extras, as Gym's own client does; these models say which
+# fields there are, with the participant extras optional.
+
+
+class _Reply(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# `report.counts` keys by participant kind (reference 2.4); a multi-worker coordinator adds `workers`.
+REPORT_COUNT_KEYS: dict[str, tuple[str, ...]] = {
+    "environment": ("episodes",),
+    "agent": ("sessions", "at_boundary", "inflight"),
+    "resources": ("inflight", "sessions"),
+    "model": ("inflight", "held", "cut", "cut_failed", "cut_skipped"),
+    "coordinator": ("workers",),
+}
+
+
+class StatusReply(_Reply):
+    """`GET .../status`: the common fields, then every participant kind's extras (optional)."""
+
+    kind: str
+    instance: str
+    phase: str
+    checkpoint_id: str | None
+    lease_expires_at: float | None
+    retired_rollouts: int
+    report: PrepareReportWire
+    restored_pending: list[str] | None = None  # environment; server coordinators
+    accepting: bool | None = None  # agent
+    mode: str | None = None  # resources
+    verify: str | None = None  # resources
+    retired_sessions: int | None = None  # resources
+    restored_generation_cuts: list[str] | None = None  # model; the policy coordinator
+    workers: int | None = None  # any multi-worker coordinator
+    expected_workers: int | None = None
+    session_aliases: int | None = None  # server coordinators
+    session_placements: int | None = None
+
+
+class PrepareReply(_Reply):
+    phase: str
+    report: PrepareReportWire
+
+
+class RenewReply(_Reply):
+    lease_expires_at: float
+
+
+class ManifestWire(_Reply):
+    """A participant's `manifest.json`, as written and as a commit reply echoes it (reference 6.2)."""
+
+    schema_version: int
+    kind: str
+    instance: str
+    checkpoint_id: str
+    records_file: str
+    records_sha256: str
+    record_count: int
+    session_owners: dict[str, Any] | None = None  # multi-worker servers (Appendix B)
+    placed_sessions: dict[str, Any] | None = None
+
+
+class CommitReply(_Reply):
+    phase: str
+    manifest: ManifestWire
+    episode_ids: list[str]
+    staging_keys: list[str] | None = None  # model
+    staging_keys_by_episode: dict[str, list[str]] | None = None  # model
+
+
+class RestoreReply(_Reply):
+    phase: str
+    source_checkpoint_id: str
+    restored: list[str]
+
+
+class ResumeReply(_Reply):
+    phase: str
+    idempotent: bool
+
+
+class RetireReply(_Reply):
+    retired: list[str]
+
+
+class ForgetReply(_Reply):
+    forgotten: list[str]
+
+
+class CutPrefixAckWire(_Reply):
+    """One acknowledged prefix of a generation-cut receipt (reference 7.3)."""
+
+    ticket_id: str
+    rollout_id: str
+    attempt: int
+    model_call_id: str
+    admitted_at: float
+    disposition: str
+    cut_kind: str | None = None
+    frozen_buffer_id: str | None = None
+    staging_keys: list[str] | None = None
+    prefix_token_count: int | None = None
+    prefix_digest: str | None = None
+    effective_output_limit: int | None = None
+    terminal_finish_reason: str | None = None
+    terminal_stop_reason: str | None = None
+
+
+class GenerationCutReceiptWire(_Reply):
+    """The backend's answer to `POST /ng-control/v1/generation-cut`, which the policy model reads (7.3)."""
+
+    checkpoint_id: str
+    cut_id: str
+    inventory_digest: str
+    inventory: dict[str, Any]
+    backend_snapshot_id: str
+    prefixes: list[CutPrefixAckWire]
+
+
+class LedgerRowWire(_Reply):
+    model_call_id: str
+    parent_call_id: str | None = None
+    staging_key: str | None = None
+    capture_key: str | None = None  # stamped by a restore: the attempt that staged the row
+
+
+class LedgerManifestReply(_Reply):
+    """`GET /training-token-capture/control/rollouts/<capture_key>/manifest` (reference 7.2)."""
+
+    rollout_id: str
+    records: list[LedgerRowWire]
+    failures: list[Any] | None = None
+
+
+class LedgerRetireReply(_Reply):
+    retired: list[str]
+
+
+class LedgerDeleteReply(_Reply):
+    deleted: list[str]
+
+
+class EpisodeResultWire(_Reply):
+    reward: float
+    ng_agent_observations: list[Any] | None = None
+
+
+class EpisodeFailureWire(_Reply):
+    failure_reason: str
+    terminal: bool
+    failure_kind: str | None = None
+    stage: str | None = None
+
+
+class RunReply(_Reply):
+    """A `/run` reply: native (`episode_id`, `task_id`, `result` or `failure`, reference 5.2) or legacy (the
+    verify response with `reward` at the top, 5.3)."""
+
+    episode_id: EpisodeId | None = None
+    task_id: TaskId | None = None
+    result: EpisodeResultWire | None = None
+    failure: EpisodeFailureWire | None = None
+    reward: float | None = None
+    response: dict[str, Any] | None = None
+
+
+class CaptureAdmissionWire(_Reply):
+    """`ng_capture`, the capture admission the policy model attaches to a call (reference 11)."""
+
+    model_call_id: str
+    parent_call_id: str | None = None
+    rollout_id: str
+    mode: str | None = None
+    generation_cut: dict[str, Any] | None = None
+
+
+class BackendCallWire(_Reply):
+    """One entry of the fake backend's `GET /_ctl/calls` (reference 11, with the look-alike's additions)."""
+
+    index: int
+    n_messages: int
+    admission: CaptureAdmissionWire | None = None
+    capture_key: str | None = None
+    kind: str | None = None
+    t: float
+    returned: bool
+    waiting: bool | None = None
+    cancelled: bool | None = None
+    continued_from: str | None = None
+    reused_prefix_tokens: int | None = None
+
+
+class StagedEntryWire(_Reply):
+    """One entry of the token store (`GET /_ctl/staged`: staging key -> entry)."""
+
+    rollout_id: str
+    model_call_id: str
+    parent_call_id: str | None = None
+    tokens: list[int]
+    continued_from: str | None = None
+    prefix_staging_key: str | None = None
+    checkpoint_id: str | None = None  # a cut's prefix record
+
+
+class BackendStepReply(_Reply):
+    """`POST /_ctl/step`: the calls released, and how many still wait."""
+
+    released: int
+    released_indices: list[int]
+    waiting: int
+
+
+class ErrorDetailWire(_Reply):
+    code: str | None
+    detail: str
+
+
+class ErrorEnvelopeWire(_Reply):
+    """`{"error": {"code", "detail"}}`, the refusal of every control and data-plane route (reference 2.3)."""
+
+    error: ErrorDetailWire

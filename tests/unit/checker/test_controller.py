@@ -32,11 +32,13 @@ MEMBERS = Participants(
         Participant(name="weather", kind="resources", url="http://weather"),
     )
 )
+LEASE_GRACE_S = 0.25
 RUNNING = Attempt(rollout="r0", attempt=0, status="running", script=(2, 4), calls_made=2, delivered=1, run=0)
 
 
 class ScriptedControl:
-    """Answers every control call with `{"phase": ...}` per participant and records what it was asked."""
+    """Answers every control call with `{"phase": ...}` per participant (prepare, resume, renew, retire and forget
+    with the fields their checks read) and records what it was asked."""
 
     def __init__(self) -> None:
         self.participants = MEMBERS
@@ -53,25 +55,27 @@ class ScriptedControl:
 
     def prepare(self, checkpoint_id: str, deadline_ts: float) -> PrepareResult:
         replies = self._replies("prepare")
-        return PrepareResult(prepared=True, replies={n: {"phase": "prepared"} for n in replies})
+        report = {"ready": True, "blockers": [], "blocker_count": 0, "counts": {}, "restarts": []}
+        return PrepareResult(prepared=True, replies={n: {"phase": "prepared", "report": report} for n in replies})
 
     def commit(self, checkpoint_id: str, directory: str, episodes: Any, deadline_ts: float) -> dict[str, Any]:
         return self._replies("commit")
 
     def resume(self, checkpoint_id: str, deadline_ts: float) -> dict[str, Any]:
-        return self._replies("resume")
+        return {name: {"phase": "idle", "idempotent": False} for name in self._replies("resume")}
 
     def renew(self, checkpoint_id: str, deadline_ts: float) -> dict[str, Any]:
-        return self._replies("renew")
+        return {name: {"lease_expires_at": deadline_ts + LEASE_GRACE_S} for name in self._replies("renew")}
 
     def restore(self, checkpoint_id: str, directory: str, episodes: Any, deadline_ts: float) -> dict[str, Any]:
         return self._replies("restore")
 
     def retire(self, checkpoint_id: str, episodes: Any, deadline_ts: float) -> dict[str, Any]:
-        return self._replies("retire")
+        keys = [episode.capture_key for episode in episodes]
+        return {name: {"retired": keys} for name in self._replies("retire")}
 
     def forget(self, checkpoint_id: str, rollouts: Any, deadline_ts: float) -> dict[str, Any]:
-        return self._replies("forget")
+        return {name: {"forgotten": sorted(set(rollouts))} for name in self._replies("forget")}
 
     def post_each(self, operation: str, body: Any, deadline_ts: float, names: Any = None) -> dict[str, Any]:
         return self._replies(f"post_each {operation}", names)
@@ -102,7 +106,7 @@ class FakeHarness:
         self.control = ScriptedControl()
         self.checkpoint_dir = root
         self.backend = None
-        self.lease_grace_s = 0.25
+        self.lease_grace_s = LEASE_GRACE_S
         self.crashes: list[str] = []
 
     def crash(self, power_loss: bool = False) -> None:

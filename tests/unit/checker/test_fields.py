@@ -1,0 +1,85 @@
+"""The field table (`ckpt_model.fields`) against the wire schema, the checks it names, and docs/fields.md: a field
+added to a reply model cannot go unlisted, a check the table names exists, and the docs say what the table says."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ckpt_model import fields, lineage, properties, wire
+from ckpt_model.fields import Compared, NotCompared
+
+ROOT = Path(__file__).parents[3]
+GOLDEN = ROOT / "tests" / "contract" / "golden"
+
+
+@pytest.mark.parametrize("name", sorted(fields.FIELDS))
+def test_every_schema_field_is_listed_and_no_other(name: str) -> None:
+    body = fields.FIELDS[name]
+    assert sorted(body.fields) == sorted(fields.schema_fields(body.model))
+
+
+def test_every_count_key_of_every_kind_is_listed() -> None:
+    assert {kind: tuple(keys) for kind, keys in fields.COUNTS.items()} == wire.REPORT_COUNT_KEYS
+
+
+def _checks() -> list[str]:
+    verdicts = [v for body in fields.FIELDS.values() for v in body.fields.values()]
+    verdicts += [v for keys in fields.COUNTS.values() for v in keys.values()]
+    return sorted({v.check for v in verdicts if isinstance(v, Compared)} | set(fields.IDENTIFIERS.values()))
+
+
+@pytest.mark.parametrize("check", _checks())
+def test_every_named_check_is_a_check_of_the_properties(check: str) -> None:
+    function = getattr(properties, check, None) or getattr(lineage, check, None)
+    assert callable(function), f"{check} is in neither properties.py nor lineage.py"
+
+
+def test_every_reason_says_something() -> None:
+    for body in fields.FIELDS.values():
+        for field, verdict in body.fields.items():
+            assert not isinstance(verdict, NotCompared) or len(verdict.reason) > 8, field
+
+
+def test_the_docs_are_the_rendered_table() -> None:
+    """`python -m ckpt_model.fields > docs/fields.md` regenerates it."""
+    assert (ROOT / "docs" / "fields.md").read_text() == fields.render()
+
+
+def test_the_counts_add_up() -> None:
+    compared, not_compared = fields.counts()
+    total = sum(len(body.fields) for body in fields.FIELDS.values()) + sum(map(len, fields.COUNTS.values()))
+    assert (compared + not_compared, compared > 0, not_compared > 0) == (total, True, True)
+
+
+def _golden_replies() -> list[dict[str, Any]]:
+    cases: list[dict[str, Any]] = json.loads((GOLDEN / "replies-valid.json").read_text())["cases"]
+    return cases
+
+
+@pytest.mark.parametrize("case", _golden_replies(), ids=lambda case: case["name"])
+def test_every_golden_reply_fits_its_reply_model(case: dict[str, Any]) -> None:
+    """The reply models forbid extras: a golden body with a field they lack would be a field nobody listed."""
+    fields.FIELDS[case["operation"]].model.model_validate(case["reply"])
+
+
+def test_a_reply_with_an_unlisted_field_does_not_fit() -> None:
+    with pytest.raises(ValueError, match="new_field"):
+        wire.RetireReply.model_validate({"retired": [], "new_field": 1})
+
+
+def test_schema_fields_walks_nested_models_lists_and_optionals() -> None:
+    paths = list(fields.schema_fields(wire.LedgerManifestReply))
+    assert paths == [
+        "rollout_id",
+        "records",
+        "records[].model_call_id",
+        "records[].parent_call_id",
+        "records[].staging_key",
+        "records[].capture_key",
+        "failures",
+    ]
+    assert "admission.rollout_id" in set(fields.schema_fields(wire.BackendCallWire))

@@ -1,0 +1,172 @@
+"""The identifier checks (P15) and the reply-field checks of P10 on hand-built values: each passes on a good value
+and raises its own violation on a bad one (docs/fields.md lists where each is called)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ckpt_model import properties
+from ckpt_model.properties import P10Violation, P15Violation
+from ckpt_model.storage import Fingerprint
+
+STATUS = {"kind": "environment", "instance": "environment", "phase": "idle", "lease_expires_at": None}
+
+
+def test_a_status_names_its_participant() -> None:
+    properties.p15_status_names_participant("environment", "environment", STATUS)
+    with pytest.raises(P15Violation, match="instance 'agent'"):
+        properties.p15_status_names_participant("environment", "environment", {**STATUS, "instance": "agent"})
+    with pytest.raises(P15Violation, match="kind 'model'"):
+        properties.p15_status_names_participant("environment", "environment", {**STATUS, "kind": "model"})
+
+
+@pytest.mark.parametrize("bad", [["r0 a1"], ["r0/a1"], ["-r0"], [""], [7], "r0", ["r0\n"]])
+def test_capture_keys_are_capture_keys(bad: Any) -> None:
+    properties.p15_capture_keys("blockers", ["r0", "r0-a1", "counter-1-a12"])
+    with pytest.raises(P15Violation, match="list of capture keys"):
+        properties.p15_capture_keys("blockers", bad)
+
+
+FINGERPRINT = Fingerprint("m" * 64, "records-" + "a" * 64 + ".jsonl", "a" * 64, 1, ("r0",))
+MANIFEST = {
+    "schema_version": 1,
+    "kind": "agent",
+    "instance": "agent",
+    "checkpoint_id": "c1",
+    "records_file": FINGERPRINT.records_file,
+    "records_sha256": FINGERPRINT.records_sha256,
+    "record_count": 1,
+}
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        {"checkpoint_id": "c2"},
+        {"instance": "agent-2"},
+        {"kind": "environment"},
+        {"schema_version": 2},
+        {"record_count": 2},
+        {"records_sha256": "b" * 64},
+    ],
+)
+def test_a_commit_manifest_names_its_share_and_is_the_one_on_disk(wrong: dict[str, Any]) -> None:
+    properties.p15_manifest_names_share("c1", "agent", "agent", MANIFEST, FINGERPRINT)
+    with pytest.raises(P15Violation, match="manifest of c1"):
+        properties.p15_manifest_names_share("c1", "agent", "agent", MANIFEST | wrong, FINGERPRINT)
+
+
+def test_a_restore_names_its_source() -> None:
+    properties.p15_restore_names_source("r1", "c1", {"agent": {"source_checkpoint_id": "c1"}})
+    with pytest.raises(P15Violation, match=r"source_checkpoint_id \{'agent': 'r1'\}"):
+        properties.p15_restore_names_source("r1", "c1", {"agent": {"source_checkpoint_id": "r1"}})
+
+
+@pytest.mark.parametrize("bad", [["r0"], ["r0-a1", "r1-a1"], [], ["r0-a2"], "r0-a1"])
+def test_a_restore_names_the_next_attempts_of_its_records(bad: Any) -> None:
+    properties.p15_restored_next_attempts("r1", "agent", ["r0-a1"], ["r0-a1"])
+    with pytest.raises(P15Violation, match=r"restores \['r0-a1'\]"):
+        properties.p15_restored_next_attempts("r1", "agent", ["r0-a1"], bad)
+
+
+def test_retire_and_forget_echo_what_they_were_given() -> None:
+    properties.p15_retired_echoed("t1", ["r1", "r0-a1"], {"agent": {"retired": ["r1", "r0-a1"]}})
+    with pytest.raises(P15Violation, match="retired"):
+        properties.p15_retired_echoed("t1", ["r1", "r0-a1"], {"agent": {"retired": ["r0-a1", "r1"]}})
+    properties.p15_forgotten_echoed("f1", ["r1", "r0", "r1"], {"agent": {"forgotten": ["r0", "r1"]}})
+    with pytest.raises(P15Violation, match="forgotten"):
+        properties.p15_forgotten_echoed("f1", ["r1", "r0"], {"agent": {"forgotten": ["r1"]}})
+
+
+def _call(index: int, call_id: str | None, key: str = "r0-a1", routed: str | None = "r0-a1") -> dict[str, Any]:
+    admission = None if call_id is None else {"model_call_id": call_id, "parent_call_id": None, "rollout_id": key}
+    return {"index": index, "capture_key": routed, "admission": admission}
+
+
+def test_a_model_call_id_is_never_reused() -> None:
+    properties.p15_model_call_ids_unique([_call(0, "r0.0"), _call(1, None), _call(2, "r0-a1.0"), _call(3, None)])
+    with pytest.raises(P15Violation, match=r"#2 and #4 both carry it"):
+        properties.p15_model_call_ids_unique([_call(2, "r0-a1.1"), _call(3, "r0-a1.2"), _call(4, "r0-a1.1")])
+
+
+def test_an_admission_names_the_attempt_it_was_routed_for() -> None:
+    properties.p15_admission_names_attempt([_call(0, "r0.0", "r0", "r0"), _call(1, None, routed=None)])
+    with pytest.raises(P15Violation, match="rollout_id 'r0'"):
+        properties.p15_admission_names_attempt([_call(0, "r0.0", key="r0", routed="r0-a1")])
+
+
+@pytest.mark.parametrize(
+    ("answered_for", "sources"),
+    [("r0-a1", ["r0-a2"]), ("r0-a1", ["r0-a1"]), ("r0-a1", ["r1"]), ("r0-a1", ["bad key!"]), ("r0", [None])],
+)
+def test_a_ledger_answers_for_its_key_and_stamps_earlier_attempts(answered_for: str, sources: list[Any]) -> None:
+    properties.p15_ledger_identifiers("r0-a2", "r0-a2", [None, "r0", "r0-a1"])
+    properties.p15_ledger_identifiers("r0-a2", None, [])
+    with pytest.raises(P15Violation):
+        properties.p15_ledger_identifiers("r0-a1", answered_for, sources)
+
+
+SENT = {"episode_id": {"rollout_id": "r0", "attempt": 1}, "task": {"task_id": {"taskset": "t", "task_id": "w"}}}
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"episode_id": {"rollout_id": "r0", "attempt": 0}, "task_id": SENT["task"]["task_id"]},
+        {"episode_id": SENT["episode_id"], "task_id": {"taskset": "t", "task_id": "x"}},
+        {"result": {"reward": 1.0}},
+        "not json",
+    ],
+)
+def test_a_native_run_reply_names_its_attempt_and_task(bad: Any) -> None:
+    good = {"episode_id": SENT["episode_id"], "task_id": SENT["task"]["task_id"], "result": {"reward": 1.0}}
+    properties.p15_run_names_episode("r0-a1", SENT, good)
+    properties.p15_run_names_episode("r0-a1", {"_ng_rollout_id": "r0"}, {"reward": 1.0})  # legacy names neither
+    with pytest.raises(P15Violation, match="the /run reply names"):
+        properties.p15_run_names_episode("r0-a1", SENT, bad)
+
+
+REPORT = {"ready": False, "blockers": ["r0"], "blocker_count": 1, "counts": {}, "restarts": []}
+
+
+@pytest.mark.parametrize(
+    ("report", "phase"),
+    [
+        (REPORT | {"blocker_count": 2}, None),
+        (REPORT | {"blockers": [], "blocker_count": 3}, None),
+        (REPORT | {"blockers": [f"r{i}" for i in range(99)], "blocker_count": 120}, None),
+        (REPORT, "prepared"),
+        (REPORT | {"ready": True, "blockers": [], "blocker_count": 0}, "preparing"),
+    ],
+)
+def test_a_report_agrees_with_itself(report: dict[str, Any], phase: str | None) -> None:
+    properties.p10_report_consistent("env", REPORT, "preparing")
+    properties.p10_report_consistent("env", REPORT | {"ready": True, "blockers": [], "blocker_count": 0}, "prepared")
+    many = [f"r{i}" for i in range(100)]
+    properties.p10_report_consistent("env", REPORT | {"blockers": many, "blocker_count": 120})
+    properties.p10_report_consistent("resources", REPORT | {"blockers": [], "blocker_count": 0})  # a seed runs
+    with pytest.raises(P10Violation, match="agrees with itself"):
+        properties.p10_report_consistent("env", report, phase)
+
+
+def test_a_reply_names_the_phase_its_call_leaves() -> None:
+    properties.p10_reply_phase("resume", "c1", "idle", {"agent": {"phase": "idle"}})
+    with pytest.raises(P10Violation, match=r"phases \{'agent': 'prepared'\}"):
+        properties.p10_reply_phase("resume", "c1", "idle", {"agent": {"phase": "prepared"}})
+
+
+def test_a_renewed_lease_runs_to_the_deadline_plus_grace() -> None:
+    properties.p10_lease_renewed("c1", 100.0, {"agent": {"lease_expires_at": 100.0}})
+    for bad in (99.9, None, "100"):
+        with pytest.raises(P10Violation, match="lease_expires_at"):
+            properties.p10_lease_renewed("c1", 100.0, {"agent": {"lease_expires_at": bad}})
+
+
+def test_an_active_checkpoint_holds_a_lease() -> None:
+    properties.p10_lease_held("agent", STATUS)
+    properties.p10_lease_held("agent", {**STATUS, "phase": "prepared", "lease_expires_at": 5.0})
+    for bad in (None, True, "5"):
+        with pytest.raises(P10Violation, match="holds a lease"):
+            properties.p10_lease_held("agent", {**STATUS, "phase": "prepared", "lease_expires_at": bad})
