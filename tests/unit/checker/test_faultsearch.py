@@ -11,7 +11,7 @@ from typing import ClassVar
 
 import pytest
 from hypothesis import Phase, settings
-from hypothesis.errors import Flaky, InvalidDefinition
+from hypothesis.errors import InvalidDefinition
 from hypothesis.stateful import RuleBasedStateMachine, rule
 
 from ckpt_model.errors import QuiescenceTimeout
@@ -131,13 +131,16 @@ def test_a_harness_error_is_reported_as_harness_without_a_property() -> None:
     assert found.property_ids == ()
 
 
-def test_a_failure_that_does_not_come_back_is_a_checker_error_not_a_violation() -> None:
+def test_a_failure_that_does_not_come_back_is_the_violation_it_was_marked_intermittent() -> None:
+    """Hypothesis reports it as `FlakyFailure`; the search reports the property it hid."""
     FailsOnce.steps = 0
     failures = run_search(FailsOnce, SMALL)
 
-    assert [(f.kind, f.property_id) for f in failures] == [("checker", None)]
-    assert isinstance(failures[0].error, Flaky)
-    assert finding(failures).property_ids == ()
+    assert [(f.kind, f.property_id, f.hidden_by) for f in failures] == [("violation", "P1", "FlakyFailure")]
+    assert isinstance(failures[0].error, P1Violation)
+    assert finding(failures).property_ids == ("P1",)
+    notes = failures[0].error.__notes__
+    assert any("Intermittent: Hypothesis reported this failure as FlakyFailure" in note for note in notes)
 
 
 def test_a_hypothesis_error_about_the_machine_is_a_checker_error() -> None:
