@@ -18,9 +18,15 @@ Steps 2 to 4 repeat until nothing changes. Then runs of primitives that are exac
 composite (`prepare; commit` as `checkpoint(then_resume=False)`), if that still fails: it reads shorter, and stays
 1-minimal, since the last pass already found no run of two to four steps removable. A candidate counts only when it
 fails *the same way*: the caller's predicate decides that (same failure class, same property id; a step that is not
-enabled, a pass or another failure does not count). Outcomes are cached, so no candidate is replayed twice, and the
-result is replayed once more at the end, uncached: a predicate that answers differently for the same steps (a flaky
-system, or a checker that does not own a race) shows as `reproduced=False`.
+enabled, a pass or another failure does not count). Outcomes are cached, so no candidate is asked twice, and the
+result is asked once more at the end, uncached: a predicate that answers differently for the same steps (a flaky
+system, or a checker that does not own a race) can show as `reproduced=False`.
+
+A failure that replays only sometimes is judged by its reproduction rate (`ckpt_model.reproduction`): the I/O edge
+measures the failing run's rate over N replays first (`reproduce_error`), gives each candidate as many replays as
+that rate needs for a candidate failing as often to count with 99% chance, counting it on its first failure, and
+measures the minimal sequence's rate with N final replays. A failure that replayed every time keeps one replay
+per candidate.
 
 The core (`ddmin`, `minimise`) is pure: it calls the injected predicate and nothing else. The I/O edge
 (`minimise_on`, `minimise_error`) replays candidates on one reused harness with `ckpt_model.scenarios.run`, which
