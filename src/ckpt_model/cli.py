@@ -355,11 +355,13 @@ def measure_failures(
         doing = "measuring and minimising" if minimise else "measuring"
         print(f"{doing} the failing run of {describe_failure(leaf)} ({replays} replays, then candidates)...")
         try:
-            result = minimise_error(harness, leaf, replays) if minimise else None
-            if not minimise:
+            if minimise:
+                result = minimise_error(harness, leaf, replays)
+            else:
+                result = None
                 reproduce_error(harness, leaf, replays)
         except Exception as bug:
-            leaf.add_note(f"Minimising failed (the steps above are Hypothesis's): {bug!r}")
+            leaf.add_note(f"Measuring or minimising failed (the steps above are Hypothesis's): {bug!r}")
             continue
         found = result.found_rate if result is not None else rate_of(leaf)
         print(f"  found: {found.text if found else 'no rate (no rule calls)'}", flush=True)
