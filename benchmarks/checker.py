@@ -172,9 +172,9 @@ def fault_line(name: str, finding: Finding) -> str:
 
 
 def failure_line(failure: Failure) -> str:
-    """Property (or exception type), kind, reported steps count, and the steps."""
-    what = failure.property_id or type(failure.error).__name__
-    return f"{what:<24} {failure.kind:<9} {len(failure.shrunk_steps):>3} steps  {'; '.join(failure.shrunk_steps)}"
+    """Property (or exception type) with its reproduction rate, kind, reported steps count, and the steps."""
+    steps = "; ".join(failure.shrunk_steps)
+    return f"{failure.headline:<24} {failure.kind:<9} {len(failure.shrunk_steps):>3} steps  {steps}"
 
 
 def main(argv: list[str] | None = None) -> int:

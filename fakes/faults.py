@@ -27,6 +27,9 @@ class Fault:
     token_capture: bool = False
     generation_cuts: bool = False
     policy_workers: int = 1
+    # A fault that shows only on some runs of the same steps (it tosses a coin): its fixed scenario is judged over
+    # several runs (`tests/stateful/test_fixed_scenarios.py`), and a search reports it with its reproduction rate.
+    intermittent: bool = False
     # Properties a random search may report first: a bug with more than one symptom shows the one it reaches first.
     also_shows_as: tuple[str, ...] = ()
 
@@ -339,6 +342,14 @@ CATALOGUE: tuple[Fault, ...] = (
         " hands the dead execution's undelivered call IDs to the new execution's calls",
         topology="counter",
         token_capture=True,
+    ),
+    Fault(
+        "environment_resume_deletes_records_sometimes",
+        "environment",
+        "P9",
+        "an environment whose resume cleans up the records file of the checkpoint it just committed on a random"
+        " half of its resumes (a coin tossed from the OS's randomness), so the same steps fail only on some runs",
+        intermittent=True,
     ),
 )
 BY_NAME: dict[str, Fault] = {fault.name: fault for fault in CATALOGUE}

@@ -18,6 +18,7 @@ import contextlib
 import functools
 import hmac
 import logging
+import os
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
@@ -106,6 +107,12 @@ _BODIES: dict[str, type[BaseModel] | type[str] | None] = {
     "failpoints": None,
     "arm failpoint": str,
 }
+
+
+def coin_toss() -> bool:
+    """Heads half the time, from the OS's randomness: a planted fault that acts on it misbehaves on some runs of
+    the same steps and not on others, whatever the checker does (`environment_resume_deletes_records_sometimes`)."""
+    return os.urandom(1)[0] < 128
 
 
 def check_bearer(authorization: str | None, expected: bytes) -> None:
@@ -270,6 +277,9 @@ class ControlPlane:
         self._resume_needs_known_id = "resume_refuses_unknown_id" in self.faults
         self._manifest_first = "store_publishes_manifest_first" in self.faults
         self._skip_records_fsync = "store_skips_records_fsync" in self.faults
+        self._deletes_records_sometimes = (
+            kind == "environment" and "environment_resume_deletes_records_sometimes" in self.faults
+        )
         self._journal = Journal(durability_journal) if durability_journal else None
         self._checks_restart_scope = "restart_in_scope_accepted" not in self.faults
         self.failpoints = Failpoints()
@@ -745,7 +755,7 @@ class ControlPlane:
             await work.ended()
 
     async def _end_checkpoint(self, checkpoint_id: str) -> None:
-        if "resume_deletes_records" in self.faults:
+        if "resume_deletes_records" in self.faults or (self._deletes_records_sometimes and coin_toss()):
             self._delete_committed_records(checkpoint_id)
         self._remember(checkpoint_id)
         self.runner.forget(checkpoint_id)

@@ -2,9 +2,12 @@
 
     ckpt-model check [--topology T] [--verify-mode M] [--faults a,b] [--token-capture] [--generation-cuts]
                      [--policy-workers N] [--profile P] [--examples N] [--steps N] [--seed N] [--no-minimise]
+                     [--replays N]
                                       run the state machine against the embedded look-alike stack, in the
                                       deployment `DeploymentSpec.for_faults` picks; each failure is then
-                                      minimised (1-minimal) and its regression file rewritten with it
+                                      replayed N times (10) for its reproduction rate ("P5 in 3 of 10
+                                      replays"), minimised (1-minimal) by that rate and its regression file
+                                      rewritten with it
     ckpt-model replay FILE            replay a regression file the checker wrote, without Hypothesis
     ckpt-model minimise FILE          make a regression file's steps 1-minimal and rewrite it (only if they fail
                                       as recorded, and the minimal steps fail again the same way)
@@ -14,10 +17,11 @@
 Exit codes: the three outcomes a run can have (a violation, could not judge, passed) are never confused.
 
     0    passed
-    1    a property violation: the system under test broke the controller contract
+    1    a property violation: the system under test broke the controller contract (also one that replays only
+         sometimes, which Hypothesis reports as flaky: it is reported as the property, with its rate)
     2    could not judge: a harness error (a server that did not start, a quiet state that never came, a step
          that is not enabled), a control call refused where the checker did not expect it, or a checker error
-         (Hypothesis found the checker flaky, or an exception nobody expected)
+         (a Hypothesis error with no failure of the system inside, or an exception nobody expected)
     3    usage: bad arguments, an unknown fault, an unreadable regression file
     130  interrupted by Ctrl-C (143 by SIGTERM); every process and directory the run started is gone
 
@@ -54,6 +58,7 @@ from hypothesis import settings
 from ckpt_model import profiles
 from ckpt_model.errors import CoordinationError, PropertyViolation
 from ckpt_model.interrupts import signal_number, sigterm_unwinds
+from ckpt_model.reproduction import REPLAYS, Rate
 from ckpt_model.spec import OPTIONS, DeploymentSpec, OptionValue, SpecError, flag_keywords
 from ckpt_model.topologies import TOPOLOGIES, VERIFY_MODES
 from ckpt_model.verdicts import Exit, exception_text, kind_of, leaves, report_failure
@@ -142,6 +147,12 @@ def build_parser() -> Parser:
         dest="minimise",
         action="store_false",
         help="report Hypothesis's shrunk example as it is (by default each failure is then made 1-minimal)",
+    )
+    check.add_argument(
+        "--replays",
+        type=positive_int,
+        default=REPLAYS,
+        help=f"replays that measure each failure's reproduction rate (default {REPLAYS})",
     )
 
     replay = commands.add_parser("replay", help="replay a regression file without Hypothesis")
@@ -266,6 +277,7 @@ def banner(
         f"  examples:    {chosen.max_examples} x up to {chosen.stateful_step_count} steps",
         "  minimise:    "
         + ("yes: each failure is made 1-minimal after the search" if args.minimise else "no (--no-minimise)"),
+        f"  replays:     {args.replays} per failure, for its reproduction rate",
     ]
     for fault in faults:
         if (fault.topology, fault.verify_mode) != (spec.topology, spec.verify_mode):
@@ -314,36 +326,47 @@ def run_check(args: argparse.Namespace) -> int:
             factory = machine_for(harness, stats)
             run_state_machine_as_test(factory if seed is None else seeded(factory, seed), settings=chosen)
         except Exception as error:
-            if args.minimise:
-                minimise_failures(harness, error)
+            measure_failures(harness, error, stats.seen, minimise=args.minimise, replays=args.replays)
             raise
         finally:
             with sigint_ignored():  # a second Ctrl-C must not cut the teardown short
                 harness.close()
     except Exception as error:
-        return report_failure(error)
+        return report_failure(error, stats.seen)
     elapsed_s = time.monotonic() - stats.started_s
     print(f"PASSED: {stats.examples} examples in {elapsed_s:.1f} s, no property violated", flush=True)
     return Exit.PASSED
 
 
-def minimise_failures(harness: Any, error: BaseException) -> None:
-    """Make each violation's and harness error's failing run 1-minimal on the same harness (`ckpt_model.minimise`
-    puts the minimal steps on the error's report and rewrites its regression file). A bug in the minimiser is
-    noted on the error and never hides the failure itself."""
-    from ckpt_model.minimise import minimise_error
+def measure_failures(
+    harness: Any, error: BaseException, seen: Sequence[BaseException], *, minimise: bool, replays: int
+) -> None:
+    """Replay each violation's and harness error's failing run `replays` times for its reproduction rate, then
+    (with `minimise`) make it 1-minimal by that rate on the same harness (`ckpt_model.minimise` puts the rate and
+    the minimal steps on the error's report and rewrites its regression file). A flaky report from Hypothesis
+    counts as the failures it hid (`verdicts.leaves`). A bug in the minimiser is noted on the error and never
+    hides the failure itself."""
+    from ckpt_model.minimise import minimise_error, reproduce_error
+    from ckpt_model.reproduction import rate_of
 
-    for leaf in leaves(error):
+    for leaf in leaves(error, seen):
         if kind_of(leaf) not in ("violation", "harness"):
             continue
-        print(f"minimising the failing run of {describe_failure(leaf)} (each candidate replays)...", flush=True)
+        doing = "measuring and minimising" if minimise else "measuring"
+        print(f"{doing} the failing run of {describe_failure(leaf)} ({replays} replays, then candidates)...")
         try:
-            result = minimise_error(harness, leaf)
+            if minimise:
+                result = minimise_error(harness, leaf, replays)
+            else:
+                result = None
+                reproduce_error(harness, leaf, replays)
         except Exception as bug:
-            leaf.add_note(f"Minimising failed (the steps above are Hypothesis's): {bug!r}")
+            leaf.add_note(f"Measuring or minimising failed (the steps above are Hypothesis's): {bug!r}")
             continue
+        found = result.found_rate if result is not None else rate_of(leaf)
+        print(f"  found: {found.text if found else 'no rate (no rule calls)'}", flush=True)
         if result is not None:
-            print(f"  {result.summary()}", flush=True)
+            print(f"  minimised: {result.summary()}", flush=True)
 
 
 def describe_failure(error: BaseException) -> str:
@@ -420,8 +443,9 @@ def run_minimise(args: argparse.Namespace) -> int:
             first = replay_once(harness, steps)
             if signature(first) != recorded:
                 return not_minimised(args.file, first, recorded)
+            found = Rate.from_document(document.get("reproduction"))  # judges the candidates, if recorded
             print(f"fails as recorded; minimising {len(steps)} steps (each candidate replays)...", flush=True)
-            result, replayer = minimise_on(harness, steps, recorded)
+            result, replayer = minimise_on(harness, steps, recorded, found)
     except Exception as error:  # the deployment did not start, or a bug: nothing was written
         code = report_failure(error)
         print(f"not minimised; {args.file} left as it was", flush=True)
@@ -430,13 +454,14 @@ def run_minimise(args: argparse.Namespace) -> int:
         print(f"\nCOULD NOT JUDGE: {result.summary()}; {args.file} left as it was", flush=True)
         return Exit.UNJUDGED
     try:
-        regression.rewrite(args.file, document, list(result.steps), provenance(result))
+        reproduction = result.rate.document() if result.rate is not None else None
+        regression.rewrite(args.file, document, list(result.steps), provenance(result), reproduction)
     except OSError as error:
         raise UsageError(f"{args.file}: could not rewrite it ({error}); it is as it was") from None
     print("\n".join(["", "state = CheckpointMachine()", *result.code, "state.teardown()"]))
     print(f"\nMINIMISED ({result.summary()}); {args.file} now holds these steps", flush=True)
-    print(f"the minimal run fails with {describe(replayer.last_error)}: `ckpt-model replay {args.file}` shows it")
-    return Exit.VIOLATION if isinstance(replayer.last_error, PropertyViolation) else Exit.UNJUDGED
+    print(f"the minimal run fails with {describe(replayer.last_failure)}: `ckpt-model replay {args.file}` shows it")
+    return Exit.VIOLATION if isinstance(replayer.last_failure, PropertyViolation) else Exit.UNJUDGED
 
 
 @contextlib.contextmanager

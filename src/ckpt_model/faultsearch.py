@@ -2,8 +2,10 @@
 
 Used by `tests/stateful/test_finds_faults.py` (the checker must catch every catalogued fault with the property
 the catalogue names, in a short sequence) and by `benchmarks/checker.py` (the published figures). Each failure
-the search meets is then minimised by `ckpt_model.minimise` on the same harness, so the sequence reported (and
-written to the regression file) is 1-minimal.
+the search meets is then replayed `reproduction.REPLAYS` times on the same harness for its reproduction rate ("P5 in
+3 of 10 replays": a failure that replays only sometimes is still the property it broke) and minimised by
+`ckpt_model.minimise`, judging candidates by that rate, so the sequence reported (and written to the regression
+file) is 1-minimal, with its own rate.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
 from ckpt_model.deployment import Harness, planted
 from ckpt_model.machine import machine_for
-from ckpt_model.minimise import Minimised, minimise_error
+from ckpt_model.minimise import Minimised, minimise_error, reproduce_error
 from ckpt_model.profiles import BASE
+from ckpt_model.reproduction import REPLAYS, Rate, rate_of
 from ckpt_model.spec import DeploymentSpec
 from ckpt_model.stats import SearchStats
 from ckpt_model.verdicts import Failure, classify, in_order, shrunk_steps
@@ -88,6 +91,16 @@ class Finding:
         return self.first.shrunk_steps if self.first is not None else ()
 
     @property
+    def rate(self) -> Rate | None:
+        """How often the first failure's reported steps failed the same way when replayed (None: not measured)."""
+        return self.first.rate if self.first is not None else None
+
+    @property
+    def headline(self) -> str:
+        """The first failure as "P5 in 3 of 10 replays"; "nothing found" when the search met none."""
+        return self.first.headline if self.first is not None else "nothing found"
+
+    @property
     def property_ids(self) -> tuple[str, ...]:
         """Every distinct property violated, in the order of `failures`."""
         return tuple(dict.fromkeys(f.property_id for f in self.failures if f.property_id is not None))
@@ -97,43 +110,55 @@ def minimised_failures(
     failures: Iterable[Failure], minimise_one: Callable[[BaseException], Minimised | None]
 ) -> tuple[tuple[Failure, ...], Minimised | None]:
     """Each violation and harness error minimised (`minimise_one` adds the minimal sequence to the error's notes,
-    where `shrunk_steps` reads it); a checker error has no run of its own to minimise. Returns them in
-    `in_order` (a minimal sequence may put another failure first), and the minimiser's figures for the first."""
+    where `shrunk_steps` reads it, and records its reproduction rate on the error, where `rate_of` reads it); a
+    checker error has no run of its own to minimise. Returns them in `in_order` (a minimal sequence may put
+    another failure first), and the minimiser's figures for the first."""
     updated = []
     figures: dict[Failure, Minimised] = {}
     for failure in failures:
-        result = minimise_one(failure.error) if failure.kind != "checker" else None
+        if failure.kind == "checker":
+            updated.append(failure)
+            continue
+        result = minimise_one(failure.error)
+        steps = shrunk_steps(failure.error) or failure.shrunk_steps  # the minimal ones, or the run's own
+        failure = attrs.evolve(failure, shrunk_steps=steps, rate=rate_of(failure.error))
         if result is not None:
-            failure = attrs.evolve(failure, shrunk_steps=shrunk_steps(failure.error))
             figures[failure] = result
         updated.append(failure)
     ordered = in_order(updated)
     return ordered, figures.get(ordered[0]) if ordered else None
 
 
-def run_search(machine: type[RuleBasedStateMachine], search_settings: settings) -> tuple[Failure, ...]:
-    """Run a state machine until it fails (and shrinks) or runs out of examples; return every failure it met.
+def run_search(
+    machine: type[RuleBasedStateMachine], search_settings: settings, seen: list[BaseException] | None = None
+) -> tuple[Failure, ...]:
+    """Run a state machine until it fails (and shrinks) or runs out of examples; return every failure it met (a
+    flaky report as the failures it hid, or as those in `seen`, the failures the machine raised: `SearchStats`).
 
     An exception that is neither a property violation, a harness error nor a Hypothesis error propagates."""
     try:
         run_state_machine_as_test(machine, settings=search_settings)
     except Exception as error:
-        failures = classify(error)
+        failures = classify(error, seen or ())
         if failures is None:
             raise
         return failures
     return ()
 
 
-def search(harness: Harness, search_settings: settings = FAULT_SEARCH, *, minimise: bool = True) -> Finding:
-    """Run the machine against the harness until it fails or runs out of examples; then minimise every failure
-    on the same harness (unless `minimise` is False)."""
+def search(
+    harness: Harness, search_settings: settings = FAULT_SEARCH, *, minimise: bool = True, replays: int = REPLAYS
+) -> Finding:
+    """Run the machine against the harness until it fails or runs out of examples; then replay every failure
+    `replays` times for its reproduction rate and minimise it by that rate on the same harness (unless
+    `minimise` is False: then only the rate)."""
     stats = SearchStats()
-    failures = run_search(machine_for(harness, stats), search_settings)
+    failures = run_search(machine_for(harness, stats), search_settings, stats.seen)
     search_s = time.monotonic() - stats.started_s
-    minimised = None
     if minimise:
-        failures, minimised = minimised_failures(failures, lambda error: minimise_error(harness, error))
+        failures, minimised = minimised_failures(failures, lambda error: minimise_error(harness, error, replays))
+    else:
+        failures, minimised = minimised_failures(failures, lambda error: _rate_only(harness, error, replays))
     return Finding(
         fault=",".join(harness.faults) or "(none)",
         failures=failures,
@@ -143,3 +168,8 @@ def search(harness: Harness, search_settings: settings = FAULT_SEARCH, *, minimi
         search_s=search_s,
         minimised=minimised,
     )
+
+
+def _rate_only(harness: Harness, error: BaseException, replays: int) -> None:
+    """Measure the failure's rate (recorded on the error), minimising nothing."""
+    reproduce_error(harness, error, replays)

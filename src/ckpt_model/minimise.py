@@ -18,9 +18,15 @@ Steps 2 to 4 repeat until nothing changes. Then runs of primitives that are exac
 composite (`prepare; commit` as `checkpoint(then_resume=False)`), if that still fails: it reads shorter, and stays
 1-minimal, since the last pass already found no run of two to four steps removable. A candidate counts only when it
 fails *the same way*: the caller's predicate decides that (same failure class, same property id; a step that is not
-enabled, a pass or another failure does not count). Outcomes are cached, so no candidate is replayed twice, and the
-result is replayed once more at the end, uncached: a predicate that answers differently for the same steps (a flaky
-system, or a checker that does not own a race) shows as `reproduced=False`.
+enabled, a pass or another failure does not count). Outcomes are cached, so no candidate is asked twice, and the
+result is asked once more at the end, uncached: a predicate that answers differently for the same steps (a flaky
+system, or a checker that does not own a race) can show as `reproduced=False`.
+
+A failure that replays only sometimes is judged by its reproduction rate (`ckpt_model.reproduction`): the I/O edge
+measures the failing run's rate over N replays first (`reproduce_error`), gives each candidate as many replays as
+that rate needs for a candidate failing as often to count with 99% chance, counting it on its first failure, and
+measures the minimal sequence's rate with N final replays. A failure that replayed every time keeps one replay
+per candidate.
 
 The core (`ddmin`, `minimise`) is pure: it calls the injected predicate and nothing else. The I/O edge
 (`minimise_on`, `minimise_error`) replays candidates on one reused harness with `ckpt_model.scenarios.run`, which
@@ -37,6 +43,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import attrs
+
+from ckpt_model.reproduction import REPLAYS, Rate, attempts_for, measure, record
 
 if TYPE_CHECKING:
     from ckpt_model.deployment import Harness
@@ -301,6 +309,8 @@ class Minimised:
     seconds: float = 0.0
     final_outcome: str = ""
     failing_replays: int | None = None  # replays that failed the expected way (the I/O edge counts them)
+    rate: Rate | None = None  # the I/O edge: the minimal sequence's rate, measured by the final replays
+    found_rate: Rate | None = None  # the I/O edge: the rate of the sequence found, which judged the candidates
 
     @property
     def steps_before(self) -> int:
@@ -318,6 +328,8 @@ class Minimised:
         """One line of figures: steps before and after, candidates replayed, time, the final pass, reproduced."""
         removed = f"removed {self.pass_removed}" if self.pass_removed else "removed nothing"
         verdict = "fails the same way on replay" if self.reproduced else f"DID NOT fail again ({self.final_outcome})"
+        if self.rate is not None:
+            verdict += f" ({self.rate.text})"
         failing = f", {self.failing_replays} of them failing" if self.failing_replays is not None else ""
         return (
             f"{self.steps_before} -> {self.steps_after} steps, {self.replayed} candidates replayed{failing} "
@@ -399,13 +411,19 @@ class Replayer:
 
     The machine owns every race, so a run is decided by its steps, and what happens up to step k depends only on
     the first k steps. Two facts learnt from one replay therefore answer later candidates without replaying them:
-    a step that was not enabled after some prefix is not enabled after it again, and a run that failed the
-    expected way at step k (before its last step) fails the same way whatever follows."""
+    a step that was not enabled after some prefix is not enabled after it again (the model decides that), and a
+    run that failed the expected way at step k (before its last step) fails the same way whatever follows (for
+    an intermittent failure: it did fail so once, which is what a candidate needs).
+
+    A failure that replays only sometimes gives each candidate `attempts` replays (`reproduction.attempts_for`)
+    and counts it as failing on the first that fails the expected way; one that failed every time gets one."""
 
     harness: Harness
     expected: Signature
     settle_timeout_s: float = CANDIDATE_SETTLE_TIMEOUT_S
+    attempts: int = 1
     last_error: BaseException | None = None
+    last_failure: BaseException | None = None  # the last replay's error that failed the expected way
     replays: int = 0
     failing_replays: int = 0
     by_prefix: int = 0
@@ -423,8 +441,16 @@ class Replayer:
         return self.replay(steps)
 
     def replay(self, steps: Steps) -> bool:
-        """Replay for real with the candidates' settle timeout."""
-        return self._replay(steps, self.settle_timeout_s)
+        """Replay for real with the candidates' settle timeout, up to `attempts` times until one fails the
+        expected way; a step that is not enabled ends the tries (chance does not enable it)."""
+        from ckpt_model.errors import StepNotEnabled
+
+        for _ in range(self.attempts):
+            if self._replay(steps, self.settle_timeout_s):
+                return True
+            if isinstance(self.last_error, StepNotEnabled):
+                return False
+        return False
 
     def confirm(self, steps: Steps) -> bool:
         """Replay for real with the full settle timeout: the final confirmation must not be answered from what was
@@ -433,12 +459,19 @@ class Replayer:
 
         return self._replay(steps, SETTLE_TIMEOUT_S)
 
+    def rate(self, steps: Sequence[Step], replays: int) -> Rate:
+        """How many of `replays` full replays fail the expected way."""
+        label = self.expected[1] or self.expected[0]
+        return measure(label, replays, lambda: self.confirm(tuple(steps)))
+
     def _replay(self, steps: Steps, settle_timeout_s: float) -> bool:
         self.replays += 1
         self.last_error = replay_once(self.harness, steps, settle_timeout_s)
         self._learn(steps, self.last_error)
         failed = signature(self.last_error) == self.expected
         self.failing_replays += failed
+        if failed:
+            self.last_failure = self.last_error
         return failed
 
     def _learn(self, steps: Steps, error: BaseException | None) -> None:
@@ -480,18 +513,36 @@ def regressions_to(harness: Harness, directory: Path) -> Iterator[None]:
         harness.regressions_dir = previous
 
 
-def minimise_on(harness: Harness, steps: Sequence[Step], expected: Signature) -> tuple[Minimised, Replayer]:
-    """Minimise a sequence known to fail with `expected`, replaying candidates on `harness`; also returns the
-    replayer, whose `last_error` is the final replay's exception (with the minimal run's own report)."""
+def minimise_on(
+    harness: Harness,
+    steps: Sequence[Step],
+    expected: Signature,
+    found: Rate | None = None,
+    replays: int = REPLAYS,
+) -> tuple[Minimised, Replayer]:
+    """Minimise a sequence known to fail with `expected` (as often as `found` says; None: every time), replaying
+    candidates on `harness`, then measure the minimal sequence's rate over `replays` full replays; also returns
+    the replayer, whose `last_failure` is the last replay's exception that failed as expected (with the minimal
+    run's own report)."""
     from ckpt_model.quiescence import SETTLE_TIMEOUT_S
 
     started_s = time.monotonic()
-    replayers = [Replayer(harness, expected)]
+    attempts = attempts_for(found)
+    replayers = [Replayer(harness, expected, attempts=attempts)]
+    rates: list[Rate] = []
+
+    def measured(replayer: Replayer) -> Predicate:
+        def confirm(candidate: Steps) -> bool:
+            rates.append(replayer.rate(candidate, replays))
+            return rates[-1].failing > 0
+
+        return confirm
+
     with regressions_to(harness, harness.root / "minimise-candidates"):
-        result = minimise(steps, replayers[0], confirm=replayers[0].confirm)
+        result = minimise(steps, replayers[0], confirm=measured(replayers[0]))
         if not result.reproduced:  # perhaps accepted a candidate that only failed for being slow: start over
-            replayers.append(Replayer(harness, expected, settle_timeout_s=SETTLE_TIMEOUT_S))
-            result = minimise(steps, replayers[1], confirm=replayers[1].confirm)
+            replayers.append(Replayer(harness, expected, settle_timeout_s=SETTLE_TIMEOUT_S, attempts=attempts))
+            result = minimise(steps, replayers[1], confirm=measured(replayers[1]))
     replayer = replayers[-1]
     finished = attrs.evolve(
         result,
@@ -500,23 +551,58 @@ def minimise_on(harness: Harness, steps: Sequence[Step], expected: Signature) ->
         cached=result.cached + sum(r.by_prefix for r in replayers),
         seconds=time.monotonic() - started_s,
         final_outcome=describe(replayer.last_error),
+        rate=rates[-1],
+        found_rate=found,
     )
     return finished, replayer
 
 
-def minimise_error(harness: Harness, error: BaseException) -> Minimised | None:
-    """Minimise the failing run `error` came from (its rule calls, attached by `ckpt_model.report.annotate`) on
-    the harness it ran on; put the minimal sequence on the error's report and, when it failed again, rewrite the
-    regression file with it. None when the error carries no rule calls (Hypothesis's own errors)."""
+def reproduce_error(harness: Harness, error: BaseException, replays: int = REPLAYS) -> Rate | None:
+    """Replay the failing run `error` came from `replays` times on its harness and record how often it failed the
+    same way: on the error (`reproduction.rate_of`), in its report, and in its regression file. None when the
+    error carries no rule calls (Hypothesis's own errors)."""
+    from ckpt_model import regression
     from ckpt_model.report import rule_calls_of
+    from ckpt_model.verdicts import shrunk_steps
 
     rule_calls = rule_calls_of(error)
     expected = signature(error)
     if rule_calls is None or expected is None:
         return None
-    result, replayer = minimise_on(harness, rule_calls, expected)
-    if result.reproduced:
-        error.add_note(_reproduced_note(harness, error, result, replayer.last_error))
+    with regressions_to(harness, harness.root / "minimise-candidates"):
+        rate = Replayer(harness, expected).rate(rule_calls, replays)
+    record(error, rate)
+    lines = [f"Reproduction: {rate.text} of the failing run (each with fresh processes and the full settle)"]
+    if not shrunk_steps(error):  # Hypothesis printed no example (a flaky report): the run's own rule calls
+        lines += ["Failing run:", "state = CheckpointMachine()", *as_code(rule_calls), "state.teardown()"]
+    error.add_note("\n".join(lines))
+    try:
+        regression.write(harness, rule_calls, error, reproduction=rate.document())
+    except OSError as write_error:
+        error.add_note(f"Regression file not rewritten with the rate: {write_error}")
+    return rate
+
+
+def minimise_error(harness: Harness, error: BaseException, replays: int = REPLAYS) -> Minimised | None:
+    """Measure how often the failing run `error` came from fails (`reproduce_error`), then minimise it (its rule
+    calls, attached by `ckpt_model.report.annotate`) on the harness it ran on, judging candidates by that rate;
+    put the minimal sequence and its rate on the error's report and, when it failed again, rewrite the regression
+    file with it. None when the error carries no rule calls (Hypothesis's own errors), or its run never failed
+    again (nothing to judge candidates by)."""
+    from ckpt_model.report import rule_calls_of
+
+    found = reproduce_error(harness, error, replays)
+    rule_calls = rule_calls_of(error)
+    expected = signature(error)
+    if found is None or rule_calls is None or expected is None:
+        return None
+    if found.failing == 0:
+        error.add_note(f"Not minimised: the failing run did not fail again in {replays} replays")
+        return None
+    result, replayer = minimise_on(harness, rule_calls, expected, found, replays)
+    if result.reproduced and result.rate is not None:
+        record(error, result.rate)  # the steps reported now are the minimal ones
+        error.add_note(_reproduced_note(harness, error, result, replayer.last_failure))
     else:
         # Not in `state.` form, so `verdicts.shrunk_steps` keeps reading Hypothesis's example, which did fail.
         error.add_note(
@@ -539,7 +625,10 @@ def _reproduced_note(
     if model_steps:
         lines.append(model_steps.replace("Steps (model names)", "Minimal steps (model names)", 1))
     try:
-        path = regression.write(harness, list(result.steps), error, minimised=provenance(result))
+        reproduction = result.rate.document() if result.rate is not None else None
+        path = regression.write(
+            harness, list(result.steps), error, minimised=provenance(result), reproduction=reproduction
+        )
     except OSError as write_error:
         lines.append(f"Regression file not rewritten: {write_error}")
     else:
@@ -561,4 +650,5 @@ def provenance(result: Minimised) -> dict[str, Any]:
         "seconds": round(result.seconds, 1),
         "one_minimal_pass_removed": result.pass_removed,
         "expanded": list(result.expanded),
+        "found_reproduction": result.found_rate.document() if result.found_rate is not None else None,
     }

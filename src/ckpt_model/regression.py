@@ -40,9 +40,11 @@ def write(
     error: BaseException,
     *,
     minimised: dict[str, Any] | None = None,
+    reproduction: dict[str, Any] | None = None,
 ) -> Path:
     """Write (overwrite) the file for this failure's property and deployment; returns its path. `minimised`
-    records how the steps were minimised (`ckpt_model.minimise.provenance`)."""
+    records how the steps were minimised (`ckpt_model.minimise.provenance`), `reproduction` how often they failed
+    the same way when replayed (`ckpt_model.reproduction.Rate.document`)."""
     label = getattr(error, "property_id", None) or type(error).__name__
     spec = harness.spec
     target_dir = harness.regressions_dir or directory()
@@ -55,18 +57,26 @@ def write(
     }
     if minimised is not None:
         document["minimised"] = minimised
+    if reproduction is not None:
+        document["reproduction"] = reproduction
     target_dir.mkdir(parents=True, exist_ok=True)
     replace_atomically(path, document)
     return path
 
 
 def rewrite(
-    path: Path, document: dict[str, Any], steps: list[tuple[str, dict[str, Any]]], minimised: dict[str, Any]
+    path: Path,
+    document: dict[str, Any],
+    steps: list[tuple[str, dict[str, Any]]],
+    minimised: dict[str, Any],
+    reproduction: dict[str, Any] | None = None,
 ) -> None:
-    """Rewrite an existing file with new steps (everything else kept) and how they were minimised."""
-    replace_atomically(
-        path, {**document, "steps": [[name, arguments] for name, arguments in steps], "minimised": minimised}
-    )
+    """Rewrite an existing file with new steps (everything else kept), how they were minimised and how often they
+    failed the same way."""
+    rewritten = {**document, "steps": [[name, arguments] for name, arguments in steps], "minimised": minimised}
+    if reproduction is not None:
+        rewritten["reproduction"] = reproduction
+    replace_atomically(path, rewritten)
 
 
 def replace_atomically(path: Path, document: dict[str, Any]) -> None:

@@ -579,6 +579,7 @@ FAULT_SCENARIOS: dict[str, str] = {
     "cuts_pile_up": "generation_cut__one_cut_per_record_after_a_resume",
     "workers_export_ignores_snapshots": "token_lineage__held_reply_is_not_exported",
     "ledger_reuses_call_ids": "token_lineage__same_checkpoint_restored_again_replaces_the_dead_run",
+    "environment_resume_deletes_records_sometimes": "checkpoint_without_crash__parks_then_resumes",
 }
 
 

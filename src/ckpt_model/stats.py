@@ -18,19 +18,24 @@ class ExampleStat:
 
 @attrs.define
 class SearchStats:
-    """Counts examples, their steps and crashes, and times the first failure."""
+    """Counts examples, their steps and crashes, times the first failure, and keeps the failures the machine
+    raised (`seen`: Hypothesis's `FlakyStrategyDefinition` does not carry the failure it hid, `verdicts.leaves`)."""
 
     started_s: float = attrs.field(factory=time.monotonic)
     examples: int = 0
     first_failure_s: float | None = None
     finished: list[ExampleStat] = attrs.field(factory=list)
+    seen: list[BaseException] = attrs.field(factory=list)
 
     def example_started(self) -> None:
         self.examples += 1
 
-    def failed(self) -> None:
+    def failed(self, error: BaseException) -> None:
         if self.first_failure_s is None:
             self.first_failure_s = time.monotonic() - self.started_s
+        kinds = {(type(kept), getattr(kept, "property_id", None)) for kept in self.seen}
+        if (type(error), getattr(error, "property_id", None)) not in kinds:  # the first of each kind
+            self.seen.append(error)
 
     def example_finished(self, steps: int, crashes: int, seconds: float, crashes_inside: int = 0) -> None:
         self.finished.append(ExampleStat(steps=steps, crashes=crashes, seconds=seconds, crashes_inside=crashes_inside))

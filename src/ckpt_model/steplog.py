@@ -50,7 +50,7 @@ class StepLog:
             backend_calls=lambda: observe(self.harness).calls,
         )
         if annotated and self.stats is not None:
-            self.stats.failed()
+            self.stats.failed(error)
 
     def drain(self, drain: Callable[[], None]) -> None:
         """Run the teardown's drain, unless a rule broke the machine (its state is unknown), reporting what the

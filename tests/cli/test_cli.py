@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from ckpt_model import regression
 from ckpt_model.deployment import fault_catalogue
 from tests.stack.conftest import wait_until
 from tests.stacks_dump import default_sigint, stacks_of
@@ -150,8 +151,10 @@ def test_check_finds_a_planted_fault_and_names_its_property(tmp_path: Path) -> N
     # before its time limit (beside two CPU hogs it once ended without `checkpoint(then_resume=True)`), so only a
     # step that commits is asserted.
     assert "state.checkpoint(" in result.stdout or "state.commit()" in result.stdout
-    assert result.stdout.rstrip().endswith("FAILED: property violation (P9)")
+    assert result.stdout.rstrip().endswith("FAILED: property violation (P9 in 10 of 10 replays)")
     assert [path.name for path in (tmp_path / "regressions").iterdir()] == ["P9-native-resume_deletes_records.json"]
+    document = regression.load(tmp_path / "regressions" / "P9-native-resume_deletes_records.json")
+    assert document["reproduction"]["text"] == "P9 in 10 of 10 replays"  # the minimal steps replay every time
     assert left_behind(tmp_path) == []
 
 

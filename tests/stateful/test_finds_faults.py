@@ -32,8 +32,12 @@ def test_the_checker_finds_the_planted_fault(fault: Fault) -> None:
     caught = set(finding.property_ids) & set(fault.shows_as)
     assert caught, f"caught by {finding.property_ids}:\n{finding.violation}"
     assert 0 < len(finding.shrunk_steps) <= SHRUNK_STEPS_MAX, finding.shrunk_steps
+    assert finding.first is not None
+    assert finding.first.kind == "violation"  # an intermittent fault too: never a checker outcome
+    assert finding.rate is not None
+    assert finding.rate.failing > 0, finding.headline  # the reported steps fail again, if only sometimes
     print(
-        f"\n{fault.name}: {finding.property_id} after {finding.examples} examples, first failure at "
+        f"\n{fault.name}: {finding.headline} after {finding.examples} examples, first failure at "
         f"{finding.first_failure_s:.1f} s, shrunk to {len(finding.shrunk_steps)} steps in {finding.total_s:.1f} s: "
         + "; ".join(finding.shrunk_steps)
     )

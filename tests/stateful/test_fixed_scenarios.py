@@ -101,13 +101,26 @@ def test_every_fault_has_a_scenario() -> None:
     assert sorted(FAULT_SCENARIOS) == sorted(fault.name for fault in CATALOGUE)
 
 
+# An intermittent fault misbehaves on a coin toss (half its occasions): its scenario runs until it fails, at most
+# this often, so it is missed with a chance of 2**-20 (about one in a million) and every run must either pass or
+# fail with the catalogue's property.
+INTERMITTENT_RUNS_MAX = 20
+
+
 @pytest.mark.parametrize("fault", sorted(FAULT_SCENARIOS))
 def test_the_scenario_catches_the_planted_fault(fault: str, faulty_harnesses: dict[str, Harness]) -> None:
     harness = faulty_harnesses.get(fault) or faulty_harnesses.setdefault(fault, harness_for(fault))
     expected = getattr(properties, f"{BY_NAME[fault].caught_by}Violation")
-    with pytest.raises(PropertyViolation) as caught:
-        run(harness, named(FAULT_SCENARIOS[fault]))
-    assert type(caught.value) is expected, f"caught by {caught.value.property_id}:\n{caught.value}"
+    runs = INTERMITTENT_RUNS_MAX if BY_NAME[fault].intermittent else 1
+    caught = None
+    for _ in range(runs):
+        try:
+            run(harness, named(FAULT_SCENARIOS[fault]))
+        except PropertyViolation as violation:
+            caught = violation
+            break
+    assert caught is not None, f"{fault} did not show in {runs} runs of its scenario"
+    assert type(caught) is expected, f"caught by {caught.property_id}:\n{caught}"
 
 
 REPLAYS = 20

@@ -49,6 +49,9 @@ def test_a_longer_failing_run_minimises_to_the_known_two_steps_everywhere_it_is_
         assert document["steps"] == [[name, arguments] for name, arguments in MINIMAL]
         assert document["failure"] == {"type": "P7Violation", "property": "P7"}
         assert document["minimised"]["steps_before"] == 5
+        # A definite failure: the run found and the minimal one each fail on all ten replays.
+        assert document["minimised"]["found_reproduction"]["text"] == "P7 in 10 of 10 replays"
+        assert document["reproduction"]["text"] == "P7 in 10 of 10 replays"
         assert [p.name for p in harness.regressions_dir.iterdir()] == [path.name]
         # The rewritten file replays the same failure.
         assert isinstance(replay_once(harness, document["steps"]), P7Violation)

@@ -7,17 +7,26 @@ Hypothesis error about the machine itself, and a plain bug in the checker (which
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
 from typing import ClassVar
 
 import pytest
 from hypothesis import Phase, settings
-from hypothesis.errors import Flaky, InvalidDefinition
+from hypothesis.errors import InvalidDefinition
 from hypothesis.stateful import RuleBasedStateMachine, rule
 
+from ckpt_model import minimise as mm
+from ckpt_model import regression
 from ckpt_model.errors import QuiescenceTimeout
 from ckpt_model.faultsearch import Finding, minimised_failures, run_search
-from ckpt_model.minimise import Minimised
+from ckpt_model.minimise import Minimised, Steps, minimise_error
 from ckpt_model.properties import P1Violation, P9Violation
+from ckpt_model.report import RULE_CALLS
+from ckpt_model.reproduction import Rate
+from ckpt_model.spec import DeploymentSpec
 from ckpt_model.verdicts import Failure, classify
 
 SMALL = settings(
@@ -131,13 +140,16 @@ def test_a_harness_error_is_reported_as_harness_without_a_property() -> None:
     assert found.property_ids == ()
 
 
-def test_a_failure_that_does_not_come_back_is_a_checker_error_not_a_violation() -> None:
+def test_a_failure_that_does_not_come_back_is_the_violation_it_was_marked_intermittent() -> None:
+    """Hypothesis reports it as `FlakyFailure`; the search reports the property it hid."""
     FailsOnce.steps = 0
     failures = run_search(FailsOnce, SMALL)
 
-    assert [(f.kind, f.property_id) for f in failures] == [("checker", None)]
-    assert isinstance(failures[0].error, Flaky)
-    assert finding(failures).property_ids == ()
+    assert [(f.kind, f.property_id, f.hidden_by) for f in failures] == [("violation", "P1", "FlakyFailure")]
+    assert isinstance(failures[0].error, P1Violation)
+    assert finding(failures).property_ids == ("P1",)
+    notes = failures[0].error.__notes__
+    assert any("Intermittent: Hypothesis reported this failure as FlakyFailure" in note for note in notes)
 
 
 def test_a_hypothesis_error_about_the_machine_is_a_checker_error() -> None:
@@ -229,3 +241,69 @@ def test_when_the_first_failure_was_not_minimised_there_are_no_figures() -> None
 
     assert [f.property_id for f in result] == ["P1", "P9"]
     assert figures is None
+
+
+# --- an intermittent failure, reported with its property and rate ------------------------------------------------
+
+
+class FailsFirstTime(RuleBasedStateMachine):
+    """Breaks P1 on its first step only, carrying its rule calls as the machine's report does (`report.annotate`)."""
+
+    steps: ClassVar[int] = 0
+
+    @rule()
+    def step(self) -> None:
+        type(self).steps += 1
+        if type(self).steps == 1:
+            error = p1()
+            setattr(error, RULE_CALLS, [("dispatch", {}), ("retire", {})])
+            raise error
+
+
+def three_in_ten() -> Callable[[object, Steps, float], BaseException | None]:
+    """A hand-built flaky system: a run with a `retire` fails P1 on the 1st, 4th and 7th of every 10 such runs."""
+    runs = itertools.count()
+
+    def replay(harness: object, steps: Steps, settle_timeout_s: float) -> BaseException | None:
+        if "retire" not in [name for name, _ in steps]:
+            return None
+        return p1() if next(runs) % 10 in (0, 3, 6) else None
+
+    return replay
+
+
+def test_an_intermittent_failure_is_reported_with_its_property_and_rate(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    FailsFirstTime.steps = 0
+    monkeypatch.setattr(mm, "replay_once", three_in_ten())
+    harness = SimpleNamespace(root=tmp_path, regressions_dir=tmp_path / "regressions", spec=DeploymentSpec("native"))
+
+    failures = run_search(FailsFirstTime, SMALL)
+    result, figures = minimised_failures(failures, lambda error: minimise_error(harness, error, 10))  # type: ignore[arg-type]
+
+    found = finding(result)
+    assert [(f.kind, f.property_id, f.hidden_by) for f in result] == [("violation", "P1", "FlakyFailure")]
+    assert found.headline == "P1 in 3 of 10 replays"  # the minimal sequence's rate
+    assert found.shrunk_steps == ("state.retire()",)
+    assert figures is not None
+    assert figures.found_rate == Rate(label="P1", failing=3, replays=10)
+    document = regression.load(tmp_path / "regressions" / "P1-native.json")
+    assert document["steps"] == [["retire", {}]]
+    assert document["reproduction"]["text"] == "P1 in 3 of 10 replays"
+    assert document["minimised"]["found_reproduction"]["text"] == "P1 in 3 of 10 replays"
+
+
+def test_a_failure_that_never_replays_is_still_its_property_with_a_rate_of_zero(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    FailsFirstTime.steps = 0
+    monkeypatch.setattr(mm, "replay_once", lambda harness, steps, settle_timeout_s: None)
+    harness = SimpleNamespace(root=tmp_path, regressions_dir=tmp_path / "regressions", spec=DeploymentSpec("native"))
+
+    failures = run_search(FailsFirstTime, SMALL)
+    result, figures = minimised_failures(failures, lambda error: minimise_error(harness, error, 10))  # type: ignore[arg-type]
+
+    assert figures is None  # nothing to judge candidates by
+    assert finding(result).headline == "P1 in 0 of 10 replays"
+    assert finding(result).shrunk_steps == ("state.dispatch()", "state.retire()")  # the run's own rule calls

@@ -20,6 +20,7 @@ from ckpt_model.errors import StepNotEnabled
 from ckpt_model.minimise import COMPOSITES, CachedPredicate, Steps, ddmin, key_of, minimise
 from ckpt_model.properties import P4Violation, P7Violation
 from ckpt_model.quiescence import SETTLE_TIMEOUT_S
+from ckpt_model.reproduction import Rate
 
 
 def named(*names: str) -> Steps:
@@ -395,3 +396,91 @@ def test_steps_print_as_hypothesis_prints_them() -> None:
         "state.retire(pick=0, again=False)",
         "state.late_call(pick=0)",
     )
+
+
+# --- the edge: a failure that replays only sometimes ---------------------------------------------------------------
+
+
+class Sometimes:
+    """A hand-built flaky system: a run whose steps include `retire` fails P7 on the replays the pattern marks
+    (3 of every 10 such runs, in a fixed order, so the test knows every count); any other run passes."""
+
+    def __init__(self, pattern: Sequence[bool] = (True, False, False, True, False, False, True, False, False, False)):
+        self.pattern, self.retire_runs, self.runs = tuple(pattern), 0, 0
+
+    def __call__(self, harness: object, steps: Steps, settle_timeout_s: float) -> BaseException | None:
+        self.runs += 1
+        if "retire" not in names(steps):
+            return None
+        self.retire_runs += 1
+        return p7() if self.pattern[(self.retire_runs - 1) % len(self.pattern)] else None
+
+
+def test_an_intermittent_candidate_counts_on_its_first_failure_within_its_tries(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    system = Sometimes()
+    monkeypatch.setattr(mm, "replay_once", system)
+    replayer = mm.Replayer(harness=None, expected=("P7Violation", "P7"), attempts=13)  # type: ignore[arg-type]
+
+    assert replayer(named("retire"))  # fails on the first try
+    assert replayer(named("dispatch", "retire"))  # passes twice, then fails: three tries
+    assert not replayer(named("dispatch"))  # never fails: all 13 tries
+    assert system.runs == 1 + 3 + 13
+
+
+def test_a_step_that_is_not_enabled_is_not_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    tries: list[Steps] = []
+
+    def not_enabled(harness: object, steps: Steps, settle_timeout_s: float) -> BaseException:
+        tries.append(steps)
+        return StepNotEnabled(step="commit({})", index=1, rule="commit")
+
+    monkeypatch.setattr(mm, "replay_once", not_enabled)
+    replayer = mm.Replayer(harness=None, expected=("P7Violation", "P7"), attempts=13)  # type: ignore[arg-type]
+
+    assert not replayer(named("commit"))
+    assert len(tries) == 1
+
+
+def test_an_intermittent_failure_is_minimised_by_its_rate_and_the_minimal_rate_measured(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    system = Sometimes()
+    monkeypatch.setattr(mm, "replay_once", system)
+    harness = SimpleNamespace(root=tmp_path, regressions_dir=tmp_path / "regressions")
+    found = Rate(label="P7", failing=3, replays=10)
+
+    result, replayer = mm.minimise_on(harness, named("dispatch", "retire", "crash"), ("P7Violation", "P7"), found)  # type: ignore[arg-type]
+
+    assert names(result.steps) == ["retire"]  # with one try per candidate, most candidates with it would pass
+    assert replayer.attempts == 13
+    assert result.found_rate == found
+    assert result.rate == Rate(label="P7", failing=3, replays=10)  # the final ten replays of `retire`
+    assert result.reproduced
+    assert "P7 in 3 of 10 replays" in result.summary()
+    assert isinstance(replayer.last_failure, P7Violation)
+
+
+def test_a_failure_that_always_replays_costs_one_replay_per_candidate(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    system = Sometimes(pattern=(True,))
+    replayed: list[Steps] = []
+
+    def replay(harness: object, steps: Steps, settle_timeout_s: float) -> BaseException | None:
+        replayed.append(steps)
+        return system(harness, steps, settle_timeout_s)
+
+    monkeypatch.setattr(mm, "replay_once", replay)
+    harness = SimpleNamespace(root=tmp_path, regressions_dir=tmp_path / "regressions")
+    always = Rate(label="P7", failing=10, replays=10)
+
+    result, replayer = mm.minimise_on(harness, named("dispatch", "retire", "crash"), ("P7Violation", "P7"), always)  # type: ignore[arg-type]
+
+    assert replayer.attempts == 1
+    candidates, final = replayed[:-10], replayed[-10:]
+    assert len({key_of(candidate) for candidate in candidates}) == len(candidates)  # each replayed once
+    assert [names(steps) for steps in final] == [["retire"]] * 10
+    assert result.rate == Rate(label="P7", failing=10, replays=10)
+    assert "fails the same way on replay (P7 in 10 of 10 replays)" in result.summary()

@@ -76,3 +76,15 @@ def test_a_rewrite_that_cannot_be_written_leaves_the_file_as_it_was(tmp_path: Pa
 
     assert path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["P9.json"]
+
+
+def test_a_file_records_how_often_its_steps_failed_and_a_rewrite_updates_it(tmp_path: Path) -> None:
+    error = AssertionError("P5")
+    error.property_id = "P5"  # type: ignore[attr-defined]  # as a PropertyViolation carries it
+    found = {"label": "P5", "failing": 3, "replays": 10, "text": "P5 in 3 of 10 replays"}
+    path = regression.write(FakeHarness(tmp_path), [("dispatch", {})], error, reproduction=found)
+    assert regression.load(path)["reproduction"] == found
+
+    minimal = {**found, "failing": 4, "text": "P5 in 4 of 10 replays"}
+    regression.rewrite(path, regression.load(path), [("dispatch", {})], {"steps_before": 1}, minimal)
+    assert regression.load(path)["reproduction"] == minimal

@@ -4,11 +4,12 @@ exceptions, without a search (`test_faultsearch` runs tiny machines)."""
 from __future__ import annotations
 
 import pytest
-from hypothesis.errors import FlakyFailure, InvalidDefinition
+from hypothesis.errors import FlakyFailure, FlakyStrategyDefinition, InvalidDefinition
 
 from ckpt_model.errors import CoordinationError, ParticipantFailure, QuiescenceTimeout
 from ckpt_model.properties import P1Violation, P9Violation
-from ckpt_model.verdicts import classify, kind_of, shrunk_steps
+from ckpt_model.reproduction import Rate, record
+from ckpt_model.verdicts import Exit, classify, headline, kind_of, leaves, report_failure, shrunk_steps
 
 
 def p1() -> P1Violation:
@@ -66,11 +67,96 @@ def test_violations_come_first_then_harness_then_checker_each_by_fewest_steps() 
     ]
 
 
-def test_a_flaky_failure_group_is_one_checker_error_whatever_it_holds() -> None:
-    failures = classify(FlakyFailure("Inconsistent results", [p1()]))
+def test_a_flaky_failure_is_the_violation_it_hid_marked_intermittent_with_hypothesis_steps() -> None:
+    hidden = p1()
+    flaky = noted(FlakyFailure("Inconsistent results", [hidden]), "state.a()", "state.b()")
+
+    failures = classify(flaky)
 
     assert failures is not None
-    assert [(f.kind, f.property_id) for f in failures] == [("checker", None)]
+    assert [(f.kind, f.property_id, f.hidden_by, f.error) for f in failures] == [
+        ("violation", "P1", "FlakyFailure", hidden)
+    ]
+    assert failures[0].shrunk_steps == ("state.a()", "state.b()")  # Hypothesis's steps, given to the violation
+    assert failures[0].headline == "P1 (intermittent: FlakyFailure)"
+    assert kind_of(hidden) == "violation"
+
+
+def test_a_flaky_failure_opened_twice_notes_its_report_once() -> None:
+    hidden = p1()
+    flaky = FlakyFailure("Inconsistent results", [hidden])
+
+    assert leaves(flaky) == leaves(flaky) == [hidden]
+    assert sum("Intermittent" in note for note in hidden.__notes__) == 1
+
+
+def test_a_flaky_failure_holding_a_harness_error_is_that_harness_error() -> None:
+    timeout = QuiescenceTimeout(prediction="p", observed="o", pending=())
+    failures = classify(FlakyFailure("Inconsistent results", [timeout]))
+
+    assert failures is not None
+    assert [(f.kind, f.hidden_by) for f in failures] == [("harness", "FlakyFailure")]
+
+
+def test_a_flaky_strategy_definition_is_the_violation_in_its_context() -> None:
+    hidden = p9()
+    try:
+        try:
+            raise hidden
+        except P9Violation:
+            raise FlakyStrategyDefinition("Inconsistent data generation!") from None
+    except FlakyStrategyDefinition as flaky:
+        flaky.__context__ = hidden  # `from None` only hides it from the traceback; Hypothesis may keep it
+        failures = classify(flaky)
+
+    assert failures is not None
+    assert [(f.kind, f.property_id, f.hidden_by) for f in failures] == [("violation", "P9", "FlakyStrategyDefinition")]
+
+
+def test_a_flaky_report_with_nothing_inside_is_the_violation_the_machine_raised() -> None:
+    seen_p9 = p9()
+    flaky = FlakyStrategyDefinition("Inconsistent data generation!")
+
+    failures = classify(flaky, seen=[seen_p9])
+
+    assert failures is not None
+    assert [(f.kind, f.property_id, f.hidden_by, f.error) for f in failures] == [
+        ("violation", "P9", "FlakyStrategyDefinition", seen_p9)
+    ]
+
+
+def test_a_flaky_report_with_nothing_inside_and_nothing_seen_stays_a_checker_error() -> None:
+    flaky = FlakyStrategyDefinition("Inconsistent data generation!")
+    harness_seen = QuiescenceTimeout(prediction="p", observed="o", pending=())
+
+    failures = classify(flaky, seen=[harness_seen])  # only a violation the machine raised counts
+
+    assert failures is not None
+    assert [(f.kind, f.property_id, f.error) for f in failures] == [("checker", None, flaky)]
+
+
+def test_a_measured_rate_heads_the_failure() -> None:
+    violation = p9()
+    record(violation, Rate(label="P9", failing=3, replays=10))
+
+    failures = classify(FlakyFailure("Inconsistent results", [violation]))
+
+    assert failures is not None
+    assert failures[0].rate == Rate(label="P9", failing=3, replays=10)
+    assert failures[0].headline == headline(violation) == "P9 in 3 of 10 replays"
+
+
+def test_a_report_of_an_intermittent_violation_is_a_violation_with_its_rate(capsys: pytest.CaptureFixture[str]) -> None:
+    violation = p9()
+    record(violation, Rate(label="P9", failing=3, replays=10))
+
+    code = report_failure(FlakyFailure("Inconsistent results", [violation]))
+
+    out = capsys.readouterr().out
+    assert code == Exit.VIOLATION
+    assert "=== property violation 1 of 1: P9 in 3 of 10 replays ===" in out
+    assert "FAILED: property violation (P9 in 3 of 10 replays)" in out
+    assert "could not judge" not in out
 
 
 def test_an_unknown_exception_is_not_classified() -> None:
