@@ -51,6 +51,9 @@ from fakes.gym.worker_routes import add_worker_routes
 
 # Reference 1.4: how a policy worker finds its coordinator's socket.
 POLICY_SOCKET_ENV = "NEMO_GYM_POLICY_CHECKPOINT_SOCKET"
+# Planted: worker 1 alone delivers held replies (`model_delivers_held`, on one worker of several).
+FAULT_SECOND_WORKER_DELIVERS_HELD = "second_worker_delivers_held"
+SECOND_WORKER = 1
 
 # --- policy-specific parts (pure; tests/unit/fakes/test_policy_workers.py feeds them hand-built values) ---------
 
@@ -341,6 +344,7 @@ class PolicyWorker:
         self.forwarder = backend_forwarder(config)
         self.link = link
         self.placement = CallPlacement(link.socket_env)
+        self.faults = faults
         # The checkpoint whose close this worker last took: what its cut round names.
         self.checkpoint_id: str | None = None
         self.ledger = FileLedger(config.capture_dir) if config.token_capture else None
@@ -373,6 +377,8 @@ class PolicyWorker:
     async def _on_register(self, state: dict[str, Any]) -> None:
         # After the fork: the worker knows its index, which it routes by and names to the backend.
         self.placement.index = self.forwarder.worker = self.link.index
+        if FAULT_SECOND_WORKER_DELIVERS_HELD in self.faults and self.link.index == SECOND_WORKER:
+            self.gate.holds_responses = False
         self.gate.restored_targets = set(state["restored_targets"])
 
     async def _place(self, body: Any) -> None:

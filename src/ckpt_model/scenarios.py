@@ -413,6 +413,12 @@ CAPTURE_SCENARIOS: dict[str, Scenario] = {
         calls={"r0": (0, 1, 2)},
         chains={"r0": (0, 1, 2)},
     ),
+    # The same with r0's calls placed on a second policy worker (a single worker ignores the placement).
+    "token_lineage__held_reply_on_a_second_worker_is_not_exported": Scenario(
+        steps(("dispatch", {"worker": 1}), ("release", FIRST), "prepare", ("release", FIRST), "commit", "resume"),
+        calls={"r0": (0, 1, 2)},
+        chains={"r0": (0, 1, 2)},
+    ),
     # Gym's 14, ledger part: a retired attempt's ledger answers 410 "is retired", also after forget.
     "token_lineage__retired_ledger_answers_410": Scenario(
         steps("dispatch", ("release", FIRST), ("retire", {"pick": 0, "again": False}), "forget"),
@@ -578,6 +584,7 @@ FAULT_SCENARIOS: dict[str, str] = {
     "cut_without_timeout": "generation_cut__hung_cut_costs_only_a_regeneration",
     "cuts_pile_up": "generation_cut__one_cut_per_record_after_a_resume",
     "workers_export_ignores_snapshots": "token_lineage__held_reply_is_not_exported",
+    "second_worker_delivers_held": "token_lineage__held_reply_on_a_second_worker_is_not_exported",
 }
 
 
