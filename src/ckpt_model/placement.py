@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ckpt_model import timing
 from ckpt_model.deployment import Harness
 from ckpt_model.errors import HarnessError
 from ckpt_model.history import History
@@ -74,7 +75,8 @@ class Placement:
         if not self.observed:
             return
         assert self.harness.backend is not None
-        records = self.harness.backend.calls()
+        with timing.span("placement_audit"):
+            records = self.harness.backend.calls()
         served = served_calls(records, self._audited)
         self._audited = len(records)
         for index, key, worker in served:

@@ -104,6 +104,7 @@ class FakeHarness:
         self.backend = None
         self.lease_grace_s = 0.25
         self.crashes: list[str] = []
+        self.places_calls = False  # one policy worker: nothing to place
 
     def crash(self, power_loss: bool = False) -> None:
         self.crashes.append("power loss" if power_loss else "crash")
