@@ -45,6 +45,9 @@ CAPTURE_KEY_HEADER = "x-ng-capture-key"
 # calls; both wait at the same gate.
 CALL_KIND_HEADER = "x-ng-call-kind"
 CALL_KINDS = ("policy", "judge")
+# The policy worker (its index) that served a call, sent by a worker of a multi-worker model server
+# (`fakes.gym.placement`); recorded as the call's `worker` (None: a single process, or a judge).
+POLICY_WORKER_HEADER = "x-ckpt-policy-worker"
 FINAL_TEXT = "It is cold in SF."
 TOKENS_MAX = 64
 USAGE = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
@@ -143,6 +146,7 @@ class Call:
     step: int
     script: tuple[ScriptedToolCall, ...]
     kind: str = "policy"
+    worker: int | None = None
     hold: asyncio.Event | None = None
     gate: asyncio.Event | None = None
     returned: bool = False
@@ -192,6 +196,7 @@ class Call:
             "admission": self.admission,
             "capture_key": self.capture_key,
             "kind": self.kind,
+            "worker": self.worker,
             "t": self.t,
             "returned": self.returned,
             "waiting": self.waiting,
@@ -222,7 +227,9 @@ class Backend:
     cut_stall: bool = False
     script: tuple[ScriptedToolCall, ...] = DEFAULT_SCRIPT
 
-    def arrive(self, request: ChatRequest, capture_key: str | None, kind: str = "policy") -> Call:
+    def arrive(
+        self, request: ChatRequest, capture_key: str | None, kind: str = "policy", worker: int | None = None
+    ) -> Call:
         """Record a call on arrival, before it waits, so a held call is already counted (reference 11).
 
         A continued call whose cut is not staged as described is refused (`CutRefused`) and not recorded."""
@@ -238,6 +245,7 @@ class Backend:
             # The script is read on arrival: what a call answers does not depend on when it is released.
             script=self.script,
             kind=kind,
+            worker=worker,
         )
         cut = request.ng_capture.generation_cut if request.ng_capture is not None else None
         if cut is not None:
@@ -434,8 +442,11 @@ def build_app() -> FastAPI:
         if kind not in CALL_KINDS:
             detail = f"header {CALL_KIND_HEADER} must be one of {list(CALL_KINDS)} (got {kind!r})"
             return JSONResponse(error_body("invalid_request", detail), status_code=422)
+        worker = request.headers.get(POLICY_WORKER_HEADER)
         try:
-            call = backend.arrive(body, request.headers.get(CAPTURE_KEY_HEADER), kind)
+            call = backend.arrive(
+                body, request.headers.get(CAPTURE_KEY_HEADER), kind, int(worker) if worker is not None else None
+            )
         except CutRefused as refusal:
             return JSONResponse(error_body("invalid_generation_cut", str(refusal)), status_code=409)
         if call.waiting and not await released_or_gone(call, request):

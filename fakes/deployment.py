@@ -11,12 +11,14 @@ from __future__ import annotations
 import contextlib
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 import httpx
 
 from fakes.faults import CATALOGUE, Fault
 from fakes.gym.config import DEFAULT_LEASE_GRACE_S
+from fakes.gym.placement import PLACEMENT_ROUTE
 from fakes.gym.wire import bearer
 from fakes.server_processes import StackStartError
 from fakes.stack import Stack
@@ -24,6 +26,7 @@ from fakes.stack_cli import main as launch
 from fakes.topologies import TOPOLOGIES
 
 FAILPOINT_TIMEOUT_S = 10.0
+POLICY_MODEL = "policy_model"
 
 
 class EmbeddedDeployment:
@@ -65,6 +68,8 @@ class EmbeddedDeployment:
         self.generation_cuts = generation_cuts
         # uvicorn workers of the policy model server behind its one port (`fakes.gym.coordinator_process`).
         self.policy_workers = self.stack.policy_workers
+        # The placement of generation calls on those workers (`place_calls`), set again on every fresh server.
+        self._placement: dict[str, int] = {}
 
     @property
     def token(self) -> str:
@@ -92,6 +97,7 @@ class EmbeddedDeployment:
             self.stack.start_gym()
         except StackStartError as error:
             raise RuntimeError(str(error)) from error
+        self._send_placement()
         return {name: server.url for name, server in self.stack.gym.items()}
 
     def crash_gym(self) -> None:
@@ -112,7 +118,26 @@ class EmbeddedDeployment:
             self.stack.restart_server(name)
         except StackStartError as error:
             raise RuntimeError(str(error)) from error
+        if name == POLICY_MODEL:
+            self._send_placement()
         return {server_name: server.url for server_name, server in self.stack.gym.items()}
+
+    def place_calls(self, placement: Mapping[str, int]) -> None:
+        """From now on every generation call of capture key K is served by policy worker `placement[K]` (an index),
+        whichever worker accepts its connection (`fakes.gym.placement`); kept, and set again on a fresh server."""
+        self._placement = dict(placement)
+        self._send_placement()
+
+    def _send_placement(self) -> None:
+        if self.policy_workers == 1 or not self._placement or POLICY_MODEL not in self.stack.gym:
+            return
+        response = self.stack.http.post(
+            self.stack.gym[POLICY_MODEL].url + PLACEMENT_ROUTE,
+            json={"placement": self._placement},
+            headers={"Authorization": bearer(self.stack.token)},
+        )
+        if response.is_error:
+            raise RuntimeError(f"the policy model refused the placement {self._placement}: {response.text}")
 
     def arm_failpoint(self, name: str, point: str) -> None:
         """Arm a failpoint in one Gym server (`fakes.gym.failpoints`): its work stops there once it gets there."""

@@ -351,6 +351,16 @@ CATALOGUE: tuple[Fault, ...] = (
         " half of its resumes (a coin tossed from the OS's randomness), so the same steps fail only on some runs",
         intermittent=True,
     ),
+    Fault(
+        "second_worker_delivers_held",
+        "policy_model",
+        "P2",
+        "a multi-worker policy model whose second worker (index 1) delivers the replies it should hold while a"
+        " checkpoint is open; the first holds them, so the bug shows only when a held call is served by worker 1",
+        topology="counter",
+        token_capture=True,
+        policy_workers=2,
+    ),
 )
 BY_NAME: dict[str, Fault] = {fault.name: fault for fault in CATALOGUE}
 

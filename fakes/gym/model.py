@@ -24,7 +24,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
-from fakes.backend import CAPTURE_KEY_HEADER
+from fakes.backend import CAPTURE_KEY_HEADER, POLICY_WORKER_HEADER
 from fakes.gym.capture import GenerationCutter, TokenCapture, ledger_router
 from fakes.gym.config import ServerConfig
 from fakes.gym.control_plane import ControlPlane
@@ -38,6 +38,7 @@ from fakes.gym.generation_cut import GenerationCutRecord
 from fakes.gym.http import RolloutPrefixMiddleware, add_health, lifespan_with_client, rollout_key
 from fakes.gym.ledger import FileLedger
 from fakes.gym.participant import PrepareReport
+from fakes.gym.placement import CallPlacement
 from fakes.gym.wire import GENERATION_CUT_ROUTE, EpisodeId, bearer, error_body
 
 GENERATION_PATH = "/v1/chat/completions"
@@ -180,6 +181,8 @@ class BackendForwarder:
     base_url: str
     token: str
     client: httpx.AsyncClient | None = None
+    # A worker of a multi-worker server names itself to the backend (its index); a single process does not.
+    worker: int | None = None
 
     @property
     def url(self) -> str:
@@ -190,6 +193,8 @@ class BackendForwarder:
         headers = {"content-type": "application/json"}
         if capture_key is not None:
             headers[CAPTURE_KEY_HEADER] = capture_key
+        if self.worker is not None:
+            headers[POLICY_WORKER_HEADER] = str(self.worker)
         return await self.client.post(self.url, content=body, headers=headers)
 
     async def post_cut(self, inventory: dict[str, Any]) -> httpx.Response:
@@ -238,10 +243,15 @@ def backend_forwarder(config: ServerConfig) -> BackendForwarder:
     return BackendForwarder(base_url=config.backend_url.rstrip("/"), token=config.token)
 
 
-def generation_app(gate: PolicyGate, forwarder: BackendForwarder, capture: TokenCapture | None = None) -> FastAPI:
+def generation_app(
+    gate: PolicyGate,
+    forwarder: BackendForwarder,
+    capture: TokenCapture | None = None,
+    placement: CallPlacement | None = None,
+) -> FastAPI:
     """An app serving the generation route through `gate` (with `capture`, capturing tagged calls); the caller
     adds health and the control routes (`fakes.gym.model_workers` builds a worker of a multi-worker server from
-    it)."""
+    it, with its `placement`: a call placed on a sibling worker is forwarded there, `fakes.gym.placement`)."""
     app = FastAPI(lifespan=lifespan_with_client(lambda client: setattr(forwarder, "client", client)))
     app.add_middleware(RolloutPrefixMiddleware)
     install_error_handlers(app)
@@ -250,6 +260,13 @@ def generation_app(gate: PolicyGate, forwarder: BackendForwarder, capture: Token
     async def chat_completions(request: Request) -> Response:
         capture_key = rollout_key(request.state)
         body = await request.body()
+        if placement is not None and (placed := placement.elsewhere(capture_key, request)) is not None:
+            assert capture_key is not None, "only a tagged call is placed"
+            try:
+                return await placement.forward(request, capture_key, body, placed)
+            except httpx.TransportError as exc:
+                detail = f"worker {placed}, which this call is placed on, did not answer ({exc!r}); see the server log"
+                return JSONResponse(error_body("backend_unavailable", detail), status_code=502)
         # Untagged calls (evals, judges, probes) belong to no episode: nothing of them is captured.
         tracker = capture if capture_key is not None else None
         chat: dict[str, Any] = {}

@@ -21,6 +21,8 @@ below, so that token capture changes only them:
   coordinator's participant installs what the coordinator keeps, and the workers are told the restored targets.
 - retire: marks to every worker first, then every worker cancels its covered calls, then the coordinator drops
   what it keeps of them.
+- placement (`fakes.gym.placement`): the coordinator keeps the last placement a harness set and fans it out to every
+  worker before answering; a worker forwards a call placed on a sibling to that sibling's private socket.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import uvicorn
-from fastapi import FastAPI
+from fastapi import FastAPI, Header
 
 from fakes.gym.capture import GenerationCutter, TokenCapture, ledger_router
 from fakes.gym.config import ServerConfig
@@ -42,12 +44,16 @@ from fakes.gym.gate import PolicyGate
 from fakes.gym.ledger import FileLedger
 from fakes.gym.model import PolicyParticipant, backend_forwarder, generation_app, policy_gate
 from fakes.gym.participant import PrepareReport
+from fakes.gym.placement import PLACEMENT_ROUTE, CallPlacement, PlacementRequest, placement_refusal
 from fakes.gym.wire import EpisodeId
 from fakes.gym.worker_link import WorkerLink
 from fakes.gym.worker_routes import add_worker_routes
 
 # Reference 1.4: how a policy worker finds its coordinator's socket.
 POLICY_SOCKET_ENV = "NEMO_GYM_POLICY_CHECKPOINT_SOCKET"
+# Planted: worker 1 alone delivers held replies (`model_delivers_held`, on one worker of several).
+FAULT_SECOND_WORKER_DELIVERS_HELD = "second_worker_delivers_held"
+SECOND_WORKER = 1
 
 # --- policy-specific parts (pure; tests/unit/fakes/test_policy_workers.py feeds them hand-built values) ---------
 
@@ -311,7 +317,18 @@ def coordinator_control_plane(config: ServerConfig, pool: WorkerPool) -> Control
     pool.on_change = control_plane.notify
     pool.state = lambda: {"retired": control_plane.retired.marks(), **participant.register_state()}
     pool.run_control = control_plane.run_forwarded
+    pool.handlers["place"] = lambda body: place_everywhere(pool, body)
     return control_plane
+
+
+async def place_everywhere(pool: WorkerPool, body: Any) -> dict[str, Any]:
+    """A harness's placement: checked against the server's workers, then set on every worker before the answer."""
+    placement = PlacementRequest.model_validate(body).placement
+    refusal = placement_refusal(placement, pool.expected)
+    if refusal is not None:
+        raise ControlError(refusal)
+    await pool.fan_out("place", {"placement": placement})
+    return {"placed": len(placement)}
 
 
 # --- a worker ---------------------------------------------------------------------------------------------------
@@ -325,6 +342,9 @@ class PolicyWorker:
         self.gate.open = False  # nothing is admitted before the coordinator says whether admission is open
         faults = frozenset(config.faults)
         self.forwarder = backend_forwarder(config)
+        self.link = link
+        self.placement = CallPlacement(link.socket_env)
+        self.faults = faults
         # The checkpoint whose close this worker last took: what its cut round names.
         self.checkpoint_id: str | None = None
         self.ledger = FileLedger(config.capture_dir) if config.token_capture else None
@@ -343,6 +363,7 @@ class PolicyWorker:
             snapshot=self._snapshot,
             install=self._install,
             delete_restored=self._delete_restored,
+            place=self._place,
         )
 
     async def _close_admission(self, body: dict[str, Any]) -> None:
@@ -354,7 +375,14 @@ class PolicyWorker:
         return None if self.gate.open else (self.checkpoint_id or "(restore)")
 
     async def _on_register(self, state: dict[str, Any]) -> None:
+        # After the fork: the worker knows its index, which it routes by and names to the backend.
+        self.placement.index = self.forwarder.worker = self.link.index
+        if FAULT_SECOND_WORKER_DELIVERS_HELD in self.faults and self.link.index == SECOND_WORKER:
+            self.gate.holds_responses = False
         self.gate.restored_targets = set(state["restored_targets"])
+
+    async def _place(self, body: Any) -> None:
+        self.placement.placement = dict(body["placement"])
 
     async def _retire(self, body: Any) -> None:
         await self.participant.retire([EpisodeId.model_validate(episode) for episode in body["episode_ids"]])
@@ -377,8 +405,14 @@ def build_worker_app(config: ServerConfig) -> FastAPI:
     """A worker's app: generation calls through its own gate, health and control routes through the coordinator."""
     link = WorkerLink(config, socket_env=POLICY_SOCKET_ENV)
     worker = PolicyWorker(config, link)
-    app = generation_app(worker.gate, worker.forwarder, worker.capture)
+    app = generation_app(worker.gate, worker.forwarder, worker.capture, worker.placement)
     add_worker_routes(app, link)
+
+    @app.post(PLACEMENT_ROUTE)
+    async def place(body: PlacementRequest, authorization: str | None = Header(default=None)) -> Any:
+        """The harness's placement of generation calls on workers, set on every worker before it answers."""
+        return await link.ask_coordinator("place", authorization, body.model_dump())
+
     if worker.ledger is not None:
         # The trainer's ledger routes, on whichever worker gets them; refused while the server's checkpoint is open.
         faults = frozenset(config.faults)

@@ -55,6 +55,8 @@ class WorkerLink:
         self._seq = 0
         self._serving: asyncio.Future[None] | None = None
         self.routing_id = ""
+        # This worker's index among its coordinator's (0 .. workers - 1), set in the worker after the fork.
+        self.index: int | None = None
 
     # -- registration ---------------------------------------------------------------------------------------
 
@@ -169,6 +171,17 @@ class WorkerLink:
         except (ChannelClosed, TimeoutError) as exc:
             raise CoordinatorUnavailableError(
                 f"the coordinator of {self.config.name} did not answer {op} ({exc!r}); see the server log"
+            ) from exc
+
+    async def ask_coordinator(self, kind: str, authorization: str | None, body: Any) -> Any:
+        """A harness route's request to the coordinator (the kind's own, e.g. the policy's `place`), bearer first."""
+        check_bearer(authorization, self._bearer)
+        channel = await self._ready_channel()
+        try:
+            return await channel.request(kind, body)
+        except (ChannelClosed, TimeoutError) as exc:
+            raise CoordinatorUnavailableError(
+                f"the coordinator of {self.config.name} did not answer {kind} ({exc!r}); see the server log"
             ) from exc
 
     async def health(self) -> tuple[int, dict[str, Any]]:

@@ -3,6 +3,9 @@ server, waits for the listening socket, serves it, and stops with its coordinato
 
 A worker stays in the coordinator's process group, so a crash (SIGKILL of the group) takes it too. It asks to be
 killed with its coordinator (PR_SET_PDEATHSIG) and stops when its channel closes.
+
+Besides the shared listening socket, each worker serves a private Unix socket beside its coordinator's
+(`fakes.gym.placement.private_socket_path`): its siblings forward there the calls placed on it.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import NoReturn
 import uvicorn
 
 from fakes.fd_passing import receive_fds
+from fakes.gym.placement import private_socket_path
 from fakes.gym.worker_link import WorkerLink
 
 # A worker whose coordinator is gone exits with this (EX_SOFTWARE); one that could not register, with 3 (uvicorn's
@@ -31,20 +35,24 @@ HANDOFF_GO = b"g"  # coordinator -> worker, with the listening socket's descript
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 PR_SET_NAME = 15
 PROCESS_NAME_BYTES_MAX = 15
+PRIVATE_BACKLOG = 64
 
 
 class WorkerServer(uvicorn.Server):
     """A worker's uvicorn server. It starts its loop and lifespan, says READY on `handoff` and waits there for the
     listening socket its coordinator hands every worker (SCM_RIGHTS), so a promoted standby's workers are built
     before the restart that needs them; then it serves the socket, registers with its coordinator, and stops when
-    the coordinator is gone."""
+    the coordinator is gone. It also serves `private`, the socket its siblings forward placed calls to."""
 
     stood_down = False
 
-    def __init__(self, config: uvicorn.Config, link: WorkerLink, handoff: socket.socket) -> None:
+    def __init__(
+        self, config: uvicorn.Config, link: WorkerLink, handoff: socket.socket, private: socket.socket
+    ) -> None:
         super().__init__(config)
         self.link = link
         self.handoff = handoff
+        self.private = private
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await self.lifespan.startup()
@@ -60,7 +68,7 @@ class WorkerServer(uvicorn.Server):
             self.should_exit = True
             return
         self.lifespan.startup = _started  # type: ignore[method-assign]  # it ran above; the base startup calls it
-        await super().startup(sockets=[sock])
+        await super().startup(sockets=[sock, self.private])
         if not self.started:
             return
         try:
@@ -88,6 +96,16 @@ def _flush_and_exit(code: int) -> NoReturn:
     os._exit(code)
 
 
+def _private_socket(link: WorkerLink, index: int) -> socket.socket:
+    """Worker `index`'s private Unix socket, bound and listening (mode 0600, in the coordinator's private directory)."""
+    path = private_socket_path(os.environ[link.socket_env], index)
+    private = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    private.bind(path)
+    os.chmod(path, 0o600)
+    private.listen(PRIVATE_BACKLOG)
+    return private
+
+
 def _prctl(option: int, value: int | bytes) -> None:
     ctypes.CDLL(None, use_errno=True).prctl(option, value)
 
@@ -102,7 +120,9 @@ def run_worker(
         if os.getppid() != coordinator_pid:
             _flush_and_exit(COORDINATOR_LOST_EXIT)  # the coordinator died before the request took effect
         _prctl(PR_SET_NAME, f"gym-w{index}-{name}".encode()[:PROCESS_NAME_BYTES_MAX])
-        server = WorkerServer(app_config, app_config.app.state.worker_link, handoff)
+        link: WorkerLink = app_config.app.state.worker_link
+        link.index = index
+        server = WorkerServer(app_config, link, handoff, _private_socket(link, index))
         server.run()
         exit_code = 0 if server.started or server.stood_down else STARTUP_FAILURE_EXIT
     except SystemExit as exit_:

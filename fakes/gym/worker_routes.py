@@ -16,7 +16,8 @@ WORKER_HEADER = b"x-ckpt-worker"
 
 
 class WorkerHeaderMiddleware:
-    """Every reply says which worker process answered (`x-ckpt-worker: <pid>`), so tests can tell them apart."""
+    """Every reply says which worker process answered (`x-ckpt-worker: <pid>`), so tests can tell them apart; a
+    reply relayed from the worker a call was placed on keeps that worker's."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -29,9 +30,10 @@ class WorkerHeaderMiddleware:
         async def send_with_pid(message: Message) -> None:
             if message["type"] == "http.response.start":
                 headers = list(message.get("headers", []))
-                # Read per reply: the app is built before the fork, in the fork server or the coordinator.
-                headers.append((WORKER_HEADER, str(os.getpid()).encode()))
-                message = {**message, "headers": headers}
+                if not any(name == WORKER_HEADER for name, _ in headers):
+                    # Read per reply: the app is built before the fork, in the fork server or the coordinator.
+                    headers.append((WORKER_HEADER, str(os.getpid()).encode()))
+                    message = {**message, "headers": headers}
             await send(message)
 
         await self.app(scope, receive, send_with_pid)

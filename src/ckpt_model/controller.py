@@ -33,6 +33,7 @@ from ckpt_model.coordination import Participant, PrepareResult, request_body
 from ckpt_model.deployment import Harness
 from ckpt_model.errors import CoordinationError, ParticipantFailure, QuiescenceTimeout
 from ckpt_model.history import Event, EventType, History
+from ckpt_model.placement import Placement
 from ckpt_model.quiescence import Quiescence, backend_calls
 from ckpt_model.runs import RunOutcome, RunPool
 from ckpt_model.wire import EpisodeId
@@ -130,6 +131,7 @@ class Controller:
         self.quiescence = quiescence
         self.watchers = tuple(watchers)
         self.last_call: SentCall | None = None
+        self.placement = Placement(harness, history)
 
     # -- who is there -----------------------------------------------------------------------------------------
 
@@ -159,10 +161,13 @@ class Controller:
 
     # -- rollouts ---------------------------------------------------------------------------------------------
 
-    def run(self, attempt: Attempt) -> None:
-        """Send an attempt's `/run` in the background: a new execution (the RunPool journals it)."""
+    def run(self, attempt: Attempt, worker: int = 0) -> str:
+        """Send an attempt's `/run` in the background: a new execution (the RunPool journals it), its calls placed
+        on policy worker `worker` where the deployment places calls; a label suffix naming the worker."""
+        placed = self.placement.place(attempt.key, worker)
         self._notify(Operation("run", "invoke", key=attempt.key))
         self.runs.send(attempt)
+        return placed
 
     def run_refused(self, attempt: Attempt) -> None:
         """Send a `/run` that must be refused with admission_closed (a checkpoint is open): it starts nothing."""

@@ -28,6 +28,9 @@ with `isinstance`; without one the machine never draws the rules that need it:
   ledger); without them the machine checks neither P5 nor P12.
 - `PolicyWorkers`: `policy_workers`, how many worker processes serve the policy model behind its one port (the
   checker treats them as one participant).
+- `PlacesCalls`: `place_calls(placement)`, with several policy workers: every generation call of capture key K is
+  served by worker `placement[K]` (an index), whichever worker accepts it (`ckpt_model.placement`); without it the
+  worker race is only observed, where the backend's call list names the worker.
 
 Which deployment to start is a `ckpt_model.spec.DeploymentSpec`: `Harness.embedded(spec)` hands its keywords to
 the embedded system's deployment factory, and `harness.spec` is what everything else reads.
@@ -144,6 +147,14 @@ class PolicyWorkers(Protocol):
     """How many worker processes serve the policy model behind its one port."""
 
     policy_workers: int
+
+
+@runtime_checkable
+class PlacesCalls(Protocol):
+    """Serve each capture key's generation calls on a chosen policy worker (the whole placement, replacing the
+    last; kept across restarts of the servers)."""
+
+    def place_calls(self, placement: Mapping[str, int]) -> None: ...
 
 
 def spec_of(deployment: Deployment) -> DeploymentSpec:
@@ -379,6 +390,18 @@ class Harness:
     def policy_workers(self) -> int:
         """How many worker processes serve the policy model behind its one port."""
         return self.spec.policy_workers
+
+    @property
+    def places_calls(self) -> bool:
+        """The checker chooses which policy worker serves each call (several workers, and `PlacesCalls`)."""
+        return self.policy_workers > 1 and isinstance(self.deployment, PlacesCalls)
+
+    def place_calls(self, placement: Mapping[str, int]) -> None:
+        deployment = self.deployment
+        if not isinstance(deployment, PlacesCalls):
+            raise HarnessError(self._lacks("place_calls(placement)"))
+        with timing.span("place_calls"):
+            deployment.place_calls(placement)
 
     @property
     def ledger(self) -> LedgerClient:

@@ -22,8 +22,9 @@ from ckpt_model import wire
 
 @attrs.frozen
 class Compared:
-    """Predicted and compared after the step by the function `check` (in `properties` or `lineage`); `how`
-    narrows what is compared when it is less than the whole value."""
+    """Predicted and compared after the step by the function `check` (in `properties` or `lineage`; the
+    harness's own check of the worker placement is in `placement`); `how` narrows what is compared when it is
+    less than the whole value."""
 
     check: str
     how: str = ""
@@ -266,6 +267,9 @@ FIELDS: dict[str, Body] = {
             "cancelled": NotCompared("the backend's bookkeeping of a client that went away"),
             "continued_from": Compared("p12_continuations"),
             "reused_prefix_tokens": Compared("p12_tokens"),
+            "worker": Compared(
+                "placement_mismatches", "the worker the checker placed the attempt on; another is a harness error"
+            ),
         },
         sender="the fake inference backend",
     ),
@@ -388,9 +392,9 @@ def render() -> str:
         "",
         "Generated from `src/ckpt_model/fields.py` by `python -m ckpt_model.fields > docs/fields.md`; a unit test",
         "(`tests/unit/checker/test_fields.py`) holds the table to the reply models in `src/ckpt_model/wire.py` and",
-        "to the checks in `properties.py` and `lineage.py`, and this file to the table. A field is *compared* when",
-        "the model (or the disk, or the request the controller sent) predicts it and the named check raises when",
-        "the reply disagrees after the step; otherwise the reason says why nothing predicts it.",
+        "to the checks in `properties.py`, `lineage.py` and `placement.py`, and this file to the table. A field is",
+        "*compared* when the model (or the disk, or the request the controller sent) predicts it and the named",
+        "check raises when the reply disagrees after the step; otherwise the reason says why nothing predicts it.",
         "",
         f"{compared} fields compared, {not_compared} not compared.",
     ]

@@ -31,6 +31,17 @@ from ckpt_model.steplog import StepLog, action
 Refused = tuple[list[str], str]
 Violation = type[PropertyViolation]
 PICK = st.integers(min_value=0, max_value=7)
+
+
+def _worker_choice(machine: CheckpointMachine) -> st.SearchStrategy[int]:
+    """A policy worker to serve a new attempt's calls; with nothing to place, 0 drawn from nothing (so the draws of
+    a single-worker deployment are what they were before placement)."""
+    harness = machine.harness
+    return st.integers(0, harness.policy_workers - 1) if harness.places_calls else st.just(0)
+
+
+# The worker is drawn from the machine itself (Hypothesis hands a stateful test's runner to `st.runner()`).
+WORKER = st.runner().flatmap(_worker_choice)
 # Operations a delayed call of an older controller can carry (resume of a resumed ID is idempotent instead).
 LATE_OPERATIONS = ("prepare", "renew", "commit", "restore", "retire", "forget")
 
@@ -59,20 +70,20 @@ class CheckpointMachine(RuleBasedStateMachine):
 
     # -- rollouts ---------------------------------------------------------------------------------------------
 
-    @action(lambda self: self.harness.backend is not None and self.model.can_dispatch())
-    def dispatch(self) -> None:
-        """A new rollout starts and stops at its first model call."""
-        self._dispatch(restart=False)
+    @action(lambda self: self.harness.backend is not None and self.model.can_dispatch(), worker=WORKER)
+    def dispatch(self, worker: int = 0) -> None:
+        """A new rollout starts and stops at its first model call; its calls are served by policy worker `worker`."""
+        self._dispatch(restart=False, worker=worker)
 
-    @action(lambda self: self.harness.backend is not None and self.model.can_dispatch_restart())
-    def dispatch_restart(self) -> None:
+    @action(lambda self: self.harness.backend is not None and self.model.can_dispatch_restart(), worker=WORKER)
+    def dispatch_restart(self, worker: int = 0) -> None:
         """A new rollout on the restart environment (topology `mixed`): a restart, never exported."""
-        self._dispatch(restart=True)
+        self._dispatch(restart=True, worker=worker)
 
-    def _dispatch(self, restart: bool) -> None:
+    def _dispatch(self, restart: bool, worker: int) -> None:
         model, rollout = self.model.dispatch(restart=restart)
-        self.controller.run(model.current()[rollout])
-        self._advance(model, f"dispatch{'_restart' if restart else ''}() -> {rollout}")
+        placed = self.controller.run(model.current()[rollout], worker)
+        self._advance(model, f"dispatch{'_restart' if restart else ''}() -> {rollout}{placed}")
 
     @action(lambda self: bool(self.model.releasable()), pick=PICK)
     def release(self, pick: int) -> None:
@@ -332,30 +343,42 @@ class CheckpointMachine(RuleBasedStateMachine):
         self.crash()
         self.restore(pick)
 
-    @action(lambda self: not self.model.checkpoint_open and bool(self.model.with_status("pending")), pick=PICK)
-    def start_replacement(self, pick: int) -> None:
+    @action(
+        lambda self: not self.model.checkpoint_open and bool(self.model.with_status("pending")),
+        pick=PICK,
+        worker=WORKER,
+    )
+    def start_replacement(self, pick: int, worker: int = 0) -> None:
         """Send a restored rollout's next attempt with the same task: it continues from its boundary."""
         rollout = _pick(sorted(a.rollout for a in self.model.with_status("pending")), pick)
-        self._start(self.model.start_replacement(rollout), rollout, "start_replacement")
+        self._start(self.model.start_replacement(rollout), rollout, "start_replacement", worker)
 
-    @action(lambda self: not self.model.checkpoint_open and bool(self.model.with_status("dead")), pick=PICK)
-    def start_over(self, pick: int) -> None:
+    @action(
+        lambda self: not self.model.checkpoint_open and bool(self.model.with_status("dead")), pick=PICK, worker=WORKER
+    )
+    def start_over(self, pick: int, worker: int = 0) -> None:
         """Start a rollout lost in a crash over from its input as attempt + 1."""
         rollout = _pick(sorted(a.rollout for a in self.model.with_status("dead")), pick)
-        self._start(self.model.start_over(rollout), rollout, "start_over")
+        self._start(self.model.start_over(rollout), rollout, "start_over", worker)
 
-    def _start(self, model: Model, rollout: str, rule_name: str) -> None:
-        self.controller.run(model.current()[rollout])
-        self._advance(model, f"{rule_name}({rollout}) as {model.current()[rollout].key}")
+    def _start(self, model: Model, rollout: str, rule_name: str, worker: int) -> None:
+        placed = self.controller.run(model.current()[rollout], worker)
+        self._advance(model, f"{rule_name}({rollout}) as {model.current()[rollout].key}{placed}")
 
     # -- retire and forget ------------------------------------------------------------------------------------
 
-    @action(lambda self: not self.model.checkpoint_open and bool(self.model.live()), pick=PICK, again=st.booleans())
-    def retire(self, pick: int, again: bool) -> None:
-        """Retire a rollout's attempt everywhere; then start it over as attempt + 1, or give it up."""
-        self._retire(_pick(sorted(a.rollout for a in self.model.live()), pick), again)
+    @action(
+        lambda self: not self.model.checkpoint_open and bool(self.model.live()),
+        pick=PICK,
+        again=st.booleans(),
+        worker=WORKER,
+    )
+    def retire(self, pick: int, again: bool, worker: int = 0) -> None:
+        """Retire a rollout's attempt everywhere; then start it over as attempt + 1 (on policy worker `worker`), or
+        give it up."""
+        self._retire(_pick(sorted(a.rollout for a in self.model.live()), pick), again, worker)
 
-    def _retire(self, rollout: str, again: bool) -> None:
+    def _retire(self, rollout: str, again: bool, worker: int = 0) -> None:
         attempt = self.model.current()[rollout]
         model, retire_id = self.model.issue_id("retire")
         self.controller.retire(retire_id, [attempt])
@@ -363,8 +386,8 @@ class CheckpointMachine(RuleBasedStateMachine):
         label = f"retire({rollout}) of {attempt.key}"
         if again:
             model = model.start_over(rollout)
-            self.controller.run(model.current()[rollout])
-            label += f", then start_over as {model.current()[rollout].key}"
+            placed = self.controller.run(model.current()[rollout], worker)
+            label += f", then start_over as {model.current()[rollout].key}{placed}"
         self._advance(model, label, violation=props.P7Violation, counts_final=True)
 
     @action(lambda self: not self.model.checkpoint_open and bool(self.model.retired_marks))
@@ -479,6 +502,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         self.model = model
         self.log.labels.append(label)
         self.quiescence.settle(self.model, violation, counts_final)
+        self.controller.placement.audit()
         self.audits.after_step(self.model, self.history)
 
 

@@ -413,6 +413,12 @@ CAPTURE_SCENARIOS: dict[str, Scenario] = {
         calls={"r0": (0, 1, 2)},
         chains={"r0": (0, 1, 2)},
     ),
+    # The same with r0's calls placed on a second policy worker (a single worker ignores the placement).
+    "token_lineage__held_reply_on_a_second_worker_is_not_exported": Scenario(
+        steps(("dispatch", {"worker": 1}), ("release", FIRST), "prepare", ("release", FIRST), "commit", "resume"),
+        calls={"r0": (0, 1, 2)},
+        chains={"r0": (0, 1, 2)},
+    ),
     # Gym's 14, ledger part: a retired attempt's ledger answers 410 "is retired", also after forget.
     "token_lineage__retired_ledger_answers_410": Scenario(
         steps("dispatch", ("release", FIRST), ("retire", {"pick": 0, "again": False}), "forget"),
@@ -580,6 +586,7 @@ FAULT_SCENARIOS: dict[str, str] = {
     "workers_export_ignores_snapshots": "token_lineage__held_reply_is_not_exported",
     "ledger_reuses_call_ids": "token_lineage__same_checkpoint_restored_again_replaces_the_dead_run",
     "environment_resume_deletes_records_sometimes": "checkpoint_without_crash__parks_then_resumes",
+    "second_worker_delivers_held": "token_lineage__held_reply_on_a_second_worker_is_not_exported",
 }
 
 

@@ -368,6 +368,7 @@ class BackendCallWire(_Reply):
     cancelled: bool | None = None
     continued_from: str | None = None
     reused_prefix_tokens: int | None = None
+    worker: int | None = None  # the policy worker that served the call (several workers behind one port)
 
 
 class StagedEntryWire(_Reply):

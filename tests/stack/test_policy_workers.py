@@ -21,6 +21,7 @@ import pytest
 
 from ckpt_model.gym_tasks import native_run_body
 from ckpt_model.wire import CHECKPOINT_ROUTE_PREFIX, EpisodeId
+from fakes.gym.placement import PLACEMENT_ROUTE
 from fakes.gym.runtime import runtime_dir
 from fakes.process_groups import process_state
 from tests.stack.conftest import Deployment, deadline, group_gone, process_gone, wait_until
@@ -299,3 +300,35 @@ def test_a_cold_started_server_runs_its_workers_too(deploy: Deploy, fresh_http: 
     assert {(s["phase"], s["workers"], s["expected_workers"]) for s in fresh.values()} == {("idle", WORKERS, WORKERS)}
     calls = from_every_worker(lambda: workers.generate("cold-1"), "a call")
     assert {reply.status_code for reply in calls.values()} == {200}
+
+
+def place(workers: Workers, placement: dict[str, int]) -> httpx.Response:
+    return workers.http.post(workers.url + PLACEMENT_ROUTE, json={"placement": placement}, headers=workers.auth())
+
+
+def test_a_placed_call_is_served_by_its_worker_whichever_worker_accepts_it(
+    deploy: Deploy, fresh_http: httpx.Client
+) -> None:
+    workers = deploy_workers(deploy, fresh_http)
+    assert place(workers, {"placed-0": 0, "placed-1": 1}).status_code == 200
+    served: dict[str, set[int]] = {"placed-0": set(), "placed-1": set()}
+    for _ in range(6):  # fresh connections: the kernel hands them to either worker
+        for key, pids in served.items():
+            reply = workers.generate(key)
+            assert reply.status_code == 200, reply.text
+            pids.add(int(reply.headers["x-ckpt-worker"]))
+    calls = workers.deployment.calls()
+    assert {call["capture_key"]: call["worker"] for call in calls} == {"placed-0": 0, "placed-1": 1}
+    assert all(len(pids) == 1 for pids in served.values()), f"each key's calls must come from one worker: {served}"
+    assert served["placed-0"] != served["placed-1"], "the two keys are placed on different workers"
+    unplaced = workers.generate("unplaced")
+    assert unplaced.status_code == 200, "a key the placement does not name is served where it is accepted"
+
+
+def test_a_placement_naming_a_worker_the_server_lacks_is_refused(deploy: Deploy, fresh_http: httpx.Client) -> None:
+    workers = deploy_workers(deploy, fresh_http)
+    refused = place(workers, {"placed": WORKERS})
+    assert refused.status_code >= 400, refused.text
+    assert "outside 0..1" in refused.text, refused.text
+    assert place(workers, {"placed": 1}).status_code == 200
+    assert workers.http.post(workers.url + PLACEMENT_ROUTE, json={"placement": {}}).status_code == 401

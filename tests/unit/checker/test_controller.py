@@ -108,6 +108,7 @@ class FakeHarness:
         self.backend = None
         self.lease_grace_s = LEASE_GRACE_S
         self.crashes: list[str] = []
+        self.places_calls = False  # one policy worker: nothing to place
 
     def crash(self, power_loss: bool = False) -> None:
         self.crashes.append("power loss" if power_loss else "crash")

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ckpt_model import fields, lineage, properties, wire
+from ckpt_model import fields, lineage, placement, properties, wire
 from ckpt_model.fields import Compared, NotCompared
 
 ROOT = Path(__file__).parents[3]
@@ -34,8 +34,8 @@ def _checks() -> list[str]:
 
 @pytest.mark.parametrize("check", _checks())
 def test_every_named_check_is_a_check_of_the_properties(check: str) -> None:
-    function = getattr(properties, check, None) or getattr(lineage, check, None)
-    assert callable(function), f"{check} is in neither properties.py nor lineage.py"
+    function = getattr(properties, check, None) or getattr(lineage, check, None) or getattr(placement, check, None)
+    assert callable(function), f"{check} is in none of properties.py, lineage.py and placement.py"
 
 
 def test_every_reason_says_something() -> None:

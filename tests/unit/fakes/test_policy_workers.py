@@ -32,6 +32,7 @@ from fakes.gym.model_workers import (
     merge_reports,
 )
 from fakes.gym.participant import PrepareReport
+from fakes.gym.placement import PLACED_HEADER, CallPlacement, placement_refusal
 from fakes.gym.wire import CheckpointRequest, CommitRequest, EpisodeId, RestoreRequest, RetireRequest
 from fakes.gym.worker_link import CONTROL_EXTRA_S, WorkerLink, control_timeout_s
 from fakes.gym.worker_protocol import (
@@ -598,3 +599,25 @@ def test_a_runtime_dir_is_private_and_a_dead_coordinators_is_swept(monkeypatch: 
         assert not directory.exists()
     finally:
         shutil.rmtree(root.parent)
+
+
+def test_a_placement_must_name_workers_of_the_server() -> None:
+    assert placement_refusal({"r0#0": 0, "r1#0": 1}, 2) is None
+    assert placement_refusal({}, 2) is None
+    refusal = placement_refusal({"r0#0": 2, "r1#0": -1, "r2#0": 1}, 2)
+    assert refusal is not None
+    assert "{'r0#0': 2, 'r1#0': -1}" in refusal
+
+
+def test_a_worker_forwards_only_a_tagged_unforwarded_call_placed_on_another_worker() -> None:
+    placement = CallPlacement(POLICY_SOCKET_ENV)
+    placement.placement = {"here": 1, "there": 0}
+    plain = attrs.make_class("Plain", {"headers": attrs.field(default={})})()
+    forwarded = attrs.make_class("Forwarded", {"headers": attrs.field(default={PLACED_HEADER: "1"})})()
+    assert placement.elsewhere("there", plain) is None, "a worker that does not know its index forwards nothing"
+    placement.index = 1
+    assert placement.elsewhere("there", plain) == 0
+    assert placement.elsewhere("here", plain) is None
+    assert placement.elsewhere("unplaced", plain) is None
+    assert placement.elsewhere(None, plain) is None
+    assert placement.elsewhere("there", forwarded) is None, "a forwarded call is served where it arrives"
