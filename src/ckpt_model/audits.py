@@ -20,18 +20,24 @@ from ckpt_model.contract import Model
 from ckpt_model.coordination import Participant
 from ckpt_model.deployment import Harness
 from ckpt_model.history import History
+from ckpt_model.ledger import Manifest
 from ckpt_model.ledger_watch import LedgerWatch
+from ckpt_model.outcome import Identity, Outcome, ledger_chain, normalised
 from ckpt_model.quiescence import observe
+from ckpt_model.runs import RunPool
 from ckpt_model.storage import MANIFEST_NAME, CheckpointUnreadable, FingerprintCache, participant_dir, read_records
+from ckpt_model.twin import Twins
 from ckpt_model.wire import EpisodeId
 
 
 class Audits:
     """Judges each operation's replies and what it left on disk; re-reads the committed checkpoints every step."""
 
-    def __init__(self, harness: Harness, ledgers: LedgerWatch) -> None:
+    def __init__(self, harness: Harness, ledgers: LedgerWatch, runs: RunPool, twins: Twins) -> None:
         self.harness = harness
         self.ledgers = ledgers
+        self.runs = runs
+        self.twins = twins
         self.fingerprints: dict[str, dict[str, Any]] = {}
         # P9 reads every committed directory after every step: in full only when a file changed.
         self.cache = FingerprintCache(harness.checkpoint_dir.parent)
@@ -131,9 +137,42 @@ class Audits:
                 props.p9_unchanged(checkpoint_id, before, self.read(checkpoint_id))
 
     def at_end(self, model: Model) -> None:
-        """Drained: P5 over every ledger and the token store, and P13 (everything idle and empty)."""
+        """Drained: P5 over every ledger and the token store, P13 (everything idle and empty), then P14."""
         self.ledgers.check(model.checkpoint_open, everything=True)
         props.p13_clean_end(observe(self.harness).statuses)
+        with timing.span("p14_twin"):
+            self.as_uninterrupted(model)
+
+    def as_uninterrupted(self, model: Model) -> None:
+        """P14: every attempt the model says replied ended with the normalised outcome of its task's twin: its
+        `/run` reply body and, with token capture, the chain of its ledger where its `/run` was the key's last
+        (a restore of the same checkpoint again re-runs a key, and the ledger holds the last run's rows)."""
+        replied = [a for a in model.attempts if a.status == "replied" and a.run >= 0]
+        last_run = {a.key: a.run for a in sorted(model.attempts, key=lambda a: a.run)}
+        staged = self._staged() if replied else {}
+        for attempt in replied:
+            twin = self.twins.of(attempt.restart)
+            outcome = self.runs.outcomes.get(attempt.run)
+            if twin is None or outcome is None:
+                continue
+            identity = Identity(attempt.rollout, attempt.attempt, attempt.key)
+            judged = twin.chain is not None and last_run[attempt.key] == attempt.run
+            chain = self._chain(attempt.key, staged) if judged else None
+            expected = twin if chain is not None else Outcome(twin.body)
+            completed = Outcome(normalised(outcome.body, identity), chain)
+            props.p14_resumed_equals_uninterrupted(attempt.key, expected, completed)
+
+    def _staged(self) -> dict[str, Any]:
+        capturing = self.harness.token_capture and self.harness.backend is not None
+        return self.harness.backend.staged() if capturing else {}  # type: ignore[union-attr]
+
+    def _chain(self, key: str, staged: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+        """The ledger chain of `key` as the trainer reads it; None without capture, or when its ledger is retired
+        (P5 judges whether it should be)."""
+        if not self.harness.token_capture:
+            return None
+        manifest = self.harness.ledger.manifest(key)
+        return ledger_chain(manifest.rows, staged) if isinstance(manifest, Manifest) else None
 
     # -- reading the disk -------------------------------------------------------------------------------------
 
