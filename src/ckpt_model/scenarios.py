@@ -578,6 +578,7 @@ FAULT_SCENARIOS: dict[str, str] = {
     "cut_without_timeout": "generation_cut__hung_cut_costs_only_a_regeneration",
     "cuts_pile_up": "generation_cut__one_cut_per_record_after_a_resume",
     "workers_export_ignores_snapshots": "token_lineage__held_reply_is_not_exported",
+    "agent_restore_drops_tool_results": "crash_after_prepare__continues_from_boundary",
 }
 
 
