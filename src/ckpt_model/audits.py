@@ -167,10 +167,8 @@ class Audits:
         return self.harness.backend.staged() if capturing else {}  # type: ignore[union-attr]
 
     def _chain(self, key: str, staged: Mapping[str, Any]) -> list[dict[str, Any]] | None:
-        """The ledger chain of `key` as the trainer reads it; None without capture, or when its ledger is retired
-        (P5 judges whether it should be)."""
-        if not self.harness.token_capture:
-            return None
+        """The ledger chain of `key` as the trainer reads it; None when its ledger is retired (P5 judges whether it
+        should be)."""
         manifest = self.harness.ledger.manifest(key)
         return ledger_chain(manifest.rows, staged) if isinstance(manifest, Manifest) else None
 
