@@ -108,5 +108,10 @@ class Outcome:
         """The outcome as stable, line-per-field JSON, for comparing and for a readable diff."""
         shown: dict[str, Any] = {"body": self.body}
         if self.chain is not None:
-            shown["ledger chain"] = self.chain
+            # A row's tokens on one line: a diff then names the rows that differ, not single tokens.
+            shown["ledger chain"] = [{**row, "tokens": _one_line(row.get("tokens"))} for row in self.chain]
         return json.dumps(shown, indent=1, sort_keys=True)
+
+
+def _one_line(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
