@@ -361,6 +361,15 @@ CATALOGUE: tuple[Fault, ...] = (
         token_capture=True,
         policy_workers=2,
     ),
+    Fault(
+        "agent_restore_drops_tool_results",
+        "agent",
+        "P14",
+        "an agent restore that rebuilds the loop without the tool results (function_call_output items) made before"
+        " the checkpoint: the tool calls stay, so the reward and the model calls are an uninterrupted run's, but the"
+        " reply the trainer reads lacks the outputs its loop saw",
+        topology="legacy",
+    ),
 )
 BY_NAME: dict[str, Fault] = {fault.name: fault for fault in CATALOGUE}
 

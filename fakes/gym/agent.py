@@ -417,8 +417,12 @@ class AgentParticipant:
         return sorted(restored)
 
     def _continuation(self, boundary: dict[str, Any] | None) -> dict[str, Any] | None:
-        if boundary is not None and "agent_restore_drops_outputs" in self.core.config.faults:
+        faults = self.core.config.faults
+        if boundary is not None and "agent_restore_drops_outputs" in faults:
             return {**boundary, "new_outputs": []}
+        if boundary is not None and "agent_restore_drops_tool_results" in faults:
+            kept = [item for item in boundary["new_outputs"] if item.get("type") != "function_call_output"]
+            return {**boundary, "new_outputs": kept}
         return boundary
 
     async def delete_restored(self, keep: set[str]) -> None:

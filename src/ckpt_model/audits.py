@@ -16,13 +16,16 @@ from typing import Any
 
 from ckpt_model import properties as props
 from ckpt_model import timing
-from ckpt_model.contract import Model
+from ckpt_model.contract import Attempt, Model
 from ckpt_model.coordination import Participant
 from ckpt_model.deployment import Harness
 from ckpt_model.history import History
+from ckpt_model.ledger import LedgerRow, Manifest
 from ckpt_model.ledger_watch import LedgerWatch
 from ckpt_model.lineage import next_key
+from ckpt_model.outcome import Identity, Outcome, ledger_chain, normalised
 from ckpt_model.quiescence import observe
+from ckpt_model.runs import RunPool
 from ckpt_model.storage import (
     MANIFEST_NAME,
     CheckpointUnreadable,
@@ -31,15 +34,20 @@ from ckpt_model.storage import (
     participant_dir,
     read_records,
 )
+from ckpt_model.twin import Twins
 from ckpt_model.wire import EpisodeId
 
 
 class Audits:
     """Judges each operation's replies and what it left on disk; re-reads the committed checkpoints every step."""
 
-    def __init__(self, harness: Harness, ledgers: LedgerWatch) -> None:
+    def __init__(self, harness: Harness, ledgers: LedgerWatch, runs: RunPool, twins: Twins) -> None:
         self.harness = harness
         self.ledgers = ledgers
+        self.runs = runs
+        self.twins = twins
+        # P14: per `/run` that replied, its ledger's rows when the reply came in (token capture).
+        self.replied_rows: dict[int, tuple[LedgerRow, ...] | None] = {}
         self.fingerprints: dict[str, dict[str, Any]] = {}
         # P9 reads every committed directory after every step: in full only when a file changed.
         self.cache = FingerprintCache(harness.checkpoint_dir.parent)
@@ -150,18 +158,54 @@ class Audits:
     # -- after every step, and at the end ---------------------------------------------------------------------
 
     def after_step(self, model: Model, history: History) -> None:
-        """P5 and P12 on the ledgers that changed, P2 on the history, and P9: every committed checkpoint as it was."""
+        """P5 and P12 on the ledgers that changed, P2 on the history, P9: every committed checkpoint as it was; and
+        the ledgers of the replies that came in, for P14."""
         self.ledgers.check(model.checkpoint_open)
         with timing.span("p2_history"):
             props.p2_no_reply_while_prepared(history)
         with timing.span("p9_reread"):
             for checkpoint_id, before in self.fingerprints.items():
                 props.p9_unchanged(checkpoint_id, before, self.read(checkpoint_id))
+        with timing.span("p14_ledgers"):
+            self.ledgers_of_replies(model)
 
     def at_end(self, model: Model) -> None:
-        """Drained: P5 over every ledger and the token store, and P13 (everything idle and empty)."""
+        """Drained: P5 over every ledger and the token store, P13 (everything idle and empty), then P14."""
         self.ledgers.check(model.checkpoint_open, everything=True)
         props.p13_clean_end(observe(self.harness).statuses)
+        with timing.span("p14_twin"):
+            self.as_uninterrupted(model)
+
+    def as_uninterrupted(self, model: Model) -> None:
+        """P14: every attempt the model says replied ended with the normalised outcome of its task's twin: its
+        `/run` reply body and, with token capture, its ledger chain as it stood when the reply came in."""
+        staged = self._staged() if self.replied_rows else {}
+        for attempt in _replied(model):
+            twin = self.twins.of(attempt.restart)
+            outcome = self.runs.outcomes.get(attempt.run)
+            if twin is None or outcome is None:
+                continue
+            rows = self.replied_rows.get(attempt.run)
+            chain = ledger_chain(rows, staged) if rows is not None and twin.chain is not None else None
+            expected = twin if chain is not None else Outcome(twin.body)
+            identity = Identity(attempt.rollout, attempt.attempt, attempt.key)
+            completed = Outcome(normalised(outcome.body, identity), chain)
+            props.p14_resumed_equals_uninterrupted(attempt.key, expected, completed)
+
+    def ledgers_of_replies(self, model: Model) -> None:
+        """With token capture, the ledger rows of each attempt whose reply came in during this step, read before a
+        later step can rewrite its ledger (a restore of an earlier checkpoint writes the next attempt's ledger
+        again); None for a retired ledger (P5 judges whether it should be)."""
+        if not self.harness.token_capture:
+            return
+        for attempt in _replied(model):
+            if attempt.run in self.replied_rows or attempt.run not in self.runs.outcomes:
+                continue
+            manifest = self.harness.ledger.manifest(attempt.key)
+            self.replied_rows[attempt.run] = manifest.rows if isinstance(manifest, Manifest) else None
+
+    def _staged(self) -> dict[str, Any]:
+        return self.harness.backend.staged() if self.harness.backend is not None else {}
 
     # -- reading the disk -------------------------------------------------------------------------------------
 
@@ -190,3 +234,8 @@ class Audits:
             return read_records(
                 participant_dir(directory, "resources", name), "resources", name, checkpoint_id=checkpoint_id
             )
+
+
+def _replied(model: Model) -> list[Attempt]:
+    """The attempts the model says replied, each with its `/run`."""
+    return [a for a in model.attempts if a.status == "replied" and a.run >= 0]

@@ -231,16 +231,18 @@ FIELDS: dict[str, Body] = {
             "task_id.task_id": Compared("p15_run_names_episode"),
             "result": Compared("p3_reply_complete"),
             "result.reward": Compared("p3_reply_complete", "the reward of an uninterrupted run"),
-            "result.ng_agent_observations": NotCompared("the tool outputs the loop saw, which the model does not hold"),
+            "result.ng_agent_observations": Compared(
+                "p14_resumed_equals_uninterrupted", "the tool outputs the loop saw, equal to the twin's"
+            ),
             "failure": Compared("p3_reply_complete", "none: a failure is P3"),
             "failure.failure_reason": NotCompared(FREE_TEXT),
             "failure.terminal": NotCompared("a failure is P3 whatever it says; it only explains it"),
             "failure.failure_kind": NotCompared("a failure is P3 whatever it says; it only explains it"),
             "failure.stage": NotCompared("a failure is P3 whatever it says; it only explains it"),
             "reward": Compared("p3_reply_complete", "legacy: the reward at the top"),
-            "response": NotCompared(
-                "the agent's final response (text and tool calls), which the model does not hold; its calls are "
-                "compared at the backend (p4_calls)"
+            "response": Compared(
+                "p14_resumed_equals_uninterrupted",
+                "legacy: the agent's final response (tool calls, tool outputs, message, usage), equal to the twin's",
             ),
         },
         sender="the environment (native) or the agent (legacy)",

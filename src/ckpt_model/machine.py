@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine
 
 from ckpt_model import properties as props
+from ckpt_model import twin
 from ckpt_model.audits import Audits
 from ckpt_model.contract import Checkpoint, Model
 from ckpt_model.controller import HUNG_CUT_PREPARE_DEADLINE_S, Controller, run_pool
@@ -56,7 +57,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         self.harness = harness
         if stats is not None:
             stats.example_started()
-        harness.begin_example()
+        twins = twin.begin_example(harness)  # the example starts; P14's baseline is made first if not cached
         self.model = Model(topology=harness.topology, verify_mode=harness.verify_mode)  # type: ignore[arg-type]
         self.history = History()
         runs = run_pool(harness, self.history)
@@ -65,7 +66,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         self.ledgers = LedgerWatch(harness)  # P5, P12: the capture ledgers the checker predicts and reads
         self.controller = Controller(harness, self.history, runs, self.quiescence, watchers=[self.ledgers])
         self.nemesis = Nemesis(harness, self.controller)
-        self.audits = Audits(harness, self.ledgers)
+        self.audits = Audits(harness, self.ledgers, runs, twins)
         self.log = StepLog(harness, self.history, stats)
 
     # -- rollouts ---------------------------------------------------------------------------------------------

@@ -7,6 +7,8 @@ a plain function over model values, observations and the history; it raises or r
 
 from __future__ import annotations
 
+import difflib
+import json
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -16,6 +18,7 @@ from ckpt_model.contract import RESTART_SERVERS, VERIFY, Expectation, ScriptCall
 from ckpt_model.errors import ParticipantFailure, PropertyViolation
 from ckpt_model.history import History
 from ckpt_model.lineage import P5Violation, P12Violation
+from ckpt_model.outcome import Outcome
 from ckpt_model.storage import CheckpointUnreadable, Fingerprint
 from ckpt_model.wire import BLOCKERS_SHOWN_MAX, MANIFEST_SCHEMA_VERSION, EpisodeId
 
@@ -100,6 +103,14 @@ class P13Violation(PropertyViolation):
     title = "clean end: drained, every server is idle with no episodes, sessions, in-flight work or marks"
 
 
+class P14Violation(PropertyViolation):
+    property_id = "P14"
+    title = (
+        "resumed equals uninterrupted: every completed rollout ends with the outcome of its task run once with no "
+        "checkpoint, crash or fault (its /run reply and ledger chain, identifiers normalised)"
+    )
+
+
 # Every property, checked or not yet; docs/how-it-works.md's table must agree (tests/unit/checker/test_properties).
 REGISTRY: dict[str, PropertyInfo] = {
     info.property_id: info
@@ -117,6 +128,7 @@ REGISTRY: dict[str, PropertyInfo] = {
         PropertyInfo("P11", P11Violation.title, "step and teardown", True),
         PropertyInfo("P12", P12Violation.title, "step and teardown", True),
         PropertyInfo("P13", P13Violation.title, "teardown", True),
+        PropertyInfo("P14", P14Violation.title, "teardown", True),
         PropertyInfo("P15", P15Violation.title, "step", True),
     )
 }
@@ -470,6 +482,25 @@ def p13_clean_end(statuses: Mapping[str, Mapping[str, Any]]) -> None:
                 observed={k: status.get(k) for k in ("phase", "retired_rollouts", "restored_pending", "accepting")}
                 | {"counts": counts, "retired_sessions": status.get("retired_sessions")},
             )
+
+
+def p14_resumed_equals_uninterrupted(key: str, uninterrupted: Outcome, completed: Outcome) -> None:
+    """A completed attempt's normalised outcome (`completed`) is byte for byte its task's uninterrupted one; the
+    violation shows both and a diff of the two, line per field."""
+    expected, observed = uninterrupted.text(), completed.text()
+    if expected != observed:
+        diff = difflib.unified_diff(
+            expected.splitlines(), observed.splitlines(), "uninterrupted", key, lineterm="", n=2
+        )
+        raise P14Violation(
+            rollout=key,
+            expected=f"the outcome of the task run once uninterrupted: {_compact(uninterrupted)}",
+            observed=f"{_compact(completed)}\n  diff (normalised):\n    " + "\n    ".join(diff),
+        )
+
+
+def _compact(outcome: Outcome) -> str:
+    return json.dumps(json.loads(outcome.text()), sort_keys=True, separators=(",", ":"))
 
 
 def p9_verifies(checkpoint_id: str, read: Mapping[str, Any]) -> None:

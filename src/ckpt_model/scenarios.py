@@ -587,6 +587,7 @@ FAULT_SCENARIOS: dict[str, str] = {
     "ledger_reuses_call_ids": "token_lineage__same_checkpoint_restored_again_replaces_the_dead_run",
     "environment_resume_deletes_records_sometimes": "checkpoint_without_crash__parks_then_resumes",
     "second_worker_delivers_held": "token_lineage__held_reply_on_a_second_worker_is_not_exported",
+    "agent_restore_drops_tool_results": "crash_after_prepare__continues_from_boundary",
 }
 
 

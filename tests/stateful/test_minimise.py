@@ -12,7 +12,7 @@ import json
 from ckpt_model import regression
 from ckpt_model.faultsearch import harness_for
 from ckpt_model.minimise import minimise_error, replay_once
-from ckpt_model.properties import P7Violation
+from ckpt_model.properties import P7Violation, P14Violation
 from ckpt_model.report import rule_calls_of
 from ckpt_model.verdicts import shrunk_steps
 
@@ -55,3 +55,33 @@ def test_a_longer_failing_run_minimises_to_the_known_two_steps_everywhere_it_is_
         assert [p.name for p in harness.regressions_dir.iterdir()] == [path.name]
         # The rewritten file replays the same failure.
         assert isinstance(replay_once(harness, document["steps"]), P7Violation)
+
+
+# P14 judges at the end, against the twin: a failure found by the second oracle minimises like any other.
+P14_FAULT = "agent_restore_drops_tool_results"
+P14_LONGER = [
+    ("dispatch", {}),
+    ("dispatch", {}),
+    ("release", {"pick": 0}),
+    ("checkpoint", {"then_resume": False, "hold_one": False}),
+    ("recover", {"pick": 0}),
+]
+P14_MINIMAL = (
+    ("dispatch", {}),
+    ("release", {"pick": 0}),
+    ("checkpoint", {"then_resume": False, "hold_one": False}),
+    ("recover", {"pick": 0}),
+)
+
+
+def test_a_p14_failure_minimises_and_replays_as_p14() -> None:
+    with harness_for(P14_FAULT) as harness:
+        error = replay_once(harness, P14_LONGER)
+        assert isinstance(error, P14Violation), error
+
+        result = minimise_error(harness, error)
+
+        assert result is not None
+        assert result.steps == P14_MINIMAL
+        assert result.reproduced, result.final_outcome
+        assert isinstance(replay_once(harness, list(P14_MINIMAL)), P14Violation)
