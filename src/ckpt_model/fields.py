@@ -3,8 +3,10 @@
 The table is data (`FIELDS`: body -> field -> `Compared` or `NotCompared`); `docs/fields.md` is rendered from it
 (`python -m ckpt_model.fields > docs/fields.md`), and its unit test holds it to the reply models of
 `ckpt_model.wire`, so a field added to the wire cannot go unlisted, and to the properties, so a check it names
-exists. A field is *compared* when the model (or the disk, or the request the controller sent) predicts its value
-and a named check raises when the reply disagrees; *not compared* fields say why no prediction is made.
+exists; `tests/stack/test_live_replies.py` holds the look-alike stack's live replies to those models and the
+table's routes, so a field or route the fakes start sending cannot go unlisted either. A field is *compared* when
+the model (or the disk, or the request the controller sent) predicts its value and a named check raises when the
+reply disagrees; *not compared* fields say why no prediction is made.
 """
 
 from __future__ import annotations
@@ -394,7 +396,9 @@ def render() -> str:
         "",
         "Generated from `src/ckpt_model/fields.py` by `python -m ckpt_model.fields > docs/fields.md`; a unit test",
         "(`tests/unit/checker/test_fields.py`) holds the table to the reply models in `src/ckpt_model/wire.py` and",
-        "to the checks in `properties.py`, `lineage.py` and `placement.py`, and this file to the table. A field is",
+        "to the checks in `properties.py`, `lineage.py` and `placement.py`, and this file to the table; a stack test",
+        "(`tests/stack/test_live_replies.py`) holds every reply the look-alike stack sends the checker, in fixed",
+        "scenarios on six deployments, to the same models and routes. A field is",
         "*compared* when the model (or the disk, or the request the controller sent) predicts it and the named",
         "check raises when the reply disagrees after the step; otherwise the reason says why nothing predicts it.",
         "",

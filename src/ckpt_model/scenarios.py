@@ -65,6 +65,7 @@ def steps(*calls: str | tuple[str, dict[str, Any]]) -> tuple[Step, ...]:
 
 FIRST = {"pick": 0}
 CHECKPOINT = ("checkpoint", {"then_resume": True})
+RETIRE_AGAIN = ("retire", {"pick": 0, "again": True})
 
 # r0 delivered its first call, was checkpointed in c1 before its second, and Gym crashed and restored c1.
 RESTORED_AT_CALL_1 = steps("dispatch", ("release", FIRST), "prepare", "commit", "crash", ("restore", FIRST))
@@ -423,6 +424,15 @@ CAPTURE_SCENARIOS: dict[str, Scenario] = {
     "token_lineage__retired_ledger_answers_410": Scenario(
         steps("dispatch", ("release", FIRST), ("retire", {"pick": 0, "again": False}), "forget"),
         calls={"r0": (0, 1)},
+    ),
+    # A restore of an earlier checkpoint rolls attempt numbers back: r0-a2, retired before the crash, runs again
+    # once the restored r0-a1 is retired, so its stale ledger is deleted first (the trainer's delete, P5); the new
+    # execution's ledger then holds only its own calls.
+    "token_lineage__retired_ledger_run_again_is_deleted_first": Scenario(
+        steps("dispatch", CHECKPOINT, RETIRE_AGAIN, RETIRE_AGAIN, RETIRE_AGAIN, "crash", ("restore", FIRST))
+        + steps(("start_replacement", FIRST), RETIRE_AGAIN),
+        calls={"r0": (0,), "r0-a1": (0, 0), "r0-a2": (0, 0, 1, 2), "r0-a3": (0,)},
+        chains={"r0-a2": (5, 6, 7)},
     ),
     # The trainer's ledger retire and delete are refused while a checkpoint is open.
     "ledger_removal__refused_while_a_checkpoint_is_open": Scenario(
