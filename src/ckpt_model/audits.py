@@ -145,12 +145,13 @@ class Audits:
     def restored_keys(
         self, source: str, restore_id: str, exported: tuple[str, ...], replies: Mapping[str, Any]
     ) -> None:
-        """P15: each participant but the policy model restores the next attempts of its in-scope records on disk
-        (the model installs a record, maybe empty, for every scoped attempt: its rows are P5's)."""
+        """P15: the environment and the agent restore the next attempts of their in-scope records on disk. The
+        policy model installs a record, maybe empty, for every scoped attempt (its rows are P5's); the resources
+        participant's restored sessions are P6's (`p6_restored`, which also counts them in its status)."""
         shares = self.fingerprints.get(source, {})
         for member in self.members:
             share = shares.get(member.name)
-            if member.kind == "model" or not isinstance(share, Fingerprint):
+            if member.kind in ("model", "resources") or not isinstance(share, Fingerprint):
                 continue
             expected = [next_key(key) for key in share.episode_ids if key in exported]
             props.p15_restored_next_attempts(restore_id, member.name, expected, replies[member.name].get("restored"))

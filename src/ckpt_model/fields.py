@@ -145,7 +145,8 @@ FIELDS: dict[str, Body] = {
             "phase": Compared("p10_reply_phase", "restored"),
             "source_checkpoint_id": Compared("p15_restore_names_source"),
             "restored": Compared(
-                "p15_restored_next_attempts", "the next attempts of its in-scope records on disk (and p6_restored)"
+                "p15_restored_next_attempts",
+                "environment and agent: the next attempts of their in-scope records on disk (resources: p6_restored)",
             ),
         },
     ),
