@@ -125,11 +125,13 @@ def run_search(machine: type[RuleBasedStateMachine], search_settings: settings) 
     return ()
 
 
-def search(harness: Harness, search_settings: settings = FAULT_SEARCH, *, minimise: bool = True) -> Finding:
-    """Run the machine against the harness until it fails or runs out of examples; then minimise every failure
-    on the same harness (unless `minimise` is False)."""
+def search(
+    harness: Harness, search_settings: settings = FAULT_SEARCH, *, minimise: bool = True, swarm: bool = False
+) -> Finding:
+    """Run the machine (the swarm machine with `swarm`) against the harness until it fails or runs out of
+    examples; then minimise every failure on the same harness (unless `minimise` is False)."""
     stats = SearchStats()
-    failures = run_search(machine_for(harness, stats), search_settings)
+    failures = run_search(machine_for(harness, stats, swarm=swarm), search_settings)
     search_s = time.monotonic() - stats.started_s
     minimised = None
     if minimise:
