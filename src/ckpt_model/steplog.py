@@ -50,6 +50,8 @@ class StepLog:
         self.depth, self.draining, self.broken = 0, False, False
         self.started_s = time.monotonic()
         self.swarm: Swarm = EVERYTHING
+        # Coverage is kept in a search (or for statistics), not in a replay, a fixed scenario or the minimiser's runs.
+        self.counting = stats is not None or currently_in_test_context()
         self.goals: Counter[str] = Counter()
         self.enabled: set[str] = set()
         self.drawn: Counter[str] = Counter()
@@ -92,13 +94,15 @@ class StepLog:
 
     def drawing(self, machine: Any, name: str) -> None:
         """Hypothesis drew rule `name`: note it and every rule whose precondition held in the state it drew from."""
+        if not self.counting:
+            return
         self.drawn[name] += 1
         self.enabled.update(rule for rule, gate in gates(machine.__class__).items() if gate(machine))
         _event(f"rule drawn: {name}")
 
     def stepped(self, step: goals.Step) -> None:
         """A rule finished: count the goals it reached (a drain step reaches none: the search did not draw it)."""
-        if self.draining:
+        if self.draining or not self.counting:
             return
         for name in goals.reached(step):
             self.goals[name] += 1
