@@ -134,9 +134,23 @@ def test_check_passes_on_the_fault_free_stack_after_its_banner(tmp_path: Path) -
         "profile:     default (random, example database .hypothesis/examples)",
         "seed:",
         "examples:    2 x up to 6 steps",
+        "swarm:       no",
     ]:
         assert line in banner
     assert "PASSED" in result.stdout
+    table = banner.split("coverage over ")[1]
+    assert table.startswith("2 examples (native):")
+    assert "a reply held across a commit" in table
+    assert "dispatch_restart" in table
+    assert left_behind(tmp_path) == []
+
+
+def test_check_with_swarm_passes_on_the_fault_free_stack(tmp_path: Path) -> None:
+    result = ckpt_model(tmp_path, "check", "--examples", "2", "--steps", "6", "--swarm", developer=True)
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "swarm:       yes: each example leaves out some rules and mechanisms" in result.stdout
+    assert "coverage over 2 examples (native):" in result.stdout
     assert left_behind(tmp_path) == []
 
 
