@@ -92,6 +92,13 @@ class StepLog:
             self.stats.example_finished(rules, crashes, elapsed_s, crashes_inside=crashes_inside)
             self.stats.example_covered(self.goals, self.enabled, self.drawn)
 
+    def allows(self, machine: Any, name: str) -> bool:
+        """Whether the example's swarm lets Hypothesis draw rule `name` (enabled) now: if it keeps the rule, or
+        if it keeps no rule that is enabled now (a swarm must never leave the machine without a step)."""
+        if self.swarm.allows(name):
+            return True
+        return not any(self.swarm.allows(rule) and gate(machine) for rule, gate in gates(machine.__class__).items())
+
     def drawing(self, machine: Any, name: str) -> None:
         """Hypothesis drew rule `name`: note it and every rule whose precondition held in the state it drew from."""
         if not self.counting:
@@ -171,7 +178,7 @@ def action(enabled: Callable[[Any], bool], **arguments: SearchStrategy[Any]) -> 
         name = method.__name__
 
         def gate(machine: Any) -> bool:
-            return enabled(machine) and machine.log.swarm.allows(name)
+            return enabled(machine) and machine.log.allows(machine, name)
 
         gate.__doc__ = enabled.__doc__
         decorated = precondition(gate)(rule(**arguments)(step(method)))  # type: ignore[call-overload]

@@ -122,3 +122,9 @@ def test_nested_rules_are_stepped_but_only_drawn_rules_count_as_drawn() -> None:
     assert not [call for call in calls if call[0] == "note"]
     assert stats.enabled["note"] == 0
     assert sum(stats.drawn.values()) == len(calls)
+
+
+def test_a_swarm_that_keeps_no_enabled_rule_lets_every_enabled_rule_be_drawn() -> None:
+    stats, calls = run_tiny(frozenset({"grow"}))  # only `shrink` is kept, and it needs something grown first
+    assert calls[0][0] == "grow"
+    assert stats.drawn["grow"] > 0
