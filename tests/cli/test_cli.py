@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -139,7 +140,7 @@ def test_check_passes_on_the_fault_free_stack_after_its_banner(tmp_path: Path) -
         assert line in banner
     assert "PASSED" in result.stdout
     table = banner.split("coverage over ")[1]
-    assert table.startswith("2 examples (native):")
+    assert re.match(r"\d+ examples \(native\):", table)  # every example started, those Hypothesis rejected too
     assert "a reply held across a commit" in table
     assert "dispatch_restart" in table
     assert left_behind(tmp_path) == []
@@ -150,7 +151,9 @@ def test_check_with_swarm_passes_on_the_fault_free_stack(tmp_path: Path) -> None
 
     assert result.returncode == 0, result.stdout + result.stderr
     assert "swarm:       yes: each example leaves out some rules and mechanisms" in result.stdout
-    assert "coverage over 2 examples (native):" in result.stdout
+    # Every example the machine started counts, those Hypothesis then rejected too (its rule flags on top of the
+    # swarm can leave one nothing to draw), so there may be more than 2.
+    assert re.search(r"coverage over \d+ examples \(native\):", result.stdout)
     assert left_behind(tmp_path) == []
 
 
