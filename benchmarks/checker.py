@@ -7,6 +7,8 @@ and finding faults.
                                                  # its deployments with options with 1 and 2 policy model workers
     python benchmarks/checker.py --faults model_delivers_held,resume_deletes_records
     python benchmarks/checker.py --no-default --faults X --hypothesis-shrink   # Hypothesis shrinks first, too
+    python benchmarks/checker.py --no-default --restart-rounds 0 --swarm both --no-minimise --faults X,Y
+                                                 # swarm against the plain draw, fault by fault, side by side
 
 Each figure is printed beside issue 9's target (8 ms per step; a harness restart median below 25 ms; every fault
 found and minimised within 120 s, the median within 60 s). `benchmarks/under_load.py` runs the default profile
@@ -19,7 +21,9 @@ minimiser left it, the candidates the minimiser replayed and how many of them fa
 fault judged on a count costs the settle timeout), whether its final 1-minimality pass removed anything ("no":
 ddmin and the other passes had already left nothing removable), and the sequence. Then one line for every
 distinct failure the search met: its property (or exception type), its kind (violation, harness, checker) and its
-steps.
+steps. With `--swarm both` each fault is searched with the plain draw and then with the swarm draw
+(`ckpt_model.swarm`), a `draw` column says which, and a last table sets the two side by side: examples and seconds
+to the first failure per fault.
 """
 
 from __future__ import annotations
@@ -128,24 +132,31 @@ def percentile(ordered: list[float], share: float) -> float:
     return ordered[max(0, min(len(ordered) - 1, round(share * len(ordered)) - 1))]
 
 
+DRAWS = {"off": (False,), "on": (True,), "both": (False, True)}
 HEADER = (
-    f"{'fault':<38} {'caught':>6} {'first failure':>13} {'search':>8} {'total':>8} {'examples':>8} "
+    f"{'fault':<38} {'draw':<5} {'caught':>6} {'first failure':>13} {'search':>8} {'total':>8} {'examples':>8} "
     f"{'steps':>5} {'min':>3} {'replays':>7} {'failing':>7} {'pass':>4}  sequence"
 )
 
 
-def faults(names: list[str], *, hypothesis_shrink: bool, minimise: bool) -> None:
-    """One line per fault (the first failure, as the fault tests read it), then one line per failure it met."""
+def faults(names: list[str], *, hypothesis_shrink: bool, minimise: bool, swarm: str = "off") -> None:
+    """One line per fault and draw (the first failure, as the fault tests read it), then one line per failure it
+    met; with both draws, the side-by-side table last."""
     chosen = FAULT_SEARCH_WITH_SHRINK if hypothesis_shrink else FAULT_SEARCH
     print(HEADER)
     totals: list[float] = []
+    findings: dict[tuple[str, bool], Finding] = {}
     for name in names:
-        with harness_for(name) as harness:
-            finding = search(harness, chosen, minimise=minimise)
-        print(fault_line(name, finding), flush=True)
-        for number, failure in enumerate(finding.failures, start=1):
-            print(f"    failure {number}/{len(finding.failures)}: {failure_line(failure)}", flush=True)
-        totals.append(finding.total_s if finding.violation is not None else float("inf"))
+        for swarmed in DRAWS[swarm]:
+            with harness_for(name) as harness:
+                finding = search(harness, chosen, minimise=minimise, swarm=swarmed)
+            findings[name, swarmed] = finding
+            print(fault_line(name, finding, swarmed), flush=True)
+            for number, failure in enumerate(finding.failures, start=1):
+                print(f"    failure {number}/{len(finding.failures)}: {failure_line(failure)}", flush=True)
+            totals.append(finding.total_s if finding.violation is not None else float("inf"))
+    if len(DRAWS[swarm]) == 2:
+        print(side_by_side(names, findings), flush=True)
     within = sum(total <= FAULT_TARGET_S for total in totals)
     print(
         f"found and minimised within {FAULT_TARGET_S:.0f} s: {within} of {len(totals)}; "
@@ -154,7 +165,20 @@ def faults(names: list[str], *, hypothesis_shrink: bool, minimise: bool) -> None
     )
 
 
-def fault_line(name: str, finding: Finding) -> str:
+def side_by_side(names: list[str], findings: dict[tuple[str, bool], Finding]) -> str:
+    """Examples and seconds to the first failure per fault, plain draw beside swarm draw ("-": not found)."""
+
+    def first(finding: Finding) -> str:
+        if finding.first_failure_s is None:
+            return f"{'-':>6} {'-':>8}"
+        return f"{finding.examples:>6} {finding.first_failure_s:>6.1f} s"
+
+    lines = [f"{'fault':<38} {'plain: examples, first failure':>31} {'swarm: examples, first failure':>31}"]
+    lines += [f"{n:<38} {first(findings[n, False]):>31} {first(findings[n, True]):>31}" for n in names]
+    return "\n".join(lines)
+
+
+def fault_line(name: str, finding: Finding, swarmed: bool = False) -> str:
     """The first failure's figures: found when, searched and minimised how long, steps before and after."""
     first = f"{finding.first_failure_s:.1f} s" if finding.first_failure_s is not None else "-"
     caught = finding.property_id or (type(finding.violation).__name__ if finding.violation else "MISSED")
@@ -166,7 +190,8 @@ def fault_line(name: str, finding: Finding) -> str:
         after, replays, failing = str(minimised.steps_after), str(minimised.replayed), str(minimised.failing_replays)
         removed = ("yes" if minimised.pass_removed else "no") if minimised.reproduced else "FLAKY"
     return (
-        f"{name:<38} {caught:>6} {first:>13} {search_s:>8} {finding.total_s:>6.1f} s {finding.examples:>8} "
+        f"{name:<38} {'swarm' if swarmed else 'plain':<5} {caught:>6}"
+        f" {first:>13} {search_s:>8} {finding.total_s:>6.1f} s {finding.examples:>8} "
         f"{before:>5} {after:>3} {replays:>7} {failing:>7} {removed:>4}  {'; '.join(finding.shrunk_steps)}"
     )
 
@@ -188,6 +213,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--restart-rounds", type=int, default=30, help="harness restarts to time (0: skip; default 30)")
     parser.add_argument("--no-minimise", action="store_true", help="report the search's example as it is")
     parser.add_argument(
+        "--swarm",
+        choices=sorted(DRAWS),
+        default="off",
+        help="search each fault with the plain draw (off), the swarm draw (on) or both, side by side (default off)",
+    )
+    parser.add_argument(
         "--policy-workers",
         type=int,
         default=2,
@@ -206,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             print(f"unknown faults {unknown}; known: {sorted(known)}", file=sys.stderr)
             return 2
-        faults(names, hypothesis_shrink=args.hypothesis_shrink, minimise=not args.no_minimise)
+        faults(names, hypothesis_shrink=args.hypothesis_shrink, minimise=not args.no_minimise, swarm=args.swarm)
     return 0
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The nightly deep search: the state machine with the `ci` profile over every fault-free deployment, then the full
-# fault search (`pytest -m search`: every planted fault found and shrunk). Installs nothing: run it in the project's
+# The nightly deep search: the state machine with the `ci` profile over every fault-free deployment (each must also
+# reach every coverage goal that applies to it, `ckpt_model.goals`; the JUnit report holds each one's coverage
+# table), then the full fault search (`pytest -m search`: every planted fault found and shrunk). Installs nothing: run it in the project's
 # environment (`pip install -e '.[test]'` done).
 #
 # Keeps Hypothesis's example database in .hypothesis/ at the repository root (the workflow caches it between runs,

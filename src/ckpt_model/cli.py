@@ -2,12 +2,13 @@
 
     ckpt-model check [--topology T] [--verify-mode M] [--faults a,b] [--token-capture] [--generation-cuts]
                      [--policy-workers N] [--profile P] [--examples N] [--steps N] [--seed N] [--no-minimise]
-                     [--replays N]
+                     [--replays N] [--swarm]
                                       run the state machine against the embedded look-alike stack, in the
                                       deployment `DeploymentSpec.for_faults` picks; each failure is then
                                       replayed N times (10) for its reproduction rate ("P5 in 3 of 10
                                       replays"), minimised (1-minimal) by that rate and its regression file
-                                      rewritten with it
+                                      rewritten with it; the run ends with the coverage table (goals and rules
+                                      reached, `ckpt_model.goals`)
     ckpt-model replay FILE            replay a regression file the checker wrote, without Hypothesis
     ckpt-model minimise FILE          make a regression file's steps 1-minimal and rewrite it (only if they fail
                                       as recorded, and the minimal steps fail again the same way)
@@ -143,6 +144,11 @@ def build_parser() -> Parser:
         help=f"check a real Gym deployment described in this JSON file instead of the embedded stack ({REAL_GYM_DOC})",
     )
     check.add_argument(
+        "--swarm",
+        action="store_true",
+        help="swarm testing: each example leaves out a random subset of the rules and mechanisms (ckpt_model.swarm)",
+    )
+    check.add_argument(
         "--no-minimise",
         dest="minimise",
         action="store_false",
@@ -275,6 +281,8 @@ def banner(
         f"  profile:     {args.profile} ({profile_description(chosen, seeded_run=args.seed is not None)})",
         f"  seed:        {seed_line}",
         f"  examples:    {chosen.max_examples} x up to {chosen.stateful_step_count} steps",
+        "  swarm:       "
+        + ("yes: each example leaves out some rules and mechanisms" if getattr(args, "swarm", False) else "no"),
         "  minimise:    "
         + ("yes: each failure is made 1-minimal after the search" if args.minimise else "no (--no-minimise)"),
         f"  replays:     {args.replays} per failure, for its reproduction rate",
@@ -297,9 +305,11 @@ def run_check(args: argparse.Namespace) -> int:
     # Imported here, not at the top: `--help` and usage errors need none of the stack.
     from hypothesis.stateful import run_state_machine_as_test
 
+    from ckpt_model import goals
     from ckpt_model.deployment import Harness, spec_of
-    from ckpt_model.machine import machine_for
+    from ckpt_model.machine import CheckpointMachine, machine_for
     from ckpt_model.stats import SearchStats
+    from ckpt_model.steplog import rule_names
 
     gym = None
     faults = planted_faults(args.faults)
@@ -323,9 +333,10 @@ def run_check(args: argparse.Namespace) -> int:
     try:
         harness = Harness(gym, spec=spec) if gym else Harness.embedded(spec)
         try:
-            factory = machine_for(harness, stats)
+            factory = machine_for(harness, stats, swarm=args.swarm)
             run_state_machine_as_test(factory if seed is None else seeded(factory, seed), settings=chosen)
         except Exception as error:
+            print(goals.table(stats, spec, rule_names(CheckpointMachine)), flush=True)
             measure_failures(harness, error, stats.seen, minimise=args.minimise, replays=args.replays)
             raise
         finally:
@@ -334,6 +345,7 @@ def run_check(args: argparse.Namespace) -> int:
     except Exception as error:
         return report_failure(error, stats.seen)
     elapsed_s = time.monotonic() - stats.started_s
+    print(goals.table(stats, spec, rule_names(CheckpointMachine)), flush=True)
     print(f"PASSED: {stats.examples} examples in {elapsed_s:.1f} s, no property violated", flush=True)
     return Exit.PASSED
 

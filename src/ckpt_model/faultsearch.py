@@ -147,13 +147,18 @@ def run_search(
 
 
 def search(
-    harness: Harness, search_settings: settings = FAULT_SEARCH, *, minimise: bool = True, replays: int = REPLAYS
+    harness: Harness,
+    search_settings: settings = FAULT_SEARCH,
+    *,
+    minimise: bool = True,
+    replays: int = REPLAYS,
+    swarm: bool = False,
 ) -> Finding:
-    """Run the machine against the harness until it fails or runs out of examples; then replay every failure
-    `replays` times for its reproduction rate and minimise it by that rate on the same harness (unless
-    `minimise` is False: then only the rate)."""
+    """Run the machine (the swarm machine with `swarm`) against the harness until it fails or runs out of
+    examples; then replay every failure `replays` times for its reproduction rate and minimise it by that rate on
+    the same harness (unless `minimise` is False: then only the rate)."""
     stats = SearchStats()
-    failures = run_search(machine_for(harness, stats), search_settings, stats.seen)
+    failures = run_search(machine_for(harness, stats, swarm=swarm), search_settings, stats.seen)
     search_s = time.monotonic() - stats.started_s
     if minimise:
         failures, minimised = minimised_failures(failures, lambda error: minimise_error(harness, error, replays))

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine
+from hypothesis.stateful import RuleBasedStateMachine, initialize
 
 from ckpt_model import properties as props
 from ckpt_model import twin
@@ -26,7 +26,8 @@ from ckpt_model.ledger_watch import LedgerWatch
 from ckpt_model.nemesis import Nemesis
 from ckpt_model.quiescence import SETTLE_TIMEOUT_S, Quiescence
 from ckpt_model.stats import SearchStats
-from ckpt_model.steplog import StepLog, action
+from ckpt_model.steplog import StepLog, action, rule_names
+from ckpt_model.swarm import Swarm, swarms
 
 # Who must refuse a restore, and why; the property a step's settle judges by.
 Refused = tuple[list[str], str]
@@ -511,15 +512,28 @@ def _pick(items: list[Any], pick: int) -> Any:
     return items[pick % len(items)]
 
 
-def machine_for(harness: Harness, stats: SearchStats | None = None) -> type[CheckpointMachine]:
-    """A factory of machines bound to `harness`, for `run_state_machine_as_test`. Hypothesis keys its example
-    database (and, derandomized, its draws) on the factory's source plus this digest, so each deployment keeps its
-    own examples: a failure saved by one is not replayed against another."""
+class SwarmMachine(CheckpointMachine):
+    """The same machine, whose every example first draws the rules and mechanisms it leaves out (`swarm`)."""
+
+    @initialize(chosen=swarms(rule_names(CheckpointMachine)))
+    def choose_swarm(self, chosen: Swarm) -> None:
+        self.log.swarm = chosen
+
+
+def machine_for(harness: Harness, stats: SearchStats | None = None, swarm: bool = False) -> type[CheckpointMachine]:
+    """A factory of machines bound to `harness`, for `run_state_machine_as_test`; with `swarm`, of swarm machines.
+    Hypothesis keys its example database (and, derandomized, its draws) on the factory's source plus this digest,
+    so each deployment (and each draw) keeps its own examples: a failure saved by one is not replayed against
+    another. The plain factory's source is left as it was, so its derandomized draws stay the same."""
 
     def factory() -> CheckpointMachine:
         return CheckpointMachine(harness, stats)
 
-    factory._hypothesis_internal_add_digest = harness.spec.key.encode()  # type: ignore[attr-defined]
+    def swarm_factory() -> CheckpointMachine:
+        return SwarmMachine(harness, stats)
+
+    chosen = swarm_factory if swarm else factory
+    chosen._hypothesis_internal_add_digest = harness.spec.key.encode()  # type: ignore[attr-defined]
     # `run_state_machine_as_test` is typed for the class but calls what it gets with no arguments; a factory that
     # closes over the harness is how a machine is bound by composition.
-    return cast(type[CheckpointMachine], factory)
+    return cast(type[CheckpointMachine], chosen)

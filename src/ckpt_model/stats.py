@@ -1,8 +1,11 @@
-"""Search statistics: examples, their steps and crashes, and when the first failure came (benchmarks, tests)."""
+"""Search statistics: examples, their steps and crashes, when the first failure came (benchmarks, tests), and
+what the examples reached: coverage goals and rules (`ckpt_model.goals`)."""
 
 from __future__ import annotations
 
 import time
+from collections import Counter
+from collections.abc import Iterable, Mapping
 
 import attrs
 
@@ -18,14 +21,22 @@ class ExampleStat:
 
 @attrs.define
 class SearchStats:
-    """Counts examples, their steps and crashes, times the first failure, and keeps the failures the machine
-    raised (`seen`: Hypothesis's `FlakyStrategyDefinition` does not carry the failure it hid, `verdicts.leaves`)."""
+    """Counts examples, their steps and crashes, times the first failure, counts what they reached, and keeps the
+    failures the machine raised (`seen`: Hypothesis's `FlakyStrategyDefinition` does not carry the failure it
+    hid, `verdicts.leaves`).
+
+    `goals` and `drawn` count steps, `goal_examples`, `enabled` and `drawn_examples` examples."""
 
     started_s: float = attrs.field(factory=time.monotonic)
     examples: int = 0
     first_failure_s: float | None = None
     finished: list[ExampleStat] = attrs.field(factory=list)
     seen: list[BaseException] = attrs.field(factory=list)
+    goals: Counter[str] = attrs.field(factory=Counter)
+    goal_examples: Counter[str] = attrs.field(factory=Counter)
+    enabled: Counter[str] = attrs.field(factory=Counter)
+    drawn: Counter[str] = attrs.field(factory=Counter)
+    drawn_examples: Counter[str] = attrs.field(factory=Counter)
 
     def example_started(self) -> None:
         self.examples += 1
@@ -39,3 +50,11 @@ class SearchStats:
 
     def example_finished(self, steps: int, crashes: int, seconds: float, crashes_inside: int = 0) -> None:
         self.finished.append(ExampleStat(steps=steps, crashes=crashes, seconds=seconds, crashes_inside=crashes_inside))
+
+    def example_covered(self, goals: Mapping[str, int], enabled: Iterable[str], drawn: Mapping[str, int]) -> None:
+        """One example's goals reached and rules drawn (each with its count of steps) and rules enabled."""
+        self.goals.update(goals)
+        self.goal_examples.update(name for name, count in goals.items() if count)
+        self.enabled.update(set(enabled))
+        self.drawn.update(drawn)
+        self.drawn_examples.update(name for name, count in drawn.items() if count)

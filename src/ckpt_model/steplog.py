@@ -1,32 +1,43 @@
 """What a machine ran: its steps as labels and as rule calls, the failure report attached to what a rule raised,
-and the example's statistics.
+and the example's statistics and coverage.
 
 The rule calls (outermost only, with their keyword arguments) are what a regression file replays; the labels, with
 the model's names (`r0`, `c1`), are what the report prints. `step` wraps every rule: it records the call, marks the
 machine broken while the rule runs (a broken machine is not drained at teardown), and attaches the report once.
+Around each rule it also keeps the coverage (`ckpt_model.goals`): before a drawn rule, which rules were enabled;
+after every rule (nested ones too, the drain's not), which goals it reached. Each reached goal and drawn rule is
+also a Hypothesis `event()` (its statistics and observability output), and the example's counts go to the
+`SearchStats`. A drawn rule's arguments first pass the example's swarm (`ckpt_model.swarm`).
 """
 
 from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
+from hypothesis import currently_in_test_context, event
 from hypothesis.stateful import precondition, rule
 from hypothesis.strategies import SearchStrategy
 
-from ckpt_model import timing
+from ckpt_model import goals, timing
+from ckpt_model.contract import Model
 from ckpt_model.deployment import Harness
 from ckpt_model.errors import CoordinationError, HarnessError, PropertyViolation
 from ckpt_model.history import History
 from ckpt_model.quiescence import observe
 from ckpt_model.report import annotate
 from ckpt_model.stats import SearchStats
+from ckpt_model.swarm import EVERYTHING, Swarm
 
 F = TypeVar("F", bound=Callable[..., Any])
 # What a rule may raise that ends the example with a report: a verdict, the harness, or a refusal.
 REPORTED = (PropertyViolation, HarnessError, CoordinationError)
+# The attribute `action` puts on a rule: its precondition as the model states it, without the swarm.
+GATE = "ckpt_model_gate"
+Gate = Callable[[Any], bool]
 
 
 class StepLog:
@@ -38,6 +49,12 @@ class StepLog:
         self.rule_calls: list[tuple[str, dict[str, Any]]] = []
         self.depth, self.draining, self.broken = 0, False, False
         self.started_s = time.monotonic()
+        self.swarm: Swarm = EVERYTHING
+        # Coverage is kept in a search (or for statistics), not in a replay, a fixed scenario or the minimiser's runs.
+        self.counting = stats is not None or currently_in_test_context()
+        self.goals: Counter[str] = Counter()
+        self.enabled: set[str] = set()
+        self.drawn: Counter[str] = Counter()
 
     def report(self, error: BaseException) -> None:
         """Attach the failure report (steps, history, calls, logs, replay file) once."""
@@ -73,10 +90,55 @@ class StepLog:
             rules = sum(1 for label in self.labels if not label.startswith("-- "))
             elapsed_s = time.monotonic() - self.started_s
             self.stats.example_finished(rules, crashes, elapsed_s, crashes_inside=crashes_inside)
+            self.stats.example_covered(self.goals, self.enabled, self.drawn)
+
+    def allows(self, machine: Any, name: str) -> bool:
+        """Whether the example's swarm lets Hypothesis draw rule `name` (enabled) now: if it keeps the rule, or
+        if it keeps no rule that is enabled now (a swarm must never leave the machine without a step)."""
+        if self.swarm.allows(name):
+            return True
+        return not any(self.swarm.allows(rule) and gate(machine) for rule, gate in gates(machine.__class__).items())
+
+    def drawing(self, machine: Any, name: str) -> None:
+        """Hypothesis drew rule `name`: note it and every rule whose precondition held in the state it drew from."""
+        if not self.counting:
+            return
+        self.drawn[name] += 1
+        self.enabled.update(rule for rule, gate in gates(machine.__class__).items() if gate(machine))
+        _event(f"rule drawn: {name}")
+
+    def stepped(self, step: goals.Step) -> None:
+        """A rule finished: count the goals it reached (a drain step reaches none: the search did not draw it)."""
+        if self.draining or not self.counting:
+            return
+        for name in goals.reached(step):
+            self.goals[name] += 1
+            _event(f"goal reached: {name}")
+
+
+def _event(text: str) -> None:
+    """A Hypothesis event, when a test runs (a replay or a fixed scenario runs rules outside one)."""
+    if currently_in_test_context():
+        event(text)
+
+
+@functools.cache
+def gates(machine_type: type) -> Mapping[str, Gate]:
+    """Every rule of the machine class and its precondition, by name (the attribute `action` sets)."""
+    found: dict[str, Gate] = {}
+    for klass in reversed(machine_type.__mro__):
+        found.update((name, gate) for name, value in vars(klass).items() if (gate := getattr(value, GATE, None)))
+    return dict(sorted(found.items()))
+
+
+def rule_names(machine_type: type) -> list[str]:
+    """The machine's rules, sorted by name."""
+    return list(gates(machine_type))
 
 
 class Logged(Protocol):
     log: StepLog
+    model: Model
 
 
 def step(method: F) -> F:
@@ -84,9 +146,12 @@ def step(method: F) -> F:
 
     @functools.wraps(method)
     def wrapper(self: Logged, *args: Any, **kwargs: Any) -> Any:
-        log = self.log
+        log, name = self.log, method.__name__
         if log.depth == 0 and not log.draining:
-            log.rule_calls.append((method.__name__, dict(kwargs)))
+            kwargs = log.swarm.constrain(name, kwargs)
+            log.drawing(self, name)
+            log.rule_calls.append((name, dict(kwargs)))
+        before, first_label = self.model, len(log.labels)
         log.broken = True
         log.depth += 1
         try:
@@ -97,6 +162,8 @@ def step(method: F) -> F:
         finally:
             log.depth -= 1
         log.broken = False
+        labels = tuple(log.labels)
+        log.stepped(goals.Step(name, kwargs, before, self.model, labels[first_label:], labels[:first_label]))
         return result
 
     return wrapper  # type: ignore[return-value]
@@ -104,9 +171,18 @@ def step(method: F) -> F:
 
 def action(enabled: Callable[[Any], bool], **arguments: SearchStrategy[Any]) -> Callable[[F], F]:
     """A rule of the machine: `precondition(enabled)`, `rule(**arguments)` and `step`, applied in that order
-    (outermost first), as three decorators would be."""
+    (outermost first), as three decorators would be. The precondition also asks the example's swarm; `enabled`
+    alone is kept on the rule (`GATE`) for the coverage."""
 
     def decorate(method: F) -> F:
-        return precondition(enabled)(rule(**arguments)(step(method)))  # type: ignore[call-overload]
+        name = method.__name__
+
+        def gate(machine: Any) -> bool:
+            return enabled(machine) and machine.log.allows(machine, name)
+
+        gate.__doc__ = enabled.__doc__
+        decorated = precondition(gate)(rule(**arguments)(step(method)))  # type: ignore[call-overload]
+        setattr(decorated, GATE, enabled)
+        return decorated
 
     return decorate

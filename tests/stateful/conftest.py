@@ -2,7 +2,9 @@
 
 `CKPT_MODEL_EXAMPLES=N` runs N examples per machine test instead of the profile's number, with everything else of
 the profile: how the nightly's search is sized to a time budget, and how its throughput is measured
-(docs/parallel.md). Under pytest-xdist each worker process builds its own harnesses; the example database is shared.
+(docs/parallel.md). Under the nightly's profile (`ci`) each fault-free deployment's search must also reach every
+coverage goal that applies to it (`GOALS_REQUIRED`, `ckpt_model.goals.require`); a few default examples cannot.
+Under pytest-xdist each worker process builds its own harnesses; the example database is shared.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ def examples_override() -> int | None:
 
 ACTIVE_PROFILE = profiles.load()
 EXAMPLES = examples_override()
+# The nightly's deep search must reach every applicable coverage goal; the default run's few examples need not.
+GOALS_REQUIRED = ACTIVE_PROFILE == "ci"
 # What the state machine tests pass explicitly: the profile loaded above, as it is in force here (CI or not).
 ACTIVE_SETTINGS = profiles.profile_for(ACTIVE_PROFILE, profiles.in_ci())
 if EXAMPLES is not None:

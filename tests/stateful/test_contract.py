@@ -1,5 +1,6 @@
 """The controller contract, checked by the state machine against the fault-free stack, in every fault-free
-deployment (`ckpt_model.spec.FAULT_FREE`)."""
+deployment (`ckpt_model.spec.FAULT_FREE`). Each run's coverage table goes to the JUnit report; in the nightly
+(`GOALS_REQUIRED`) every coverage goal and rule that applies to the deployment must have been reached."""
 
 from __future__ import annotations
 
@@ -8,14 +9,24 @@ from collections.abc import Callable
 import pytest
 from hypothesis.stateful import run_state_machine_as_test
 
+from ckpt_model import goals
 from ckpt_model.deployment import Harness
-from ckpt_model.machine import machine_for
+from ckpt_model.machine import CheckpointMachine, machine_for
 from ckpt_model.spec import FAULT_FREE, DeploymentSpec
-from tests.stateful.conftest import ACTIVE_SETTINGS
+from ckpt_model.stats import SearchStats
+from ckpt_model.steplog import rule_names
+from tests.stateful.conftest import ACTIVE_SETTINGS, GOALS_REQUIRED
 
 
 @pytest.mark.parametrize("spec", FAULT_FREE, ids=lambda spec: spec.label)
 def test_the_fault_free_stack_keeps_the_contract(
-    harness_of: Callable[[DeploymentSpec], Harness], spec: DeploymentSpec
+    harness_of: Callable[[DeploymentSpec], Harness],
+    spec: DeploymentSpec,
+    record_property: Callable[[str, object], None],
 ) -> None:
-    run_state_machine_as_test(machine_for(harness_of(spec)), settings=ACTIVE_SETTINGS)
+    stats = SearchStats()
+    run_state_machine_as_test(machine_for(harness_of(spec), stats), settings=ACTIVE_SETTINGS)
+    rules = rule_names(CheckpointMachine)
+    record_property("coverage", goals.table(stats, spec, rules))
+    if GOALS_REQUIRED:
+        goals.require(stats, spec, rules)

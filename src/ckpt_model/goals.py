@@ -1,0 +1,195 @@
+"""Coverage goals: the protocol situations a search must reach, each a small pure predicate over one step.
+
+A property says what must always hold; a goal says what must sometimes happen (Antithesis's "sometimes"
+assertions, Stateright's `sometimes` properties): a search that never holds a reply across a commit, or never
+crashes inside a forget, checks nothing there, however many examples pass. The machine's step wrapper
+(`steplog.step`) hands every step to `reached`, counts what each example reached in `SearchStats`, and the
+nightly fails when a goal that applies to its deployment was never reached (`require`). Beside the situations,
+every rule is a goal twice: enabled (its precondition held before some drawn step) and drawn (Hypothesis chose it).
+
+A goal or a rule that only some deployments can reach says so by the deployment's traits (`applies`, `RULE_SCOPE`),
+never by a topology's name. `table` is the short report every run ends with (`ckpt-model check`, the nightly).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from ckpt_model.contract import Model
+from ckpt_model.spec import DeploymentSpec
+from ckpt_model.stats import SearchStats
+
+# How a successful restore's label names the checkpoint it restored: "restore(c1) as c1-restore3".
+RESTORED = re.compile(r"^restore\((?P<checkpoint>[^)]+)\) as ")
+# How the labels of a restore that had to fail begin.
+FAILED_RESTORES = ("failed_restore(", "restore_incomplete(", "dies_in_restore(")
+
+
+@attrs.frozen
+class Step:
+    """What one rule did: its name and arguments, the model before and after, the labels it added (its nested
+    rules' included), and every label of the example before it."""
+
+    rule: str
+    arguments: Mapping[str, Any]
+    before: Model
+    after: Model
+    labels: tuple[str, ...]
+    earlier: tuple[str, ...] = ()
+
+
+def everywhere(_spec: DeploymentSpec) -> bool:
+    return True
+
+
+@attrs.frozen
+class Goal:
+    """A protocol situation the search must reach, where `applies` says the deployment can reach it."""
+
+    name: str
+    says: str
+    reached: Callable[[Step], bool]
+    applies: Callable[[DeploymentSpec], bool] = everywhere
+
+
+def restored_checkpoints(labels: Iterable[str]) -> list[str]:
+    """The checkpoints the successful restores among `labels` restored, in order."""
+    return [found["checkpoint"] for label in labels if (found := RESTORED.match(label))]
+
+
+def held_reply_across_commit(step: Step) -> bool:
+    """A commit while a released reply is held by the model (Gym's scenario 8)."""
+    return step.rule == "commit" and any(attempt.held for attempt in step.before.attempts)
+
+
+def same_checkpoint_restored_twice(step: Step) -> bool:
+    """A restore of a checkpoint an earlier restore of the example already restored (Gym's scenario 3)."""
+    earlier = set(restored_checkpoints(step.earlier))
+    return step.rule == "restore" and any(c in earlier for c in restored_checkpoints(step.labels))
+
+
+def crash_inside(operation: str) -> Callable[[Step], bool]:
+    """A crash that landed inside `operation` (commit, restore, retire or forget) while it was under way."""
+
+    def reached(step: Step) -> bool:
+        if operation == "commit":
+            return step.rule == "crash_in_commit"
+        return step.rule == "crash_in_operation" and any(f" inside {operation} " in label for label in step.labels)
+
+    reached.__doc__ = f"A crash inside a {operation} under way."
+    return reached
+
+
+def restore_after_failed_restore(step: Step) -> bool:
+    """A successful restore after a restore that was refused or died in the same example (P8's cleanup held)."""
+    return step.rule == "restore" and any(label.startswith(FAILED_RESTORES) for label in step.earlier)
+
+
+def cut_continued_again(step: Step) -> bool:
+    """A second restore of a checkpoint whose snapshot holds an undelivered call, its generation cut at the
+    prepare: the cut is handed on again after the continuation it was first handed to crashed."""
+    if step.rule != "restore":
+        return False
+    earlier = set(restored_checkpoints(step.earlier))
+    for checkpoint_id in restored_checkpoints(step.labels):
+        cut = any(a.outstanding is not None for a in step.before.checkpoint(checkpoint_id).snapshot)
+        if cut and checkpoint_id in earlier:
+            return True
+    return False
+
+
+# The operations a crash must land inside of, each its own goal.
+CRASHED_OPERATIONS = ("commit", "restore", "retire", "forget")
+
+
+def cuts_generations(spec: DeploymentSpec) -> bool:
+    return spec.generation_cuts
+
+
+GOALS: tuple[Goal, ...] = (
+    Goal("held_reply_across_commit", "a reply held across a commit", held_reply_across_commit),
+    Goal("same_checkpoint_restored_twice", "the same checkpoint restored twice", same_checkpoint_restored_twice),
+    *(Goal(f"crash_inside_{op}", f"a crash inside a {op}", crash_inside(op)) for op in CRASHED_OPERATIONS),
+    Goal("restore_after_failed_restore", "a restore after a failed restore", restore_after_failed_restore),
+    Goal(
+        "cut_continued_again",
+        "a cut continued after a second crash",
+        cut_continued_again,
+        applies=cuts_generations,
+    ),
+)
+
+
+def reached(step: Step) -> list[str]:
+    """The goals this step reached, by name."""
+    return [goal.name for goal in GOALS if goal.reached(step)]
+
+
+# Rules only some deployments can enable, by the traits they need; every other rule applies everywhere.
+RULE_SCOPE: Mapping[str, Callable[[DeploymentSpec], bool]] = {
+    "dispatch_restart": lambda spec: spec.traits.restart_environment,
+    "crash_participant": lambda spec: not spec.traits.restart_environment,
+    "release_to_verification": lambda spec: spec.traits.judge,
+    "prepare_blocked": lambda spec: spec.traits.judge and spec.verify_mode == "wait",
+    "prepare_waiting": lambda spec: spec.traits.judge and spec.verify_mode == "wait",
+    "prepare_with_hung_cut": cuts_generations,
+    "remove_ledgers_while_open": lambda spec: spec.token_capture,
+}
+
+
+def rule_applies(rule: str, spec: DeploymentSpec) -> bool:
+    return RULE_SCOPE.get(rule, everywhere)(spec)
+
+
+def unmet(stats: SearchStats, spec: DeploymentSpec, rules: Sequence[str]) -> list[str]:
+    """Every goal and rule that applies to `spec` and no example of `stats` reached, each said in words."""
+    missing = [f"{goal.says} ({goal.name})" for goal in GOALS if goal.applies(spec) and not stats.goals[goal.name]]
+    for rule in rules:
+        if rule_applies(rule, spec):
+            missing += [f"rule {rule} never {how}" for how, counts in rule_counts(stats) if not counts[rule]]
+    return missing
+
+
+def rule_counts(stats: SearchStats) -> tuple[tuple[str, Mapping[str, int]], ...]:
+    return (("enabled", stats.enabled), ("drawn", stats.drawn))
+
+
+class GoalsUnmet(AssertionError):
+    """The search never reached a situation it must reach: what it checks there went unchecked."""
+
+
+def require(stats: SearchStats, spec: DeploymentSpec, rules: Sequence[str]) -> None:
+    """Raise `GoalsUnmet` naming every applicable goal and rule no example reached."""
+    missing = unmet(stats, spec, rules)
+    if missing:
+        raise GoalsUnmet(
+            f"coverage: {len(missing)} goal(s) never reached on {spec.label} in {stats.examples} examples, so "
+            "what the checker checks there went unchecked: "
+            + "; ".join(missing)
+            + ". Each must be reached by some example (docs/how-it-works.md, coverage goals): a rule's "
+            "precondition, the step count or the swarm keeps the search away from it."
+        )
+
+
+def table(stats: SearchStats, spec: DeploymentSpec, rules: Sequence[str]) -> str:
+    """How often each goal and each rule was reached: goals by steps and examples, rules by the examples that
+    enabled them and the times and examples they were drawn; NEVER marks an applicable one never reached, `n/a`
+    one the deployment cannot reach."""
+    lines = [f"coverage over {stats.examples} examples ({spec.label}):", f"  {'goal':<40} {'steps':>6} {'examples':>8}"]
+    for goal in GOALS:
+        note = "" if not goal.applies(spec) or stats.goals[goal.name] else "  NEVER"
+        counts = f"{stats.goals[goal.name]:>6} {stats.goal_examples[goal.name]:>8}" if goal.applies(spec) else "n/a"
+        lines.append(f"  {goal.says:<40} {counts}{note}")
+    lines.append(f"  {'rule':<40} {'enabled':>7} {'drawn':>6} {'examples':>8}")
+    for rule in rules:
+        if not rule_applies(rule, spec):
+            lines.append(f"  {rule:<40} n/a")
+            continue
+        note = "" if stats.enabled[rule] and stats.drawn[rule] else "  NEVER"
+        counts = f"{stats.enabled[rule]:>7} {stats.drawn[rule]:>6} {stats.drawn_examples[rule]:>8}"
+        lines.append(f"  {rule:<40} {counts}{note}")
+    return "\n".join(lines)

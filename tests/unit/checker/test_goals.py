@@ -1,0 +1,131 @@
+"""Coverage goals on hand-built steps, and the nightly's goal check on hand-built statistics."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from ckpt_model import goals
+from ckpt_model.contract import Model
+from ckpt_model.goals import GoalsUnmet, Step
+from ckpt_model.spec import DeploymentSpec
+from ckpt_model.stats import SearchStats
+
+NATIVE = DeploymentSpec("native")
+CUTS = DeploymentSpec("native", token_capture=True, generation_cuts=True)
+MIXED = DeploymentSpec("mixed")
+RULES = ["dispatch", "dispatch_restart", "commit"]
+
+
+def prepared(release: bool) -> Model:
+    """A rollout waiting at its first call with c1 prepared; its reply released (held by the model) or not."""
+    model, rollout = Model(topology="native").dispatch()
+    model, _ = model.prepare()
+    return model.release(rollout) if release else model
+
+
+def committed(dispatched: bool = True) -> Model:
+    """c1 committed, with a rollout whose first call is undelivered (its generation cut), or with none."""
+    model = Model(topology="native")
+    if dispatched:
+        model, _ = model.dispatch()
+    model, _ = model.prepare()
+    return model.commit()[0]
+
+
+def step(rule: str, before: Model, *labels: str, earlier: tuple[str, ...] = ()) -> Step:
+    return Step(rule, {}, before, before, labels, earlier)
+
+
+def test_a_commit_with_a_held_reply_holds_it_across_the_commit() -> None:
+    assert goals.held_reply_across_commit(step("commit", prepared(release=True)))
+    assert not goals.held_reply_across_commit(step("commit", prepared(release=False)))
+    assert not goals.held_reply_across_commit(step("resume", prepared(release=True)))
+
+
+def test_a_restore_of_a_checkpoint_restored_before_restores_it_twice() -> None:
+    model = committed()
+    again = step("restore", model, "restore(c1) as c1-restore3", earlier=("restore(c1) as c1-restore2",))
+    assert goals.same_checkpoint_restored_twice(again)
+    other = step("restore", model, "restore(c1) as c1-restore3", earlier=("restore(c2) as c2-restore2",))
+    assert not goals.same_checkpoint_restored_twice(other)
+    refused = step("restore", model, "restore(c1) as c1-restore3", earlier=("failed_restore(c1) as c1-restore2",))
+    assert not goals.same_checkpoint_restored_twice(refused)
+
+
+def test_a_crash_inside_an_operation_is_told_by_its_rule_and_label() -> None:
+    model = committed()
+    inside_forget = step("crash_in_operation", model, "crash_in_operation() inside forget forget4, reached []")
+    assert goals.crash_inside("forget")(inside_forget)
+    assert not goals.crash_inside("retire")(inside_forget)
+    assert goals.crash_inside("commit")(step("crash_in_commit", model, "crash_in_commit() -> c1 committed by []"))
+    assert not goals.crash_inside("commit")(inside_forget)
+
+
+def test_a_restore_after_a_refused_restore_is_reached_only_with_one_before_it() -> None:
+    model = committed()
+    failed = "failed_restore(c1) as c1-restore2, agent damaged (records) refused it"
+    assert goals.restore_after_failed_restore(step("restore", model, "restore(c1) as c1-restore3", earlier=(failed,)))
+    assert not goals.restore_after_failed_restore(step("restore", model, "restore(c1) as c1-restore3"))
+    assert not goals.restore_after_failed_restore(step("recover", model, "crash()", earlier=(failed,)))
+
+
+def test_a_cut_is_continued_again_by_a_second_restore_of_its_checkpoint() -> None:
+    twice = ("restore(c1) as c1-restore3",), ("restore(c1) as c1-restore2",)
+    assert goals.cut_continued_again(step("restore", committed(), *twice[0], earlier=twice[1]))
+    assert not goals.cut_continued_again(step("restore", committed(), *twice[0]))
+    assert not goals.cut_continued_again(step("restore", committed(dispatched=False), *twice[0], earlier=twice[1]))
+
+
+def test_a_goal_of_generation_cuts_applies_only_where_generations_are_cut() -> None:
+    (cut_goal,) = [goal for goal in goals.GOALS if goal.name == "cut_continued_again"]
+    assert cut_goal.applies(CUTS)
+    assert not cut_goal.applies(NATIVE)
+
+
+def test_a_rule_of_the_restart_environment_applies_only_where_there_is_one() -> None:
+    assert goals.rule_applies("dispatch_restart", MIXED)
+    assert not goals.rule_applies("dispatch_restart", NATIVE)
+    assert goals.rule_applies("commit", NATIVE)
+
+
+def covered_everywhere(rules: list[str]) -> SearchStats:
+    """Statistics of a search that reached every goal and drew every rule once."""
+    stats = SearchStats(examples=3)
+    names = {goal.name: 1 for goal in goals.GOALS}
+    stats.example_covered(names, rules, Counter(rules))
+    return stats
+
+
+def test_the_nightly_goal_check_passes_when_every_applicable_goal_was_reached() -> None:
+    stats = covered_everywhere(["dispatch", "commit"])
+    goals.require(stats, NATIVE, RULES)  # dispatch_restart does not apply to native: never drawn, not missing
+    assert goals.unmet(stats, NATIVE, RULES) == []
+
+
+def test_the_nightly_goal_check_fails_naming_a_goal_never_reached() -> None:
+    stats = covered_everywhere(["dispatch", "commit"])
+    stats.goals["crash_inside_forget"] = 0
+    with pytest.raises(GoalsUnmet) as raised:
+        goals.require(stats, NATIVE, RULES)
+    assert "a crash inside a forget (crash_inside_forget)" in str(raised.value)
+    assert "1 goal(s) never reached on native in 3 examples" in str(raised.value)
+
+
+def test_the_nightly_goal_check_fails_naming_a_rule_never_enabled_or_drawn() -> None:
+    stats = covered_everywhere(["dispatch", "commit"])
+    with pytest.raises(GoalsUnmet, match="rule dispatch_restart never enabled; rule dispatch_restart never drawn"):
+        goals.require(stats, MIXED, RULES)
+
+
+def test_the_table_marks_what_was_never_reached_and_what_cannot_be() -> None:
+    stats = covered_everywhere(["dispatch"])
+    text = goals.table(stats, NATIVE, RULES)
+    assert "coverage over 3 examples (native):" in text
+    assert "a cut continued after a second crash" in text
+    assert "n/a" in text
+    (commit_line,) = [line for line in text.splitlines() if line.strip().startswith("commit ")]
+    assert commit_line.endswith("NEVER")
+    (dispatch_line,) = [line for line in text.splitlines() if line.strip().startswith("dispatch ")]
+    assert dispatch_line.split()[1:] == ["1", "1", "1"]
