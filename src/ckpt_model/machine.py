@@ -36,8 +36,8 @@ PICK = st.integers(min_value=0, max_value=7)
 
 
 def _worker_choice(machine: CheckpointMachine) -> st.SearchStrategy[int]:
-    """A policy worker to serve a new attempt's calls; with nothing to place, 0 drawn from nothing (so the draws of
-    a single-worker deployment are what they were before placement)."""
+    """A policy worker to serve a new attempt's calls; with nothing to place, 0, drawn from nothing. (The argument
+    itself still reorders Hypothesis's draws on every deployment: the same seed plays other examples than before.)"""
     harness = machine.harness
     return st.integers(0, harness.policy_workers - 1) if harness.places_calls else st.just(0)
 
