@@ -260,8 +260,9 @@ CATALOGUE: tuple[Fault, ...] = (
         " the lineage keeps calls nobody continued",
         topology="counter",
         token_capture=True,
-        # Appending also keeps a dead execution's retired marker, which refuses the restore outright.
-        also_shows_as=("P9",),
+        # Appending also keeps a dead execution's retired marker, which refuses the restore outright (P9), and a
+        # damaged copy's restore then has the policy model refusing beside the damaged participant (P8).
+        also_shows_as=("P9", "P8"),
     ),
     Fault(
         "lineage_forgets_restored_parent",
