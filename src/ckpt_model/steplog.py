@@ -107,10 +107,13 @@ class StepLog:
         self.enabled.update(rule for rule, gate in gates(machine.__class__).items() if gate(machine))
         _event(f"rule drawn: {name}")
 
-    def stepped(self, step: goals.Step) -> None:
-        """A rule finished: count the goals it reached (a drain step reaches none: the search did not draw it)."""
+    def stepped(self, rule: str, arguments: Mapping[str, Any], before: Model, after: Model, first_label: int) -> None:
+        """Rule `rule` finished (its labels start at `first_label`): count the goals it reached (a drain step
+        reaches none: the search did not draw it). Nothing is built when coverage is not kept."""
         if self.draining or not self.counting:
             return
+        labels = tuple(self.labels)
+        step = goals.Step(rule, arguments, before, after, labels[first_label:], labels[:first_label])
         for name in goals.reached(step):
             self.goals[name] += 1
             _event(f"goal reached: {name}")
@@ -162,8 +165,7 @@ def step(method: F) -> F:
         finally:
             log.depth -= 1
         log.broken = False
-        labels = tuple(log.labels)
-        log.stepped(goals.Step(name, kwargs, before, self.model, labels[first_label:], labels[:first_label]))
+        log.stepped(name, kwargs, before, self.model, first_label)
         return result
 
     return wrapper  # type: ignore[return-value]
