@@ -472,9 +472,12 @@ class CheckpointMachine(RuleBasedStateMachine):
             self.log.finished(self.nemesis.crashes, self.nemesis.crashes_inside)
 
     def _drain(self) -> None:
-        """Resume, start everything unfinished, release every call, forget; then P3, P4, P5, P7, P9 and P13."""
+        """Resume; after a crash, recover as the controller does (restore the latest checkpoint when it continues
+        something); start everything unfinished, release every call, forget; then P3, P4, P5, P7, P9 and P13."""
         if self.model.checkpoint_open:
             self.resume()
+        if self.model.can_restore() and self.model.committed[-1].exported:
+            self.restore(len(self.model.committed) - 1)
         while self.model.with_status("pending"):
             self.start_replacement(0)
         while self.model.with_status("dead"):

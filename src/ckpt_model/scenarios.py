@@ -398,6 +398,13 @@ CAPTURE_SCENARIOS: dict[str, Scenario] = {
         calls={"r0": (0, 1), "r0-a1": (1, 2)},
         chains={"r0-a1": (0, 2, 3)},
     ),
+    # The same, with the example ending at the crash: the drain recovers as the controller does (it restores c1,
+    # the latest checkpoint), so the continuation's lineage is checked, not a start over's.
+    "token_lineage__the_drain_recovers_after_a_crash": Scenario(
+        steps("dispatch", ("release", FIRST), "prepare", "commit", "crash"),
+        calls={"r0": (0, 1), "r0-a1": (1, 2)},
+        chains={"r0-a1": (0, 2, 3)},
+    ),
     # Gym's 3: the replacement made calls (2 returned, 3 in flight), Gym crashed, and c1 was restored again: the
     # dead run's rows are replaced, and the new first call (4) links to call 0 again.
     "token_lineage__same_checkpoint_restored_again_replaces_the_dead_run": Scenario(
