@@ -294,11 +294,15 @@ class Controller:
         self.last_call = SentCall("commit", checkpoint_id, arguments, replies)
         return replies
 
-    def commit_on(self, names: list[str], checkpoint_id: str, scope: Sequence[Attempt]) -> dict[str, Any]:
-        """Commit `scope` on the participants `names` only (each on its own); any refusal fails it."""
+    def commit_on(
+        self, names: list[str], checkpoint_id: str, scope: Sequence[Attempt], deadline_s: float = CONTROL_DEADLINE_S
+    ) -> dict[str, Any]:
+        """Commit `scope` on the participants `names` only (each on its own), with a deadline `deadline_s` ahead;
+        any refusal fails it."""
         directory = self.directory(checkpoint_id)
         episodes = tuple(episodes_of(scope))
         body = self.body("commit", checkpoint_id, checkpoint_dir=str(directory), episode_ids=episodes)
+        body["deadline_ts"] = _ahead(deadline_s)
         event = {"episodes": episodes, "delivered": _delivered(scope), "directory": directory}
         return self.send_each("commit", checkpoint_id, body, names, **event)
 
@@ -428,17 +432,17 @@ class Controller:
     def send_each(
         self, operation: str, checkpoint_id: str, body: dict[str, Any], names: list[str], **event: Any
     ) -> dict[str, Any]:
-        """Send `body` to the participants `names`, each on its own; any refusal fails it. Never retried."""
-        replies = self._call(
-            operation,
-            checkpoint_id,
-            lambda d: self.control.post_each(operation, body, d, names),
-            reached=self.named(names),
-            **event,
-        )
-        failures = {name: r for name, r in replies.items() if isinstance(r, ParticipantFailure)}
-        if failures:
-            raise CoordinationError(operation, failures, replies)
+        """Send `body` to the participants `names`, each on its own; any refusal fails it (journaled as failed).
+        Never retried."""
+
+        def post(deadline_ts: float) -> dict[str, Any]:
+            replies = self.control.post_each(operation, body, deadline_ts, names)
+            failures = {name: r for name, r in replies.items() if isinstance(r, ParticipantFailure)}
+            if failures:
+                raise CoordinationError(operation, failures, replies)
+            return replies
+
+        replies: dict[str, Any] = self._call(operation, checkpoint_id, post, reached=self.named(names), **event)
         return replies
 
     def _probe(
