@@ -13,6 +13,7 @@ import shutil
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -155,6 +156,27 @@ class EmbeddedDeployment:
         if arm is None:
             return httpx.get(url, headers=headers, timeout=FAILPOINT_TIMEOUT_S)
         return httpx.post(f"{url}/{arm}", headers=headers, timeout=FAILPOINT_TIMEOUT_S)
+
+    def break_storage(self, name: str, point: str, how: str) -> None:
+        """Fail or stall one server's next checkpoint write at `point` (`fakes.gym.storage_faults`)."""
+        self._storage(name, "", {"point": point, "how": how}).raise_for_status()
+
+    def storage_state(self, name: str) -> dict[str, Any]:
+        """What is armed in one server, where a write stalled, and how many writes run."""
+        response = self._storage(name)
+        response.raise_for_status()
+        return dict(response.json())
+
+    def release_storage(self, name: str) -> None:
+        """Let the server's stalled write go on."""
+        self._storage(name, "/release").raise_for_status()
+
+    def _storage(self, name: str, route: str | None = None, body: dict[str, Any] | None = None) -> httpx.Response:
+        url = f"{self.stack.gym[name].url}/_ctl/storage"
+        headers = {"Authorization": bearer(self.stack.token)}
+        if route is None:
+            return httpx.get(url, headers=headers, timeout=FAILPOINT_TIMEOUT_S)
+        return httpx.post(url + route, headers=headers, json=body, timeout=FAILPOINT_TIMEOUT_S)
 
     def run_url(self) -> str:
         return self.stack.gym["environment"].url + "/run"

@@ -371,6 +371,36 @@ CATALOGUE: tuple[Fault, ...] = (
         " reply the trainer reads lacks the outputs its loop saw",
         topology="legacy",
     ),
+    Fault(
+        "store_error_is_internal",
+        "every participant",
+        "P16",
+        "a writer that lets an OSError from a full or failing disk escape unwrapped, so a commit that could not"
+        " write answers 500 checkpoint_error (a server bug to the controller) instead of 422"
+        " invalid_checkpoint_state, the storage failure a controller retries",
+    ),
+    Fault(
+        "store_failed_write_leaves_manifest",
+        "every participant",
+        "P16",
+        "a writer that creates manifest.json where it is read and writes it there, instead of linking a complete"
+        " fsynced copy: a write that fails half-way leaves a torn manifest, and the retried commit is refused"
+        " because the directory 'already holds a different commit'",
+    ),
+    Fault(
+        "failed_write_abandons_checkpoint",
+        "every participant",
+        "P16",
+        "a participant that gives the checkpoint up when its write fails (back to idle, admission open) instead of"
+        " staying prepared, so the controller's retry of the commit in the same process is refused",
+    ),
+    Fault(
+        "stalled_write_publishes_after_resume",
+        "every participant",
+        "P16",
+        "a writer that checks the stop flag before each record but not again under the publication lock, so a"
+        " write that stalled past its commit's deadline publishes its manifest after the controller resumed",
+    ),
 )
 BY_NAME: dict[str, Fault] = {fault.name: fault for fault in CATALOGUE}
 

@@ -41,8 +41,10 @@ from fakes.gym.errors import (
 from fakes.gym.failpoints import BEFORE_INSTALL, BETWEEN_FILES, Failpoint, Failpoints
 from fakes.gym.lease import Lease
 from fakes.gym.participant import Participant, PrepareReport
+from fakes.gym.storage_faults import StorageFaults, StorageHow, StoragePoint
 from fakes.gym.store import (
     MANIFEST_NAME,
+    WriterFaults,
     collector_paused,
     participant_dir,
     read_participant_state,
@@ -94,6 +96,9 @@ _OPERATIONS: dict[str, str] = {
     "forget": "forget",
     "failpoints": "_failpoint_state",
     "arm failpoint": "_arm_failpoint",
+    "storage": "_storage_state",
+    "arm storage": "_arm_storage",
+    "release storage": "_release_storage",
 }
 _BODIES: dict[str, type[BaseModel] | type[str] | None] = {
     "status": None,
@@ -106,7 +111,20 @@ _BODIES: dict[str, type[BaseModel] | type[str] | None] = {
     "forget": ForgetRequest,
     "failpoints": None,
     "arm failpoint": str,
+    "storage": None,
+    "arm storage": None,  # set below, once its model is defined
+    "release storage": None,
 }
+
+
+class StorageFaultRequest(BaseModel):
+    """`POST /_ctl/storage`: fail or stall the next checkpoint write at `point` (`fakes.gym.storage_faults`)."""
+
+    point: StoragePoint
+    how: StorageHow
+
+
+_BODIES["arm storage"] = StorageFaultRequest
 
 
 def coin_toss() -> bool:
@@ -146,6 +164,25 @@ def control_router(handle: ControlHandler) -> APIRouter:
     router = APIRouter()
     router.include_router(_checkpoint_router(handle))
     router.include_router(_failpoint_router(handle))
+    router.include_router(_storage_router(handle))
+    return router
+
+
+def _storage_router(handle: ControlHandler) -> APIRouter:
+    router = APIRouter(prefix="/_ctl/storage")
+
+    @router.get("")
+    async def storage(authorization: Authorization = None) -> Reply:
+        return await handle("storage", authorization, None)
+
+    @router.post("")
+    async def arm(body: StorageFaultRequest, authorization: Authorization = None) -> Reply:
+        return await handle("arm storage", authorization, body)
+
+    @router.post("/release")
+    async def release(authorization: Authorization = None) -> Reply:
+        return await handle("release storage", authorization, None)
+
     return router
 
 
@@ -283,6 +320,13 @@ class ControlPlane:
         self._journal = Journal(durability_journal) if durability_journal else None
         self._checks_restart_scope = "restart_in_scope_accepted" not in self.faults
         self.failpoints = Failpoints()
+        self.storage = StorageFaults()
+        self._writer_faults = WriterFaults(
+            os_errors_escape="store_error_is_internal" in self.faults,
+            manifest_in_place="store_failed_write_leaves_manifest" in self.faults,
+            ignores_stop_when_publishing="stalled_write_publishes_after_resume" in self.faults,
+        )
+        self._failed_write_abandons = "failed_write_abandons_checkpoint" in self.faults
         self.instance = instance
         self.retired = RetiredAttempts()
         self.checkpoint_id: str | None = None
@@ -359,6 +403,17 @@ class ControlPlane:
     async def _arm_failpoint(self, point: str) -> Reply:
         self.failpoints.arm(point)
         return self.failpoints.state()
+
+    async def _storage_state(self) -> Reply:
+        return self.storage.state()
+
+    async def _arm_storage(self, request: StorageFaultRequest) -> Reply:
+        self.storage.arm(request.point, request.how)
+        return self.storage.state()
+
+    async def _release_storage(self) -> Reply:
+        self.storage.release()
+        return self.storage.state()
 
     async def _status_op(self) -> Reply:
         return self.status()
@@ -621,19 +676,29 @@ class ControlPlane:
         records = await self._export_once(work, request.episode_ids)
         keys = sorted({_record_key(record) for record in records})
         work.stage = "write"
-        manifest = await asyncio.to_thread(
-            write_participant_state,
-            request.checkpoint_dir,
-            self.kind,
-            self.instance,
-            work.checkpoint_id,
-            records,
-            stop=work.stop,
-            between_files=functools.partial(self.failpoints.hit, BETWEEN_FILES),
-            manifest_first=self._manifest_first,
-            journal=self._journal,
-            skip_records_fsync=self._skip_records_fsync,
-        )
+        try:
+            with self.storage.writing():
+                manifest = await asyncio.to_thread(
+                    write_participant_state,
+                    request.checkpoint_dir,
+                    self.kind,
+                    self.instance,
+                    work.checkpoint_id,
+                    records,
+                    stop=work.stop,
+                    between_files=functools.partial(self.failpoints.hit, BETWEEN_FILES),
+                    manifest_first=self._manifest_first,
+                    journal=self._journal,
+                    skip_records_fsync=self._skip_records_fsync,
+                    storage_fault=self.storage.hit,
+                    faults=self._writer_faults,
+                )
+        except CheckpointStateError:
+            if self._failed_write_abandons:  # planted: the checkpoint is given up instead of staying prepared
+                async with self.runner.lock:
+                    if self.runner.current is work:
+                        await self._abandon()
+            raise
         work.stage = "cleanup"
         if request.episode_ids is not None:
             await self.participant.delete_restored({episode.capture_key for episode in request.episode_ids})
@@ -751,6 +816,11 @@ class ControlPlane:
                     return False
                 ended = True
                 await work.interrupt()
+                if work.stage == "write" and work.stop.never_publishes:
+                    # Section 6.2: the resume waits only for a publication already under way; a write stopped
+                    # before it (even one stalled on its disk) fails whenever it goes on, and publishes nothing.
+                    await self._end_checkpoint(checkpoint_id)
+                    return False
             # Outside the lock: the work's own ending (a failed restore re-opening admission) takes the lock.
             await work.ended()
 

@@ -57,10 +57,18 @@ class StopFlag:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._stopped = False
+        self._publishing = False
 
     @property
     def stopped(self) -> bool:
         return self._stopped
+
+    @property
+    def never_publishes(self) -> bool:
+        """Stopped before its publication began: the write can end only by failing, however long it still runs
+        (a stalled disk), so a resume need not wait for it."""
+        with self._lock:
+            return self._stopped and not self._publishing
 
     def stop(self) -> None:
         with self._lock:
@@ -74,6 +82,7 @@ class StopFlag:
     def publishing(self, what: str) -> Iterator[None]:
         with self._lock:
             self.raise_if_stopped(what)
+            self._publishing = True
             yield
 
 
@@ -99,23 +108,37 @@ def write_participant_state(
     manifest_first: bool = False,
     journal: Journal | None = None,
     skip_records_fsync: bool = False,
+    storage_fault: Callable[[str], None] | None = None,
+    faults: WriterFaults | None = None,
 ) -> dict[str, Any]:
     """Write the records, then publish the manifest; return the manifest (also when it already existed).
 
     `between_files` runs between the two publications (a failpoint). `manifest_first` publishes the manifest
     before the records (the planted fault `store_publishes_manifest_first`); `skip_records_fsync` never fsyncs the
     records file (the planted fault `store_skips_records_fsync`). `journal` records every fsync, so a power cut can
-    be applied afterwards (`fakes.gym.durability`)."""
+    be applied afterwards (`fakes.gym.durability`). `storage_fault(point)` runs at each named point of the write
+    (`fakes.gym.storage_faults`), where it may raise an `OSError` or stall; `faults` are the writer's planted
+    faults."""
     directory = participant_dir(checkpoint_dir, kind, instance)
     what = f"checkpoint {checkpoint_id!r} to {directory}"
     flag = stop if stop is not None else StopFlag()
-    publish = _Publication(between_files or (lambda: None), manifest_first, journal, skip_records_fsync)
+    planted = faults or WriterFaults()
+    publish = _Publication(
+        between_files or (lambda: None),
+        manifest_first,
+        journal,
+        skip_records_fsync,
+        storage_fault or (lambda point: None),
+        planted,
+    )
     try:
         if journal is not None:
             journal.writing(checkpoint_dir)
         directory.mkdir(parents=True, exist_ok=True)
         return _write(directory, kind, instance, checkpoint_id, records, flag, what, publish)
     except OSError as exc:
+        if planted.os_errors_escape:
+            raise
         raise CheckpointStateError(
             f"cannot write {what}: {exc}; check that the directory is writable and has space, then retry the commit"
         ) from exc
@@ -164,8 +187,10 @@ def _write_records_temp(
                 digest.update(line)
                 file.write(line)
                 count += 1
+            publish.fault("records.write")
             file.flush()
             if not publish.skip_records_fsync:
+                publish.fault("records.fsync")
                 _fsync(file.fileno(), publish.journal)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -184,11 +209,25 @@ def _record_line(record: Any, index: int) -> bytes:
 
 
 @attrs.frozen
+class WriterFaults:
+    """The writer's planted faults (`fakes/faults.py` says what each plants); all off by default."""
+
+    # `store_error_is_internal`: an OSError escapes unwrapped (the server answers 500, not 422).
+    os_errors_escape: bool = False
+    # `store_failed_write_leaves_manifest`: the manifest is written in place, so a failed write leaves it torn.
+    manifest_in_place: bool = False
+    # `stalled_write_publishes_after_resume`: the stop flag is not checked again under the publication lock.
+    ignores_stop_when_publishing: bool = False
+
+
+@attrs.frozen
 class _Publication:
     between_files: Callable[[], None]
     manifest_first: bool
     journal: Journal | None = None
     skip_records_fsync: bool = False
+    fault: Callable[[str], None] = lambda point: None
+    planted: WriterFaults = WriterFaults()
 
 
 def _publish(
@@ -196,12 +235,16 @@ def _publish(
 ) -> dict[str, Any]:
     """Rename the records to their digest name, then create the manifest without ever replacing one."""
     manifest_bytes = (manifest_text(manifest) + "\n").encode()
-    temp_manifest = _fsynced_temp(directory, _MANIFEST_TEMP_PREFIX, manifest_bytes, publish.journal)
     records_path = directory / manifest["records_file"]
     manifest_path = directory / MANIFEST_NAME
+    if publish.planted.manifest_in_place:
+        return _publish_in_place(directory, temp_records, records_path, manifest, manifest_bytes, flag, what, publish)
+    publish.fault("manifest.write")
+    temp_manifest = _fsynced_temp(directory, _MANIFEST_TEMP_PREFIX, manifest_bytes, publish.journal)
     renamed = published = False
+    guard = contextlib.nullcontext() if publish.planted.ignores_stop_when_publishing else flag.publishing(what)
     try:
-        with flag.publishing(what):
+        with guard:
             # A directory that holds a manifest never changes, so an existing one is only compared with.
             if not manifest_path.exists() and publish.manifest_first:
                 published = _link_new(temp_manifest, manifest_path)
@@ -213,6 +256,7 @@ def _publish(
                 os.replace(temp_records, records_path)
                 renamed = True
                 publish.between_files()
+                publish.fault("manifest.link")
                 published = _link_new(temp_manifest, manifest_path)
                 _fsync_dir(directory, publish.journal)
     finally:
@@ -220,6 +264,35 @@ def _publish(
     if published:
         return manifest
     return _existing_manifest(manifest_path, records_path if renamed else None, manifest, what)
+
+
+def _publish_in_place(
+    directory: Path,
+    temp_records: Path,
+    records_path: Path,
+    manifest: dict[str, Any],
+    manifest_bytes: bytes,
+    flag: StopFlag,
+    what: str,
+    publish: _Publication,
+) -> dict[str, Any]:
+    """The planted fault `store_failed_write_leaves_manifest`: the manifest is created and written where it is
+    read, so a write that fails half-way leaves a torn manifest behind (Gym links a complete, fsynced one)."""
+    with flag.publishing(what):
+        if (directory / MANIFEST_NAME).exists():
+            return _existing_manifest(directory / MANIFEST_NAME, None, manifest, what)
+        os.replace(temp_records, records_path)
+        publish.fault("manifest.link")
+        with open(directory / MANIFEST_NAME, "xb") as file:
+            half = len(manifest_bytes) // 2
+            file.write(manifest_bytes[:half])
+            file.flush()
+            publish.fault("manifest.write")
+            file.write(manifest_bytes[half:])
+            file.flush()
+            _fsync(file.fileno(), publish.journal)
+        _fsync_dir(directory, publish.journal)
+    return manifest
 
 
 def _link_new(source: Path, target: Path) -> bool:

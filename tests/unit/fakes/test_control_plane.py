@@ -946,3 +946,59 @@ def test_a_lease_grace_must_be_finite_and_not_negative(tmp_path: Path, grace: fl
         Deployment("native", tmp_path, backend_url="http://127.0.0.1:1", lease_grace_s=grace)
     with pytest.raises(ValueError, match="lease_grace_s"):
         ServerConfig(name="agent", role="agent", port=1, token=TOKEN, lease_grace_s=grace)
+
+
+async def test_a_write_failed_by_a_full_disk_stays_prepared_and_its_retry_commits(tmp_path: Path) -> None:
+    async with open_stack(tmp_path) as stack:
+        stack.participant.live = {"r0": {"step": 1}}
+        await stack.ok("prepare")
+        armed = await stack.client.post("/_ctl/storage", json={"point": "manifest.write", "how": "ENOSPC"})
+        failed = await stack.commit(scope=["r0"])
+        status = await stack.status()
+        retried = await stack.commit(scope=["r0"])
+        storage = (await stack.client.get("/_ctl/storage")).json()
+
+    assert armed.json()["armed"] == {"point": "manifest.write", "how": "ENOSPC"}
+    assert error_of(failed) == (422, "invalid_checkpoint_state")
+    assert "ENOSPC injected at manifest.write" in failed.json()["error"]["detail"]
+    assert (status["phase"], status["checkpoint_id"]) == ("prepared", "c1")
+    assert retried.status_code == 200, retried.text
+    assert storage == {"armed": None, "stalled_at": None, "writes": 0}
+    assert stack.participant.export_calls == 1
+
+
+async def test_a_failed_write_gives_the_checkpoint_up_under_the_planted_fault(tmp_path: Path) -> None:
+    async with open_stack(tmp_path, faults=("failed_write_abandons_checkpoint",)) as stack:
+        stack.participant.live = {"r0": {}}
+        await stack.ok("prepare")
+        await stack.client.post("/_ctl/storage", json={"point": "records.write", "how": "EIO"})
+        failed = await stack.commit()
+        status = await stack.status()
+
+    assert error_of(failed) == (422, "invalid_checkpoint_state")
+    assert (status["phase"], status["accepting"]) == ("idle", True)
+
+
+async def test_a_resume_returns_while_a_stopped_write_still_stalls_and_it_never_publishes(tmp_path: Path) -> None:
+    async with open_stack(tmp_path) as stack:
+        stack.participant.live = {"r0": {}}
+        await stack.ok("prepare")
+        await stack.client.post("/_ctl/storage", json={"point": "records.fsync", "how": "stall"})
+        timed_out = await stack.commit(deadline_s=SHORT_DEADLINE_S)
+        stalled = stack.plane.storage.state()
+        resumed = await asyncio.wait_for(stack.ok("resume"), WAIT_TIMEOUT_S)
+        status = await stack.status()
+        await stack.client.post("/_ctl/storage/release")
+        await wait_until(lambda: stack.plane.storage.state()["writes"] == 0, "the stopped write ended")
+
+    assert error_of(timed_out) == (409, "deadline_exceeded")
+    assert stalled == {"armed": None, "stalled_at": "records.fsync", "writes": 1}
+    assert resumed == {"phase": "idle", "idempotent": False}
+    assert (status["phase"], status["accepting"]) == ("idle", True)
+    assert not (tmp_path / "gym" / "environment" / "env-1" / store.MANIFEST_NAME).exists()
+
+
+def test_the_storage_faults_planted_in_the_control_plane_are_in_the_catalogue() -> None:
+    planted = {"store_error_is_internal", "store_failed_write_leaves_manifest", "failed_write_abandons_checkpoint"}
+    planted |= {"stalled_write_publishes_after_resume"}
+    assert planted <= set(fault_catalogue.BY_NAME)
