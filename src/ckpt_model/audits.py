@@ -81,13 +81,16 @@ class Audits:
     def published_after_crash(self, checkpoint_id: str) -> frozenset[str]:
         """After a crash inside a commit, every share whose manifest was published verifies in full (P9: the
         manifest is the commit point, published only once the records are durable); returns who published."""
-        directory = self.harness.checkpoint_dir / checkpoint_id
         read = self.read(checkpoint_id)
-        published = [
-            m.name for m in self.members if (participant_dir(directory, m.kind, m.name) / MANIFEST_NAME).exists()
-        ]
+        published = [m.name for m in self.members if self.has_manifest(checkpoint_id, m.name)]
         props.p9_verifies(checkpoint_id, {name: read[name] for name in published})
         return frozenset(published)
+
+    def has_manifest(self, checkpoint_id: str, name: str) -> bool:
+        """Whether participant `name` published its share of `checkpoint_id` (its manifest is there)."""
+        member = next(m for m in self.members if m.name == name)
+        directory = self.harness.checkpoint_dir / checkpoint_id
+        return (participant_dir(directory, member.kind, member.name) / MANIFEST_NAME).exists()
 
     def shares(
         self,

@@ -522,6 +522,13 @@ class Model:
         incomplete = attrs.evolve(checkpoint, shares=shares)
         return attrs.evolve(self.crash(), incomplete=(*self.incomplete, incomplete))
 
+    def commit_failed(self, shares: frozenset[str] = frozenset()) -> Model:
+        """A commit some participant could not write, which the controller gave up on: it resumes, and the
+        checkpoint is incomplete (never published); `shares` names the participants that published their share."""
+        _, checkpoint = self.commit()
+        incomplete = attrs.evolve(checkpoint, shares=shares)
+        return attrs.evolve(self.resume(), incomplete=(*self.incomplete, incomplete))
+
     def can_restore_incomplete(self) -> bool:
         return self.fresh and not self.checkpoint_open and bool(self.incomplete)
 

@@ -67,6 +67,14 @@ log = logging.getLogger(__name__)
 FAILPOINT_BETWEEN_FILES = "commit.between_files"
 # ... and inside a restore: admission closed, the records read and validated, nothing installed yet.
 FAILPOINT_BEFORE_INSTALL = "restore.before_install"
+# A deployment's storage faults (`BreaksStorage`): the named points of a participant's write, in the order it
+# passes them (the records lines, their fsync, the manifest's temporary file, the manifest's link once the
+# records carry their digest name), and how the write meets its fault there: the disk full or failing for that
+# one write, or stalled until released. A stall never stands at the link, where a resume must wait for it.
+STORAGE_POINTS = ("records.write", "records.fsync", "manifest.write", "manifest.link")
+STALL_POINTS = STORAGE_POINTS[:3]
+STORAGE_FAILURES = ("ENOSPC", "EIO")
+STALL = "stall"
 
 SYSTEMS_GROUP = "ckpt_model.systems"
 EMBEDDED = "embedded"
@@ -113,6 +121,18 @@ class Failpoints(Protocol):
     def arm_failpoint(self, name: str, point: str) -> None: ...
 
     def failpoint_reached(self, name: str, point: str) -> bool: ...
+
+
+@runtime_checkable
+class BreaksStorage(Protocol):
+    """Fail (ENOSPC, EIO: once) or stall one server's next checkpoint write at a named point; say what is armed,
+    where a write stalled and how many writes run; let a stalled write go on."""
+
+    def break_storage(self, name: str, point: str, how: str) -> None: ...
+
+    def storage_state(self, name: str) -> dict[str, Any]: ...
+
+    def release_storage(self, name: str) -> None: ...
 
 
 @runtime_checkable
@@ -518,6 +538,19 @@ class Harness:
     def failpoint_reached(self, name: str, point: str) -> bool:
         return bool(self._failpoints().failpoint_reached(name, point))
 
+    @property
+    def can_break_storage(self) -> bool:
+        return isinstance(self.deployment, BreaksStorage)
+
+    def break_storage(self, name: str, point: str, how: str) -> None:
+        self._storage().break_storage(name, point, how)
+
+    def storage_state(self, name: str) -> dict[str, Any]:
+        return dict(self._storage().storage_state(name))
+
+    def release_storage(self, name: str) -> None:
+        self._storage().release_storage(name)
+
     def close(self) -> None:
         if self._chores is not None:
             self._chores.shutdown(wait=True)
@@ -599,6 +632,14 @@ class Harness:
         deployment = self.deployment
         if not isinstance(deployment, Failpoints):
             raise HarnessError(self._lacks("arm_failpoint(name, point) and failpoint_reached(name, point)"))
+        return deployment
+
+    def _storage(self) -> BreaksStorage:
+        deployment = self.deployment
+        if not isinstance(deployment, BreaksStorage):
+            raise HarnessError(
+                self._lacks("break_storage(name, point, how), storage_state(name), release_storage(name)")
+            )
         return deployment
 
     def _chore(self, work: Any, *args: Any, **kwargs: Any) -> Future[Any]:

@@ -102,6 +102,22 @@ def cut_continued_again(step: Step) -> bool:
     return False
 
 
+def storage_fault(stalled: bool, retried: bool) -> Callable[[Step], bool]:
+    """A commit whose write failed (or, `stalled`, stalled past its deadline), then retried in the same process
+    (`retried`) or given up with a resume."""
+
+    def reached(step: Step) -> bool:
+        arguments = step.arguments
+        return (
+            step.rule == "storage_fault"
+            and (arguments.get("how") == "stall") == stalled
+            and bool(arguments.get("then_retry")) == retried
+        )
+
+    reached.__doc__ = f"A {'stalled' if stalled else 'failed'} write, then {'retried' if retried else 'resumed'}."
+    return reached
+
+
 # The operations a crash must land inside of, each its own goal.
 CRASHED_OPERATIONS = ("commit", "restore", "retire", "forget")
 
@@ -115,6 +131,10 @@ GOALS: tuple[Goal, ...] = (
     Goal("same_checkpoint_restored_twice", "the same checkpoint restored twice", same_checkpoint_restored_twice),
     *(Goal(f"crash_inside_{op}", f"a crash inside a {op}", crash_inside(op)) for op in CRASHED_OPERATIONS),
     Goal("restore_after_failed_restore", "a restore after a failed restore", restore_after_failed_restore),
+    Goal("failed_write_retried", "a failed write retried in its process", storage_fault(False, True)),
+    Goal("failed_write_given_up", "a failed write given up by a resume", storage_fault(False, False)),
+    Goal("stalled_write_retried", "a stalled write retried once it ended", storage_fault(True, True)),
+    Goal("stalled_write_stopped", "a stalled write stopped by a resume", storage_fault(True, False)),
     Goal(
         "cut_continued_again",
         "a cut continued after a second crash",

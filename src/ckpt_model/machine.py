@@ -19,11 +19,11 @@ from ckpt_model import twin
 from ckpt_model.audits import Audits
 from ckpt_model.contract import Checkpoint, Model
 from ckpt_model.controller import HUNG_CUT_PREPARE_DEADLINE_S, Controller, run_pool
-from ckpt_model.deployment import Harness
+from ckpt_model.deployment import STALL, STALL_POINTS, STORAGE_FAILURES, STORAGE_POINTS, Harness
 from ckpt_model.errors import CoordinationError, PropertyViolation
 from ckpt_model.history import History
 from ckpt_model.ledger_watch import LedgerWatch
-from ckpt_model.nemesis import Nemesis
+from ckpt_model.nemesis import Nemesis, WriteFault
 from ckpt_model.quiescence import SETTLE_TIMEOUT_S, Quiescence
 from ckpt_model.stats import SearchStats
 from ckpt_model.steplog import StepLog, action, rule_names
@@ -258,6 +258,53 @@ class CheckpointMachine(RuleBasedStateMachine):
         remembering = [m.name for m in self.controller.control.participants if model.remembers(m.kind, latest)]
         self._refused("prepare", latest, "stale_checkpoint", remembering)
         return f"; prepare({latest}) refused by {remembering}"
+
+    # -- storage that fails or stalls -------------------------------------------------------------------------
+
+    @action(
+        lambda self: self.model.phase == "prepared" and self.harness.can_break_storage,
+        victim=PICK,
+        point=PICK,
+        how=st.sampled_from((*STORAGE_FAILURES, STALL)),
+        then_retry=st.booleans(),
+    )
+    def storage_fault(self, victim: int, point: int, how: str, then_retry: bool) -> None:
+        """The commit meets a full or failing disk (once), or a write that stalls past its deadline, on one
+        participant (P16); the controller then retries the commit in the same process, or resumes and leaves the
+        checkpoint incomplete."""
+        checkpoint_id, scope = self.model.opened, self.model.scope()
+        members = self.controller.members()
+        name = _pick(members, victim).name
+        others = [m.name for m in members if m.name != name]
+        fault = WriteFault(name, _pick(list(STALL_POINTS if how == STALL else STORAGE_POINTS), point), how)
+        replies = self.controller.commit_on(others, checkpoint_id, scope) if others else {}
+        self.audits.partial_commit(self.model, checkpoint_id, others, replies)
+        refusal = self.nemesis.commit_meeting(fault, checkpoint_id, scope)
+        props.p16_write_refused(checkpoint_id, name, fault.label, {} if refusal is None else {name: refusal})
+        when = f"after its write met {fault.label}"
+        props.p16_no_manifest(checkpoint_id, name, when, self.audits.has_manifest(checkpoint_id, name))
+        props.p16_still_prepared(checkpoint_id, name, self.harness.statuses()[name])
+        label = f"storage_fault() -> {name} meets {fault.label} in commit {checkpoint_id}"
+        if then_retry:
+            if how == STALL:
+                self.nemesis.release_write(fault)
+            try:
+                replies = self.controller.commit(checkpoint_id, scope)
+            except CoordinationError as error:
+                props.p16_retry_commits(checkpoint_id, fault.label, error)
+            self.audits.commit(self.model, checkpoint_id, replies)
+            model, _ = self.model.commit()
+            label += "; commit retried"
+        else:
+            self.controller.resume(checkpoint_id)
+            if how == STALL:
+                self.nemesis.release_write(fault)
+                when = "after a resume stopped its stalled write"
+                props.p16_no_manifest(checkpoint_id, name, when, self.audits.has_manifest(checkpoint_id, name))
+            published = self.audits.published_after_crash(checkpoint_id)
+            model = self.model.commit_failed(published)
+            label += f"; resume({checkpoint_id}), incomplete with the shares of {sorted(published)}"
+        self._advance(model, label)
 
     # -- restores ---------------------------------------------------------------------------------------------
 

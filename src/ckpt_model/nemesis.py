@@ -20,11 +20,15 @@ from ckpt_model import damage
 from ckpt_model.contract import Attempt, Checkpoint, Model
 from ckpt_model.controller import CONTROL_DEADLINE_S, Controller, episodes_keyed, episodes_of, outcomes_text
 from ckpt_model.coordination import Participant
-from ckpt_model.deployment import FAILPOINT_BEFORE_INSTALL, FAILPOINT_BETWEEN_FILES, Harness
-from ckpt_model.errors import QuiescenceTimeout
+from ckpt_model.deployment import FAILPOINT_BEFORE_INSTALL, FAILPOINT_BETWEEN_FILES, STALL, Harness
+from ckpt_model.errors import CoordinationError, ParticipantFailure, QuiescenceTimeout
 from ckpt_model.history import Event
 from ckpt_model.quiescence import poll
 from ckpt_model.wire import RETIRE_ORDER
+
+# A commit sent into a stalled write carries a deadline this close: it lapses while the write stands still, in
+# about a second of the example's time, and far enough ahead that the request starts its write before it.
+STALLED_COMMIT_DEADLINE_S = 1.0
 
 
 @attrs.frozen
@@ -34,6 +38,19 @@ class HeldCommit:
     name: str
     invocation: Event
     answer: Future[Any]
+
+
+@attrs.frozen
+class WriteFault:
+    """A storage fault the write of one participant's commit meets: `how` (ENOSPC, EIO, stall) at `point`."""
+
+    victim: str
+    point: str
+    how: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.how} at {self.point}"
 
 
 class Nemesis:
@@ -137,6 +154,44 @@ class Nemesis:
         destination = self.controller.directory(f"{restore_id}-damaged")
         copy = damage.damaged_copy(source, destination, member.kind, member.name, how, checkpoint.exported)
         return member.name, how, copy
+
+    # -- storage that fails or stalls ---------------------------------------------------------------------------
+
+    def commit_meeting(
+        self, fault: WriteFault, checkpoint_id: str, scope: Sequence[Attempt]
+    ) -> ParticipantFailure | None:
+        """The victim's commit of `scope` while `fault` waits in its write: a failure (ENOSPC, EIO) meets the write
+        once; a stall holds it until `release_write`, and the commit is sent with a deadline a second ahead, which
+        lapses while it stalls. Returns the victim's refusal (None if it committed), once a stalled write stands at
+        the stall."""
+        self.harness.break_storage(fault.victim, fault.point, fault.how)
+        invocation = self.controller.invoke("storage fault", f"{fault.victim}: {fault.label}")
+        self.controller.complete(invocation, "ok")
+        deadline_s = STALLED_COMMIT_DEADLINE_S if fault.how == STALL else CONTROL_DEADLINE_S
+        try:
+            self.controller.commit_on([fault.victim], checkpoint_id, scope, deadline_s)
+            refusal = None
+        except CoordinationError as error:
+            refusal = error.failures.get(fault.victim)
+        if fault.how == STALL:
+            self._wait_storage(fault, lambda state: state["stalled_at"] == fault.point, "its write stands at the stall")
+        else:
+            self.harness.release_storage(fault.victim)  # a fault no write met must not meet a later one
+        return refusal
+
+    def release_write(self, fault: WriteFault) -> None:
+        """Let the stalled write go on, and wait until it ended (published, failed or stopped)."""
+        self.harness.release_storage(fault.victim)
+        self._wait_storage(fault, lambda state: state["writes"] == 0, "its stalled write ended once released")
+
+    def _wait_storage(self, fault: WriteFault, condition: Any, prediction: str) -> None:
+        if not poll(lambda: condition(self.harness.storage_state(fault.victim)), self.timeout_s):
+            raise QuiescenceTimeout(
+                prediction=f"{fault.victim} ({fault.label}): {prediction}",
+                observed=self.harness.storage_state(fault.victim),
+                pending=[f"{fault.victim} storage"],
+                timeout_s=self.timeout_s,
+            )
 
     # -- who can be killed alone ------------------------------------------------------------------------------
 

@@ -111,6 +111,15 @@ class P14Violation(PropertyViolation):
     )
 
 
+class P16Violation(PropertyViolation):
+    property_id = "P16"
+    title = (
+        "failed and stalled writes: a commit whose write fails or stalls is refused with Gym's code by that "
+        "participant alone, publishes no manifest, leaves it prepared for a retry that commits what the first "
+        "export held, and a write stopped by a resume never publishes"
+    )
+
+
 # Every property, checked or not yet; docs/how-it-works.md's table must agree (tests/unit/checker/test_properties).
 REGISTRY: dict[str, PropertyInfo] = {
     info.property_id: info
@@ -130,6 +139,7 @@ REGISTRY: dict[str, PropertyInfo] = {
         PropertyInfo("P13", P13Violation.title, "teardown", True),
         PropertyInfo("P14", P14Violation.title, "teardown", True),
         PropertyInfo("P15", P15Violation.title, "step", True),
+        PropertyInfo("P16", P16Violation.title, "step", True),
     )
 }
 
@@ -1040,3 +1050,65 @@ def p10_lease_held(name: str, status: Mapping[str, Any]) -> None:
             expected=f"{name}, in phase {status.get('phase')!r}, holds a lease",
             observed=f"lease_expires_at {lease!r}",
         )
+
+
+# -- P16: failed and stalled writes ------------------------------------------------------------------------------
+
+# How each storage fault must be answered (reference sections 2.3, 2.6 and 6.2): an OSError is a
+# CheckpointStateError (422 invalid_checkpoint_state); a write still running at the deadline is 409
+# deadline_exceeded, and the write runs on.
+WRITE_REFUSAL: dict[str, tuple[int, str]] = {
+    "ENOSPC": (422, "invalid_checkpoint_state"),
+    "EIO": (422, "invalid_checkpoint_state"),
+    "stall": (409, "deadline_exceeded"),
+}
+
+
+def p16_write_refused(checkpoint_id: str, victim: str, fault: str, failures: Mapping[str, ParticipantFailure]) -> None:
+    """The commit of `checkpoint_id`, whose write on `victim` met the storage fault `fault` (`how at point`), is
+    refused by `victim` with the status and code Gym gives that failure, and by nobody else (`failures`: the
+    refusals of the commit that reached it)."""
+    how = fault.split(" ", 1)[0]
+    status, code = WRITE_REFUSAL[how]
+    expected = f"commit {checkpoint_id}: {victim} ({fault}) alone refuses it with HTTP {status} {code}"
+    refused = failures.get(victim)
+    if refused is None:
+        raise P16Violation(rollout=None, expected=expected, observed=f"{victim} committed it")
+    if (refused.http_status, refused.code) != (status, code):
+        raise P16Violation(rollout=None, expected=expected, observed=f"{victim}: {refused.describe()}")
+    also = {name: failure.describe() for name, failure in sorted(failures.items()) if name != victim}
+    if also:
+        raise P16Violation(rollout=None, expected=expected, observed=f"refused as well by {also}")
+
+
+def p16_no_manifest(checkpoint_id: str, victim: str, when: str, published: bool) -> None:
+    """`victim`'s share of `checkpoint_id` holds no manifest (`published` says whether it does), `when` its write
+    failed or was stopped: the manifest is the commit point, and that write never reached it."""
+    if published:
+        raise P16Violation(
+            rollout=None,
+            expected=f"no manifest in {victim}'s share of {checkpoint_id} {when}",
+            observed="manifest.json is there",
+        )
+
+
+def p16_still_prepared(checkpoint_id: str, victim: str, status: Mapping[str, Any]) -> None:
+    """After its failed write, `victim` is still prepared for `checkpoint_id`, so the controller can retry the
+    commit in the same process (reference section 2.6: a retry stores the first export)."""
+    shown = (status.get("phase"), status.get("checkpoint_id"))
+    if shown != ("prepared", checkpoint_id):
+        raise P16Violation(
+            rollout=None,
+            expected=f"{victim} still prepared for {checkpoint_id} after its write failed, ready for a retry",
+            observed=f"phase {shown[0]!r}, checkpoint {shown[1]!r}",
+        )
+
+
+def p16_retry_commits(checkpoint_id: str, fault: str, error: Exception) -> None:
+    """The controller's retry of the commit after `fault` was refused (`error`): a failed write must leave every
+    participant able to commit the same checkpoint again."""
+    raise P16Violation(
+        rollout=None,
+        expected=f"the retried commit of {checkpoint_id} after {fault} committed on every participant",
+        observed=str(error),
+    ) from error

@@ -377,6 +377,41 @@ COUNTER_CALLS: dict[str, Facts] = {
 }
 SCENARIOS = {name: attrs.evolve(scenario, counter_calls=COUNTER_CALLS[name]) for name, scenario in SCENARIOS.items()}
 
+# Storage that fails or stalls under a commit (`storage_fault`, P16), on the second participant in name order (the
+# environment on the native topology, the policy model with its ledgers on the counter's): a full disk while it
+# writes its manifest, retried in the same process;
+# a failing disk after its records took their digest name, given up; a write that stalls past the commit's
+# deadline, then retried once it finished; and one a resume stopped, which must never publish.
+ON_THE_SECOND = {"victim": 1}
+STORAGE_SCENARIOS: dict[str, Scenario] = {
+    "failed_write__retried_in_the_same_process_stores_the_first_export": Scenario(
+        steps("dispatch", ("release", FIRST), "prepare")
+        + steps(("storage_fault", {**ON_THE_SECOND, "point": 2, "how": "ENOSPC", "then_retry": True}))
+        + steps("crash", ("restore", FIRST), ("start_replacement", FIRST)),
+        calls={"r0": (0, 1), "r0-a1": (1,)},
+        counter_calls={"r0": (0, 1), "r0-a1": (1, 2)},
+    ),
+    "failed_write__given_up_is_an_incomplete_checkpoint": Scenario(
+        steps("dispatch", "prepare")
+        + steps(("storage_fault", {**ON_THE_SECOND, "point": 3, "how": "EIO", "then_retry": False}))
+        + steps("crash", ("restore_incomplete", FIRST)),
+    ),
+    "stalled_write__retried_once_it_finished": Scenario(
+        steps("dispatch", "prepare")
+        + steps(("storage_fault", {**ON_THE_SECOND, "point": 1, "how": "stall", "then_retry": True}))
+        + steps("crash", ("restore", FIRST), ("start_replacement", FIRST)),
+        calls={"r0": (0,), "r0-a1": (0, 1)},
+        counter_calls={"r0": (0,), "r0-a1": (0, 1, 2)},
+    ),
+    "stalled_write__stopped_by_a_resume_never_publishes": Scenario(
+        steps("dispatch", "prepare")
+        + steps(("storage_fault", {**ON_THE_SECOND, "point": 2, "how": "stall", "then_retry": False}))
+        + steps(("release", FIRST), ("release", FIRST)),
+        calls={"r0": (0, 1)},
+        counter_calls={"r0": (0, 1, 2)},
+    ),
+}
+
 # Gym's scenario 5 (counter): the counter, seeded at 3, is checkpointed at 4 after its first increment; only a
 # restored counter lets the continuation's second increment reach the expected 6 (reward 1.0, P3). Its negative
 # control is the planted fault `resources_restore_skipped` (P6).
@@ -605,6 +640,10 @@ FAULT_SCENARIOS: dict[str, str] = {
     "environment_resume_deletes_records_sometimes": "checkpoint_without_crash__parks_then_resumes",
     "second_worker_delivers_held": "token_lineage__held_reply_on_a_second_worker_is_not_exported",
     "agent_restore_drops_tool_results": "crash_after_prepare__continues_from_boundary",
+    "store_error_is_internal": "failed_write__retried_in_the_same_process_stores_the_first_export",
+    "store_failed_write_leaves_manifest": "failed_write__retried_in_the_same_process_stores_the_first_export",
+    "failed_write_abandons_checkpoint": "failed_write__retried_in_the_same_process_stores_the_first_export",
+    "stalled_write_publishes_after_resume": "stalled_write__stopped_by_a_resume_never_publishes",
 }
 
 
@@ -616,6 +655,7 @@ def named(name: str) -> Scenario:
         CAPTURE_SCENARIOS,
         CUT_SCENARIOS,
         MIXED_SCENARIOS,
+        STORAGE_SCENARIOS,
         *SLOW_SCENARIOS.values(),
     ):
         if name in scenarios:

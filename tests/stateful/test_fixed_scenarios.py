@@ -19,6 +19,7 @@ from ckpt_model.scenarios import (
     MIXED_SCENARIOS,
     SCENARIOS,
     SLOW_SCENARIOS,
+    STORAGE_SCENARIOS,
     Scenario,
     ScenarioFactMismatch,
     named,
@@ -52,6 +53,16 @@ def test_counter_scenario_with_token_capture(counter_capture_harness: Harness, n
 @pytest.mark.parametrize("name", sorted({**SCENARIOS, **CUT_SCENARIOS}))
 def test_native_scenario_with_generation_cuts(native_cuts_harness: Harness, name: str) -> None:
     run(native_cuts_harness, named(name))
+
+
+@pytest.mark.parametrize("name", sorted(STORAGE_SCENARIOS))
+def test_storage_scenario(native_harness: Harness, name: str) -> None:
+    run(native_harness, STORAGE_SCENARIOS[name])
+
+
+@pytest.mark.parametrize("name", sorted(STORAGE_SCENARIOS))
+def test_storage_scenario_with_token_capture(counter_capture_harness: Harness, name: str) -> None:
+    run(counter_capture_harness, STORAGE_SCENARIOS[name])
 
 
 # Gym runs its scenarios 1, 2, 3, 6, 7 and 8 with one policy-model worker and with two.

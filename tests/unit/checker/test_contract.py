@@ -642,6 +642,20 @@ def test_a_crash_inside_a_commit_leaves_the_checkpoint_incomplete_and_everything
     assert model.can_restore_incomplete()
 
 
+def test_a_commit_given_up_after_a_failed_write_resumes_and_leaves_the_checkpoint_incomplete() -> None:
+    model, _ = native().dispatch()
+    model, checkpoint_id = model.prepare()
+    model = model.commit_failed(frozenset({"agent", "resources"}))
+    assert model.committed == ()
+    assert [(c.checkpoint_id, c.shares) for c in model.incomplete] == [
+        (checkpoint_id, frozenset({"agent", "resources"}))
+    ]
+    assert (model.phase, model.open_checkpoint, model.resumed) == ("idle", None, (checkpoint_id,))
+    assert model.current()["r0"].status == "running"  # nothing was lost: the rollout goes on
+    assert not model.can_restore_incomplete()  # the processes live: a restore needs a crash first
+    assert model.crash().can_restore_incomplete()
+
+
 def test_a_refused_restore_of_an_incomplete_checkpoint_burns_its_attempts_too() -> None:
     model, _ = native().dispatch()
     model, checkpoint_id = model.prepare()

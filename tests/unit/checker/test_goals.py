@@ -71,6 +71,20 @@ def test_a_restore_after_a_refused_restore_is_reached_only_with_one_before_it() 
     assert not goals.restore_after_failed_restore(step("recover", model, "crash()", earlier=(failed,)))
 
 
+@pytest.mark.parametrize("stalled", [False, True])
+@pytest.mark.parametrize("retried", [False, True])
+def test_each_storage_fault_goal_is_reached_by_its_own_kind_and_ending(stalled: bool, retried: bool) -> None:
+    model = prepared(release=False)
+    for how in ("ENOSPC", "EIO", "stall"):
+        for then_retry in (False, True):
+            arguments = {"victim": 0, "point": 0, "how": how, "then_retry": then_retry}
+            drawn = Step("storage_fault", arguments, model, model, ("storage_fault() -> ...",))
+            expected = (how == "stall") == stalled and then_retry == retried
+            assert goals.storage_fault(stalled, retried)(drawn) is expected
+    commit = Step("commit", {"how": "stall", "then_retry": retried}, model, model, ("commit() -> c1",))
+    assert not goals.storage_fault(stalled, retried)(commit)
+
+
 def test_a_cut_is_continued_again_by_a_second_restore_of_its_checkpoint() -> None:
     twice = ("restore(c1) as c1-restore3",), ("restore(c1) as c1-restore2",)
     assert goals.cut_continued_again(step("restore", committed(), *twice[0], earlier=twice[1]))

@@ -11,7 +11,7 @@ import pytest
 
 from ckpt_model import properties
 from ckpt_model.contract import VERIFY, Expectation, Model, expect
-from ckpt_model.errors import ParticipantFailure
+from ckpt_model.errors import CoordinationError, ParticipantFailure
 from ckpt_model.history import Event, EventType, History
 from ckpt_model.properties import (
     P1Violation,
@@ -997,3 +997,53 @@ def test_p4_calls_complete_missing_calls_are_p4() -> None:
     with pytest.raises(P4Violation, match=r"1 keys are missing calls once every run replied, b-a1: \[\]") as caught:
         properties.p4_calls_complete({"b": (2, 4), "b-a1": (4,)}, {"b": (2, 4)})
     assert caught.value.rollout == "b-a1"
+
+
+# -- P16: failed and stalled writes -------------------------------------------------------------------------------
+
+
+def test_p16_write_refused_passes_for_gyms_code_from_the_victim_alone() -> None:
+    failures = {"environment": failure("environment", "invalid_checkpoint_state", 422)}
+    properties.p16_write_refused("c1", "environment", "ENOSPC at records.write", failures)
+    stalled = {"agent": failure("agent", "deadline_exceeded", 409)}
+    properties.p16_write_refused("c1", "agent", "stall at manifest.write", stalled)
+
+
+@pytest.mark.parametrize(
+    ("fault", "failures", "observed"),
+    [
+        ("EIO at manifest.link", {}, "environment committed it"),
+        ("ENOSPC at records.write", {"environment": failure("environment", "checkpoint_error", 500)}, "HTTP 500"),
+        ("stall at records.fsync", {"environment": failure("environment", "invalid_checkpoint_state", 422)}, "422"),
+        (
+            "EIO at records.fsync",
+            {
+                "environment": failure("environment", "invalid_checkpoint_state", 422),
+                "agent": failure("agent", "invalid_checkpoint_state", 422),
+            },
+            "refused as well by",
+        ),
+    ],
+)
+def test_p16_write_refused_fails_otherwise(fault: str, failures: dict[str, ParticipantFailure], observed: str) -> None:
+    with pytest.raises(properties.P16Violation, match=observed):
+        properties.p16_write_refused("c1", "environment", fault, failures)
+
+
+def test_p16_no_manifest() -> None:
+    properties.p16_no_manifest("c1", "environment", "after its write failed", published=False)
+    with pytest.raises(properties.P16Violation, match=r"manifest\.json is there"):
+        properties.p16_no_manifest("c1", "environment", "after its write failed", published=True)
+
+
+def test_p16_still_prepared() -> None:
+    properties.p16_still_prepared("c1", "environment", {"phase": "prepared", "checkpoint_id": "c1"})
+    for status in ({"phase": "idle", "checkpoint_id": None}, {"phase": "prepared", "checkpoint_id": "c2"}):
+        with pytest.raises(properties.P16Violation, match="ready for a retry"):
+            properties.p16_still_prepared("c1", "environment", status)
+
+
+def test_p16_retry_commits_reports_the_refusal() -> None:
+    refused = CoordinationError("commit", {"environment": failure("environment", "invalid_checkpoint_state", 422)})
+    with pytest.raises(properties.P16Violation, match=r"retried commit of c1 after EIO at records\.write"):
+        properties.p16_retry_commits("c1", "EIO at records.write", refused)
