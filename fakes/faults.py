@@ -401,6 +401,22 @@ CATALOGUE: tuple[Fault, ...] = (
         "a writer that checks the stop flag before each record but not again under the publication lock, so a"
         " write that stalled past its commit's deadline publishes its manifest after the controller resumed",
     ),
+    Fault(
+        "prepare_ignores_past_deadline",
+        "agent",
+        "P10",
+        "an agent whose prepare uses its deadline only to bound the readiness wait, so a prepare whose deadline had"
+        " already passed when it arrived (it sat in a controller's queue) closes admission and answers prepared"
+        " instead of being refused with deadline_exceeded",
+    ),
+    Fault(
+        "resources_checks_only_session_cookies",
+        "resources",
+        "P7",
+        "a resources server that refuses a retired attempt's work only by its session cookie, so a tool call or a"
+        " verify sent straight to it with the attempt's rollout prefix and no cookie (a late or confused caller)"
+        " is served",
+    ),
 )
 BY_NAME: dict[str, Fault] = {fault.name: fault for fault in CATALOGUE}
 

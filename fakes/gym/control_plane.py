@@ -327,6 +327,7 @@ class ControlPlane:
             ignores_stop_when_publishing="stalled_write_publishes_after_resume" in self.faults,
         )
         self._failed_write_abandons = "failed_write_abandons_checkpoint" in self.faults
+        self._prepare_ignores_past_deadline = kind == "agent" and "prepare_ignores_past_deadline" in self.faults
         self.instance = instance
         self.retired = RetiredAttempts()
         self.checkpoint_id: str | None = None
@@ -442,7 +443,10 @@ class ControlPlane:
             if replay is not None:
                 return replay
             self._require_phase("prepare", checkpoint_id)
-            remaining_s = self.runner.remaining_s(request.deadline_ts, f"prepare of {checkpoint_id!r}")
+            if self._prepare_ignores_past_deadline:  # planted: the deadline is only a bound on the wait
+                remaining_s = max(request.deadline_ts - time.time(), 0.0)
+            else:
+                remaining_s = self.runner.remaining_s(request.deadline_ts, f"prepare of {checkpoint_id!r}")
             if self._phase == "idle":
                 await self._close_for_prepare(request, remaining_s)
             else:

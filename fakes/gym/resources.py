@@ -75,6 +75,7 @@ class ResourcesCore:
         self.mode = config.resources_mode
         self.restart_only = config.resources_mode == "restart_only"
         self.verify_mode = config.verify_mode
+        self.checks_only_session_cookies = "resources_checks_only_session_cookies" in config.faults
         self._notify_control_plane = notify
         self._change = asyncio.Event()
         self.admission = asyncio.Event()
@@ -108,12 +109,16 @@ class ResourcesCore:
         key = rollout_key(request.state)
         episode_id = EpisodeId.from_capture_key(key) if key else None
         session_id = request.cookies.get(SESSION_COOKIE)
-        if session_id in self.retired_sessions or (episode_id is not None and self._retired(episode_id)):
+        # Planted `resources_checks_only_session_cookies`: a request with no session cookie is never checked.
+        checks_episode = session_id is not None or not self.checks_only_session_cookies
+        if session_id in self.retired_sessions or (
+            checks_episode and episode_id is not None and self._retired(episode_id)
+        ):
             raise StaleAttemptError(f"resources work of a retired attempt ({key or session_id})")
         waits = seed or not (replayable or self.restart_only)
         while waits and not self.admission.is_set():
             await self.admission.wait()
-        if episode_id is not None and self._retired(episode_id):
+        if checks_episode and episode_id is not None and self._retired(episode_id):
             raise StaleAttemptError(f"attempt {key} was retired while its request waited")
         session = self.sessions.get(session_id or "")
         if session is None and session_id and episode_id is not None and not seed:

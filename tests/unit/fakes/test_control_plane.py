@@ -1002,3 +1002,17 @@ def test_the_storage_faults_planted_in_the_control_plane_are_in_the_catalogue() 
     planted = {"store_error_is_internal", "store_failed_write_leaves_manifest", "failed_write_abandons_checkpoint"}
     planted |= {"stalled_write_publishes_after_resume"}
     assert planted <= set(fault_catalogue.BY_NAME)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_prepare_ignores_past_deadline_closes_admission_on_the_agent_only(tmp_path: Path, kind: str) -> None:
+    async with open_stack(tmp_path, kind=kind, faults=("prepare_ignores_past_deadline",)) as stack:
+        late = await stack.post("prepare", deadline_s=-1)
+
+    if kind == "agent":
+        assert late.status_code == 200
+        assert late.json()["phase"] == "prepared"
+        assert not stack.participant.accepting
+    else:
+        assert error_of(late) == (409, "deadline_exceeded")
+        assert stack.participant.accepting
