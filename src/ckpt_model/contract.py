@@ -314,14 +314,20 @@ class Model:
         does and the environment relays the refusal, once no checkpoint is open. A participant restarted alone lost
         its marks."""
 
-        def covers(kind: str) -> bool:
-            return dict(self.marks_of(kind)).get(rollout, -1) >= attempt
-
-        if covers(self.episode_owner):
+        if self.holds_mark(self.episode_owner, rollout, attempt):
             return True
         # The environment checks its own marks first, then admission: while a checkpoint is open it refuses the
         # /run with admission_closed before the seed could reach the resources server's mark.
-        return self.episode_owner == "environment" and covers("resources") and not self.checkpoint_open
+        return (
+            self.episode_owner == "environment"
+            and self.holds_mark("resources", rollout, attempt)
+            and not self.checkpoint_open
+        )
+
+    def holds_mark(self, kind: str, rollout: str, attempt: int) -> bool:
+        """A participant of `kind` holds a retire mark covering `attempt` of `rollout`: it refuses that attempt's
+        work with `stale_attempt` (a participant restarted alone lost its marks)."""
+        return dict(self.marks_of(kind)).get(rollout, -1) >= attempt
 
     def ends_alone(self, kind: str) -> list[Attempt]:
         """Running attempts whose `/run` ends by itself when the participant of `kind` crashes alone: the owner's

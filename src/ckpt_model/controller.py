@@ -55,6 +55,9 @@ STALE_RELEASE_TRIES = 8
 # A renewed lease is compared with the renew's deadline plus the grace, summed here and by the participant: the two
 # sums may round apart.
 LEASE_SLACK_S = 0.001
+# A late call's deadline passed this long before it is sent (it sat in a controller's queue): every participant
+# must refuse it with deadline_exceeded and change nothing (reference section 2.6).
+PAST_DEADLINE_S = 1.0
 # What a prepare's generation cuts can be judged by: cut in full ("durable"), hung ("hung"), or not at all (a
 # deadline too short to judge a cut, or a prepare that did not complete).
 CutJudgement = Literal["durable", "hung"] | None
@@ -404,6 +407,12 @@ class Controller:
         arguments = naming_nothing.get(operation, {})
         return self._probe(operation, operation, checkpoint_id, names, self.body(operation, checkpoint_id, **arguments))
 
+    def probe_past_deadline(self, operation: str, checkpoint_id: str, **arguments: Any) -> dict[str, Any]:
+        """`operation` naming `checkpoint_id` with `arguments`, sent to every participant on its own with a
+        deadline that passed `PAST_DEADLINE_S` ago; each one's answer, refusals included."""
+        body = request_body(operation, checkpoint_id, time.time() - PAST_DEADLINE_S, **arguments)
+        return self._probe(f"{operation} past its deadline", operation, checkpoint_id, None, body)
+
     def probe_commit_naming_restarts(
         self, checkpoint_id: str, scope: Sequence[Attempt], restarts: Sequence[str]
     ) -> dict[str, Any]:
@@ -450,7 +459,10 @@ class Controller:
     ) -> dict[str, Any]:
         invocation = self._invoke(f"probe {label}", checkpoint_id)
         with timing.span("probe"):
-            outcomes = self.control.post_each(operation, body, body["deadline_ts"], names)
+            # The transport waits for the answer as for any call; a late body's own deadline has already passed.
+            outcomes = self.control.post_each(
+                operation, body, max(body["deadline_ts"], _ahead(CONTROL_DEADLINE_S)), names
+            )
         self._complete(invocation, "ok", outcomes_text(outcomes))
         return outcomes
 

@@ -17,8 +17,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize
 from ckpt_model import properties as props
 from ckpt_model import twin
 from ckpt_model.audits import Audits
-from ckpt_model.contract import Checkpoint, Model
-from ckpt_model.controller import HUNG_CUT_PREPARE_DEADLINE_S, Controller, run_pool
+from ckpt_model.callees import Callees
+from ckpt_model.contract import Attempt, Checkpoint, Model
+from ckpt_model.controller import HUNG_CUT_PREPARE_DEADLINE_S, Controller, episodes_of, run_pool
 from ckpt_model.deployment import STALL, STALL_POINTS, STORAGE_FAILURES, STORAGE_POINTS, Harness
 from ckpt_model.errors import CoordinationError, PropertyViolation
 from ckpt_model.history import History
@@ -67,6 +68,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         self.ledgers = LedgerWatch(harness)  # P5, P12: the capture ledgers the checker predicts and reads
         self.controller = Controller(harness, self.history, runs, self.quiescence, watchers=[self.ledgers])
         self.nemesis = Nemesis(harness, self.controller)
+        self.callees = Callees(harness, self.history, runs, self.quiescence.timeout_s)
         self.audits = Audits(harness, self.ledgers, runs, twins)
         self.log = StepLog(harness, self.history, stats)
 
@@ -108,6 +110,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         """Prepare a new checkpoint: everything is at a boundary, so every stage becomes prepared (P10)."""
         model, checkpoint_id = self.model.prepare()
         verifying = [a.key for a in self.model.with_status("running") if a.verifying]
+        self._refused_past_deadline("prepare", checkpoint_id)
         outcome = self.controller.prepare(checkpoint_id)
         props.p10_prepared_everywhere(checkpoint_id, outcome.prepared, outcome.blockers, verifying, outcome.waited_s)
         self._prepared(checkpoint_id, outcome.replies)
@@ -166,6 +169,8 @@ class CheckpointMachine(RuleBasedStateMachine):
         checkpoint_id, scope = self.model.opened, self.model.scope()
         refusals = self.controller.probe_commit_naming_restarts(checkpoint_id, scope, self.model.restarts())
         props.p1_restart_in_scope_refused(checkpoint_id, refusals)
+        directory, episodes = str(self.controller.directory(checkpoint_id)), episodes_of(scope)
+        self._refused_past_deadline("commit", checkpoint_id, checkpoint_dir=directory, episode_ids=episodes)
         replies = self.controller.commit(checkpoint_id, scope)
         self.audits.commit(self.model, checkpoint_id, replies)
         model, _ = self.model.commit()
@@ -460,12 +465,29 @@ class CheckpointMachine(RuleBasedStateMachine):
 
     @action(lambda self: bool(self.model.late_runs()), pick=PICK)
     def late_run(self, pick: int) -> None:
-        """A late `/run` of a retired attempt is refused with stale_attempt until forget (P7)."""
+        """A late `/run` of a retired attempt is refused with stale_attempt until forget (P7); with no checkpoint
+        open, so are its calls straight to each callee that holds the mark (a tool call and a verify to the
+        resources servers, a generation call to the policy model)."""
         attempt = self.model.retired_attempt(_pick(self.model.late_runs(), pick))
         outcome = self.controller.late_run(attempt)
         props.p7_refused(attempt.key, outcome.status_code, outcome.body)
         label = f"late_run({attempt.key}) -> HTTP {outcome.status_code}"
+        if not self.model.checkpoint_open:
+            callees = self._late_callee_calls(attempt)
+            for call, answer in callees.items():
+                props.p7_callee_refused(attempt.key, call, answer.status_code, answer.body)
+            label += f"; refused straight by {sorted(callees)}" if callees else ""
         self._advance(self.model, label, violation=props.P7Violation)
+
+    def _late_callee_calls(self, attempt: Attempt) -> dict[str, Any]:
+        """The calls straight to each callee whose kind holds `attempt`'s retire mark (`ckpt_model.callees`)."""
+        marked = [
+            m for m in self.controller.members() if self.model.holds_mark(m.kind, attempt.rollout, attempt.attempt)
+        ]
+        resources = [m for m in marked if m.kind == "resources"]
+        tool = self.harness.spec.traits.script[0]
+        calls = self.callees.resources_calls(attempt, resources, tool) if resources else {}
+        return {**calls, **self.callees.generation_calls(attempt, [m for m in marked if m.kind == "model"])}
 
     @action(lambda self: self.model.may_run_while_open())
     def run_while_open(self) -> None:
@@ -546,6 +568,13 @@ class CheckpointMachine(RuleBasedStateMachine):
         """`operation` naming `checkpoint_id`, sent to each participant (or those `names`), is refused with `code`."""
         outcomes = self.controller.probe(operation, checkpoint_id, names)
         props.p10_each_refused(f"{operation}({checkpoint_id})", code, outcomes)
+
+    def _refused_past_deadline(self, operation: str, checkpoint_id: str, **arguments: Any) -> None:
+        """`operation` of `checkpoint_id` (with the arguments the controller is about to send), its deadline passed
+        a second ago, is refused by every participant with `deadline_exceeded` (P10); the call that follows sees
+        nothing of it."""
+        outcomes = self.controller.probe_past_deadline(operation, checkpoint_id, **arguments)
+        props.p10_each_refused(f"{operation}({checkpoint_id}) past its deadline", "deadline_exceeded", outcomes)
 
     def _advance(
         self, model: Model, label: str, violation: Violation | None = None, counts_final: bool = False

@@ -334,6 +334,13 @@ def p7_refused(key: str, status_code: int | None, body: Any) -> None:
     _refused_409(P7Violation, key, "stale_attempt", "a /run of a retired attempt", "until forget", status_code, body)
 
 
+def p7_callee_refused(key: str, call: str, status_code: int | None, body: Any) -> None:
+    """A call straight to a callee (`call`: its server and route) for a retired attempt is refused with 409
+    stale_attempt until forget: the callee's own mark, not only its caller's, stops it."""
+    what = f"{call} straight from a late caller of a retired attempt"
+    _refused_409(P7Violation, key, "stale_attempt", what, "until forget", status_code, body)
+
+
 def p9_unchanged(checkpoint_id: str, before: Mapping[str, Fingerprint], read: Mapping[str, Any]) -> None:
     """Every participant directory of a committed checkpoint still verifies and is byte-identical."""
     for name, fingerprint in before.items():

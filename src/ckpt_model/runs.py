@@ -68,7 +68,7 @@ class RunPool:
         except httpx.HTTPError as error:
             self._history.complete(invocation, "info", f"{type(error).__name__}: {error}")
             return RunOutcome(status_code=None, body=None, error=str(error))
-        body = _json(response)
+        body = decoded(response)
         self._history.complete(invocation, "ok" if response.status_code == 200 else "fail", body)
         return RunOutcome(status_code=response.status_code, body=body)
 
@@ -119,7 +119,8 @@ class RunPool:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _json(response: httpx.Response) -> Any:
+def decoded(response: httpx.Response) -> Any:
+    """A reply's JSON, or its text when it is not JSON."""
     try:
         return response.json()
     except ValueError:

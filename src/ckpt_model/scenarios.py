@@ -644,6 +644,8 @@ FAULT_SCENARIOS: dict[str, str] = {
     "store_failed_write_leaves_manifest": "failed_write__retried_in_the_same_process_stores_the_first_export",
     "failed_write_abandons_checkpoint": "failed_write__retried_in_the_same_process_stores_the_first_export",
     "stalled_write_publishes_after_resume": "stalled_write__stopped_by_a_resume_never_publishes",
+    "prepare_ignores_past_deadline": "checkpoint_without_crash__parks_then_resumes",
+    "resources_checks_only_session_cookies": "retired_episode__stops_everywhere",
 }
 
 

@@ -749,3 +749,14 @@ def test_a_refused_restore_only_marks_a_rollout_an_earlier_restore_abandoned() -
     model, _ = model.crash().failed_restore(incomplete)
     assert dict(model.retired_marks) == {"r0": 1, "r1": 1}
     assert "r1" not in model.current()
+
+
+def test_a_retire_mark_is_held_by_every_kind_until_one_restarts_alone() -> None:
+    model, _ = native().dispatch()
+    model = model.retire("r0")
+    assert all(model.holds_mark(kind, "r0", 0) for kind in ("environment", "agent", "resources", "model"))
+    assert not model.holds_mark("resources", "r0", 1)
+    assert not model.holds_mark("resources", "r1", 0)
+    alone = attrs.evolve(model, restarted=(Restarted("resources", remembers_from=0),))
+    assert not alone.holds_mark("resources", "r0", 0)
+    assert alone.holds_mark("agent", "r0", 0)

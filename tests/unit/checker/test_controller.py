@@ -10,13 +10,14 @@ model (`61659e9`).
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ckpt_model.contract import Attempt
-from ckpt_model.controller import Controller, Operation
+from ckpt_model.controller import CONTROL_DEADLINE_S, PAST_DEADLINE_S, Controller, Operation
 from ckpt_model.coordination import Participant, Participants, PrepareResult
 from ckpt_model.errors import CoordinationError, ParticipantFailure
 from ckpt_model.history import History
@@ -305,3 +306,33 @@ def test_the_ledger_watch_moves_the_lineage_for_each_event_it_is_handed(tmp_path
         ("model died",),
         ("retired", [EpisodeId(rollout_id="r0", attempt=1)]),
     ]
+
+
+def test_a_commit_on_some_that_one_refuses_is_journaled_as_failed_so_no_watcher_learns_it_done(parts: Any) -> None:
+    controller, harness, history, recorder = parts
+    refusal = ParticipantFailure("policy", 422, "invalid_checkpoint_state", "ENOSPC")
+    harness.control.post_each = lambda operation, body, deadline_ts, names=None: {"policy": refusal}
+
+    with pytest.raises(CoordinationError):
+        controller.commit_on(["policy"], "c1", [RUNNING], deadline_s=1.0)
+
+    assert [(e.f, e.type) for e in history.events] == [("commit", "invoke"), ("commit", "fail")]
+    assert not recorder.of("commit", "ok")
+    assert [m.name for m in recorder.of("commit", "fail")[0].reached] == ["policy"]
+
+
+def test_a_probe_past_its_deadline_carries_a_passed_deadline_and_waits_as_any_call(parts: Any) -> None:
+    controller, harness, _, _ = parts
+    sent: list[tuple[float, float]] = []
+
+    def post_each(operation: str, body: Any, deadline_ts: float, names: Any = None) -> dict[str, Any]:
+        sent.append((body["deadline_ts"], deadline_ts))
+        return {}
+
+    harness.control.post_each = post_each
+    before = time.time()
+    controller.probe_past_deadline("prepare", "c1")
+
+    ((body_deadline, transport_deadline),) = sent
+    assert body_deadline <= before - PAST_DEADLINE_S + 0.5
+    assert transport_deadline >= before + CONTROL_DEADLINE_S - 1.0

@@ -1047,3 +1047,12 @@ def test_p16_retry_commits_reports_the_refusal() -> None:
     refused = CoordinationError("commit", {"environment": failure("environment", "invalid_checkpoint_state", 422)})
     with pytest.raises(properties.P16Violation, match=r"retried commit of c1 after EIO at records\.write"):
         properties.p16_retry_commits("c1", "EIO at records.write", refused)
+
+
+def test_p7_callee_refused() -> None:
+    stale = {"error": {"code": "stale_attempt", "detail": "retired"}}
+    properties.p7_callee_refused("r0", "resources /get_weather", 409, stale)
+    with pytest.raises(P7Violation, match="resources /get_weather straight from a late caller"):
+        properties.p7_callee_refused("r0", "resources /get_weather", 200, {"weather": "cold"})
+    with pytest.raises(P7Violation, match="stale_attempt"):
+        properties.p7_callee_refused("r0", "resources /increment_counter", 409, {"error": {"code": "checkpoint_error"}})
