@@ -80,8 +80,10 @@ class Operation:
     directory: Path | None = None
     source: str | None = None
     cut: CutJudgement = None
-    # run: the capture key of the attempt sent.
+    # run: the capture key of the attempt sent, and whether it continues a restored attempt from its boundary
+    # (else it starts from the beginning of its script).
     key: str | None = None
+    continues: bool = False
 
 
 class Watcher(Protocol):
@@ -164,11 +166,12 @@ class Controller:
 
     # -- rollouts ---------------------------------------------------------------------------------------------
 
-    def run(self, attempt: Attempt, worker: int = 0) -> str:
+    def run(self, attempt: Attempt, worker: int = 0, continues: bool = False) -> str:
         """Send an attempt's `/run` in the background: a new execution (the RunPool journals it), its calls placed
-        on policy worker `worker` where the deployment places calls; a label suffix naming the worker."""
+        on policy worker `worker` where the deployment places calls; a label suffix naming the worker. `continues`:
+        the attempt is a restored one continuing from its boundary, not one starting from its script's start."""
         placed = self.placement.place(attempt.key, worker)
-        self._notify(Operation("run", "invoke", key=attempt.key))
+        self._notify(Operation("run", "invoke", key=attempt.key, continues=continues))
         self.runs.send(attempt)
         return placed
 

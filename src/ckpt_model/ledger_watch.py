@@ -59,7 +59,7 @@ class LedgerWatch:
         event = (operation.f, operation.type)
         if event == ("run", "invoke"):
             assert operation.key is not None
-            self.started(operation.key)
+            self.started(operation.key, operation.continues)
         elif event == ("prepare", "invoke"):
             self._cut_rounds_before = self.cut_rounds_before()
         elif event == ("prepare", "ok") and operation.cut is not None:
@@ -79,13 +79,16 @@ class LedgerWatch:
         elif event == ("retire", "ok") and reached_model:
             self.retired(operation.episodes)
 
-    def started(self, key: str) -> None:
-        """An execution of `key` starts. If the controller retired that attempt's ledger before (a restore of an
-        earlier checkpoint then rolled its attempt numbers back), it first deletes the stale ledger, as a trainer
-        must before it runs the attempt again: a retired ledger takes no more calls."""
+    def started(self, key: str, continues: bool = False) -> None:
+        """An execution of `key` starts. A ledger of that key left from before is stale, and the controller
+        deletes it first, as a trainer must before it runs the attempt: one it retired (a retired ledger takes no
+        more calls), or, for an attempt that starts from its script's start (not `continues`), one holding rows of
+        an execution or a restore the controller abandoned (a restore of an earlier checkpoint rolled the attempt
+        numbers back, so the key comes round again: the fresh run must not append to those rows)."""
         if not self.enabled:
             return
-        if key in self.lineage.retired:
+        abandoned = not continues and (key in self.lineage.rows or key in self.lineage.writers)
+        if key in self.lineage.retired or abandoned:
             p5_stale_ledger_deleted(key, self.harness.ledger.delete([key]))
             self.lineage = self.lineage.delete(key)
         self.lineage = self.lineage.start(key)

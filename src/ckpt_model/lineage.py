@@ -386,12 +386,12 @@ def p5_staged(key: str, rows: Sequence[Any], staged: Mapping[str, Any]) -> None:
 
 
 def p5_stale_ledger_deleted(key: str, outcome: Any) -> None:
-    """A retired ledger the controller runs an attempt under again is deleted first: with admission open the
-    policy model must not refuse the trainer's delete."""
+    """A stale ledger (retired, or left by an abandoned execution or restore) the controller runs an attempt under
+    again is deleted first: with admission open the policy model must not refuse the trainer's delete."""
     if isinstance(outcome, Refusal):
         raise P5Violation(
             rollout=key,
-            expected=f"the retired ledger of {key!r} is deleted while no checkpoint is open",
+            expected=f"the stale ledger of {key!r} is deleted while no checkpoint is open",
             observed=f"the delete was refused: HTTP {outcome.status}: {outcome.text}",
         )
 

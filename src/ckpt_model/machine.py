@@ -405,7 +405,7 @@ class CheckpointMachine(RuleBasedStateMachine):
     def start_replacement(self, pick: int, worker: int = 0) -> None:
         """Send a restored rollout's next attempt with the same task: it continues from its boundary."""
         rollout = _pick(sorted(a.rollout for a in self.model.with_status("pending")), pick)
-        self._start(self.model.start_replacement(rollout), rollout, "start_replacement", worker)
+        self._start(self.model.start_replacement(rollout), rollout, "start_replacement", worker, continues=True)
 
     @action(
         lambda self: not self.model.checkpoint_open and bool(self.model.with_status("dead")), pick=PICK, worker=WORKER
@@ -415,8 +415,8 @@ class CheckpointMachine(RuleBasedStateMachine):
         rollout = _pick(sorted(a.rollout for a in self.model.with_status("dead")), pick)
         self._start(self.model.start_over(rollout), rollout, "start_over", worker)
 
-    def _start(self, model: Model, rollout: str, rule_name: str, worker: int) -> None:
-        placed = self.controller.run(model.current()[rollout], worker)
+    def _start(self, model: Model, rollout: str, rule_name: str, worker: int, continues: bool = False) -> None:
+        placed = self.controller.run(model.current()[rollout], worker, continues)
         self._advance(model, f"{rule_name}({rollout}) as {model.current()[rollout].key}{placed}")
 
     # -- retire and forget ------------------------------------------------------------------------------------

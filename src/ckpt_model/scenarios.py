@@ -440,6 +440,17 @@ CAPTURE_SCENARIOS: dict[str, Scenario] = {
         calls={"r0": (0, 1), "r0-a1": (1, 2)},
         chains={"r0-a1": (0, 2, 3)},
     ),
+    # A restore of c3 installed r0-a2's ledger; Gym crashed and the controller restored the earlier c1 (r0-a1
+    # again), then retired r0-a1 and started r0 over as r0-a2: the key comes round again, and the rows the
+    # abandoned restore left under it are deleted first, so the fresh run's chain is its own (P14; a false alarm
+    # of the fault-free stack before the trainer deleted such a ledger, 2026-12-02).
+    "token_lineage__a_key_a_rolled_back_restore_left_starts_afresh": Scenario(
+        RESTORED_AT_CALL_1
+        + steps("prepare", "commit", "crash", ("restore", {"pick": 1}), "crash", ("restore", FIRST))
+        + steps(("retire", {"pick": 0, "again": True})),
+        calls={"r0": (0, 1), "r0-a2": (0, 1, 2)},
+        chains={"r0-a2": (2, 3, 4)},
+    ),
     # Gym's 3: the replacement made calls (2 returned, 3 in flight), Gym crashed, and c1 was restored again: the
     # dead run's rows are replaced, and the new first call (4) links to call 0 again.
     "token_lineage__same_checkpoint_restored_again_replaces_the_dead_run": Scenario(
