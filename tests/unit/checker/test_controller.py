@@ -22,6 +22,7 @@ from ckpt_model.coordination import Participant, Participants, PrepareResult
 from ckpt_model.errors import CoordinationError, ParticipantFailure
 from ckpt_model.history import History
 from ckpt_model.ledger_watch import LedgerWatch
+from ckpt_model.lineage import Lineage
 from ckpt_model.nemesis import Nemesis
 from ckpt_model.wire import EpisodeId
 
@@ -271,8 +272,8 @@ def test_the_ledger_watch_moves_the_lineage_for_each_event_it_is_handed(tmp_path
     moved: list[Any] = []
 
     class Watch(LedgerWatch):
-        def started(self, key: str) -> None:
-            moved.append(("started", key))
+        def started(self, key: str, continues: bool = False) -> None:
+            moved.append(("started", key, continues))
 
         def restored(self, checkpoint_id: str) -> None:
             moved.append(("restored", checkpoint_id))
@@ -290,6 +291,7 @@ def test_the_ledger_watch_moves_the_lineage_for_each_event_it_is_handed(tmp_path
     episode = EpisodeId(rollout_id="r0", attempt=0)
     for event in (
         Operation("run", "invoke", key="r0"),
+        Operation("run", "invoke", key="r0-a1", continues=True),
         Operation("restore", "ok", reached=env, source="c1"),  # not the policy model: nothing on its disk
         Operation("restore", "ok", reached=policy, source="c1"),
         Operation("retire", "ok", reached=env, episodes=(episode,)),
@@ -300,7 +302,8 @@ def test_the_ledger_watch_moves_the_lineage_for_each_event_it_is_handed(tmp_path
     ):
         watch.observe(event)
     assert moved == [
-        ("started", "r0"),
+        ("started", "r0", False),
+        ("started", "r0-a1", True),
         ("restored", "c1"),
         ("retired", [episode]),
         ("model died",),
@@ -336,3 +339,36 @@ def test_a_probe_past_its_deadline_carries_a_passed_deadline_and_waits_as_any_ca
     ((body_deadline, transport_deadline),) = sent
     assert body_deadline <= before - PAST_DEADLINE_S + 0.5
     assert transport_deadline >= before + CONTROL_DEADLINE_S - 1.0
+
+
+class LedgerClient:
+    def __init__(self) -> None:
+        self.deleted: list[list[str]] = []
+
+    def delete(self, keys: list[str]) -> dict[str, Any]:
+        self.deleted.append(list(keys))
+        return {"deleted": keys}
+
+
+@pytest.mark.parametrize(
+    ("lineage", "continues", "deleted"),
+    [
+        (Lineage(), False, []),
+        (Lineage(retired=frozenset({"r0-a2"})), True, [["r0-a2"]]),
+        (Lineage(rows={"r0-a2": ("call-0",)}), False, [["r0-a2"]]),  # an abandoned restore's rows
+        (Lineage(rows={"r0-a2": ("call-0",)}), True, []),  # the restore it continues: its rows are its base
+    ],
+)
+def test_a_stale_ledger_is_deleted_before_its_key_runs(
+    tmp_path: Path, lineage: Lineage, continues: bool, deleted: list[list[str]]
+) -> None:
+    harness = FakeHarness(tmp_path)
+    harness.token_capture, harness.generation_cuts, harness.backend = True, False, object()  # type: ignore[attr-defined]
+    harness.ledger = LedgerClient()  # type: ignore[attr-defined]
+    watch = LedgerWatch(harness)  # type: ignore[arg-type]
+    watch.lineage = lineage
+
+    watch.started("r0-a2", continues)
+
+    assert harness.ledger.deleted == deleted  # type: ignore[attr-defined]
+    assert watch.lineage.writers["r0-a2"].base == (() if deleted else lineage.rows.get("r0-a2", ()))
