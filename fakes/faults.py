@@ -87,6 +87,8 @@ CATALOGUE: tuple[Fault, ...] = (
         "P9",
         "the writer every participant shares renames and publishes its records file without fsyncing it, so a power "
         "cut after the commit leaves a manifest whose records are empty",
+        # A disk that fails the records' fsync never fails this writer's commit: it never calls fsync.
+        also_shows_as=("P16",),
     ),
     Fault(
         "resume_refuses_unknown_id",

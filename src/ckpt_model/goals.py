@@ -106,13 +106,10 @@ def storage_fault(stalled: bool, retried: bool) -> Callable[[Step], bool]:
     """A commit whose write failed (or, `stalled`, stalled past its deadline), then retried in the same process
     (`retried`) or given up with a resume."""
 
+    rule = "stalled_write" if stalled else "storage_fault"
+
     def reached(step: Step) -> bool:
-        arguments = step.arguments
-        return (
-            step.rule == "storage_fault"
-            and (arguments.get("how") == "stall") == stalled
-            and bool(arguments.get("then_retry")) == retried
-        )
+        return step.rule == rule and bool(step.arguments.get("then_retry")) == retried
 
     reached.__doc__ = f"A {'stalled' if stalled else 'failed'} write, then {'retried' if retried else 'resumed'}."
     return reached

@@ -270,18 +270,31 @@ class CheckpointMachine(RuleBasedStateMachine):
         lambda self: self.model.phase == "prepared" and self.harness.can_break_storage,
         victim=PICK,
         point=PICK,
-        how=st.sampled_from((*STORAGE_FAILURES, STALL)),
+        errno=st.sampled_from(STORAGE_FAILURES),
         then_retry=st.booleans(),
     )
-    def storage_fault(self, victim: int, point: int, how: str, then_retry: bool) -> None:
-        """The commit meets a full or failing disk (once), or a write that stalls past its deadline, on one
-        participant (P16); the controller then retries the commit in the same process, or resumes and leaves the
-        checkpoint incomplete."""
+    def storage_fault(self, victim: int, point: int, errno: str, then_retry: bool) -> None:
+        """The commit meets a full or failing disk (`errno`, for that one write) on one participant (P16); the
+        controller then retries the commit in the same process, or resumes and leaves the checkpoint incomplete."""
+        self._write_fault(victim, STORAGE_POINTS, point, errno, then_retry)
+
+    @action(
+        lambda self: self.model.phase == "prepared" and self.harness.can_break_storage,
+        victim=PICK,
+        point=PICK,
+        then_retry=st.booleans(),
+    )
+    def stalled_write(self, victim: int, point: int, then_retry: bool) -> None:
+        """The commit's write stalls past its deadline on one participant (P16); the controller retries once the
+        write went on and ended, or resumes while it stalls, and the stopped write must never publish."""
+        self._write_fault(victim, STALL_POINTS, point, STALL, then_retry)
+
+    def _write_fault(self, victim: int, points: tuple[str, ...], point: int, how: str, then_retry: bool) -> None:
         checkpoint_id, scope = self.model.opened, self.model.scope()
         members = self.controller.members()
         name = _pick(members, victim).name
         others = [m.name for m in members if m.name != name]
-        fault = WriteFault(name, _pick(list(STALL_POINTS if how == STALL else STORAGE_POINTS), point), how)
+        fault = WriteFault(name, _pick(list(points), point), how)
         replies = self.controller.commit_on(others, checkpoint_id, scope) if others else {}
         self.audits.partial_commit(self.model, checkpoint_id, others, replies)
         refusal = self.nemesis.commit_meeting(fault, checkpoint_id, scope)
@@ -289,7 +302,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         when = f"after its write met {fault.label}"
         props.p16_no_manifest(checkpoint_id, name, when, self.audits.has_manifest(checkpoint_id, name))
         props.p16_still_prepared(checkpoint_id, name, self.harness.statuses()[name])
-        label = f"storage_fault() -> {name} meets {fault.label} in commit {checkpoint_id}"
+        label = f"{name} meets {fault.label} in commit {checkpoint_id}"
         if then_retry:
             if how == STALL:
                 self.nemesis.release_write(fault)

@@ -377,35 +377,35 @@ COUNTER_CALLS: dict[str, Facts] = {
 }
 SCENARIOS = {name: attrs.evolve(scenario, counter_calls=COUNTER_CALLS[name]) for name, scenario in SCENARIOS.items()}
 
-# Storage that fails or stalls under a commit (`storage_fault`, P16), on the second participant in name order (the
-# environment on the native topology, the policy model with its ledgers on the counter's): a full disk while it
-# writes its manifest, retried in the same process;
+# Storage that fails or stalls under a commit (`storage_fault`, `stalled_write`, P16), on the second participant in
+# name order (the environment on the native topology, the policy model with its ledgers on the counter's): a full
+# disk while it writes its manifest, retried in the same process;
 # a failing disk after its records took their digest name, given up; a write that stalls past the commit's
 # deadline, then retried once it finished; and one a resume stopped, which must never publish.
 ON_THE_SECOND = {"victim": 1}
 STORAGE_SCENARIOS: dict[str, Scenario] = {
     "failed_write__retried_in_the_same_process_stores_the_first_export": Scenario(
         steps("dispatch", ("release", FIRST), "prepare")
-        + steps(("storage_fault", {**ON_THE_SECOND, "point": 2, "how": "ENOSPC", "then_retry": True}))
+        + steps(("storage_fault", {**ON_THE_SECOND, "point": 2, "errno": "ENOSPC", "then_retry": True}))
         + steps("crash", ("restore", FIRST), ("start_replacement", FIRST)),
         calls={"r0": (0, 1), "r0-a1": (1,)},
         counter_calls={"r0": (0, 1), "r0-a1": (1, 2)},
     ),
     "failed_write__given_up_is_an_incomplete_checkpoint": Scenario(
         steps("dispatch", "prepare")
-        + steps(("storage_fault", {**ON_THE_SECOND, "point": 3, "how": "EIO", "then_retry": False}))
+        + steps(("storage_fault", {**ON_THE_SECOND, "point": 3, "errno": "EIO", "then_retry": False}))
         + steps("crash", ("restore_incomplete", FIRST)),
     ),
     "stalled_write__retried_once_it_finished": Scenario(
         steps("dispatch", "prepare")
-        + steps(("storage_fault", {**ON_THE_SECOND, "point": 1, "how": "stall", "then_retry": True}))
+        + steps(("stalled_write", {**ON_THE_SECOND, "point": 1, "then_retry": True}))
         + steps("crash", ("restore", FIRST), ("start_replacement", FIRST)),
         calls={"r0": (0,), "r0-a1": (0, 1)},
         counter_calls={"r0": (0,), "r0-a1": (0, 1, 2)},
     ),
     "stalled_write__stopped_by_a_resume_never_publishes": Scenario(
         steps("dispatch", "prepare")
-        + steps(("storage_fault", {**ON_THE_SECOND, "point": 2, "how": "stall", "then_retry": False}))
+        + steps(("stalled_write", {**ON_THE_SECOND, "point": 2, "then_retry": False}))
         + steps(("release", FIRST), ("release", FIRST)),
         calls={"r0": (0, 1)},
         counter_calls={"r0": (0, 1, 2)},

@@ -75,13 +75,12 @@ def test_a_restore_after_a_refused_restore_is_reached_only_with_one_before_it() 
 @pytest.mark.parametrize("retried", [False, True])
 def test_each_storage_fault_goal_is_reached_by_its_own_kind_and_ending(stalled: bool, retried: bool) -> None:
     model = prepared(release=False)
-    for how in ("ENOSPC", "EIO", "stall"):
+    for rule in ("storage_fault", "stalled_write"):
         for then_retry in (False, True):
-            arguments = {"victim": 0, "point": 0, "how": how, "then_retry": then_retry}
-            drawn = Step("storage_fault", arguments, model, model, ("storage_fault() -> ...",))
-            expected = (how == "stall") == stalled and then_retry == retried
+            drawn = Step(rule, {"victim": 0, "point": 0, "then_retry": then_retry}, model, model, ("...",))
+            expected = (rule == "stalled_write") == stalled and then_retry == retried
             assert goals.storage_fault(stalled, retried)(drawn) is expected
-    commit = Step("commit", {"how": "stall", "then_retry": retried}, model, model, ("commit() -> c1",))
+    commit = Step("commit", {"then_retry": retried}, model, model, ("commit() -> c1",))
     assert not goals.storage_fault(stalled, retried)(commit)
 
 
