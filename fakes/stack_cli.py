@@ -89,7 +89,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.head_port is not None:
             description["head"] = {"url": f"http://127.0.0.1:{args.head_port}"}
         description_path = stack.state_dir / "deployment.json"
-        description_path.write_text(json.dumps(description, indent=2) + "\n")
+        # Whole or not at all: whoever polls for the file (a checker, a script, the tests) never reads it half-written.
+        written = description_path.with_name(description_path.name + ".tmp")
+        written.write_text(json.dumps(description, indent=2) + "\n")
+        written.replace(description_path)
         print(f"deployment ready: {description_path}", flush=True)
         # Block the stop signals only now: children inherit the mask, and they must stay killable. SIGCHLD too:
         # a server killed from outside must be reaped at once, or its process group never disappears.
