@@ -18,15 +18,13 @@ from collections.abc import Mapping
 from concurrent.futures import Future
 from typing import Any
 
-import httpx
-
 from ckpt_model.contract import Attempt
 from ckpt_model.coordination import Participant
 from ckpt_model.deployment import Harness
 from ckpt_model.errors import QuiescenceTimeout
 from ckpt_model.history import History
 from ckpt_model.quiescence import backend_calls, poll
-from ckpt_model.runs import RunOutcome, RunPool, decoded
+from ckpt_model.runs import RunOutcome, RunPool, journaled_post
 
 ROLLOUT_PREFIX = "/ng-rollout"
 # Gym's generation route the policy model gates (section 7.1; the look-alike serves the chat form).
@@ -88,11 +86,6 @@ class Callees:
     def _post(self, attempt: Attempt, member: Participant, route: str, body: Mapping[str, Any]) -> RunOutcome:
         invocation = self.history.invoke(attempt.key, "callee", f"{member.name} {route}")
         url = f"{member.url}{ROLLOUT_PREFIX}/{attempt.key}{route}"
-        try:
-            response = self.harness.run_http.post(url, json=dict(body), timeout=self.timeout_s)
-        except httpx.HTTPError as error:
-            self.history.complete(invocation, "info", f"{type(error).__name__}: {error}")
-            return RunOutcome(status_code=None, body=None, error=str(error))
-        reply = decoded(response)
-        self.history.complete(invocation, "ok" if response.status_code == 200 else "fail", reply)
-        return RunOutcome(status_code=response.status_code, body=reply)
+        return journaled_post(
+            self.history, invocation, lambda: self.harness.run_http.post(url, json=dict(body), timeout=self.timeout_s)
+        )

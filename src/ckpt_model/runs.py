@@ -18,7 +18,7 @@ import httpx
 from ckpt_model import timing
 from ckpt_model.contract import Attempt
 from ckpt_model.errors import QuiescenceTimeout
-from ckpt_model.history import History
+from ckpt_model.history import Event, History
 
 RUN_THREADS_MAX = 16
 
@@ -63,14 +63,9 @@ class RunPool:
 
     def _post(self, attempt: Attempt) -> RunOutcome:
         invocation = self._history.invoke(attempt.key, "run", {"attempt": attempt.attempt})
-        try:
-            response = self._http.post(self._run_url(attempt), json=self._body(attempt))
-        except httpx.HTTPError as error:
-            self._history.complete(invocation, "info", f"{type(error).__name__}: {error}")
-            return RunOutcome(status_code=None, body=None, error=str(error))
-        body = decoded(response)
-        self._history.complete(invocation, "ok" if response.status_code == 200 else "fail", body)
-        return RunOutcome(status_code=response.status_code, body=body)
+        return journaled_post(
+            self._history, invocation, lambda: self._http.post(self._run_url(attempt), json=self._body(attempt))
+        )
 
     def send(self, attempt: Attempt) -> None:
         """`/run` in the background: its completion is an event, attributed to its `/run` whenever it arrives."""
@@ -119,7 +114,20 @@ class RunPool:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-def decoded(response: httpx.Response) -> Any:
+def journaled_post(history: History, invocation: Event, send: Callable[[], httpx.Response]) -> RunOutcome:
+    """Send the request of an invocation already journaled and journal how it ended: `ok` on HTTP 200, `fail` on
+    any other reply, `info` when no reply came (a transport error: the outcome is unknown)."""
+    try:
+        response = send()
+    except httpx.HTTPError as error:
+        history.complete(invocation, "info", f"{type(error).__name__}: {error}")
+        return RunOutcome(status_code=None, body=None, error=str(error))
+    body = _decoded(response)
+    history.complete(invocation, "ok" if response.status_code == 200 else "fail", body)
+    return RunOutcome(status_code=response.status_code, body=body)
+
+
+def _decoded(response: httpx.Response) -> Any:
     """A reply's JSON, or its text when it is not JSON."""
     try:
         return response.json()
