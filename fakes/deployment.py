@@ -142,41 +142,37 @@ class EmbeddedDeployment:
 
     def arm_failpoint(self, name: str, point: str) -> None:
         """Arm a failpoint in one Gym server (`fakes.gym.failpoints`): its work stops there once it gets there."""
-        self._failpoints(name, point).raise_for_status()
+        self._look_alike_route(name, f"/_ctl/failpoints/{point}", post=True)
 
     def failpoint_reached(self, name: str, point: str) -> bool:
         """Whether the server's work has reached the armed failpoint (and stays there until it is killed)."""
-        response = self._failpoints(name)
-        response.raise_for_status()
-        return point in response.json()["reached"]
-
-    def _failpoints(self, name: str, arm: str | None = None) -> httpx.Response:
-        url = f"{self.stack.gym[name].url}/_ctl/failpoints"
-        headers = {"Authorization": bearer(self.stack.token)}
-        if arm is None:
-            return httpx.get(url, headers=headers, timeout=FAILPOINT_TIMEOUT_S)
-        return httpx.post(f"{url}/{arm}", headers=headers, timeout=FAILPOINT_TIMEOUT_S)
+        return point in self._look_alike_route(name, "/_ctl/failpoints")["reached"]
 
     def break_storage(self, name: str, point: str, how: str) -> None:
         """Fail or stall one server's next checkpoint write at `point` (`fakes.gym.storage_faults`)."""
-        self._storage(name, "", {"point": point, "how": how}).raise_for_status()
+        self._look_alike_route(name, "/_ctl/storage", post=True, body={"point": point, "how": how})
 
     def storage_state(self, name: str) -> dict[str, Any]:
         """What is armed in one server, where a write stalled, and how many writes run."""
-        response = self._storage(name)
-        response.raise_for_status()
-        return dict(response.json())
+        return self._look_alike_route(name, "/_ctl/storage")
 
     def release_storage(self, name: str) -> None:
         """Let the server's stalled write go on."""
-        self._storage(name, "/release").raise_for_status()
+        self._look_alike_route(name, "/_ctl/storage/release", post=True)
 
-    def _storage(self, name: str, route: str | None = None, body: dict[str, Any] | None = None) -> httpx.Response:
-        url = f"{self.stack.gym[name].url}/_ctl/storage"
+    def _look_alike_route(
+        self, name: str, path: str, *, post: bool = False, body: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """GET (or POST `body` to) one of the look-alike's own `/_ctl` routes of a server, with the control bearer;
+        its JSON reply, or the HTTP error raised."""
+        url = f"{self.stack.gym[name].url}{path}"
         headers = {"Authorization": bearer(self.stack.token)}
-        if route is None:
-            return httpx.get(url, headers=headers, timeout=FAILPOINT_TIMEOUT_S)
-        return httpx.post(url + route, headers=headers, json=body, timeout=FAILPOINT_TIMEOUT_S)
+        if post:
+            response = httpx.post(url, headers=headers, json=body, timeout=FAILPOINT_TIMEOUT_S)
+        else:
+            response = httpx.get(url, headers=headers, timeout=FAILPOINT_TIMEOUT_S)
+        response.raise_for_status()
+        return dict(response.json())
 
     def run_url(self) -> str:
         return self.stack.gym["environment"].url + "/run"

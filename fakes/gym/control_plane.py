@@ -81,6 +81,13 @@ _ALLOWED_PHASES: dict[str, frozenset[str]] = {
 Authorization = Annotated[str | None, Header()]
 
 
+class StorageFaultRequest(BaseModel):
+    """`POST /_ctl/storage`: fail or stall the next checkpoint write at `point` (`fakes.gym.storage_faults`)."""
+
+    point: StoragePoint
+    how: StorageHow
+
+
 # What a control route hands its handler: the operation, the `Authorization` header, and the validated body (a
 # request model), the failpoint's name, or None.
 ControlHandler = Callable[[str, str | None, Any], Awaitable[Reply]]
@@ -112,19 +119,9 @@ _BODIES: dict[str, type[BaseModel] | type[str] | None] = {
     "failpoints": None,
     "arm failpoint": str,
     "storage": None,
-    "arm storage": None,  # set below, once its model is defined
+    "arm storage": StorageFaultRequest,
     "release storage": None,
 }
-
-
-class StorageFaultRequest(BaseModel):
-    """`POST /_ctl/storage`: fail or stall the next checkpoint write at `point` (`fakes.gym.storage_faults`)."""
-
-    point: StoragePoint
-    how: StorageHow
-
-
-_BODIES["arm storage"] = StorageFaultRequest
 
 
 def coin_toss() -> bool:
