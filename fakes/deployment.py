@@ -123,6 +123,22 @@ class EmbeddedDeployment:
             self._send_placement()
         return {server_name: server.url for server_name, server in self.stack.gym.items()}
 
+    def pause_server(self, name: str) -> None:
+        """SIGSTOP one Gym server's process group; it answers nothing until `continue_server`."""
+        self.stack.pause_server(name)
+
+    def continue_server(self, name: str) -> None:
+        """SIGCONT a paused server's process group."""
+        self.stack.continue_server(name)
+
+    def lose_reply(self, name: str, operation: str) -> None:
+        """Cut off the reply to one server's next call of `operation` after it ran (`fakes.gym.lost_replies`)."""
+        self._look_alike_route(name, "/_ctl/lost-replies", post=True, body={"operation": operation})
+
+    def lost_replies(self, name: str) -> int:
+        """How many replies the server has cut off."""
+        return int(self._look_alike_route(name, "/_ctl/lost-replies")["lost"])
+
     def place_calls(self, placement: Mapping[str, int]) -> None:
         """From now on every generation call of capture key K is served by policy worker `placement[K]` (an index),
         whichever worker accepts its connection (`fakes.gym.placement`); kept, and set again on a fresh server."""

@@ -422,6 +422,13 @@ CATALOGUE: tuple[Fault, ...] = (
         " verify sent straight to it with the attempt's rollout prefix and no cookie (a late or confused caller)"
         " is served",
     ),
+    Fault(
+        "replay_recorded_once_delivered",
+        "every participant",
+        "P17",
+        "a participant that counts a prepare or commit as done only once its reply went out, so after a lost reply"
+        " the controller's retry of the same call is refused (the work is done, but nothing replays it)",
+    ),
 )
 BY_NAME: dict[str, Fault] = {fault.name: fault for fault in CATALOGUE}
 

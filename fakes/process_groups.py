@@ -39,16 +39,25 @@ def gone(pgid: int) -> bool:
 def wait_gone(pgid: int, reap: Callable[[], object], timeout_s: float) -> bool:
     """Poll until group `pgid` is gone, calling `reap` first each time (it collects the leader if it is a zombie);
     False if the group is still there after `timeout_s`."""
+
+    def reaped_and_gone() -> bool:
+        reap()
+        return gone(pgid)
+
+    return poll_until(reaped_and_gone, timeout_s)
+
+
+def poll_until(condition: Callable[[], bool], timeout_s: float) -> bool:
+    """Poll `condition` (backing off as `wait_gone` does) until it holds; False if it still fails after
+    `timeout_s`."""
     deadline_s = time.monotonic() + timeout_s
     interval_s = GONE_POLL_FIRST_S
-    while True:
-        reap()
-        if gone(pgid):
-            return True
+    while not condition():
         if time.monotonic() > deadline_s:
             return False
         time.sleep(interval_s)
         interval_s = min(interval_s * 2, GONE_POLL_INTERVAL_S)
+    return True
 
 
 def process_state(pid: int) -> str | None:
@@ -60,8 +69,8 @@ def process_state(pid: int) -> str | None:
     return stat.rsplit(")", 1)[1].split()[0]
 
 
-def members(pgid: int) -> str:
-    """`pid state ppid` of every process left in a group, for an error message a person can act on."""
+def _member_stats(pgid: int) -> list[tuple[str, str, str]]:
+    """`(pid, state, ppid)` of every process in group `pgid`, read from /proc."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -69,5 +78,22 @@ def members(pgid: int) -> str:
         with contextlib.suppress(OSError, IndexError, ValueError):
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
             if int(fields[2]) == pgid:
-                found.append(f"pid {entry.name} state {fields[0]} parent {fields[1]}")
+                found.append((entry.name, fields[0], fields[1]))
+    return found
+
+
+def members(pgid: int) -> str:
+    """`pid state ppid` of every process left in a group, for an error message a person can act on."""
+    found = [f"pid {pid} state {state} parent {parent}" for pid, state, parent in _member_stats(pgid)]
     return "; ".join(found) or "no members visible"
+
+
+def all_stopped(pgid: int) -> bool:
+    """Every process of group `pgid` is stopped by a signal (state T), so a SIGSTOP has landed on each."""
+    stats = _member_stats(pgid)
+    return bool(stats) and all(state == "T" for _, state, _ in stats)
+
+
+def none_stopped(pgid: int) -> bool:
+    """No process of group `pgid` is stopped any more, so a SIGCONT has landed on each."""
+    return all(state != "T" for _, state, _ in _member_stats(pgid))

@@ -33,6 +33,7 @@ from fakes.gym.config import CONFIG_ENV, DEFAULT_LEASE_GRACE_S, ServerConfig, ch
 from fakes.gym.durability import lose_unsynced
 from fakes.gym.runtime import remove_runtime_dir
 from fakes.ports import free_port
+from fakes.process_groups import all_stopped, kill, members, none_stopped, poll_until
 from fakes.server_processes import (
     START_TIMEOUT_S,
     STOP_TIMEOUT_S,
@@ -51,6 +52,8 @@ from fakes.zygote_client import ForkServer, ForkServerError, SpawnRequest
 log = logging.getLogger(__name__)
 
 VERIFY_MODES = ("wait", "replay")
+# A SIGSTOP or SIGCONT lands on a group's processes within milliseconds; this bounds the wait on a loaded machine.
+SIGNAL_LANDS_TIMEOUT_S = 10.0
 
 
 def kill_gym(servers: Sequence[ServerProcess]) -> None:
@@ -267,6 +270,23 @@ class Stack:
             raise
         if self.use_fork_server:
             self._prebuild(self.configs())
+
+    def pause_server(self, name: str) -> None:
+        """SIGSTOP one Gym server's process group (a GC pause, a frozen VM) and wait until every process of it is
+        stopped; it keeps its sockets, so connections queue in the kernel until `continue_server`."""
+        self._signal_group(name, signal.SIGSTOP, all_stopped, "stopped")
+
+    def continue_server(self, name: str) -> None:
+        """SIGCONT a paused server's process group and wait until none of its processes is stopped."""
+        self._signal_group(name, signal.SIGCONT, none_stopped, "running again")
+
+    def _signal_group(self, name: str, sig: int, landed: Any, what: str) -> None:
+        if name not in self.gym:
+            raise RuntimeError(f"no running Gym server {name!r}; running: {sorted(self.gym)}")
+        pgid = self.gym[name].pgid
+        kill(pgid, sig)
+        if not poll_until(lambda: landed(pgid), SIGNAL_LANDS_TIMEOUT_S):
+            raise RuntimeError(f"{name}'s processes are not {what} after {sig!r}: {members(pgid)}")
 
     def crash_gym(self) -> None:
         """SIGKILL every Gym process group and wait until each is gone; the backend, fork server and dirs survive."""

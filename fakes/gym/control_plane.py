@@ -34,12 +34,14 @@ from fakes.gym.errors import (
     CheckpointStateError,
     ControlError,
     InvalidPhaseError,
+    ReplyLost,
     RestartInScopeError,
     StaleCheckpointError,
     UnauthorizedError,
 )
 from fakes.gym.failpoints import BEFORE_INSTALL, BETWEEN_FILES, Failpoint, Failpoints
 from fakes.gym.lease import Lease
+from fakes.gym.lost_replies import LOSABLE, LosableOperation, LostReplies
 from fakes.gym.participant import Participant, PrepareReport
 from fakes.gym.storage_faults import StorageFaults, StorageHow, StoragePoint
 from fakes.gym.store import (
@@ -88,6 +90,12 @@ class StorageFaultRequest(BaseModel):
     how: StorageHow
 
 
+class LostReplyRequest(BaseModel):
+    """`POST /_ctl/lost-replies`: lose the reply to the next call of `operation` (`fakes.gym.lost_replies`)."""
+
+    operation: LosableOperation
+
+
 # What a control route hands its handler: the operation, the `Authorization` header, and the validated body (a
 # request model), the failpoint's name, or None.
 ControlHandler = Callable[[str, str | None, Any], Awaitable[Reply]]
@@ -106,6 +114,8 @@ _OPERATIONS: dict[str, str] = {
     "storage": "_storage_state",
     "arm storage": "_arm_storage",
     "release storage": "_release_storage",
+    "lost replies": "_lost_reply_state",
+    "lose reply": "_lose_reply",
 }
 _BODIES: dict[str, type[BaseModel] | type[str] | None] = {
     "status": None,
@@ -121,6 +131,8 @@ _BODIES: dict[str, type[BaseModel] | type[str] | None] = {
     "storage": None,
     "arm storage": StorageFaultRequest,
     "release storage": None,
+    "lost replies": None,
+    "lose reply": LostReplyRequest,
 }
 
 
@@ -162,6 +174,7 @@ def control_router(handle: ControlHandler) -> APIRouter:
     router.include_router(_checkpoint_router(handle))
     router.include_router(_failpoint_router(handle))
     router.include_router(_storage_router(handle))
+    router.include_router(_lost_reply_router(handle))
     return router
 
 
@@ -179,6 +192,20 @@ def _storage_router(handle: ControlHandler) -> APIRouter:
     @router.post("/release")
     async def release(authorization: Authorization = None) -> Reply:
         return await handle("release storage", authorization, None)
+
+    return router
+
+
+def _lost_reply_router(handle: ControlHandler) -> APIRouter:
+    router = APIRouter(prefix="/_ctl/lost-replies")
+
+    @router.get("")
+    async def lost_replies(authorization: Authorization = None) -> Reply:
+        return await handle("lost replies", authorization, None)
+
+    @router.post("")
+    async def lose(body: LostReplyRequest, authorization: Authorization = None) -> Reply:
+        return await handle("lose reply", authorization, body)
 
     return router
 
@@ -318,6 +345,8 @@ class ControlPlane:
         self._checks_restart_scope = "restart_in_scope_accepted" not in self.faults
         self.failpoints = Failpoints()
         self.storage = StorageFaults()
+        self.lost_replies = LostReplies()
+        self._replay_recorded_once_delivered = "replay_recorded_once_delivered" in self.faults
         self._writer_faults = WriterFaults(
             os_errors_escape="store_error_is_internal" in self.faults,
             manifest_in_place="store_failed_write_leaves_manifest" in self.faults,
@@ -393,7 +422,12 @@ class ControlPlane:
     async def _run(self, op: str, argument: Any) -> Reply:
         """Run the operation `op` names through the runner (an unexpected exception becomes 500)."""
         operation: Callable[..., Awaitable[Reply]] = getattr(self, _OPERATIONS[op])
-        return await self.runner.run(op, lambda: operation() if argument is None else operation(argument))
+        reply = await self.runner.run(op, lambda: operation() if argument is None else operation(argument))
+        if op in LOSABLE and self.lost_replies.take(op):
+            if self._replay_recorded_once_delivered:  # planted: a result counts as recorded once its reply went out
+                self.runner.drop_result(argument.checkpoint_id, op)
+            raise ReplyLost(f"the reply to {op} of {argument.checkpoint_id!r} is lost on the wire")
+        return reply
 
     async def _failpoint_state(self) -> Reply:
         return self.failpoints.state()
@@ -401,6 +435,13 @@ class ControlPlane:
     async def _arm_failpoint(self, point: str) -> Reply:
         self.failpoints.arm(point)
         return self.failpoints.state()
+
+    async def _lost_reply_state(self) -> Reply:
+        return self.lost_replies.state()
+
+    async def _lose_reply(self, request: LostReplyRequest) -> Reply:
+        self.lost_replies.arm(request.operation)
+        return self.lost_replies.state()
 
     async def _storage_state(self) -> Reply:
         return self.storage.state()

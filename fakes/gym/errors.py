@@ -22,6 +22,7 @@ so a client reads one shape.
     +-- RetireIncompleteError         409 retire_incomplete
     +-- InternalControlError          500 checkpoint_error      unexpected exception inside a control route
     +-- RolloutRetiredError           410 rollout_retired       token capture's own: a retired capture ledger
+    +-- ReplyLost                     (none)                    the look-alike's lost reply: never rendered
 """
 
 from __future__ import annotations
@@ -32,8 +33,10 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from starlette.types import Receive, Scope, Send
 
+from fakes.gym.lost_replies import cut_off_reply
 from fakes.gym.wire import ERROR_STATUS, INTERNAL_ERROR_STATUS, error_body
 
 
@@ -156,8 +159,24 @@ class RolloutRetiredError(ControlError):
     status_code = 410
 
 
-async def _render_control_error(request: Request, exc: Exception) -> JSONResponse:
+class ReplyLost(ControlError):
+    """Not a refusal: the operation ran and its reply is to be lost on the wire (`fakes.gym.lost_replies`). Raised
+    after the work, so it crosses a multi-worker server's channel as any error does and the worker that holds the
+    caller's connection cuts the reply off."""
+
+    code = "reply_lost"
+    status_code = 200
+
+
+class _CutOffResponse(Response):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await cut_off_reply(scope, receive, send)
+
+
+async def _render_control_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ControlError)  # registered for ControlError only
+    if exc.code == ReplyLost.code:
+        return _CutOffResponse()
     return JSONResponse(status_code=exc.status_code, content=exc.to_wire())
 
 

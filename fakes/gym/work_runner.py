@@ -162,6 +162,10 @@ class WorkRunner:
     def record(self, checkpoint_id: str, op: str, result: Result) -> None:
         self._results[(checkpoint_id, op)] = result
 
+    def drop_result(self, checkpoint_id: str, op: str) -> None:
+        """Forget one recorded reply (only the planted fault `replay_recorded_once_delivered` does)."""
+        self._results.pop((checkpoint_id, op), None)
+
     def result(self, checkpoint_id: str, op: str) -> Result | None:
         return self._results.get((checkpoint_id, op))
 

@@ -1,0 +1,110 @@
+"""Nemeses that kill nothing, on real server processes: a frozen server (SIGSTOP, SIGCONT) and a lost reply."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from ckpt_model.errors import CoordinationError
+from fakes.gym.wire import bearer
+from fakes.process_groups import process_state
+from tests.stack.conftest import Deployment, deadline
+
+pytestmark = pytest.mark.processes
+
+Deploy = Callable[..., Deployment]
+
+
+def lose_reply(deployment: Deployment, name: str, operation: str) -> None:
+    response = httpx.post(
+        f"{deployment.url(name)}/_ctl/lost-replies",
+        json={"operation": operation},
+        headers={"Authorization": bearer(deployment.stack.token)},
+    )
+    response.raise_for_status()
+
+
+def lost_count(deployment: Deployment, name: str) -> int:
+    response = httpx.get(
+        f"{deployment.url(name)}/_ctl/lost-replies", headers={"Authorization": bearer(deployment.stack.token)}
+    )
+    response.raise_for_status()
+    return int(response.json()["lost"])
+
+
+def commit(deployment: Deployment, checkpoint_id: str) -> dict[str, Any]:
+    directory = str(deployment.stack.checkpoint_root / checkpoint_id)
+    return deployment.control.commit(checkpoint_id, directory, [], deadline())
+
+
+@pytest.mark.parametrize("faults", [(), ("replay_recorded_once_delivered",)], ids=["fault-free", "fault"])
+def test_a_commit_whose_reply_is_lost_took_effect_and_its_retry_replays(
+    deploy: Deploy, faults: tuple[str, ...]
+) -> None:
+    deployment = deploy("native", faults=faults)
+    assert deployment.control.prepare("c1", deadline()).prepared
+    lose_reply(deployment, "agent", "commit")
+
+    with pytest.raises(CoordinationError) as lost:
+        commit(deployment, "c1")
+    status = deployment.status("agent")
+
+    assert sorted(lost.value.failures) == ["agent"]
+    assert lost.value.failures["agent"].http_status is None  # no reply at all, not a refusal
+    assert (status["phase"], status["checkpoint_id"]) == ("committed", "c1")
+    assert lost_count(deployment, "agent") == 1
+    if not faults:
+        replies = commit(deployment, "c1")  # answered from the record, the lost reply among them
+        assert replies["agent"]["manifest"]["checkpoint_id"] == "c1"
+    else:
+        with pytest.raises(CoordinationError) as refused:
+            commit(deployment, "c1")
+        assert (refused.value.failures["agent"].http_status, refused.value.failures["agent"].code) == (
+            409,
+            "invalid_phase",
+        )
+
+
+def test_a_lost_resume_reply_on_a_server_with_two_workers_is_lost_by_the_worker_that_holds_the_call(
+    deploy: Deploy,
+) -> None:
+    deployment = deploy("native", policy_workers=2)
+    assert deployment.control.prepare("c1", deadline()).prepared
+    lose_reply(deployment, "policy_model", "resume")
+
+    with pytest.raises(CoordinationError) as lost:
+        deployment.control.resume("c1", deadline())
+    again = deployment.control.resume("c1", deadline())
+
+    assert sorted(lost.value.failures) == ["policy_model"]
+    assert lost.value.failures["policy_model"].http_status is None
+    assert deployment.status("policy_model")["phase"] == "idle"
+    assert again["policy_model"] == {"phase": "idle", "idempotent": True}
+
+
+def test_a_paused_server_answers_nothing_until_it_goes_on_then_refuses_a_commit_past_its_deadline(
+    deploy: Deploy,
+) -> None:
+    deployment = deploy("native")
+    assert deployment.control.prepare("c1", deadline()).prepared
+    server = deployment.stack.gym["environment"]
+
+    deployment.stack.pause_server("environment")
+    try:
+        assert process_state(server.pid) == "T"
+        with pytest.raises(httpx.TimeoutException):
+            httpx.get(f"{server.url}/health", timeout=0.3)
+    finally:
+        deployment.stack.continue_server("environment")
+    late = httpx.post(
+        f"{server.url}/ng-control/v1/checkpoint/commit",
+        json={"checkpoint_id": "c1", "deadline_ts": 1.0, "checkpoint_dir": str(deployment.stack.checkpoint_root)},
+        headers={"Authorization": bearer(deployment.stack.token)},
+    )
+
+    assert process_state(server.pid) != "T"
+    assert (late.status_code, late.json()["error"]["code"]) == (409, "deadline_exceeded")
+    assert deployment.status("environment")["phase"] == "prepared"
