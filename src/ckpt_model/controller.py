@@ -31,7 +31,7 @@ from ckpt_model import timing
 from ckpt_model.contract import RESTART_SERVERS, Attempt
 from ckpt_model.coordination import Participant, PrepareResult, request_body
 from ckpt_model.deployment import Harness
-from ckpt_model.errors import CoordinationError, ParticipantFailure, QuiescenceTimeout
+from ckpt_model.errors import CoordinationError, HarnessError, ParticipantFailure, QuiescenceTimeout
 from ckpt_model.history import Event, EventType, History
 from ckpt_model.placement import Placement
 from ckpt_model.quiescence import Quiescence, backend_calls
@@ -497,6 +497,33 @@ class Controller:
             except httpx.HTTPStatusError as error:
                 if error.response.status_code != httpx.codes.CONFLICT or attempt == STALE_RELEASE_TRIES - 1:
                     raise
+
+    # -- calls whose reply a participant loses ------------------------------------------------------------------
+
+    def unanswered(self, operation: str, checkpoint_id: str, scope: Sequence[Attempt] = ()) -> CoordinationError:
+        """`operation` (prepare, commit of `scope`, resume) of `checkpoint_id` sent as the controller sends it, while
+        some participant is set to lose its reply: journaled as indeterminate (`info`: it may have taken effect,
+        the controller cannot tell), and its error returned. A call that nobody failed is the deployment's fault."""
+        calls: dict[str, Callable[[float], Any]] = {
+            "prepare": lambda d: self.control.prepare(checkpoint_id, d),
+            "commit": lambda d: self.control.commit(
+                checkpoint_id, str(self.directory(checkpoint_id)), episodes_of(scope), d
+            ),
+            "resume": lambda d: self.control.resume(checkpoint_id, d),
+        }
+        invocation = self._invoke(operation, checkpoint_id)
+        try:
+            with timing.span("control"):
+                calls[operation](_ahead(CONTROL_DEADLINE_S))
+        except CoordinationError as error:
+            self._complete(invocation, "info", str(error))
+            self.last_call = None
+            return error
+        self._complete(invocation, "ok")
+        raise HarnessError(
+            f"the {self.harness.spec.label} deployment was to lose a reply to {operation} of {checkpoint_id}, "
+            "and every participant's reply arrived"
+        )
 
     # -- the journal ------------------------------------------------------------------------------------------
 

@@ -75,6 +75,10 @@ STORAGE_POINTS = ("records.write", "records.fsync", "manifest.write", "manifest.
 STALL_POINTS = STORAGE_POINTS[:3]
 STORAGE_FAILURES = ("ENOSPC", "EIO")
 STALL = "stall"
+# A commit can also meet a pause: its participant frozen (`Pauses`) until the commit's deadline passed.
+PAUSE = "pause"
+# The operations whose reply a deployment can lose after the participant ran them (`LosesReplies`).
+LOSABLE_OPERATIONS = ("prepare", "commit", "resume")
 
 SYSTEMS_GROUP = "ckpt_model.systems"
 EMBEDDED = "embedded"
@@ -133,6 +137,26 @@ class BreaksStorage(Protocol):
     def storage_state(self, name: str) -> dict[str, Any]: ...
 
     def release_storage(self, name: str) -> None: ...
+
+
+@runtime_checkable
+class Pauses(Protocol):
+    """Freeze one server (SIGSTOP its processes: a GC pause, a frozen VM) and let it go on (SIGCONT); each returns
+    once the signal landed on every process of it."""
+
+    def pause_server(self, name: str) -> None: ...
+
+    def continue_server(self, name: str) -> None: ...
+
+
+@runtime_checkable
+class LosesReplies(Protocol):
+    """Let one server run its next call of an operation in full and lose the reply on the wire; say how many
+    replies it lost."""
+
+    def lose_reply(self, name: str, operation: str) -> None: ...
+
+    def lost_replies(self, name: str) -> int: ...
 
 
 @runtime_checkable
@@ -551,6 +575,26 @@ class Harness:
     def release_storage(self, name: str) -> None:
         self._storage().release_storage(name)
 
+    @property
+    def can_pause(self) -> bool:
+        return isinstance(self.deployment, Pauses)
+
+    def pause_server(self, name: str) -> None:
+        self._pausing().pause_server(name)
+
+    def continue_server(self, name: str) -> None:
+        self._pausing().continue_server(name)
+
+    @property
+    def can_lose_replies(self) -> bool:
+        return isinstance(self.deployment, LosesReplies)
+
+    def lose_reply(self, name: str, operation: str) -> None:
+        self._losing_replies().lose_reply(name, operation)
+
+    def lost_replies(self, name: str) -> int:
+        return int(self._losing_replies().lost_replies(name))
+
     def close(self) -> None:
         if self._chores is not None:
             self._chores.shutdown(wait=True)
@@ -640,6 +684,18 @@ class Harness:
             raise HarnessError(
                 self._lacks("break_storage(name, point, how), storage_state(name), release_storage(name)")
             )
+        return deployment
+
+    def _pausing(self) -> Pauses:
+        deployment = self.deployment
+        if not isinstance(deployment, Pauses):
+            raise HarnessError(self._lacks("pause_server(name) and continue_server(name)"))
+        return deployment
+
+    def _losing_replies(self) -> LosesReplies:
+        deployment = self.deployment
+        if not isinstance(deployment, LosesReplies):
+            raise HarnessError(self._lacks("lose_reply(name, operation) and lost_replies(name)"))
         return deployment
 
     def _chore(self, work: Any, *args: Any, **kwargs: Any) -> Future[Any]:

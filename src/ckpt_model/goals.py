@@ -115,6 +115,34 @@ def storage_fault(stalled: bool, retried: bool) -> Callable[[Step], bool]:
     return reached
 
 
+def paused_commit(retried: bool) -> Callable[[Step], bool]:
+    """A participant frozen across its commit's deadline, then the commit retried (`retried`) or given up."""
+
+    def reached(step: Step) -> bool:
+        return step.rule == "paused_commit" and bool(step.arguments.get("then_retry")) == retried
+
+    reached.__doc__ = f"A paused commit, then {'retried' if retried else 'resumed'}."
+    return reached
+
+
+def lost_reply(operation: str, retried: bool) -> Callable[[Step], bool]:
+    """A reply to `operation` lost, then the same call sent again (`retried`) or a resume instead; the step's
+    label names the call whose reply was lost (the rule's `operation` argument only picks among those allowed)."""
+
+    def reached(step: Step) -> bool:
+        if step.rule != "lost_reply" or bool(step.arguments.get("then_retry")) != retried:
+            return False
+        return any(label.startswith(f"{operation}(") and "reply lost" in label for label in step.labels)
+
+    reached.__doc__ = f"A lost {operation} reply, then {'retried' if retried else 'resumed'}."
+    return reached
+
+
+def without_cuts(spec: DeploymentSpec) -> bool:
+    """A prepare's reply is never lost where generation cuts are on (the machine's `_losable`)."""
+    return not spec.generation_cuts
+
+
 # The operations a crash must land inside of, each its own goal.
 CRASHED_OPERATIONS = ("commit", "restore", "retire", "forget")
 
@@ -132,6 +160,18 @@ GOALS: tuple[Goal, ...] = (
     Goal("failed_write_given_up", "a failed write given up by a resume", storage_fault(False, False)),
     Goal("stalled_write_retried", "a stalled write retried once it ended", storage_fault(True, True)),
     Goal("stalled_write_stopped", "a stalled write stopped by a resume", storage_fault(True, False)),
+    Goal("paused_commit_retried", "a commit paused past its deadline, retried", paused_commit(True)),
+    Goal("paused_commit_given_up", "a commit paused past its deadline, given up", paused_commit(False)),
+    *(
+        Goal(
+            f"lost_{op}_{outcome}",
+            f"a lost {op} reply, {'retried' if retried else 'given up by a resume'}",
+            lost_reply(op, retried),
+            applies=without_cuts if op == "prepare" else everywhere,
+        )
+        for op in ("prepare", "commit", "resume")
+        for outcome, retried in (("retried", True), ("given_up", False))
+    ),
     Goal(
         "cut_continued_again",
         "a cut continued after a second crash",

@@ -20,7 +20,15 @@ from ckpt_model.audits import Audits
 from ckpt_model.callees import Callees
 from ckpt_model.contract import Attempt, Checkpoint, Model
 from ckpt_model.controller import HUNG_CUT_PREPARE_DEADLINE_S, Controller, episodes_of, run_pool
-from ckpt_model.deployment import STALL, STALL_POINTS, STORAGE_FAILURES, STORAGE_POINTS, Harness
+from ckpt_model.deployment import (
+    LOSABLE_OPERATIONS,
+    PAUSE,
+    STALL,
+    STALL_POINTS,
+    STORAGE_FAILURES,
+    STORAGE_POINTS,
+    Harness,
+)
 from ckpt_model.errors import CoordinationError, PropertyViolation
 from ckpt_model.history import History
 from ckpt_model.ledger_watch import LedgerWatch
@@ -289,6 +297,14 @@ class CheckpointMachine(RuleBasedStateMachine):
         write went on and ended, or resumes while it stalls, and the stopped write must never publish."""
         self._write_fault(victim, STALL_POINTS, point, STALL, then_retry)
 
+    @action(
+        lambda self: self.model.phase == "prepared" and self.harness.can_pause, victim=PICK, then_retry=st.booleans()
+    )
+    def paused_commit(self, victim: int, then_retry: bool) -> None:
+        """One participant is frozen (SIGSTOP) while the others commit and its own commit's deadline passes; woken
+        (SIGCONT), it must refuse that commit and stay prepared (P16); the controller retries or resumes."""
+        self._write_fault(victim, (PAUSE,), 0, PAUSE, then_retry)
+
     def _write_fault(self, victim: int, points: tuple[str, ...], point: int, how: str, then_retry: bool) -> None:
         checkpoint_id, scope = self.model.opened, self.model.scope()
         members = self.controller.members()
@@ -302,7 +318,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         when = f"after its write met {fault.label}"
         props.p16_no_manifest(checkpoint_id, name, when, self.audits.has_manifest(checkpoint_id, name))
         props.p16_still_prepared(checkpoint_id, name, self.harness.statuses()[name])
-        label = f"{name} meets {fault.label} in commit {checkpoint_id}"
+        label = f"{name} meets a {fault.label} in commit {checkpoint_id}"
         if then_retry:
             if how == STALL:
                 self.nemesis.release_write(fault)
@@ -323,6 +339,89 @@ class CheckpointMachine(RuleBasedStateMachine):
             model = self.model.commit_failed(published)
             label += f"; resume({checkpoint_id}), incomplete with the shares of {sorted(published)}"
         self._advance(model, label)
+
+    # -- lost replies -----------------------------------------------------------------------------------------
+
+    @action(
+        lambda self: self.harness.can_lose_replies and bool(self._losable()),
+        victim=PICK,
+        operation=PICK,
+        then_retry=st.booleans(),
+    )
+    def lost_reply(self, victim: int, operation: int, then_retry: bool) -> None:
+        """One participant runs a prepare, commit or resume in full and its reply is lost on the wire (an `info`
+        outcome); the call took effect there (P17), and the controller then retries it (answered from the record)
+        or resumes."""
+        name = _pick(self.controller.members(), victim).name
+        lost = _pick(self._losable(), operation)
+        {"prepare": self._lost_prepare, "commit": self._lost_commit, "resume": self._lost_resume}[lost](
+            name, then_retry
+        )
+
+    def _losable(self) -> list[str]:
+        """The calls whose reply can be lost now. A prepare only without generation cuts: the cut rounds a retried
+        prepare must account for are those of its first call, which the journal cannot attribute."""
+        allowed = {
+            "prepare": self._may_checkpoint() and not self.ledgers.cuts,
+            "commit": self.model.phase == "prepared",
+            "resume": self.model.checkpoint_open,
+        }
+        return [operation for operation in LOSABLE_OPERATIONS if allowed[operation]]
+
+    def _lost_prepare(self, name: str, then_retry: bool) -> None:
+        model, checkpoint_id = self.model.prepare()
+        self.nemesis.reply_lost(name, "prepare", checkpoint_id)
+        props.p17_took_effect("prepare", checkpoint_id, name, self.harness.statuses()[name])
+        label = f"prepare({checkpoint_id}), {name}'s reply lost"
+        if not then_retry:
+            self.controller.resume(checkpoint_id)
+            self._refused("prepare", checkpoint_id, "stale_checkpoint")
+            self._advance(model.resume(), f"{label}; resume({checkpoint_id})")
+            return
+        try:
+            outcome = self.controller.prepare(checkpoint_id)
+        except CoordinationError as error:
+            props.p17_retry_answered("prepare", checkpoint_id, error)
+        verifying = [a.key for a in self.model.with_status("running") if a.verifying]
+        props.p10_prepared_everywhere(checkpoint_id, outcome.prepared, outcome.blockers, verifying, outcome.waited_s)
+        self._prepared(checkpoint_id, outcome.replies)
+        self._advance(model, f"{label}; prepare retried")
+
+    def _lost_commit(self, name: str, then_retry: bool) -> None:
+        checkpoint_id, scope = self.model.opened, self.model.scope()
+        self.nemesis.reply_lost(name, "commit", checkpoint_id, scope)
+        published = self.audits.has_manifest(checkpoint_id, name)
+        props.p17_took_effect("commit", checkpoint_id, name, self.harness.statuses()[name], published)
+        label = f"commit({checkpoint_id}), {name}'s reply lost"
+        if then_retry:
+            try:
+                replies = self.controller.commit(checkpoint_id, scope)
+            except CoordinationError as error:
+                props.p17_retry_answered("commit", checkpoint_id, error)
+            self.audits.commit(self.model, checkpoint_id, replies)
+            model, _ = self.model.commit()
+            label += "; commit retried"
+        else:
+            # The controller never saw the commit succeed, so it never publishes the checkpoint: whole on disk,
+            # it is left unused; every share must still verify (P9).
+            self.controller.resume(checkpoint_id)
+            published_by = self.audits.published_after_crash(checkpoint_id)
+            whole = published_by == {m.name for m in self.controller.members()}
+            model = self.model.resume() if whole else self.model.commit_failed(published_by)
+            label += f"; resume({checkpoint_id}), left unpublished"
+        self._advance(model, label)
+
+    def _lost_resume(self, name: str, then_retry: bool) -> None:
+        checkpoint_id = self.model.opened
+        self.nemesis.reply_lost(name, "resume", checkpoint_id)
+        props.p17_took_effect("resume", checkpoint_id, name, self.harness.statuses()[name])
+        label = f"resume({checkpoint_id}), {name}'s reply lost"
+        if then_retry:
+            replies = self.controller.resume(checkpoint_id)
+            props.p17_resume_replayed(checkpoint_id, name, replies[name])
+            label += "; resume retried"
+        self._refused("prepare", checkpoint_id, "stale_checkpoint")
+        self._advance(self.model.resume(), f"{label}; prepare({checkpoint_id}) refused")
 
     # -- restores ---------------------------------------------------------------------------------------------
 

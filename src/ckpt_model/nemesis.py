@@ -2,13 +2,16 @@
 
 Every Gym process group SIGKILLed (with a power cut that keeps only what was fsynced), one server killed and
 started again alone, a crash that lands inside a commit, a restore, a retire or a forget after it reached some
-participants, and a participant held by a failpoint inside its own commit or restore. Each is journaled through the
-controller, so the watchers hear of every process that died, and each ends where the model can predict it: every
-`/run` the crash cut off has ended and the calls it left waiting at the backend are released.
+participants, and a participant held by a failpoint inside its own commit or restore; a commit whose write fails or
+stalls, or whose participant is frozen (SIGSTOP) until its deadline passed; a call whose reply is lost after it ran.
+Each is journaled through the controller, so the watchers hear of every process that died, and each ends where the
+model can predict it: every `/run` the crash cut off has ended, the calls it left waiting at the backend are
+released, and a frozen participant runs again.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
@@ -17,10 +20,11 @@ from typing import Any
 import attrs
 
 from ckpt_model import damage
+from ckpt_model import properties as props
 from ckpt_model.contract import Attempt, Checkpoint, Model
 from ckpt_model.controller import CONTROL_DEADLINE_S, Controller, episodes_keyed, episodes_of, outcomes_text
 from ckpt_model.coordination import Participant
-from ckpt_model.deployment import FAILPOINT_BEFORE_INSTALL, FAILPOINT_BETWEEN_FILES, STALL, Harness
+from ckpt_model.deployment import FAILPOINT_BEFORE_INSTALL, FAILPOINT_BETWEEN_FILES, PAUSE, STALL, Harness
 from ckpt_model.errors import CoordinationError, ParticipantFailure, QuiescenceTimeout
 from ckpt_model.history import Event
 from ckpt_model.quiescence import poll
@@ -29,6 +33,8 @@ from ckpt_model.wire import RETIRE_ORDER
 # A commit sent into a stalled write carries a deadline this close: it lapses while the write stands still, in
 # about a second of the example's time, and far enough ahead that the request starts its write before it.
 STALLED_COMMIT_DEADLINE_S = 1.0
+# A commit sent to a frozen participant carries a deadline this close; the participant wakes once it passed.
+PAUSED_COMMIT_DEADLINE_S = 0.5
 
 
 @attrs.frozen
@@ -42,7 +48,8 @@ class HeldCommit:
 
 @attrs.frozen
 class WriteFault:
-    """A storage fault the write of one participant's commit meets: `how` (ENOSPC, EIO, stall) at `point`."""
+    """What one participant's commit meets: a storage fault `how` (ENOSPC, EIO, stall) at `point` of its write, or
+    (`how` PAUSE) its process frozen until the commit's deadline passed."""
 
     victim: str
     point: str
@@ -50,7 +57,7 @@ class WriteFault:
 
     @property
     def label(self) -> str:
-        return f"{self.how} at {self.point}"
+        return "pause across its deadline" if self.how == PAUSE else f"{self.how} at {self.point}"
 
 
 class Nemesis:
@@ -164,6 +171,8 @@ class Nemesis:
         once; a stall holds it until `release_write`, and the commit is sent with a deadline a second ahead, which
         lapses while it stalls. Returns the victim's refusal (None if it committed), once a stalled write stands at
         the stall."""
+        if fault.how == PAUSE:
+            return self._commit_paused(fault, checkpoint_id, scope)
         self.harness.break_storage(fault.victim, fault.point, fault.how)
         invocation = self.controller.invoke("storage fault", f"{fault.victim}: {fault.label}")
         self.controller.complete(invocation, "ok")
@@ -178,6 +187,51 @@ class Nemesis:
         else:
             self.harness.release_storage(fault.victim)  # a fault no write met must not meet a later one
         return refusal
+
+    def _commit_paused(
+        self, fault: WriteFault, checkpoint_id: str, scope: Sequence[Attempt]
+    ) -> ParticipantFailure | None:
+        """Freeze the victim (SIGSTOP), send it the commit with a deadline `PAUSED_COMMIT_DEADLINE_S` ahead, wait
+        until the clock passed that deadline, and let it go on (SIGCONT): it reads the commit only then."""
+        self.harness.pause_server(fault.victim)
+        invocation = self.controller.invoke("pause", fault.victim)
+        self.controller.complete(invocation, "ok")
+        try:
+            future = self.controller.runs.submit(
+                self.controller.commit_on, [fault.victim], checkpoint_id, scope, PAUSED_COMMIT_DEADLINE_S
+            )
+            deadline_ts = time.time() + PAUSED_COMMIT_DEADLINE_S
+            if not poll(lambda: time.time() > deadline_ts, self.timeout_s):
+                raise QuiescenceTimeout(
+                    prediction=f"the clock passes the deadline of {fault.victim}'s commit while it is frozen",
+                    observed=f"time.time() {time.time():.3f}, deadline {deadline_ts:.3f}",
+                    pending=[f"{fault.victim} frozen"],
+                    timeout_s=self.timeout_s,
+                )
+        finally:
+            # Journaled first: once it goes on, the commit's answer is journaled from the thread that waits for it.
+            invocation = self.controller.invoke("continue", fault.victim)
+            self.controller.complete(invocation, "ok")
+            self.harness.continue_server(fault.victim)
+        try:
+            future.result(timeout=CONTROL_DEADLINE_S)
+        except CoordinationError as error:
+            return error.failures.get(fault.victim)
+        return None
+
+    # -- lost replies -------------------------------------------------------------------------------------------
+
+    def reply_lost(
+        self, victim: str, operation: str, checkpoint_id: str, scope: Sequence[Attempt] = ()
+    ) -> CoordinationError:
+        """Send `operation` of `checkpoint_id` as the controller does while `victim` is set to lose its reply after
+        running it; the call's error, in which only the victim's reply is missing (P17)."""
+        self.harness.lose_reply(victim, operation)
+        invocation = self.controller.invoke("lose reply", f"{victim}: {operation}")
+        self.controller.complete(invocation, "ok")
+        error = self.controller.unanswered(operation, checkpoint_id, scope)
+        props.p17_only_reply_lost(operation, checkpoint_id, victim, error)
+        return error
 
     def release_write(self, fault: WriteFault) -> None:
         """Let the stalled write go on, and wait until it ended (published, failed or stopped)."""

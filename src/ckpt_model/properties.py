@@ -15,7 +15,7 @@ from typing import Any, Literal
 import attrs
 
 from ckpt_model.contract import RESTART_SERVERS, VERIFY, Expectation, ScriptCall, capture_key
-from ckpt_model.errors import ParticipantFailure, PropertyViolation
+from ckpt_model.errors import CoordinationError, ParticipantFailure, PropertyViolation
 from ckpt_model.history import History
 from ckpt_model.lineage import P5Violation, P12Violation
 from ckpt_model.outcome import Outcome
@@ -114,9 +114,18 @@ class P14Violation(PropertyViolation):
 class P16Violation(PropertyViolation):
     property_id = "P16"
     title = (
-        "failed and stalled writes: a commit whose write fails or stalls is refused with Gym's code by that "
-        "participant alone, publishes no manifest, leaves it prepared for a retry that commits what the first "
-        "export held, and a write stopped by a resume never publishes"
+        "failed, stalled and paused commits: a commit whose write fails or stalls, or whose participant is frozen "
+        "past its deadline, is refused with Gym's code by that participant alone, publishes no manifest, leaves it "
+        "prepared for a retry that commits what the first export held, and a write stopped by a resume never "
+        "publishes"
+    )
+
+
+class P17Violation(PropertyViolation):
+    property_id = "P17"
+    title = (
+        "lost replies: a prepare, commit or resume whose reply was lost took effect on that participant, and the "
+        "controller's retry of it is answered from the record (prepared, committed, resumed as idempotent)"
     )
 
 
@@ -140,6 +149,7 @@ REGISTRY: dict[str, PropertyInfo] = {
         PropertyInfo("P14", P14Violation.title, "teardown", True),
         PropertyInfo("P15", P15Violation.title, "step", True),
         PropertyInfo("P16", P16Violation.title, "step", True),
+        PropertyInfo("P17", P17Violation.title, "step", True),
     )
 }
 
@@ -1059,15 +1069,17 @@ def p10_lease_held(name: str, status: Mapping[str, Any]) -> None:
         )
 
 
-# -- P16: failed and stalled writes ------------------------------------------------------------------------------
+# -- P16: failed, stalled and paused commits ---------------------------------------------------------------------------
 
 # How each storage fault must be answered (reference sections 2.3, 2.6 and 6.2): an OSError is a
 # CheckpointStateError (422 invalid_checkpoint_state); a write still running at the deadline is 409
-# deadline_exceeded, and the write runs on.
+# deadline_exceeded, and the write runs on; a participant frozen until its commit's deadline passed refuses the
+# commit when it wakes, as any call past its deadline, with 409 deadline_exceeded.
 WRITE_REFUSAL: dict[str, tuple[int, str]] = {
     "ENOSPC": (422, "invalid_checkpoint_state"),
     "EIO": (422, "invalid_checkpoint_state"),
     "stall": (409, "deadline_exceeded"),
+    "pause": (409, "deadline_exceeded"),
 }
 
 
@@ -1119,3 +1131,70 @@ def p16_retry_commits(checkpoint_id: str, fault: str, error: Exception) -> None:
         expected=f"the retried commit of {checkpoint_id} after {fault} committed on every participant",
         observed=str(error),
     ) from error
+
+
+# -- P17: lost replies -------------------------------------------------------------------------------------------
+
+# What a participant shows once a call of each operation took effect: its phase, and whether it holds the ID.
+TOOK_EFFECT: dict[str, tuple[str, bool]] = {
+    "prepare": ("prepared", True),
+    "commit": ("committed", True),
+    "resume": ("idle", False),
+}
+
+
+def p17_only_reply_lost(operation: str, checkpoint_id: str, victim: str, error: CoordinationError) -> None:
+    """`operation` of `checkpoint_id` failed only for want of `victim`'s reply, which the deployment lost after the
+    call ran: no participant refused it (a refusal means the call itself failed, which nothing here explains)."""
+    refused = {
+        name: failure.describe()
+        for name, failure in sorted(error.failures.items())
+        if failure.http_status is not None or name != victim
+    }
+    if refused:
+        raise P17Violation(
+            rollout=None,
+            expected=f"{operation} of {checkpoint_id} runs on every participant; only {victim}'s reply is lost",
+            observed="; ".join(f"{name}: {what}" for name, what in refused.items()),
+        )
+
+
+def p17_took_effect(
+    operation: str, checkpoint_id: str, victim: str, status: Mapping[str, Any], published: bool | None = None
+) -> None:
+    """`victim` ran `operation` of `checkpoint_id` although its reply was lost: its status shows the phase the call
+    leads to (holding the ID, or none after a resume), and after a commit its share's manifest is there
+    (`published`)."""
+    phase, holds_id = TOOK_EFFECT[operation]
+    expected = f"{victim} shows its {operation} of {checkpoint_id} done although the reply was lost: phase {phase!r}"
+    shown = (status.get("phase"), status.get("checkpoint_id"))
+    if shown != (phase, checkpoint_id if holds_id else None):
+        raise P17Violation(
+            rollout=None,
+            expected=expected + (f" under {checkpoint_id}" if holds_id else ", no checkpoint active"),
+            observed=f"phase {shown[0]!r}, checkpoint {shown[1]!r}",
+        )
+    if published is False:
+        raise P17Violation(
+            rollout=None, expected=expected + ", its manifest published", observed="no manifest.json in its share"
+        )
+
+
+def p17_retry_answered(operation: str, checkpoint_id: str, error: Exception) -> None:
+    """The controller's retry of `operation` after its reply was lost (`error`): a call that took effect must be
+    answered from the record, never refused as if it were new."""
+    raise P17Violation(
+        rollout=None,
+        expected=f"the retried {operation} of {checkpoint_id}, whose first reply was lost, answered everywhere",
+        observed=str(error),
+    ) from error
+
+
+def p17_resume_replayed(checkpoint_id: str, victim: str, reply: Mapping[str, Any]) -> None:
+    """A retried resume reaches a participant that already resumed (its reply was lost): `idempotent: true`."""
+    if reply.get("idempotent") is not True:
+        raise P17Violation(
+            rollout=None,
+            expected=f"{victim} answers the retried resume of {checkpoint_id} with idempotent: true",
+            observed=_short(reply, 200),
+        )

@@ -412,6 +412,41 @@ STORAGE_SCENARIOS: dict[str, Scenario] = {
     ),
 }
 
+# Nemeses that kill nothing (P16, P17): a participant frozen across its commit's deadline, and replies lost after
+# the call ran. Each ends as a plain checkpoint would, so a crash and a restore afterwards continue the rollout.
+# `lost_reply`'s `operation` picks among the calls allowed then: a prepare (index 0) while none is open; a commit
+# (0) or a resume (1) once prepared.
+NEMESIS_SCENARIOS: dict[str, Scenario] = {
+    "paused_commit__refused_on_waking_then_retried": Scenario(
+        steps("dispatch", "prepare")
+        + steps(("paused_commit", {**ON_THE_SECOND, "then_retry": True}))
+        + steps("crash", ("restore", FIRST), ("start_replacement", FIRST)),
+        calls={"r0": (0,), "r0-a1": (0, 1)},
+        counter_calls={"r0": (0,), "r0-a1": (0, 1, 2)},
+    ),
+    "lost_prepare_reply__retried_then_committed": Scenario(
+        steps("dispatch")
+        + steps(("lost_reply", {**ON_THE_SECOND, "operation": 0, "then_retry": True}))
+        + steps("commit", "crash", ("restore", FIRST), ("start_replacement", FIRST)),
+        calls={"r0": (0,), "r0-a1": (0, 1)},
+        counter_calls={"r0": (0,), "r0-a1": (0, 1, 2)},
+    ),
+    "lost_commit_reply__retried_then_restored": Scenario(
+        steps("dispatch", "prepare")
+        + steps(("lost_reply", {**ON_THE_SECOND, "operation": 0, "then_retry": True}))
+        + steps("crash", ("restore", FIRST), ("start_replacement", FIRST)),
+        calls={"r0": (0,), "r0-a1": (0, 1)},
+        counter_calls={"r0": (0,), "r0-a1": (0, 1, 2)},
+    ),
+    "lost_resume_reply__took_effect": Scenario(
+        steps("dispatch", "prepare")
+        + steps(("lost_reply", {"victim": 2, "operation": 1, "then_retry": False}))
+        + steps(("release", FIRST), ("release", FIRST)),
+        calls={"r0": (0, 1)},
+        counter_calls={"r0": (0, 1, 2)},
+    ),
+}
+
 # Gym's scenario 5 (counter): the counter, seeded at 3, is checkpointed at 4 after its first increment; only a
 # restored counter lets the continuation's second increment reach the expected 6 (reward 1.0, P3). Its negative
 # control is the planted fault `resources_restore_skipped` (P6).
@@ -657,6 +692,7 @@ FAULT_SCENARIOS: dict[str, str] = {
     "stalled_write_publishes_after_resume": "stalled_write__stopped_by_a_resume_never_publishes",
     "prepare_ignores_past_deadline": "checkpoint_without_crash__parks_then_resumes",
     "resources_checks_only_session_cookies": "retired_episode__stops_everywhere",
+    "replay_recorded_once_delivered": "lost_prepare_reply__retried_then_committed",
 }
 
 
@@ -669,6 +705,7 @@ def named(name: str) -> Scenario:
         CUT_SCENARIOS,
         MIXED_SCENARIOS,
         STORAGE_SCENARIOS,
+        NEMESIS_SCENARIOS,
         *SLOW_SCENARIOS.values(),
     ):
         if name in scenarios:

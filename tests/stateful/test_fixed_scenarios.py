@@ -17,6 +17,7 @@ from ckpt_model.scenarios import (
     CUT_SCENARIOS,
     FAULT_SCENARIOS,
     MIXED_SCENARIOS,
+    NEMESIS_SCENARIOS,
     SCENARIOS,
     SLOW_SCENARIOS,
     STORAGE_SCENARIOS,
@@ -63,6 +64,18 @@ def test_storage_scenario(native_harness: Harness, name: str) -> None:
 @pytest.mark.parametrize("name", sorted(STORAGE_SCENARIOS))
 def test_storage_scenario_with_token_capture(counter_capture_harness: Harness, name: str) -> None:
     run(counter_capture_harness, STORAGE_SCENARIOS[name])
+
+
+@pytest.mark.parametrize("name", sorted(NEMESIS_SCENARIOS))
+def test_nemesis_scenario(native_harness: Harness, name: str) -> None:
+    run(native_harness, NEMESIS_SCENARIOS[name])
+
+
+@pytest.mark.parametrize("name", sorted(NEMESIS_SCENARIOS))
+def test_nemesis_scenario_with_token_capture_and_two_workers(
+    counter_capture_two_workers_harness: Harness, name: str
+) -> None:
+    run(counter_capture_two_workers_harness, NEMESIS_SCENARIOS[name])
 
 
 # Gym runs its scenarios 1, 2, 3, 6, 7 and 8 with one policy-model worker and with two.

@@ -84,6 +84,35 @@ def test_each_storage_fault_goal_is_reached_by_its_own_kind_and_ending(stalled: 
     assert not goals.storage_fault(stalled, retried)(commit)
 
 
+@pytest.mark.parametrize("retried", [False, True])
+def test_a_paused_commit_goal_is_reached_by_its_rule_and_ending(retried: bool) -> None:
+    model = prepared(release=False)
+    for then_retry in (False, True):
+        drawn = Step("paused_commit", {"victim": 1, "then_retry": then_retry}, model, model, ("...",))
+        assert goals.paused_commit(retried)(drawn) is (then_retry == retried)
+    assert not goals.paused_commit(retried)(Step("stalled_write", {"then_retry": retried}, model, model, ()))
+
+
+@pytest.mark.parametrize("operation", ["prepare", "commit", "resume"])
+def test_a_lost_reply_goal_is_told_by_the_call_its_label_names(operation: str) -> None:
+    model = prepared(release=False)
+    for lost in ("prepare", "commit", "resume"):
+        for then_retry in (False, True):
+            label = f"{lost}(c1), agent's reply lost" + ("; retried" if then_retry else "")
+            drawn = Step("lost_reply", {"victim": 1, "operation": 0, "then_retry": then_retry}, model, model, (label,))
+            assert goals.lost_reply(operation, then_retry)(drawn) is (lost == operation)
+            assert not goals.lost_reply(operation, not then_retry)(drawn)
+    plain = Step("lost_reply", {"then_retry": True}, model, model, (f"{operation}(c1)",))
+    assert not goals.lost_reply(operation, True)(plain)
+
+
+def test_a_lost_prepare_reply_applies_only_without_generation_cuts() -> None:
+    by_name = {goal.name: goal for goal in goals.GOALS}
+    assert by_name["lost_prepare_retried"].applies(NATIVE)
+    assert not by_name["lost_prepare_retried"].applies(CUTS)
+    assert by_name["lost_commit_given_up"].applies(CUTS)
+
+
 def test_a_cut_is_continued_again_by_a_second_restore_of_its_checkpoint() -> None:
     twice = ("restore(c1) as c1-restore3",), ("restore(c1) as c1-restore2",)
     assert goals.cut_continued_again(step("restore", committed(), *twice[0], earlier=twice[1]))

@@ -1056,3 +1056,60 @@ def test_p7_callee_refused() -> None:
         properties.p7_callee_refused("r0", "resources /get_weather", 200, {"weather": "cold"})
     with pytest.raises(P7Violation, match="stale_attempt"):
         properties.p7_callee_refused("r0", "resources /increment_counter", 409, {"error": {"code": "checkpoint_error"}})
+
+
+def test_p16_a_paused_commit_is_refused_with_deadline_exceeded() -> None:
+    woke = {"agent": failure("agent", "deadline_exceeded", 409)}
+    properties.p16_write_refused("c1", "agent", "pause across its deadline", woke)
+    with pytest.raises(properties.P16Violation, match="agent committed it"):
+        properties.p16_write_refused("c1", "agent", "pause across its deadline", {})
+
+
+# -- P17: lost replies ---------------------------------------------------------------------------------------------
+
+
+def lost(name: str) -> ParticipantFailure:
+    return ParticipantFailure(name, None, None, "RemoteProtocolError: peer closed connection")
+
+
+def test_p17_only_reply_lost_passes_when_the_victim_alone_gave_no_reply() -> None:
+    properties.p17_only_reply_lost("commit", "c1", "agent", CoordinationError("commit", {"agent": lost("agent")}))
+
+
+@pytest.mark.parametrize(
+    ("failures", "observed"),
+    [
+        ({"agent": failure("agent", "invalid_phase", 409)}, "agent: HTTP 409 invalid_phase"),
+        ({"agent": lost("agent"), "environment": failure("environment", "checkpoint_error", 500)}, "environment"),
+        ({"environment": lost("environment")}, "environment: RemoteProtocolError"),
+    ],
+)
+def test_p17_only_reply_lost_fails_on_any_refusal_or_other_silence(
+    failures: dict[str, ParticipantFailure], observed: str
+) -> None:
+    with pytest.raises(properties.P17Violation, match=observed):
+        properties.p17_only_reply_lost("commit", "c1", "agent", CoordinationError("commit", failures))
+
+
+def test_p17_took_effect() -> None:
+    properties.p17_took_effect("prepare", "c1", "agent", {"phase": "prepared", "checkpoint_id": "c1"})
+    properties.p17_took_effect("commit", "c1", "agent", {"phase": "committed", "checkpoint_id": "c1"}, True)
+    properties.p17_took_effect("resume", "c1", "agent", {"phase": "idle", "checkpoint_id": None})
+    with pytest.raises(properties.P17Violation, match="phase 'prepared'"):
+        properties.p17_took_effect("commit", "c1", "agent", {"phase": "prepared", "checkpoint_id": "c1"}, True)
+    with pytest.raises(properties.P17Violation, match="no manifest"):
+        properties.p17_took_effect("commit", "c1", "agent", {"phase": "committed", "checkpoint_id": "c1"}, False)
+    with pytest.raises(properties.P17Violation, match="no checkpoint active"):
+        properties.p17_took_effect("resume", "c1", "agent", {"phase": "idle", "checkpoint_id": "c1"})
+
+
+def test_p17_retry_answered_reports_the_refusal() -> None:
+    refused = CoordinationError("commit", {"agent": failure("agent", "invalid_phase", 409)})
+    with pytest.raises(properties.P17Violation, match=r"retried commit of c1, whose first reply was lost"):
+        properties.p17_retry_answered("commit", "c1", refused)
+
+
+def test_p17_resume_replayed() -> None:
+    properties.p17_resume_replayed("c1", "agent", {"phase": "idle", "idempotent": True})
+    with pytest.raises(properties.P17Violation, match="idempotent: true"):
+        properties.p17_resume_replayed("c1", "agent", {"phase": "idle", "idempotent": False})
