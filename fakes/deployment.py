@@ -139,6 +139,14 @@ class EmbeddedDeployment:
         """How many replies the server has cut off."""
         return int(self._look_alike_route(name, "/_ctl/lost-replies")["lost"])
 
+    def fail_hook(self, name: str, hook: str) -> None:
+        """Make one server's next call of its `hook` (close, export, install) fail (`fakes.gym.hook_faults`)."""
+        self._look_alike_route(name, "/_ctl/hooks", post=True, body={"hook": hook})
+
+    def failed_hooks(self, name: str) -> int:
+        """How many hooks of the server have failed."""
+        return int(self._look_alike_route(name, "/_ctl/hooks")["failed"])
+
     def place_calls(self, placement: Mapping[str, int]) -> None:
         """From now on every generation call of capture key K is served by policy worker `placement[K]` (an index),
         whichever worker accepts its connection (`fakes.gym.placement`); kept, and set again on a fresh server."""

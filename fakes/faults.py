@@ -429,6 +429,27 @@ CATALOGUE: tuple[Fault, ...] = (
         "a participant that counts a prepare or commit as done only once its reply went out, so after a lost reply"
         " the controller's retry of the same call is refused (the work is done, but nothing replays it)",
     ),
+    Fault(
+        "failed_close_stays_closed",
+        "agent",
+        "P10",
+        "an agent whose prepare, when closing its admission fails after it closed, goes back to idle without"
+        " re-opening it, so new sessions wait for a resume that has nothing left to re-open",
+    ),
+    Fault(
+        "failed_install_stays_closed",
+        "agent",
+        "P8",
+        "an agent whose restore, when its install hook fails, goes back to idle without re-opening the admission"
+        " the restore closed, so the cleanup's resume leaves it closed",
+    ),
+    Fault(
+        "failed_export_retried_empty",
+        "every participant",
+        "P1",
+        "a participant that marks an export as under way before its hook runs and keeps the mark when the hook"
+        " fails, so the retried commit stores an empty export instead of exporting again",
+    ),
 )
 BY_NAME: dict[str, Fault] = {fault.name: fault for fault in CATALOGUE}
 

@@ -40,6 +40,7 @@ from fakes.gym.errors import (
     UnauthorizedError,
 )
 from fakes.gym.failpoints import BEFORE_INSTALL, BETWEEN_FILES, Failpoint, Failpoints
+from fakes.gym.hook_faults import Hook, HookFaults
 from fakes.gym.lease import Lease
 from fakes.gym.lost_replies import LOSABLE, LosableOperation, LostReplies
 from fakes.gym.participant import Participant, PrepareReport
@@ -96,6 +97,12 @@ class LostReplyRequest(BaseModel):
     operation: LosableOperation
 
 
+class HookFaultRequest(BaseModel):
+    """`POST /_ctl/hooks`: the next call of `hook` fails (`fakes.gym.hook_faults`)."""
+
+    hook: Hook
+
+
 # What a control route hands its handler: the operation, the `Authorization` header, and the validated body (a
 # request model), the failpoint's name, or None.
 ControlHandler = Callable[[str, str | None, Any], Awaitable[Reply]]
@@ -116,6 +123,8 @@ _OPERATIONS: dict[str, str] = {
     "release storage": "_release_storage",
     "lost replies": "_lost_reply_state",
     "lose reply": "_lose_reply",
+    "hooks": "_hook_state",
+    "fail hook": "_fail_hook",
 }
 _BODIES: dict[str, type[BaseModel] | type[str] | None] = {
     "status": None,
@@ -133,6 +142,8 @@ _BODIES: dict[str, type[BaseModel] | type[str] | None] = {
     "release storage": None,
     "lost replies": None,
     "lose reply": LostReplyRequest,
+    "hooks": None,
+    "fail hook": HookFaultRequest,
 }
 
 
@@ -175,6 +186,7 @@ def control_router(handle: ControlHandler) -> APIRouter:
     router.include_router(_failpoint_router(handle))
     router.include_router(_storage_router(handle))
     router.include_router(_lost_reply_router(handle))
+    router.include_router(_hook_router(handle))
     return router
 
 
@@ -206,6 +218,20 @@ def _lost_reply_router(handle: ControlHandler) -> APIRouter:
     @router.post("")
     async def lose(body: LostReplyRequest, authorization: Authorization = None) -> Reply:
         return await handle("lose reply", authorization, body)
+
+    return router
+
+
+def _hook_router(handle: ControlHandler) -> APIRouter:
+    router = APIRouter(prefix="/_ctl/hooks")
+
+    @router.get("")
+    async def hooks(authorization: Authorization = None) -> Reply:
+        return await handle("hooks", authorization, None)
+
+    @router.post("")
+    async def fail(body: HookFaultRequest, authorization: Authorization = None) -> Reply:
+        return await handle("fail hook", authorization, body)
 
     return router
 
@@ -346,6 +372,11 @@ class ControlPlane:
         self.failpoints = Failpoints()
         self.storage = StorageFaults()
         self.lost_replies = LostReplies()
+        self.hooks = HookFaults()
+        # Planted: the agent goes back to idle when a hook fails, without re-opening its admission.
+        self._failed_close_stays_closed = kind == "agent" and "failed_close_stays_closed" in self.faults
+        self._failed_install_stays_closed = kind == "agent" and "failed_install_stays_closed" in self.faults
+        self._export_placeholder = "failed_export_retried_empty" in self.faults
         self._replay_recorded_once_delivered = "replay_recorded_once_delivered" in self.faults
         self._writer_faults = WriterFaults(
             os_errors_escape="store_error_is_internal" in self.faults,
@@ -435,6 +466,13 @@ class ControlPlane:
     async def _arm_failpoint(self, point: str) -> Reply:
         self.failpoints.arm(point)
         return self.failpoints.state()
+
+    async def _hook_state(self) -> Reply:
+        return self.hooks.state()
+
+    async def _fail_hook(self, request: HookFaultRequest) -> Reply:
+        self.hooks.arm(request.hook)
+        return self.hooks.state()
 
     async def _lost_reply_state(self) -> Reply:
         return self.lost_replies.state()
@@ -647,8 +685,9 @@ class ControlPlane:
         try:
             async with self.runner.bounded(remaining_s, f"closing admission for {request.checkpoint_id!r}"):
                 await self.participant.close_admission(request.deadline_ts)
+                self.hooks.hit("close")  # a close that fails after closing
         except BaseException:
-            await self._abandon()
+            await self._abandon(reopen=not self._failed_close_stays_closed)
             raise
 
     async def _await_ready(self, checkpoint_id: str, deadline_ts: float) -> PrepareReport:
@@ -759,6 +798,9 @@ class ControlPlane:
         if exported is not None and exported[0] == work.checkpoint_id:
             return exported[2]
         work.stage = "export"
+        if self._export_placeholder:  # planted: "an export is under way", kept when the export fails
+            self._exported = (work.checkpoint_id, work.args[1], [])
+        self.hooks.hit("export")
         records = list(await self.participant.export(scope))
         self._exported = (work.checkpoint_id, work.args[1], records)
         return records
@@ -787,7 +829,7 @@ class ControlPlane:
         except BaseException:
             async with self.runner.lock:
                 if self.runner.current is work:
-                    await self._abandon()
+                    await self._abandon(reopen=not self._failed_install_stays_closed)
             raise
 
     async def _restore_steps(self, work: Work, request: RestoreRequest) -> Reply:
@@ -810,6 +852,7 @@ class ControlPlane:
         await self.participant.close_admission(None)
         if self.failpoints.armed(BEFORE_INSTALL):
             await asyncio.to_thread(self.failpoints.hit, BEFORE_INSTALL)  # off the loop: status still answers
+        self.hooks.hit("install")  # a hook that installs all or none fails having installed nothing
         installed = await self.participant.install(records, list(request.episode_ids))
         reply = {
             "phase": "restored",
@@ -873,15 +916,17 @@ class ControlPlane:
         self.runner.forget(checkpoint_id)
         await self._abandon()
 
-    async def _abandon(self) -> None:
-        """Back to idle with admission open (the ID is remembered only by a resume)."""
+    async def _abandon(self, reopen: bool = True) -> None:
+        """Back to idle with admission open (the ID is remembered only by a resume); `reopen=False` is a planted
+        fault's: admission stays closed."""
         self._phase = "idle"
         self.checkpoint_id = None
         self.runner.abandon()
         self._exported = None
         self.lease.clear()
         self.notify()
-        await self.participant.open_admission()
+        if reopen:
+            await self.participant.open_admission()
 
     def _delete_committed_records(self, checkpoint_id: str) -> None:
         """Planted fault: clean up the records file of the checkpoint this participant committed."""

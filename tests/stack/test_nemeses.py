@@ -9,6 +9,8 @@ import httpx
 import pytest
 
 from ckpt_model.errors import CoordinationError
+from ckpt_model.gym_tasks import native_run_body
+from ckpt_model.wire import EpisodeId
 from fakes.gym.wire import bearer
 from fakes.process_groups import process_state
 from tests.stack.conftest import Deployment, deadline
@@ -108,3 +110,49 @@ def test_a_paused_server_answers_nothing_until_it_goes_on_then_refuses_a_commit_
     assert process_state(server.pid) != "T"
     assert (late.status_code, late.json()["error"]["code"]) == (409, "deadline_exceeded")
     assert deployment.status("environment")["phase"] == "prepared"
+
+
+def fail_hook(deployment: Deployment, name: str, hook: str) -> None:
+    response = httpx.post(
+        f"{deployment.url(name)}/_ctl/hooks",
+        json={"hook": hook},
+        headers={"Authorization": bearer(deployment.stack.token)},
+    )
+    response.raise_for_status()
+
+
+@pytest.mark.parametrize("faults", [(), ("failed_close_stays_closed",)], ids=["fault-free", "fault"])
+def test_a_close_that_fails_after_closing_leaves_the_agent_idle_and_open_again(
+    deploy: Deploy, faults: tuple[str, ...]
+) -> None:
+    deployment = deploy("native", faults=faults)
+    fail_hook(deployment, "agent", "close")
+
+    with pytest.raises(CoordinationError) as failed:
+        deployment.control.prepare("c1", deadline())
+    status = deployment.status("agent")
+
+    refused = failed.value.failures["agent"]
+    assert (refused.http_status, refused.code) == (500, "checkpoint_error")
+    assert (status["phase"], status["checkpoint_id"]) == ("idle", None)
+    assert status["accepting"] is (not faults)
+
+
+@pytest.mark.parametrize("faults", [(), ("failed_export_retried_empty",)], ids=["fault-free", "fault"])
+def test_a_commit_whose_export_hook_raised_exports_afresh_when_retried(deploy: Deploy, faults: tuple[str, ...]) -> None:
+    deployment = deploy("native", faults=faults)
+    deployment.start_held(native_run_body("r0", 0), calls_delivered=0)
+    assert deployment.control.prepare("c1", deadline()).prepared
+    fail_hook(deployment, "environment", "export")
+    directory = str(deployment.stack.checkpoint_root / "c1")
+    scope = [EpisodeId(rollout_id="r0")]
+
+    with pytest.raises(CoordinationError) as failed:
+        deployment.control.commit("c1", directory, scope, deadline())
+    status = deployment.status("environment")
+    retried = deployment.control.commit("c1", directory, scope, deadline())
+
+    refused = failed.value.failures["environment"]
+    assert (refused.http_status, refused.code) == (500, "checkpoint_error")
+    assert status["phase"] == "prepared"
+    assert retried["environment"]["episode_ids"] == ([] if faults else ["r0"])
