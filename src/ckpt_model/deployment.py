@@ -77,6 +77,11 @@ STORAGE_FAILURES = ("ENOSPC", "EIO")
 STALL = "stall"
 # A commit can also meet a pause: its participant frozen (`Pauses`) until the commit's deadline passed.
 PAUSE = "pause"
+# The participant hooks a deployment can make fail once (`FailsHooks`): closing admission (after it closed), the
+# export of a commit, the install of a restore (before it installed anything).
+HOOKS = ("close", "export", "install")
+# A commit can meet its export hook failing (`FailsHooks`), as it meets a storage fault.
+EXPORT_HOOK = "export"
 # The operations whose reply a deployment can lose after the participant ran them (`LosesReplies`).
 LOSABLE_OPERATIONS = ("prepare", "commit", "resume")
 
@@ -157,6 +162,15 @@ class LosesReplies(Protocol):
     def lose_reply(self, name: str, operation: str) -> None: ...
 
     def lost_replies(self, name: str) -> int: ...
+
+
+@runtime_checkable
+class FailsHooks(Protocol):
+    """Make one server's next call of a hook (close, export, install) raise; say how many failed."""
+
+    def fail_hook(self, name: str, hook: str) -> None: ...
+
+    def failed_hooks(self, name: str) -> int: ...
 
 
 @runtime_checkable
@@ -595,6 +609,16 @@ class Harness:
     def lost_replies(self, name: str) -> int:
         return int(self._losing_replies().lost_replies(name))
 
+    @property
+    def can_fail_hooks(self) -> bool:
+        return isinstance(self.deployment, FailsHooks)
+
+    def fail_hook(self, name: str, hook: str) -> None:
+        self._failing_hooks().fail_hook(name, hook)
+
+    def failed_hooks(self, name: str) -> int:
+        return int(self._failing_hooks().failed_hooks(name))
+
     def close(self) -> None:
         if self._chores is not None:
             self._chores.shutdown(wait=True)
@@ -690,6 +714,12 @@ class Harness:
         deployment = self.deployment
         if not isinstance(deployment, Pauses):
             raise HarnessError(self._lacks("pause_server(name) and continue_server(name)"))
+        return deployment
+
+    def _failing_hooks(self) -> FailsHooks:
+        deployment = self.deployment
+        if not isinstance(deployment, FailsHooks):
+            raise HarnessError(self._lacks("fail_hook(name, hook) and failed_hooks(name)"))
         return deployment
 
     def _losing_replies(self) -> LosesReplies:

@@ -138,6 +138,16 @@ def lost_reply(operation: str, retried: bool) -> Callable[[Step], bool]:
     return reached
 
 
+def failing_hook(rule: str, retried: bool) -> Callable[[Step], bool]:
+    """A hook that failed (`failing_close`, `failing_export`), then the call made again (`retried`) or given up."""
+
+    def reached(step: Step) -> bool:
+        return step.rule == rule and bool(step.arguments.get("then_retry")) == retried
+
+    reached.__doc__ = f"A {rule}, then {'retried' if retried else 'given up'}."
+    return reached
+
+
 def without_cuts(spec: DeploymentSpec) -> bool:
     """A prepare's reply is never lost where generation cuts are on (the machine's `_losable`)."""
     return not spec.generation_cuts
@@ -172,6 +182,18 @@ GOALS: tuple[Goal, ...] = (
         for op in ("prepare", "commit", "resume")
         for outcome, retried in (("retried", True), ("given_up", False))
     ),
+    Goal(
+        "failed_close_retried",
+        "a close that failed after closing, then a new prepare",
+        failing_hook("failing_close", True),
+        applies=without_cuts,
+    ),
+    Goal(
+        "failed_export_retried",
+        "an export hook that raised, then the commit retried",
+        failing_hook("failing_export", True),
+    ),
+    Goal("failed_export_given_up", "an export hook that raised, then a resume", failing_hook("failing_export", False)),
     Goal(
         "cut_continued_again",
         "a cut continued after a second crash",

@@ -21,6 +21,7 @@ from ckpt_model.callees import Callees
 from ckpt_model.contract import Attempt, Checkpoint, Model
 from ckpt_model.controller import HUNG_CUT_PREPARE_DEADLINE_S, Controller, episodes_of, run_pool
 from ckpt_model.deployment import (
+    EXPORT_HOOK,
     LOSABLE_OPERATIONS,
     PAUSE,
     STALL,
@@ -275,7 +276,7 @@ class CheckpointMachine(RuleBasedStateMachine):
     # -- storage that fails or stalls -------------------------------------------------------------------------
 
     @action(
-        lambda self: self.model.phase == "prepared" and self.harness.can_break_storage,
+        lambda self: self._may_commit() and self.harness.can_break_storage,
         victim=PICK,
         point=PICK,
         errno=st.sampled_from(STORAGE_FAILURES),
@@ -287,7 +288,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         self._write_fault(victim, STORAGE_POINTS, point, errno, then_retry)
 
     @action(
-        lambda self: self.model.phase == "prepared" and self.harness.can_break_storage,
+        lambda self: self._may_commit() and self.harness.can_break_storage,
         victim=PICK,
         point=PICK,
         then_retry=st.booleans(),
@@ -297,15 +298,33 @@ class CheckpointMachine(RuleBasedStateMachine):
         write went on and ended, or resumes while it stalls, and the stopped write must never publish."""
         self._write_fault(victim, STALL_POINTS, point, STALL, then_retry)
 
-    @action(
-        lambda self: self.model.phase == "prepared" and self.harness.can_pause, victim=PICK, then_retry=st.booleans()
-    )
+    @action(lambda self: self._may_commit() and self.harness.can_pause, victim=PICK, then_retry=st.booleans())
     def paused_commit(self, victim: int, then_retry: bool) -> None:
         """One participant is frozen (SIGSTOP) while the others commit and its own commit's deadline passes; woken
         (SIGCONT), it must refuse that commit and stay prepared (P16); the controller retries or resumes."""
         self._write_fault(victim, (PAUSE,), 0, PAUSE, then_retry)
 
+    @action(
+        lambda self: self._may_commit() and self.harness.can_fail_hooks,
+        victim=PICK,
+        then_retry=st.booleans(),
+    )
+    def failing_export(self, victim: int, then_retry: bool) -> None:
+        """As `storage_fault`, with the victim's export hook raising instead (P16: 500 checkpoint_error); the
+        retry must export afresh, since the first export never returned."""
+        self._write_fault(victim, (EXPORT_HOOK,), 0, EXPORT_HOOK, then_retry)
+
+    def _may_commit(self) -> bool:
+        """A checkpoint is prepared, or one may be: a rule that commits prepares first when none is open, as the
+        controller's routine does (`checkpoint`), so its fault is one step deep instead of two."""
+        return self.model.phase == "prepared" or self._may_checkpoint()
+
+    def _prepared_first(self) -> None:
+        if self.model.phase != "prepared":
+            self.prepare()
+
     def _write_fault(self, victim: int, points: tuple[str, ...], point: int, how: str, then_retry: bool) -> None:
+        self._prepared_first()
         checkpoint_id, scope = self.model.opened, self.model.scope()
         members = self.controller.members()
         name = _pick(members, victim).name
@@ -314,7 +333,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         replies = self.controller.commit_on(others, checkpoint_id, scope) if others else {}
         self.audits.partial_commit(self.model, checkpoint_id, others, replies)
         refusal = self.nemesis.commit_meeting(fault, checkpoint_id, scope)
-        props.p16_write_refused(checkpoint_id, name, fault.label, {} if refusal is None else {name: refusal})
+        props.p16_write_refused(checkpoint_id, name, fault.label, how, {} if refusal is None else {name: refusal})
         when = f"after its write met {fault.label}"
         props.p16_no_manifest(checkpoint_id, name, when, self.audits.has_manifest(checkpoint_id, name))
         props.p16_still_prepared(checkpoint_id, name, self.harness.statuses()[name])
@@ -340,6 +359,47 @@ class CheckpointMachine(RuleBasedStateMachine):
             label += f"; resume({checkpoint_id}), incomplete with the shares of {sorted(published)}"
         self._advance(model, label)
 
+    # -- hooks that fail ---------------------------------------------------------------------------------------
+
+    @action(
+        lambda self: self.harness.can_fail_hooks and self._may_checkpoint() and not self.ledgers.cuts,
+        victim=PICK,
+        then_retry=st.booleans(),
+    )
+    def failing_close(self, victim: int, then_retry: bool) -> None:
+        """A prepare in which one participant's close of admission fails after it closed: that participant alone
+        refuses (500), idle with admission open again (P10); the controller resumes, and with `then_retry` prepares
+        again under a new ID. (Never with generation cuts: a cut round of the failed prepare would be judged as the
+        next one's.)"""
+        name = _pick(self.controller.members(), victim).name
+        model, checkpoint_id = self.model.prepare()
+        self.nemesis.fail_hook(name, "close")
+        try:
+            self.controller.prepare(checkpoint_id)
+            refused = None
+        except CoordinationError as error:
+            refused = error
+        props.p10_failed_close_refused(checkpoint_id, name, refused)
+        props.p10_reopened_after_failed_close(checkpoint_id, name, self.harness.statuses()[name])
+        self.controller.resume(checkpoint_id)
+        self._refused("prepare", checkpoint_id, "stale_checkpoint")
+        self._advance(model.resume(), f"prepare({checkpoint_id}), {name}'s close failed; resume({checkpoint_id})")
+        if then_retry:
+            self.prepare()
+
+    @action(lambda self: self.model.can_restore() and self.harness.can_fail_hooks, pick=PICK, victim=PICK)
+    def failing_install(self, pick: int, victim: int) -> None:
+        """Restore a committed checkpoint while one participant's install hook fails having installed nothing: it
+        alone refuses (500 checkpoint_error), and the cleanup leaves nothing behind (P8)."""
+        checkpoint = _pick(list(self.model.committed), pick)
+        name = _pick(self.controller.members(), victim).name
+        self._forget_covering(checkpoint.checkpoint_id)
+        model, restore_id = self.model.failed_restore(checkpoint.checkpoint_id)
+        self.nemesis.fail_hook(name, "install")
+        self._refused_restore(restore_id, checkpoint, ([name], "its install hook failed"), code="checkpoint_error")
+        label = f"failing_install({checkpoint.checkpoint_id}) as {restore_id}, {name}'s install hook failed"
+        self._advance(model, label, violation=props.P8Violation, counts_final=True)
+
     # -- lost replies -----------------------------------------------------------------------------------------
 
     @action(
@@ -359,12 +419,13 @@ class CheckpointMachine(RuleBasedStateMachine):
         )
 
     def _losable(self) -> list[str]:
-        """The calls whose reply can be lost now. A prepare only without generation cuts: the cut rounds a retried
-        prepare must account for are those of its first call, which the journal cannot attribute."""
+        """The calls whose reply can be lost now (a commit or a resume prepares first when no checkpoint is open).
+        A prepare only without generation cuts: the cut rounds a retried prepare must account for are those of its
+        first call, which the journal cannot attribute."""
         allowed = {
             "prepare": self._may_checkpoint() and not self.ledgers.cuts,
-            "commit": self.model.phase == "prepared",
-            "resume": self.model.checkpoint_open,
+            "commit": self._may_commit(),
+            "resume": self.model.checkpoint_open or self._may_checkpoint(),
         }
         return [operation for operation in LOSABLE_OPERATIONS if allowed[operation]]
 
@@ -388,6 +449,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         self._advance(model, f"{label}; prepare retried")
 
     def _lost_commit(self, name: str, then_retry: bool) -> None:
+        self._prepared_first()
         checkpoint_id, scope = self.model.opened, self.model.scope()
         self.nemesis.reply_lost(name, "commit", checkpoint_id, scope)
         published = self.audits.has_manifest(checkpoint_id, name)
@@ -412,6 +474,8 @@ class CheckpointMachine(RuleBasedStateMachine):
         self._advance(model, label)
 
     def _lost_resume(self, name: str, then_retry: bool) -> None:
+        if not self.model.checkpoint_open:
+            self.prepare()
         checkpoint_id = self.model.opened
         self.nemesis.reply_lost(name, "resume", checkpoint_id)
         props.p17_took_effect("resume", checkpoint_id, name, self.harness.statuses()[name])
@@ -462,14 +526,22 @@ class CheckpointMachine(RuleBasedStateMachine):
         label = f"restore_incomplete({checkpoint.checkpoint_id}) as {restore_id}, refused by {missing}"
         self._advance(model, label, violation=props.P8Violation, counts_final=True)
 
-    def _refused_restore(self, restore_id: str, source: Checkpoint, refused: Refused, copy: Path | None = None) -> None:
+    def _refused_restore(
+        self,
+        restore_id: str,
+        source: Checkpoint,
+        refused: Refused,
+        copy: Path | None = None,
+        code: str = "invalid_checkpoint_state",
+    ) -> None:
         """Restore what exactly the participants `refused` names cannot install (and why, from `copy` or the
-        checkpoint's own directory); P8 on their refusals and the cleanup."""
+        checkpoint's own directory), each refusing with `code`; P8 on their refusals and the cleanup."""
         refusers, why = refused
         try:
             self.controller.restore(restore_id, source.checkpoint_id, source.exported, copy)
         except CoordinationError as error:
-            props.p8_refused_by(restore_id, refusers, why, error.failures, getattr(error, "__notes__", []))
+            notes = getattr(error, "__notes__", [])
+            props.p8_refused_by(restore_id, refusers, why, error.failures, notes, code)
         else:
             props.p8_not_refused(restore_id, refusers, why)
 

@@ -3,7 +3,8 @@
 Every Gym process group SIGKILLed (with a power cut that keeps only what was fsynced), one server killed and
 started again alone, a crash that lands inside a commit, a restore, a retire or a forget after it reached some
 participants, and a participant held by a failpoint inside its own commit or restore; a commit whose write fails or
-stalls, or whose participant is frozen (SIGSTOP) until its deadline passed; a call whose reply is lost after it ran.
+stalls, or whose participant is frozen (SIGSTOP) until its deadline passed; a call whose reply is lost after it ran;
+a participant hook (close, export, install) that raises.
 Each is journaled through the controller, so the watchers hear of every process that died, and each ends where the
 model can predict it: every `/run` the crash cut off has ended, the calls it left waiting at the backend are
 released, and a frozen participant runs again.
@@ -24,7 +25,14 @@ from ckpt_model import properties as props
 from ckpt_model.contract import Attempt, Checkpoint, Model
 from ckpt_model.controller import CONTROL_DEADLINE_S, Controller, episodes_keyed, episodes_of, outcomes_text
 from ckpt_model.coordination import Participant
-from ckpt_model.deployment import FAILPOINT_BEFORE_INSTALL, FAILPOINT_BETWEEN_FILES, PAUSE, STALL, Harness
+from ckpt_model.deployment import (
+    EXPORT_HOOK,
+    FAILPOINT_BEFORE_INSTALL,
+    FAILPOINT_BETWEEN_FILES,
+    PAUSE,
+    STALL,
+    Harness,
+)
 from ckpt_model.errors import CoordinationError, ParticipantFailure, QuiescenceTimeout
 from ckpt_model.history import Event
 from ckpt_model.quiescence import poll
@@ -48,8 +56,9 @@ class HeldCommit:
 
 @attrs.frozen
 class WriteFault:
-    """What one participant's commit meets: a storage fault `how` (ENOSPC, EIO, stall) at `point` of its write, or
-    (`how` PAUSE) its process frozen until the commit's deadline passed."""
+    """What one participant's commit meets: a storage fault `how` (ENOSPC, EIO, stall) at `point` of its write,
+    (`how` PAUSE) its process frozen until the commit's deadline passed, or (`how` EXPORT_HOOK) its export hook
+    raising."""
 
     victim: str
     point: str
@@ -57,7 +66,11 @@ class WriteFault:
 
     @property
     def label(self) -> str:
-        return "pause across its deadline" if self.how == PAUSE else f"{self.how} at {self.point}"
+        if self.how == PAUSE:
+            return "pause across its deadline"
+        if self.how == EXPORT_HOOK:
+            return "failing export hook"
+        return f"{self.how} at {self.point}"
 
 
 class Nemesis:
@@ -173,15 +186,14 @@ class Nemesis:
         the stall."""
         if fault.how == PAUSE:
             return self._commit_paused(fault, checkpoint_id, scope)
+        if fault.how == EXPORT_HOOK:
+            self.fail_hook(fault.victim, "export")
+            return self._refusal(fault.victim, checkpoint_id, scope, CONTROL_DEADLINE_S)
         self.harness.break_storage(fault.victim, fault.point, fault.how)
         invocation = self.controller.invoke("storage fault", f"{fault.victim}: {fault.label}")
         self.controller.complete(invocation, "ok")
         deadline_s = STALLED_COMMIT_DEADLINE_S if fault.how == STALL else CONTROL_DEADLINE_S
-        try:
-            self.controller.commit_on([fault.victim], checkpoint_id, scope, deadline_s)
-            refusal = None
-        except CoordinationError as error:
-            refusal = error.failures.get(fault.victim)
+        refusal = self._refusal(fault.victim, checkpoint_id, scope, deadline_s)
         if fault.how == STALL:
             self._wait_storage(fault, lambda state: state["stalled_at"] == fault.point, "its write stands at the stall")
         else:
@@ -218,6 +230,24 @@ class Nemesis:
         except CoordinationError as error:
             return error.failures.get(fault.victim)
         return None
+
+    def _refusal(
+        self, victim: str, checkpoint_id: str, scope: Sequence[Attempt], deadline_s: float
+    ) -> ParticipantFailure | None:
+        """The victim's commit of `scope`: its refusal, or None if it committed."""
+        try:
+            self.controller.commit_on([victim], checkpoint_id, scope, deadline_s)
+        except CoordinationError as error:
+            return error.failures.get(victim)
+        return None
+
+    # -- hooks that fail ----------------------------------------------------------------------------------------
+
+    def fail_hook(self, victim: str, hook: str) -> None:
+        """Make `victim`'s next call of its `hook` (close, export, install) raise; journaled."""
+        self.harness.fail_hook(victim, hook)
+        invocation = self.controller.invoke("hook fault", f"{victim}: {hook}")
+        self.controller.complete(invocation, "ok")
 
     # -- lost replies -------------------------------------------------------------------------------------------
 

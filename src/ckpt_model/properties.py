@@ -114,10 +114,10 @@ class P14Violation(PropertyViolation):
 class P16Violation(PropertyViolation):
     property_id = "P16"
     title = (
-        "failed, stalled and paused commits: a commit whose write fails or stalls, or whose participant is frozen "
-        "past its deadline, is refused with Gym's code by that participant alone, publishes no manifest, leaves it "
-        "prepared for a retry that commits what the first export held, and a write stopped by a resume never "
-        "publishes"
+        "failed, stalled and paused commits: a commit whose write fails or stalls, whose export hook raises, or "
+        "whose participant is frozen past its deadline, is refused with Gym's code by that participant alone, "
+        "publishes no manifest, leaves it prepared for a retry that commits what the first export held, and a "
+        "write stopped by a resume never publishes"
     )
 
 
@@ -371,17 +371,18 @@ def p8_refused_by(
     why: str,
     failures: Mapping[str, ParticipantFailure],
     cleanup_problems: Sequence[str],
+    code: str = "invalid_checkpoint_state",
 ) -> None:
     """A restore that exactly the participants `refusers` cannot install (`why`: their shares are damaged or
-    missing): each of them refuses it with invalid_checkpoint_state, no other participant refuses it, and the
-    controller's cleanup (retire the next attempts everywhere, resume) succeeded on every participant."""
+    missing, or their install hook failed): each of them refuses it with `code` (invalid_checkpoint_state; an
+    unexpected exception is 500 checkpoint_error), no other participant refuses it, and the controller's cleanup
+    (retire the next attempts everywhere, resume) succeeded on every participant."""
     expected = (
-        f"restore {restore_id} refused by {sorted(refusers)} ({why}) alone, with invalid_checkpoint_state, "
-        "and the cleanup succeeding"
+        f"restore {restore_id} refused by {sorted(refusers)} ({why}) alone, with {code}, and the cleanup succeeding"
     )
     for name in sorted(refusers):
         refused = failures.get(name)
-        if refused is None or refused.code != "invalid_checkpoint_state":
+        if refused is None or refused.code != code:
             shown = refused.describe() if refused is not None else "installed it"
             raise P8Violation(rollout=None, expected=expected, observed=f"{name} {shown}")
     others = {name: failure.describe() for name, failure in failures.items() if name not in refusers}
@@ -1069,25 +1070,54 @@ def p10_lease_held(name: str, status: Mapping[str, Any]) -> None:
         )
 
 
+def p10_failed_close_refused(checkpoint_id: str, victim: str, error: CoordinationError | None) -> None:
+    """The prepare of `checkpoint_id`, whose close of admission failed on `victim` after it closed, failed there
+    with 500 checkpoint_error (an unexpected exception inside the route) and nowhere else."""
+    expected = f"prepare {checkpoint_id} refused by {victim} alone (its close failed), with HTTP 500 checkpoint_error"
+    if error is None:
+        raise P10Violation(rollout=None, expected=expected, observed="every participant prepared")
+    refused = error.failures.get(victim)
+    wrong = {name: failure.describe() for name, failure in sorted(error.failures.items()) if name != victim}
+    if refused is None or (refused.http_status, refused.code) != (500, "checkpoint_error"):
+        wrong[victim] = refused.describe() if refused is not None else "prepared"
+    if wrong:
+        raise P10Violation(rollout=None, expected=expected, observed="; ".join(f"{n}: {w}" for n, w in wrong.items()))
+
+
+def p10_reopened_after_failed_close(checkpoint_id: str, victim: str, status: Mapping[str, Any]) -> None:
+    """After its close failed, `victim` is idle with no checkpoint and admission open again (reference section 3:
+    if closing raises, admission is re-opened and the phase is idle)."""
+    shown = (status.get("phase"), status.get("checkpoint_id"), status.get("accepting", True))
+    if shown != ("idle", None, True):
+        raise P10Violation(
+            rollout=None,
+            expected=f"{victim} idle with admission open again after its close for {checkpoint_id} failed",
+            observed=f"phase {shown[0]!r}, checkpoint {shown[1]!r}, accepting {shown[2]!r}",
+        )
+
+
 # -- P16: failed, stalled and paused commits ---------------------------------------------------------------------------
 
 # How each storage fault must be answered (reference sections 2.3, 2.6 and 6.2): an OSError is a
 # CheckpointStateError (422 invalid_checkpoint_state); a write still running at the deadline is 409
 # deadline_exceeded, and the write runs on; a participant frozen until its commit's deadline passed refuses the
-# commit when it wakes, as any call past its deadline, with 409 deadline_exceeded.
+# commit when it wakes, as any call past its deadline, with 409 deadline_exceeded; an export hook that raises is an
+# unexpected exception in the control route, 500 checkpoint_error.
 WRITE_REFUSAL: dict[str, tuple[int, str]] = {
     "ENOSPC": (422, "invalid_checkpoint_state"),
     "EIO": (422, "invalid_checkpoint_state"),
     "stall": (409, "deadline_exceeded"),
     "pause": (409, "deadline_exceeded"),
+    "export": (500, "checkpoint_error"),
 }
 
 
-def p16_write_refused(checkpoint_id: str, victim: str, fault: str, failures: Mapping[str, ParticipantFailure]) -> None:
-    """The commit of `checkpoint_id`, whose write on `victim` met the storage fault `fault` (`how at point`), is
+def p16_write_refused(
+    checkpoint_id: str, victim: str, fault: str, how: str, failures: Mapping[str, ParticipantFailure]
+) -> None:
+    """The commit of `checkpoint_id`, which met `fault` on `victim` (`how` it failed: a key of `WRITE_REFUSAL`), is
     refused by `victim` with the status and code Gym gives that failure, and by nobody else (`failures`: the
     refusals of the commit that reached it)."""
-    how = fault.split(" ", 1)[0]
     status, code = WRITE_REFUSAL[how]
     expected = f"commit {checkpoint_id}: {victim} ({fault}) alone refuses it with HTTP {status} {code}"
     refused = failures.get(victim)

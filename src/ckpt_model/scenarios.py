@@ -438,6 +438,32 @@ NEMESIS_SCENARIOS: dict[str, Scenario] = {
         calls={"r0": (0,), "r0-a1": (0, 1)},
         counter_calls={"r0": (0,), "r0-a1": (0, 1, 2)},
     ),
+    # A close that fails after closing on the agent (victims count the members in name order: agent, environment,
+    # policy model, resources), then a new prepare; an export hook that raises on the agent, then the commit
+    # retried; each
+    # participant's install hook failing in turn (a crash between: a refused restore leaves processes that served
+    # it), then the checkpoint itself restores.
+    "failing_close__reopens_then_prepares_again": Scenario(
+        steps("dispatch", ("failing_close", {"victim": 0, "then_retry": True}))
+        + steps("commit", "crash", ("restore", FIRST), ("start_replacement", FIRST)),
+        calls={"r0": (0,), "r0-a1": (0, 1)},
+        counter_calls={"r0": (0,), "r0-a1": (0, 1, 2)},
+    ),
+    "failing_export__retried_exports_afresh": Scenario(
+        steps("dispatch", "prepare", ("failing_export", {"victim": 0, "then_retry": True}))
+        + steps("crash", ("restore", FIRST), ("start_replacement", FIRST)),
+        calls={"r0": (0,), "r0-a1": (0, 1)},
+        counter_calls={"r0": (0,), "r0-a1": (0, 1, 2)},
+    ),
+    "failing_install__refused_by_one_leaves_nothing": Scenario(
+        steps("dispatch", ("release", FIRST), ("checkpoint", {"then_resume": False}), "crash")
+        + tuple(
+            step for victim in range(4) for step in steps(("failing_install", {"pick": 0, "victim": victim}), "crash")
+        )
+        + steps(("restore", FIRST), ("start_replacement", FIRST)),
+        calls={"r0": (0, 1), "r0-a1": (1,)},
+        counter_calls={"r0": (0, 1), "r0-a1": (1, 2)},
+    ),
     "lost_resume_reply__took_effect": Scenario(
         steps("dispatch", "prepare")
         + steps(("lost_reply", {"victim": 2, "operation": 1, "then_retry": False}))
@@ -693,6 +719,9 @@ FAULT_SCENARIOS: dict[str, str] = {
     "prepare_ignores_past_deadline": "checkpoint_without_crash__parks_then_resumes",
     "resources_checks_only_session_cookies": "retired_episode__stops_everywhere",
     "replay_recorded_once_delivered": "lost_prepare_reply__retried_then_committed",
+    "failed_close_stays_closed": "failing_close__reopens_then_prepares_again",
+    "failed_install_stays_closed": "failing_install__refused_by_one_leaves_nothing",
+    "failed_export_retried_empty": "failing_export__retried_exports_afresh",
 }
 
 

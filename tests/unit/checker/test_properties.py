@@ -1004,9 +1004,9 @@ def test_p4_calls_complete_missing_calls_are_p4() -> None:
 
 def test_p16_write_refused_passes_for_gyms_code_from_the_victim_alone() -> None:
     failures = {"environment": failure("environment", "invalid_checkpoint_state", 422)}
-    properties.p16_write_refused("c1", "environment", "ENOSPC at records.write", failures)
+    properties.p16_write_refused("c1", "environment", "ENOSPC at records.write", "ENOSPC", failures)
     stalled = {"agent": failure("agent", "deadline_exceeded", 409)}
-    properties.p16_write_refused("c1", "agent", "stall at manifest.write", stalled)
+    properties.p16_write_refused("c1", "agent", "stall at manifest.write", "stall", stalled)
 
 
 @pytest.mark.parametrize(
@@ -1027,7 +1027,7 @@ def test_p16_write_refused_passes_for_gyms_code_from_the_victim_alone() -> None:
 )
 def test_p16_write_refused_fails_otherwise(fault: str, failures: dict[str, ParticipantFailure], observed: str) -> None:
     with pytest.raises(properties.P16Violation, match=observed):
-        properties.p16_write_refused("c1", "environment", fault, failures)
+        properties.p16_write_refused("c1", "environment", fault, fault.split(" ", 1)[0], failures)
 
 
 def test_p16_no_manifest() -> None:
@@ -1060,9 +1060,51 @@ def test_p7_callee_refused() -> None:
 
 def test_p16_a_paused_commit_is_refused_with_deadline_exceeded() -> None:
     woke = {"agent": failure("agent", "deadline_exceeded", 409)}
-    properties.p16_write_refused("c1", "agent", "pause across its deadline", woke)
+    properties.p16_write_refused("c1", "agent", "pause across its deadline", "pause", woke)
     with pytest.raises(properties.P16Violation, match="agent committed it"):
-        properties.p16_write_refused("c1", "agent", "pause across its deadline", {})
+        properties.p16_write_refused("c1", "agent", "pause across its deadline", "pause", {})
+
+
+def test_p16_a_failed_export_hook_is_an_internal_error() -> None:
+    failed = {"resources": failure("resources", "checkpoint_error", 500)}
+    properties.p16_write_refused("c1", "resources", "failing export hook", "export", failed)
+    wrong = {"resources": failure("resources", "invalid_checkpoint_state", 422)}
+    with pytest.raises(properties.P16Violation, match="HTTP 422"):
+        properties.p16_write_refused("c1", "resources", "failing export hook", "export", wrong)
+
+
+def test_p10_failed_close_refused() -> None:
+    refused = CoordinationError("prepare", {"agent": failure("agent", "checkpoint_error", 500)})
+    properties.p10_failed_close_refused("c1", "agent", refused)
+    with pytest.raises(P10Violation, match="every participant prepared"):
+        properties.p10_failed_close_refused("c1", "agent", None)
+    with pytest.raises(P10Violation, match="agent: HTTP 409"):
+        properties.p10_failed_close_refused(
+            "c1", "agent", CoordinationError("prepare", {"agent": failure("agent", "invalid_phase")})
+        )
+    both = {"agent": failure("agent", "checkpoint_error", 500), "environment": failure("environment", "x", 500)}
+    with pytest.raises(P10Violation, match="environment: HTTP 500"):
+        properties.p10_failed_close_refused("c1", "agent", CoordinationError("prepare", both))
+
+
+def test_p10_reopened_after_failed_close() -> None:
+    properties.p10_reopened_after_failed_close(
+        "c1", "agent", {"phase": "idle", "checkpoint_id": None, "accepting": True}
+    )
+    properties.p10_reopened_after_failed_close("c1", "environment", {"phase": "idle", "checkpoint_id": None})
+    for status in (
+        {"phase": "idle", "checkpoint_id": None, "accepting": False},
+        {"phase": "preparing", "checkpoint_id": "c1", "accepting": False},
+    ):
+        with pytest.raises(P10Violation, match="admission open again"):
+            properties.p10_reopened_after_failed_close("c1", "agent", status)
+
+
+def test_p8_refused_by_a_failed_install_hook_with_its_own_code() -> None:
+    failures = {"agent": failure("agent", "checkpoint_error", 500)}
+    properties.p8_refused_by("c1-restore2", ["agent"], "install hook", failures, [], code="checkpoint_error")
+    with pytest.raises(P8Violation, match="with checkpoint_error"):
+        properties.p8_refused_by("c1-restore2", ["agent"], "install hook", {}, [], code="checkpoint_error")
 
 
 # -- P17: lost replies ---------------------------------------------------------------------------------------------
