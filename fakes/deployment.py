@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 
+from fakes import clock
 from fakes.faults import CATALOGUE, Fault
 from fakes.gym.config import DEFAULT_LEASE_GRACE_S
 from fakes.gym.placement import PLACEMENT_ROUTE
@@ -146,6 +147,16 @@ class EmbeddedDeployment:
     def failed_hooks(self, name: str) -> int:
         """How many hooks of the server have failed."""
         return int(self._look_alike_route(name, "/_ctl/hooks")["failed"])
+
+    @property
+    def skews_clocks(self) -> bool:
+        """Whether the servers run with libfaketime preloaded (`fakes.clock`): Debian's `faketime` is installed."""
+        return clock.library() is not None
+
+    def skew_clock(self, name: str, offset_s: float) -> float:
+        """Move one server's wall clock `offset_s` seconds from the true time (0 puts it back); returns the time
+        the server's clock reads right after."""
+        return float(self._look_alike_route(name, "/_ctl/clock", post=True, body={"offset_s": offset_s})["time"])
 
     def place_calls(self, placement: Mapping[str, int]) -> None:
         """From now on every generation call of capture key K is served by policy worker `placement[K]` (an index),

@@ -450,6 +450,14 @@ CATALOGUE: tuple[Fault, ...] = (
         "a participant that marks an export as under way before its hook runs and keeps the mark when the hook"
         " fails, so the retried commit stores an empty export instead of exporting again",
     ),
+    Fault(
+        "clock_read_once_at_start",
+        "resources",
+        "P18",
+        "a resources server that reads the wall clock once at start and carries it on with the monotonic clock (to be"
+        " immune to clock steps), so once its clock is stepped it judges deadlines and its lease on a time that is"
+        " no longer its own: it accepts a call its own clock says is past its deadline",
+    ),
 )
 BY_NAME: dict[str, Fault] = {fault.name: fault for fault in CATALOGUE}
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import httpx
 
+from fakes import clock
 from fakes.gym.config import CONFIG_ENV, DEFAULT_LEASE_GRACE_S, ServerConfig, check_capture, lease_grace
 from fakes.gym.durability import lose_unsynced
 from fakes.gym.runtime import remove_runtime_dir
@@ -132,7 +133,7 @@ class Stack:
         self._stop_at_exit()
         if self.use_fork_server and self.fork_server is None:
             # Its seconds of warm-up overlap the backend's start.
-            self.fork_server = ForkServer.launch(self.log_path("forkserver"))
+            self.fork_server = ForkServer.launch(self.log_path("forkserver"), clock.preloaded_env(os.environ))
         self.backend = spawn("backend", argv, dict(os.environ), self.log_path("backend"), url, None, stdin_pipe=True)
         try:
             wait_healthy([self.backend], "/v1/models", http=self.http)
@@ -210,7 +211,7 @@ class Stack:
     def _spawn_gym(self, configs: Mapping[str, ServerConfig]) -> frozenset[str]:
         """Cold-start each server; none serves yet (the caller health-checks them all)."""
         for name, config in configs.items():
-            env = {**os.environ, CONFIG_ENV: config.to_json()}
+            env = {**clock.preloaded_env(os.environ), CONFIG_ENV: config.to_json()}
             argv = [sys.executable, "-m", "fakes.gym.serve"]
             kind = KIND_OF_ROLE.get(config.role)
             self.gym[name] = spawn(name, argv, env, self.log_path(name), config.url, kind)
@@ -245,7 +246,7 @@ class Stack:
             log.warning("the fork server (pid %d) died; starting a new one", self.fork_server.pid)
             self._stop_fork_server()
         if self.fork_server is None:
-            self.fork_server = ForkServer.launch(self.log_path("forkserver"))
+            self.fork_server = ForkServer.launch(self.log_path("forkserver"), clock.preloaded_env(os.environ))
         try:
             self.fork_server.wait_ready(START_TIMEOUT_S)
         except ForkServerError as error:

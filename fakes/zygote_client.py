@@ -65,15 +65,21 @@ class ForkServer:
         self._ready = False
 
     @classmethod
-    def launch(cls, log_path: Path) -> ForkServer:
-        """Start a fork server in its own session; it warms up in the background (see `wait_ready`)."""
+    def launch(cls, log_path: Path, env: Mapping[str, str] | None = None) -> ForkServer:
+        """Start a fork server in its own session (with `env`, by default this process's); it warms up in the
+        background (see `wait_ready`)."""
         argv = [sys.executable, "-m", "fakes.zygote"]
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with log_path.open("ab") as log:
             log.write(f"--- start fork server at {time.time():.3f}\n".encode())
             log.flush()
             process = subprocess.Popen(
-                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, start_new_session=True
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                start_new_session=True,
+                env=None if env is None else dict(env),
             )
         return cls(process, log_path)
 

@@ -25,8 +25,9 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
+from fakes import clock
 from fakes.gym.config import ServerConfig
 from fakes.gym.durability import Journal
 from fakes.gym.errors import (
@@ -103,6 +104,12 @@ class HookFaultRequest(BaseModel):
     hook: Hook
 
 
+class ClockSkewRequest(BaseModel):
+    """`POST /_ctl/clock`: move this server's wall clock `offset_s` seconds from the true time (`fakes.clock`)."""
+
+    offset_s: float = Field(allow_inf_nan=False)
+
+
 # What a control route hands its handler: the operation, the `Authorization` header, and the validated body (a
 # request model), the failpoint's name, or None.
 ControlHandler = Callable[[str, str | None, Any], Awaitable[Reply]]
@@ -125,6 +132,8 @@ _OPERATIONS: dict[str, str] = {
     "lose reply": "_lose_reply",
     "hooks": "_hook_state",
     "fail hook": "_fail_hook",
+    "clock": "_clock_state",
+    "skew clock": "_skew_clock",
 }
 _BODIES: dict[str, type[BaseModel] | type[str] | None] = {
     "status": None,
@@ -144,7 +153,15 @@ _BODIES: dict[str, type[BaseModel] | type[str] | None] = {
     "lose reply": LostReplyRequest,
     "hooks": None,
     "fail hook": HookFaultRequest,
+    "clock": None,
+    "skew clock": ClockSkewRequest,
 }
+
+
+def clock_read_once() -> Callable[[], float]:
+    """A wall clock read once, now, and carried on by the monotonic clock (the planted `clock_read_once_at_start`)."""
+    wall_at_start, monotonic_at_start = time.time(), time.monotonic()
+    return lambda: wall_at_start + time.monotonic() - monotonic_at_start
 
 
 def coin_toss() -> bool:
@@ -187,6 +204,7 @@ def control_router(handle: ControlHandler) -> APIRouter:
     router.include_router(_storage_router(handle))
     router.include_router(_lost_reply_router(handle))
     router.include_router(_hook_router(handle))
+    router.include_router(_clock_router(handle))
     return router
 
 
@@ -218,6 +236,20 @@ def _lost_reply_router(handle: ControlHandler) -> APIRouter:
     @router.post("")
     async def lose(body: LostReplyRequest, authorization: Authorization = None) -> Reply:
         return await handle("lose reply", authorization, body)
+
+    return router
+
+
+def _clock_router(handle: ControlHandler) -> APIRouter:
+    router = APIRouter(prefix="/_ctl/clock")
+
+    @router.get("")
+    async def clock_state(authorization: Authorization = None) -> Reply:
+        return await handle("clock", authorization, None)
+
+    @router.post("")
+    async def skew(body: ClockSkewRequest, authorization: Authorization = None) -> Reply:
+        return await handle("skew clock", authorization, body)
 
     return router
 
@@ -389,12 +421,16 @@ class ControlPlane:
         self.retired = RetiredAttempts()
         self.checkpoint_id: str | None = None
         compares_requests = kind == "environment" and "retried_commit_conflicts" in self.faults
-        self.runner = WorkRunner(self._name, compares_requests=compares_requests)
+        # Planted on the resources server: a wall clock read once at start and carried on by the monotonic clock
+        # (immune to clock steps, so deaf to its own clock's offset), for deadlines and the lease.
+        wall_clock = clock_read_once() if kind == "resources" and "clock_read_once_at_start" in self.faults else None
+        self.runner = WorkRunner(self._name, compares_requests=compares_requests, clock=wall_clock or time.time)
         self.lease = Lease(
             lease_grace_s,
             on_lapse=self._lapse,
             spawn=self.runner.spawn,
             acts="lease_never_expires" not in self.faults,
+            clock=wall_clock or time.time,
         )
         self._bearer = bearer(token).encode()
         self._phase = "idle"
@@ -466,6 +502,18 @@ class ControlPlane:
     async def _arm_failpoint(self, point: str) -> Reply:
         self.failpoints.arm(point)
         return self.failpoints.state()
+
+    async def _clock_state(self) -> Reply:
+        """Whether this server's clock can be skewed, its offset, and the time it reads now."""
+        return {"skewable": clock.skewable(), "offset_s": clock.offset(), "time": time.time()}
+
+    async def _skew_clock(self, request: ClockSkewRequest) -> Reply:
+        if not clock.skewable():
+            raise ControlError(
+                f"{self._name} runs without libfaketime, so its clock cannot be skewed; install Debian's faketime"
+            )
+        clock.set_offset(request.offset_s)
+        return await self._clock_state()
 
     async def _hook_state(self) -> Reply:
         return self.hooks.state()

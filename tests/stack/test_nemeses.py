@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 from ckpt_model.errors import CoordinationError
 from ckpt_model.gym_tasks import native_run_body
 from ckpt_model.wire import EpisodeId
+from fakes import clock
 from fakes.gym.wire import bearer
 from fakes.process_groups import process_state
 from tests.stack.conftest import Deployment, deadline
@@ -156,3 +158,49 @@ def test_a_commit_whose_export_hook_raised_exports_afresh_when_retried(deploy: D
     assert (refused.http_status, refused.code) == (500, "checkpoint_error")
     assert status["phase"] == "prepared"
     assert retried["environment"]["episode_ids"] == ([] if faults else ["r0"])
+
+
+def skew(deployment: Deployment, name: str, offset_s: float) -> dict[str, Any]:
+    response = httpx.post(
+        f"{deployment.url(name)}/_ctl/clock",
+        json={"offset_s": offset_s},
+        headers={"Authorization": bearer(deployment.stack.token)},
+    )
+    response.raise_for_status()
+    return dict(response.json())
+
+
+@pytest.mark.skipif(clock.library() is None, reason="Debian's faketime is not installed (.ci/run installs it)")
+def test_a_skewed_server_judges_deadlines_and_its_lease_on_its_own_clock(deploy: Deploy) -> None:
+    deployment = deploy("native")
+    before = time.time()
+    ahead = skew(deployment, "environment", 30.0)
+    # A deadline 10 s ahead of the true time has passed 20 s ago on the environment's clock.
+    with pytest.raises(CoordinationError) as refused:
+        deployment.control.prepare("c1", time.time() + 10.0)
+    lease = deployment.control.prepare("c2", time.time() + 60.0)
+    status = deployment.status("environment")
+    back = skew(deployment, "environment", 0.0)
+
+    assert ahead["offset_s"] == 30.0
+    assert ahead["time"] - before == pytest.approx(30.0, abs=5.0)
+    assert back["time"] - time.time() == pytest.approx(0.0, abs=5.0)
+    assert (refused.value.failures["environment"].http_status, refused.value.failures["environment"].code) == (
+        409,
+        "deadline_exceeded",
+    )
+    assert lease.prepared
+    assert status["lease_expires_at"] > time.time() + 60.0  # the deadline plus the grace, as sent
+
+
+def test_a_server_without_libfaketime_refuses_a_skew(deploy: Deploy, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(clock.LIBRARY_ENV, "/nonexistent/libfaketime.so.1")
+    deployment = deploy("native", fork_server=False)
+    response = httpx.post(
+        f"{deployment.url('agent')}/_ctl/clock",
+        json={"offset_s": 5.0},
+        headers={"Authorization": bearer(deployment.stack.token)},
+    )
+
+    assert response.status_code == 409
+    assert "cannot be skewed" in response.json()["error"]["detail"]
