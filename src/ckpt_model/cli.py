@@ -257,6 +257,13 @@ def seeded(factory: type[RuleBasedStateMachine], seed: int) -> type[RuleBasedSta
     return cast("type[RuleBasedStateMachine]", hypothesis_seed(seed)(machine))
 
 
+# Said when the deployment cannot skew a server's clock (the look-alike needs Debian's libfaketime).
+CLOCKS_NOTE = (
+    "this deployment cannot skew a server's clock, so skewed_clock (P18) is never drawn; for the embedded stack, "
+    "install Debian's faketime (apt-get install faketime)"
+)
+
+
 def banner(
     args: argparse.Namespace,
     spec: DeploymentSpec,
@@ -332,6 +339,8 @@ def run_check(args: argparse.Namespace) -> int:
     stats = SearchStats()
     try:
         harness = Harness(gym, spec=spec) if gym else Harness.embedded(spec)
+        if not harness.can_skew_clocks:
+            print(f"  note: {CLOCKS_NOTE}", flush=True)
         try:
             factory = machine_for(harness, stats, swarm=args.swarm)
             run_state_machine_as_test(factory if seed is None else seeded(factory, seed), settings=chosen)

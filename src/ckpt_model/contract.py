@@ -189,6 +189,8 @@ class Tried:
     late_calls_for: tuple[str, ...] = ()
     # One participant crashed alone (once per example).
     crash_alone: bool = False
+    # One participant's clock skewed across a checkpoint (once per example: each waits out a lease).
+    clock_skew: bool = False
 
 
 @attrs.frozen

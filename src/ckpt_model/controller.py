@@ -223,6 +223,20 @@ class Controller:
         result = self._call("prepare", checkpoint_id, lambda _: self.control.prepare(checkpoint_id, _ahead(deadline_s)))
         return Prepared.from_result(result)
 
+    def prepare_by(self, checkpoint_id: str, deadline_ts: float) -> Prepared:
+        """A prepare with the deadline `deadline_ts` (its lease follows from it); a refusal is raised."""
+        invocation = self._invoke("prepare", checkpoint_id)
+        result = self._answer(invocation, lambda: self.control.prepare(checkpoint_id, deadline_ts))
+        return self._prepared(invocation, Prepared.from_result(result), cut="durable")
+
+    def renew_on(self, names: list[str], checkpoint_id: str) -> None:
+        """Extend the leases of the participants `names` only, to the control deadline plus the grace (P10)."""
+        body = self.body("renew", checkpoint_id)
+        replies = self.send_each("renew", checkpoint_id, body, names)
+        props.p10_lease_renewed(
+            checkpoint_id, body["deadline_ts"] + self.harness.lease_grace_s - LEASE_SLACK_S, replies
+        )
+
     def prepare_with_hung_cut(self, checkpoint_id: str, deadline_s: float = HUNG_CUT_PREPARE_DEADLINE_S) -> Prepared:
         """A prepare with a short deadline while the backend's cut endpoint hangs; the cuts are judged before the
         endpoint is freed (none may have been cut)."""
@@ -415,6 +429,14 @@ class Controller:
         deadline that passed `PAST_DEADLINE_S` ago; each one's answer, refusals included."""
         body = request_body(operation, checkpoint_id, time.time() - PAST_DEADLINE_S, **arguments)
         return self._probe(f"{operation} past its deadline", operation, checkpoint_id, None, body)
+
+    def probe_deadline_ahead(
+        self, operation: str, checkpoint_id: str, ahead_s: float, names: list[str]
+    ) -> dict[str, Any]:
+        """`operation` naming `checkpoint_id`, sent to the participants `names` on their own with a deadline
+        `ahead_s` ahead of the controller's clock; each one's answer, refusals included."""
+        body = request_body(operation, checkpoint_id, time.time() + ahead_s)
+        return self._probe(f"{operation} due in {ahead_s:g} s", operation, checkpoint_id, names, body)
 
     def probe_commit_naming_restarts(
         self, checkpoint_id: str, scope: Sequence[Attempt], restarts: Sequence[str]

@@ -174,6 +174,17 @@ class FailsHooks(Protocol):
 
 
 @runtime_checkable
+class SkewsClocks(Protocol):
+    """Move one server's wall clock from the true time (its deadlines and lease are judged on it); `skews_clocks`
+    says whether this deployment can (the look-alike needs Debian's libfaketime)."""
+
+    @property
+    def skews_clocks(self) -> bool: ...
+
+    def skew_clock(self, name: str, offset_s: float) -> float: ...
+
+
+@runtime_checkable
 class LosesUnsynced(Protocol):
     """After `crash_gym`, a power cut: the checkpoint directories keep only what was fsynced."""
 
@@ -608,6 +619,18 @@ class Harness:
 
     def lost_replies(self, name: str) -> int:
         return int(self._losing_replies().lost_replies(name))
+
+    @property
+    def can_skew_clocks(self) -> bool:
+        deployment = self.deployment
+        return isinstance(deployment, SkewsClocks) and bool(deployment.skews_clocks)
+
+    def skew_clock(self, name: str, offset_s: float) -> float:
+        """Move `name`'s clock `offset_s` from the true time; the time its clock reads right after."""
+        deployment = self.deployment
+        if not isinstance(deployment, SkewsClocks):
+            raise HarnessError(self._lacks("skews_clocks and skew_clock(name, offset_s)"))
+        return float(deployment.skew_clock(name, offset_s))
 
     @property
     def can_fail_hooks(self) -> bool:

@@ -148,6 +148,18 @@ def failing_hook(rule: str, retried: bool) -> Callable[[Step], bool]:
     return reached
 
 
+def skewed_clock(ahead: bool) -> Callable[[Step], bool]:
+    """A clock ahead that lapsed first, or one behind that outheld the others, to the end of the rule (a prepare
+    that reached a participant past its deadline judges neither)."""
+    told = "lapsed first" if ahead else "the others lapsed"
+
+    def reached(step: Step) -> bool:
+        return step.rule == "skewed_clock" and any(told in label for label in step.labels)
+
+    reached.__doc__ = f"A clock {'ahead' if ahead else 'behind'}, judged to the end."
+    return reached
+
+
 def without_cuts(spec: DeploymentSpec) -> bool:
     """A prepare's reply is never lost where generation cuts are on (the machine's `_losable`)."""
     return not spec.generation_cuts

@@ -8,6 +8,7 @@ docs/how-it-works.md describes each rule in full.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any, cast
 
@@ -54,6 +55,14 @@ def _worker_choice(machine: CheckpointMachine) -> st.SearchStrategy[int]:
 
 # The worker is drawn from the machine itself (Hypothesis hands a stateful test's runner to `st.runner()`).
 WORKER = st.runner().flatmap(_worker_choice)
+# A skewed clock runs this far ahead of the controller's (its lease lapses that much earlier), or behind (far longer
+# than any step, so it still holds its lease when the stale commit comes); a prepare under a clock ahead leaves it
+# this margin of its own before the deadline; a prepare under a clock behind is due this soon, so the others'
+# leases lapse in a second or two.
+SKEW_AHEAD_S = 8.0
+SKEW_BEHIND_S = 60.0
+SKEWED_PREPARE_MARGIN_S = 0.5
+SKEWED_QUIET_DEADLINE_S = 0.25
 # Operations a delayed call of an older controller can carry (resume of a resumed ID is idempotent instead).
 LATE_OPERATIONS = ("prepare", "renew", "commit", "restore", "retire", "forget")
 
@@ -358,6 +367,86 @@ class CheckpointMachine(RuleBasedStateMachine):
             model = self.model.commit_failed(published)
             label += f"; resume({checkpoint_id}), incomplete with the shares of {sorted(published)}"
         self._advance(model, label)
+
+    # -- clocks ---------------------------------------------------------------------------------------------------
+
+    @action(
+        lambda self: (
+            not self.model.tried.clock_skew
+            and self.harness.can_skew_clocks
+            and self.controller.may_lapse
+            and self._may_checkpoint()
+        ),
+        victim=PICK,
+        ahead=st.booleans(),
+    )
+    def skewed_clock(self, victim: int, ahead: bool) -> None:
+        """One participant's clock runs ahead (or behind) of the controller's across a checkpoint whose lease lapses
+        (P18): ahead, it refuses a deadline its clock passed, lapses first and refuses the controller's commit;
+        behind, it outholds the others, and a stale controller's commit is refused by every one that lapsed."""
+        name = _pick(self.controller.members(), victim).name
+        model, checkpoint_id = self.model.having_tried(clock_skew=True).prepare()
+        offset_s = SKEW_AHEAD_S if ahead else -SKEW_BEHIND_S
+        self.nemesis.skew(name, offset_s)
+        try:
+            if ahead:
+                model, label = self._lapses_first(name, model, checkpoint_id)
+            else:
+                model, label = self._outholds_the_others(name, model, checkpoint_id)
+        finally:
+            self.nemesis.skew(name, 0.0)
+        self._advance(model, f"skewed_clock({name} {offset_s:+g} s): {label}")
+
+    def _lapses_first(self, name: str, model: Model, checkpoint_id: str) -> tuple[Model, str]:
+        others = [m.name for m in self.controller.members() if m.name != name]
+        within_skew = self.controller.probe_deadline_ahead("prepare", f"skew-{checkpoint_id}", SKEW_AHEAD_S / 2, [name])
+        props.p18_refused_on_its_clock("a prepare due in half its skew", name, SKEW_AHEAD_S, within_skew[name])
+        deadline_ts = time.time() + SKEW_AHEAD_S + SKEWED_PREPARE_MARGIN_S
+        try:
+            self.controller.prepare_by(checkpoint_id, deadline_ts)
+        except CoordinationError as error:
+            if _only_deadline_missed(error, [name]):  # the margin passed on its clock before the prepare reached it
+                self.controller.resume(checkpoint_id)
+                return model.resume(), f"prepare({checkpoint_id}) reached {name} past its deadline; resumed"
+            raise
+        self.controller.renew_on(others, checkpoint_id)
+        self.quiescence.wait_lapsed(name, checkpoint_id, deadline_ts + self.harness.lease_grace_s - SKEW_AHEAD_S)
+        scope = model.scope()
+        try:
+            self.controller.commit(checkpoint_id, scope)
+            refused = None
+        except CoordinationError as error:
+            refused = error
+        props.p18_lapsed_first(checkpoint_id, name, refused)
+        assert refused is not None
+        self.audits.partial_commit(model, checkpoint_id, others, refused.replies)
+        self.controller.resume(checkpoint_id)
+        published = self.audits.published_after_crash(checkpoint_id)
+        label = f"prepare({checkpoint_id}); {name} lapsed first; commit refused by it; resume, incomplete"
+        return model.commit_failed(published), label
+
+    def _outholds_the_others(self, name: str, model: Model, checkpoint_id: str) -> tuple[Model, str]:
+        others = [m.name for m in self.controller.members() if m.name != name]
+        deadline_ts = time.time() + SKEWED_QUIET_DEADLINE_S
+        try:
+            self.controller.prepare_by(checkpoint_id, deadline_ts)
+        except CoordinationError as error:
+            if _only_deadline_missed(error, others):  # a slow machine: the short deadline passed first
+                self.controller.resume(checkpoint_id)
+                return model.resume(), f"prepare({checkpoint_id}) reached some past its deadline; resumed"
+            raise
+        for other in others:
+            self.quiescence.wait_lapsed(other, checkpoint_id, deadline_ts + self.harness.lease_grace_s)
+        try:
+            self.controller.commit(checkpoint_id, model.scope())
+            refused = None
+        except CoordinationError as error:
+            refused = error
+        props.p18_stale_commit_refused(checkpoint_id, others, refused)
+        self.controller.resume(checkpoint_id)
+        published = self.audits.published_after_crash(checkpoint_id)
+        label = f"prepare({checkpoint_id}); the others lapsed; the stale commit refused; resume"
+        return model.commit_failed(published), label
 
     # -- hooks that fail ---------------------------------------------------------------------------------------
 
@@ -773,6 +862,12 @@ class CheckpointMachine(RuleBasedStateMachine):
 
 def _pick(items: list[Any], pick: int) -> Any:
     return items[pick % len(items)]
+
+
+def _only_deadline_missed(error: CoordinationError, names: list[str]) -> bool:
+    """Whether every refusal is a deadline_exceeded from one of `names` (a deadline that passed first, which the
+    protocol allows and no property judges)."""
+    return all(f.code == "deadline_exceeded" and n in names for n, f in error.failures.items())
 
 
 class SwarmMachine(CheckpointMachine):

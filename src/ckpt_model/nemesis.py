@@ -33,7 +33,7 @@ from ckpt_model.deployment import (
     STALL,
     Harness,
 )
-from ckpt_model.errors import CoordinationError, ParticipantFailure, QuiescenceTimeout
+from ckpt_model.errors import CoordinationError, HarnessError, ParticipantFailure, QuiescenceTimeout
 from ckpt_model.history import Event
 from ckpt_model.quiescence import poll
 from ckpt_model.wire import RETIRE_ORDER
@@ -43,6 +43,8 @@ from ckpt_model.wire import RETIRE_ORDER
 STALLED_COMMIT_DEADLINE_S = 1.0
 # A commit sent to a frozen participant carries a deadline this close; the participant wakes once it passed.
 PAUSED_COMMIT_DEADLINE_S = 0.5
+# A skewed clock must read its offset from the true time within this much (the call that reads it takes time).
+SKEW_TOLERANCE_S = 5.0
 
 
 @attrs.frozen
@@ -240,6 +242,20 @@ class Nemesis:
         except CoordinationError as error:
             return error.failures.get(victim)
         return None
+
+    # -- clocks -------------------------------------------------------------------------------------------------
+
+    def skew(self, victim: str, offset_s: float) -> None:
+        """Move `victim`'s wall clock `offset_s` from the true time (0 puts it back); journaled, and confirmed by
+        the time its clock reads right after."""
+        invocation = self.controller.invoke("skew clock", f"{victim}: {offset_s:+g} s")
+        before = time.time()
+        reads = self.harness.skew_clock(victim, offset_s)
+        self.controller.complete(invocation, "ok")
+        if not before + offset_s - SKEW_TOLERANCE_S <= reads <= time.time() + offset_s + SKEW_TOLERANCE_S:
+            raise HarnessError(
+                f"{victim}'s clock was to run {offset_s:+g} s from the true time ({before:.3f}) and reads {reads:.3f}"
+            )
 
     # -- hooks that fail ----------------------------------------------------------------------------------------
 

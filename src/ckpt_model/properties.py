@@ -129,6 +129,16 @@ class P17Violation(PropertyViolation):
     )
 
 
+class P18Violation(PropertyViolation):
+    property_id = "P18"
+    title = (
+        "skewed clocks: a participant judges deadlines and its lease on its own clock; one ahead refuses a call "
+        "whose deadline its clock passed, lapses first and then refuses the controller's commit with "
+        "stale_checkpoint; against one behind, a stale controller's commit is refused by every participant whose "
+        "lease lapsed, so it is never published"
+    )
+
+
 # Every property, checked or not yet; docs/how-it-works.md's table must agree (tests/unit/checker/test_properties).
 REGISTRY: dict[str, PropertyInfo] = {
     info.property_id: info
@@ -150,6 +160,7 @@ REGISTRY: dict[str, PropertyInfo] = {
         PropertyInfo("P15", P15Violation.title, "step", True),
         PropertyInfo("P16", P16Violation.title, "step", True),
         PropertyInfo("P17", P17Violation.title, "step", True),
+        PropertyInfo("P18", P18Violation.title, "step", True),
     )
 }
 
@@ -1228,3 +1239,47 @@ def p17_resume_replayed(checkpoint_id: str, victim: str, reply: Mapping[str, Any
             expected=f"{victim} answers the retried resume of {checkpoint_id} with idempotent: true",
             observed=_short(reply, 200),
         )
+
+
+# -- P18: skewed clocks ------------------------------------------------------------------------------------------
+
+
+def p18_refused_on_its_clock(operation: str, victim: str, skew_s: float, outcome: Any) -> None:
+    """`victim`, whose clock runs `skew_s` ahead, refused `operation` whose deadline lies inside that skew: still
+    ahead on the controller's clock, passed on its own, so 409 deadline_exceeded."""
+    if isinstance(outcome, ParticipantFailure) and (outcome.http_status, outcome.code) == (409, "deadline_exceeded"):
+        return
+    shown = outcome.describe() if isinstance(outcome, ParticipantFailure) else f"accepted: {_short(outcome, 160)}"
+    raise P18Violation(
+        rollout=None,
+        expected=f"{victim}, its clock {skew_s:+g} s off, refuses {operation} with deadline_exceeded",
+        observed=shown,
+    )
+
+
+def p18_lapsed_first(checkpoint_id: str, victim: str, error: CoordinationError | None) -> None:
+    """The controller's commit of `checkpoint_id` after `victim`'s lease lapsed on its own clock (ahead), while
+    every other lease was renewed: `victim` alone refuses, with stale_checkpoint (its lapse remembered the ID)."""
+    expected = f"commit {checkpoint_id} refused by {victim} alone (its lease lapsed first), with stale_checkpoint"
+    if error is None:
+        raise P18Violation(rollout=None, expected=expected, observed="every participant committed it")
+    wrong = {name: failure.describe() for name, failure in sorted(error.failures.items()) if name != victim}
+    refused = error.failures.get(victim)
+    if refused is None or refused.code != "stale_checkpoint":
+        wrong[victim] = refused.describe() if refused is not None else "committed it"
+    if wrong:
+        raise P18Violation(rollout=None, expected=expected, observed="; ".join(f"{n}: {w}" for n, w in wrong.items()))
+
+
+def p18_stale_commit_refused(checkpoint_id: str, lapsed: Collection[str], error: CoordinationError | None) -> None:
+    """A stale controller's commit of `checkpoint_id`, sent once the leases of `lapsed` lapsed (a participant behind
+    still holds its own): every one of `lapsed` refuses it with stale_checkpoint, so the commit fails."""
+    expected = f"commit {checkpoint_id} refused with stale_checkpoint by every participant whose lease lapsed"
+    failures = {} if error is None else error.failures
+    wrong = {
+        name: failures[name].describe() if name in failures else "committed it"
+        for name in sorted(lapsed)
+        if name not in failures or failures[name].code != "stale_checkpoint"
+    }
+    if wrong:
+        raise P18Violation(rollout=None, expected=expected, observed="; ".join(f"{n}: {w}" for n, w in wrong.items()))

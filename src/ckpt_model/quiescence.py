@@ -173,6 +173,23 @@ class Quiescence:
             poll(idle, max(lapses_at_ts - time.time(), 0.0) + self.timeout_s)
         props.p10_lease_lapsed(checkpoint_id, phases, time.time() - lapses_at_ts)
 
+    def wait_lapsed(self, name: str, checkpoint_id: str, lapses_at_ts: float) -> None:
+        """Until participant `name` is idle again after its lease of `checkpoint_id` lapsed (`lapses_at_ts` on the
+        controller's clock; a skewed participant's own clock decides) (P10)."""
+        control = self.harness.control
+        assert control is not None
+        (member,) = [m for m in control.participants if m.name == name]
+        phases: dict[str, Any] = {}
+
+        def idle() -> bool:
+            status = control.status(member)
+            phases[name] = (status["phase"], status.get("checkpoint_id"))
+            return phases[name] == ("idle", None)
+
+        with timing.span("wait_lease_lapsed"):
+            poll(idle, max(lapses_at_ts - time.time(), 0.0) + self.timeout_s)
+        props.p10_lease_lapsed(checkpoint_id, phases, time.time() - lapses_at_ts)
+
     # -- what is pending, and what is already wrong ------------------------------------------------------------
 
     def _pending(self, model: Model, expected: Expectation, observation: Observation) -> list[str]:

@@ -464,6 +464,20 @@ NEMESIS_SCENARIOS: dict[str, Scenario] = {
         calls={"r0": (0, 1), "r0-a1": (1,)},
         counter_calls={"r0": (0, 1), "r0-a1": (1, 2)},
     ),
+    # A clock ahead (the resources server's) lapses first and refuses the controller's commit; a clock behind (the
+    # agent's) outholds the others, whose refusals fail a stale controller's commit. Both need libfaketime.
+    "skewed_clock__ahead_lapses_first_and_refuses_the_commit": Scenario(
+        steps("dispatch", ("skewed_clock", {"victim": 3, "ahead": True}))
+        + steps(("release", FIRST), ("release", FIRST), "crash", ("restore_incomplete", FIRST)),
+        calls={"r0": (0, 1)},
+        counter_calls={"r0": (0, 1, 2), "r0-a2": (0, 1, 2)},
+    ),
+    "skewed_clock__behind_outholds_a_stale_controller": Scenario(
+        steps("dispatch", ("skewed_clock", {"victim": 0, "ahead": False}))
+        + steps(("release", FIRST), ("release", FIRST)),
+        calls={"r0": (0, 1)},
+        counter_calls={"r0": (0, 1, 2)},
+    ),
     "lost_resume_reply__took_effect": Scenario(
         steps("dispatch", "prepare")
         + steps(("lost_reply", {"victim": 2, "operation": 1, "then_retry": False}))
@@ -722,6 +736,7 @@ FAULT_SCENARIOS: dict[str, str] = {
     "failed_close_stays_closed": "failing_close__reopens_then_prepares_again",
     "failed_install_stays_closed": "failing_install__refused_by_one_leaves_nothing",
     "failed_export_retried_empty": "failing_export__retried_exports_afresh",
+    "clock_read_once_at_start": "skewed_clock__ahead_lapses_first_and_refuses_the_commit",
 }
 
 

@@ -1155,3 +1155,39 @@ def test_p17_resume_replayed() -> None:
     properties.p17_resume_replayed("c1", "agent", {"phase": "idle", "idempotent": True})
     with pytest.raises(properties.P17Violation, match="idempotent: true"):
         properties.p17_resume_replayed("c1", "agent", {"phase": "idle", "idempotent": False})
+
+
+# -- P18: skewed clocks --------------------------------------------------------------------------------------------
+
+
+def test_p18_refused_on_its_clock() -> None:
+    properties.p18_refused_on_its_clock("a prepare", "resources", 8.0, failure("resources", "deadline_exceeded"))
+    with pytest.raises(properties.P18Violation, match=r"accepted: \{'phase': 'prepared'"):
+        properties.p18_refused_on_its_clock("a prepare", "resources", 8.0, {"phase": "prepared", "report": {}})
+    with pytest.raises(properties.P18Violation, match="invalid_phase"):
+        properties.p18_refused_on_its_clock("a prepare", "resources", 8.0, failure("resources", "invalid_phase"))
+
+
+def test_p18_lapsed_first() -> None:
+    stale = CoordinationError("commit", {"agent": failure("agent", "stale_checkpoint")})
+    properties.p18_lapsed_first("c1", "agent", stale)
+    with pytest.raises(properties.P18Violation, match="every participant committed it"):
+        properties.p18_lapsed_first("c1", "agent", None)
+    also = CoordinationError(
+        "commit", {"agent": failure("agent", "stale_checkpoint"), "resources": failure("resources", "stale_checkpoint")}
+    )
+    with pytest.raises(properties.P18Violation, match="resources: HTTP 409 stale_checkpoint"):
+        properties.p18_lapsed_first("c1", "agent", also)
+    with pytest.raises(properties.P18Violation, match="agent: committed it"):
+        properties.p18_lapsed_first("c1", "agent", CoordinationError("commit", {"env": failure("env", "x")}))
+
+
+def test_p18_stale_commit_refused() -> None:
+    lapsed = ["agent", "environment"]
+    refused = CoordinationError("commit", {name: failure(name, "stale_checkpoint") for name in lapsed})
+    properties.p18_stale_commit_refused("c1", lapsed, refused)
+    with pytest.raises(properties.P18Violation, match="agent: committed it; environment: committed it"):
+        properties.p18_stale_commit_refused("c1", lapsed, None)
+    half = CoordinationError("commit", {"agent": failure("agent", "stale_checkpoint")})
+    with pytest.raises(properties.P18Violation, match="environment: committed it"):
+        properties.p18_stale_commit_refused("c1", lapsed, half)
