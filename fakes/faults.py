@@ -452,9 +452,9 @@ CATALOGUE: tuple[Fault, ...] = (
     ),
     Fault(
         "clock_read_once_at_start",
-        "resources",
+        "every participant",
         "P18",
-        "a resources server that reads the wall clock once at start and carries it on with the monotonic clock (to be"
+        "a participant that reads the wall clock once at start and carries it on with the monotonic clock (to be"
         " immune to clock steps), so once its clock is stepped it judges deadlines and its lease on a time that is"
         " no longer its own: it accepts a call its own clock says is past its deadline",
     ),

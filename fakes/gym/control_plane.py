@@ -421,9 +421,9 @@ class ControlPlane:
         self.retired = RetiredAttempts()
         self.checkpoint_id: str | None = None
         compares_requests = kind == "environment" and "retried_commit_conflicts" in self.faults
-        # Planted on the resources server: a wall clock read once at start and carried on by the monotonic clock
-        # (immune to clock steps, so deaf to its own clock's offset), for deadlines and the lease.
-        wall_clock = clock_read_once() if kind == "resources" and "clock_read_once_at_start" in self.faults else None
+        # Planted: a wall clock read once at start and carried on by the monotonic clock (immune to clock steps, so
+        # deaf to its own clock's offset), for deadlines and the lease.
+        wall_clock = clock_read_once() if "clock_read_once_at_start" in self.faults else None
         self.runner = WorkRunner(self._name, compares_requests=compares_requests, clock=wall_clock or time.time)
         self.lease = Lease(
             lease_grace_s,

@@ -467,13 +467,13 @@ NEMESIS_SCENARIOS: dict[str, Scenario] = {
     # A clock ahead (the resources server's) lapses first and refuses the controller's commit; a clock behind (the
     # agent's) outholds the others, whose refusals fail a stale controller's commit. Both need libfaketime.
     "skewed_clock__ahead_lapses_first_and_refuses_the_commit": Scenario(
-        steps("dispatch", ("skewed_clock", {"victim": 3, "ahead": True}))
+        steps("dispatch", ("skewed_clock", {"victim": 3, "behind": False}))
         + steps(("release", FIRST), ("release", FIRST), "crash", ("restore_incomplete", FIRST)),
         calls={"r0": (0, 1)},
         counter_calls={"r0": (0, 1, 2), "r0-a2": (0, 1, 2)},
     ),
     "skewed_clock__behind_outholds_a_stale_controller": Scenario(
-        steps("dispatch", ("skewed_clock", {"victim": 0, "ahead": False}))
+        steps("dispatch", ("skewed_clock", {"victim": 0, "behind": True}))
         + steps(("release", FIRST), ("release", FIRST)),
         calls={"r0": (0, 1)},
         counter_calls={"r0": (0, 1, 2)},
