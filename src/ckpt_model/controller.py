@@ -315,14 +315,19 @@ class Controller:
         return replies
 
     def commit_on(
-        self, names: list[str], checkpoint_id: str, scope: Sequence[Attempt], deadline_s: float = CONTROL_DEADLINE_S
+        self,
+        names: list[str],
+        checkpoint_id: str,
+        scope: Sequence[Attempt],
+        deadline_s: float = CONTROL_DEADLINE_S,
+        deadline_ts: float | None = None,
     ) -> dict[str, Any]:
-        """Commit `scope` on the participants `names` only (each on its own), with a deadline `deadline_s` ahead;
-        any refusal fails it."""
+        """Commit `scope` on the participants `names` only (each on its own), with a deadline `deadline_s` ahead
+        (or at `deadline_ts`, fixed by a caller that waits for it to pass); any refusal fails it."""
         directory = self.directory(checkpoint_id)
         episodes = tuple(episodes_of(scope))
         body = self.body("commit", checkpoint_id, checkpoint_dir=str(directory), episode_ids=episodes)
-        body["deadline_ts"] = _ahead(deadline_s)
+        body["deadline_ts"] = _ahead(deadline_s) if deadline_ts is None else deadline_ts
         event = {"episodes": episodes, "delivered": _delivered(scope), "directory": directory}
         return self.send_each("commit", checkpoint_id, body, names, **event)
 

@@ -12,6 +12,7 @@ released, and a frozen participant runs again.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
@@ -211,10 +212,11 @@ class Nemesis:
         invocation = self.controller.invoke("pause", fault.victim)
         self.controller.complete(invocation, "ok")
         try:
-            future = self.controller.runs.submit(
-                self.controller.commit_on, [fault.victim], checkpoint_id, scope, PAUSED_COMMIT_DEADLINE_S
-            )
+            # Fixed here, not in the thread that sends it: the victim must go on only once this very deadline
+            # passed (a deadline taken later in a slow thread once let a commit start with time left).
             deadline_ts = time.time() + PAUSED_COMMIT_DEADLINE_S
+            commit = functools.partial(self.controller.commit_on, deadline_ts=deadline_ts)
+            future = self.controller.runs.submit(commit, [fault.victim], checkpoint_id, scope)
             if not poll(lambda: time.time() > deadline_ts, self.timeout_s):
                 raise QuiescenceTimeout(
                     prediction=f"the clock passes the deadline of {fault.victim}'s commit while it is frozen",
