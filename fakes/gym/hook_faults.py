@@ -11,8 +11,9 @@ routes; on a real Gym the hook is the server's own code.
 
 from __future__ import annotations
 
-import threading
 from typing import Literal, get_args
+
+from fakes.gym.one_shots import OneShots
 
 Hook = Literal["close", "export", "install"]
 HOOKS: tuple[str, ...] = get_args(Hook)
@@ -22,29 +23,13 @@ class HookFailure(RuntimeError):
     """What a failing hook raises: an exception the control plane did not expect."""
 
 
-class HookFaults:
+class HookFaults(OneShots):
     """The hooks armed in one server and how many failed; `hit` is called where the control plane calls a hook."""
 
     def __init__(self) -> None:
-        self._armed: set[str] = set()
-        self._failed = 0
-        self._lock = threading.Lock()
-
-    def arm(self, hook: str) -> None:
-        if hook not in HOOKS:
-            raise ValueError(f"no hook {hook!r}; known: {list(HOOKS)}")
-        with self._lock:
-            self._armed.add(hook)
+        super().__init__(HOOKS, "hook", "failed")
 
     def hit(self, hook: str) -> None:
         """Return at once unless `hook` is armed; else disarm it and raise `HookFailure`."""
-        with self._lock:
-            if hook not in self._armed:
-                return
-            self._armed.discard(hook)
-            self._failed += 1
-        raise HookFailure(f"the participant's {hook} hook failed")
-
-    def state(self) -> dict[str, object]:
-        with self._lock:
-            return {"armed": sorted(self._armed), "failed": self._failed}
+        if self.take(hook):
+            raise HookFailure(f"the participant's {hook} hook failed")

@@ -11,42 +11,23 @@ proxy in front of one participant does the same.
 
 from __future__ import annotations
 
-import threading
 from typing import Literal, get_args
 
 from starlette.types import Receive, Scope, Send
+
+from fakes.gym.one_shots import OneShots
 
 # The operations whose reply can be lost: those a controller retries or follows with a resume.
 LosableOperation = Literal["prepare", "commit", "resume"]
 LOSABLE: tuple[str, ...] = get_args(LosableOperation)
 
 
-class LostReplies:
-    """The operations armed in one server and how many replies it lost; `take` is called once per answered call."""
+class LostReplies(OneShots):
+    """The operations armed in one server and how many replies it lost; `take(operation)` is asked once per
+    answered call and says whether its reply is to be lost."""
 
     def __init__(self) -> None:
-        self._armed: set[str] = set()
-        self._lost = 0
-        self._lock = threading.Lock()
-
-    def arm(self, operation: str) -> None:
-        if operation not in LOSABLE:
-            raise ValueError(f"no losable operation {operation!r}; known: {list(LOSABLE)}")
-        with self._lock:
-            self._armed.add(operation)
-
-    def take(self, operation: str) -> bool:
-        """Whether the reply to this call of `operation` is to be lost (then it is disarmed: it loses one reply)."""
-        with self._lock:
-            if operation not in self._armed:
-                return False
-            self._armed.discard(operation)
-            self._lost += 1
-            return True
-
-    def state(self) -> dict[str, object]:
-        with self._lock:
-            return {"armed": sorted(self._armed), "lost": self._lost}
+        super().__init__(LOSABLE, "losable operation", "lost")
 
 
 async def cut_off_reply(scope: Scope, receive: Receive, send: Send) -> None:

@@ -22,21 +22,20 @@ pytestmark = pytest.mark.processes
 Deploy = Callable[..., Deployment]
 
 
-def lose_reply(deployment: Deployment, name: str, operation: str) -> None:
-    response = httpx.post(
-        f"{deployment.url(name)}/_ctl/lost-replies",
-        json={"operation": operation},
-        headers={"Authorization": bearer(deployment.stack.token)},
-    )
+def look_alike_route(deployment: Deployment, name: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    """GET (or POST `body` to) one of the look-alike's own `/_ctl` routes of server `name`; its JSON reply."""
+    url, headers = f"{deployment.url(name)}/_ctl/{path}", {"Authorization": bearer(deployment.stack.token)}
+    response = httpx.get(url, headers=headers) if body is None else httpx.post(url, json=body, headers=headers)
     response.raise_for_status()
+    return response.json()
+
+
+def lose_reply(deployment: Deployment, name: str, operation: str) -> None:
+    look_alike_route(deployment, name, "lost-replies", {"operation": operation})
 
 
 def lost_count(deployment: Deployment, name: str) -> int:
-    response = httpx.get(
-        f"{deployment.url(name)}/_ctl/lost-replies", headers={"Authorization": bearer(deployment.stack.token)}
-    )
-    response.raise_for_status()
-    return int(response.json()["lost"])
+    return int(look_alike_route(deployment, name, "lost-replies")["lost"])
 
 
 def commit(deployment: Deployment, checkpoint_id: str) -> dict[str, Any]:
@@ -115,12 +114,7 @@ def test_a_paused_server_answers_nothing_until_it_goes_on_then_refuses_a_commit_
 
 
 def fail_hook(deployment: Deployment, name: str, hook: str) -> None:
-    response = httpx.post(
-        f"{deployment.url(name)}/_ctl/hooks",
-        json={"hook": hook},
-        headers={"Authorization": bearer(deployment.stack.token)},
-    )
-    response.raise_for_status()
+    look_alike_route(deployment, name, "hooks", {"hook": hook})
 
 
 @pytest.mark.parametrize("faults", [(), ("failed_close_stays_closed",)], ids=["fault-free", "fault"])
@@ -161,13 +155,7 @@ def test_a_commit_whose_export_hook_raised_exports_afresh_when_retried(deploy: D
 
 
 def skew(deployment: Deployment, name: str, offset_s: float) -> dict[str, Any]:
-    response = httpx.post(
-        f"{deployment.url(name)}/_ctl/clock",
-        json={"offset_s": offset_s},
-        headers={"Authorization": bearer(deployment.stack.token)},
-    )
-    response.raise_for_status()
-    return dict(response.json())
+    return dict(look_alike_route(deployment, name, "clock", {"offset_s": offset_s}))
 
 
 @pytest.mark.skipif(clock.library() is None, reason="Debian's faketime is not installed (.ci/run installs it)")
