@@ -458,6 +458,13 @@ CATALOGUE: tuple[Fault, ...] = (
         " immune to clock steps), so once its clock is stepped it judges deadlines and its lease on a time that is"
         " no longer its own: it accepts a call its own clock says is past its deadline",
     ),
+    Fault(
+        "idle_resume_not_fenced",
+        "every participant",
+        "P10",
+        "a participant that answers a resume of a checkpoint it never saw (idle: the prepare never reached it) as"
+        " idempotent without remembering the ID, so that prepare, arriving late, closes its admission again",
+    ),
 )
 BY_NAME: dict[str, Fault] = {fault.name: fault for fault in CATALOGUE}
 

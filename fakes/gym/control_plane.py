@@ -394,6 +394,7 @@ class ControlPlane:
         self._retire_frees_restored = kind != "environment" or "environment_retire_leaves_restored" not in self.faults
         self._missing_share_is_empty = kind == "model" and "model_restore_accepts_missing_share" in self.faults
         self._resume_needs_known_id = "resume_refuses_unknown_id" in self.faults
+        self._idle_resume_unfenced = "idle_resume_not_fenced" in self.faults
         self._manifest_first = "store_publishes_manifest_first" in self.faults
         self._skip_records_fsync = "store_skips_records_fsync" in self.faults
         self._deletes_records_sometimes = (
@@ -940,7 +941,8 @@ class ControlPlane:
                 if self.checkpoint_id is None and checkpoint_id not in self._resumed and self._resume_needs_known_id:
                     raise InvalidPhaseError(f"{self._name} has no checkpoint {checkpoint_id!r} to resume")
                 if checkpoint_id in self._resumed or self.checkpoint_id is None:
-                    self._remember(checkpoint_id)
+                    if not self._idle_resume_unfenced or checkpoint_id in self._resumed:
+                        self._remember(checkpoint_id)  # planted fault: an ID it never saw is not remembered
                     return not ended
                 self._admit(checkpoint_id, "resume")
                 work = self.runner.current

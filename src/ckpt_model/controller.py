@@ -17,8 +17,9 @@ that never saw the first call, or drop the cleanup's marks).
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -29,7 +30,7 @@ import httpx
 from ckpt_model import properties as props
 from ckpt_model import timing
 from ckpt_model.contract import RESTART_SERVERS, Attempt
-from ckpt_model.coordination import Participant, PrepareResult, request_body
+from ckpt_model.coordination import Participant, Participants, PrepareResult, request_body
 from ckpt_model.deployment import Harness
 from ckpt_model.errors import CoordinationError, HarnessError, ParticipantFailure, QuiescenceTimeout
 from ckpt_model.history import Event, EventType, History
@@ -525,12 +526,22 @@ class Controller:
                 if error.response.status_code != httpx.codes.CONFLICT or attempt == STALE_RELEASE_TRIES - 1:
                     raise
 
-    # -- calls whose reply a participant loses ------------------------------------------------------------------
+    # -- calls that fail on one participant by design: a lost reply, a participant cut off ------------------------
 
     def unanswered(self, operation: str, checkpoint_id: str, scope: Sequence[Attempt] = ()) -> CoordinationError:
         """`operation` (prepare, commit of `scope`, resume) of `checkpoint_id` sent as the controller sends it, while
         some participant is set to lose its reply: journaled as indeterminate (`info`: it may have taken effect,
         the controller cannot tell), and its error returned. A call that nobody failed is the deployment's fault."""
+        return self._failing(operation, checkpoint_id, scope, "info", "lose a reply to")
+
+    def unreached(self, operation: str, checkpoint_id: str, scope: Sequence[Attempt] = ()) -> CoordinationError:
+        """As `unanswered`, while some participant is cut off from the controller: its connection refused, so the
+        call never reached it, which the controller knows (journaled as `fail`)."""
+        return self._failing(operation, checkpoint_id, scope, "fail", "be unreachable for")
+
+    def _failing(
+        self, operation: str, checkpoint_id: str, scope: Sequence[Attempt], journaled: EventType, fault: str
+    ) -> CoordinationError:
         calls: dict[str, Callable[[float], Any]] = {
             "prepare": lambda d: self.control.prepare(checkpoint_id, d),
             "commit": lambda d: self.control.commit(
@@ -543,14 +554,28 @@ class Controller:
             with timing.span("control"):
                 calls[operation](_ahead(CONTROL_DEADLINE_S))
         except CoordinationError as error:
-            self._complete(invocation, "info", str(error))
+            self._complete(invocation, journaled, str(error))
             self.last_call = None
             return error
         self._complete(invocation, "ok")
         raise HarnessError(
-            f"the {self.harness.spec.label} deployment was to lose a reply to {operation} of {checkpoint_id}, "
-            "and every participant's reply arrived"
+            f"some participant of the {self.harness.spec.label} deployment was to {fault} {operation} of "
+            f"{checkpoint_id}, and every participant's reply arrived"
         )
+
+    @contextlib.contextmanager
+    def routed(self, name: str, url: str) -> Iterator[None]:
+        """While inside, the controller's calls to participant `name` go to `url` instead (the nemesis's partition:
+        a loopback port with nothing listening). Only the controller's calls: the audits read statuses once out."""
+        control = self.control
+        members = control.participants
+        control.participants = Participants(
+            tuple(attrs.evolve(member, url=url) if member.name == name else member for member in members)
+        )
+        try:
+            yield
+        finally:
+            control.participants = members
 
     # -- the journal ------------------------------------------------------------------------------------------
 

@@ -138,6 +138,20 @@ def lost_reply(operation: str, retried: bool) -> Callable[[Step], bool]:
     return reached
 
 
+def unreachable(operation: str, retried: bool) -> Callable[[Step], bool]:
+    """A call that could not reach one participant, then sent again once it is back (`retried`) or given up by a
+    resume; the label names the call (the rule's `operation` argument only picks among those allowed)."""
+
+    def reached(step: Step) -> bool:
+        if step.rule != "unreachable":
+            return False
+        told = [label for label in step.labels if label.startswith(f"{operation}(") and "unreachable" in label]
+        return any(("retried" in label) == retried for label in told)
+
+    reached.__doc__ = f"An unreachable {operation}, then {'retried' if retried else 'given up'}."
+    return reached
+
+
 def failing_hook(rule: str, retried: bool) -> Callable[[Step], bool]:
     """A hook that failed (`failing_close`, `failing_export`), then the call made again (`retried`) or given up."""
 
@@ -161,7 +175,7 @@ def skewed_clock(ahead: bool) -> Callable[[Step], bool]:
 
 
 def without_cuts(spec: DeploymentSpec) -> bool:
-    """A prepare's reply is never lost where generation cuts are on (the machine's `_losable`)."""
+    """A prepare never fails on one participant alone where generation cuts are on (the machine's `_one_sided`)."""
     return not spec.generation_cuts
 
 
@@ -193,6 +207,17 @@ GOALS: tuple[Goal, ...] = (
         )
         for op in ("prepare", "commit", "resume")
         for outcome, retried in (("retried", True), ("given_up", False))
+    ),
+    *(
+        Goal(
+            f"unreachable_{op}_{outcome}",
+            f"an unreachable participant's {op}, {'retried once it is back' if retried else 'given up by a resume'}",
+            unreachable(op, retried),
+            applies=without_cuts if op == "prepare" else everywhere,
+        )
+        for op, outcomes in (("prepare", (True, False)), ("commit", (True, False)), ("resume", (True,)))
+        for retried in outcomes
+        for outcome in ("retried" if retried else "given_up",)
     ),
     Goal(
         "failed_close_retried",

@@ -9,6 +9,7 @@ docs/how-it-works.md describes each rule in full.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -350,23 +351,36 @@ class CheckpointMachine(RuleBasedStateMachine):
         if then_retry:
             if how == STALL:
                 self.nemesis.release_write(fault)
-            try:
-                replies = self.controller.commit(checkpoint_id, scope)
-            except CoordinationError as error:
-                props.p16_retry_commits(checkpoint_id, fault.label, error)
-            self.audits.commit(self.model, checkpoint_id, replies)
-            model, _ = self.model.commit()
-            label += "; commit retried"
-        else:
-            self.controller.resume(checkpoint_id)
-            if how == STALL:
-                self.nemesis.release_write(fault)
-                when = "after a resume stopped its stalled write"
-                props.p16_no_manifest(checkpoint_id, name, when, self.audits.has_manifest(checkpoint_id, name))
-            published = self.audits.published_after_crash(checkpoint_id)
-            model = self.model.commit_failed(published)
-            label += f"; resume({checkpoint_id}), incomplete with the shares of {sorted(published)}"
-        self._advance(model, label)
+            self._commit_again(
+                checkpoint_id, scope, lambda error: props.p16_retry_commits(checkpoint_id, fault.label, error)
+            )
+            self._advance(self.model.commit()[0], label + "; commit retried")
+            return
+        self.controller.resume(checkpoint_id)
+        if how == STALL:
+            self.nemesis.release_write(fault)
+            when = "after a resume stopped its stalled write"
+            props.p16_no_manifest(checkpoint_id, name, when, self.audits.has_manifest(checkpoint_id, name))
+        self._left_incomplete(checkpoint_id, label)
+
+    def _commit_again(
+        self, checkpoint_id: str, scope: list[Attempt], failed: Callable[[CoordinationError], None]
+    ) -> dict[str, Any]:
+        """The controller's retry of a commit some participant refused or never got; `failed` judges a refusal."""
+        try:
+            replies = self.controller.commit(checkpoint_id, scope)
+        except CoordinationError as error:
+            failed(error)
+            raise
+        self.audits.commit(self.model, checkpoint_id, replies)
+        return replies
+
+    def _left_incomplete(self, checkpoint_id: str, label: str) -> None:
+        """After a commit that did not complete and the controller's resume: the checkpoint stays, incomplete, with
+        the shares that were published (each verifies, P9)."""
+        published = self.audits.published_after_crash(checkpoint_id)
+        model = self.model.commit_failed(published)
+        self._advance(model, f"{label}; resume({checkpoint_id}), incomplete with the shares of {sorted(published)}")
 
     # -- clocks ---------------------------------------------------------------------------------------------------
 
@@ -493,7 +507,7 @@ class CheckpointMachine(RuleBasedStateMachine):
     # -- lost replies -----------------------------------------------------------------------------------------
 
     @action(
-        lambda self: self.harness.can_lose_replies and bool(self._losable()),
+        lambda self: self.harness.can_lose_replies and bool(self._one_sided()),
         victim=PICK,
         operation=PICK,
         then_retry=st.booleans(),
@@ -503,15 +517,15 @@ class CheckpointMachine(RuleBasedStateMachine):
         outcome); the call took effect there (P17), and the controller then retries it (answered from the record)
         or resumes."""
         name = _pick(self.controller.members(), victim).name
-        lost = _pick(self._losable(), operation)
+        lost = _pick(self._one_sided(), operation)
         {"prepare": self._lost_prepare, "commit": self._lost_commit, "resume": self._lost_resume}[lost](
             name, then_retry
         )
 
-    def _losable(self) -> list[str]:
-        """The calls whose reply can be lost now (a commit or a resume prepares first when no checkpoint is open).
-        A prepare only without generation cuts: the cut rounds a retried prepare must account for are those of its
-        first call, which the journal cannot attribute."""
+    def _one_sided(self) -> list[str]:
+        """The calls that can fail on one participant now, by a lost reply or a partition (a commit or a resume
+        prepares first when no checkpoint is open). A prepare only without generation cuts: the cut rounds a retried
+        prepare must account for are those of its first call, which the journal cannot attribute."""
         allowed = {
             "prepare": self._may_checkpoint() and not self.ledgers.cuts,
             "commit": self._may_commit(),
@@ -575,6 +589,76 @@ class CheckpointMachine(RuleBasedStateMachine):
             props.p17_resume_replayed(checkpoint_id, name, replies[name])
             label += "; resume retried"
         self._refused("prepare", checkpoint_id, "stale_checkpoint")
+        self._advance(self.model.resume(), f"{label}; prepare({checkpoint_id}) refused")
+
+    # -- a participant the controller cannot reach --------------------------------------------------------------
+
+    @action(lambda self: bool(self._one_sided()), victim=PICK, operation=PICK, then_retry=st.booleans())
+    def unreachable(self, victim: int, operation: int, then_retry: bool) -> None:
+        """One participant is cut off from the controller (its connections refused) while the controller sends a
+        prepare, commit or resume; it runs on, untouched (P19). Once it is back, the controller retries the call
+        (each participant that took it answers from its record), or, after a prepare or a commit, resumes."""
+        name = _pick(self.controller.members(), victim).name
+        cut_off = _pick(self._one_sided(), operation)
+        {"prepare": self._unreached_prepare, "commit": self._unreached_commit, "resume": self._unreached_resume}[
+            cut_off
+        ](name, then_retry)
+
+    def _unreached(self, name: str, operation: str, checkpoint_id: str, scope: list[Attempt] | None = None) -> Any:
+        """`operation` sent while `name` is cut off; its error, once `name` showed it never saw the call (P19)."""
+        before = self.harness.statuses()[name]
+        error = self.nemesis.unreached(name, operation, checkpoint_id, scope or [])
+        published = operation == "commit" and self.audits.has_manifest(checkpoint_id, name)
+        props.p19_untouched(operation, checkpoint_id, name, before, self.harness.statuses()[name], published)
+        return error
+
+    def _unreached_prepare(self, name: str, then_retry: bool) -> None:
+        model, checkpoint_id = self.model.prepare()
+        first = self._unreached(name, "prepare", checkpoint_id)
+        label = f"prepare({checkpoint_id}), {name} unreachable"
+        if not then_retry:
+            # Some participants never saw this prepare: the resume must fence the ID on them too.
+            self.controller.resume(checkpoint_id)
+            self._refused("prepare", checkpoint_id, "stale_checkpoint")
+            self._advance(model.resume(), f"{label}; resume({checkpoint_id}); prepare({checkpoint_id}) refused")
+            return
+        try:
+            outcome = self.controller.prepare(checkpoint_id)
+        except CoordinationError as error:
+            props.p19_retry_completes("prepare", checkpoint_id, error)
+            raise
+        props.p19_answered_from_record("prepare", checkpoint_id, first.replies, outcome.replies)
+        verifying = [a.key for a in self.model.with_status("running") if a.verifying]
+        props.p10_prepared_everywhere(checkpoint_id, outcome.prepared, outcome.blockers, verifying, outcome.waited_s)
+        self._prepared(checkpoint_id, outcome.replies)
+        self._advance(model, f"{label}; prepare retried once it was back")
+
+    def _unreached_commit(self, name: str, then_retry: bool) -> None:
+        self._prepared_first()
+        checkpoint_id, scope = self.model.opened, self.model.scope()
+        first = self._unreached(name, "commit", checkpoint_id, scope)
+        self.audits.partial_commit(self.model, checkpoint_id, sorted(first.replies), first.replies)
+        label = f"commit({checkpoint_id}), {name} unreachable"
+        if then_retry:
+            replies = self._commit_again(
+                checkpoint_id, scope, lambda error: props.p19_retry_completes("commit", checkpoint_id, error)
+            )
+            props.p19_answered_from_record("commit", checkpoint_id, first.replies, replies)
+            self._advance(self.model.commit()[0], f"{label}; commit retried once it was back")
+            return
+        self.controller.resume(checkpoint_id)
+        self._left_incomplete(checkpoint_id, label)
+
+    def _unreached_resume(self, name: str, _then_retry: bool) -> None:
+        """A resume is always retried: short of its lease lapsing, nothing else re-opens the participant."""
+        if not self.model.checkpoint_open:
+            self.prepare()
+        checkpoint_id = self.model.opened
+        self._unreached(name, "resume", checkpoint_id)
+        replies = self.controller.resume(checkpoint_id)
+        props.p19_first_resume(checkpoint_id, name, replies[name])
+        self._refused("prepare", checkpoint_id, "stale_checkpoint")
+        label = f"resume({checkpoint_id}), {name} unreachable; resume retried once it was back"
         self._advance(self.model.resume(), f"{label}; prepare({checkpoint_id}) refused")
 
     # -- restores ---------------------------------------------------------------------------------------------

@@ -4,7 +4,8 @@ Every Gym process group SIGKILLed (with a power cut that keeps only what was fsy
 started again alone, a crash that lands inside a commit, a restore, a retire or a forget after it reached some
 participants, and a participant held by a failpoint inside its own commit or restore; a commit whose write fails or
 stalls, or whose participant is frozen (SIGSTOP) until its deadline passed; a call whose reply is lost after it ran;
-a participant hook (close, export, install) that raises.
+a participant hook (close, export, install) that raises; a participant the controller cannot reach (its calls to it
+refused on connect) while it runs on.
 Each is journaled through the controller, so the watchers hear of every process that died, and each ends where the
 model can predict it: every `/run` the crash cut off has ended, the calls it left waiting at the backend are
 released, and a frozen participant runs again.
@@ -12,9 +13,11 @@ released, and a frozen participant runs again.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import socket
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -279,6 +282,35 @@ class Nemesis:
         self.controller.complete(invocation, "ok")
         error = self.controller.unanswered(operation, checkpoint_id, scope)
         props.p17_only_reply_lost(operation, checkpoint_id, victim, error)
+        return error
+
+    # -- a participant the controller cannot reach ------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def cut_off(self, victim: str) -> Iterator[None]:
+        """While inside, `victim` is unreachable from the controller: every call to it goes to a loopback port bound
+        with nothing listening, so its connection is refused (ECONNREFUSED), as a firewall's reject or a network
+        partition refuses it. The victim runs on and still serves its peers; both ends are journaled."""
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as closed:
+            closed.bind(("127.0.0.1", 0))  # bound, never listening: the port stays ours and refuses every connection
+            host, port = closed.getsockname()
+            invocation = self.controller.invoke("cut off", victim)
+            self.controller.complete(invocation, "ok")
+            try:
+                with self.controller.routed(victim, f"http://{host}:{port}"):
+                    yield
+            finally:
+                healed = self.controller.invoke("reachable", victim)
+                self.controller.complete(healed, "ok")
+
+    def unreached(
+        self, victim: str, operation: str, checkpoint_id: str, scope: Sequence[Attempt] = ()
+    ) -> CoordinationError:
+        """Send `operation` of `checkpoint_id` as the controller does while `victim` is cut off from it; the call's
+        error, in which only the victim failed, with its connection refused (P19)."""
+        with self.cut_off(victim):
+            error = self.controller.unreached(operation, checkpoint_id, scope)
+        props.p19_only_unreached(operation, checkpoint_id, victim, error)
         return error
 
     def release_write(self, fault: WriteFault) -> None:

@@ -139,6 +139,15 @@ class P18Violation(PropertyViolation):
     )
 
 
+class P19Violation(PropertyViolation):
+    property_id = "P19"
+    title = (
+        "unreachable participants: a prepare, commit or resume that cannot reach one participant (its connection "
+        "refused) fails there alone and changes nothing there; once it is reachable again, the controller's retry "
+        "completes, every participant that took the first call answering it from its record"
+    )
+
+
 # Every property, checked or not yet; docs/how-it-works.md's table must agree (tests/unit/checker/test_properties).
 REGISTRY: dict[str, PropertyInfo] = {
     info.property_id: info
@@ -161,6 +170,7 @@ REGISTRY: dict[str, PropertyInfo] = {
         PropertyInfo("P16", P16Violation.title, "step", True),
         PropertyInfo("P17", P17Violation.title, "step", True),
         PropertyInfo("P18", P18Violation.title, "step", True),
+        PropertyInfo("P19", P19Violation.title, "step", True),
     )
 }
 
@@ -1283,3 +1293,86 @@ def p18_stale_commit_refused(checkpoint_id: str, lapsed: Collection[str], error:
     }
     if wrong:
         raise P18Violation(rollout=None, expected=expected, observed="; ".join(f"{n}: {w}" for n, w in wrong.items()))
+
+
+# -- P19: a participant the controller cannot reach ----------------------------------------------------------------
+
+
+def p19_only_unreached(operation: str, checkpoint_id: str, victim: str, error: CoordinationError) -> None:
+    """`operation` of `checkpoint_id` failed on `victim` alone, whose connection was refused (the call never reached
+    it): a refusal by anyone, or a failure after connecting, is something the partition does not explain."""
+    wrong = {
+        name: failure.describe()
+        for name, failure in sorted(error.failures.items())
+        if name != victim or failure.http_status is not None or "ConnectError" not in failure.detail
+    }
+    if victim not in error.failures:
+        wrong[victim] = "answered"
+    if wrong:
+        raise P19Violation(
+            rollout=None,
+            expected=f"{operation} of {checkpoint_id} fails only on {victim}, whose connection is refused",
+            observed="; ".join(f"{name}: {what}" for name, what in sorted(wrong.items())),
+        )
+
+
+def p19_untouched(
+    operation: str,
+    checkpoint_id: str,
+    victim: str,
+    before: Mapping[str, Any],
+    after: Mapping[str, Any],
+    published: bool = False,
+) -> None:
+    """`victim`, which `operation` of `checkpoint_id` never reached, shows what it showed before the call (`before`,
+    `after`: its status; its phase and the checkpoint it holds), and no manifest of its own (`published`)."""
+    shown = {
+        when: (status.get("phase"), status.get("checkpoint_id"))
+        for when, status in (("before", before), ("after", after))
+    }
+    expected = (
+        f"{victim}, which {operation} of {checkpoint_id} never reached, unchanged: phase {shown['before'][0]!r}, "
+    )
+    expected += f"checkpoint {shown['before'][1]!r}, no manifest of its own"
+    if shown["after"] != shown["before"]:
+        observed = f"phase {shown['after'][0]!r}, checkpoint {shown['after'][1]!r}"
+        raise P19Violation(rollout=None, expected=expected, observed=observed)
+    if published:
+        raise P19Violation(rollout=None, expected=expected, observed="manifest.json is in its share")
+
+
+def p19_retry_completes(operation: str, checkpoint_id: str, error: Exception) -> None:
+    """The controller's retry of `operation` once the unreachable participant is back (`error`): the first call's
+    partial effect must never stand in the way of the whole."""
+    raise P19Violation(
+        rollout=None,
+        expected=f"the retried {operation} of {checkpoint_id}, once every participant is reachable, completes",
+        observed=str(error),
+    ) from error
+
+
+def p19_answered_from_record(
+    operation: str, checkpoint_id: str, first: Mapping[str, Any], retried: Mapping[str, Any]
+) -> None:
+    """Every participant that answered the first `operation` of `checkpoint_id` (`first`) answers the retry with the
+    very same reply (`retried`): it took the call once, and a repeat replays the recorded result."""
+    wrong = {name: retried.get(name) for name in sorted(first) if retried.get(name) != first[name]}
+    if wrong:
+        name = sorted(wrong)[0]
+        raise P19Violation(
+            rollout=None,
+            expected=f"{name} answers the retried {operation} of {checkpoint_id} with its first reply "
+            f"{_short(first[name], 200)}",
+            observed=_short(wrong[name], 200),
+        )
+
+
+def p19_first_resume(checkpoint_id: str, victim: str, reply: Mapping[str, Any]) -> None:
+    """The retried resume reaches `victim` for the first time (the cut-off one never did): `idempotent: false`."""
+    if reply.get("idempotent") is not False:
+        raise P19Violation(
+            rollout=None,
+            expected=f"{victim}, which the first resume of {checkpoint_id} never reached, answers the retry with "
+            "idempotent: false (its first resume)",
+            observed=_short(reply, 200),
+        )

@@ -478,6 +478,27 @@ NEMESIS_SCENARIOS: dict[str, Scenario] = {
         calls={"r0": (0, 1)},
         counter_calls={"r0": (0, 1, 2)},
     ),
+    # The agent cut off from the controller: a prepare that reached the environment and the policy model and never
+    # the agent or the resources server, given up by a resume that must fence the ID on all four; a commit that
+    # reached all but the environment, retried once it is back; a resume that left the policy model prepared.
+    "unreachable_prepare__resume_fences_it_everywhere": Scenario(
+        steps("dispatch", ("unreachable", {"victim": 0, "operation": 0, "then_retry": False}))
+        + steps(("release", FIRST), ("release", FIRST)),
+        calls={"r0": (0, 1)},
+        counter_calls={"r0": (0, 1, 2)},
+    ),
+    "unreachable_commit__retried_then_restored": Scenario(
+        steps("dispatch", "prepare", ("unreachable", {**ON_THE_SECOND, "operation": 0, "then_retry": True}))
+        + steps("crash", ("restore", FIRST), ("start_replacement", FIRST)),
+        calls={"r0": (0,), "r0-a1": (0, 1)},
+        counter_calls={"r0": (0,), "r0-a1": (0, 1, 2)},
+    ),
+    "unreachable_resume__retried_reopens_it": Scenario(
+        steps("dispatch", "prepare", ("unreachable", {"victim": 2, "operation": 1, "then_retry": True}))
+        + steps(("release", FIRST), ("release", FIRST)),
+        calls={"r0": (0, 1)},
+        counter_calls={"r0": (0, 1, 2)},
+    ),
     "lost_resume_reply__took_effect": Scenario(
         steps("dispatch", "prepare")
         + steps(("lost_reply", {"victim": 2, "operation": 1, "then_retry": False}))
@@ -737,6 +758,7 @@ FAULT_SCENARIOS: dict[str, str] = {
     "failed_install_stays_closed": "failing_install__refused_by_one_leaves_nothing",
     "failed_export_retried_empty": "failing_export__retried_exports_afresh",
     "clock_read_once_at_start": "skewed_clock__ahead_lapses_first_and_refuses_the_commit",
+    "idle_resume_not_fenced": "unreachable_prepare__resume_fences_it_everywhere",
 }
 
 

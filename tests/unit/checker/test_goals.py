@@ -106,6 +106,23 @@ def test_a_lost_reply_goal_is_told_by_the_call_its_label_names(operation: str) -
     assert not goals.lost_reply(operation, True)(plain)
 
 
+@pytest.mark.parametrize("operation", ["prepare", "commit", "resume"])
+def test_an_unreachable_goal_is_told_by_the_call_and_its_ending_its_label_names(operation: str) -> None:
+    model = prepared(release=False)
+    endings = {True: "; prepare retried once it was back", False: "; resume(c1); prepare(c1) refused"}
+    for cut_off in ("prepare", "commit", "resume"):
+        for retried, ending in endings.items():
+            label = f"{cut_off}(c1), agent unreachable{ending}"
+            # The rule's own `then_retry` does not decide: a resume is always retried, and the label says so.
+            drawn = Step(
+                "unreachable", {"victim": 0, "operation": 0, "then_retry": not retried}, model, model, (label,)
+            )
+            assert goals.unreachable(operation, retried)(drawn) is (cut_off == operation)
+            assert not goals.unreachable(operation, not retried)(drawn)
+    lost = Step("lost_reply", {"then_retry": True}, model, model, (f"{operation}(c1), agent unreachable; retried",))
+    assert not goals.unreachable(operation, True)(lost)
+
+
 def test_a_lost_prepare_reply_applies_only_without_generation_cuts() -> None:
     by_name = {goal.name: goal for goal in goals.GOALS}
     assert by_name["lost_prepare_retried"].applies(NATIVE)

@@ -1191,3 +1191,61 @@ def test_p18_stale_commit_refused() -> None:
     half = CoordinationError("commit", {"agent": failure("agent", "stale_checkpoint")})
     with pytest.raises(properties.P18Violation, match="environment: committed it"):
         properties.p18_stale_commit_refused("c1", lapsed, half)
+
+
+def refused_on_connect(name: str) -> ParticipantFailure:
+    return ParticipantFailure(name, None, None, "transport error ConnectError: [Errno 111] Connection refused")
+
+
+def test_p19_only_unreached_passes_when_the_victim_alone_refused_the_connection() -> None:
+    error = CoordinationError("prepare", {"agent": refused_on_connect("agent")}, {"environment": {"phase": "prepared"}})
+    properties.p19_only_unreached("prepare", "c1", "agent", error)
+
+
+@pytest.mark.parametrize(
+    ("failures", "observed"),
+    [
+        ({"agent": lost("agent")}, "agent: RemoteProtocolError"),
+        ({"agent": failure("agent", "invalid_phase", 409)}, "agent: HTTP 409 invalid_phase"),
+        ({"agent": refused_on_connect("agent"), "environment": failure("environment", "x", 500)}, "environment"),
+        ({"environment": refused_on_connect("environment")}, "agent: answered"),
+    ],
+)
+def test_p19_only_unreached_fails_on_anything_but_the_victims_refused_connection(
+    failures: dict[str, ParticipantFailure], observed: str
+) -> None:
+    with pytest.raises(properties.P19Violation, match=observed):
+        properties.p19_only_unreached("commit", "c1", "agent", CoordinationError("commit", failures))
+
+
+def test_p19_untouched() -> None:
+    prepared = {"phase": "prepared", "checkpoint_id": "c1", "lease_expires_at": 1.0}
+    properties.p19_untouched("commit", "c1", "agent", prepared, {**prepared, "lease_expires_at": 2.0})
+    properties.p19_untouched("prepare", "c1", "agent", {"phase": "idle"}, {"phase": "idle", "checkpoint_id": None})
+    with pytest.raises(properties.P19Violation, match="phase 'committed', checkpoint 'c1'"):
+        properties.p19_untouched("commit", "c1", "agent", prepared, {"phase": "committed", "checkpoint_id": "c1"})
+    with pytest.raises(properties.P19Violation, match="phase 'prepared', checkpoint 'c1'"):
+        properties.p19_untouched("prepare", "c1", "agent", {"phase": "idle"}, prepared)
+    with pytest.raises(properties.P19Violation, match=r"manifest.json is in its share"):
+        properties.p19_untouched("commit", "c1", "agent", prepared, prepared, published=True)
+
+
+def test_p19_retry_completes_reports_the_refusal() -> None:
+    refused = CoordinationError("prepare", {"agent": failure("agent", "checkpoint_conflict", 409)})
+    with pytest.raises(properties.P19Violation, match=r"retried prepare of c1, once every participant is reachable"):
+        properties.p19_retry_completes("prepare", "c1", refused)
+
+
+def test_p19_answered_from_record() -> None:
+    first = {"environment": {"phase": "prepared", "report": {"blockers": []}}}
+    properties.p19_answered_from_record("prepare", "c1", first, {**first, "agent": {"phase": "prepared"}})
+    with pytest.raises(properties.P19Violation, match="environment answers the retried prepare"):
+        properties.p19_answered_from_record("prepare", "c1", first, {"environment": {"phase": "idle"}})
+    with pytest.raises(properties.P19Violation, match="None"):
+        properties.p19_answered_from_record("prepare", "c1", first, {})
+
+
+def test_p19_first_resume() -> None:
+    properties.p19_first_resume("c1", "agent", {"phase": "idle", "idempotent": False})
+    with pytest.raises(properties.P19Violation, match="idempotent: false"):
+        properties.p19_first_resume("c1", "agent", {"phase": "idle", "idempotent": True})
