@@ -8,6 +8,7 @@ docs/how-it-works.md describes each rule in full.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,7 +33,7 @@ from ckpt_model.deployment import (
     STORAGE_POINTS,
     Harness,
 )
-from ckpt_model.errors import CoordinationError, PropertyViolation
+from ckpt_model.errors import CoordinationError, HarnessError, PropertyViolation
 from ckpt_model.history import History
 from ckpt_model.ledger_watch import LedgerWatch
 from ckpt_model.nemesis import Nemesis, WriteFault
@@ -343,10 +344,16 @@ class CheckpointMachine(RuleBasedStateMachine):
         replies = self.controller.commit_on(others, checkpoint_id, scope) if others else {}
         self.audits.partial_commit(self.model, checkpoint_id, others, replies)
         refusal = self.nemesis.commit_meeting(fault, checkpoint_id, scope)
-        props.p16_write_refused(checkpoint_id, name, fault.label, how, {} if refusal is None else {name: refusal})
-        when = f"after its write met {fault.label}"
-        props.p16_no_manifest(checkpoint_id, name, when, self.audits.has_manifest(checkpoint_id, name))
-        props.p16_still_prepared(checkpoint_id, name, self.harness.statuses()[name])
+        try:
+            props.p16_write_refused(checkpoint_id, name, fault.label, how, {} if refusal is None else {name: refusal})
+            when = f"after its write met {fault.label}"
+            props.p16_no_manifest(checkpoint_id, name, when, self.audits.has_manifest(checkpoint_id, name))
+            props.p16_still_prepared(checkpoint_id, name, self.harness.statuses()[name])
+        except PropertyViolation:
+            if how == STALL:  # a write left stalled would hold up the teardown's resume: the violation is the verdict
+                with contextlib.suppress(HarnessError):
+                    self.nemesis.release_write(fault)
+            raise
         label = f"{name} meets a {fault.label} in commit {checkpoint_id}"
         if then_retry:
             if how == STALL:
