@@ -542,22 +542,24 @@ class Controller:
     def _failing(
         self, operation: str, checkpoint_id: str, scope: Sequence[Attempt], journaled: EventType, fault: str
     ) -> CoordinationError:
+        directory, episodes = self.directory(checkpoint_id), episodes_of(scope)
         calls: dict[str, Callable[[float], Any]] = {
             "prepare": lambda d: self.control.prepare(checkpoint_id, d),
-            "commit": lambda d: self.control.commit(
-                checkpoint_id, str(self.directory(checkpoint_id)), episodes_of(scope), d
-            ),
+            "commit": lambda d: self.control.commit(checkpoint_id, str(directory), episodes, d),
             "resume": lambda d: self.control.resume(checkpoint_id, d),
         }
+        event: dict[str, Any] = {}
+        if operation == "commit":
+            event = {"episodes": tuple(episodes), "delivered": _delivered(scope), "directory": directory}
         invocation = self._invoke(operation, checkpoint_id)
         try:
             with timing.span("control"):
                 calls[operation](_ahead(CONTROL_DEADLINE_S))
         except CoordinationError as error:
-            self._complete(invocation, journaled, str(error))
+            self._complete(invocation, journaled, str(error), reached=self._took(error), **event)
             self.last_call = None
             return error
-        self._complete(invocation, "ok")
+        self._complete(invocation, "ok", **event)
         raise HarnessError(
             f"some participant of the {self.harness.spec.label} deployment was to {fault} {operation} of "
             f"{checkpoint_id}, and every participant's reply arrived"
@@ -592,8 +594,17 @@ class Controller:
             with timing.span("control"):
                 return call()
         except CoordinationError as error:
-            self._complete(invocation, "fail", str(error), **event)
+            self._complete(invocation, "fail", str(error), **{**event, "reached": self._took(error)})
             raise
+
+    def _took(self, error: CoordinationError) -> tuple[Participant, ...]:
+        """The participants that answered a failed call with a reply: they took it (a commit that one participant
+        refused is still written by the others, and the watchers must learn what the policy model wrote)."""
+        return self.named(
+            name
+            for name, reply in error.replies.items()
+            if name not in error.failures and not isinstance(reply, ParticipantFailure)
+        )
 
     def invoke(self, f: str, value: Any = None) -> Event:
         """Journal the start of an operation (the nemesis's too)."""

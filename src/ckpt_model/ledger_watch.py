@@ -67,7 +67,8 @@ class LedgerWatch:
             self.cut(operation.checkpoint_id, self._cut_rounds_before, durable=operation.cut == "durable")
         elif event == ("crash", "ok") and reached_model:
             self.model_died()
-        elif event == ("commit", "ok") and reached_model:
+        elif event in (("commit", "ok"), ("commit", "fail")) and reached_model:
+            # A failed commit that the policy model answered was still written by it (another refused).
             assert operation.checkpoint_id is not None
             assert operation.directory is not None
             self.committed(operation.checkpoint_id, operation.delivered, operation.directory)

@@ -472,6 +472,13 @@ NEMESIS_SCENARIOS: dict[str, Scenario] = {
         calls={"r0": (0, 1)},
         counter_calls={"r0": (0, 1, 2), "r0-a2": (0, 1, 2)},
     ),
+    # After a delivered call (with token capture, the policy model writes that attempt's ledger rows in its share
+    # of the commit the agent refuses): the watchers learn the share of a commit that failed elsewhere.
+    "skewed_clock__ahead_after_a_delivered_call": Scenario(
+        steps("dispatch", ("release", FIRST), ("skewed_clock", {"victim": 0, "behind": False}), ("release", FIRST)),
+        calls={"r0": (0, 1)},
+        counter_calls={"r0": (0, 1, 2)},
+    ),
     "skewed_clock__behind_outholds_a_stale_controller": Scenario(
         steps("dispatch", ("skewed_clock", {"victim": 0, "behind": True}))
         + steps(("release", FIRST), ("release", FIRST)),
@@ -488,10 +495,11 @@ NEMESIS_SCENARIOS: dict[str, Scenario] = {
         counter_calls={"r0": (0, 1, 2)},
     ),
     "unreachable_commit__retried_then_restored": Scenario(
-        steps("dispatch", "prepare", ("unreachable", {**ON_THE_SECOND, "operation": 0, "then_retry": True}))
+        steps("dispatch", ("release", FIRST), "prepare")
+        + steps(("unreachable", {**ON_THE_SECOND, "operation": 0, "then_retry": True}))
         + steps("crash", ("restore", FIRST), ("start_replacement", FIRST)),
-        calls={"r0": (0,), "r0-a1": (0, 1)},
-        counter_calls={"r0": (0,), "r0-a1": (0, 1, 2)},
+        calls={"r0": (0, 1), "r0-a1": (1,)},
+        counter_calls={"r0": (0, 1), "r0-a1": (1, 2)},
     ),
     "unreachable_resume__retried_reopens_it": Scenario(
         steps("dispatch", "prepare", ("unreachable", {"victim": 2, "operation": 1, "then_retry": True}))

@@ -284,6 +284,9 @@ def test_the_ledger_watch_moves_the_lineage_for_each_event_it_is_handed(tmp_path
         def model_died(self) -> None:
             moved.append(("model died",))
 
+        def committed(self, checkpoint_id: str, delivered: Any, directory: Path) -> None:
+            moved.append(("committed", checkpoint_id))
+
     harness = FakeHarness(tmp_path)
     harness.token_capture, harness.generation_cuts, harness.backend = True, False, object()  # type: ignore[attr-defined]
     watch = Watch(harness)  # type: ignore[arg-type]
@@ -299,6 +302,11 @@ def test_the_ledger_watch_moves_the_lineage_for_each_event_it_is_handed(tmp_path
         Operation("crash", "ok", reached=env),
         Operation("crash", "ok", reached=policy),
         Operation("restore", "fail", source="c1", episodes=(episode,)),  # the client's cleanup burned r0-a1
+        # A commit the policy model wrote, whether or not another participant refused it; one it did not take.
+        Operation("commit", "ok", reached=policy, checkpoint_id="c2", directory=tmp_path / "c2", delivered={}),
+        Operation("commit", "fail", reached=policy, checkpoint_id="c3", directory=tmp_path / "c3", delivered={}),
+        Operation("commit", "fail", reached=env, checkpoint_id="c4", directory=tmp_path / "c4", delivered={}),
+        Operation("commit", "info", reached=policy, checkpoint_id="c5", directory=tmp_path / "c5", delivered={}),
     ):
         watch.observe(event)
     assert moved == [
@@ -308,6 +316,8 @@ def test_the_ledger_watch_moves_the_lineage_for_each_event_it_is_handed(tmp_path
         ("retired", [episode]),
         ("model died",),
         ("retired", [EpisodeId(rollout_id="r0", attempt=1)]),
+        ("committed", "c2"),
+        ("committed", "c3"),
     ]
 
 
@@ -321,7 +331,21 @@ def test_a_commit_on_some_that_one_refuses_is_journaled_as_failed_so_no_watcher_
 
     assert [(e.f, e.type) for e in history.events] == [("commit", "invoke"), ("commit", "fail")]
     assert not recorder.of("commit", "ok")
-    assert [m.name for m in recorder.of("commit", "fail")[0].reached] == ["policy"]
+    assert recorder.of("commit", "fail")[0].reached == ()  # the policy model refused it: it took nothing
+
+
+def test_a_failed_commit_reaches_the_watchers_with_exactly_those_that_answered_it(parts: Any) -> None:
+    controller, harness, _, recorder = parts
+    refusal = ParticipantFailure("env", 409, "stale_checkpoint", "lapsed")
+    harness.control.post_each = lambda operation, body, deadline_ts, names=None: {"policy": {"ok": 1}, "env": refusal}
+
+    with pytest.raises(CoordinationError):
+        controller.commit_on(["env", "policy"], "c1", [RUNNING], deadline_s=1.0)
+
+    failed = recorder.of("commit", "fail")[0]
+    assert [m.name for m in failed.reached] == ["policy"]
+    assert failed.checkpoint_id == "c1"
+    assert failed.directory is not None
 
 
 def test_a_probe_past_its_deadline_carries_a_passed_deadline_and_waits_as_any_call(parts: Any) -> None:
