@@ -14,6 +14,7 @@ send from several threads). Tests inject an `httpx.MockTransport`.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -278,13 +279,44 @@ def _host_port(implementations: object) -> tuple[str, int] | None:
 
 def new_http_client(timeout: float | httpx.Timeout, *, transport: httpx.BaseTransport | None = None) -> httpx.Client:
     """The checker's HTTP client: no proxy from the environment (a proxy must not sit between the controller and
-    the servers, and reading it costs time) and idle connections dropped before a server drops them."""
-    return httpx.Client(
-        transport=transport,
-        timeout=timeout,
-        limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S),
-        trust_env=False,
-    )
+    the servers, and reading it costs time), idle connections dropped before a server drops them, and one
+    connection pool per thread (`PerThreadTransport`), since the checker calls from many threads at once."""
+    if transport is None:
+        transport = PerThreadTransport(limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S))
+    return httpx.Client(transport=transport, timeout=timeout, trust_env=False)
+
+
+class PerThreadTransport(httpx.BaseTransport):
+    """httpx's transport, one per calling thread, so no connection pool is ever shared between threads.
+
+    httpcore's sync pool can close a connection it has just handed to another thread's waiting request (it still
+    looks idle: encode/httpcore#1110); that request then reads a closed socket, `ReadError: [Errno 9] Bad file
+    descriptor`, seen here a few times in a hundred examples beside two CPU hogs. A pool that one thread alone
+    uses has nobody to race with."""
+
+    def __init__(self, **options: Any) -> None:
+        self._options = options
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._transports: list[httpx.HTTPTransport] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        return self._own().handle_request(request)
+
+    def _own(self) -> httpx.HTTPTransport:
+        transport: httpx.HTTPTransport | None = getattr(self._local, "transport", None)
+        if transport is None:
+            transport = httpx.HTTPTransport(**self._options)
+            with self._lock:
+                self._transports.append(transport)
+            self._local.transport = transport
+        return transport
+
+    def close(self) -> None:
+        with self._lock:
+            transports, self._transports = self._transports, []
+        for transport in transports:
+            transport.close()
 
 
 class ControlClient:

@@ -15,7 +15,14 @@ import attrs
 import httpx
 import pytest
 
-from ckpt_model.coordination import ControlClient, Participant, Participants, PrepareResult
+from ckpt_model.coordination import (
+    ControlClient,
+    Participant,
+    Participants,
+    PerThreadTransport,
+    PrepareResult,
+    new_http_client,
+)
 from ckpt_model.errors import CoordinationError, ParticipantFailure, ProtocolError
 from ckpt_model.wire import EpisodeId
 
@@ -632,3 +639,52 @@ def test_coordination_error_survives_pickling() -> None:
     assert str(copy) == str(error) == "checkpoint commit failed on 1 participant(s): policy: HTTP 409 invalid_phase x"
     assert copy.failures == error.failures
     assert copy.__notes__ == ["replay with: ..."]
+
+
+def test_the_checkers_client_gives_each_thread_a_pool_of_its_own_and_closes_them_all() -> None:
+    """No connection pool is shared between threads (encode/httpcore#1110: a shared pool can close a connection it
+    just handed to another thread); each thread keeps reusing its own."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Ok(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *_args: Any) -> None:
+            return None
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Ok)
+    serving = threading.Thread(target=server.serve_forever, daemon=True)
+    serving.start()
+    client = new_http_client(5.0)
+    transport = client._transport
+    assert isinstance(transport, PerThreadTransport)
+    url = f"http://127.0.0.1:{server.server_address[1]}/"
+    used: dict[str, Any] = {}
+
+    def call(name: str) -> None:
+        for _ in range(3):
+            assert client.get(url).text == "ok"
+        used[name] = transport._own()
+
+    try:
+        threads = [threading.Thread(target=call, args=(f"t{n}",)) for n in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        call("main")
+        assert len({id(each) for each in used.values()}) == 3
+        assert len(transport._transports) == 3
+    finally:
+        client.close()
+        server.shutdown()
+        server.server_close()
+    assert transport._transports == []
+    with pytest.raises(RuntimeError):
+        client.get(url)
