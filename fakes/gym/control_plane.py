@@ -941,8 +941,9 @@ class ControlPlane:
                 if self.checkpoint_id is None and checkpoint_id not in self._resumed and self._resume_needs_known_id:
                     raise InvalidPhaseError(f"{self._name} has no checkpoint {checkpoint_id!r} to resume")
                 if checkpoint_id in self._resumed or self.checkpoint_id is None:
+                    # The planted fault forgets an ID it never saw (idle, nothing active).
                     if not self._idle_resume_unfenced or checkpoint_id in self._resumed:
-                        self._remember(checkpoint_id)  # planted fault: an ID it never saw is not remembered
+                        self._remember(checkpoint_id)
                     return not ended
                 self._admit(checkpoint_id, "resume")
                 work = self.runner.current

@@ -301,17 +301,15 @@ class Controller:
 
     def commit(self, checkpoint_id: str, scope: Sequence[Attempt]) -> dict[str, Any]:
         """Commit `scope` on every participant."""
-        directory = self.directory(checkpoint_id)
-        episodes = episodes_of(scope)
+        event = self._commit_event(checkpoint_id, scope)
+        directory, episodes = event["directory"], event["episodes"]
         replies = self._call(
             "commit",
             checkpoint_id,
-            lambda d: self.control.commit(checkpoint_id, str(directory), episodes, d),
-            episodes=tuple(episodes),
-            delivered=_delivered(scope),
-            directory=directory,
+            lambda d: self.control.commit(checkpoint_id, str(directory), list(episodes), d),
+            **event,
         )
-        arguments = {"checkpoint_dir": str(directory), "episode_ids": tuple(episodes)}
+        arguments = {"checkpoint_dir": str(directory), "episode_ids": episodes}
         self.last_call = SentCall("commit", checkpoint_id, arguments, replies)
         return replies
 
@@ -325,12 +323,18 @@ class Controller:
     ) -> dict[str, Any]:
         """Commit `scope` on the participants `names` only (each on its own), with a deadline `deadline_s` ahead
         (or at `deadline_ts`, fixed by a caller that waits for it to pass); any refusal fails it."""
-        directory = self.directory(checkpoint_id)
-        episodes = tuple(episodes_of(scope))
-        body = self.body("commit", checkpoint_id, checkpoint_dir=str(directory), episode_ids=episodes)
+        event = self._commit_event(checkpoint_id, scope)
+        body = self.body("commit", checkpoint_id, checkpoint_dir=str(event["directory"]), episode_ids=event["episodes"])
         body["deadline_ts"] = _ahead(deadline_s) if deadline_ts is None else deadline_ts
-        event = {"episodes": episodes, "delivered": _delivered(scope), "directory": directory}
         return self.send_each("commit", checkpoint_id, body, names, **event)
+
+    def _commit_event(self, checkpoint_id: str, scope: Sequence[Attempt]) -> dict[str, Any]:
+        """What the watchers learn of a commit of `scope`: its episodes, the calls delivered to each, its directory."""
+        return {
+            "episodes": tuple(episodes_of(scope)),
+            "delivered": _delivered(scope),
+            "directory": self.directory(checkpoint_id),
+        }
 
     def resume(self, checkpoint_id: str) -> dict[str, Any]:
         replies = self._resume(checkpoint_id)
@@ -542,15 +546,15 @@ class Controller:
     def _failing(
         self, operation: str, checkpoint_id: str, scope: Sequence[Attempt], journaled: EventType, fault: str
     ) -> CoordinationError:
-        directory, episodes = self.directory(checkpoint_id), episodes_of(scope)
+        committed = self._commit_event(checkpoint_id, scope)
         calls: dict[str, Callable[[float], Any]] = {
             "prepare": lambda d: self.control.prepare(checkpoint_id, d),
-            "commit": lambda d: self.control.commit(checkpoint_id, str(directory), episodes, d),
+            "commit": lambda d: self.control.commit(
+                checkpoint_id, str(committed["directory"]), list(committed["episodes"]), d
+            ),
             "resume": lambda d: self.control.resume(checkpoint_id, d),
         }
-        event: dict[str, Any] = {}
-        if operation == "commit":
-            event = {"episodes": tuple(episodes), "delivered": _delivered(scope), "directory": directory}
+        event = committed if operation == "commit" else {}
         invocation = self._invoke(operation, checkpoint_id)
         try:
             with timing.span("control"):
@@ -600,11 +604,7 @@ class Controller:
     def _took(self, error: CoordinationError) -> tuple[Participant, ...]:
         """The participants that answered a failed call with a reply: they took it (a commit that one participant
         refused is still written by the others, and the watchers must learn what the policy model wrote)."""
-        return self.named(
-            name
-            for name, reply in error.replies.items()
-            if name not in error.failures and not isinstance(reply, ParticipantFailure)
-        )
+        return self.named(name for name in error.replies if name not in error.failures)
 
     def invoke(self, f: str, value: Any = None) -> Event:
         """Journal the start of an operation (the nemesis's too)."""

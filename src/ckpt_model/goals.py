@@ -215,9 +215,13 @@ GOALS: tuple[Goal, ...] = (
             unreachable(op, retried),
             applies=without_cuts if op == "prepare" else everywhere,
         )
-        for op, outcomes in (("prepare", (True, False)), ("commit", (True, False)), ("resume", (True,)))
-        for retried in outcomes
-        for outcome in ("retried" if retried else "given_up",)
+        for op, outcome, retried in (
+            ("prepare", "retried", True),
+            ("prepare", "given_up", False),
+            ("commit", "retried", True),
+            ("commit", "given_up", False),
+            ("resume", "retried", True),  # a resume is always sent again
+        )
     ),
     Goal(
         "failed_close_retried",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -22,7 +22,7 @@ from ckpt_model import twin
 from ckpt_model.audits import Audits
 from ckpt_model.callees import Callees
 from ckpt_model.contract import Attempt, Checkpoint, Model
-from ckpt_model.controller import HUNG_CUT_PREPARE_DEADLINE_S, Controller, episodes_of, run_pool
+from ckpt_model.controller import HUNG_CUT_PREPARE_DEADLINE_S, Controller, Prepared, episodes_of, run_pool
 from ckpt_model.deployment import (
     EXPORT_HOOK,
     LOSABLE_OPERATIONS,
@@ -382,6 +382,19 @@ class CheckpointMachine(RuleBasedStateMachine):
         self.audits.commit(self.model, checkpoint_id, replies)
         return replies
 
+    def _prepare_again(self, checkpoint_id: str, failed: Callable[[CoordinationError], None]) -> Prepared:
+        """The controller's retry of a prepare that one participant failed; `failed` judges a refusal. Judged as
+        every prepare: prepared everywhere, and the refusals that follow (P10)."""
+        try:
+            outcome = self.controller.prepare(checkpoint_id)
+        except CoordinationError as error:
+            failed(error)
+            raise
+        verifying = [a.key for a in self.model.with_status("running") if a.verifying]
+        props.p10_prepared_everywhere(checkpoint_id, outcome.prepared, outcome.blockers, verifying, outcome.waited_s)
+        self._prepared(checkpoint_id, outcome.replies)
+        return outcome
+
     def _left_incomplete(self, checkpoint_id: str, label: str) -> None:
         """After a commit that did not complete and the controller's resume: the checkpoint stays, incomplete, with
         the shares that were published (each verifies, P9)."""
@@ -550,13 +563,7 @@ class CheckpointMachine(RuleBasedStateMachine):
             self._refused("prepare", checkpoint_id, "stale_checkpoint")
             self._advance(model.resume(), f"{label}; resume({checkpoint_id})")
             return
-        try:
-            outcome = self.controller.prepare(checkpoint_id)
-        except CoordinationError as error:
-            props.p17_retry_answered("prepare", checkpoint_id, error)
-        verifying = [a.key for a in self.model.with_status("running") if a.verifying]
-        props.p10_prepared_everywhere(checkpoint_id, outcome.prepared, outcome.blockers, verifying, outcome.waited_s)
-        self._prepared(checkpoint_id, outcome.replies)
+        self._prepare_again(checkpoint_id, lambda error: props.p17_retry_answered("prepare", checkpoint_id, error))
         self._advance(model, f"{label}; prepare retried")
 
     def _lost_commit(self, name: str, then_retry: bool) -> None:
@@ -611,10 +618,12 @@ class CheckpointMachine(RuleBasedStateMachine):
             cut_off
         ](name, then_retry)
 
-    def _unreached(self, name: str, operation: str, checkpoint_id: str, scope: list[Attempt] | None = None) -> Any:
+    def _unreached(
+        self, name: str, operation: str, checkpoint_id: str, scope: Sequence[Attempt] = ()
+    ) -> CoordinationError:
         """`operation` sent while `name` is cut off; its error, once `name` showed it never saw the call (P19)."""
         before = self.harness.statuses()[name]
-        error = self.nemesis.unreached(name, operation, checkpoint_id, scope or [])
+        error = self.nemesis.unreached(name, operation, checkpoint_id, scope)
         published = operation == "commit" and self.audits.has_manifest(checkpoint_id, name)
         props.p19_untouched(operation, checkpoint_id, name, before, self.harness.statuses()[name], published)
         return error
@@ -629,15 +638,10 @@ class CheckpointMachine(RuleBasedStateMachine):
             self._refused("prepare", checkpoint_id, "stale_checkpoint")
             self._advance(model.resume(), f"{label}; resume({checkpoint_id}); prepare({checkpoint_id}) refused")
             return
-        try:
-            outcome = self.controller.prepare(checkpoint_id)
-        except CoordinationError as error:
-            props.p19_retry_completes("prepare", checkpoint_id, error)
-            raise
+        outcome = self._prepare_again(
+            checkpoint_id, lambda error: props.p19_retry_completes("prepare", checkpoint_id, error)
+        )
         props.p19_answered_from_record("prepare", checkpoint_id, first.replies, outcome.replies)
-        verifying = [a.key for a in self.model.with_status("running") if a.verifying]
-        props.p10_prepared_everywhere(checkpoint_id, outcome.prepared, outcome.blockers, verifying, outcome.waited_s)
-        self._prepared(checkpoint_id, outcome.replies)
         self._advance(model, f"{label}; prepare retried once it was back")
 
     def _unreached_commit(self, name: str, then_retry: bool) -> None:
