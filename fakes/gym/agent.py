@@ -350,10 +350,10 @@ class AgentParticipant:
     async def close_admission(self, deadline_ts: float | None) -> None:
         self._exported = False
         self.core.admission.clear()
-        self.core.episodes.admission.clear()
+        self.core.episodes.close()
 
     async def open_admission(self) -> None:
-        self.core.episodes.admission.set()
+        self.core.episodes.open()
         if self.stays_closed_after_commit and self._exported:
             return  # planted fault: after a committed checkpoint, session seeds and activations keep waiting
         self.core.admission.set()

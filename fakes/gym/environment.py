@@ -69,11 +69,11 @@ class EnvironmentParticipant:
         )
 
     async def close_admission(self, deadline_ts: float | None) -> None:
-        self.owner.admission.clear()
+        self.owner.close()
 
     async def open_admission(self) -> None:
         self._finished_while_closed.clear()
-        self.owner.admission.set()
+        self.owner.open()
 
     async def export(self, scope: list[EpisodeId] | None) -> list[dict[str, Any]]:
         keys = None if scope is None else {e.capture_key for e in scope}
@@ -249,7 +249,9 @@ def build_app(config: ServerConfig) -> FastAPI:
     """The `single_agent_turn` look-alike: `/run` plus the checkpoint control routes."""
     runner: dict[str, EpisodeRunner] = {}
     control_plane: ControlPlane
-    owner = EpisodeOwner(notify=lambda: control_plane.notify())
+    owner = EpisodeOwner(
+        notify=lambda: control_plane.notify(), counts_parked_time="parked_time_counts" in config.faults
+    )
     participant = EnvironmentParticipant(owner, frozenset(config.faults))
     control_plane = ControlPlane.from_config(participant, config)
     app = FastAPI(lifespan=lifespan_with_client(lambda c: runner.update(r=EpisodeRunner(c, config, participant))))

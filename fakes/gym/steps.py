@@ -38,8 +38,26 @@ class Episode:
     retiring: bool = False
     restart: bool = False
     timeout_s: float = 600.0
+    # The episode's budget: time used while it was charged, and since when it is charged again (None: suspended,
+    # parked or in a replay step under an open checkpoint; reference 5.4).
     used_s: float = 0.0
-    active_since: float = attrs.field(factory=time.monotonic)
+    active_since: float | None = attrs.field(factory=time.monotonic)
+
+    def used_now(self) -> float:
+        """The time this episode has used of its budget, up to now."""
+        charged = 0.0 if self.active_since is None else time.monotonic() - self.active_since
+        return self.used_s + charged
+
+    def suspend(self) -> None:
+        """Stop charging the episode's time (parked, or in a replay step while a checkpoint is open)."""
+        if self.active_since is not None:
+            self.used_s += time.monotonic() - self.active_since
+            self.active_since = None
+
+    def rearm(self) -> None:
+        """Charge the episode's time again (the checkpoint re-opened, or it woke from its park)."""
+        if self.active_since is None:
+            self.active_since = time.monotonic()
 
     @property
     def key(self) -> str:
@@ -57,10 +75,12 @@ class Episode:
 class EpisodeOwner:
     """Tracks live episodes and restored-pending records; parks episodes while admission is closed."""
 
-    def __init__(self, notify: Callable[[], None]) -> None:
+    def __init__(self, notify: Callable[[], None], *, counts_parked_time: bool = False) -> None:
         self._notify = notify
         self.admission = asyncio.Event()
         self.admission.set()
+        # Planted fault `parked_time_counts`: the budget is never suspended, so time parked for a checkpoint counts.
+        self._counts_parked_time = counts_parked_time
         self.episodes: dict[str, Episode] = {}
         self.restored: dict[str, dict[str, Any]] = {}
 
@@ -88,6 +108,27 @@ class EpisodeOwner:
             del self.episodes[episode.key]
         self._notify()
 
+    # -- admission -------------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close admission: from now on episodes park at their next boundary, and one in a replay step has its
+        budget suspended where it stands (the step runs on; reference 5.4)."""
+        self.admission.clear()
+        for episode in self.episodes.values():
+            if episode.state == "replay_step":
+                self._suspend(episode)
+
+    def open(self) -> None:
+        """Re-open admission: parked episodes wake (and re-arm their budgets), replay steps are charged again."""
+        self.admission.set()
+        for episode in self.episodes.values():
+            if episode.state == "replay_step":
+                episode.rearm()
+
+    def _suspend(self, episode: Episode) -> None:
+        if not self._counts_parked_time:
+            episode.suspend()
+
     # -- steps and boundaries ---------------------------------------------------------------------------------
 
     async def boundary(self, episode: Episode, boundary: dict[str, Any]) -> None:
@@ -98,12 +139,16 @@ class EpisodeOwner:
     async def step(self, episode: Episode, mode: StepMode, work: Awaitable[Any]) -> Any:
         """Run one step; a replay step that raises while closed drops the boundary (restart from input)."""
         self._set_state(episode, "wait_step" if mode == "wait" else "replay_step")
+        if mode == "replay" and not self.admission.is_set():
+            self._suspend(episode)
         try:
             result = await work
         except Exception:
             if mode == "replay" and not self.admission.is_set():
                 episode.boundary = None
             raise
+        finally:
+            episode.rearm()
         self._set_state(episode, "running")
         return result
 
@@ -118,10 +163,10 @@ class EpisodeOwner:
         if self.admission.is_set():
             return
         self._set_state(episode, "parked")
-        episode.used_s += time.monotonic() - episode.active_since
+        self._suspend(episode)
         while not self.admission.is_set():
             await self.admission.wait()
-        episode.active_since = time.monotonic()
+        episode.rearm()
         self._set_state(episode, "running")
 
     def _set_state(self, episode: Episode, state: EpisodeState) -> None:
@@ -177,17 +222,17 @@ class EpisodeOwner:
         self._notify()
 
     def watch_deadline(self, episode: Episode) -> asyncio.Task[None]:
-        """Cancel the episode once it has run (not parked) longer than its timeout.
+        """Cancel the episode once it has used its budget: the time it ran, not the time it was parked or in a
+        replay step while a checkpoint was open.
 
-        It sleeps the whole remaining time, then looks again: running time never outpaces the clock, so it never
-        wakes late, and time parked meanwhile only makes it sleep again. (Waking every second instead costs a
-        server with thousands of episodes in flight thousands of wake-ups a second.)"""
+        It sleeps the whole remaining time, then looks again: charged time never outpaces the clock, so it never
+        wakes late, and time suspended meanwhile only makes it sleep again. (Waking every second instead costs a
+        server with thousands of episodes in flight thousands of wake-ups a second.) A clock that jumps forward
+        (`fakes.clock`) wakes it at the loop's next turn."""
 
         async def watchdog() -> None:
             while True:
-                remaining_s = episode.timeout_s - episode.used_s
-                if episode.state != "parked":
-                    remaining_s -= time.monotonic() - episode.active_since
+                remaining_s = episode.timeout_s - episode.used_now()
                 if remaining_s <= 0:
                     if episode.task is not None and not episode.finishing:
                         episode.task.cancel(msg="Episode timed out")
