@@ -1,4 +1,5 @@
-"""Skewed clocks: Debian's libfaketime preloaded into every Gym server, each one's offset set from inside it.
+"""Skewed clocks and time passing: Debian's libfaketime preloaded into every Gym server, each one's offset set from
+inside it.
 
 libfaketime (`LD_PRELOAD`) fakes the wall clock of a process (`clock_gettime(CLOCK_REALTIME)`, so `time.time()`);
 with `FAKETIME_NO_CACHE=1` it reads the offset from the process's own `FAKETIME` variable on every call, so a server
@@ -7,6 +8,12 @@ fork server each keep their own. The monotonic clock stays true (`FAKETIME_DONT_
 timers measure real durations, and only what is compared with `deadline_ts` and the lease, absolute wall times,
 moves. File times are left alone (`NO_FAKE_STAT=1`). Without the library nothing is preloaded and no server can be
 skewed (the checker then never draws a skew).
+
+With `monotonic=True` (a deployment whose time can pass, `Stack(time_jumps=True)`) the monotonic clock follows the
+offset too: libfaketime then reads it on the wall clock's scale (about 1.8e9 s, from the process's start, so
+nothing jumps), and an offset moves both clocks at once, as if that much time had passed: asyncio's timers due by
+then fire at the loop's next turn, and an episode's budget sees the time. An offset that only skews the wall clock
+is then impossible, so such a deployment never skews one.
 """
 
 from __future__ import annotations
@@ -33,14 +40,16 @@ def library() -> str | None:
     return next((path for path in candidates if path and Path(path).is_file()), None)
 
 
-def preloaded_env(base: Mapping[str, str]) -> dict[str, str]:
-    """`base` with libfaketime preloaded at offset zero, when the machine has it; else `base` unchanged."""
+def preloaded_env(base: Mapping[str, str], *, monotonic: bool = False) -> dict[str, str]:
+    """`base` with libfaketime preloaded at offset zero, when the machine has it; else `base` unchanged.
+    `monotonic`: the offset moves the monotonic clock too (time passes; see the module)."""
     env = dict(base)
     path = library()
     if path is None:
         return env
     env["LD_PRELOAD"] = " ".join(part for part in (path, env.get("LD_PRELOAD", "")) if part)
-    env.update({OFFSET_ENV: "+0", "FAKETIME_NO_CACHE": "1", "FAKETIME_DONT_FAKE_MONOTONIC": "1", "NO_FAKE_STAT": "1"})
+    env.update({OFFSET_ENV: "+0", "FAKETIME_NO_CACHE": "1", "NO_FAKE_STAT": "1"})
+    env["FAKETIME_DONT_FAKE_MONOTONIC"] = "0" if monotonic else "1"
     return env
 
 

@@ -45,6 +45,7 @@ class EmbeddedDeployment:
         token_capture: bool = False,
         generation_cuts: bool = False,
         policy_workers: int = 1,
+        time_jumps: bool = False,
     ) -> None:
         self._own_root = root is None
         self.root = Path(tempfile.mkdtemp(prefix=f"ckpt-model-{topology}-")) if root is None else Path(root)
@@ -58,6 +59,7 @@ class EmbeddedDeployment:
                 token_capture=token_capture,
                 generation_cuts=generation_cuts,
                 policy_workers=policy_workers,
+                time_jumps=time_jumps,
             )
         except BaseException:
             self._remove_root()
@@ -150,8 +152,20 @@ class EmbeddedDeployment:
 
     @property
     def skews_clocks(self) -> bool:
-        """Whether the servers run with libfaketime preloaded (`fakes.clock`): Debian's `faketime` is installed."""
-        return clock.library() is not None
+        """Whether one server's wall clock can be moved alone (`fakes.clock`): Debian's `faketime` is installed, and
+        the monotonic clocks do not follow the offsets (no `time_jumps`)."""
+        return clock.library() is not None and not self.stack.time_jumps
+
+    @property
+    def jumps_clocks(self) -> bool:
+        """Whether time can pass for a server, its wall and monotonic clocks at once (`time_jumps`, with
+        libfaketime)."""
+        return clock.library() is not None and self.stack.time_jumps
+
+    def jump_clock(self, name: str, offset_s: float) -> float:
+        """Move both clocks of one server to `offset_s` seconds ahead of the true time (never back: time has
+        passed); returns the wall time the server's clock reads right after."""
+        return float(self._look_alike_route(name, "/_ctl/clock", post=True, body={"offset_s": offset_s})["time"])
 
     def skew_clock(self, name: str, offset_s: float) -> float:
         """Move one server's wall clock `offset_s` seconds from the true time (0 puts it back); returns the time

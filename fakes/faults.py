@@ -15,8 +15,8 @@ import attrs
 
 @attrs.frozen
 class Fault:
-    """A planted bug; `topology`, `verify_mode`, `token_capture`, `generation_cuts` and `policy_workers` name the
-    deployment it shows in."""
+    """A planted bug; `topology`, `verify_mode`, `token_capture`, `generation_cuts`, `policy_workers` and
+    `time_jumps` name the deployment it shows in."""
 
     name: str
     server: str
@@ -27,6 +27,7 @@ class Fault:
     token_capture: bool = False
     generation_cuts: bool = False
     policy_workers: int = 1
+    time_jumps: bool = False
     # A fault that shows only on some runs of the same steps (it tosses a coin): its fixed scenario is judged over
     # several runs (`tests/stateful/test_fixed_scenarios.py`), and a search reports it with its reproduction rate.
     intermittent: bool = False
@@ -464,6 +465,14 @@ CATALOGUE: tuple[Fault, ...] = (
         "P10",
         "a participant that answers a resume of a checkpoint it never saw (idle: the prepare never reached it) as"
         " idempotent without remembering the ID, so that prepare, arriving late, closes its admission again",
+    ),
+    Fault(
+        "parked_time_counts",
+        "environment",
+        "P20",
+        "an episode deadline that keeps running while the episode is parked for a checkpoint (or in a replay step"
+        " under one), so a checkpoint held open longer than an episode has left times it out when admission re-opens",
+        time_jumps=True,
     ),
 )
 BY_NAME: dict[str, Fault] = {fault.name: fault for fault in CATALOGUE}

@@ -93,6 +93,7 @@ class Stack:
         token_capture: bool = False,
         generation_cuts: bool = False,
         policy_workers: int = 1,
+        time_jumps: bool = False,
     ) -> None:
         if topology not in TOPOLOGIES:
             raise ValueError(f"'topology' must be one of {sorted(TOPOLOGIES)} (got {topology!r})")
@@ -105,6 +106,8 @@ class Stack:
         self.generation_cuts = generation_cuts
         # uvicorn workers of the policy model server (`fakes.gym.coordinator_process`); the other servers run one each.
         self.policy_workers = policy_workers_count(policy_workers)
+        # Every server's monotonic clock follows its libfaketime offset too, so time can pass (`fakes.clock`).
+        self.time_jumps = bool(time_jumps)
         # Every start (first, restart, a fork server standby) builds its configs from this, so it survives restarts.
         self.lease_grace_s = lease_grace(lease_grace_s)
         self.state_dir = Path(state_dir).resolve()
@@ -133,7 +136,7 @@ class Stack:
         self._stop_at_exit()
         if self.use_fork_server and self.fork_server is None:
             # Its seconds of warm-up overlap the backend's start.
-            self.fork_server = ForkServer.launch(self.log_path("forkserver"), clock.preloaded_env(os.environ))
+            self.fork_server = ForkServer.launch(self.log_path("forkserver"), self._server_env())
         self.backend = spawn("backend", argv, dict(os.environ), self.log_path("backend"), url, None, stdin_pipe=True)
         try:
             wait_healthy([self.backend], "/v1/models", http=self.http)
@@ -142,6 +145,10 @@ class Stack:
             raise
         self.backend_url = url
         return url
+
+    def _server_env(self) -> dict[str, str]:
+        """The environment every Gym server (and the fork server they come from) starts with."""
+        return clock.preloaded_env(os.environ, monotonic=self.time_jumps)
 
     def configs(self) -> dict[str, ServerConfig]:
         """Each Gym server's configuration; ports are chosen once and kept across restarts."""
@@ -211,7 +218,7 @@ class Stack:
     def _spawn_gym(self, configs: Mapping[str, ServerConfig]) -> frozenset[str]:
         """Cold-start each server; none serves yet (the caller health-checks them all)."""
         for name, config in configs.items():
-            env = {**clock.preloaded_env(os.environ), CONFIG_ENV: config.to_json()}
+            env = {**self._server_env(), CONFIG_ENV: config.to_json()}
             argv = [sys.executable, "-m", "fakes.gym.serve"]
             kind = KIND_OF_ROLE.get(config.role)
             self.gym[name] = spawn(name, argv, env, self.log_path(name), config.url, kind)
@@ -246,7 +253,7 @@ class Stack:
             log.warning("the fork server (pid %d) died; starting a new one", self.fork_server.pid)
             self._stop_fork_server()
         if self.fork_server is None:
-            self.fork_server = ForkServer.launch(self.log_path("forkserver"), clock.preloaded_env(os.environ))
+            self.fork_server = ForkServer.launch(self.log_path("forkserver"), self._server_env())
         try:
             self.fork_server.wait_ready(START_TIMEOUT_S)
         except ForkServerError as error:
@@ -383,6 +390,7 @@ class Stack:
             "generation_cuts": self.generation_cuts,
             "capture_token": self.capture_token,
             "policy_workers": self.policy_workers,
+            "time_jumps": self.time_jumps,
         }
 
     def __enter__(self) -> Stack:

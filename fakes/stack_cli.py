@@ -56,6 +56,11 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="uvicorn worker processes of the policy model server, behind its one port (default %(default)s)",
     )
+    parser.add_argument(
+        "--time-jumps",
+        action="store_true",
+        help="every server's monotonic clock follows its libfaketime offset too, so time can pass (no skews then)",
+    )
     args = parser.parse_args(argv)
     if args.generation_cuts and not args.token_capture:
         parser.error("--generation-cuts needs --token-capture")
@@ -80,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         token_capture=args.token_capture,
         generation_cuts=args.generation_cuts,
         policy_workers=args.policy_workers,
+        time_jumps=args.time_jumps,
     )
     try:
         if args.backend_url is None:

@@ -158,6 +158,11 @@ _BODIES: dict[str, type[BaseModel] | type[str] | None] = {
 }
 
 
+# Loop turns a clock's jump is given before its reply: one runs the timers now due, the next the closes they
+# scheduled.
+TIMER_TURNS = 3
+
+
 def clock_read_once() -> Callable[[], float]:
     """A wall clock read once, now, and carried on by the monotonic clock (the planted `clock_read_once_at_start`)."""
     wall_at_start, monotonic_at_start = time.time(), time.monotonic()
@@ -514,6 +519,11 @@ class ControlPlane:
                 f"{self._name} runs without libfaketime, so its clock cannot be skewed; install Debian's faketime"
             )
         clock.set_offset(request.offset_s)
+        # A clock that jumped (monotonic too, `fakes.clock`) makes timers due: idle keep-alive connections close,
+        # leases lapse. Let the loop run them before answering, so the caller's next request on a pooled connection
+        # never meets one this server is closing at that moment.
+        for _ in range(TIMER_TURNS):
+            await asyncio.sleep(0)
         return await self._clock_state()
 
     async def _hook_state(self) -> Reply:
