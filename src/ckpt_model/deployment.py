@@ -18,6 +18,9 @@ with `isinstance`; without one the machine never draws the rules that need it:
   point until it is killed (`FAILPOINT_BETWEEN_FILES`: inside a commit, between the participant's records file
   and its manifest; `FAILPOINT_BEFORE_INSTALL`: inside a restore, just before the participant installs); without
   them a crash inside a commit only lands between participants, and no participant dies in its restore.
+- `JumpsClocks`: `jump_clock(name, offset_s)` moves one server's wall and monotonic clocks forward together: time
+  passes for it. The harness moves every server at once and its own clock with them (`Harness.pass_time`, read with
+  `Harness.now()`), and moves a fresh server to the time that passed; without it time never passes in an example.
 - `LosesUnsynced`: `lose_unsynced()`, after `crash_gym`, cuts the power: the checkpoint directories keep only what
   the writers made durable (fsynced); without it the machine never cuts the power.
 - `RestartEnvironment`: `restart_run_url()`, where the `/run`s of restarts go (a topology with a restart
@@ -47,6 +50,7 @@ import contextlib
 import logging
 import shutil
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from importlib.metadata import entry_points
@@ -182,6 +186,19 @@ class SkewsClocks(Protocol):
     def skews_clocks(self) -> bool: ...
 
     def skew_clock(self, name: str, offset_s: float) -> float: ...
+
+
+@runtime_checkable
+class JumpsClocks(Protocol):
+    """Let time pass for one server: move its wall and monotonic clocks forward together to `offset_s` ahead of the
+    true time (its timers due by then fire; an episode's budget sees the time); `jumps_clocks` says whether this
+    deployment can (the look-alike with `time_jumps` and Debian's libfaketime). The harness moves every server at
+    once, and its own clock with them."""
+
+    @property
+    def jumps_clocks(self) -> bool: ...
+
+    def jump_clock(self, name: str, offset_s: float) -> float: ...
 
 
 @runtime_checkable
@@ -407,6 +424,8 @@ class Harness:
         self.backend: Gate | None = None
         self._ledger: LedgerClient | None = None
         self.example = 0
+        # How far every clock of the system has moved ahead of the true time in this example (`pass_time`).
+        self.time_passed_s = 0.0
         self.checkpoint_dir = self.root / "example-0" / "checkpoints"
         atexit.register(self.close)
         try:
@@ -532,6 +551,7 @@ class Harness:
             if self.token_capture:
                 self._capturing().clear_capture()
             reset = self._chore(self._reset_backend) if self.backend is not None else None
+            self.time_passed_s = 0.0  # fresh servers: the new example starts on the true time
             with timing.span("directories"):
                 self.example += 1
                 self._chore(shutil.rmtree, self.checkpoint_dir.parent, ignore_errors=True)
@@ -547,6 +567,7 @@ class Harness:
     def start_gym(self) -> None:
         with timing.span("restart.start"):
             servers = self._started(self.deployment.start_gym)
+            self._catch_up(servers)
         self._learn(servers)
 
     def crash(self, power_loss: bool = False) -> None:
@@ -575,6 +596,7 @@ class Harness:
         with timing.span("crash_participant"):
             with timing.span("restart.one"):
                 servers = self._started(lambda: deployment.restart_server(name))
+                self._catch_up({name: servers[name]})
             self._discover(servers)
 
     @property
@@ -633,6 +655,40 @@ class Harness:
         return float(deployment.skew_clock(name, offset_s))
 
     @property
+    def can_jump_clocks(self) -> bool:
+        deployment = self.deployment
+        return isinstance(deployment, JumpsClocks) and bool(deployment.jumps_clocks)
+
+    def now(self) -> float:
+        """The controller's wall clock: the true time plus the time that passed in this example (`pass_time`).
+        Every deadline the checker sends is reckoned on it."""
+        return time.time() + self.time_passed_s
+
+    def pass_time(self, seconds: float) -> dict[str, float]:
+        """Let `seconds` pass for the whole system at once: every server's clocks jump that far forward, and so does
+        the controller's (`now`). Returns the wall time each server's clock reads right after."""
+        if seconds <= 0:
+            raise ValueError(f"time only passes forward (got {seconds!r} s)")
+        control = self.control
+        if control is None:
+            raise HarnessError("no Gym is running: time can only pass for servers the controller knows")
+        self.time_passed_s += seconds
+        return {member.name: self._jump(member.name) for member in control.participants}
+
+    def _catch_up(self, servers: Mapping[str, str]) -> None:
+        """Move freshly started servers to the time that passed in this example (a new process starts on the true
+        time)."""
+        if self.time_passed_s:
+            for name in servers:
+                self._jump(name)
+
+    def _jump(self, name: str) -> float:
+        deployment = self.deployment
+        if not isinstance(deployment, JumpsClocks):
+            raise HarnessError(self._lacks("jumps_clocks and jump_clock(name, offset_s)"))
+        return float(deployment.jump_clock(name, self.time_passed_s))
+
+    @property
     def can_fail_hooks(self) -> bool:
         return isinstance(self.deployment, FailsHooks)
 
@@ -674,7 +730,7 @@ class Harness:
 
     def _discover(self, servers: Mapping[str, str]) -> None:
         if self._control is None:
-            self._control = ControlClient(self.deployment.token, http=self.http)
+            self._control = ControlClient(self.deployment.token, http=self.http, clock=self.now)
         # Forgotten first: after a discovery that failed, the next start discovers again.
         self._unverified, self._discovered = False, None
         with timing.span("restart.discover"):

@@ -2,8 +2,8 @@
 fault-free deployments.
 
 `DeploymentSpec` holds everything that makes one deployment behave differently from another: the topology, its
-verify mode, the planted faults, the options (token capture, generation cuts, policy model workers) and the lease
-grace. It names, keys, labels and starts a deployment, in these encodings:
+verify mode, the planted faults, the options (token capture, generation cuts, policy model workers, time jumps)
+and the lease grace. It names, keys, labels and starts a deployment, in these encodings:
 
     words        counter:wait::capture     a fuzz target (`CKPT_MODEL_FUZZ_TARGETS`); `from_words` reads it back
     key          counter/wait//capture     what Hypothesis keys its example database and derandomized draws on
@@ -104,6 +104,14 @@ class DeploymentSpec:
         kw_only=True,
         validator=[attrs.validators.instance_of(int), attrs.validators.ge(1)],
         metadata=option("workers", "worker processes of the policy model behind its one port"),
+    )
+    time_jumps: bool = attrs.field(
+        default=False,
+        kw_only=True,
+        validator=BOOL,
+        metadata=option(
+            "jumps", "time can pass for every server at once, its monotonic clock too (P20); no clock skews then"
+        ),
     )
     lease_grace_s: float = attrs.field(default=LEASE_GRACE_S, kw_only=True, converter=float, validator=_seconds)
 
@@ -315,6 +323,9 @@ class FaultNeeds(Protocol):
     @property
     def policy_workers(self) -> int: ...
 
+    @property
+    def time_jumps(self) -> bool: ...
+
 
 def options_needed_by(fault: FaultNeeds) -> dict[str, OptionValue]:
     """The options a planted fault needs to show (read once, here)."""
@@ -322,6 +333,7 @@ def options_needed_by(fault: FaultNeeds) -> dict[str, OptionValue]:
         "token_capture": fault.token_capture,
         "generation_cuts": fault.generation_cuts,
         "policy_workers": fault.policy_workers,
+        "time_jumps": fault.time_jumps,
     }
 
 
@@ -419,6 +431,9 @@ FAULT_FREE: tuple[DeploymentSpec, ...] = (
     # Gym's lineage scenarios' deployment, and its cut scenario's with two policy-model workers behind one port.
     DeploymentSpec("counter", token_capture=True),
     DeploymentSpec("native", token_capture=True, generation_cuts=True, policy_workers=2),
+    # A deployment whose time can pass, with a replay verification: the two places an episode's budget is suspended
+    # (parked at a boundary, in a replay step) both meet time passing. New deployments go last: keys never change.
+    DeploymentSpec("slow", "replay", time_jumps=True),
 )
 
 

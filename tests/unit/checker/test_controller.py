@@ -112,6 +112,9 @@ class FakeHarness:
         self.crashes: list[str] = []
         self.places_calls = False  # one policy worker: nothing to place
 
+    def now(self) -> float:
+        return time.time()
+
     def crash(self, power_loss: bool = False) -> None:
         self.crashes.append("power loss" if power_loss else "crash")
 

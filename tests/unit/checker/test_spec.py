@@ -24,6 +24,8 @@ def main_option_words(options: Mapping[str, Any]) -> list[str]:
     words = [word for word, name in (("capture", "token_capture"), ("cuts", "generation_cuts")) if options.get(name)]
     if options.get("policy_workers", 1) != 1:
         words.append(f"workers{options['policy_workers']}")
+    if options.get("time_jumps"):
+        words.append("jumps")  # an option added after the spec: its word follows the older ones
     return words
 
 
@@ -46,6 +48,8 @@ STATEFUL_BEFORE = [
         "native/wait//capture/cuts/workers2",
     ),
 ]
+# The fault-free deployments added since, each with its key (appended: the keys above never change).
+STATEFUL_SINCE = [(("slow", "replay", {"time_jumps": True}), "slow/replay//jumps")]
 
 
 def fault_deployments() -> list[DeploymentSpec]:
@@ -64,9 +68,10 @@ def harness_of(spec: DeploymentSpec) -> Harness:
 
 
 def test_the_fault_free_matrix_is_the_one_the_stateful_suite_ran_with_the_same_keys() -> None:
-    expected = [DeploymentSpec(topology, mode, **options) for (topology, mode, options), _ in STATEFUL_BEFORE]
+    matrix = STATEFUL_BEFORE + STATEFUL_SINCE
+    expected = [DeploymentSpec(topology, mode, **options) for (topology, mode, options), _ in matrix]
     assert list(FAULT_FREE) == expected
-    for spec, ((topology, mode, options), key) in zip(FAULT_FREE, STATEFUL_BEFORE, strict=True):
+    for spec, ((topology, mode, options), key) in zip(FAULT_FREE, matrix, strict=True):
         assert spec.key == key == main_key(topology, mode, (), options)
 
 
@@ -77,6 +82,7 @@ def test_a_fault_deployment_keeps_the_key_its_search_had(fault: PlantedFault) ->
         "token_capture": fault.token_capture,
         "generation_cuts": fault.generation_cuts,
         "policy_workers": fault.policy_workers,
+        "time_jumps": fault.time_jumps,
     }
     spec = DeploymentSpec.for_faults([fault])
     assert spec.key == main_key(fault.topology, fault.verify_mode, (fault.name,), options)
@@ -112,6 +118,7 @@ def test_the_words_are_the_fuzz_targets_encoding() -> None:
         "mixed:wait:",
         "counter:wait::capture",
         "native:wait::capture+cuts+workers2",
+        "slow:replay::jumps",
     ]
     assert DeploymentSpec("slow", "replay", ("b", "a")).words == "slow:replay:a,b"
     assert DeploymentSpec.from_words("native") == DeploymentSpec.from_words("native:wait:") == DeploymentSpec("native")
@@ -131,6 +138,7 @@ def test_labels_name_the_verify_mode_only_where_a_topology_runs_in_several() -> 
         "mixed",
         "counter+capture",
         "native+capture+cuts+workers2",
+        "slow/replay+jumps",
     ]
     assert DeploymentSpec("native", faults=("x", "y")).label == "native with x, y"
 
@@ -187,7 +195,7 @@ def test_the_system_gets_only_the_options_that_differ_from_their_defaults() -> N
 
 
 def test_option_words_round_trip_and_follow_the_declarations() -> None:
-    assert [option.name for option in OPTIONS] == ["token_capture", "generation_cuts", "policy_workers"]
+    assert [option.name for option in OPTIONS] == ["token_capture", "generation_cuts", "policy_workers", "time_jumps"]
     options = {"token_capture": True, "generation_cuts": True, "policy_workers": 3}
     assert option_words(options) == ("capture", "cuts", "workers3")
     assert options_of_words(option_words(options)) == options
@@ -210,6 +218,7 @@ class NeedingFault:
     token_capture: bool = False
     generation_cuts: bool = False
     policy_workers: int = 1
+    time_jumps: bool = False
 
 
 def test_without_faults_the_deployment_is_native_with_what_was_asked() -> None:
