@@ -191,6 +191,8 @@ class Tried:
     crash_alone: bool = False
     # One participant's clock skewed across a checkpoint (once per example: each waits out a lease).
     clock_skew: bool = False
+    # A checkpoint held open while more time passed than an episode's whole budget (once per example).
+    time_passed: bool = False
 
 
 @attrs.frozen
@@ -499,10 +501,12 @@ class Model:
                 model = model._replace(attempt.deliver(admission_open=False))
         return model, checkpoint_id
 
-    def lease_expired(self) -> tuple[Model, str]:
-        """A prepare after which the controller went quiet: the lease expires and every participant re-opens as a
-        resume would, remembering the ID."""
-        model, checkpoint_id = self.having_tried(lease_lapse=True).prepare()
+    def lease_expired(self, *, time_passed: bool = False) -> tuple[Model, str]:
+        """A prepare after which the controller went quiet (`time_passed`: while more time passed than an episode's
+        whole budget): the lease expires and every participant re-opens as a resume would, remembering the ID. The
+        episodes parked meanwhile go on with the time they had left."""
+        tried = {"time_passed": True} if time_passed else {"lease_lapse": True}
+        model, checkpoint_id = self.having_tried(**tried).prepare()
         return model.resume(), checkpoint_id
 
     def prepare_blocked(self) -> tuple[Model, str]:

@@ -18,7 +18,6 @@ that never saw the first call, or drop the cleanup's marks).
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
@@ -205,7 +204,7 @@ class Controller:
         ahead; without an answer by then, the participants' own reports of what blocks them are the outcome,
         instead of the control deadline's full minute."""
         invocation = self._invoke("prepare", checkpoint_id)
-        future = self.runs.submit(self.control.prepare, checkpoint_id, time.time() + CONTROL_DEADLINE_S)
+        future = self.runs.submit(self.control.prepare, checkpoint_id, self._ahead(CONTROL_DEADLINE_S))
         try:
             with timing.span("control"):
                 result = future.result(timeout=self.quiescence.timeout_s)
@@ -221,7 +220,9 @@ class Controller:
 
     def prepare_short(self, checkpoint_id: str, deadline_s: float = BLOCKED_PREPARE_DEADLINE_S) -> Prepared:
         """A prepare with a short deadline, expected to end with blockers: nothing of it is retried or cut."""
-        result = self._call("prepare", checkpoint_id, lambda _: self.control.prepare(checkpoint_id, _ahead(deadline_s)))
+        result = self._call(
+            "prepare", checkpoint_id, lambda _: self.control.prepare(checkpoint_id, self._ahead(deadline_s))
+        )
         return Prepared.from_result(result)
 
     def prepare_by(self, checkpoint_id: str, deadline_ts: float) -> Prepared:
@@ -246,7 +247,7 @@ class Controller:
         gate.stall_cuts(True)
         try:
             invocation = self._invoke("prepare", checkpoint_id)
-            deadline_ts = _ahead(deadline_s)
+            deadline_ts = self._ahead(deadline_s)
             result = self._answer(invocation, lambda: self.control.prepare(checkpoint_id, deadline_ts))
             return self._prepared(invocation, Prepared.from_result(result), cut="hung")
         finally:
@@ -255,16 +256,22 @@ class Controller:
     def prepare_waiting(self, checkpoint_id: str, wait: Callable[[Future[Any]], None]) -> Prepared:
         """A prepare left waiting: `wait` runs while it is in flight (the caller releases what blocks it)."""
         invocation = self._invoke("prepare", checkpoint_id)
-        future = self.runs.submit(self.control.prepare, checkpoint_id, time.time() + CONTROL_DEADLINE_S)
+        future = self.runs.submit(self.control.prepare, checkpoint_id, self._ahead(CONTROL_DEADLINE_S))
         wait(future)
         result = self._answer(invocation, lambda: future.result(timeout=CONTROL_DEADLINE_S))
         return self._prepared(invocation, Prepared.from_result(result), cut="durable")
 
-    def go_quiet(self, checkpoint_id: str, deadline_s: float = QUIET_PREPARE_DEADLINE_S) -> None:
-        """Prepare with a short deadline and say nothing more until the lease lapsed (waited for). On a loaded
-        machine the prepare can miss its deadline; the controller then resumes, which leaves the participants
-        where a lapse does. Nothing of it is retried."""
-        deadline_ts = _ahead(deadline_s)
+    def go_quiet(
+        self,
+        checkpoint_id: str,
+        deadline_s: float = QUIET_PREPARE_DEADLINE_S,
+        meanwhile: Callable[[], None] | None = None,
+    ) -> bool:
+        """Prepare with a short deadline and say nothing more until the lease lapsed (waited for); `meanwhile` runs
+        once the participants are prepared (time passing, say). On a loaded machine the prepare can miss its
+        deadline; the controller then resumes, which leaves the participants where a lapse does, and `meanwhile`
+        never runs. Nothing of it is retried. Whether the participants were prepared."""
+        deadline_ts = self._ahead(deadline_s)
         invocation = self._invoke("prepare", checkpoint_id)
         try:
             prepared = self.control.prepare(checkpoint_id, deadline_ts).prepared
@@ -275,14 +282,17 @@ class Controller:
             prepared = False
         self._complete(invocation, "ok" if prepared else "info", "prepared" if prepared else "missed")
         if prepared:
+            if meanwhile is not None:
+                meanwhile()
             self.quiescence.wait_lease_lapsed(checkpoint_id, deadline_ts + self.harness.lease_grace_s)
         else:
             self._resume(checkpoint_id)
         self.last_call = None
+        return prepared
 
     def renew(self, checkpoint_id: str) -> None:
         """Extend every lease; each must then run at least to the renew's deadline plus the grace (P10)."""
-        deadline_ts = _ahead(CONTROL_DEADLINE_S)
+        deadline_ts = self._ahead(CONTROL_DEADLINE_S)
         replies = self._call("renew", checkpoint_id, lambda _: self.control.renew(checkpoint_id, deadline_ts))
         props.p10_lease_renewed(checkpoint_id, deadline_ts + self.harness.lease_grace_s - LEASE_SLACK_S, replies)
 
@@ -325,7 +335,7 @@ class Controller:
         (or at `deadline_ts`, fixed by a caller that waits for it to pass); any refusal fails it."""
         event = self._commit_event(checkpoint_id, scope)
         body = self.body("commit", checkpoint_id, checkpoint_dir=str(event["directory"]), episode_ids=event["episodes"])
-        body["deadline_ts"] = _ahead(deadline_s) if deadline_ts is None else deadline_ts
+        body["deadline_ts"] = self._ahead(deadline_s) if deadline_ts is None else deadline_ts
         return self.send_each("commit", checkpoint_id, body, names, **event)
 
     def _commit_event(self, checkpoint_id: str, scope: Sequence[Attempt]) -> dict[str, Any]:
@@ -419,7 +429,7 @@ class Controller:
 
     def body(self, operation: str, checkpoint_id: str, **arguments: Any) -> dict[str, Any]:
         """The wire body of `operation`, with a fresh deadline."""
-        return request_body(operation, checkpoint_id, _ahead(CONTROL_DEADLINE_S), **arguments)
+        return request_body(operation, checkpoint_id, self._ahead(CONTROL_DEADLINE_S), **arguments)
 
     def probe(self, operation: str, checkpoint_id: str, names: list[str] | None = None) -> dict[str, Any]:
         """Send `operation` naming `checkpoint_id` to every participant (or those `names`) on its own, with
@@ -437,7 +447,7 @@ class Controller:
     def probe_past_deadline(self, operation: str, checkpoint_id: str, **arguments: Any) -> dict[str, Any]:
         """`operation` naming `checkpoint_id` with `arguments`, sent to every participant on its own with a
         deadline that passed `PAST_DEADLINE_S` ago; each one's answer, refusals included."""
-        body = request_body(operation, checkpoint_id, time.time() - PAST_DEADLINE_S, **arguments)
+        body = request_body(operation, checkpoint_id, self.harness.now() - PAST_DEADLINE_S, **arguments)
         return self._probe(f"{operation} past its deadline", operation, checkpoint_id, None, body)
 
     def probe_deadline_ahead(
@@ -445,7 +455,7 @@ class Controller:
     ) -> dict[str, Any]:
         """`operation` naming `checkpoint_id`, sent to the participants `names` on their own with a deadline
         `ahead_s` ahead of the controller's clock; each one's answer, refusals included."""
-        body = request_body(operation, checkpoint_id, time.time() + ahead_s)
+        body = request_body(operation, checkpoint_id, self._ahead(ahead_s))
         return self._probe(f"{operation} due in {ahead_s:g} s", operation, checkpoint_id, names, body)
 
     def probe_commit_naming_restarts(
@@ -469,7 +479,7 @@ class Controller:
         body = self.body(last.operation, last.checkpoint_id, **last.arguments)
         invocation = self._invoke(f"retry {last.operation}", last.checkpoint_id)
         with timing.span("control"):
-            outcomes = self.control.post_each(last.operation, body, _ahead(CONTROL_DEADLINE_S))
+            outcomes = self.control.post_each(last.operation, body, self._ahead(CONTROL_DEADLINE_S))
         self._complete(invocation, "ok", outcomes_text(outcomes))
         return last, outcomes
 
@@ -496,7 +506,7 @@ class Controller:
         with timing.span("probe"):
             # The transport waits for the answer as for any call; a late body's own deadline has already passed.
             outcomes = self.control.post_each(
-                operation, body, max(body["deadline_ts"], _ahead(CONTROL_DEADLINE_S)), names
+                operation, body, max(body["deadline_ts"], self._ahead(CONTROL_DEADLINE_S)), names
             )
         self._complete(invocation, "ok", outcomes_text(outcomes))
         return outcomes
@@ -558,7 +568,7 @@ class Controller:
         invocation = self._invoke(operation, checkpoint_id)
         try:
             with timing.span("control"):
-                calls[operation](_ahead(CONTROL_DEADLINE_S))
+                calls[operation](self._ahead(CONTROL_DEADLINE_S))
         except CoordinationError as error:
             self._complete(invocation, journaled, str(error), reached=self._took(error), **event)
             self.last_call = None
@@ -588,7 +598,7 @@ class Controller:
     def _call(self, operation: str, checkpoint_id: str, call: Callable[[float], Any], **event: Any) -> Any:
         """One control call with the usual deadline, journaled, and handed to the watchers once answered."""
         invocation = self._invoke(operation, checkpoint_id)
-        result = self._answer(invocation, lambda: call(_ahead(CONTROL_DEADLINE_S)), **event)
+        result = self._answer(invocation, lambda: call(self._ahead(CONTROL_DEADLINE_S)), **event)
         self._complete(invocation, "ok", **event)
         return result
 
@@ -600,6 +610,10 @@ class Controller:
         except CoordinationError as error:
             self._complete(invocation, "fail", str(error), **{**event, "reached": self._took(error)})
             raise
+
+    def _ahead(self, seconds: float) -> float:
+        """A deadline `seconds` from now on the controller's clock (`Harness.now`: time may have passed)."""
+        return self.harness.now() + seconds
 
     def _took(self, error: CoordinationError) -> tuple[Participant, ...]:
         """The participants that answered a failed call with a reply: they took it (a commit that one participant
@@ -654,10 +668,6 @@ def run_pool(harness: Harness, history: History) -> RunPool:
 def _checkpoint_id(invocation: Event) -> str | None:
     """The checkpoint ID an invocation names (a crash names what it kills instead)."""
     return invocation.value if isinstance(invocation.value, str) and invocation.f != "crash" else None
-
-
-def _ahead(seconds: float) -> float:
-    return time.time() + seconds
 
 
 def episodes_keyed(keys: Iterable[str]) -> list[EpisodeId]:

@@ -238,7 +238,9 @@ FIELDS: dict[str, Body] = {
                 "p14_resumed_equals_uninterrupted", "the tool outputs the loop saw, equal to the twin's"
             ),
             "failure": Compared("p3_reply_complete", "none: a failure is P3"),
-            "failure.failure_reason": NotCompared(FREE_TEXT),
+            "failure.failure_reason": Compared(
+                "p20_budget_kept", "only Gym's `Episode timed out`, once time passed while the rollout was parked"
+            ),
             "failure.terminal": NotCompared("a failure is P3 whatever it says; it only explains it"),
             "failure.failure_kind": NotCompared("a failure is P3 whatever it says; it only explains it"),
             "failure.stage": NotCompared("a failure is P3 whatever it says; it only explains it"),

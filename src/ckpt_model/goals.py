@@ -174,6 +174,15 @@ def skewed_clock(ahead: bool) -> Callable[[Step], bool]:
     return reached
 
 
+def time_passed(step: Step) -> bool:
+    """Time passed while a checkpoint held rollouts parked (a prepare that missed its deadline lets none pass)."""
+    return step.rule == "time_passes" and any(" s passed" in label for label in step.labels)
+
+
+def time_jumps(spec: DeploymentSpec) -> bool:
+    return spec.time_jumps
+
+
 def without_cuts(spec: DeploymentSpec) -> bool:
     """A prepare never fails on one participant alone where generation cuts are on (the machine's `_one_sided`)."""
     return not spec.generation_cuts
@@ -235,6 +244,7 @@ GOALS: tuple[Goal, ...] = (
         failing_hook("failing_export", True),
     ),
     Goal("failed_export_given_up", "an export hook that raised, then a resume", failing_hook("failing_export", False)),
+    Goal("time_passed_while_parked", "time passed while rollouts were parked", time_passed, applies=time_jumps),
     Goal(
         "cut_continued_again",
         "a cut continued after a second crash",
@@ -258,6 +268,9 @@ RULE_SCOPE: Mapping[str, Callable[[DeploymentSpec], bool]] = {
     "prepare_waiting": lambda spec: spec.traits.judge and spec.verify_mode == "wait",
     "prepare_with_hung_cut": cuts_generations,
     "remove_ledgers_while_open": lambda spec: spec.token_capture,
+    # A deployment whose time can pass moves the monotonic clock with the wall clock, so it never skews one.
+    "skewed_clock": lambda spec: not spec.time_jumps,
+    "time_passes": time_jumps,
 }
 
 

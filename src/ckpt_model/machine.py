@@ -9,7 +9,6 @@ docs/how-it-works.md describes each rule in full.
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -65,6 +64,9 @@ SKEW_AHEAD_S = 8.0
 SKEW_BEHIND_S = 60.0
 SKEWED_PREPARE_MARGIN_S = 0.5
 SKEWED_QUIET_DEADLINE_S = 0.25
+# While a quiet controller's checkpoint is open this much time passes for the whole system: twice Gym's episode
+# budget (600 s), so an episode whose parked time counted would time out whatever it used before.
+TIME_PASSES_S = 1200.0
 # Operations a delayed call of an older controller can carry (resume of a resumed ID is idempotent instead).
 LATE_OPERATIONS = ("prepare", "renew", "commit", "restore", "retire", "forget")
 
@@ -436,7 +438,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         others = [m.name for m in self.controller.members() if m.name != name]
         within_skew = self.controller.probe_deadline_ahead("prepare", f"skew-{checkpoint_id}", SKEW_AHEAD_S / 2, [name])
         props.p18_refused_on_its_clock("a prepare due in half its skew", name, SKEW_AHEAD_S, within_skew[name])
-        deadline_ts = time.time() + SKEW_AHEAD_S + SKEWED_PREPARE_MARGIN_S
+        deadline_ts = self.harness.now() + SKEW_AHEAD_S + SKEWED_PREPARE_MARGIN_S
         try:
             self.controller.prepare_by(checkpoint_id, deadline_ts)
         except CoordinationError as error:
@@ -462,7 +464,7 @@ class CheckpointMachine(RuleBasedStateMachine):
 
     def _outholds_the_others(self, name: str, model: Model, checkpoint_id: str) -> tuple[Model, str]:
         others = [m.name for m in self.controller.members() if m.name != name]
-        deadline_ts = time.time() + SKEWED_QUIET_DEADLINE_S
+        deadline_ts = self.harness.now() + SKEWED_QUIET_DEADLINE_S
         try:
             self.controller.prepare_by(checkpoint_id, deadline_ts)
         except CoordinationError as error:
@@ -482,6 +484,30 @@ class CheckpointMachine(RuleBasedStateMachine):
         published = self.audits.published_after_crash(checkpoint_id)
         label = f"prepare({checkpoint_id}); the others lapsed; the stale commit refused; resume"
         return model.commit_failed(published), label
+
+    @action(
+        lambda self: (
+            not self.model.tried.time_passed
+            and self.harness.can_jump_clocks
+            and not self.model.restarts()
+            and self._may_checkpoint()
+        )
+    )
+    def time_passes(self) -> None:
+        """The controller prepares and goes quiet while TIME_PASSES_S pass for the whole system (every server's
+        clocks jump, monotonic too): longer than an episode's whole budget and than the lease, so every participant
+        re-opens on its own (P10) and the late commit is refused; every episode parked meanwhile (or in a replay step)
+        goes on with the time it had left, and none times out for it (P20). (Never with restarts running: they are
+        never parked, so their time runs out.)"""
+        model, checkpoint_id = self.model.lease_expired(time_passed=True)
+        parked = [attempt.key for attempt in self.model.with_status("running")]
+        if self.controller.go_quiet(checkpoint_id, meanwhile=lambda: self.nemesis.pass_time(TIME_PASSES_S)):
+            self.quiescence.outlasted.update(dict.fromkeys(parked, TIME_PASSES_S))
+            label = f"{TIME_PASSES_S:g} s passed; {checkpoint_id} lapsed"
+        else:
+            label = "the prepare missed its deadline; resumed, and no time passed"
+        self._refused("commit", checkpoint_id, "stale_checkpoint")
+        self._advance(model, f"time_passes() -> {checkpoint_id}: {label}; commit({checkpoint_id}) refused")
 
     # -- hooks that fail ---------------------------------------------------------------------------------------
 

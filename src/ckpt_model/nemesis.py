@@ -217,13 +217,13 @@ class Nemesis:
         try:
             # Fixed here, not in the thread that sends it: the victim must go on only once this very deadline
             # passed (a deadline taken later in a slow thread once let a commit start with time left).
-            deadline_ts = time.time() + PAUSED_COMMIT_DEADLINE_S
+            deadline_ts = self.harness.now() + PAUSED_COMMIT_DEADLINE_S
             commit = functools.partial(self.controller.commit_on, deadline_ts=deadline_ts)
             future = self.controller.runs.submit(commit, [fault.victim], checkpoint_id, scope)
-            if not poll(lambda: time.time() > deadline_ts, self.timeout_s):
+            if not poll(lambda: self.harness.now() > deadline_ts, self.timeout_s):
                 raise QuiescenceTimeout(
                     prediction=f"the clock passes the deadline of {fault.victim}'s commit while it is frozen",
-                    observed=f"time.time() {time.time():.3f}, deadline {deadline_ts:.3f}",
+                    observed=f"the controller's clock {self.harness.now():.3f}, deadline {deadline_ts:.3f}",
                     pending=[f"{fault.victim} frozen"],
                     timeout_s=self.timeout_s,
                 )
@@ -261,6 +261,20 @@ class Nemesis:
             raise HarnessError(
                 f"{victim}'s clock was to run {offset_s:+g} s from the true time ({before:.3f}) and reads {reads:.3f}"
             )
+
+    def pass_time(self, seconds: float) -> None:
+        """Let `seconds` pass for the whole system at once (every server's clocks and the controller's); journaled,
+        and confirmed by the time each server's clock reads right after."""
+        invocation = self.controller.invoke("time passes", f"{seconds:g} s")
+        before = self.harness.now() + seconds
+        reads = self.harness.pass_time(seconds)
+        self.controller.complete(invocation, "ok")
+        after = self.harness.now()
+        for name, read in sorted(reads.items()):
+            if not before - SKEW_TOLERANCE_S <= read <= after + SKEW_TOLERANCE_S:
+                raise HarnessError(
+                    f"{seconds:g} s were to pass for {name}, whose clock reads {read:.3f} at {after:.3f}"
+                )
 
     # -- hooks that fail ----------------------------------------------------------------------------------------
 

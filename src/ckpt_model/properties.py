@@ -20,7 +20,7 @@ from ckpt_model.history import History
 from ckpt_model.lineage import P5Violation, P12Violation
 from ckpt_model.outcome import Outcome
 from ckpt_model.storage import CheckpointUnreadable, Fingerprint
-from ckpt_model.wire import BLOCKERS_SHOWN_MAX, MANIFEST_SCHEMA_VERSION, EpisodeId
+from ckpt_model.wire import BLOCKERS_SHOWN_MAX, EPISODE_TIMED_OUT, MANIFEST_SCHEMA_VERSION, EpisodeId
 
 
 @attrs.frozen
@@ -148,6 +148,14 @@ class P19Violation(PropertyViolation):
     )
 
 
+class P20Violation(PropertyViolation):
+    property_id = "P20"
+    title = (
+        "time passing: time an episode spends parked for a checkpoint, or in a replay step under one, never counts "
+        "against its budget, so a checkpoint held open for longer than an episode's whole budget times none out"
+    )
+
+
 # Every property, checked or not yet; docs/how-it-works.md's table must agree (tests/unit/checker/test_properties).
 REGISTRY: dict[str, PropertyInfo] = {
     info.property_id: info
@@ -171,6 +179,7 @@ REGISTRY: dict[str, PropertyInfo] = {
         PropertyInfo("P17", P17Violation.title, "step", True),
         PropertyInfo("P18", P18Violation.title, "step", True),
         PropertyInfo("P19", P19Violation.title, "step", True),
+        PropertyInfo("P20", P20Violation.title, "step", True),
     )
 }
 
@@ -693,6 +702,23 @@ ADMISSION_MISMATCH = "accepting="
 REFUSAL_PENDING = "refusal"
 # Keys a scale verdict names before it only counts the rest.
 SHOWN_MAX = 10
+
+
+def p20_budget_kept(key: str, parked_for_s: float | None, status_code: int | None, body: Any) -> None:
+    """A rollout that stayed parked while `parked_for_s` seconds passed (more than its whole budget; None: no time
+    passed while it was parked) did not time out for it: its reply, if one came, is not Gym's `Episode timed out`."""
+    if parked_for_s is None or status_code != 200 or not isinstance(body, Mapping):
+        return
+    failure = body.get("failure")
+    if isinstance(failure, Mapping) and failure.get("failure_reason") == EPISODE_TIMED_OUT:
+        raise P20Violation(
+            rollout=key,
+            expected=(
+                f"its budget suspended while it waited out a checkpoint (parked, or in a replay step) as "
+                f"{parked_for_s:g} s passed"
+            ),
+            observed=f"it timed out: HTTP {status_code}: {body}",
+        )
 
 
 def p3_still_running(

@@ -100,6 +100,8 @@ class Quiescence:
         self.runs = runs
         self.reward = reward
         self.timeout_s = timeout_s
+        # Attempts parked while time passed (`CheckpointMachine.time_passes`), with the seconds that passed (P20).
+        self.outlasted: dict[str, float] = {}
 
     def settle(
         self, model: Model, violation: type[PropertyViolation] | None = None, counts_final: bool = False
@@ -170,8 +172,8 @@ class Quiescence:
 
         # Most of this wait is the lease itself (deadline + grace): fixed by the rule, not a cost to cut.
         with timing.span("wait_lease_lapsed"):
-            poll(idle, max(lapses_at_ts - time.time(), 0.0) + self.timeout_s)
-        props.p10_lease_lapsed(checkpoint_id, phases, time.time() - lapses_at_ts)
+            poll(idle, max(lapses_at_ts - self.harness.now(), 0.0) + self.timeout_s)
+        props.p10_lease_lapsed(checkpoint_id, phases, self.harness.now() - lapses_at_ts)
 
     def wait_lapsed(self, name: str, checkpoint_id: str, lapses_at_ts: float) -> None:
         """Until participant `name` is idle again after its lease of `checkpoint_id` lapsed (`lapses_at_ts` on the
@@ -187,8 +189,8 @@ class Quiescence:
             return phases[name] == ("idle", None)
 
         with timing.span("wait_lease_lapsed"):
-            poll(idle, max(lapses_at_ts - time.time(), 0.0) + self.timeout_s)
-        props.p10_lease_lapsed(checkpoint_id, phases, time.time() - lapses_at_ts)
+            poll(idle, max(lapses_at_ts - self.harness.now(), 0.0) + self.timeout_s)
+        props.p10_lease_lapsed(checkpoint_id, phases, self.harness.now() - lapses_at_ts)
 
     # -- what is pending, and what is already wrong ------------------------------------------------------------
 
@@ -209,6 +211,8 @@ class Quiescence:
         pending = []
         for attempt in model.attempts:
             outcome = runs.outcomes.get(attempt.run)
+            if outcome is not None:
+                props.p20_budget_kept(attempt.key, self.outlasted.get(attempt.key), outcome.status_code, outcome.body)
             if attempt.status == "replied" and attempt.run >= 0:
                 if outcome is None:
                     pending.append(f"{attempt.key} reply")

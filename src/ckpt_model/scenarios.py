@@ -710,6 +710,17 @@ SLOW_SCENARIOS: dict[str, dict[str, Scenario]] = {
     },
 }
 
+# A checkpoint held open while twice an episode's budget passes (a deployment whose time can pass): r0 parked at its
+# first model call, and (with a replay verification) r0 in its verification, each goes on with the time it had left.
+TIME_SCENARIOS: dict[str, Scenario] = {
+    "time_passes__parked_episode_keeps_its_budget": Scenario(
+        steps("dispatch", "time_passes", ("release", FIRST), ("release", FIRST)),
+    ),
+    "time_passes__replay_verification_keeps_its_budget": Scenario(
+        steps("dispatch", ("release_to_verification", FIRST), "time_passes", ("release", FIRST)),
+    ),
+}
+
 # The scenario that trips each planted fault (`fakes.faults`).
 FAULT_SCENARIOS: dict[str, str] = {
     "model_delivers_held": "checkpoint_without_crash__parks_then_resumes",
@@ -767,6 +778,7 @@ FAULT_SCENARIOS: dict[str, str] = {
     "failed_export_retried_empty": "failing_export__retried_exports_afresh",
     "clock_read_once_at_start": "skewed_clock__ahead_lapses_first_and_refuses_the_commit",
     "idle_resume_not_fenced": "unreachable_prepare__resume_fences_it_everywhere",
+    "parked_time_counts": "time_passes__parked_episode_keeps_its_budget",
 }
 
 
@@ -780,6 +792,7 @@ def named(name: str) -> Scenario:
         MIXED_SCENARIOS,
         STORAGE_SCENARIOS,
         NEMESIS_SCENARIOS,
+        TIME_SCENARIOS,
         *SLOW_SCENARIOS.values(),
     ):
         if name in scenarios:

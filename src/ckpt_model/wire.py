@@ -31,6 +31,8 @@ _NAME_RE = re.compile(NAME_PATTERN)
 _ATTEMPT_SUFFIX_RE = re.compile(r"-a([1-9][0-9]*)\Z")
 RECORDS_FILE_RE = re.compile(r"^records(-[0-9a-f]{64})?\.jsonl$")
 BLOCKERS_SHOWN_MAX = 100
+# The failure an environment answers a `/run` with once its episode used its whole budget (reference 5.2).
+EPISODE_TIMED_OUT = "Episode timed out"
 MANIFEST_SCHEMA_VERSION = 1
 
 # HTTP status of every error code the control plane and data plane answer with (reference 2.3).

@@ -95,4 +95,7 @@ native_cuts_two_workers_harness = deployment_fixture(
 )
 slow_wait_harness = deployment_fixture(DeploymentSpec("slow", "wait"))
 slow_replay_harness = deployment_fixture(DeploymentSpec("slow", "replay"))
+slow_replay_jumps_harness = deployment_fixture(
+    DeploymentSpec("slow", "replay", time_jumps=True), "slow/replay whose servers' time can pass (the default suite's)."
+)
 mixed_harness = deployment_fixture(DeploymentSpec("mixed"))

@@ -21,6 +21,7 @@ from ckpt_model.scenarios import (
     SCENARIOS,
     SLOW_SCENARIOS,
     STORAGE_SCENARIOS,
+    TIME_SCENARIOS,
     Scenario,
     ScenarioFactMismatch,
     named,
@@ -109,6 +110,11 @@ def test_slow_wait_scenario(slow_wait_harness: Harness, name: str) -> None:
 @pytest.mark.parametrize("name", sorted(SLOW_SCENARIOS["replay"]))
 def test_slow_replay_scenario(slow_replay_harness: Harness, name: str) -> None:
     run(slow_replay_harness, SLOW_SCENARIOS["replay"][name])
+
+
+@pytest.mark.parametrize("name", sorted(TIME_SCENARIOS))
+def test_time_scenario(slow_replay_jumps_harness: Harness, name: str) -> None:
+    run(slow_replay_jumps_harness, TIME_SCENARIOS[name])
 
 
 @pytest.fixture(scope="module")

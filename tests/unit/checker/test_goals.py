@@ -149,6 +149,25 @@ def test_a_rule_of_the_restart_environment_applies_only_where_there_is_one() -> 
     assert goals.rule_applies("commit", NATIVE)
 
 
+def test_time_passing_applies_only_where_time_can_pass_and_a_skew_only_where_it_cannot() -> None:
+    jumps = DeploymentSpec("slow", "replay", time_jumps=True)
+    assert goals.rule_applies("time_passes", jumps)
+    assert not goals.rule_applies("time_passes", NATIVE)
+    assert goals.rule_applies("skewed_clock", NATIVE)
+    assert not goals.rule_applies("skewed_clock", jumps)
+    (goal,) = [goal for goal in goals.GOALS if goal.name == "time_passed_while_parked"]
+    assert goal.applies(jumps)
+    assert not goal.applies(NATIVE)
+
+
+def test_time_passing_is_reached_only_when_time_passed() -> None:
+    model = prepared(release=False)
+    assert goals.time_passed(step("time_passes", model, "time_passes() -> c1: 1200 s passed; c1 lapsed; ..."))
+    missed = step("time_passes", model, "time_passes() -> c1: the prepare missed its deadline; resumed, ...")
+    assert not goals.time_passed(missed)
+    assert not goals.time_passed(step("quiet_controller", model, "quiet_controller() -> c1 lapsed"))
+
+
 def covered_everywhere(rules: list[str]) -> SearchStats:
     """Statistics of a search that reached every goal and drew every rule once."""
     stats = SearchStats(examples=3)

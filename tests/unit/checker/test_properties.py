@@ -1249,3 +1249,29 @@ def test_p19_first_resume() -> None:
     properties.p19_first_resume("c1", "agent", {"phase": "idle", "idempotent": False})
     with pytest.raises(properties.P19Violation, match="idempotent: false"):
         properties.p19_first_resume("c1", "agent", {"phase": "idle", "idempotent": True})
+
+
+TIMED_OUT = {"episode_id": {"rollout_id": "r0", "attempt": 0}, "failure": {"failure_reason": "Episode timed out"}}
+
+
+def test_p20_budget_kept_fails_on_a_timeout_after_time_passed_while_parked() -> None:
+    with pytest.raises(properties.P20Violation, match="it timed out: HTTP 200") as caught:
+        properties.p20_budget_kept("r0", 1200.0, 200, TIMED_OUT)
+    assert caught.value.rollout == "r0"
+    assert "as 1200 s passed" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("parked_for_s", "status_code", "body"),
+    [
+        (None, 200, TIMED_OUT),  # no time passed while it was parked: a timeout is P3's to judge
+        (1200.0, None, None),  # no reply yet
+        (1200.0, 200, {"result": {"reward": 1.0}}),
+        (1200.0, 200, {"failure": {"failure_reason": "the agent raised"}}),
+        (1200.0, 409, {"error": {"code": "stale_attempt"}}),
+    ],
+)
+def test_p20_budget_kept_passes_on_anything_but_a_timeout_after_time_passed(
+    parked_for_s: float | None, status_code: int | None, body: Any
+) -> None:
+    properties.p20_budget_kept("r0", parked_for_s, status_code, body)
