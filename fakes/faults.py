@@ -474,6 +474,25 @@ CATALOGUE: tuple[Fault, ...] = (
         " under one), so a checkpoint held open longer than an episode has left times it out when admission re-opens",
         time_jumps=True,
     ),
+    Fault(
+        "prepare_closes_before_deadline_check",
+        "agent",
+        "P21",
+        "a prepare that closes admission before it checks its deadline, so one read past its deadline (the agent was"
+        " frozen while it waited) is refused with admission left closed",
+        # A prepare whose deadline is already past when it is sent (`prepare` with a past deadline) meets it too.
+        also_shows_as=("P10",),
+    ),
+    Fault(
+        "lapse_forgets_id",
+        "agent",
+        "P21",
+        "an agent whose lease lapse re-opens admission as a resume would but does not remember the checkpoint ID, so"
+        " a stale controller's commit finds it idle (invalid_phase, not stale_checkpoint) and a late prepare of that"
+        " ID would close it again",
+        # A quiet controller's lapse, or a clock ahead that lapses first, meets it too.
+        also_shows_as=("P10", "P18"),
+    ),
 )
 BY_NAME: dict[str, Fault] = {fault.name: fault for fault in CATALOGUE}
 

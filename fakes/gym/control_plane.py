@@ -423,6 +423,8 @@ class ControlPlane:
         )
         self._failed_write_abandons = "failed_write_abandons_checkpoint" in self.faults
         self._prepare_ignores_past_deadline = kind == "agent" and "prepare_ignores_past_deadline" in self.faults
+        self._closes_before_deadline_check = kind == "agent" and "prepare_closes_before_deadline_check" in self.faults
+        self._lapse_forgets_id = kind == "agent" and "lapse_forgets_id" in self.faults
         self.instance = instance
         self.retired = RetiredAttempts()
         self.checkpoint_id: str | None = None
@@ -578,6 +580,9 @@ class ControlPlane:
             if replay is not None:
                 return replay
             self._require_phase("prepare", checkpoint_id)
+            if self._closes_before_deadline_check and self._phase == "idle":
+                # Planted: admission closes before the deadline is checked, and a refusal leaves it closed.
+                await self.participant.close_admission(request.deadline_ts)
             if self._prepare_ignores_past_deadline:  # planted: the deadline is only a bound on the wait
                 remaining_s = max(request.deadline_ts - time.time(), 0.0)
             else:
@@ -732,6 +737,8 @@ class ControlPlane:
         log.warning("lease of checkpoint %r expired on %s; re-opening admission", checkpoint_id, self._name)
         with contextlib.suppress(CheckpointConflictError):
             await self._resume(checkpoint_id)
+        if self._lapse_forgets_id:  # planted: the lapse re-opens as a resume would, but leaves the ID unfenced
+            self._resumed.pop(checkpoint_id, None)
 
     # -- prepare --------------------------------------------------------------------------------------------
 
