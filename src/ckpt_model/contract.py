@@ -193,6 +193,8 @@ class Tried:
     clock_skew: bool = False
     # A checkpoint held open while more time passed than an episode's whole budget (once per example).
     time_passed: bool = False
+    # One participant frozen across its lease (once per example: each waits out a lease).
+    pause_lapse: bool = False
 
 
 @attrs.frozen

@@ -125,6 +125,22 @@ def paused_commit(retried: bool) -> Callable[[Step], bool]:
     return reached
 
 
+def paused_prepare(retried: bool) -> Callable[[Step], bool]:
+    """A participant frozen while a prepare reaches it past its deadline, then the prepare retried or resumed."""
+
+    def reached(step: Step) -> bool:
+        return step.rule == "paused_prepare" and bool(step.arguments.get("then_retry")) == retried
+
+    reached.__doc__ = f"A paused prepare, then {'retried' if retried else 'resumed'}."
+    return reached
+
+
+def paused_lease(step: Step) -> bool:
+    """A participant frozen past its lease, judged to the end: it lapsed on waking and refused the commit (a
+    prepare that missed its short deadline judges neither)."""
+    return step.rule == "paused_lease" and any("lapsed on waking" in label for label in step.labels)
+
+
 def lost_reply(operation: str, retried: bool) -> Callable[[Step], bool]:
     """A reply to `operation` lost, then the same call sent again (`retried`) or a resume instead; the step's
     label names the call whose reply was lost (the rule's `operation` argument only picks among those allowed)."""
@@ -209,6 +225,16 @@ GOALS: tuple[Goal, ...] = (
     Goal("paused_commit_given_up", "a commit paused past its deadline, given up", paused_commit(False)),
     *(
         Goal(
+            f"paused_prepare_{outcome}",
+            f"a prepare a frozen participant read past its deadline, {'retried' if retried else 'given up'}",
+            paused_prepare(retried),
+            applies=without_cuts,
+        )
+        for outcome, retried in (("retried", True), ("given_up", False))
+    ),
+    Goal("paused_lease_lapsed", "a participant frozen past its lease, lapsed on waking", paused_lease),
+    *(
+        Goal(
             f"lost_{op}_{outcome}",
             f"a lost {op} reply, {'retried' if retried else 'given up by a resume'}",
             lost_reply(op, retried),
@@ -271,6 +297,7 @@ RULE_SCOPE: Mapping[str, Callable[[DeploymentSpec], bool]] = {
     # A deployment whose time can pass moves the monotonic clock with the wall clock, so it never skews one.
     "skewed_clock": lambda spec: not spec.time_jumps,
     "time_passes": time_jumps,
+    "paused_prepare": without_cuts,
 }
 
 

@@ -64,6 +64,10 @@ SKEW_AHEAD_S = 8.0
 SKEW_BEHIND_S = 60.0
 SKEWED_PREPARE_MARGIN_S = 0.5
 SKEWED_QUIET_DEADLINE_S = 0.25
+# A prepare whose lease a frozen participant outsleeps is due this soon (its lease then lapses a grace later).
+PAUSED_LEASE_DEADLINE_S = 1.0
+# ... and it stays frozen this long past its lease, as a GC pause or a frozen VM outlasts it.
+PAUSED_PAST_LEASE_S = 1.0
 # While a quiet controller's checkpoint is open this much time passes for the whole system: twice Gym's episode
 # budget (600 s), so an episode whose parked time counted would time out whatever it used before.
 TIME_PASSES_S = 1200.0
@@ -448,19 +452,29 @@ class CheckpointMachine(RuleBasedStateMachine):
             raise
         self.controller.renew_on(others, checkpoint_id)
         self.quiescence.wait_lapsed(name, checkpoint_id, deadline_ts + self.harness.lease_grace_s - SKEW_AHEAD_S)
-        scope = model.scope()
+        model = self._stale_commit(name, model, checkpoint_id, props.p18_lapsed_first)
+        return model, f"prepare({checkpoint_id}); {name} lapsed first; commit refused by it; resume, incomplete"
+
+    def _stale_commit(
+        self,
+        name: str,
+        model: Model,
+        checkpoint_id: str,
+        judge: Callable[[str, str, CoordinationError | None], None],
+    ) -> Model:
+        """The controller's commit once `name` alone lapsed (every other lease renewed): `judge` says it refused it
+        alone; the others' shares are whole (P1, P9), and the controller resumes, the checkpoint incomplete."""
+        others = [m.name for m in self.controller.members() if m.name != name]
         try:
-            self.controller.commit(checkpoint_id, scope)
+            self.controller.commit(checkpoint_id, model.scope())
             refused = None
         except CoordinationError as error:
             refused = error
-        props.p18_lapsed_first(checkpoint_id, name, refused)
+        judge(checkpoint_id, name, refused)
         assert refused is not None
         self.audits.partial_commit(model, checkpoint_id, others, refused.replies)
         self.controller.resume(checkpoint_id)
-        published = self.audits.published_after_crash(checkpoint_id)
-        label = f"prepare({checkpoint_id}); {name} lapsed first; commit refused by it; resume, incomplete"
-        return model.commit_failed(published), label
+        return model.commit_failed(self.audits.published_after_crash(checkpoint_id))
 
     def _outholds_the_others(self, name: str, model: Model, checkpoint_id: str) -> tuple[Model, str]:
         others = [m.name for m in self.controller.members() if m.name != name]
@@ -508,6 +522,68 @@ class CheckpointMachine(RuleBasedStateMachine):
             label = "the prepare missed its deadline; resumed, and no time passed"
         self._refused("commit", checkpoint_id, "stale_checkpoint")
         self._advance(model, f"time_passes() -> {checkpoint_id}: {label}; commit({checkpoint_id}) refused")
+
+    # -- pauses -------------------------------------------------------------------------------------------------
+
+    @action(
+        lambda self: self.harness.can_pause and self._may_checkpoint() and not self.ledgers.cuts,
+        victim=PICK,
+        then_retry=st.booleans(),
+    )
+    def paused_prepare(self, victim: int, then_retry: bool) -> None:
+        """One participant is frozen (SIGSTOP) while a prepare reaches it, until the prepare's deadline passed; woken
+        (SIGCONT), it refuses it with deadline_exceeded and stays idle (P21). The controller retries the prepare
+        (the participants that took it answer from their record), or resumes, which fences the ID everywhere (P10).
+        (Never with generation cuts: the cut rounds of the first prepare would be judged as the retry's.)"""
+        name = _pick(self.controller.members(), victim).name
+        model, checkpoint_id = self.model.prepare()
+        first = self.nemesis.prepare_paused(name, checkpoint_id)
+        props.p21_refused_on_waking(checkpoint_id, name, first)
+        props.p21_still_idle(checkpoint_id, name, self.harness.statuses()[name])
+        label = f"prepare({checkpoint_id}), {name} frozen past its deadline"
+        if not then_retry:
+            self.controller.resume(checkpoint_id)
+            self._refused("prepare", checkpoint_id, "stale_checkpoint")
+            self._advance(model.resume(), f"{label}; resume({checkpoint_id}); prepare({checkpoint_id}) refused")
+            return
+        self._prepare_again(checkpoint_id, lambda error: props.p21_retry_prepares(checkpoint_id, error))
+        self._advance(model, f"{label}; prepare retried once it went on")
+
+    @action(
+        lambda self: (
+            not self.model.tried.pause_lapse
+            and self.harness.can_pause
+            and self.controller.may_lapse
+            and self._may_checkpoint()
+        ),
+        victim=PICK,
+    )
+    def paused_lease(self, victim: int) -> None:
+        """One participant is frozen (SIGSTOP) across its lease while the controller renews the others'; woken
+        (SIGCONT), it lapses at once, so the controller's commit is refused by it alone and never published (P21);
+        the controller resumes, and the checkpoint stays incomplete."""
+        name = _pick(self.controller.members(), victim).name
+        others = [m.name for m in self.controller.members() if m.name != name]
+        model, checkpoint_id = self.model.having_tried(pause_lapse=True).prepare()
+        deadline_ts = self.harness.now() + PAUSED_LEASE_DEADLINE_S
+        try:
+            self.controller.prepare_by(checkpoint_id, deadline_ts)
+        except CoordinationError as error:
+            if _only_deadline_missed(error, [name, *others]):  # a slow machine: the short deadline passed first
+                self.controller.resume(checkpoint_id)
+                self._advance(model.resume(), f"prepare({checkpoint_id}) reached some past its deadline; resumed")
+                return
+            raise
+        self.controller.renew_on(others, checkpoint_id)
+        lapses_at_ts = deadline_ts + self.harness.lease_grace_s
+        self.nemesis.frozen_until(name, lapses_at_ts + PAUSED_PAST_LEASE_S)
+        self.quiescence.wait_lapsed(name, checkpoint_id, lapses_at_ts)
+        model = self._stale_commit(name, model, checkpoint_id, props.p21_lapsed_on_waking)
+        self._advance(
+            model,
+            f"prepare({checkpoint_id}); {name} frozen past its lease, lapsed on waking; commit "
+            "refused by it; resume, incomplete",
+        )
 
     # -- hooks that fail ---------------------------------------------------------------------------------------
 

@@ -17,10 +17,10 @@ import contextlib
 import functools
 import socket
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
@@ -42,11 +42,13 @@ from ckpt_model.history import Event
 from ckpt_model.quiescence import poll
 from ckpt_model.wire import RETIRE_ORDER
 
+T = TypeVar("T")
+
 # A commit sent into a stalled write carries a deadline this close: it lapses while the write stands still, in
 # about a second of the example's time, and far enough ahead that the request starts its write before it.
 STALLED_COMMIT_DEADLINE_S = 1.0
-# A commit sent to a frozen participant carries a deadline this close; the participant wakes once it passed.
-PAUSED_COMMIT_DEADLINE_S = 0.5
+# A call sent to a frozen participant (a commit, a prepare) carries a deadline this close; it wakes once it passed.
+PAUSED_DEADLINE_S = 0.5
 # A skewed clock must read its offset from the true time within this much (the call that reads it takes time).
 SKEW_TOLERANCE_S = 5.0
 
@@ -209,34 +211,76 @@ class Nemesis:
     def _commit_paused(
         self, fault: WriteFault, checkpoint_id: str, scope: Sequence[Attempt]
     ) -> ParticipantFailure | None:
-        """Freeze the victim (SIGSTOP), send it the commit with a deadline `PAUSED_COMMIT_DEADLINE_S` ahead, wait
-        until the clock passed that deadline, and let it go on (SIGCONT): it reads the commit only then."""
-        self.harness.pause_server(fault.victim)
-        invocation = self.controller.invoke("pause", fault.victim)
-        self.controller.complete(invocation, "ok")
-        try:
-            # Fixed here, not in the thread that sends it: the victim must go on only once this very deadline
-            # passed (a deadline taken later in a slow thread once let a commit start with time left).
-            deadline_ts = self.harness.now() + PAUSED_COMMIT_DEADLINE_S
+        """The victim's commit, read by it only once frozen past the commit's deadline (`frozen_past`)."""
+
+        def send(deadline_ts: float) -> Future[Any]:
             commit = functools.partial(self.controller.commit_on, deadline_ts=deadline_ts)
-            future = self.controller.runs.submit(commit, [fault.victim], checkpoint_id, scope)
-            if not poll(lambda: self.harness.now() > deadline_ts, self.timeout_s):
-                raise QuiescenceTimeout(
-                    prediction=f"the clock passes the deadline of {fault.victim}'s commit while it is frozen",
-                    observed=f"the controller's clock {self.harness.now():.3f}, deadline {deadline_ts:.3f}",
-                    pending=[f"{fault.victim} frozen"],
-                    timeout_s=self.timeout_s,
-                )
-        finally:
-            # Journaled first: once it goes on, the commit's answer is journaled from the thread that waits for it.
-            invocation = self.controller.invoke("continue", fault.victim)
-            self.controller.complete(invocation, "ok")
-            self.harness.continue_server(fault.victim)
+            return self.controller.runs.submit(commit, [fault.victim], checkpoint_id, scope)
+
         try:
-            future.result(timeout=CONTROL_DEADLINE_S)
+            self.frozen_past(fault.victim, send).result(timeout=CONTROL_DEADLINE_S)
         except CoordinationError as error:
             return error.failures.get(fault.victim)
         return None
+
+    def prepare_paused(self, victim: str, checkpoint_id: str) -> CoordinationError | None:
+        """A prepare of `checkpoint_id` as the controller sends it, which `victim` reads only once frozen past the
+        prepare's deadline (`frozen_past`): its error, or None if every participant prepared."""
+
+        def attempt(deadline_ts: float) -> CoordinationError | None:
+            try:
+                self.controller.prepare_by(checkpoint_id, deadline_ts)
+            except CoordinationError as error:
+                return error
+            return None
+
+        future = self.frozen_past(victim, lambda deadline_ts: self.controller.runs.submit(attempt, deadline_ts))
+        return future.result(timeout=CONTROL_DEADLINE_S)
+
+    def frozen_past(self, victim: str, send: Callable[[float], Future[T]]) -> Future[T]:
+        """Freeze `victim` (SIGSTOP), `send` a call whose deadline is `PAUSED_DEADLINE_S` ahead, wait until the
+        controller's clock passed it, and let the victim go on (SIGCONT): it reads the call only then. The deadline
+        is fixed here, not in the thread that sends the call: the victim must go on only once this very deadline
+        passed (a deadline taken later in a slow thread once let a commit start with time left)."""
+        self.freeze(victim)
+        try:
+            deadline_ts = self.harness.now() + PAUSED_DEADLINE_S
+            future = send(deadline_ts)
+            self._wait_clock_past(deadline_ts, f"the deadline of the call {victim} reads once it goes on", victim)
+        finally:
+            self.go_on(victim)
+        return future
+
+    def frozen_until(self, victim: str, until_ts: float) -> None:
+        """Freeze `victim` (SIGSTOP) until the controller's clock passed `until_ts`, then let it go on (SIGCONT):
+        whatever timer of its fell due meanwhile fires as it wakes."""
+        self.freeze(victim)
+        try:
+            self._wait_clock_past(until_ts, "the end of its lease", victim)
+        finally:
+            self.go_on(victim)
+
+    def freeze(self, victim: str) -> None:
+        """SIGSTOP `victim`'s process group (returns once every process of it is stopped); journaled."""
+        self.harness.pause_server(victim)
+        invocation = self.controller.invoke("pause", victim)
+        self.controller.complete(invocation, "ok")
+
+    def go_on(self, victim: str) -> None:
+        """SIGCONT `victim`'s process group. Journaled first: once it goes on, the answer of a call it holds is
+        journaled from the thread that waits for it."""
+        invocation = self.controller.invoke("continue", victim)
+        self.controller.complete(invocation, "ok")
+        self.harness.continue_server(victim)
+
+    def _wait_clock_past(self, when_ts: float, what: str, victim: str) -> None:
+        if not poll(lambda: self.harness.now() > when_ts, self.timeout_s):
+            raise QuiescenceTimeout(
+                prediction=f"the clock passes {what} while {victim} is frozen",
+                observed=f"the controller's clock {self.harness.now():.3f}, then {when_ts:.3f}",
+                pending=[f"{victim} frozen"],
+                timeout_s=self.timeout_s,
+            )
 
     def _refusal(
         self, victim: str, checkpoint_id: str, scope: Sequence[Attempt], deadline_s: float

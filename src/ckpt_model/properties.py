@@ -156,6 +156,15 @@ class P20Violation(PropertyViolation):
     )
 
 
+class P21Violation(PropertyViolation):
+    property_id = "P21"
+    title = (
+        "paused participants: a participant frozen (SIGSTOP) while a prepare reaches it, until the prepare's "
+        "deadline passed, refuses it on waking with deadline_exceeded and stays idle; one frozen past its lease "
+        "lapses on waking, so a stale controller's commit is refused by it and never published"
+    )
+
+
 # Every property, checked or not yet; docs/how-it-works.md's table must agree (tests/unit/checker/test_properties).
 REGISTRY: dict[str, PropertyInfo] = {
     info.property_id: info
@@ -180,6 +189,7 @@ REGISTRY: dict[str, PropertyInfo] = {
         PropertyInfo("P18", P18Violation.title, "step", True),
         PropertyInfo("P19", P19Violation.title, "step", True),
         PropertyInfo("P20", P20Violation.title, "step", True),
+        PropertyInfo("P21", P21Violation.title, "step", True),
     )
 }
 
@@ -1296,15 +1306,67 @@ def p18_refused_on_its_clock(operation: str, victim: str, skew_s: float, outcome
 def p18_lapsed_first(checkpoint_id: str, victim: str, error: CoordinationError | None) -> None:
     """The controller's commit of `checkpoint_id` after `victim`'s lease lapsed on its own clock (ahead), while
     every other lease was renewed: `victim` alone refuses, with stale_checkpoint (its lapse remembered the ID)."""
-    expected = f"commit {checkpoint_id} refused by {victim} alone (its lease lapsed first), with stale_checkpoint"
+    _refused_alone(P18Violation, "commit", checkpoint_id, victim, "its lease lapsed first", "stale_checkpoint", error)
+
+
+def p21_lapsed_on_waking(checkpoint_id: str, victim: str, error: CoordinationError | None) -> None:
+    """The controller's commit of `checkpoint_id` after `victim` was frozen past its lease and woke, while every
+    other lease was renewed: `victim` alone refuses, with stale_checkpoint (it lapsed the moment it woke)."""
+    _refused_alone(P21Violation, "commit", checkpoint_id, victim, "it lapsed on waking", "stale_checkpoint", error)
+
+
+def p21_refused_on_waking(checkpoint_id: str, victim: str, error: CoordinationError | None) -> None:
+    """A prepare of `checkpoint_id` that `victim` read only on waking, its deadline passed: `victim` alone refuses
+    it, with 409 deadline_exceeded (the participants it reached before took it)."""
+    _refused_alone(
+        P21Violation, "prepare", checkpoint_id, victim, "woken past its deadline", "deadline_exceeded", error
+    )
+
+
+# What a participant that took a call did, as a failure message says it.
+TOOK = {"commit": "committed it", "prepare": "prepared"}
+
+
+def _refused_alone(
+    violation: type[PropertyViolation],
+    operation: str,
+    checkpoint_id: str,
+    victim: str,
+    why: str,
+    code: str,
+    error: CoordinationError | None,
+) -> None:
+    expected = f"{operation} {checkpoint_id} refused by {victim} alone ({why}), with {code}"
+    took = TOOK[operation]
     if error is None:
-        raise P18Violation(rollout=None, expected=expected, observed="every participant committed it")
+        raise violation(rollout=None, expected=expected, observed=f"every participant {took}")
     wrong = {name: failure.describe() for name, failure in sorted(error.failures.items()) if name != victim}
     refused = error.failures.get(victim)
-    if refused is None or refused.code != "stale_checkpoint":
-        wrong[victim] = refused.describe() if refused is not None else "committed it"
+    if refused is None or refused.code != code:
+        wrong[victim] = refused.describe() if refused is not None else took
     if wrong:
-        raise P18Violation(rollout=None, expected=expected, observed="; ".join(f"{n}: {w}" for n, w in wrong.items()))
+        raise violation(rollout=None, expected=expected, observed="; ".join(f"{n}: {w}" for n, w in wrong.items()))
+
+
+def p21_still_idle(checkpoint_id: str, victim: str, status: Mapping[str, Any]) -> None:
+    """After refusing the prepare of `checkpoint_id` on waking, `victim` is idle, no checkpoint, admission open: a
+    refused prepare closes nothing."""
+    shown = (status.get("phase"), status.get("checkpoint_id"))
+    if shown != ("idle", None) or status.get("accepting") is False:
+        raise P21Violation(
+            rollout=None,
+            expected=f"{victim} idle with admission open after refusing prepare {checkpoint_id} on waking",
+            observed=f"phase {shown[0]!r}, checkpoint {shown[1]!r}, accepting {status.get('accepting')!r}",
+        )
+
+
+def p21_retry_prepares(checkpoint_id: str, error: Exception) -> None:
+    """The controller's retry of a prepare the frozen participant refused on waking (`error`), now that it runs."""
+    raise P21Violation(
+        rollout=None,
+        expected=f"the retried prepare of {checkpoint_id}, every participant running, prepares everywhere",
+        observed=str(error),
+    ) from error
 
 
 def p18_stale_commit_refused(checkpoint_id: str, lapsed: Collection[str], error: CoordinationError | None) -> None:

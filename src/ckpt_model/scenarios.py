@@ -488,6 +488,23 @@ NEMESIS_SCENARIOS: dict[str, Scenario] = {
     # The agent cut off from the controller: a prepare that reached the environment and the policy model and never
     # the agent or the resources server, given up by a resume that must fence the ID on all four; a commit that
     # reached all but the environment, retried once it is back; a resume that left the policy model prepared.
+    # The agent frozen while a prepare reaches it, until the prepare's deadline passed: it refuses on waking and
+    # stays open; the controller retries (then commits) or resumes. The agent frozen past its lease: it lapses on
+    # waking, and the controller's commit, which the others take, is refused by it.
+    "paused_prepare__retried_then_committed": Scenario(
+        steps("dispatch", ("paused_prepare", {"victim": 0, "then_retry": True}), "commit", ("release", FIRST)),
+    ),
+    "paused_prepare__given_up_fences_the_id": Scenario(
+        steps("dispatch", ("paused_prepare", {"victim": 0, "then_retry": False}))
+        + steps(("release", FIRST), ("release", FIRST)),
+        calls={"r0": (0, 1)},
+        counter_calls={"r0": (0, 1, 2)},
+    ),
+    "paused_lease__lapses_on_waking_and_refuses_the_commit": Scenario(
+        steps("dispatch", ("release", FIRST), ("paused_lease", {"victim": 0}), ("release", FIRST)),
+        calls={"r0": (0, 1)},
+        counter_calls={"r0": (0, 1, 2)},
+    ),
     "unreachable_prepare__resume_fences_it_everywhere": Scenario(
         steps("dispatch", ("unreachable", {"victim": 0, "operation": 0, "then_retry": False}))
         + steps(("release", FIRST), ("release", FIRST)),
@@ -779,6 +796,8 @@ FAULT_SCENARIOS: dict[str, str] = {
     "clock_read_once_at_start": "skewed_clock__ahead_lapses_first_and_refuses_the_commit",
     "idle_resume_not_fenced": "unreachable_prepare__resume_fences_it_everywhere",
     "parked_time_counts": "time_passes__parked_episode_keeps_its_budget",
+    "prepare_closes_before_deadline_check": "paused_prepare__given_up_fences_the_id",
+    "lapse_forgets_id": "paused_lease__lapses_on_waking_and_refuses_the_commit",
 }
 
 

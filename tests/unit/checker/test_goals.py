@@ -168,6 +168,24 @@ def test_time_passing_is_reached_only_when_time_passed() -> None:
     assert not goals.time_passed(step("quiet_controller", model, "quiet_controller() -> c1 lapsed"))
 
 
+def test_a_paused_prepare_goal_is_reached_by_its_rule_and_ending_and_never_with_cuts() -> None:
+    model = Model(topology="native")
+    for retried in (True, False):
+        reached = Step("paused_prepare", {"victim": 0, "then_retry": retried}, model, model, ("...",))
+        assert goals.paused_prepare(retried)(reached)
+        assert not goals.paused_prepare(not retried)(reached)
+    assert not goals.rule_applies("paused_prepare", CUTS)
+    assert goals.rule_applies("paused_prepare", NATIVE)
+
+
+def test_a_paused_lease_is_reached_only_once_judged_to_the_end() -> None:
+    model = Model(topology="native")
+    judged = "prepare(c1); agent frozen past its lease, lapsed on waking; commit refused by it; resume, incomplete"
+    assert goals.paused_lease(Step("paused_lease", {"victim": 0}, model, model, (judged,)))
+    missed = "prepare(c1) reached some past its deadline; resumed"
+    assert not goals.paused_lease(Step("paused_lease", {"victim": 0}, model, model, (missed,)))
+
+
 def covered_everywhere(rules: list[str]) -> SearchStats:
     """Statistics of a search that reached every goal and drew every rule once."""
     stats = SearchStats(examples=3)

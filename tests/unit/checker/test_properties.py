@@ -1275,3 +1275,45 @@ def test_p20_budget_kept_passes_on_anything_but_a_timeout_after_time_passed(
     parked_for_s: float | None, status_code: int | None, body: Any
 ) -> None:
     properties.p20_budget_kept("r0", parked_for_s, status_code, body)
+
+
+def test_p21_refused_on_waking() -> None:
+    late = CoordinationError("prepare", {"agent": failure("agent", "deadline_exceeded")}, {"environment": {}})
+    properties.p21_refused_on_waking("c1", "agent", late)
+    with pytest.raises(properties.P21Violation, match="every participant prepared"):
+        properties.p21_refused_on_waking("c1", "agent", None)
+    with pytest.raises(properties.P21Violation, match="agent: HTTP 409 invalid_phase"):
+        properties.p21_refused_on_waking(
+            "c1", "agent", CoordinationError("prepare", {"agent": failure("agent", "invalid_phase")})
+        )
+    also = CoordinationError(
+        "prepare", {"agent": failure("agent", "deadline_exceeded"), "resources": failure("resources", "x", 500)}
+    )
+    with pytest.raises(properties.P21Violation, match="resources: HTTP 500 x"):
+        properties.p21_refused_on_waking("c1", "agent", also)
+
+
+def test_p21_lapsed_on_waking() -> None:
+    properties.p21_lapsed_on_waking(
+        "c1", "agent", CoordinationError("commit", {"agent": failure("agent", "stale_checkpoint")})
+    )
+    with pytest.raises(properties.P21Violation, match="every participant committed it"):
+        properties.p21_lapsed_on_waking("c1", "agent", None)
+    forgot = CoordinationError("commit", {"agent": failure("agent", "invalid_phase")})
+    with pytest.raises(properties.P21Violation, match="agent: HTTP 409 invalid_phase"):
+        properties.p21_lapsed_on_waking("c1", "agent", forgot)
+
+
+def test_p21_still_idle() -> None:
+    properties.p21_still_idle("c1", "agent", {"phase": "idle", "checkpoint_id": None, "accepting": True})
+    properties.p21_still_idle("c1", "environment", {"phase": "idle"})
+    with pytest.raises(properties.P21Violation, match="accepting False"):
+        properties.p21_still_idle("c1", "agent", {"phase": "idle", "checkpoint_id": None, "accepting": False})
+    with pytest.raises(properties.P21Violation, match="phase 'preparing', checkpoint 'c1'"):
+        properties.p21_still_idle("c1", "agent", {"phase": "preparing", "checkpoint_id": "c1"})
+
+
+def test_p21_retry_prepares_raises_with_the_error() -> None:
+    with pytest.raises(properties.P21Violation, match="prepares everywhere") as caught:
+        properties.p21_retry_prepares("c1", CoordinationError("prepare", {"agent": failure("agent", "x")}))
+    assert "agent" in str(caught.value)
