@@ -199,6 +199,11 @@ def time_jumps(spec: DeploymentSpec) -> bool:
     return spec.time_jumps
 
 
+def skews_clocks(spec: DeploymentSpec) -> bool:
+    """A deployment whose time can pass moves the monotonic clock with the wall clock, so it never skews one."""
+    return not spec.time_jumps
+
+
 def without_cuts(spec: DeploymentSpec) -> bool:
     """A prepare never fails on one participant alone where generation cuts are on (the machine's `_one_sided`)."""
     return not spec.generation_cuts
@@ -270,6 +275,18 @@ GOALS: tuple[Goal, ...] = (
         failing_hook("failing_export", True),
     ),
     Goal("failed_export_given_up", "an export hook that raised, then a resume", failing_hook("failing_export", False)),
+    Goal(
+        "skewed_ahead_lapsed_first",
+        "a clock ahead that lapsed first, its commit refused",
+        skewed_clock(True),
+        applies=skews_clocks,
+    ),
+    Goal(
+        "skewed_behind_outheld",
+        "a clock behind that outheld the others, the stale commit refused",
+        skewed_clock(False),
+        applies=skews_clocks,
+    ),
     Goal("time_passed_while_parked", "time passed while rollouts were parked", time_passed, applies=time_jumps),
     Goal(
         "cut_continued_again",
@@ -294,8 +311,7 @@ RULE_SCOPE: Mapping[str, Callable[[DeploymentSpec], bool]] = {
     "prepare_waiting": lambda spec: spec.traits.judge and spec.verify_mode == "wait",
     "prepare_with_hung_cut": cuts_generations,
     "remove_ledgers_while_open": lambda spec: spec.token_capture,
-    # A deployment whose time can pass moves the monotonic clock with the wall clock, so it never skews one.
-    "skewed_clock": lambda spec: not spec.time_jumps,
+    "skewed_clock": skews_clocks,
     "time_passes": time_jumps,
     "paused_prepare": without_cuts,
 }

@@ -160,6 +160,17 @@ def test_time_passing_applies_only_where_time_can_pass_and_a_skew_only_where_it_
     assert not goal.applies(NATIVE)
 
 
+@pytest.mark.parametrize(("ahead", "told"), [(True, "lapsed first"), (False, "the others lapsed")])
+def test_a_skewed_clock_goal_is_reached_only_when_judged_to_the_end(ahead: bool, told: str) -> None:
+    model = prepared(release=False)
+    name = "skewed_ahead_lapsed_first" if ahead else "skewed_behind_outheld"
+    (goal,) = [goal for goal in goals.GOALS if goal.name == name]
+    assert goal.reached(step("skewed_clock", model, f"prepare(c1); agent {told}; ..."))
+    assert not goal.reached(step("skewed_clock", model, "prepare(c1) reached agent past its deadline; resumed"))
+    assert goal.applies(NATIVE)
+    assert not goal.applies(DeploymentSpec("slow", "replay", time_jumps=True))
+
+
 def test_time_passing_is_reached_only_when_time_passed() -> None:
     model = prepared(release=False)
     assert goals.time_passed(step("time_passes", model, "time_passes() -> c1: 1200 s passed; c1 lapsed; ..."))
