@@ -126,12 +126,13 @@ def paused_commit(retried: bool) -> Callable[[Step], bool]:
 
 
 def paused_prepare(retried: bool) -> Callable[[Step], bool]:
-    """A participant frozen while a prepare reaches it past its deadline, then the prepare retried or resumed."""
+    """A participant frozen while a prepare reaches it past its deadline, resumed, then prepared anew (`retried`)
+    or not."""
 
     def reached(step: Step) -> bool:
         return step.rule == "paused_prepare" and bool(step.arguments.get("then_retry")) == retried
 
-    reached.__doc__ = f"A paused prepare, then {'retried' if retried else 'resumed'}."
+    reached.__doc__ = f"A paused prepare, resumed{', then prepared anew' if retried else ''}."
     return reached
 
 
@@ -231,7 +232,7 @@ GOALS: tuple[Goal, ...] = (
     *(
         Goal(
             f"paused_prepare_{outcome}",
-            f"a prepare a frozen participant read past its deadline, {'retried' if retried else 'given up'}",
+            f"a prepare a frozen participant read past its deadline, {'then a new one' if retried else 'given up'}",
             paused_prepare(retried),
             applies=without_cuts,
         )

@@ -64,8 +64,9 @@ SKEW_AHEAD_S = 8.0
 SKEW_BEHIND_S = 60.0
 SKEWED_PREPARE_MARGIN_S = 0.5
 SKEWED_QUIET_DEADLINE_S = 0.25
-# A prepare whose lease a frozen participant outsleeps is due this soon (its lease then lapses a grace later).
-PAUSED_LEASE_DEADLINE_S = 1.0
+# A prepare whose lease a frozen participant outsleeps is due this soon (its lease then lapses a grace later): room
+# for the prepare and the renewal of the others' leases that follows it, on a loaded machine too.
+PAUSED_LEASE_DEADLINE_S = 2.0
 # ... and it stays frozen this long past its lease, as a GC pause or a frozen VM outlasts it.
 PAUSED_PAST_LEASE_S = 1.0
 # While a quiet controller's checkpoint is open this much time passes for the whole system: twice Gym's episode
@@ -532,22 +533,24 @@ class CheckpointMachine(RuleBasedStateMachine):
     )
     def paused_prepare(self, victim: int, then_retry: bool) -> None:
         """One participant is frozen (SIGSTOP) while a prepare reaches it, until the prepare's deadline passed; woken
-        (SIGCONT), it refuses it with deadline_exceeded and stays idle (P21). The controller retries the prepare
-        (the participants that took it answer from their record), or resumes, which fences the ID everywhere (P10).
-        (Never with generation cuts: the cut rounds of the first prepare would be judged as the retry's.)"""
+        (SIGCONT), it refuses it with deadline_exceeded and stays idle (P21). The participants that took the prepare
+        hold a lease of its short deadline, which may lapse before a retry of the same ID could reach them, so the
+        controller gives the ID up: it resumes, which fences the ID everywhere (P10), and with `then_retry` prepares
+        anew under a new ID, as after a failed close. (Never with generation cuts, as for a failed close.)"""
         name = _pick(self.controller.members(), victim).name
         model, checkpoint_id = self.model.prepare()
         first = self.nemesis.prepare_paused(name, checkpoint_id)
         props.p21_refused_on_waking(checkpoint_id, name, first)
         props.p21_still_idle(checkpoint_id, name, self.harness.statuses()[name])
-        label = f"prepare({checkpoint_id}), {name} frozen past its deadline"
-        if not then_retry:
-            self.controller.resume(checkpoint_id)
-            self._refused("prepare", checkpoint_id, "stale_checkpoint")
-            self._advance(model.resume(), f"{label}; resume({checkpoint_id}); prepare({checkpoint_id}) refused")
-            return
-        self._prepare_again(checkpoint_id, lambda error: props.p21_retry_prepares(checkpoint_id, error))
-        self._advance(model, f"{label}; prepare retried once it went on")
+        self.controller.resume(checkpoint_id)
+        self._refused("prepare", checkpoint_id, "stale_checkpoint")
+        self._advance(
+            model.resume(),
+            f"prepare({checkpoint_id}), {name} frozen past its deadline; resume({checkpoint_id}); "
+            f"prepare({checkpoint_id}) refused",
+        )
+        if then_retry:
+            self.prepare()
 
     @action(
         lambda self: (

@@ -1360,15 +1360,6 @@ def p21_still_idle(checkpoint_id: str, victim: str, status: Mapping[str, Any]) -
         )
 
 
-def p21_retry_prepares(checkpoint_id: str, error: Exception) -> None:
-    """The controller's retry of a prepare the frozen participant refused on waking (`error`), now that it runs."""
-    raise P21Violation(
-        rollout=None,
-        expected=f"the retried prepare of {checkpoint_id}, every participant running, prepares everywhere",
-        observed=str(error),
-    ) from error
-
-
 def p18_stale_commit_refused(checkpoint_id: str, lapsed: Collection[str], error: CoordinationError | None) -> None:
     """A stale controller's commit of `checkpoint_id`, sent once the leases of `lapsed` lapsed (a participant behind
     still holds its own): every one of `lapsed` refuses it with stale_checkpoint, so the commit fails."""

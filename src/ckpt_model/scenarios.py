@@ -489,9 +489,9 @@ NEMESIS_SCENARIOS: dict[str, Scenario] = {
     # the agent or the resources server, given up by a resume that must fence the ID on all four; a commit that
     # reached all but the environment, retried once it is back; a resume that left the policy model prepared.
     # The agent frozen while a prepare reaches it, until the prepare's deadline passed: it refuses on waking and
-    # stays open; the controller retries (then commits) or resumes. The agent frozen past its lease: it lapses on
-    # waking, and the controller's commit, which the others take, is refused by it.
-    "paused_prepare__retried_then_committed": Scenario(
+    # stays open; the controller resumes, then prepares anew (and commits) or not. The agent frozen past its lease:
+    # it lapses on waking, and the controller's commit, which the others take, is refused by it.
+    "paused_prepare__prepared_anew_then_committed": Scenario(
         steps("dispatch", ("paused_prepare", {"victim": 0, "then_retry": True}), "commit", ("release", FIRST)),
     ),
     "paused_prepare__given_up_fences_the_id": Scenario(

@@ -1311,9 +1311,3 @@ def test_p21_still_idle() -> None:
         properties.p21_still_idle("c1", "agent", {"phase": "idle", "checkpoint_id": None, "accepting": False})
     with pytest.raises(properties.P21Violation, match="phase 'preparing', checkpoint 'c1'"):
         properties.p21_still_idle("c1", "agent", {"phase": "preparing", "checkpoint_id": "c1"})
-
-
-def test_p21_retry_prepares_raises_with_the_error() -> None:
-    with pytest.raises(properties.P21Violation, match="prepares everywhere") as caught:
-        properties.p21_retry_prepares("c1", CoordinationError("prepare", {"agent": failure("agent", "x")}))
-    assert "agent" in str(caught.value)
