@@ -165,12 +165,17 @@ class EmbeddedDeployment:
     def jump_clock(self, name: str, offset_s: float) -> float:
         """Move both clocks of one server to `offset_s` seconds ahead of the true time (never back: time has
         passed); returns the wall time the server's clock reads right after."""
+        return self._set_clock(name, offset_s)
+
+    def _set_clock(self, name: str, offset_s: float) -> float:
+        """Set one server's libfaketime offset (`POST /_ctl/clock`): what it moves, the wall clock alone or the
+        monotonic clock too, the stack decided at start (`time_jumps`). The time the server's clock reads after."""
         return float(self._look_alike_route(name, "/_ctl/clock", post=True, body={"offset_s": offset_s})["time"])
 
     def skew_clock(self, name: str, offset_s: float) -> float:
         """Move one server's wall clock `offset_s` seconds from the true time (0 puts it back); returns the time
         the server's clock reads right after."""
-        return float(self._look_alike_route(name, "/_ctl/clock", post=True, body={"offset_s": offset_s})["time"])
+        return self._set_clock(name, offset_s)
 
     def place_calls(self, placement: Mapping[str, int]) -> None:
         """From now on every generation call of capture key K is served by policy worker `placement[K]` (an index),

@@ -453,19 +453,19 @@ class CheckpointMachine(RuleBasedStateMachine):
             raise
         self.controller.renew_on(others, checkpoint_id)
         self.quiescence.wait_lapsed(name, checkpoint_id, deadline_ts + self.harness.lease_grace_s - SKEW_AHEAD_S)
-        model = self._stale_commit(name, model, checkpoint_id, props.p18_lapsed_first)
+        model = self._stale_commit(name, others, model, checkpoint_id, props.p18_lapsed_first)
         return model, f"prepare({checkpoint_id}); {name} lapsed first; commit refused by it; resume, incomplete"
 
     def _stale_commit(
         self,
         name: str,
+        others: list[str],
         model: Model,
         checkpoint_id: str,
         judge: Callable[[str, str, CoordinationError | None], None],
     ) -> Model:
         """The controller's commit once `name` alone lapsed (every other lease renewed): `judge` says it refused it
-        alone; the others' shares are whole (P1, P9), and the controller resumes, the checkpoint incomplete."""
-        others = [m.name for m in self.controller.members() if m.name != name]
+        alone; the `others`' shares are whole (P1, P9), and the controller resumes, the checkpoint incomplete."""
         try:
             self.controller.commit(checkpoint_id, model.scope())
             refused = None
@@ -581,7 +581,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         lapses_at_ts = deadline_ts + self.harness.lease_grace_s
         self.nemesis.frozen_until(name, lapses_at_ts + PAUSED_PAST_LEASE_S)
         self.quiescence.wait_lapsed(name, checkpoint_id, lapses_at_ts)
-        model = self._stale_commit(name, model, checkpoint_id, props.p21_lapsed_on_waking)
+        model = self._stale_commit(name, others, model, checkpoint_id, props.p21_lapsed_on_waking)
         self._advance(
             model,
             f"prepare({checkpoint_id}); {name} frozen past its lease, lapsed on waking; commit "
