@@ -8,19 +8,28 @@ import asyncio
 import pytest
 
 from fakes import clock
-from fakes.gym.steps import EpisodeOwner
+from fakes.gym.steps import Episode, EpisodeOwner
 from fakes.gym.wire import EpisodeId
 
 
-def owner_with_one_episode(counts_parked_time: bool = False) -> tuple[EpisodeOwner, str]:
-    owner = EpisodeOwner(notify=lambda: None, counts_parked_time=counts_parked_time)
+def owner_with_one_episode(counts_parked_time: bool = False) -> tuple[EpisodeOwner, str, asyncio.Event]:
+    """An owner of one episode, and an event it sets on every change of an episode's state (its `notify`)."""
+    changed = asyncio.Event()
+    owner = EpisodeOwner(notify=changed.set, counts_parked_time=counts_parked_time)
     episode = owner.begin(EpisodeId(rollout_id="r0"), "digest")
-    return owner, episode.key
+    return owner, episode.key, changed
+
+
+async def parked_at_its_boundary(episode: Episode, changed: asyncio.Event) -> None:
+    """Until the episode's task has parked at its boundary: woken by the owner's every change, never by a timer."""
+    while episode.state != "parked":
+        changed.clear()
+        await changed.wait()
 
 
 def test_a_replay_step_under_an_open_checkpoint_is_not_charged() -> None:
     async def scenario() -> tuple[float, float, float]:
-        owner, key = owner_with_one_episode()
+        owner, key, _ = owner_with_one_episode()
         episode = owner.episodes[key]
         started = asyncio.Event()
         finish = asyncio.Event()
@@ -49,12 +58,11 @@ def test_a_replay_step_under_an_open_checkpoint_is_not_charged() -> None:
 
 def test_a_parked_episode_is_not_charged_until_it_wakes() -> None:
     async def scenario() -> tuple[float, float]:
-        owner, key = owner_with_one_episode()
+        owner, key, changed = owner_with_one_episode()
         episode = owner.episodes[key]
         owner.close()
         parked = asyncio.create_task(owner.boundary(episode, {"next": "seed"}))
-        await asyncio.sleep(0.01)
-        assert episode.state == "parked"
+        await parked_at_its_boundary(episode, changed)
         at_park = episode.used_now()
         await asyncio.sleep(0.05)
         while_parked = episode.used_now() - at_park
@@ -68,11 +76,11 @@ def test_a_parked_episode_is_not_charged_until_it_wakes() -> None:
 
 def test_the_planted_fault_charges_the_time_parked() -> None:
     async def scenario() -> float:
-        owner, key = owner_with_one_episode(counts_parked_time=True)
+        owner, key, changed = owner_with_one_episode(counts_parked_time=True)
         episode = owner.episodes[key]
         owner.close()
         parked = asyncio.create_task(owner.boundary(episode, {"next": "seed"}))
-        await asyncio.sleep(0.01)
+        await parked_at_its_boundary(episode, changed)
         at_park = episode.used_now()
         await asyncio.sleep(0.05)
         charged = episode.used_now() - at_park
