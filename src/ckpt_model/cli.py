@@ -26,11 +26,11 @@ Exit codes: the three outcomes a run can have (a violation, could not judge, pas
     3    usage: bad arguments, an unknown fault, an unreadable regression file
     130  interrupted by Ctrl-C (143 by SIGTERM); every process and directory the run started is gone
 
-`minimise FILE` exits as `replay` would for the recorded failure: 0 when it no longer happens, 1 when the
-recorded violation happens (the file now holds the minimal steps) or a different property fails instead, 2 when
-it could not judge (a harness error, or minimal steps that did not fail again), 3 for an unreadable file. It
-rewrites the file only on a minimal sequence that failed as recorded on its final replay, in one rename, so a
-failure, Ctrl-C or a flaky replay leaves the file as it was.
+`minimise FILE` exits 0 when it did its job: the file now holds the minimal steps (or the recorded failure no
+longer happens, said as PASSED, and the file is left as it was); 1 when a different property fails instead (not
+minimised), 2 when it could not judge (a harness error, or minimal steps that did not fail again), 3 for an
+unreadable file. It rewrites the file only on a minimal sequence that failed as recorded on its final replay, in
+one rename, so a failure, Ctrl-C or a flaky replay leaves the file as it was.
 
 What `check --seed N` does: Hypothesis draws the examples from seed N (`hypothesis.seed` on the machine factory),
 which overrides the profile's `derandomize`, and the run keeps no example database (it neither replays failures
@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import attrs
-from hypothesis import settings
+from hypothesis import Phase, settings
 
 from ckpt_model import profiles
 from ckpt_model.errors import CoordinationError, PropertyViolation
@@ -113,6 +113,7 @@ def build_parser() -> Parser:
         description="A property-based stateful model checker for partial-rollout checkpointing (NeMo Gym's protocol).",
         epilog="exit codes: 0 passed, 1 property violation, 2 could not judge, 3 usage, 130 interrupted",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     commands = parser.add_subparsers(
         dest="command", required=True, metavar="{check,replay,minimise,stack,faults,fuzz,scale}"
     )
@@ -152,13 +153,23 @@ def build_parser() -> Parser:
         "--no-minimise",
         dest="minimise",
         action="store_false",
-        help="report Hypothesis's shrunk example as it is (by default each failure is then made 1-minimal)",
+        help="let Hypothesis shrink the failing example and report it as it is (slower: minutes; by default "
+        "Hypothesis stops at the first failure and the checker's own minimiser makes it 1-minimal in seconds)",
     )
     check.add_argument(
         "--replays",
         type=positive_int,
         default=REPLAYS,
         help=f"replays that measure each failure's reproduction rate (default {REPLAYS})",
+    )
+    check.add_argument(
+        "--json",
+        type=Path,
+        metavar="FILE",
+        help="write the result as JSON: verdict, properties, deployment, seed, minimal steps, timings, statistics",
+    )
+    check.add_argument(
+        "--junit", type=Path, metavar="FILE", help="write the result as JUnit XML: one test case per property"
     )
 
     replay = commands.add_parser("replay", help="replay a regression file without Hypothesis")
@@ -229,7 +240,13 @@ def run_settings(args: argparse.Namespace) -> settings:
         overrides["stateful_step_count"] = args.steps
     if args.seed is not None:
         overrides["database"] = None  # a seed's run must not depend on what this machine saved before
-    return settings(profiles.profile_for(args.profile, profiles.in_ci()), **overrides)
+    profile = profiles.profile_for(args.profile, profiles.in_ci())
+    if args.minimise:
+        # The minimiser makes the failing run 1-minimal in seconds; Hypothesis's own shrink of a stateful run
+        # replays hundreds of candidates (minutes) for a sequence the minimiser would cut down anyway. Without
+        # shrinking, Hypothesis also stops at the first failure.
+        overrides["phases"] = tuple(phase for phase in profile.phases if phase is not Phase.shrink)
+    return settings(profile, **overrides)
 
 
 def chosen_seed(args: argparse.Namespace, chosen: settings) -> int | None:
@@ -287,11 +304,15 @@ def banner(
         f"  options:     {spec.options_text}",
         f"  profile:     {args.profile} ({profile_description(chosen, seeded_run=args.seed is not None)})",
         f"  seed:        {seed_line}",
-        f"  examples:    {chosen.max_examples} x up to {chosen.stateful_step_count} steps",
+        f"  examples:    {chosen.max_examples}, each of up to {chosen.stateful_step_count} steps",
         "  swarm:       "
         + ("yes: each example leaves out some rules and mechanisms" if getattr(args, "swarm", False) else "no"),
         "  minimise:    "
-        + ("yes: each failure is made 1-minimal after the search" if args.minimise else "no (--no-minimise)"),
+        + (
+            "yes: the search stops at the first failure, which the checker's minimiser makes 1-minimal"
+            if args.minimise
+            else "no (--no-minimise): Hypothesis shrinks the failure itself (minutes)"
+        ),
         f"  replays:     {args.replays} per failure, for its reproduction rate",
     ]
     for fault in faults:
@@ -315,6 +336,7 @@ def run_check(args: argparse.Namespace) -> int:
     from ckpt_model import goals
     from ckpt_model.deployment import Harness, spec_of
     from ckpt_model.machine import CheckpointMachine, machine_for
+    from ckpt_model.progress import Progress
     from ckpt_model.stats import SearchStats
     from ckpt_model.steplog import rule_names
 
@@ -337,30 +359,140 @@ def run_check(args: argparse.Namespace) -> int:
     print(banner(args, spec, faults, chosen, seed), flush=True)
 
     stats = SearchStats()
-    try:
-        harness = Harness(gym, spec=spec) if gym else Harness.embedded(spec)
-        if not harness.can_skew_clocks:
-            print(f"  note: {CLOCKS_NOTE}", flush=True)
+    run = RunRecord(args, spec, chosen, seed, stats)
+    with Progress(stats, chosen.max_examples) as progress:
         try:
-            factory = machine_for(harness, stats, swarm=args.swarm)
-            run_state_machine_as_test(factory if seed is None else seeded(factory, seed), settings=chosen)
+            harness = Harness(gym, spec=spec) if gym else Harness.embedded(spec)
+            run.harness = harness
+            if not harness.can_skew_clocks:
+                print(f"  note: {CLOCKS_NOTE}", flush=True)
+            try:
+                factory = machine_for(harness, stats, swarm=args.swarm)
+                run_state_machine_as_test(factory if seed is None else seeded(factory, seed), settings=chosen)
+            except Exception as error:
+                run.searched()
+                progress.clear()
+                print(goals.table(stats, spec, rule_names(CheckpointMachine)), flush=True)
+                print(statistics_line(stats), flush=True)
+                measure_failures(
+                    harness, error, stats.seen, minimise=args.minimise, replays=args.replays, progress=progress
+                )
+                raise
+            finally:
+                with sigint_ignored():  # a second Ctrl-C must not cut the teardown short
+                    harness.close()
         except Exception as error:
-            print(goals.table(stats, spec, rule_names(CheckpointMachine)), flush=True)
-            measure_failures(harness, error, stats.seen, minimise=args.minimise, replays=args.replays)
-            raise
-        finally:
-            with sigint_ignored():  # a second Ctrl-C must not cut the teardown short
-                harness.close()
-    except Exception as error:
-        return report_failure(error, stats.seen)
-    elapsed_s = time.monotonic() - stats.started_s
+            progress.stop()
+            code = report_failure(error, stats.seen)
+            run.finish(code, leaves(error, stats.seen))
+            return code
+    run.searched()
     print(goals.table(stats, spec, rule_names(CheckpointMachine)), flush=True)
-    print(f"PASSED: {stats.examples} examples in {elapsed_s:.1f} s, no property violated", flush=True)
+    print(statistics_line(stats), flush=True)
+    print(
+        f"PASSED: {len(stats.finished)} examples in {time.monotonic() - stats.started_s:.1f} s, no property violated",
+        flush=True,
+    )
+    run.finish(Exit.PASSED, ())
     return Exit.PASSED
 
 
+def statistics_line(stats: Any) -> str:
+    """The run's figures in one line: examples run and finished, steps, crashes, examples per second."""
+    finished = stats.finished
+    elapsed_s = max(time.monotonic() - stats.started_s, 1e-9)
+    steps = sum(example.steps for example in finished)
+    crashes = sum(example.crashes for example in finished)
+    inside = sum(example.crashes_inside for example in finished)
+    cut = stats.examples - len(finished)
+    cut_text = f" ({cut} more cut short: a failure, or Hypothesis's own replays)" if cut > 0 else ""
+    return (
+        f"statistics: {len(finished)} examples finished{cut_text}, {steps} steps, {crashes} crashes "
+        f"({inside} inside an operation), {len(finished) / elapsed_s:.2f} examples/s"
+    )
+
+
+@attrs.define
+class RunRecord:
+    """What `check` learns as it goes (timings, the harness), and the `--json`/`--junit` files at its end."""
+
+    args: argparse.Namespace
+    spec: DeploymentSpec
+    chosen: settings
+    seed: int | None
+    stats: Any
+    harness: Any = None
+    search_s: float | None = None
+
+    def searched(self) -> None:
+        if self.search_s is None:
+            self.search_s = time.monotonic() - self.stats.started_s
+
+    def finish(self, code: int, failures: Sequence[BaseException]) -> None:
+        """Write the files asked for; a file that cannot be written is said, and never changes the verdict."""
+        if self.args.json is None and self.args.junit is None:
+            return
+        from ckpt_model import check_result, regression
+        from ckpt_model.check_result import CheckResult, Statistics
+
+        def regression_file(error: BaseException) -> str | None:
+            if self.harness is None or kind_of(error) not in ("violation", "harness"):
+                return None
+            path = regression.path_for(self.harness, error)
+            return str(path) if path.exists() else None
+
+        total_s = time.monotonic() - self.stats.started_s
+        result = CheckResult(
+            verdict=check_result.VERDICT_OF_EXIT.get(code, "unjudged"),
+            exit_code=int(code),
+            system=system_label(self.args),
+            deployment=self.spec.label,
+            seed=self.seed,
+            profile=self.args.profile,
+            examples_asked=self.chosen.max_examples,
+            steps_asked=self.chosen.stateful_step_count,
+            failures=check_result.failure_results(failures, regression_file),
+            timings={
+                "total": total_s,
+                "search": self.search_s,
+                "first_failure": self.stats.first_failure_s,
+                "measuring": None if self.search_s is None or not failures else total_s - self.search_s,
+            },
+            statistics=Statistics.of(self.stats),
+            version=package_version(),
+        )
+        for path, text in ((self.args.json, result.json_text), (self.args.junit, result.junit_text)):
+            if path is None:
+                continue
+            try:
+                check_result.write(path, text())
+            except OSError as error:
+                print(f"note: could not write {path}: {error}", file=sys.stderr, flush=True)
+            else:
+                print(f"wrote {path}", flush=True)
+
+
+def system_label(args: argparse.Namespace) -> str:
+    return f"a real Gym deployment ({args.deployment})" if args.deployment is not None else "embedded look-alike stack"
+
+
+def package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ckpt-model")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def measure_failures(
-    harness: Any, error: BaseException, seen: Sequence[BaseException], *, minimise: bool, replays: int
+    harness: Any,
+    error: BaseException,
+    seen: Sequence[BaseException],
+    *,
+    minimise: bool,
+    replays: int,
+    progress: Any = None,
 ) -> None:
     """Replay each violation's and harness error's failing run `replays` times for its reproduction rate, then
     (with `minimise`) make it 1-minimal by that rate on the same harness (`ckpt_model.minimise` puts the rate and
@@ -374,7 +506,10 @@ def measure_failures(
         if kind_of(leaf) not in ("violation", "harness"):
             continue
         doing = "measuring and minimising" if minimise else "measuring"
-        print(f"{doing} the failing run of {describe_failure(leaf)} ({replays} replays, then candidates)...")
+        then = ", then candidates" if minimise else ""
+        print(f"{doing} the failing run of {describe_failure(leaf)} ({replays} replays{then})...", flush=True)
+        if progress is not None:
+            progress.now_doing(f"{doing} {describe_failure(leaf)}")
         try:
             if minimise:
                 result = minimise_error(harness, leaf, replays)
@@ -382,8 +517,12 @@ def measure_failures(
                 result = None
                 reproduce_error(harness, leaf, replays)
         except Exception as bug:
+            if progress is not None:
+                progress.clear()
             leaf.add_note(f"Measuring or minimising failed (the steps above are Hypothesis's): {bug!r}")
             continue
+        if progress is not None:
+            progress.clear()
         found = result.found_rate if result is not None else rate_of(leaf)
         print(f"  found: {found.text if found else 'no rate (no rule calls)'}", flush=True)
         if result is not None:
@@ -419,9 +558,32 @@ def load_regression(path: Path) -> tuple[dict[str, Any], DeploymentSpec]:
             problems.append(f"'faults' must be known fault names (got {document['faults']!r}; see `ckpt-model faults`)")
     if not isinstance(failure, dict) or not isinstance(failure.get("type"), str):
         problems.append(f"'failure' must be {{'type': ..., 'property': ...}} (got {failure!r})")
+    problems += unknown_rules(document.get("steps"))
     if problems:
         raise UsageError(f"{path}: not a replayable regression file:\n" + "\n".join(f"  - {p}" for p in problems))
     return document, spec
+
+
+def unknown_rules(steps: Any) -> list[str]:
+    """Each step that names no rule of the machine, or arguments its rule does not take, said as a problem of the
+    file: found before any server starts (a replay would start the stack, then stop at it)."""
+    import inspect
+
+    from ckpt_model.machine import CheckpointMachine
+
+    if not isinstance(steps, list):
+        return []  # `regression.load` already refused a file without a list of steps
+    problems: list[str] = []
+    for index, (name, arguments) in enumerate(steps, start=1):
+        function = getattr(CheckpointMachine, name, None)
+        if function is None or getattr(function, "hypothesis_stateful_rule", None) is None:
+            problems.append(f"step {index} names {name!r}, which is no rule of the machine")
+            continue
+        try:
+            inspect.signature(function).bind(None, **arguments)
+        except TypeError as error:
+            problems.append(f"step {index} ({name}) has arguments its rule does not take: {error}")
+    return problems
 
 
 def run_replay(args: argparse.Namespace) -> int:
@@ -482,7 +644,7 @@ def run_minimise(args: argparse.Namespace) -> int:
     print("\n".join(["", "state = CheckpointMachine()", *result.code, "state.teardown()"]))
     print(f"\nMINIMISED ({result.summary()}); {args.file} now holds these steps", flush=True)
     print(f"the minimal run fails with {describe(replayer.last_failure)}: `ckpt-model replay {args.file}` shows it")
-    return Exit.VIOLATION if isinstance(replayer.last_failure, PropertyViolation) else Exit.UNJUDGED
+    return Exit.PASSED
 
 
 @contextlib.contextmanager

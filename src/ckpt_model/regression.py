@@ -34,6 +34,12 @@ def directory() -> Path:
     return Path(os.environ.get(REGRESSIONS_ENV) or DEFAULT_DIR)
 
 
+def path_for(harness: Harness, error: BaseException) -> Path:
+    """Where the file for this failure's property and deployment goes (`write` writes it there)."""
+    label = getattr(error, "property_id", None) or type(error).__name__
+    return (harness.regressions_dir or directory()) / f"{label}-{'-'.join(harness.spec.file_words)}.json"
+
+
 def write(
     harness: Harness,
     rule_calls: list[tuple[str, dict[str, Any]]],
@@ -45,10 +51,8 @@ def write(
     """Write (overwrite) the file for this failure's property and deployment; returns its path. `minimised`
     records how the steps were minimised (`ckpt_model.minimise.provenance`), `reproduction` how often they failed
     the same way when replayed (`ckpt_model.reproduction.Rate.document`)."""
-    label = getattr(error, "property_id", None) or type(error).__name__
+    path = path_for(harness, error)
     spec = harness.spec
-    target_dir = harness.regressions_dir or directory()
-    path = target_dir / f"{label}-{'-'.join(spec.file_words)}.json"
     document = {
         "format": FORMAT_VERSION,
         "failure": {"type": type(error).__name__, "property": getattr(error, "property_id", None)},
@@ -59,7 +63,7 @@ def write(
         document["minimised"] = minimised
     if reproduction is not None:
         document["reproduction"] = reproduction
-    target_dir.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     replace_atomically(path, document)
     return path
 

@@ -53,8 +53,10 @@ def annotate(
     error.add_note(f"Backend calls (message counts per capture key): {calls}")
     error.add_note("Server log tails:\n" + harness.log_tails())
     error.add_note(
-        "Reproduce: rerun the same pytest command; Hypothesis replays this example from its database "
-        "(.hypothesis/), and prints @reproduce_failure(...) when print_blob is on (the ci and debug profiles)."
+        "Reproduce: `ckpt-model replay FILE` (the regression file named below) replays these steps without "
+        "Hypothesis, and survives edits of the checker. Under pytest, rerunning the test replays this example "
+        "first when the profile keeps an example database (not under CI=true); the @reproduce_failure(...) line "
+        "Hypothesis prints replays it exactly, with this Hypothesis version and this checker's code."
     )
     try:
         path = regression.write(harness, rule_calls, error)

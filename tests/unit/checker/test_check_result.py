@@ -1,0 +1,124 @@
+"""`check_result`: the JSON and JUnit files of a `ckpt-model check` run, built from hand-made results."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+from ckpt_model.check_result import CheckResult, FailureResult, Statistics, failure_results, write
+from ckpt_model.errors import StepNotEnabled
+from ckpt_model.properties import REGISTRY, P9Violation
+from ckpt_model.stats import SearchStats
+
+
+def statistics() -> Statistics:
+    stats = SearchStats()
+    stats.example_started()
+    stats.example_finished(steps=5, crashes=2, seconds=1.0, crashes_inside=1)
+    stats.example_covered({"crash_inside_commit": 1}, ["dispatch"], {"dispatch": 3, "crash": 2})
+    return Statistics.of(stats)
+
+
+def result(failures: tuple[FailureResult, ...] = (), skipped: dict[str, str] | None = None) -> CheckResult:
+    verdict = "violation" if any(f.kind == "violation" for f in failures) else "unjudged" if failures else "passed"
+    return CheckResult(
+        verdict=verdict,
+        exit_code={"passed": 0, "violation": 1, "unjudged": 2}[verdict],
+        system="embedded look-alike stack",
+        deployment="native with resume_deletes_records",
+        seed=7,
+        profile="default",
+        examples_asked=8,
+        steps_asked=14,
+        failures=failures,
+        timings={"total": 12.345, "search": 4.0, "first_failure": 3.5, "measuring": 8.3},
+        statistics=statistics(),
+        skipped=skipped or {},
+        version="0.1.0",
+    )
+
+
+P9 = FailureResult(
+    kind="violation",
+    property_id="P9",
+    title=P9Violation.title,
+    message='P9 checkpoints are durable\n  expected: c1 verifies\n  observed: <gone> & "quoted"',
+    rate="P9 in 10 of 10 replays",
+    steps=("state.dispatch(worker=0)", "state.checkpoint(then_resume=True)"),
+    regression_file="regressions/P9-native.json",
+)
+
+
+def test_the_json_names_the_verdict_the_property_the_steps_and_the_statistics() -> None:
+    document = json.loads(result((P9,)).json_text())
+
+    assert document["verdict"] == "violation"
+    assert document["exit_code"] == 1
+    assert document["properties_violated"] == ["P9"]
+    assert document["seed"] == 7
+    assert document["deployment"] == "native with resume_deletes_records"
+    assert document["failures"][0]["steps"] == ["state.dispatch(worker=0)", "state.checkpoint(then_resume=True)"]
+    assert document["failures"][0]["regression_file"] == "regressions/P9-native.json"
+    assert document["timings_s"] == {"total": 12.35, "search": 4.0, "first_failure": 3.5, "measuring": 8.3}
+    assert document["statistics"]["steps"] == 5
+    assert document["statistics"]["crashes_inside_operations"] == 1
+    assert document["statistics"]["goals"] == {"crash_inside_commit": 1}
+    assert document["statistics"]["rules_drawn"] == {"crash": 2, "dispatch": 3}
+
+
+def test_a_passing_run_names_no_property() -> None:
+    document = json.loads(result().json_text())
+
+    assert document["verdict"] == "passed"
+    assert document["properties_violated"] == []
+    assert document["failures"] == []
+
+
+def test_junit_has_a_case_per_property_the_violated_one_failing_and_skipped_ones_skipped() -> None:
+    suite = ElementTree.fromstring(result((P9,), skipped={"P3": "needs a gated backend"}).junit_text())
+
+    cases = suite.findall("testcase")
+    assert len(cases) == len(REGISTRY) == int(suite.get("tests", "0"))
+    assert suite.get("failures") == "1"
+    assert suite.get("skipped") == "1"
+    failing = [case for case in cases if case.find("failure") is not None]
+    assert [case.get("name", "").split()[0] for case in failing] == ["P9"]
+    failure = failing[0].find("failure")
+    assert failure is not None
+    assert failure.get("message", "").startswith("P9 in 10 of 10 replays: P9 checkpoints are durable")
+    assert '<gone> & "quoted"' in (failure.text or "")  # escaped in the file, whole once parsed
+    assert "ckpt-model replay regressions/P9-native.json" in (failure.text or "")
+    skipped = [case for case in cases if case.find("skipped") is not None]
+    assert [case.get("name", "").split()[0] for case in skipped] == ["P3"]
+
+
+def test_junit_of_a_run_that_could_not_judge_has_one_errored_case() -> None:
+    harness = FailureResult(kind="harness", property_id=None, title=None, message="ServerStartError: agent exited")
+    suite = ElementTree.fromstring(result((harness,)).junit_text())
+
+    assert suite.get("errors") == "1"
+    assert suite.get("failures") == "0"
+    errored = [case for case in suite.findall("testcase") if case.find("error") is not None]
+    assert len(errored) == 1
+    assert errored[0].find("error").get("message") == "ServerStartError: agent exited"  # type: ignore[union-attr]
+
+
+def test_failure_results_put_violations_first_and_name_their_files() -> None:
+    harness_error = StepNotEnabled(step="commit({})", index=1, rule="commit")
+    violation = P9Violation(rollout="r0", expected="c1 verifies", observed="it does not")
+
+    results = failure_results([harness_error, violation], lambda error: f"{type(error).__name__}.json")
+
+    assert [(r.kind, r.property_id, r.rollout) for r in results] == [("violation", "P9", "r0"), ("harness", None, None)]
+    assert results[0].regression_file == "P9Violation.json"
+    assert results[0].message.startswith("P9 ")
+
+
+def test_write_leaves_the_whole_file_and_no_partial(tmp_path: Path) -> None:
+    target = tmp_path / "out" / "result.json"
+
+    write(target, "{}\n")
+
+    assert target.read_text() == "{}\n"
+    assert [path.name for path in target.parent.iterdir()] == ["result.json"]
