@@ -51,12 +51,12 @@ import time
 import typing
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, cast
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import attrs
-from hypothesis import Phase, settings
+from hypothesis import settings
 
-from ckpt_model import profiles
+from ckpt_model import checking, profiles
 from ckpt_model.errors import CoordinationError, PropertyViolation
 from ckpt_model.interrupts import signal_number, sigterm_unwinds
 from ckpt_model.reproduction import REPLAYS, Rate
@@ -65,8 +65,6 @@ from ckpt_model.topologies import TOPOLOGIES, VERIFY_MODES
 from ckpt_model.verdicts import Exit, exception_text, kind_of, leaves, report_failure
 
 if TYPE_CHECKING:  # the stateful module is imported only when a check runs
-    from hypothesis.stateful import RuleBasedStateMachine
-
     from ckpt_model.deployment import PlantedFault
 
 REAL_GYM_DOC = "docs/real-gym.md"
@@ -241,12 +239,9 @@ def run_settings(args: argparse.Namespace) -> settings:
     if args.seed is not None:
         overrides["database"] = None  # a seed's run must not depend on what this machine saved before
     profile = profiles.profile_for(args.profile, profiles.in_ci())
-    if args.minimise:
-        # The minimiser makes the failing run 1-minimal in seconds; Hypothesis's own shrink of a stateful run
-        # replays hundreds of candidates (minutes) for a sequence the minimiser would cut down anyway. Without
-        # shrinking, Hypothesis also stops at the first failure.
-        overrides["phases"] = tuple(phase for phase in profile.phases if phase is not Phase.shrink)
-    return settings(profile, **overrides)
+    chosen = settings(profile, **overrides)
+    # Hypothesis's own shrink only with --no-minimise: the checker's minimiser is quicker (`ckpt_model.checking`).
+    return checking.without_shrink(chosen) if args.minimise else chosen
 
 
 def chosen_seed(args: argparse.Namespace, chosen: settings) -> int | None:
@@ -254,24 +249,6 @@ def chosen_seed(args: argparse.Namespace, chosen: settings) -> int | None:
     if args.seed is not None:
         return args.seed
     return None if chosen.derandomize else secrets.randbits(SEED_BITS)
-
-
-def seeded(factory: type[RuleBasedStateMachine], seed: int) -> type[RuleBasedStateMachine]:
-    """The machine factory, with Hypothesis's `@seed` on a thin wrapper (the factory itself is left untouched).
-
-    `run_state_machine_as_test` reads the seed from the factory. `__wrapped__` keeps the database key and the
-    derandomization digest those of the machine (inspect follows it to the machine's source)."""
-    from hypothesis import seed as hypothesis_seed
-
-    def machine() -> Any:
-        return factory()
-
-    machine.__wrapped__ = factory  # type: ignore[attr-defined]  # see the docstring
-    digest = getattr(factory, "_hypothesis_internal_add_digest", None)
-    if digest is not None:
-        machine._hypothesis_internal_add_digest = digest  # type: ignore[attr-defined]
-    # Typed as the class `run_state_machine_as_test` asks for; like `machine_for`'s factory, it is called bare.
-    return cast("type[RuleBasedStateMachine]", hypothesis_seed(seed)(machine))
 
 
 # Said when the deployment cannot skew a server's clock (the look-alike needs Debian's libfaketime).
@@ -331,11 +308,10 @@ def profile_description(chosen: settings, *, seeded_run: bool) -> str:
 
 def run_check(args: argparse.Namespace) -> int:
     # Imported here, not at the top: `--help` and usage errors need none of the stack.
-    from hypothesis.stateful import run_state_machine_as_test
-
     from ckpt_model import goals
+    from ckpt_model.checking import statistics_line
     from ckpt_model.deployment import Harness, spec_of
-    from ckpt_model.machine import CheckpointMachine, machine_for
+    from ckpt_model.machine import CheckpointMachine
     from ckpt_model.progress import Progress
     from ckpt_model.stats import SearchStats
     from ckpt_model.steplog import rule_names
@@ -367,17 +343,23 @@ def run_check(args: argparse.Namespace) -> int:
             if not harness.can_skew_clocks:
                 print(f"  note: {CLOCKS_NOTE}", flush=True)
             try:
-                factory = machine_for(harness, stats, swarm=args.swarm)
-                run_state_machine_as_test(factory if seed is None else seeded(factory, seed), settings=chosen)
-            except Exception as error:
-                run.searched()
-                progress.clear()
-                print(goals.table(stats, spec, rule_names(CheckpointMachine)), flush=True)
-                print(statistics_line(stats), flush=True)
-                measure_failures(
-                    harness, error, stats.seen, minimise=args.minimise, replays=args.replays, progress=progress
+
+                def searched() -> None:
+                    run.searched()
+                    progress.clear()
+                    print(statistics_line(stats), flush=True)
+
+                checking.search(
+                    harness,
+                    chosen,
+                    stats,
+                    swarm=args.swarm,
+                    seed=seed,
+                    minimise=args.minimise,
+                    replays=args.replays,
+                    progress=progress,
+                    searched=searched,
                 )
-                raise
             finally:
                 with sigint_ignored():  # a second Ctrl-C must not cut the teardown short
                     harness.close()
@@ -395,21 +377,6 @@ def run_check(args: argparse.Namespace) -> int:
     )
     run.finish(Exit.PASSED, ())
     return Exit.PASSED
-
-
-def statistics_line(stats: Any) -> str:
-    """The run's figures in one line: examples run and finished, steps, crashes, examples per second."""
-    finished = stats.finished
-    elapsed_s = max(time.monotonic() - stats.started_s, 1e-9)
-    steps = sum(example.steps for example in finished)
-    crashes = sum(example.crashes for example in finished)
-    inside = sum(example.crashes_inside for example in finished)
-    cut = stats.examples - len(finished)
-    cut_text = f" ({cut} more cut short: a failure, or Hypothesis's own replays)" if cut > 0 else ""
-    return (
-        f"statistics: {len(finished)} examples finished{cut_text}, {steps} steps, {crashes} crashes "
-        f"({inside} inside an operation), {len(finished) / elapsed_s:.2f} examples/s"
-    )
 
 
 @attrs.define
@@ -483,55 +450,6 @@ def package_version() -> str:
         return version("ckpt-model")
     except PackageNotFoundError:
         return "unknown (not installed)"
-
-
-def measure_failures(
-    harness: Any,
-    error: BaseException,
-    seen: Sequence[BaseException],
-    *,
-    minimise: bool,
-    replays: int,
-    progress: Any = None,
-) -> None:
-    """Replay each violation's and harness error's failing run `replays` times for its reproduction rate, then
-    (with `minimise`) make it 1-minimal by that rate on the same harness (`ckpt_model.minimise` puts the rate and
-    the minimal steps on the error's report and rewrites its regression file). A flaky report from Hypothesis
-    counts as the failures it hid (`verdicts.leaves`). A bug in the minimiser is noted on the error and never
-    hides the failure itself."""
-    from ckpt_model.minimise import minimise_error, reproduce_error
-    from ckpt_model.reproduction import rate_of
-
-    for leaf in leaves(error, seen):
-        if kind_of(leaf) not in ("violation", "harness"):
-            continue
-        doing = "measuring and minimising" if minimise else "measuring"
-        then = ", then candidates" if minimise else ""
-        print(f"{doing} the failing run of {describe_failure(leaf)} ({replays} replays{then})...", flush=True)
-        if progress is not None:
-            progress.now_doing(f"{doing} {describe_failure(leaf)}")
-        try:
-            if minimise:
-                result = minimise_error(harness, leaf, replays)
-            else:
-                result = None
-                reproduce_error(harness, leaf, replays)
-        except Exception as bug:
-            if progress is not None:
-                progress.clear()
-            leaf.add_note(f"Measuring or minimising failed (the steps above are Hypothesis's): {bug!r}")
-            continue
-        if progress is not None:
-            progress.clear()
-        found = result.found_rate if result is not None else rate_of(leaf)
-        print(f"  found: {found.text if found else 'no rate (no rule calls)'}", flush=True)
-        if result is not None:
-            print(f"  minimised: {result.summary()}", flush=True)
-
-
-def describe_failure(error: BaseException) -> str:
-    property_id = getattr(error, "property_id", None)
-    return f"{type(error).__name__} ({property_id})" if property_id else type(error).__name__
 
 
 # --- replay, stack, faults ---------------------------------------------------------------------------------

@@ -1,0 +1,143 @@
+"""Running the state machine for a user (`ckpt-model check`, the pytest plugin's `ckpt_check`): a search that
+stops at the first failure, then each failure's reproduction rate and its 1-minimal sequence from the checker's
+own minimiser (`ckpt_model.minimise`), as the fault search does.
+
+Hypothesis's own shrink of a stateful run replays hundreds of candidates, each with fresh processes: minutes (222 s
+for one planted fault here) for a sequence the minimiser cuts down in seconds anyway. Without the shrink phase
+Hypothesis also stops at the first failure (`should_generate_more`), so a failure is reported as soon as it is
+found and made minimal.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+from hypothesis import Phase, settings
+
+from ckpt_model.reproduction import REPLAYS
+from ckpt_model.stats import SearchStats
+from ckpt_model.verdicts import kind_of, leaves
+
+if TYPE_CHECKING:
+    from hypothesis.stateful import RuleBasedStateMachine
+
+    from ckpt_model.deployment import Harness
+    from ckpt_model.progress import Progress
+
+
+def without_shrink(chosen: settings) -> settings:
+    """The settings with no shrink phase: the search stops at the first failure, which the minimiser cuts down."""
+    return settings(chosen, phases=tuple(phase for phase in chosen.phases if phase is not Phase.shrink))
+
+
+def search(
+    harness: Harness,
+    chosen: settings,
+    stats: SearchStats,
+    *,
+    swarm: bool = False,
+    seed: int | None = None,
+    minimise: bool = True,
+    replays: int = REPLAYS,
+    progress: Progress | None = None,
+    searched: Any = None,
+) -> None:
+    """Run the machine on `harness` with `chosen`; on a failure, call `searched()` (if given), then measure each
+    failure's rate and (with `minimise`) make it 1-minimal, and re-raise what the run raised. `chosen` is used as
+    given: `without_shrink` is the caller's choice (the CLI keeps Hypothesis's shrink with `--no-minimise`)."""
+    from hypothesis.stateful import run_state_machine_as_test
+
+    from ckpt_model.machine import machine_for
+
+    factory = machine_for(harness, stats, swarm=swarm)
+    try:
+        run_state_machine_as_test(factory if seed is None else seeded(factory, seed), settings=chosen)
+    except Exception as error:
+        if searched is not None:
+            searched()
+        measure_failures(harness, error, stats.seen, minimise=minimise, replays=replays, progress=progress)
+        raise
+
+
+def seeded(factory: type[RuleBasedStateMachine], seed: int) -> type[RuleBasedStateMachine]:
+    """The machine factory, with Hypothesis's `@seed` on a thin wrapper (the factory itself is left untouched).
+
+    `run_state_machine_as_test` reads the seed from the factory. `__wrapped__` keeps the database key and the
+    derandomization digest those of the machine (inspect follows it to the machine's source)."""
+    from hypothesis import seed as hypothesis_seed
+
+    def machine() -> Any:
+        return factory()
+
+    machine.__wrapped__ = factory  # type: ignore[attr-defined]  # see the docstring
+    digest = getattr(factory, "_hypothesis_internal_add_digest", None)
+    if digest is not None:
+        machine._hypothesis_internal_add_digest = digest  # type: ignore[attr-defined]
+    # Typed as the class `run_state_machine_as_test` asks for; like `machine_for`'s factory, it is called bare.
+    return cast("type[RuleBasedStateMachine]", hypothesis_seed(seed)(machine))
+
+
+def measure_failures(
+    harness: Harness,
+    error: BaseException,
+    seen: Sequence[BaseException],
+    *,
+    minimise: bool,
+    replays: int,
+    progress: Progress | None = None,
+) -> None:
+    """Replay each violation's and harness error's failing run `replays` times for its reproduction rate, then
+    (with `minimise`) make it 1-minimal by that rate on the same harness (`ckpt_model.minimise` puts the rate and
+    the minimal steps on the error's report and rewrites its regression file). A flaky report from Hypothesis
+    counts as the failures it hid (`verdicts.leaves`). A bug in the minimiser is noted on the error and never
+    hides the failure itself."""
+    from ckpt_model.minimise import minimise_error, reproduce_error
+    from ckpt_model.reproduction import rate_of
+
+    for leaf in leaves(error, seen):
+        if kind_of(leaf) not in ("violation", "harness"):
+            continue
+        doing = "measuring and minimising" if minimise else "measuring"
+        then = ", then candidates" if minimise else ""
+        print(f"{doing} the failing run of {describe_failure(leaf)} ({replays} replays{then})...", flush=True)
+        if progress is not None:
+            progress.now_doing(f"{doing} {describe_failure(leaf)}")
+        try:
+            if minimise:
+                result = minimise_error(harness, leaf, replays)
+            else:
+                result = None
+                reproduce_error(harness, leaf, replays)
+        except Exception as bug:
+            if progress is not None:
+                progress.clear()
+            leaf.add_note(f"Measuring or minimising failed (the steps above are Hypothesis's): {bug!r}")
+            continue
+        if progress is not None:
+            progress.clear()
+        found = result.found_rate if result is not None else rate_of(leaf)
+        print(f"  found: {found.text if found else 'no rate (no rule calls)'}", flush=True)
+        if result is not None:
+            print(f"  minimised: {result.summary()}", flush=True)
+
+
+def describe_failure(error: BaseException) -> str:
+    property_id = getattr(error, "property_id", None)
+    return f"{type(error).__name__} ({property_id})" if property_id else type(error).__name__
+
+
+def statistics_line(stats: SearchStats) -> str:
+    """The run's figures in one line: examples run and finished, steps, crashes, examples per second."""
+    finished = stats.finished
+    elapsed_s = max(time.monotonic() - stats.started_s, 1e-9)
+    steps = sum(example.steps for example in finished)
+    crashes = sum(example.crashes for example in finished)
+    inside = sum(example.crashes_inside for example in finished)
+    cut = stats.examples - len(finished)
+    cut_text = f" ({cut} more cut short: a failure, or Hypothesis's own replays)" if cut > 0 else ""
+    return (
+        f"statistics: {len(finished)} examples finished{cut_text}, {steps} steps, {crashes} crashes "
+        f"({inside} inside an operation), {len(finished) / elapsed_s:.2f} examples/s"
+    )
