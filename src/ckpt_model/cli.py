@@ -372,7 +372,8 @@ def run_check(args: argparse.Namespace) -> int:
     print(goals.table(stats, spec, rule_names(CheckpointMachine)), flush=True)
     print(statistics_line(stats), flush=True)
     print(
-        f"PASSED: {len(stats.finished)} examples in {time.monotonic() - stats.started_s:.1f} s, no property violated",
+        f"PASSED: {len(stats.finished)} examples{asked_note(len(stats.finished), chosen.max_examples)} in "
+        f"{time.monotonic() - stats.started_s:.1f} s, no property violated",
         flush=True,
     )
     run.finish(Exit.PASSED, ())
@@ -437,6 +438,15 @@ class RunRecord:
                 print(f"note: could not write {path}: {error}", file=sys.stderr, flush=True)
             else:
                 print(f"wrote {path}", flush=True)
+
+
+def asked_note(ran: int, asked: int) -> str:
+    """Why a run's count of examples differs from the count asked for, when it does."""
+    if ran > asked:
+        return f" ({asked} asked; Hypothesis also runs examples it then discards as incomplete)"
+    if ran < asked:
+        return f" ({asked} asked; Hypothesis stops early when it has tried every distinct example)"
+    return ""
 
 
 def system_label(args: argparse.Namespace) -> str:
