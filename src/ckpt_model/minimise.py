@@ -618,6 +618,7 @@ def _reproduced_note(
     """The minimal sequence as Hypothesis prints an example (so `verdicts.shrunk_steps` reads it), the minimal
     run's steps with model names, and the regression file, rewritten with the minimal sequence."""
     from ckpt_model import regression
+    from ckpt_model.report import draw_timeline
 
     lines = [f"Minimal failing sequence (ckpt_model.minimise: {result.summary()}):", "state = CheckpointMachine()"]
     lines += [*result.code, "state.teardown()"]
@@ -633,6 +634,8 @@ def _reproduced_note(
         lines.append(f"Regression file not rewritten: {write_error}")
     else:
         lines.append(f"The regression file now holds the minimal sequence: ckpt-model replay {path}")
+        if final_error is not None:  # the picture beside it shows the minimal run, as the file now holds
+            lines.append(draw_timeline(final_error, harness, path).replace("failing history", "minimal run", 1))
     return "\n".join(lines)
 
 

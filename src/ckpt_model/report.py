@@ -1,7 +1,8 @@
 """The failure report: what a violation or harness error carries besides its own message, in a fixed order.
 
 Notes on the exception (`add_note`): the steps with the model's names, the history of the rollout and the
-controller, the backend's calls, the server log tails, how to reproduce, and the regression file written for it.
+controller, the backend's calls, the server log tails, how to reproduce, the regression file written for it, and
+the timeline picture of the whole history beside it (`ckpt_model.timeline`).
 The rule calls themselves ride on the exception too (`rule_calls_of`), so whoever catches it after Hypothesis
 (`ckpt_model.faultsearch`, `ckpt-model check`) can minimise that very run (`ckpt_model.minimise`).
 """
@@ -9,15 +10,17 @@ The rule calls themselves ride on the exception too (`rule_calls_of`), so whoeve
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
-from ckpt_model import regression
+from ckpt_model import regression, timeline
 from ckpt_model.deployment import Harness
 from ckpt_model.history import Event, History
 
 HISTORY_EVENTS_SHOWN = 30
 ANNOTATED = "_ckpt_annotated"
 RULE_CALLS = "_ckpt_rule_calls"
+HISTORY = "_ckpt_history"
 
 
 def rule_calls_of(error: BaseException) -> list[tuple[str, dict[str, Any]]] | None:
@@ -40,6 +43,7 @@ def annotate(
         return False
     setattr(error, ANNOTATED, True)
     setattr(error, RULE_CALLS, [(name, dict(arguments)) for name, arguments in rule_calls])
+    setattr(error, HISTORY, tuple(history.events))
     error.add_note("Steps (model names):\n" + "\n".join(f"  {i}. {s}" for i, s in enumerate(steps, 1)))
     rollout = getattr(error, "rollout", None)
     events: list[Event] = list(history.events)
@@ -64,4 +68,19 @@ def annotate(
         error.add_note(f"Replay file not written: {write_error}")
     else:
         error.add_note(f"Replay without Hypothesis (survives code edits): ckpt-model replay {path}")
+        error.add_note(draw_timeline(error, harness, path))
     return True
+
+
+def draw_timeline(error: BaseException, harness: Harness, regression_path: Path) -> str:
+    """Write the timeline of the history `error` came from beside its regression file; the note that says where,
+    or why not (a picture of the failure must never hide the failure itself)."""
+    events = getattr(error, HISTORY, None)
+    if events is None:
+        return "Timeline not written: the failure carries no history"
+    try:
+        picture = timeline.path_beside(regression_path)
+        timeline.write_timeline(picture, events, timeline.failure_of(error), harness.spec.label, regression_path)
+    except Exception as draw_error:  # any: see the docstring
+        return f"Timeline not written: {type(draw_error).__name__}: {draw_error}"
+    return f"Timeline of the failing history (open in a browser): {picture}"

@@ -177,7 +177,10 @@ def test_check_finds_a_planted_fault_and_names_its_property(tmp_path: Path) -> N
     # checkpoints and resumes, so the fault can show without a committing step among them).
     assert "Minimal failing sequence (ckpt_model.minimise:" in result.stdout
     assert "FAILED: property violation (P9 in 10 of 10 replays)\nwrote result.json\nwrote result.xml" in result.stdout
-    assert [path.name for path in (tmp_path / "regressions").iterdir()] == ["P9-native-resume_deletes_records.json"]
+    assert sorted(path.name for path in (tmp_path / "regressions").iterdir()) == [
+        "P9-native-resume_deletes_records.html",  # the timeline of the failing history, beside its regression file
+        "P9-native-resume_deletes_records.json",
+    ]
     document = regression.load(tmp_path / "regressions" / "P9-native-resume_deletes_records.json")
     assert document["reproduction"]["text"] == "P9 in 10 of 10 replays"  # the minimal steps replay every time
     written = json.loads((tmp_path / "result.json").read_text())
