@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # The nightly deep search: the state machine with the `ci` profile over every fault-free deployment (each must also
 # reach every coverage goal that applies to it, `ckpt_model.goals`; the JUnit report holds each one's coverage
-# table), then the full fault search (`pytest -m search`: every planted fault found and shrunk). Installs nothing: run it in the project's
-# environment (`pip install -e '.[test]'` done).
+# table), then the tests the default run leaves to it (`pytest -m deep`), then the full fault search (`pytest -m
+# search`: every planted fault found and shrunk). Installs nothing: run it in the project's environment
+# (`pip install -e '.[test]'` done).
 #
 # Keeps Hypothesis's example database in .hypothesis/ at the repository root (the workflow caches it between runs,
 # so a failure found one night replays first the next) and writes to nightly-artifacts/ (or $NIGHTLY_ARTIFACTS):
-#   junit-stateful.xml, junit-search.xml   pytest's JUnit reports
-#   regressions/                           the regression files failing runs wrote (`ckpt-model replay FILE`)
+#   junit-stateful.xml, junit-deep.xml, junit-search.xml   pytest's JUnit reports
+#   regressions/                           the regression files failing runs wrote (`ckpt-model replay FILE`), each
+#                                          with its timeline picture (.html)
 #   console.log                            everything printed to the console
 # Every step runs even when one fails; the exit status is 1 if any step failed, else 0.
 #
@@ -50,12 +52,17 @@ deployments="$("$python" -m ckpt_model.spec --fault-free)"
 echo "=== nightly: fault-free deployments: ${deployments//$'\n'/ }" | tee -a "$artifacts/console.log"
 run_step stateful "$python" -m pytest tests/stateful -p no:cacheprovider -n "$workers" \
   --junitxml="$artifacts/junit-stateful.xml"
+# What the default run leaves out as a repeat on another deployment (`deep`: scenarios of the native set on the other
+# deployments, the contract on the deployments a larger one includes).
+run_step deep "$python" -m pytest -m deep -p no:cacheprovider -n "$workers" \
+  --junitxml="$artifacts/junit-deep.xml"
 run_step search "$python" -m pytest -m search -p no:cacheprovider -n "$workers" \
   --junitxml="$artifacts/junit-search.xml"
 
 mkdir -p "$artifacts/regressions"
 if [ -d "$regressions" ]; then
-  find "$regressions" -type f -name '*.json' -newer "$started" -exec cp {} "$artifacts/regressions/" \;
+  find "$regressions" -type f \( -name '*.json' -o -name '*.html' \) -newer "$started" \
+    -exec cp {} "$artifacts/regressions/" \;
 fi
 
 if [ "${#failed[@]}" -ne 0 ]; then

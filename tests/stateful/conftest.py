@@ -10,7 +10,7 @@ Under pytest-xdist each worker process builds its own harnesses; the example dat
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import pytest
@@ -41,6 +41,20 @@ GOALS_REQUIRED = ACTIVE_PROFILE == "ci"
 ACTIVE_SETTINGS = profiles.profile_for(ACTIVE_PROFILE, profiles.in_ci())
 if EXAMPLES is not None:
     ACTIVE_SETTINGS = settings(ACTIVE_SETTINGS, max_examples=EXAMPLES)
+
+
+# A test that repeats, on another deployment, a check the default run already makes (a scenario of the native set
+# on legacy, the same contract on a deployment another one includes): it runs in the nightly's deep step
+# (`pytest -m deep`), not in the default run (`pyproject.toml` deselects it there).
+DEEP = pytest.mark.deep
+
+
+def scenario_params(own: Iterable[str], repeated: Iterable[str] = ()) -> list[Any]:
+    """Scenario names as parameters: `own` (what only this deployment checks) in the default run, the `repeated`
+    ones not among them (checked on another deployment in the default run) marked `deep`, all sorted by name."""
+    kept = set(own)
+    names = sorted(kept | set(repeated))
+    return [pytest.param(name, marks=() if name in kept else DEEP) for name in names]
 
 
 def pytest_report_header() -> str:
