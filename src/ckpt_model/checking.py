@@ -96,6 +96,9 @@ def measure_failures(
     from ckpt_model.minimise import minimise_error, reproduce_error
     from ckpt_model.reproduction import rate_of
 
+    if not harness.can_crash:  # every replay needs Gym started afresh, which this deployment forbids
+        print("not measured or minimised: the deployment may not be restarted, so the run cannot be replayed")
+        return
     for leaf in leaves(error, seen):
         if kind_of(leaf) not in ("violation", "harness"):
             continue

@@ -274,7 +274,7 @@ def banner(
         seed_line = "none (derandomized: the examples follow from the machine, the same on every run)"
     lines = [
         "ckpt-model check",
-        "  system:      embedded look-alike stack",
+        f"  system:      {system_label(args)}",
         f"  topology:    {spec.topology}",
         f"  verify mode: {spec.verify_mode}",
         f"  faults:      {planted}",
@@ -328,6 +328,9 @@ def run_check(args: argparse.Namespace) -> int:
             spec = spec_of(gym)
         except (ValueError, TypeError) as error:
             raise UsageError(f"--deployment: {error} (see {REAL_GYM_DOC})") from None
+        args.system = gym.label  # the banner's system line
+        if gym.examples_max is not None:  # a Gym nothing may restart serves one example (docs/real-gym.md)
+            args.examples = min(args.examples or gym.examples_max, gym.examples_max)
     else:
         spec = chosen_spec(args, faults)
     chosen = run_settings(args)
@@ -340,7 +343,7 @@ def run_check(args: argparse.Namespace) -> int:
         try:
             harness = Harness(gym, spec=spec) if gym else Harness.embedded(spec)
             run.harness = harness
-            if not harness.can_skew_clocks:
+            if gym is None and not harness.can_skew_clocks:
                 print(f"  note: {CLOCKS_NOTE}", flush=True)
             try:
 
@@ -370,10 +373,15 @@ def run_check(args: argparse.Namespace) -> int:
             return code
     run.searched()
     print(goals.table(stats, spec, rule_names(CheckpointMachine)), flush=True)
+    from ckpt_model.checkable import Capabilities, summary, verdict_scope
+
+    capabilities = Capabilities.of(harness)
+    for line in summary(capabilities, rule_shown=lambda rule: goals.rule_applies(rule, spec)):
+        print(line, flush=True)
     print(statistics_line(stats), flush=True)
     print(
         f"PASSED: {len(stats.finished)} examples{asked_note(len(stats.finished), chosen.max_examples)} in "
-        f"{time.monotonic() - stats.started_s:.1f} s, no property violated",
+        f"{time.monotonic() - stats.started_s:.1f} s, no property violated; {verdict_scope(capabilities)}",
         flush=True,
     )
     run.finish(Exit.PASSED, ())
@@ -391,6 +399,14 @@ class RunRecord:
     stats: Any
     harness: Any = None
     search_s: float | None = None
+
+    def unchecked(self) -> dict[str, str]:
+        """The properties this deployment cannot judge, each with why (`ckpt_model.checkable`)."""
+        if self.harness is None:
+            return {}
+        from ckpt_model.checkable import Capabilities, unchecked_properties
+
+        return {item.name: item.why for item in unchecked_properties(Capabilities.of(self.harness))}
 
     def searched(self) -> None:
         if self.search_s is None:
@@ -427,6 +443,7 @@ class RunRecord:
                 "measuring": None if self.search_s is None or not failures else total_s - self.search_s,
             },
             statistics=Statistics.of(self.stats),
+            skipped=self.unchecked(),
             version=package_version(),
         )
         for path, text in ((self.args.json, result.json_text), (self.args.junit, result.junit_text)):
@@ -450,7 +467,8 @@ def asked_note(ran: int, asked: int) -> str:
 
 
 def system_label(args: argparse.Namespace) -> str:
-    return f"a real Gym deployment ({args.deployment})" if args.deployment is not None else "embedded look-alike stack"
+    """What the banner names as the system under test (a real Gym's label is set from its deployment)."""
+    return getattr(args, "system", None) or "embedded look-alike stack"
 
 
 def package_version() -> str:

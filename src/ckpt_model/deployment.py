@@ -4,7 +4,9 @@ Two small protocols say what the checker needs of a system under test:
 
 - `Deployment`: start the backend once (None: there is no gated backend), start fresh Gym servers, crash every
   Gym process group, say where `/run` goes, show log tails, close. Failures to start are `OSError` or
-  `RuntimeError` naming the server.
+  `RuntimeError` naming the server (a `HarnessError` of the deployment's own, such as a real Gym's
+  `PreflightError`, passes through as it is). A deployment that may not be crashed says `crashes = False`
+  (`Harness.can_crash`).
 - `Gate`: the backend's control routes (Gym's fake backend, reference section 11): the call list, release chosen
   calls, reset, gate every call, pin the policy's script; with token capture also the token store (`staged`), the
   cut rounds (`cuts`) and a hung cut endpoint (`stall_cuts`). `BackendGate` speaks them over HTTP.
@@ -573,12 +575,20 @@ class Harness:
     def crash(self, power_loss: bool = False) -> None:
         """SIGKILL every Gym process group (`power_loss`: then cut the power, so only fsynced writes are left),
         then start fresh processes."""
+        if not self.can_crash:
+            raise HarnessError(self._lacks("crashes (it says crashes=False)"))
         with timing.span("crash"):
             with timing.span("restart.kill"):
                 self.deployment.crash_gym()
             if power_loss:
                 self._losing().lose_unsynced()
             self.start_gym()
+
+    @property
+    def can_crash(self) -> bool:
+        """Whether Gym may be crashed and started afresh: a deployment attached to a Gym the checker may not restart
+        says `crashes = False`, and then no rule crashes anything (and every example runs on the Gym as it is)."""
+        return bool(getattr(self.deployment, "crashes", True))
 
     @property
     def can_lose_unsynced(self) -> bool:

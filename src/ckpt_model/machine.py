@@ -213,19 +213,28 @@ class CheckpointMachine(RuleBasedStateMachine):
 
     # -- crashes ----------------------------------------------------------------------------------------------
 
-    @action(lambda self: not self.model.fresh)
+    @action(lambda self: self.harness.can_crash and not self.model.fresh)
     def crash(self) -> None:
         """SIGKILL every Gym process group and start fresh processes; the backend and the disk survive."""
         self.nemesis.crash()
         self._advance(self.model.crash(), "crash()")
 
-    @action(lambda self: not self.model.fresh and self.harness.can_lose_unsynced and bool(self.model.committed))
+    @action(
+        lambda self: (
+            self.harness.can_crash
+            and not self.model.fresh
+            and self.harness.can_lose_unsynced
+            and bool(self.model.committed)
+        )
+    )
     def power_loss(self) -> None:
         """As `crash`, with a power cut: the disk keeps only what was fsynced; every checkpoint must verify (P9)."""
         self.nemesis.crash(power_loss=True)
         self._advance(self.model.crash(), "power_loss()")
 
-    @action(lambda self: self.model.phase == "prepared", committed=PICK, inside=st.booleans())
+    @action(
+        lambda self: self.harness.can_crash and self.model.phase == "prepared", committed=PICK, inside=st.booleans()
+    )
     def crash_in_commit(self, committed: int, inside: bool) -> None:
         """Gym crashes inside a commit reached by `committed` participants (one more held inside with `inside`)."""
         checkpoint_id, scope = self.model.opened, self.model.scope()
@@ -244,7 +253,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         label = f"crash_in_commit() -> {checkpoint_id} committed by {sorted(published)}{where}"
         self._advance(self.model.crash_in_commit(published), label)
 
-    @action(lambda self: bool(self.model.interruptible()), pick=PICK, reached=PICK)
+    @action(lambda self: self.harness.can_crash and bool(self.model.interruptible()), pick=PICK, reached=PICK)
     def crash_in_operation(self, pick: int, reached: int) -> None:
         """Gym crashes inside a restore, a retire or a forget that reached its first `reached` stages."""
         operation = _pick(self.model.interruptible(), pick)
@@ -262,7 +271,10 @@ class CheckpointMachine(RuleBasedStateMachine):
             names = self.nemesis.crash_inside_forget(operation_id, self.model.marked_rollouts(), reached)
         self._advance(model.crash(), f"crash_in_operation() inside {operation} {operation_id}, reached {names}")
 
-    @action(lambda self: self.model.worth_crashing_alone() and bool(self._crashable_alone()), pick=PICK)
+    @action(
+        lambda self: self.harness.can_crash and self.model.worth_crashing_alone() and bool(self._crashable_alone()),
+        pick=PICK,
+    )
     def crash_participant(self, pick: int) -> None:
         """SIGKILL one participant alone and restart it; the controller retires the running work it broke (P7)."""
         member = _pick(self._crashable_alone(), pick)
@@ -835,7 +847,11 @@ class CheckpointMachine(RuleBasedStateMachine):
         else:
             props.p8_not_refused(restore_id, refusers, why)
 
-    @action(lambda self: self.model.can_restore() and bool(self.nemesis.can_die_in_restore()), pick=PICK, victim=PICK)
+    @action(
+        lambda self: self.harness.can_crash and self.model.can_restore() and bool(self.nemesis.can_die_in_restore()),
+        pick=PICK,
+        victim=PICK,
+    )
     def dies_in_restore(self, pick: int, victim: int) -> None:
         """One participant dies inside its own restore while the others finish; the cleanup undoes it all (P8)."""
         checkpoint = _pick(list(self.model.committed), pick)
@@ -865,7 +881,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         if then_resume:
             self.resume()
 
-    @action(lambda self: not self.model.fresh and bool(self.model.committed), pick=PICK)
+    @action(lambda self: self.harness.can_crash and not self.model.fresh and bool(self.model.committed), pick=PICK)
     def recover(self, pick: int) -> None:
         """The routine recovery: crash, then restore the latest or an earlier checkpoint and resume."""
         self.crash()

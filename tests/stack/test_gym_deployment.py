@@ -20,7 +20,7 @@ from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from ckpt_model.deployment import Harness
-from ckpt_model.gym_deployment import GymDeployment
+from ckpt_model.gym_deployment import GymDeployment, described_pgids
 from ckpt_model.machine import machine_for
 from ckpt_model.profiles import BASE
 from ckpt_model.scenarios import named, run
@@ -86,7 +86,7 @@ def test_the_adapter_runs_fixed_scenarios_against_a_gym_it_did_not_start(tmp_pat
     gym = deployment(tmp_path, outside_backend, gated=True)
     with Harness(gym) as harness:
         run(harness, named("crash_after_prepare__continues_from_boundary"))
-        pgids = gym._pgids()
+        pgids = described_pgids(gym.description_file)
         run(harness, named("quiet_controller__lease_lapses_and_admission_reopens"))
     assert pgids
     wait_until(lambda: all(process_gone(pgid) for pgid in pgids), "every Gym process of the last start to be gone", 10)

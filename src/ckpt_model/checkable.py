@@ -1,0 +1,338 @@
+"""What a deployment lets the checker check: the rules it can draw and the properties it can judge, from what the
+deployment can do (`Capabilities`), each one it cannot with why.
+
+Two tables, read off the code and kept to it by `tests/unit/checker/test_checkable.py`:
+
+- `RULE_NEEDS`: what each rule of the machine needs to be drawn at all, from its precondition
+  (`machine.CheckpointMachine`): a capability of the harness it asks for (`Harness.can_*`, a gated backend, the
+  lease grace), or one it needs through the model (a rule that needs a rollout needs the gate, since only
+  `dispatch` starts one; one that needs a rollout lost in a crash needs the gate and crashes). The test evaluates
+  every precondition on states the model reaches with and without each capability.
+- `JUDGED_BY`: where each property is judged: in rules (by name), or by the audits and settles whatever rule ran
+  (`SITES`: every step, every commit, the teardown, or whatever the rollouts did). A property that no rule or
+  site of this deployment reaches is never judged, and a run that passes says so instead of claiming it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import attrs
+
+from ckpt_model.properties import REGISTRY
+
+if TYPE_CHECKING:
+    from ckpt_model.deployment import Harness
+
+# The longest lease grace with which the checker waits for a lease to lapse (`controller.QUIET_LEASE_GRACE_MAX_S`).
+LEASE_GRACE_WAITED_MAX_S = 1.0
+
+
+@attrs.frozen
+class Capabilities:
+    """What a deployment can do, as the machine's preconditions ask it (`Capabilities.of(harness)`), and the
+    traits of what it runs."""
+
+    gate: bool = True  # a gated backend: the checker holds every model call, so rollouts run
+    crashes: bool = True  # Gym can be crashed and started afresh (`Harness.can_crash`)
+    restart_one: bool = False  # one server restarted alone (`RestartsOne`)
+    failpoints: bool = False  # work stopped at a named point (`Failpoints`)
+    lose_unsynced: bool = False  # a power cut (`LosesUnsynced`)
+    break_storage: bool = False  # writes that fail or stall (`BreaksStorage`)
+    pause: bool = False  # a server frozen and let go (`Pauses`)
+    lose_replies: bool = False  # a reply lost on the wire (`LosesReplies`)
+    fail_hooks: bool = False  # hooks that raise (`FailsHooks`)
+    skew_clocks: bool = False  # a server's wall clock moved (`SkewsClocks`)
+    jump_clocks: bool = False  # time passing for every server (`JumpsClocks`)
+    lease_lapses: bool = True  # a lease grace short enough to wait for a lapse
+    token_capture: bool = False
+    generation_cuts: bool = False
+    judge: bool = False  # a topology whose verification asks a judge (slow)
+    verify_wait: bool = True  # verify mode `wait`
+    restart_environment: bool = False  # a topology with a restart environment (mixed)
+
+    @classmethod
+    def of(cls, harness: Harness) -> Capabilities:
+        spec = harness.spec
+        return cls(
+            gate=harness.backend is not None,
+            crashes=harness.can_crash,
+            restart_one=harness.can_restart_one,
+            failpoints=harness.can_stop_inside_commit,
+            lose_unsynced=harness.can_lose_unsynced,
+            break_storage=harness.can_break_storage,
+            pause=harness.can_pause,
+            lose_replies=harness.can_lose_replies,
+            fail_hooks=harness.can_fail_hooks,
+            skew_clocks=harness.can_skew_clocks,
+            jump_clocks=harness.can_jump_clocks,
+            lease_lapses=harness.lease_grace_s <= LEASE_GRACE_WAITED_MAX_S,
+            token_capture=spec.token_capture,
+            generation_cuts=spec.generation_cuts,
+            judge=spec.traits.judge,
+            verify_wait=spec.verify_mode == "wait",
+            restart_environment=spec.traits.restart_environment,
+        )
+
+
+@attrs.frozen
+class Need:
+    """One thing a rule or a judgement needs: what it is in words, and whether a deployment has it."""
+
+    name: str
+    says: str
+    met: Callable[[Capabilities], bool] = attrs.field(eq=False, repr=False)
+
+
+GATE = Need("gate", "a gated backend to hold model calls (backend_url)", lambda c: c.gate)
+CRASHES = Need("crashes", "crashes (start_command, or crash_command and restart_command)", lambda c: c.crashes)
+# A restore needs processes that served nothing since they started (`Model.can_restore`): with a gated backend
+# every checkpoint holds a rollout (`machine._may_checkpoint`), so after a commit only a crash gives them.
+FRESH = Need(
+    "fresh",
+    "crashes (with a gated backend, only a crash leaves a Gym that served nothing to restore into)",
+    lambda c: c.crashes or not c.gate,
+)
+RESTART_ONE = Need("restart_one", "one server restarted alone (restart_server)", lambda c: c.restart_one)
+FAILPOINTS = Need("failpoints", "failpoints (arm_failpoint)", lambda c: c.failpoints)
+LOSE_UNSYNCED = Need("lose_unsynced", "a power cut (lose_unsynced)", lambda c: c.lose_unsynced)
+BREAK_STORAGE = Need("break_storage", "storage faults (break_storage)", lambda c: c.break_storage)
+PAUSE = Need("pause", "servers frozen and let go (pause_server)", lambda c: c.pause)
+LOSE_REPLIES = Need("lose_replies", "replies lost on the wire (lose_reply)", lambda c: c.lose_replies)
+FAIL_HOOKS = Need("fail_hooks", "hooks that raise (fail_hook)", lambda c: c.fail_hooks)
+SKEW_CLOCKS = Need(
+    "skew_clocks",
+    "a server's clock skewed (skew_clock; the look-alike needs Debian's faketime)",
+    lambda c: c.skew_clocks,
+)
+JUMP_CLOCKS = Need(
+    "jump_clocks", "time passing for every server (jump_clock; the look-alike's --time-jumps)", lambda c: c.jump_clocks
+)
+LEASE_LAPSES = Need(
+    "lease_lapses", f"a lease grace of at most {LEASE_GRACE_WAITED_MAX_S:g} s (lease_grace_s)", lambda c: c.lease_lapses
+)
+TOKEN_CAPTURE = Need("token_capture", "token capture (capture ledgers; --token-capture)", lambda c: c.token_capture)
+GENERATION_CUTS = Need("generation_cuts", "generation cuts (--generation-cuts)", lambda c: c.generation_cuts)
+# `machine.LedgerWatch.cuts` is on only with the gate, token capture and generation cuts all on.
+NO_CUTS = Need("no_cuts", "no generation cuts", lambda c: not (c.gate and c.token_capture and c.generation_cuts))
+JUDGE = Need("judge", "a topology whose verification asks a judge (slow)", lambda c: c.judge)
+VERIFY_WAIT = Need("verify_wait", "verify mode wait", lambda c: c.verify_wait)
+RESTART_ENVIRONMENT = Need(
+    "restart_environment", "a topology with a restart environment (mixed)", lambda c: c.restart_environment
+)
+ONE_PER_KIND = Need(
+    "one_per_kind", "one participant per kind (not topology mixed)", lambda c: not c.restart_environment
+)
+
+NEEDS: tuple[Need, ...] = (
+    GATE,
+    CRASHES,
+    FRESH,
+    RESTART_ONE,
+    FAILPOINTS,
+    LOSE_UNSYNCED,
+    BREAK_STORAGE,
+    PAUSE,
+    LOSE_REPLIES,
+    FAIL_HOOKS,
+    SKEW_CLOCKS,
+    JUMP_CLOCKS,
+    LEASE_LAPSES,
+    TOKEN_CAPTURE,
+    GENERATION_CUTS,
+    NO_CUTS,
+    JUDGE,
+    VERIFY_WAIT,
+    RESTART_ENVIRONMENT,
+    ONE_PER_KIND,
+)
+
+# What each rule needs to be drawn at all. Through the model: a rollout needs the gate (`dispatch`), a retire mark
+# or a retired attempt needs a rollout, a pending or dead attempt needs a rollout and a crash (a restore that
+# continues one needs fresh processes, which after a dispatch only a crash gives).
+RULE_NEEDS: Mapping[str, tuple[Need, ...]] = {
+    "checkpoint": (),
+    "commit": (),
+    "crash": (CRASHES,),
+    "crash_in_commit": (CRASHES,),
+    "crash_in_operation": (CRASHES,),
+    "crash_participant": (CRASHES, RESTART_ONE, ONE_PER_KIND),
+    "dies_in_restore": (CRASHES, FAILPOINTS, RESTART_ONE),
+    "dispatch": (GATE,),
+    "dispatch_restart": (GATE, RESTART_ENVIRONMENT),
+    "failed_restore": (FRESH,),
+    "failing_close": (FAIL_HOOKS, NO_CUTS),
+    "failing_export": (FAIL_HOOKS,),
+    "failing_install": (FAIL_HOOKS, FRESH),
+    "forget": (GATE,),
+    "late_call": (),
+    "late_run": (GATE,),
+    "lost_reply": (LOSE_REPLIES,),
+    "paused_commit": (PAUSE,),
+    "paused_lease": (PAUSE, LEASE_LAPSES),
+    "paused_prepare": (PAUSE, NO_CUTS),
+    "power_loss": (CRASHES, LOSE_UNSYNCED),
+    "prepare": (),
+    "prepare_blocked": (GATE, JUDGE, VERIFY_WAIT),
+    "prepare_waiting": (GATE, JUDGE, VERIFY_WAIT),
+    "prepare_with_hung_cut": (GATE, TOKEN_CAPTURE, GENERATION_CUTS),
+    "quiet_controller": (LEASE_LAPSES,),
+    "recover": (CRASHES,),
+    "release": (GATE,),
+    "release_to_verification": (GATE, JUDGE),
+    "remove_ledgers_while_open": (GATE, TOKEN_CAPTURE),
+    "restore": (FRESH,),
+    "restore_incomplete": (FRESH,),
+    "resume": (),
+    "retire": (GATE,),
+    "retry": (),
+    "run_while_open": (),
+    "skewed_clock": (SKEW_CLOCKS, LEASE_LAPSES),
+    "stalled_write": (BREAK_STORAGE,),
+    "start_over": (GATE, CRASHES),
+    "start_replacement": (GATE, CRASHES),
+    "storage_fault": (BREAK_STORAGE,),
+    "time_passes": (JUMP_CLOCKS,),
+    "unreachable": (),
+}
+
+# Where the audits and settles judge, whatever rule ran, and what each needs to judge anything.
+SITES: Mapping[str, tuple[Need, ...]] = {
+    # every settle: each participant's status against the model (P10), what every status names (P15)
+    "every step": (),
+    # every commit, also of an empty scope: each reply and share (P1, P15), the checkpoint verifies (P9)
+    "every commit": (),
+    # after the drain (P13)
+    "the teardown": (),
+    # the `/run` replies, the backend's calls, the history's prepared intervals, the twin's outcome, the resources
+    # sessions an episode exports: all made by rollouts
+    "the rollouts": (GATE,),
+    "the capture ledgers": (GATE, TOKEN_CAPTURE),
+    "the generation cuts": (GATE, TOKEN_CAPTURE, GENERATION_CUTS),
+    "the judge calls": (GATE, JUDGE),
+    # P20 judges rollouts that were parked while time passed
+    "the rollouts parked while time passed": (GATE, JUMP_CLOCKS),
+}
+
+# Where each property is judged: rules by name, sites as in `SITES`. A property judged at a site every deployment
+# reaches names only that site.
+JUDGED_BY: Mapping[str, tuple[str, ...]] = {
+    "P1": ("every commit",),
+    "P2": ("the rollouts",),
+    "P3": ("the rollouts",),
+    "P4": ("the rollouts",),
+    "P5": ("the capture ledgers",),
+    "P6": ("the rollouts",),
+    "P7": ("retire", "late_run", "forget", "crash_participant"),
+    "P8": ("failed_restore", "restore_incomplete", "failing_install", "dies_in_restore"),
+    "P9": ("every commit",),
+    "P10": ("every step",),
+    "P11": ("the judge calls",),
+    "P12": ("the generation cuts",),
+    "P13": ("the teardown",),
+    "P14": ("the rollouts",),
+    "P15": ("every step",),
+    "P16": ("storage_fault", "stalled_write", "paused_commit", "failing_export"),
+    "P17": ("lost_reply",),
+    "P18": ("skewed_clock",),
+    "P19": ("unreachable",),
+    "P20": ("the rollouts parked while time passed",),
+    "P21": ("paused_prepare", "paused_lease"),
+}
+
+
+@attrs.frozen
+class Unchecked:
+    """A property no rule or site of the deployment judges, or a rule it never draws, and why."""
+
+    name: str
+    why: str
+
+    @property
+    def text(self) -> str:
+        return f"{self.name}: {self.why}"
+
+
+def missing(needs: Iterable[Need], capabilities: Capabilities) -> list[Need]:
+    return [need for need in needs if not need.met(capabilities)]
+
+
+def needs_of(judge: str) -> tuple[Need, ...]:
+    """What a rule or a site needs to judge anything."""
+    return SITES[judge] if judge in SITES else RULE_NEEDS[judge]
+
+
+def undrawable_rules(capabilities: Capabilities) -> list[Unchecked]:
+    """Every rule the machine never draws on this deployment, with what it lacks, in name order."""
+    return [
+        Unchecked(rule, "needs " + _joined(need.says for need in lacking))
+        for rule, needs in sorted(RULE_NEEDS.items())
+        if (lacking := missing(needs, capabilities))
+    ]
+
+
+def unchecked_properties(capabilities: Capabilities) -> list[Unchecked]:
+    """Every property no rule or site of this deployment judges, with what it lacks, in P order."""
+    found: list[Unchecked] = []
+    for property_id in REGISTRY:
+        judges = JUDGED_BY[property_id]
+        lacking = {judge: missing(needs_of(judge), capabilities) for judge in judges}
+        if all(lacking.values()):
+            found.append(Unchecked(property_id, _why(lacking)))
+    return found
+
+
+def _why(lacking: Mapping[str, Sequence[Need]]) -> str:
+    """ "judged only on the rollouts, which need a gated backend ..." or "judged only in a, b (which need ...) and
+    c (which needs ...)"."""
+    by_needs: dict[tuple[str, ...], list[str]] = {}
+    for judge, needs in lacking.items():
+        by_needs.setdefault(tuple(need.says for need in needs), []).append(judge)
+    parts = []
+    for says, judges in by_needs.items():
+        which = "which need" if len(judges) > 1 or judges[0] in SITES else "which needs"
+        parts.append(f"{_joined(judges)} ({which} {_joined(says)})")
+    where = "on" if all(judge in SITES for judge in lacking) else "in"
+    return f"judged only {where} " + _joined(parts, last=" or ")
+
+
+def _joined(items: Iterable[str], last: str = " and ") -> str:
+    listed = list(items)
+    return listed[0] if len(listed) == 1 else ", ".join(listed[:-1]) + last + listed[-1]
+
+
+def ranges(property_ids: Iterable[str]) -> str:
+    """`P1, P8-P10, P13` from property IDs."""
+    numbers = sorted(int(property_id[1:]) for property_id in property_ids)
+    runs: list[list[int]] = []
+    for number in numbers:
+        if runs and number == runs[-1][-1] + 1:
+            runs[-1].append(number)
+        else:
+            runs.append([number])
+    return ", ".join(f"P{run[0]}" if len(run) == 1 else f"P{run[0]}-P{run[-1]}" for run in runs) or "none"
+
+
+def summary(capabilities: Capabilities, rule_shown: Callable[[str], bool] = lambda _rule: True) -> list[str]:
+    """The lines a run ends with: the properties not judged here and why, the rules never drawn here (those
+    `rule_shown` keeps: the coverage table marks the others n/a already), and the properties checked."""
+    unchecked = unchecked_properties(capabilities)
+    rules = [rule for rule in undrawable_rules(capabilities) if rule_shown(rule.name)]
+    lines = []
+    if unchecked:
+        lines.append("not checked on this deployment:")
+        lines += [f"  {item.name} {REGISTRY[item.name].title.split(':')[0]}: {item.why}" for item in unchecked]
+    if rules:
+        lines.append("rules never drawn on this deployment:")
+        lines += [f"  {item.text}" for item in rules]
+    return lines
+
+
+def verdict_scope(capabilities: Capabilities) -> str:
+    """What a pass covers: "checked: P1, P8-P10, ...; not checked: P2-P7, ... (listed above)"."""
+    unchecked = {item.name for item in unchecked_properties(capabilities)}
+    checked = [property_id for property_id in REGISTRY if property_id not in unchecked]
+    if not unchecked:
+        return f"checked: {ranges(checked)}"
+    return f"checked: {ranges(checked)}; not checked: {ranges(unchecked)} (listed above)"

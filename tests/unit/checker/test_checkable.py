@@ -1,0 +1,345 @@
+"""What a deployment lets the checker check (`ckpt_model.checkable`): its tables agree with the machine's own
+preconditions, and the unchecked properties of hand-built capabilities are exactly those no rule or site judges.
+
+The machine's preconditions are evaluated as they are (`steplog.gates`), on a machine whose harness, controller
+and ledger watch are stand-ins with chosen capabilities, over every model state the pure model reaches in a few
+steps when each rule that is enabled takes its model transition (`DEPTH` steps reach every rule the tables allow;
+one the tables allow and no state enables fails too). A rule is enabled somewhere exactly when `RULE_NEEDS` says
+this deployment has what it needs."""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import attrs
+import pytest
+
+from ckpt_model import checkable
+from ckpt_model.checkable import RULE_NEEDS, Capabilities
+from ckpt_model.contract import Model
+from ckpt_model.coordination import Participant
+from ckpt_model.machine import CheckpointMachine
+from ckpt_model.nemesis import Nemesis
+from ckpt_model.properties import REGISTRY
+from ckpt_model.steplog import gates, rule_names
+
+DEPTH = 5
+# Every harness capability on, as the look-alike stack with every option has it (each topology adds its traits).
+EVERYTHING = Capabilities(
+    gate=True,
+    crashes=True,
+    restart_one=True,
+    failpoints=True,
+    lose_unsynced=True,
+    break_storage=True,
+    pause=True,
+    lose_replies=True,
+    fail_hooks=True,
+    skew_clocks=True,
+    jump_clocks=True,
+    lease_lapses=True,
+)
+# A real Gym as `GymDeployment` drives it: none of the look-alike's extra capabilities.
+REAL_GYM = Capabilities()
+
+
+def topology_of(capabilities: Capabilities) -> tuple[str, str]:
+    if capabilities.judge:
+        return "slow", "wait" if capabilities.verify_wait else "replay"
+    return ("mixed" if capabilities.restart_environment else "native"), "wait"
+
+
+def stand_in(capabilities: Capabilities, model: Model) -> CheckpointMachine:
+    """A machine whose preconditions read `capabilities`: nothing is started, nothing is called."""
+    kinds = ["agent", "environment", "model", "resources"]
+    if capabilities.restart_environment:
+        kinds += ["environment", "resources"]
+    members = [Participant(f"{kind}{index}", kind, f"http://127.0.0.1:{index + 1}") for index, kind in enumerate(kinds)]
+    harness = types.SimpleNamespace(
+        backend=object() if capabilities.gate else None,
+        can_crash=capabilities.crashes,
+        can_restart_one=capabilities.restart_one,
+        can_stop_inside_commit=capabilities.failpoints,
+        can_lose_unsynced=capabilities.lose_unsynced,
+        can_break_storage=capabilities.break_storage,
+        can_pause=capabilities.pause,
+        can_lose_replies=capabilities.lose_replies,
+        can_fail_hooks=capabilities.fail_hooks,
+        can_skew_clocks=capabilities.skew_clocks,
+        can_jump_clocks=capabilities.jump_clocks,
+        control=types.SimpleNamespace(participants=members),
+    )
+    controller = types.SimpleNamespace(
+        may_lapse=capabilities.lease_lapses,
+        can_retry=True,
+        control=harness.control,
+        members=lambda: sorted(members, key=lambda m: m.name),
+    )
+    ledgers_on = capabilities.gate and capabilities.token_capture
+    machine = object.__new__(CheckpointMachine)
+    machine.harness = harness  # type: ignore[assignment]
+    machine.controller = controller  # type: ignore[assignment]
+    machine.ledgers = types.SimpleNamespace(enabled=ledgers_on, cuts=ledgers_on and capabilities.generation_cuts)  # type: ignore[assignment]
+    machine.nemesis = Nemesis(harness, controller)  # type: ignore[arg-type]
+    machine.model = model
+    return machine
+
+
+def first(items: list[str]) -> str:
+    return sorted(items)[0]
+
+
+def transitions(model: Model) -> dict[str, Callable[[], Model]]:
+    """Each rule's effect on the model, with its first argument (what the rule hands `_advance`)."""
+    latest = model.committed[-1].checkpoint_id if model.committed else ""
+
+    def release_to_verification() -> Model:
+        released = model
+        rollout = first(model.before_verification())
+        while not released.current()[rollout].verifying:
+            released = released.release(rollout)
+        return released
+
+    def given_up() -> Model:  # `unreachable`: a commit cut off, given up by a resume
+        prepared = model if model.phase == "prepared" else model.prepare()[0]
+        return prepared.commit_failed()
+
+    return {
+        "dispatch": lambda: model.dispatch()[0],
+        "dispatch_restart": lambda: model.dispatch(restart=True)[0],
+        "release": lambda: model.release(first(model.releasable())),
+        "release_to_verification": release_to_verification,
+        "prepare": lambda: model.prepare()[0],
+        "prepare_blocked": lambda: model.prepare_blocked()[0],
+        "checkpoint": lambda: model.prepare()[0].commit()[0].resume(),
+        "commit": lambda: model.commit()[0],
+        "resume": model.resume,
+        "quiet_controller": lambda: model.lease_expired()[0],
+        "crash": model.crash,
+        "crash_in_commit": model.crash_in_commit,
+        "crash_in_operation": model.crash,
+        "recover": lambda: model.crash().restore(latest)[0],
+        "restore": lambda: model.restore(latest)[0],
+        "failed_restore": lambda: model.failed_restore(latest)[0],
+        "restore_incomplete": lambda: model.failed_restore(model.incomplete[-1].checkpoint_id)[0],
+        "retire": lambda: model.retire(first([a.rollout for a in model.live()])),
+        "start_over": lambda: model.start_over(first([a.rollout for a in model.with_status("dead")])),
+        "start_replacement": lambda: model.start_replacement(first([a.rollout for a in model.with_status("pending")])),
+        "forget": model.forget,
+        "unreachable": given_up,
+    }
+
+
+def reachable(capabilities: Capabilities) -> Iterator[Model]:
+    """Every model state within `DEPTH` rule steps of a fresh example, on this deployment (one rollout at most)."""
+    topology, verify_mode = topology_of(capabilities)
+    start = Model(topology=topology, verify_mode=verify_mode, rollouts_max=1)  # type: ignore[arg-type]
+    seen = {start}
+    frontier = [start]
+    for _ in range(DEPTH):
+        following = []
+        for model in frontier:
+            yield model
+            enabled = enabled_rules(capabilities, model)
+            for rule, effect in transitions(model).items():
+                if rule in enabled:
+                    successor = effect()
+                    if successor not in seen:
+                        seen.add(successor)
+                        following.append(successor)
+        frontier = following
+    yield from frontier
+
+
+def enabled_rules(capabilities: Capabilities, model: Model) -> set[str]:
+    machine = stand_in(capabilities, model)
+    return {rule for rule, gate in gates(CheckpointMachine).items() if gate(machine)}
+
+
+def ever_enabled(capabilities: Capabilities) -> set[str]:
+    found: set[str] = set()
+    for model in reachable(capabilities):
+        found |= enabled_rules(capabilities, model)
+    return found
+
+
+def without(capabilities: Capabilities, name: str) -> Capabilities:
+    return attrs.evolve(capabilities, **{name: False})
+
+
+DEPLOYMENTS: dict[str, Capabilities] = {
+    "everything": EVERYTHING,
+    "slow+everything": attrs.evolve(EVERYTHING, judge=True),
+    "slow-replay+everything": attrs.evolve(EVERYTHING, judge=True, verify_wait=False),
+    "mixed+everything": attrs.evolve(EVERYTHING, restart_environment=True),
+    "capture+cuts+everything": attrs.evolve(EVERYTHING, token_capture=True, generation_cuts=True),
+    "capture+everything": attrs.evolve(EVERYTHING, token_capture=True),
+    "real-gym": REAL_GYM,
+    "real-gym-no-gate": without(REAL_GYM, "gate"),
+    "real-gym-no-crashes": without(REAL_GYM, "crashes"),
+    "real-gym-no-gate-no-crashes": Capabilities(gate=False, crashes=False),
+    "real-gym-long-lease": without(REAL_GYM, "lease_lapses"),
+    **{
+        f"everything-but-{name}": without(EVERYTHING, name)
+        for name in (
+            "gate",
+            "crashes",
+            "restart_one",
+            "failpoints",
+            "lose_unsynced",
+            "break_storage",
+            "pause",
+            "lose_replies",
+            "fail_hooks",
+            "skew_clocks",
+            "jump_clocks",
+            "lease_lapses",
+        )
+    },
+    "capture+cuts-but-crashes": attrs.evolve(without(EVERYTHING, "crashes"), token_capture=True, generation_cuts=True),
+}
+
+
+@pytest.mark.parametrize("name", list(DEPLOYMENTS))
+def test_a_rule_is_ever_enabled_exactly_when_the_deployment_has_what_rule_needs_says(name: str) -> None:
+    capabilities = DEPLOYMENTS[name]
+
+    enabled = ever_enabled(capabilities)
+
+    drawable = {rule for rule in rule_names(CheckpointMachine) if not checkable.missing(RULE_NEEDS[rule], capabilities)}
+    assert enabled == drawable, (
+        f"enabled but not in the table: {sorted(enabled - drawable)}; "
+        f"in the table but never enabled: {sorted(drawable - enabled)}"
+    )
+
+
+def test_the_tables_name_every_rule_site_and_property() -> None:
+    assert set(RULE_NEEDS) == set(rule_names(CheckpointMachine))
+    assert set(checkable.JUDGED_BY) == set(REGISTRY)
+    judges = {judge for judged in checkable.JUDGED_BY.values() for judge in judged}
+    assert judges <= set(RULE_NEEDS) | set(checkable.SITES)
+    assert set(checkable.SITES) <= judges  # no site that judges nothing
+
+
+def ids(found: list[checkable.Unchecked]) -> list[str]:
+    return [item.name for item in found]
+
+
+def test_a_real_gym_with_a_gate_and_crashes_checks_all_but_the_look_alikes_nemeses() -> None:
+    unchecked = checkable.unchecked_properties(REAL_GYM)
+
+    assert ids(unchecked) == ["P5", "P11", "P12", "P16", "P17", "P18", "P20", "P21"]
+    why = {item.name: item.why for item in unchecked}
+    assert why["P16"] == (
+        "judged only in storage_fault and stalled_write (which need storage faults (break_storage)), paused_commit "
+        "(which needs servers frozen and let go (pause_server)) or failing_export (which needs hooks that raise "
+        "(fail_hook))"
+    )
+    assert why["P11"] == (
+        "judged only on the judge calls (which need a topology whose verification asks a judge (slow))"
+    )
+
+
+def test_without_a_gated_backend_nothing_a_rollout_makes_is_judged() -> None:
+    unchecked = checkable.unchecked_properties(without(REAL_GYM, "gate"))
+
+    assert ids(unchecked) == [
+        "P2",
+        "P3",
+        "P4",
+        "P5",
+        "P6",
+        "P7",
+        "P11",
+        "P12",
+        "P14",
+        "P16",
+        "P17",
+        "P18",
+        "P20",
+        "P21",
+    ]
+    why = {item.name: item.why for item in unchecked}
+    assert why["P3"] == ("judged only on the rollouts (which need a gated backend to hold model calls (backend_url))")
+    assert why["P7"].startswith("judged only in retire, late_run and forget (which need a gated backend")
+    assert "crash_participant (which needs one server restarted alone (restart_server))" in why["P7"]
+
+
+def test_without_crashes_and_with_a_gate_no_restore_can_be_judged() -> None:
+    """Every checkpoint then holds a rollout, and only a crash gives a restore processes that served nothing."""
+    capabilities = without(REAL_GYM, "crashes")
+
+    unchecked = ids(checkable.unchecked_properties(capabilities))
+    rules = ids(checkable.undrawable_rules(capabilities))
+
+    assert "P8" in unchecked
+    assert "P9" not in unchecked
+    for rule in ("crash", "crash_in_commit", "crash_in_operation", "recover", "restore", "failed_restore"):
+        assert rule in rules
+    assert {"dispatch", "release", "retire", "commit", "unreachable"}.isdisjoint(rules)
+
+
+def test_without_crashes_and_without_a_gate_restores_of_empty_checkpoints_remain() -> None:
+    capabilities = Capabilities(gate=False, crashes=False)
+
+    unchecked = ids(checkable.unchecked_properties(capabilities))
+    rules = ids(checkable.undrawable_rules(capabilities))
+
+    assert "P8" not in unchecked
+    assert {"restore", "failed_restore", "restore_incomplete"}.isdisjoint(rules)
+    assert {"crash", "crash_in_commit", "crash_in_operation", "recover", "dispatch"} <= set(rules)
+
+
+def test_the_look_alike_with_every_capability_checks_everything_its_topology_has() -> None:
+    assert ids(checkable.unchecked_properties(EVERYTHING)) == ["P5", "P11", "P12"]
+    everything = attrs.evolve(EVERYTHING, judge=True, token_capture=True, generation_cuts=True)
+    assert checkable.unchecked_properties(everything) == []
+    assert checkable.verdict_scope(everything) == "checked: P1-P21"
+
+
+def test_the_summary_lists_what_is_not_checked_and_the_verdict_says_it() -> None:
+    capabilities = Capabilities(gate=False, crashes=False)
+
+    lines = checkable.summary(capabilities, rule_shown=lambda rule: rule != "dispatch_restart")
+
+    assert lines[0] == "not checked on this deployment:"
+    assert any(line.startswith("  P3 continuations complete: judged only on the rollouts") for line in lines)
+    assert "rules never drawn on this deployment:" in lines
+    assert not any("dispatch_restart" in line for line in lines)
+    assert any(line.startswith("  crash: needs crashes") for line in lines)
+    assert checkable.verdict_scope(capabilities) == (
+        "checked: P1, P8-P10, P13, P15, P19; not checked: P2-P7, P11-P12, P14, P16-P18, P20-P21 (listed above)"
+    )
+
+
+def test_capabilities_of_a_harness_read_its_capabilities() -> None:
+    spec = types.SimpleNamespace(
+        token_capture=False,
+        generation_cuts=False,
+        verify_mode="replay",
+        traits=types.SimpleNamespace(judge=True, restart_environment=False),
+    )
+    flags: dict[str, Any] = {
+        name: False
+        for name in (
+            "can_restart_one",
+            "can_stop_inside_commit",
+            "can_lose_unsynced",
+            "can_break_storage",
+            "can_lose_replies",
+            "can_fail_hooks",
+            "can_skew_clocks",
+            "can_jump_clocks",
+        )
+    }
+    harness = types.SimpleNamespace(
+        backend=None, can_crash=False, can_pause=True, lease_grace_s=600.0, spec=spec, **flags
+    )
+
+    capabilities = Capabilities.of(harness)  # type: ignore[arg-type]
+
+    assert capabilities == Capabilities(
+        gate=False, crashes=False, pause=True, lease_lapses=False, judge=True, verify_wait=False
+    )
