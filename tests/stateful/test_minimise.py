@@ -52,7 +52,13 @@ def test_a_longer_failing_run_minimises_to_the_known_two_steps_everywhere_it_is_
         # A definite failure: the run found and the minimal one each fail on all ten replays.
         assert document["minimised"]["found_reproduction"]["text"] == "P7 in 10 of 10 replays"
         assert document["reproduction"]["text"] == "P7 in 10 of 10 replays"
-        assert [p.name for p in harness.regressions_dir.iterdir()] == [path.name]
+        # Beside it only its timeline picture, drawn from the minimal run (its two steps), not the run found.
+        picture = path.with_suffix(".html")
+        assert sorted(p.name for p in harness.regressions_dir.iterdir()) == sorted([path.name, picture.name])
+        drawn = picture.read_text()
+        assert "retire" in drawn
+        assert "P7" in drawn
+        assert "release" not in drawn  # the run found released a call; the minimal run does not
         # The rewritten file replays the same failure.
         assert isinstance(replay_once(harness, document["steps"]), P7Violation)
 
