@@ -21,9 +21,11 @@ from fakes.stack import VERIFY_MODES, Stack, policy_workers_count
 from fakes.topologies import TOPOLOGIES
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run one deployment until SIGTERM or SIGINT: 0 once it stopped, 1 if it did not start (argparse exits 2)."""
-    parser = argparse.ArgumentParser(prog="python -m fakes.stack", description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None, prog: str = "python -m fakes.stack") -> int:
+    """Run one deployment until SIGTERM or SIGINT: 0 once it stopped, 1 if it did not start (argparse exits 2).
+
+    `prog` is the command its usage and errors name: the checker's `ckpt-model stack` passes its own."""
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--topology", choices=sorted(TOPOLOGIES), default="native")
     parser.add_argument("--state-dir", type=Path, required=True, help="logs, checkpoints, deployment.json")
     parser.add_argument("--backend-url", help="use a running backend (one that survived a crash) instead")

@@ -631,7 +631,7 @@ def run_stack(argv: list[str]) -> int:
     from ckpt_model.deployment import system
 
     try:
-        return system().launch(argv)
+        return system().launch(argv, prog="ckpt-model stack")
     except SystemExit as stop:  # the stack's own argparse: --help exits 0, a usage error 2, which is our 3
         code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
         return Exit.USAGE if code == 2 else code
