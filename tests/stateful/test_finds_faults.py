@@ -1,9 +1,11 @@
 """Each planted fault is found by a random search, by the property the catalogue names, and shrunk short.
 
-The fault-free stack is the control: `test_contract.py` runs the same machine against it and must pass. A full
-search and shrink costs minutes per fault (every example starts processes), so the default run searches for one
-fault end to end and `pytest -m search` (the nightly, with `HYPOTHESIS_PROFILE=ci`) searches for every one;
-`test_fixed_scenarios.py` checks every fault against its property in the default run.
+The fault-free stack is the control: `test_contract.py` runs the same machine against it and must pass. A search
+and its minimising cost a minute or more per fault (every example starts processes), so these run in the nightly
+(`pytest -m search`, with `HYPOTHESIS_PROFILE=ci`). The default run searches for one fault end to end through the
+command a user runs (`tests/cli/test_cli.py`: `ckpt-model check --faults resume_deletes_records`, the same machine,
+search without Hypothesis's shrink, and minimiser), and `test_fixed_scenarios.py` checks every fault against its
+property.
 """
 
 from __future__ import annotations
@@ -16,11 +18,7 @@ from fakes.faults import CATALOGUE, Fault
 SHRUNK_STEPS_MAX = 10
 
 
-IN_DEFAULT_RUN = "resume_deletes_records"
-FAULTS = [
-    pytest.param(fault, id=fault.name, marks=() if fault.name == IN_DEFAULT_RUN else pytest.mark.search)
-    for fault in CATALOGUE
-]
+FAULTS = [pytest.param(fault, id=fault.name, marks=pytest.mark.search) for fault in CATALOGUE]
 
 
 @pytest.mark.parametrize("fault", FAULTS)
