@@ -32,13 +32,21 @@ def progress_text(stats: SearchStats, examples_asked: int, doing: str, now_s: fl
     failures = len(stats.seen)
     parts = [
         f"{doing}",
-        f"example {min(stats.examples, examples_asked) if stats.examples else 0} of {examples_asked}",
+        _example_count(stats.examples, examples_asked),
         f"{steps} steps",
         f"{failures} failure{'' if failures == 1 else 's'}",
         f"{rate:.2f} examples/s",
         f"{elapsed_s:.0f} s",
     ]
     return "  " + " · ".join(parts)
+
+
+def _example_count(started: int, asked: int) -> str:
+    """`example 4 of 8`; past the count asked (Hypothesis also runs examples it discards as incomplete, and the
+    PASSED line says so) the count goes on rather than standing still at `8 of 8` while examples still run."""
+    if started <= asked:
+        return f"example {started} of {asked}"
+    return f"example {started} ({asked} asked)"
 
 
 class Progress:

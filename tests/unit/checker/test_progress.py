@@ -31,10 +31,11 @@ def test_the_line_counts_examples_steps_failures_and_the_rate() -> None:
     assert line == "  searching · example 4 of 8 · 40 steps · 1 failure · 0.50 examples/s · 8 s"
 
 
-def test_the_line_never_counts_past_the_examples_asked() -> None:
+def test_past_the_examples_asked_the_count_goes_on_and_names_the_count_asked() -> None:
     stats = stats_after(examples=11, steps_each=1)
 
-    assert "example 8 of 8" in progress_text(stats, examples_asked=8, doing="searching", now_s=101.0)
+    assert "example 11 (8 asked) · 11 steps" in progress_text(stats, examples_asked=8, doing="searching", now_s=101.0)
+    assert "example 8 of 8 ·" in progress_text(stats_after(8, 1), examples_asked=8, doing="searching", now_s=101.0)
 
 
 def test_nothing_is_drawn_when_the_stream_is_not_a_terminal() -> None:
