@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fakes.gym.generation_cut import GenerationCutContinuation, GenerationCutInventory, canonical_digest
 from fakes.gym.http import SERVER_KEEP_ALIVE_S, ClientGone, unless_client_gone
+from fakes.gym.server_logs import uvicorn_logging
 from fakes.gym.wire import BEARER_PREFIX, GENERATION_CUT_ROUTE, error_body
 
 MODEL_NAME = "fake-model"
@@ -557,9 +558,8 @@ def main(argv: list[str] | None = None) -> None:
         build_app(),
         host=args.host,
         port=args.port,
-        log_level="warning",
-        access_log=False,
         timeout_keep_alive=SERVER_KEEP_ALIVE_S,
+        **uvicorn_logging(),
     )
 
 

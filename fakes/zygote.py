@@ -64,6 +64,7 @@ from fakes import process_groups
 from fakes.fd_passing import receive_fds
 from fakes.gym.runtime import remove_runtime_dir
 from fakes.gym.serve import build_config, listening_socket, touch_stateless_routes
+from fakes.gym.server_logs import uvicorn_logging
 from fakes.zygote_protocol import write_message
 
 # How long a ping waits for the standbys to be built; how long stopping waits for the children to be gone.
@@ -145,7 +146,7 @@ async def _warm_up_requests(capture_dir: str) -> None:
             await client.get(CHECKPOINT_ROUTE_PREFIX + "/status")  # 401: the error handlers
     # The path a child takes: uvicorn serving an inherited socket, answering a real TCP client.
     sock = listening_socket("127.0.0.1", 0)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
+    server = uvicorn.Server(uvicorn.Config(app, lifespan="on", **uvicorn_logging()))
     serving = asyncio.ensure_future(server.serve(sockets=[sock]))
     try:
         host, port = sock.getsockname()

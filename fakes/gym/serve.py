@@ -16,6 +16,7 @@ from fastapi import FastAPI
 
 from fakes.gym.config import ServerConfig
 from fakes.gym.http import SERVER_KEEP_ALIVE_S
+from fakes.gym.server_logs import uvicorn_logging
 
 LISTEN_BACKLOG = 2048  # uvicorn's default
 
@@ -72,9 +73,7 @@ def build_config(config_json: str) -> Any:
     """uvicorn's loaded config for a server, its app built now and warmed by stateless requests."""
     app = build_app(ServerConfig.from_json(config_json))
     asyncio.run(touch_stateless_routes(app))
-    config = uvicorn.Config(
-        app, log_level="warning", access_log=False, lifespan="on", timeout_keep_alive=SERVER_KEEP_ALIVE_S
-    )
+    config = uvicorn.Config(app, lifespan="on", timeout_keep_alive=SERVER_KEEP_ALIVE_S, **uvicorn_logging())
     config.load()
     return config
 
@@ -106,9 +105,8 @@ def main() -> None:
         build_app(config),
         host=config.host,
         port=config.port,
-        log_level="warning",
-        access_log=False,
         timeout_keep_alive=SERVER_KEEP_ALIVE_S,
+        **uvicorn_logging(),
     )
 
 

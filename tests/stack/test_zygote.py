@@ -231,6 +231,27 @@ def test_restart__promotes_the_standbys_forked_after_the_last_start(running: Sta
 
 
 @processes
+def test_a_server_log__holds_the_requests_served_after_its_start(running: Stack, http: httpx.Client) -> None:
+    # A restarted server (a promoted standby), a refused /run, a call without the token: both are logged with their
+    # status; the backend, started cold, logs the request the start's health check sent it.
+    running.crash_gym()
+    running.start_gym()
+    environment = running.gym["environment"]
+    assert http.post(environment.url + "/run", json={"not": "a run"}).status_code == 422
+    assert http.get(environment.url + CHECKPOINT_ROUTE_PREFIX + "/status").status_code == 401
+
+    def logged() -> str | None:
+        text = environment.log_path.read_text()
+        last_start = text.rsplit("--- start environment", 1)[1]
+        wanted = ['"POST /run HTTP/1.1" 422', f'"GET {CHECKPOINT_ROUTE_PREFIX}/status HTTP/1.1" 401']
+        return last_start if all(line in last_start for line in wanted) else None
+
+    wait_until(logged, "the environment's log to hold both requests")
+    backend_log = running.log_path("backend").read_text()
+    assert '"GET /v1/models HTTP/1.1" 200' in backend_log
+
+
+@processes
 def test_sigkill_of_a_server_group__leaves_no_process_in_it(running: Stack) -> None:
     stack = running
     assert stack.fork_server is not None
