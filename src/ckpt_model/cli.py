@@ -2,15 +2,17 @@
 
     ckpt-model check [--topology T] [--verify-mode M] [--faults a,b] [--token-capture] [--generation-cuts]
                      [--policy-workers N] [--profile P] [--examples N] [--steps N] [--seed N] [--no-minimise]
-                     [--replays N] [--swarm]
+                     [--replays N] [--swarm] [--keep-artifacts DIR]
                                       run the state machine against the embedded look-alike stack, in the
                                       deployment `DeploymentSpec.for_faults` picks; each failure is then
                                       replayed N times (10) for its reproduction rate ("P5 in 3 of 10
                                       replays"), minimised (1-minimal) by that rate and its regression file
                                       rewritten with it; the run ends with the coverage table (goals and rules
                                       reached, `ckpt_model.goals`)
-    ckpt-model replay FILE            replay a regression file the checker wrote, without Hypothesis
-    ckpt-model minimise FILE          make a regression file's steps 1-minimal and rewrite it (only if they fail
+    ckpt-model replay FILE [--keep-artifacts DIR]
+                                      replay a regression file the checker wrote, without Hypothesis
+    ckpt-model minimise FILE [--keep-artifacts DIR]
+                                      make a regression file's steps 1-minimal and rewrite it (only if they fail
                                       as recorded, and the minimal steps fail again the same way)
     ckpt-model stack ARGS...          run the look-alike stack by hand (the arguments of `python -m fakes.stack`)
     ckpt-model faults                 list the planted faults
@@ -56,7 +58,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import attrs
 from hypothesis import settings
 
-from ckpt_model import checking, profiles
+from ckpt_model import artifacts, checking, profiles
 from ckpt_model.errors import CoordinationError, PropertyViolation
 from ckpt_model.interrupts import signal_number, sigterm_unwinds
 from ckpt_model.reproduction import REPLAYS, Rate
@@ -177,6 +179,15 @@ def build_parser() -> Parser:
         "minimise", help="make a regression file's steps 1-minimal and rewrite it (only with steps that fail)"
     )
     minimise.add_argument("file", type=Path, help="a regression file (.ckpt-model/regressions/*.json)")
+    for command in (check, replay, minimise):
+        command.add_argument(
+            "--keep-artifacts",
+            type=Path,
+            metavar="DIR",
+            help="keep the run's artefacts in DIR, a new or empty directory: every server's full log and, on a "
+            "failure, its history (history.jsonl), its checkpoint directories and its regression file with the "
+            "timeline; the failure report's paths then point there (default: temporary, removed at exit)",
+        )
 
     # Only for --help: `main` hands everything after `stack` to the stack's own parser, untouched.
     commands.add_parser(
@@ -291,6 +302,12 @@ def banner(
             else "no (--no-minimise): Hypothesis shrinks the failure itself (minutes)"
         ),
         f"  replays:     {args.replays} per failure, for its reproduction rate",
+        "  artifacts:   "
+        + (
+            f"kept in {args.keep_artifacts} (--keep-artifacts)"
+            if args.keep_artifacts is not None
+            else "temporary, removed at exit (--keep-artifacts DIR keeps them)"
+        ),
     ]
     for fault in faults:
         if (fault.topology, fault.verify_mode) != (spec.topology, spec.verify_mode):
@@ -299,6 +316,18 @@ def banner(
                 f"on {spec.topology}/{spec.verify_mode} it may never show"
             )
     return "\n".join(lines)
+
+
+def artifacts_dir(args: argparse.Namespace) -> Path | None:
+    """`--keep-artifacts DIR`, made ready before any server starts (`artifacts.prepare`): a DIR that is not empty
+    or cannot be created is a usage error. The absolute path is kept on `args`, for the banner."""
+    if args.keep_artifacts is None:
+        return None
+    try:
+        args.keep_artifacts = artifacts.prepare(args.keep_artifacts)
+    except artifacts.ArtifactsError as error:
+        raise UsageError(f"--keep-artifacts: {error}") from None
+    return Path(args.keep_artifacts)
 
 
 def profile_description(chosen: settings, *, seeded_run: bool) -> str:
@@ -310,7 +339,7 @@ def run_check(args: argparse.Namespace) -> int:
     # Imported here, not at the top: `--help` and usage errors need none of the stack.
     from ckpt_model import goals
     from ckpt_model.checking import statistics_line
-    from ckpt_model.deployment import Harness, spec_of
+    from ckpt_model.deployment import Harness
     from ckpt_model.machine import CheckpointMachine
     from ckpt_model.progress import Progress
     from ckpt_model.stats import SearchStats
@@ -319,15 +348,14 @@ def run_check(args: argparse.Namespace) -> int:
     gym = None
     faults = planted_faults(args.faults)
     if args.deployment is not None:
-        from ckpt_model.gym_deployment import GymDeployment
+        from ckpt_model.gym_deployment import described
 
         if faults:
             raise UsageError("--faults plants faults in the embedded stack; a real Gym deployment has none")
         try:
-            gym = GymDeployment.from_file(args.deployment)
-            spec = spec_of(gym)
-        except (ValueError, TypeError) as error:
-            raise UsageError(f"--deployment: {error} (see {REAL_GYM_DOC})") from None
+            gym, spec = described(args.deployment)
+        except ValueError as error:
+            raise UsageError(f"--deployment: {error}") from None
         args.system = gym.label  # the banner's system line
         if gym.examples_max is not None:  # a Gym nothing may restart serves one example (docs/real-gym.md)
             args.examples = min(args.examples or gym.examples_max, gym.examples_max)
@@ -335,13 +363,14 @@ def run_check(args: argparse.Namespace) -> int:
         spec = chosen_spec(args, faults)
     chosen = run_settings(args)
     seed = chosen_seed(args, chosen)
+    kept = artifacts_dir(args)
     print(banner(args, spec, faults, chosen, seed), flush=True)
 
     stats = SearchStats()
     run = RunRecord(args, spec, chosen, seed, stats)
     with Progress(stats, chosen.max_examples) as progress:
         try:
-            harness = Harness(gym, spec=spec) if gym else Harness.embedded(spec)
+            harness = Harness(gym, spec=spec, artifacts=kept) if gym else Harness.embedded(spec, artifacts=kept)
             run.harness = harness
             if gym is None and not harness.can_skew_clocks:
                 print(f"  note: {CLOCKS_NOTE}", flush=True)
@@ -379,6 +408,8 @@ def run_check(args: argparse.Namespace) -> int:
     for line in summary(capabilities, rule_shown=lambda rule: goals.rule_applies(rule, spec)):
         print(line, flush=True)
     print(statistics_line(stats), flush=True)
+    if kept is not None:
+        print(f"kept in {kept}: {artifacts.LOGS}/ (every server's full log)", flush=True)
     print(
         f"PASSED: {len(stats.finished)} examples{asked_note(len(stats.finished), chosen.max_examples)} in "
         f"{time.monotonic() - stats.started_s:.1f} s, no property violated; {verdict_scope(capabilities)}",
@@ -537,11 +568,12 @@ def run_replay(args: argparse.Namespace) -> int:
     from ckpt_model.scenarios import replay
 
     document, _ = load_regression(args.file)
+    kept = artifacts_dir(args)
     recorded_type = document["failure"]["type"]
     recorded = document["failure"].get("property") or recorded_type
     print(f"replaying {args.file} (recorded: {recorded})\n  {regression.describe(document)}", flush=True)
     try:
-        replay(document)
+        replay(document, artifacts=kept)
     except PropertyViolation as violation:
         if document["failure"].get("property"):
             same = violation.property_id == document["failure"]["property"]
@@ -564,11 +596,12 @@ def run_minimise(args: argparse.Namespace) -> int:
     from ckpt_model.minimise import describe, minimise_on, provenance, replay_once, signature
 
     document, spec = load_regression(args.file)
+    kept = artifacts_dir(args)
     recorded = (document["failure"]["type"], document["failure"].get("property"))
     steps = [(name, arguments) for name, arguments in document["steps"]]
     print(f"minimising {args.file} (recorded: {recorded[1] or recorded[0]})\n  {regression.describe(document)}")
     try:
-        with regression_harness(spec) as harness:
+        with regression_harness(spec, kept) as harness:
             first = replay_once(harness, steps)
             if signature(first) != recorded:
                 return not_minimised(args.file, first, recorded)
@@ -594,13 +627,14 @@ def run_minimise(args: argparse.Namespace) -> int:
 
 
 @contextlib.contextmanager
-def regression_harness(spec: DeploymentSpec) -> Iterator[Any]:
+def regression_harness(spec: DeploymentSpec, kept: Path | None = None) -> Iterator[Any]:
     """A fresh embedded deployment of the file's deployment, whose failures write their regression files under
-    its own root (never over the file being minimised)."""
+    its own root, or in the artefacts' directory `kept` (never over the file being minimised)."""
     from ckpt_model.deployment import Harness
 
-    harness = Harness.embedded(spec)
-    harness.regressions_dir = harness.root / "regressions"
+    harness = Harness.embedded(spec, artifacts=kept)
+    if kept is None:
+        harness.regressions_dir = harness.root / "regressions"
     try:
         yield harness
     finally:

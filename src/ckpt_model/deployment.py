@@ -62,6 +62,7 @@ from typing import Any, Protocol, runtime_checkable
 import httpx
 
 from ckpt_model import timing
+from ckpt_model.artifacts import CHECKPOINTS, LOGS, copy_logs
 from ckpt_model.coordination import ControlClient, new_http_client
 from ckpt_model.errors import CoordinationError, HarnessError, ServerStartError
 from ckpt_model.ledger import LedgerClient
@@ -397,7 +398,14 @@ class Harness:
     verifies that each still answers as the kind it was discovered as, and discovers anew if one does not; any
     other use of `control` before that verifies first."""
 
-    def __init__(self, deployment: Deployment, *, spec: DeploymentSpec | None = None, root: Path | None = None) -> None:
+    def __init__(
+        self,
+        deployment: Deployment,
+        *,
+        spec: DeploymentSpec | None = None,
+        root: Path | None = None,
+        artifacts: Path | None = None,
+    ) -> None:
         self.deployment = deployment
         # What the deployment is; without `spec`, what it says it is (a real Gym's, `spec_of`).
         self.spec = spec if spec is not None else spec_of(deployment)
@@ -406,9 +414,10 @@ class Harness:
                 f"the {self.spec.label} deployment asks for token capture, but the system has no capture ledgers "
                 "(token_capture, generation_cuts, capture_token, clear_capture())"
             )
+        # `--keep-artifacts`: a directory `artifacts.prepare` made ready, where the run's artefacts stay after it.
+        self.artifacts = artifacts
         self._own_root = root is None
-        prefix = f"ckpt-model-checkpoints-{self.spec.topology}-"
-        self.root = Path(tempfile.mkdtemp(prefix=prefix)) if root is None else Path(root)
+        self.root = Path(root) if root is not None else self._new_root()
         self.http = new_http_client(httpx.Timeout(30.0, read=None))
         # `/run`s get connections of their own. A `/run` the server ends with an unhandled exception leaves its
         # connection looking idle for the milliseconds uvicorn spends logging before it closes it (no
@@ -416,7 +425,9 @@ class Harness:
         # client costs ~42 ms to build, so both are built once.
         self.run_http = new_http_client(httpx.Timeout(30.0, read=None))
         # Where a failing run writes its regression file (None: `ckpt_model.regression.directory()`).
-        self.regressions_dir: Path | None = None
+        self.regressions_dir: Path | None = artifacts
+        # The example directory kept for the artefacts (`keep_example`): neither the next example nor close removes it.
+        self.kept_example: Path | None = None
         self._control: ControlClient | None = None
         # The servers the client last discovered, and whether a restart since kept them without verifying.
         self._discovered: dict[str, str] | None = None
@@ -439,13 +450,13 @@ class Harness:
         self.backend = None if backend_url is None else BackendGate(backend_url, self.http)
 
     @classmethod
-    def embedded(cls, spec: DeploymentSpec | str) -> Harness:
+    def embedded(cls, spec: DeploymentSpec | str, *, artifacts: Path | None = None) -> Harness:
         """A harness over the look-alike stack (the `embedded` system) in deployment `spec`; a topology's name
         stands for its plain deployment (`DeploymentSpec(name)`)."""
         chosen = DeploymentSpec(spec) if isinstance(spec, str) else spec
         deployment = system().deployment(chosen.topology, **chosen.system_keywords())
         try:
-            return cls(deployment, spec=chosen)
+            return cls(deployment, spec=chosen, artifacts=artifacts)
         except BaseException:
             deployment.close()
             raise
@@ -523,7 +534,21 @@ class Harness:
         return deployment.restart_run_url()
 
     def log_tails(self, lines: int = 15) -> str:
-        return self.deployment.log_tails(lines)
+        """The deployment's log tails; with artefacts kept, naming the copies `close` makes, which outlive the run."""
+        tails = self.deployment.log_tails(lines)
+        if self.artifacts is None:
+            return tails
+        return tails.replace(str(self.deployment.logs_dir), str(self.artifacts / LOGS))
+
+    def keep_example(self) -> Path:
+        """Keep this example's directory (its checkpoints) after the run, in place of the one kept before; returns
+        it. Only with artefacts kept, whose directory holds the harness's root."""
+        assert self.artifacts is not None, "only a harness that keeps artefacts keeps an example"
+        example_dir = self.checkpoint_dir.parent
+        if self.kept_example not in (None, example_dir):
+            shutil.rmtree(self.kept_example, ignore_errors=True)
+        self.kept_example = example_dir
+        return example_dir
 
     @property
     def control(self) -> ControlClient | None:
@@ -556,7 +581,8 @@ class Harness:
             self.time_passed_s = 0.0  # fresh servers: the new example starts on the true time
             with timing.span("directories"):
                 self.example += 1
-                self._chore(shutil.rmtree, self.checkpoint_dir.parent, ignore_errors=True)
+                if self.checkpoint_dir.parent != self.kept_example:
+                    self._chore(shutil.rmtree, self.checkpoint_dir.parent, ignore_errors=True)
                 self.checkpoint_dir = self.root / f"example-{self.example}" / "checkpoints"
                 self.checkpoint_dir.mkdir(parents=True)
             try:
@@ -712,6 +738,11 @@ class Harness:
         if self._chores is not None:
             self._chores.shutdown(wait=True)
             self._chores = None
+        if self.artifacts is not None:
+            try:
+                copy_logs(self.deployment.logs_dir, self.artifacts / LOGS)
+            except OSError as error:
+                log.warning("could not keep the server logs in %s: %s", self.artifacts, error)
         with contextlib.suppress(Exception):
             self.deployment.close()
         with contextlib.suppress(Exception):
@@ -719,8 +750,28 @@ class Harness:
         with contextlib.suppress(Exception):
             self.run_http.close()
         if self._own_root:
-            shutil.rmtree(self.root, ignore_errors=True)
+            self._remove_root()
         atexit.unregister(self.close)
+
+    def _new_root(self) -> Path:
+        """The harness's own root: under the artefacts' directory when kept, else a fresh temporary directory."""
+        if self.artifacts is None:
+            return Path(tempfile.mkdtemp(prefix=f"ckpt-model-checkpoints-{self.spec.topology}-"))
+        root = self.artifacts / CHECKPOINTS
+        root.mkdir(parents=True, exist_ok=True)
+        return root
+
+    def _remove_root(self) -> None:
+        """Remove the root, or with artefacts kept everything in it but the kept example (and it, if empty)."""
+        if self.artifacts is None:
+            shutil.rmtree(self.root, ignore_errors=True)
+            return
+        with contextlib.suppress(OSError):
+            for child in self.root.iterdir():
+                if child != self.kept_example:
+                    shutil.rmtree(child, ignore_errors=True)
+            if not any(self.root.iterdir()):
+                self.root.rmdir()
 
     def __enter__(self) -> Harness:
         return self

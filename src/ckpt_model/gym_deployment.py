@@ -52,6 +52,7 @@ from ckpt_model.errors import HarnessError
 from ckpt_model.preflight import PREFLIGHT_TIMEOUT_S, PreflightError
 from ckpt_model.spec import DeploymentSpec
 
+REAL_GYM_DOC = "docs/real-gym.md"
 START_TIMEOUT_S = 120.0
 COMMAND_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
@@ -413,6 +414,19 @@ class GymDeployment:
                     f"{self.description_file} does not give its URL ({type(error).__name__}: {error})"
                 ) from None
         return {name: url.rstrip("/") for name, url in servers.items()}
+
+
+def described(path: Path) -> tuple[GymDeployment, DeploymentSpec]:
+    """The real Gym a description file names, and its spec: what `ckpt-model check --deployment FILE` and the
+    pytest plugin's `--ckpt-deployment FILE` check. A bad file is a ValueError that says what is wrong and where the
+    format is documented."""
+    from ckpt_model.deployment import spec_of
+
+    try:
+        gym = GymDeployment.from_file(path)
+        return gym, spec_of(gym)
+    except (ValueError, TypeError) as error:
+        raise ValueError(f"{error} (see {REAL_GYM_DOC})") from None
 
 
 def system_label(deployment: GymDeployment | None) -> str:

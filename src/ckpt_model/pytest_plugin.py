@@ -1,10 +1,21 @@
-"""The pytest plugin `ckpt_model` (entry point group `pytest11`): a deployment of the embedded stack, chosen on the
-command line, as the session fixture `ckpt_harness`.
+"""The pytest plugin `ckpt_model` (entry point group `pytest11`): a deployment of the embedded stack (or a real
+Gym), chosen on the command line, as the session fixture `ckpt_harness`, and `ckpt_check`, the search
+`ckpt-model check` runs on it.
 
     pytest --ckpt-topology slow --ckpt-verify-mode replay --ckpt-faults resume_deletes_records my_tests/
 
     def test_my_machine(ckpt_harness):            # a `ckpt_model.deployment.Harness`, started once per session
         run_state_machine_as_test(machine_for(ckpt_harness))
+
+    def test_the_contract(ckpt_check):            # the check's search on ckpt_harness: a failure fails the test
+        ckpt_check(examples=20, steps=8, seed=2)   # with the report `ckpt-model check` prints
+
+`ckpt_check` searches as `ckpt-model check` does (`ckpt_model.checking.search` without Hypothesis's shrink): it stops
+at the first failing example, measures its reproduction rate and makes it 1-minimal with the checker's minimiser,
+then fails the test with the failure report (property, rollout, expected, observed, steps, how to replay).
+`--ckpt-deployment FILE` checks a real Gym described in FILE (`ckpt-model check --deployment FILE`,
+docs/real-gym.md) instead of the embedded stack; `--ckpt-keep-artifacts DIR` keeps the run's artefacts in DIR, a new
+or empty directory (`ckpt-model check --keep-artifacts DIR`; under xdist, in DIR/<worker id>).
 
 The options are `ckpt-model check`'s, prefixed `--ckpt-`: one per deployment option (`--ckpt-token-capture` turns
 on the policy model's capture ledgers, P5; `--ckpt-generation-cuts` generation cuts too, P12;
@@ -20,18 +31,23 @@ that themselves, `ckpt_model.profiles`), and adds its report header line only wh
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from ckpt_model.reproduction import REPLAYS
 from ckpt_model.spec import OPTIONS, DeploymentSpec, Option, OptionValue, SpecError, flag_keywords
 from ckpt_model.topologies import TOPOLOGIES, VERIFY_MODES
 
 if TYPE_CHECKING:
     from ckpt_model.deployment import Harness, PlantedFault
+    from ckpt_model.gym_deployment import GymDeployment
 
-CHOICES = ("ckpt_topology", "ckpt_verify_mode", "ckpt_faults")
+CHOICES = ("ckpt_topology", "ckpt_verify_mode", "ckpt_faults", "ckpt_deployment", "ckpt_keep_artifacts")
+# What `ckpt_check` runs: the check's search, with these keywords (None: the profile's).
+Check = Callable[..., None]
 
 
 def dest(option: Option) -> str:
@@ -56,6 +72,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--ckpt-faults", default=None, metavar="A,B", help="comma-separated planted faults of ckpt_harness")
     for option in OPTIONS:
         group.addoption(option.flag("--ckpt-"), dest=dest(option), **flag_keywords(option))
+    group.addoption(
+        "--ckpt-deployment",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="ckpt_harness checks the real Gym described in FILE instead of the embedded stack (docs/real-gym.md)",
+    )
+    group.addoption(
+        "--ckpt-keep-artifacts",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="keep the run's artefacts in DIR, a new or empty directory: server logs and, on a failure, its history, "
+        "checkpoint directories and regression file (under xdist, in DIR/<worker id>)",
+    )
 
 
 def asked_options(config: pytest.Config) -> dict[str, OptionValue]:
@@ -64,7 +95,12 @@ def asked_options(config: pytest.Config) -> dict[str, OptionValue]:
 
 
 def chosen(config: pytest.Config) -> DeploymentSpec:
-    """The deployment the options name, with the defaults filled in (the catalogue is read only for faults)."""
+    """The deployment the options name, with the defaults filled in (the catalogue is read only for faults); a
+    real Gym's as its description file says (`gym_deployment.described`)."""
+    if config.getoption("ckpt_deployment") is not None:
+        gym, spec = described_gym(config)
+        gym.close()  # read, never started: closing only lets go of its client
+        return spec
     faults_text = config.getoption("ckpt_faults") or ""
     planted: tuple[PlantedFault, ...] = ()
     if faults_text.strip():
@@ -85,17 +121,46 @@ def used(config: pytest.Config) -> bool:
     )
 
 
+def described_gym(config: pytest.Config) -> tuple[GymDeployment, DeploymentSpec]:
+    """The real Gym `--ckpt-deployment` describes, and its spec; a bad file is a usage error."""
+    from ckpt_model.gym_deployment import described
+
+    try:
+        return described(config.getoption("ckpt_deployment"))
+    except ValueError as error:
+        raise pytest.UsageError(f"--ckpt-deployment: {error}") from None
+
+
+def kept_dir(config: pytest.Config) -> Path | None:
+    """`--ckpt-keep-artifacts DIR`, absolute; under xdist a worker keeps its run in DIR/<worker id>."""
+    directory = config.getoption("ckpt_keep_artifacts")
+    if directory is None:
+        return None
+    worker = getattr(config, "workerinput", {}).get("workerid")
+    path = Path(directory).expanduser().absolute()
+    return path / worker if worker else path
+
+
 def pytest_configure(config: pytest.Config) -> None:
     if not used(config):
         return
+    from ckpt_model.artifacts import ArtifactsError, prepare
     from ckpt_model.deployment import UnknownFaults
 
+    if config.getoption("ckpt_deployment") is not None and (config.getoption("ckpt_faults") or "").strip():
+        raise pytest.UsageError("--ckpt-faults plants faults in the embedded stack; a real Gym deployment has none")
     try:
         chosen(config)
     except UnknownFaults as error:
         raise pytest.UsageError(f"--ckpt-faults: {error}") from None
     except SpecError as error:
         raise pytest.UsageError(f"ckpt-model: {error}") from None
+    kept = kept_dir(config)
+    if kept is not None:
+        try:
+            prepare(kept)  # before any server starts; a worker's own directory once the controller made DIR
+        except ArtifactsError as error:
+            raise pytest.UsageError(f"--ckpt-keep-artifacts: {error}") from None
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
@@ -103,16 +168,67 @@ def pytest_report_header(config: pytest.Config) -> str | None:
         return None
     spec = chosen(config)
     options = f", options {'+'.join(spec.option_words)}" if spec.option_words else ""
+    system = f"real Gym {config.getoption('ckpt_deployment')}, " if config.getoption("ckpt_deployment") else ""
+    kept = kept_dir(config)
     return (
-        f"ckpt-model: ckpt_harness topology {spec.topology}, verify mode {spec.verify_mode}, "
+        f"ckpt-model: ckpt_harness {system}topology {spec.topology}, verify mode {spec.verify_mode}, "
         f"faults {','.join(spec.faults) or 'none'}{options}"
+        + (f"; artifacts kept in {kept}" if kept is not None else "")
     )
 
 
 @pytest.fixture(scope="session")
 def ckpt_harness(pytestconfig: pytest.Config) -> Iterator[Harness]:
-    """A harness over the embedded stack in the deployment the `--ckpt-*` options name; closed at session end."""
+    """A harness over the embedded stack in the deployment the `--ckpt-*` options name, or over the real Gym
+    `--ckpt-deployment` describes; closed at session end."""
     from ckpt_model.deployment import Harness
 
-    with Harness.embedded(chosen(pytestconfig)) as harness:
+    kept = kept_dir(pytestconfig)
+    if pytestconfig.getoption("ckpt_deployment") is None:
+        harness = Harness.embedded(chosen(pytestconfig), artifacts=kept)
+    else:
+        gym, spec = described_gym(pytestconfig)
+        harness = Harness(gym, spec=spec, artifacts=kept)
+    with harness:
         yield harness
+
+
+@pytest.fixture
+def ckpt_check(ckpt_harness: Harness) -> Check:
+    """The search `ckpt-model check` runs, on `ckpt_harness`: `ckpt_check(examples=N, steps=N, seed=N, swarm=False,
+    replays=10, profile="default")`. A failure fails the test with the report the command prints."""
+    from hypothesis import settings
+
+    from ckpt_model import checking, profiles
+    from ckpt_model.gym_deployment import GymDeployment
+    from ckpt_model.stats import SearchStats
+    from ckpt_model.verdicts import failure_report
+
+    def check(
+        *,
+        examples: int | None = None,
+        steps: int | None = None,
+        seed: int | None = None,
+        swarm: bool = False,
+        replays: int = REPLAYS,
+        profile: str = "default",
+    ) -> None:
+        overrides: dict[str, Any] = {"database": None} if seed is not None else {}
+        gym = ckpt_harness.deployment
+        if isinstance(gym, GymDeployment) and gym.examples_max is not None:  # docs/real-gym.md, as `check` does
+            examples = min(examples or gym.examples_max, gym.examples_max)
+        if examples is not None:
+            overrides["max_examples"] = examples
+        if steps is not None:
+            overrides["stateful_step_count"] = steps
+        chosen_settings = settings(profiles.profile_for(profile, profiles.in_ci()), **overrides)
+        stats = SearchStats()
+        try:
+            checking.search(
+                ckpt_harness, checking.without_shrink(chosen_settings), stats, swarm=swarm, seed=seed, replays=replays
+            )
+        except Exception as error:
+            _, report = failure_report(error, stats.seen)
+            pytest.fail(report, pytrace=False)
+
+    return check

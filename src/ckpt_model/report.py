@@ -2,7 +2,8 @@
 
 Notes on the exception (`add_note`): the steps with the model's names, the history of the rollout and the
 controller, the backend's calls, the server log tails, how to reproduce, the regression file written for it, and
-the timeline picture of the whole history beside it (`ckpt_model.timeline`).
+the timeline picture of the whole history beside it (`ckpt_model.timeline`), and what `--keep-artifacts` kept (or
+that those paths are temporary).
 The rule calls themselves ride on the exception too (`rule_calls_of`), so whoever catches it after Hypothesis
 (`ckpt_model.faultsearch`, `ckpt-model check`) can minimise that very run (`ckpt_model.minimise`).
 """
@@ -13,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ckpt_model import regression, timeline
+from ckpt_model import artifacts, regression, timeline
 from ckpt_model.deployment import Harness
 from ckpt_model.history import Event, History
 
@@ -62,6 +63,7 @@ def annotate(
         "first when the profile keeps an example database (not under CI=true); the @reproduce_failure(...) line "
         "Hypothesis prints replays it exactly, with this Hypothesis version and this checker's code."
     )
+    path: Path | None = None
     try:
         path = regression.write(harness, rule_calls, error)
     except OSError as write_error:
@@ -69,7 +71,26 @@ def annotate(
     else:
         error.add_note(f"Replay without Hypothesis (survives code edits): ckpt-model replay {path}")
         error.add_note(draw_timeline(error, harness, path))
+    kept = keep_artifacts(harness, history.events, path)
+    if kept is not None:
+        error.add_note(kept)
     return True
+
+
+def keep_artifacts(harness: Harness, events: Sequence[Event], regression_path: Path | None) -> str | None:
+    """With `--keep-artifacts`, keep the failing example's checkpoints and history: the note that says where. A
+    failure whose regression file went elsewhere (a minimiser's candidate, a replay for the rate) keeps nothing and
+    says nothing. Without it, the note that the paths above are temporary."""
+    if harness.artifacts is None:
+        return artifacts.removed_note()
+    if regression_path is None or regression_path.parent != harness.artifacts:
+        return None
+    example_dir = harness.keep_example()
+    try:
+        artifacts.write_history(harness.artifacts / artifacts.HISTORY, events)
+    except OSError as write_error:
+        return f"History not kept: {write_error}"
+    return artifacts.kept_note(harness.artifacts, example_dir)
 
 
 def draw_timeline(error: BaseException, harness: Harness, regression_path: Path) -> str:

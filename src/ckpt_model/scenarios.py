@@ -13,6 +13,7 @@ catalogue names.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -897,9 +898,11 @@ def check_lineage(scenario: Scenario, harness: Harness) -> None:
             raise ScenarioFactMismatch(f"continued calls: expected {expected_continued}, observed {continued}")
 
 
-def replay(document: Mapping[str, Any]) -> None:
+def replay(document: Mapping[str, Any], *, artifacts: Path | None = None) -> None:
     """Run a regression file's steps on a fresh embedded deployment of the file's (`DeploymentSpec.from_document`);
-    raises what the run raises (`ckpt_model.regression.load` reads the file)."""
-    with Harness.embedded(DeploymentSpec.from_document(document)) as harness:
-        harness.regressions_dir = harness.root / "regressions"  # a replay does not overwrite the file it replays
+    raises what the run raises (`ckpt_model.regression.load` reads the file). With `artifacts` (`--keep-artifacts`)
+    the failure's regression file, history, checkpoints and logs stay there."""
+    with Harness.embedded(DeploymentSpec.from_document(document), artifacts=artifacts) as harness:
+        if artifacts is None:  # a replay does not overwrite the file it replays
+            harness.regressions_dir = harness.root / "regressions"
         run(harness, [(name, arguments) for name, arguments in document["steps"]])

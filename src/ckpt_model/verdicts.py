@@ -191,23 +191,31 @@ WHY_UNJUDGED = {
 
 
 def report_failure(error: BaseException, seen: Sequence[BaseException] = ()) -> int:
-    """Print every failure the run raised, violations first (each with its reproduction rate where measured);
-    exit 1 if any is a violation, else 2. `seen`: the failures the machine raised in the run (`leaves`)."""
+    """Print every failure the run raised (`failure_report`); exit 1 if any is a violation, else 2."""
+    code, text = failure_report(error, seen)
+    print(text, flush=True)
+    return code
+
+
+def failure_report(error: BaseException, seen: Sequence[BaseException] = ()) -> tuple[Exit, str]:
+    """Every failure the run raised, violations first (each with its reproduction rate where measured), and the
+    exit code that says it: 1 if any is a violation, else 2. `seen`: the failures the machine raised in the run
+    (`leaves`). The CLI prints it; the pytest plugin's `ckpt_check` fails its test with it."""
     failures = [(kind_of(leaf), leaf) for leaf in leaves(error, seen)]
     violations = [leaf for kind, leaf in failures if kind == "violation"]
     others = [(kind, leaf) for kind, leaf in failures if kind != "violation"]
+    lines: list[str] = []
     for number, violation in enumerate(violations, 1):
-        print(f"\n=== property violation {number} of {len(violations)}: {headline(violation)} ===", flush=True)
-        print(exception_text(violation), flush=True)
+        lines += [f"\n=== property violation {number} of {len(violations)}: {headline(violation)} ==="]
+        lines += [exception_text(violation)]
     for kind, leaf in others:
-        print(f"\n=== could not judge: {WHY_UNJUDGED[kind]} ===", flush=True)
-        print(exception_text(leaf, with_traceback=kind in ("checker", "unexpected")), flush=True)
+        lines += [f"\n=== could not judge: {WHY_UNJUDGED[kind]} ==="]
+        lines += [exception_text(leaf, with_traceback=kind in ("checker", "unexpected"))]
     if violations:
         ids = ", ".join(dict.fromkeys(headline(violation) for violation in violations))
-        print(f"\nFAILED: property violation ({ids})", flush=True)
-        return Exit.VIOLATION
-    print(f"\nCOULD NOT JUDGE: {', '.join(dict.fromkeys(kind for kind, _ in others))}", flush=True)
-    return Exit.UNJUDGED
+        return Exit.VIOLATION, "\n".join([*lines, f"\nFAILED: property violation ({ids})"])
+    kinds = ", ".join(dict.fromkeys(kind for kind, _ in others))
+    return Exit.UNJUDGED, "\n".join([*lines, f"\nCOULD NOT JUDGE: {kinds}"])
 
 
 def exception_text(error: BaseException, *, with_traceback: bool = False) -> str:

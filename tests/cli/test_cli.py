@@ -107,6 +107,8 @@ def test_faults_lists_every_planted_fault(tmp_path: Path) -> None:
         (["minimise", "missing.json"], "not a readable regression file"),
         (["replay", "unknown-rule.json"], "step 2 names 'teleport', which is no rule of the machine"),
         (["minimise", "unknown-rule.json"], "step 1 (dispatch) has arguments its rule does not take"),
+        (["check", "--keep-artifacts", "."], "--keep-artifacts: "),
+        (["check", "--keep-artifacts", "unknown-rule.json/kept"], "cannot be created"),
     ],
     ids=[
         "unknown-subcommand",
@@ -118,6 +120,8 @@ def test_faults_lists_every_planted_fault(tmp_path: Path) -> None:
         "minimise-unreadable-file",
         "unknown-rule",
         "unknown-argument",
+        "artifacts-not-empty",
+        "artifacts-not-creatable",
     ],
 )
 def test_usage_errors_exit_3(tmp_path: Path, arguments: list[str], message: str) -> None:
@@ -131,10 +135,16 @@ def test_usage_errors_exit_3(tmp_path: Path, arguments: list[str], message: str)
     assert not (tmp_path / "tmp").exists() or left_behind(tmp_path) == []  # found before any server started
     if arguments[-1] == "no_such_fault":
         assert all(fault.name in result.stderr for fault in fault_catalogue())
+    if "--keep-artifacts" in arguments:  # the user's files are as they were
+        assert sorted(path.name for path in tmp_path.iterdir()) == ["tmp", "unknown-rule.json"]
 
 
 def test_check_passes_on_the_fault_free_stack_after_its_banner(tmp_path: Path) -> None:
-    result = ckpt_model(tmp_path, "check", "--topology", "native", "--examples", "2", "--steps", "6", developer=True)
+    result = ckpt_model(
+        tmp_path,
+        *["check", "--topology", "native", "--examples", "2", "--steps", "6", "--keep-artifacts", "kept"],
+        developer=True,
+    )
 
     assert result.returncode == 0, result.stdout + result.stderr
     banner = result.stdout.split("PASSED")[0]
@@ -146,6 +156,7 @@ def test_check_passes_on_the_fault_free_stack_after_its_banner(tmp_path: Path) -
         "seed:",
         "examples:    2, each of up to 6 steps",
         "swarm:       no",
+        f"artifacts:   kept in {tmp_path / 'kept'} (--keep-artifacts)",
     ]:
         assert line in banner
     assert "PASSED" in result.stdout
@@ -153,6 +164,9 @@ def test_check_passes_on_the_fault_free_stack_after_its_banner(tmp_path: Path) -
     assert re.match(r"\d+ examples \(native\):", table)  # every example started, those Hypothesis rejected too
     assert "a reply held across a commit" in table
     assert "dispatch_restart" in table
+    # A passing run keeps every server's full log, with the requests the servers served, and nothing else.
+    assert sorted(path.name for path in (tmp_path / "kept").iterdir()) == ["logs"]
+    assert '"POST /run HTTP/1.1" 200' in (tmp_path / "kept" / "logs" / "environment.log").read_text()
     assert left_behind(tmp_path) == []
 
 
@@ -168,7 +182,9 @@ def test_check_with_swarm_passes_on_the_fault_free_stack(tmp_path: Path) -> None
 
 
 def test_check_finds_a_planted_fault_and_names_its_property(tmp_path: Path) -> None:
-    result = ckpt_model(tmp_path, "check", *FAULT_SEARCH, "--json", "result.json", "--junit", "result.xml")
+    result = ckpt_model(
+        tmp_path, "check", *FAULT_SEARCH, "--json", "result.json", "--junit", "result.xml", "--keep-artifacts", "kept"
+    )
 
     assert result.returncode == 1, result.stdout + result.stderr
     assert "seed:        2 (from --seed" in result.stdout
@@ -177,11 +193,17 @@ def test_check_finds_a_planted_fault_and_names_its_property(tmp_path: Path) -> N
     # checkpoints and resumes, so the fault can show without a committing step among them).
     assert "Minimal failing sequence (ckpt_model.minimise:" in result.stdout
     assert "FAILED: property violation (P9 in 10 of 10 replays)\nwrote result.json\nwrote result.xml" in result.stdout
-    assert sorted(path.name for path in (tmp_path / "regressions").iterdir()) == [
+    kept = tmp_path / "kept"
+    assert not (tmp_path / "regressions").exists()  # with --keep-artifacts the regression file is kept with the rest
+    assert sorted(path.name for path in kept.iterdir()) == [
         "P9-native-resume_deletes_records.html",  # the timeline of the failing history, beside its regression file
         "P9-native-resume_deletes_records.json",
+        "checkpoints",
+        "history.jsonl",
+        "logs",
     ]
-    document = regression.load(tmp_path / "regressions" / "P9-native-resume_deletes_records.json")
+    assert_kept_artifacts(result.stdout, kept)
+    document = regression.load(kept / "P9-native-resume_deletes_records.json")
     assert document["reproduction"]["text"] == "P9 in 10 of 10 replays"  # the minimal steps replay every time
     written = json.loads((tmp_path / "result.json").read_text())
     assert (written["verdict"], written["exit_code"], written["properties_violated"]) == ("violation", 1, ["P9"])
@@ -194,6 +216,24 @@ def test_check_finds_a_planted_fault_and_names_its_property(tmp_path: Path) -> N
     failing = [case.get("name", "") for case in suite.iter("testcase") if case.find("failure") is not None]
     assert [name.split()[0] for name in failing] == ["P9"]
     assert left_behind(tmp_path) == []
+
+
+def assert_kept_artifacts(report: str, kept: Path) -> None:
+    """The report's paths point into `kept` and outlive the run: the failing example's checkpoints, the server logs
+    (whole, with the requests served), the history as JSON lines, and the regression file the replay line names."""
+    assert f"ckpt-model replay {kept / 'P9-native-resume_deletes_records.json'}" in report
+    observed = report.split("  observed: ", 1)[1].split(":", 1)[0]
+    assert observed.startswith(str(kept / "checkpoints" / "example-"))
+    example = kept / "checkpoints" / Path(observed).relative_to(kept / "checkpoints").parts[0]
+    assert [path.name for path in (kept / "checkpoints").iterdir()] == [example.name]  # the failing example's only
+    assert (example / "checkpoints").is_dir()
+    assert f"--- environment ({kept / 'logs' / 'environment.log'})" in report
+    assert f"Kept in {kept} (valid after the run)" in report
+    assert "removed when the run exits" not in report
+    assert '"POST /run HTTP/1.1"' in (kept / "logs" / "environment.log").read_text()
+    events = [json.loads(line) for line in (kept / "history.jsonl").read_text().splitlines()]
+    assert events
+    assert [event["index"] for event in events] == list(range(len(events)))
 
 
 @pytest.mark.parametrize(
@@ -210,6 +250,23 @@ def test_replay_of_a_failing_file_exits_1_and_says_whether_as_recorded(
 
     assert result.returncode == 1, result.stdout + result.stderr
     assert verdict in result.stdout
+    # Without --keep-artifacts the report says its paths go with the run, and how to keep them.
+    assert "are temporary and removed when the run exits; to keep them" in result.stdout
+    assert "rerun with `--keep-artifacts DIR`" in result.stdout
+    assert left_behind(tmp_path) == []
+
+
+def test_replay_with_keep_artifacts_keeps_what_its_report_names(tmp_path: Path) -> None:
+    steps = [["dispatch", {}], ["checkpoint", {"then_resume": True}]]
+    path = regression_file(tmp_path, steps, faults=["resume_deletes_records"], recorded="P9")
+    before = path.read_bytes()
+
+    result = ckpt_model(tmp_path, "replay", str(path), "--keep-artifacts", "kept")
+
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert_kept_artifacts(result.stdout, tmp_path / "kept")
+    assert path.read_bytes() == before  # the replayed file is not the one kept
+    assert (tmp_path / "kept" / "P9-native-resume_deletes_records.html").exists()
     assert left_behind(tmp_path) == []
 
 
@@ -279,7 +336,7 @@ def test_minimise_rewrites_a_file_with_its_1_minimal_steps(tmp_path: Path) -> No
     longer = [["dispatch", {}], ["release", {"pick": 3}], ["dispatch", {}], ["checkpoint", {"then_resume": True}]]
     path = regression_file(tmp_path, longer, faults=["resume_deletes_records"], recorded="P9")
 
-    result = ckpt_model(tmp_path, "minimise", str(path))
+    result = ckpt_model(tmp_path, "minimise", str(path), "--keep-artifacts", "kept")
 
     assert result.returncode == 0, result.stdout + result.stderr
     assert "fails as recorded; minimising 4 steps" in result.stdout
@@ -290,6 +347,14 @@ def test_minimise_rewrites_a_file_with_its_1_minimal_steps(tmp_path: Path) -> No
     assert document["minimised"]["steps_before"] == 4
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == [path.name]  # no partial file left
     assert not (tmp_path / "regressions").exists()  # the candidates' failures wrote nothing of the user's
+    # Kept: the first replay's failure (its regression file, history and checkpoints) and every server's full log.
+    assert sorted(path.name for path in (tmp_path / "kept").iterdir()) == [
+        "P9-native-resume_deletes_records.html",
+        "P9-native-resume_deletes_records.json",
+        "checkpoints",
+        "history.jsonl",
+        "logs",
+    ]
     assert left_behind(tmp_path) == []
 
 

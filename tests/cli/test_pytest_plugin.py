@@ -1,7 +1,9 @@
-"""The pytest plugin: inert unless used; its options choose the deployment behind the `ckpt_harness` fixture."""
+"""The pytest plugin: inert unless used; its options choose the deployment behind the `ckpt_harness` fixture, and
+`ckpt_check` fails a test with the report `ckpt-model check` prints."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -31,7 +33,7 @@ def pytest_in(directory: Path, *arguments: str) -> subprocess.CompletedProcess[s
         cwd=directory,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=600,
         check=False,
     )
 
@@ -63,3 +65,87 @@ def test_an_unknown_fault_is_a_usage_error(tmp_path: Path) -> None:
 
     assert result.returncode == pytest.ExitCode.USAGE_ERROR, result.stdout + result.stderr
     assert "--ckpt-faults: unknown fault(s) 'no_such_fault'; known faults:" in result.stderr
+
+
+CHECKS = """
+def test_the_contract(ckpt_check):
+    ckpt_check(examples=30, steps=4, seed=2, replays=1)
+"""
+
+
+def test_ckpt_check_fails_the_test_with_the_check_s_report_and_keeps_its_artifacts(tmp_path: Path) -> None:
+    # The fault `ckpt-model check` finds in tests/cli/test_cli.py, found here the same way: no Hypothesis shrink,
+    # one replay for the rate, the checker's minimiser.
+    (tmp_path / "test_it.py").write_text(CHECKS)
+    kept = tmp_path / "kept"
+
+    result = pytest_in(tmp_path, "--ckpt-faults", "resume_deletes_records", "--ckpt-keep-artifacts", "kept")
+
+    assert result.returncode == pytest.ExitCode.TESTS_FAILED, result.stdout + result.stderr
+    report = result.stdout
+    header = "ckpt-model: ckpt_harness topology native, verify mode wait, faults resume_deletes_records"
+    assert f"{header}; artifacts kept in {kept}" in report
+    for line in [
+        "=== property violation 1 of 1: P9 in 1 of 1 replays ===",
+        "P9Violation: P9 checkpoints are durable and immutable",
+        "  expected: ",
+        f"  observed: {kept / 'checkpoints'}",
+        "Minimal failing sequence (ckpt_model.minimise:",
+        f"ckpt-model replay {kept / 'P9-native-resume_deletes_records.json'}",
+        "FAILED: property violation (P9 in 1 of 1 replays)",
+    ]:
+        assert line in report
+    assert "Traceback" not in report  # the report alone, as the command prints it
+    assert json.loads((kept / "history.jsonl").read_text().splitlines()[0])["index"] == 0
+    assert (kept / "logs" / "environment.log").exists()
+
+
+def test_keep_artifacts_in_a_directory_that_is_not_empty_is_a_usage_error(tmp_path: Path) -> None:
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "mine.txt").write_text("the user's")
+
+    result = pytest_in(tmp_path, "--ckpt-keep-artifacts", "kept")
+
+    assert result.returncode == pytest.ExitCode.USAGE_ERROR, result.stdout + result.stderr
+    assert "--ckpt-keep-artifacts: " in result.stderr
+    assert "is not empty" in result.stderr
+    assert [path.name for path in (tmp_path / "kept").iterdir()] == ["mine.txt"]
+
+
+REAL_GYM = """
+from ckpt_model.pytest_plugin import chosen
+
+def test_real_gym(pytestconfig):
+    assert (chosen(pytestconfig).topology, chosen(pytestconfig).lease_grace_s) == ("legacy", 600.0)
+"""
+
+
+def test_a_real_gym_s_description_names_the_deployment_in_the_header(tmp_path: Path) -> None:
+    description = {"head_url": "http://127.0.0.1:1", "token": "t", "crashes": False, "topology": "legacy"}
+    (tmp_path / "gym.json").write_text(json.dumps(description))
+    (tmp_path / "test_it.py").write_text(REAL_GYM)
+
+    result = pytest_in(tmp_path, "--ckpt-deployment", "gym.json")
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "ckpt-model: ckpt_harness real Gym gym.json, topology legacy" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--ckpt-deployment", "missing.json"], "--ckpt-deployment: missing.json: not a readable deployment"),
+        (
+            ["--ckpt-deployment", "gym.json", "--ckpt-faults", "resume_deletes_records"],
+            "--ckpt-faults plants faults in the embedded stack",
+        ),
+    ],
+    ids=["unreadable", "with-faults"],
+)
+def test_a_bad_real_gym_deployment_is_a_usage_error(tmp_path: Path, arguments: list[str], message: str) -> None:
+    (tmp_path / "gym.json").write_text(json.dumps({"head_url": "http://127.0.0.1:1", "token": "t", "crashes": False}))
+
+    result = pytest_in(tmp_path, *arguments)
+
+    assert result.returncode == pytest.ExitCode.USAGE_ERROR, result.stdout + result.stderr
+    assert message in result.stderr

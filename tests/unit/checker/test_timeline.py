@@ -411,6 +411,7 @@ def test_write_timeline_puts_the_page_beside_the_regression_file(tmp_path: Path)
 
 class FakeHarness:
     spec = DeploymentSpec("native", faults=("environment_restore_ignores_boundary",))
+    artifacts = None  # no --keep-artifacts
 
     def __init__(self, directory: Path) -> None:
         self.regressions_dir = directory
@@ -433,7 +434,8 @@ def test_the_report_writes_the_timeline_beside_the_regression_file_and_names_it(
     error = annotated(tmp_path)
     picture = tmp_path / "P4-native-environment_restore_ignores_boundary.html"
     assert sorted(p.name for p in tmp_path.iterdir()) == [picture.name, picture.with_suffix(".json").name]
-    assert error.__notes__[-1] == f"Timeline of the failing history (open in a browser): {picture}"
+    # The timeline's note, then the note of what --keep-artifacts kept (here: that nothing is kept).
+    assert error.__notes__[-2] == f"Timeline of the failing history (open in a browser): {picture}"
     page = Page(picture.read_text(encoding="utf-8"))
     assert [attrs["data-lane"] for _, attrs, _ in page.with_class("lane", "suspect")] == ["r0-a1"]
     assert "native with environment_restore_ignores_boundary" in ["".join(t) for _, _, t in page.elements]
@@ -447,6 +449,6 @@ def test_a_timeline_that_cannot_be_drawn_is_a_note_never_a_new_failure(
 
     monkeypatch.setattr(timeline, "write_timeline", broken)
     error = annotated(tmp_path)
-    assert error.__notes__[-2].startswith("Replay without Hypothesis")
-    assert error.__notes__[-1] == "Timeline not written: ValueError: cannot draw <this>"
+    assert error.__notes__[-3].startswith("Replay without Hypothesis")
+    assert error.__notes__[-2] == "Timeline not written: ValueError: cannot draw <this>"
     assert [p.suffix for p in tmp_path.iterdir()] == [".json"]

@@ -9,7 +9,16 @@ from hypothesis.errors import FlakyFailure, FlakyStrategyDefinition, InvalidDefi
 from ckpt_model.errors import CoordinationError, ParticipantFailure, QuiescenceTimeout
 from ckpt_model.properties import P1Violation, P9Violation
 from ckpt_model.reproduction import Rate, record
-from ckpt_model.verdicts import Exit, classify, headline, kind_of, leaves, report_failure, shrunk_steps
+from ckpt_model.verdicts import (
+    Exit,
+    classify,
+    failure_report,
+    headline,
+    kind_of,
+    leaves,
+    report_failure,
+    shrunk_steps,
+)
 
 
 def p1() -> P1Violation:
@@ -157,6 +166,24 @@ def test_a_report_of_an_intermittent_violation_is_a_violation_with_its_rate(caps
     assert "=== property violation 1 of 1: P9 in 3 of 10 replays ===" in out
     assert "FAILED: property violation (P9 in 3 of 10 replays)" in out
     assert "could not judge" not in out
+
+
+def test_the_report_as_text_is_what_report_failure_prints(capsys: pytest.CaptureFixture[str]) -> None:
+    violation, harness_error = p9(), QuiescenceTimeout(prediction="p", observed="o", pending=())
+
+    code, text = failure_report(ExceptionGroup("two", [violation, harness_error]))
+    printed = report_failure(ExceptionGroup("two", [violation, harness_error]))
+
+    assert (code, printed) == (Exit.VIOLATION, Exit.VIOLATION)
+    assert capsys.readouterr().out == text + "\n"
+    assert text.index("=== property violation 1 of 1") < text.index("=== could not judge") < text.index("FAILED")
+
+
+def test_a_report_with_no_violation_could_not_judge() -> None:
+    code, text = failure_report(QuiescenceTimeout(prediction="p", observed="o", pending=()))
+
+    assert code == Exit.UNJUDGED
+    assert text.endswith("COULD NOT JUDGE: harness")
 
 
 def test_an_unknown_exception_is_not_classified() -> None:
