@@ -401,10 +401,11 @@ def run_check(args: argparse.Namespace) -> int:
             run.finish(code, leaves(error, stats.seen))
             return code
     run.searched()
-    print(goals.table(stats, spec, rule_names(CheckpointMachine)), flush=True)
-    from ckpt_model.checkable import Capabilities, summary, verdict_scope
+    from ckpt_model.checkable import Capabilities, summary, undrawable_rules, verdict_scope
 
     capabilities = Capabilities.of(harness)
+    undrawable = [rule.name for rule in undrawable_rules(capabilities)]
+    print(goals.table(stats, spec, rule_names(CheckpointMachine), undrawable), flush=True)
     for line in summary(capabilities, rule_shown=lambda rule: goals.rule_applies(rule, spec)):
         print(line, flush=True)
     print(statistics_line(stats), flush=True)

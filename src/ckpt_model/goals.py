@@ -14,7 +14,7 @@ never by a topology's name. `table` is the short report every run ends with (`ck
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -352,10 +352,11 @@ def require(stats: SearchStats, spec: DeploymentSpec, rules: Sequence[str]) -> N
         )
 
 
-def table(stats: SearchStats, spec: DeploymentSpec, rules: Sequence[str]) -> str:
+def table(stats: SearchStats, spec: DeploymentSpec, rules: Sequence[str], undrawable: Collection[str] = ()) -> str:
     """How often each goal and each rule was reached: goals by steps and examples, rules by the examples that
     enabled them and the times and examples they were drawn; NEVER marks an applicable one never reached, `n/a`
-    one the deployment cannot reach."""
+    one the deployment cannot reach: by its spec, or (`undrawable`, `checkable.undrawable_rules`) because it
+    lacks what the rule needs, which the run's summary lists with why."""
     lines = [f"coverage over {stats.examples} examples ({spec.label}):", f"  {'goal':<40} {'steps':>6} {'examples':>8}"]
     for goal in GOALS:
         note = "" if not goal.applies(spec) or stats.goals[goal.name] else "  NEVER"
@@ -365,6 +366,9 @@ def table(stats: SearchStats, spec: DeploymentSpec, rules: Sequence[str]) -> str
     for rule in rules:
         if not rule_applies(rule, spec):
             lines.append(f"  {rule:<40} n/a")
+            continue
+        if rule in undrawable:
+            lines.append(f"  {rule:<40} n/a (not drawable here: listed below)")
             continue
         note = "" if stats.enabled[rule] and stats.drawn[rule] else "  NEVER"
         counts = f"{stats.enabled[rule]:>7} {stats.drawn[rule]:>6} {stats.drawn_examples[rule]:>8}"

@@ -236,3 +236,11 @@ def test_the_table_marks_what_was_never_reached_and_what_cannot_be() -> None:
     assert commit_line.endswith("NEVER")
     (dispatch_line,) = [line for line in text.splitlines() if line.strip().startswith("dispatch ")]
     assert dispatch_line.split()[1:] == ["1", "1", "1"]
+
+
+def test_a_rule_the_deployment_cannot_draw_is_n_a_not_never() -> None:
+    stats = covered_everywhere(["dispatch"])  # `commit` never drawn
+    text = goals.table(stats, NATIVE, RULES, undrawable=["commit"])
+    (commit_line,) = [line for line in text.splitlines() if line.strip().startswith("commit ")]
+    assert commit_line.split()[1:] == ["n/a", "(not", "drawable", "here:", "listed", "below)"]
+    assert "NEVER" not in commit_line
