@@ -22,6 +22,7 @@ from ckpt_model.coordination import (
     PerThreadTransport,
     PrepareResult,
     new_http_client,
+    shared_tls_context,
 )
 from ckpt_model.errors import CoordinationError, ParticipantFailure, ProtocolError
 from ckpt_model.wire import EpisodeId
@@ -681,6 +682,8 @@ def test_the_checkers_client_gives_each_thread_a_pool_of_its_own_and_closes_them
         call("main")
         assert len({id(each) for each in used.values()}) == 3
         assert len(transport._transports) == 3
+        # ...and one TLS context among them, built once per process (httpx would load the CA bundle per transport).
+        assert {id(each._pool._ssl_context) for each in used.values()} == {id(shared_tls_context())}
     finally:
         client.close()
         server.shutdown()
