@@ -11,7 +11,8 @@ from __future__ import annotations
 import contextlib
 import shutil
 import tempfile
-from collections.abc import Mapping
+import threading
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,18 @@ class EmbeddedDeployment:
         self.policy_workers = self.stack.policy_workers
         # The placement of generation calls on those workers (`place_calls`), set again on every fresh server.
         self._placement: dict[str, int] = {}
+        # One client for the look-alike's own `/_ctl` routes, polled while a crash point is awaited: a client per
+        # call built a TLS context each time (a tenth of the checker's CPU). One call at a time: httpcore's pool
+        # can hand a connection it is closing to another thread (encode/httpcore#1110).
+        self._routes = httpx.Client(timeout=FAILPOINT_TIMEOUT_S, trust_env=False)
+        self._routes_lock = threading.Lock()
+
+    def plant_faults(self, faults: Sequence[str]) -> None:
+        """The Gym servers started next run with `faults` planted (`ckpt_model.deployment.PlantsFaults`)."""
+        unknown = sorted(set(faults) - {fault.name for fault in CATALOGUE})
+        if unknown:
+            raise ValueError(f"unknown planted fault(s): {', '.join(unknown)}")
+        self.faults = self.stack.faults = tuple(faults)
 
     @property
     def token(self) -> str:
@@ -221,10 +234,11 @@ class EmbeddedDeployment:
         its JSON reply, or the HTTP error raised."""
         url = f"{self.stack.gym[name].url}{path}"
         headers = {"Authorization": bearer(self.stack.token)}
-        if post:
-            response = httpx.post(url, headers=headers, json=body, timeout=FAILPOINT_TIMEOUT_S)
-        else:
-            response = httpx.get(url, headers=headers, timeout=FAILPOINT_TIMEOUT_S)
+        with self._routes_lock:
+            if post:
+                response = self._routes.post(url, headers=headers, json=body)
+            else:
+                response = self._routes.get(url, headers=headers)
         response.raise_for_status()
         return dict(response.json())
 
@@ -250,6 +264,7 @@ class EmbeddedDeployment:
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.stack.stop()
+        self._routes.close()
         self._remove_root()
 
     def _remove_root(self) -> None:

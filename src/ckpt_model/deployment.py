@@ -59,6 +59,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+import attrs
 import httpx
 
 from ckpt_model import timing
@@ -244,6 +245,14 @@ class PlacesCalls(Protocol):
     last; kept across restarts of the servers)."""
 
     def place_calls(self, placement: Mapping[str, int]) -> None: ...
+
+
+@runtime_checkable
+class PlantsFaults(Protocol):
+    """Start the next servers with another set of planted faults (the running ones keep theirs): how one stack
+    serves the scenario of each fault its deployment shows, without starting anew (`Harness.replant`)."""
+
+    def plant_faults(self, faults: Sequence[str]) -> None: ...
 
 
 def spec_of(deployment: Deployment) -> DeploymentSpec:
@@ -460,6 +469,21 @@ class Harness:
         except BaseException:
             deployment.close()
             raise
+
+    def replant(self, faults: Sequence[str]) -> None:
+        """Run the next examples with `faults` planted instead of the spec's: every example starts the servers
+        afresh, and they start with these; the backend and the fork server stay. Only faults this very deployment
+        shows (`DeploymentSpec.for_faults` gives it back), so the spec stays one the faults would have chosen."""
+        wanted = attrs.evolve(self.spec, faults=tuple(faults))
+        needed = DeploymentSpec.for_faults([planted(name) for name in faults])
+        if needed.key != wanted.key:
+            named = ", ".join(faults)
+            raise HarnessError(f"{named} show(s) in the {needed.label} deployment, not in {self.spec.label}")
+        deployment = self.deployment
+        if not isinstance(deployment, PlantsFaults):
+            raise HarnessError(self._lacks("plant_faults(faults)"))
+        deployment.plant_faults(wanted.faults)
+        self.spec = wanted
 
     # -- what the machine and reports read (the spec's fields, and the deployment's capabilities) ---------------
 

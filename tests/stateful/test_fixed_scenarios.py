@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import attrs
 import pytest
 
 from ckpt_model import properties, regression
-from ckpt_model.deployment import Harness
+from ckpt_model.deployment import Harness, planted
 from ckpt_model.errors import PropertyViolation, StepNotEnabled
 from ckpt_model.faultsearch import harness_for
 from ckpt_model.scenarios import (
@@ -29,6 +30,7 @@ from ckpt_model.scenarios import (
     run,
     steps,
 )
+from ckpt_model.spec import DeploymentSpec
 from fakes.faults import BY_NAME, CATALOGUE
 from tests.stateful.conftest import scenario_params
 
@@ -121,13 +123,26 @@ def test_time_scenario(slow_replay_jumps_harness: Harness, name: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def faulty_harnesses() -> Iterator[dict[str, Harness]]:
-    started: dict[str, Harness] = {}
+def faulty_harnesses() -> Iterator[dict[DeploymentSpec, Harness]]:
+    """One harness per deployment the planted faults show in (nine here, 58 faults), replanted for each fault."""
+    started: dict[DeploymentSpec, Harness] = {}
     try:
         yield started
     finally:
         for harness in started.values():
             harness.close()
+
+
+def planted_in(fault: str, harnesses: dict[DeploymentSpec, Harness]) -> Harness:
+    """A harness of the deployment `fault` shows in, with it alone planted: the one that deployment already has,
+    its next servers started with `fault` (`Harness.replant`), or a new one (`harness_for`)."""
+    deployment = attrs.evolve(DeploymentSpec.for_faults([planted(fault)]), faults=())
+    harness = harnesses.get(deployment)
+    if harness is None:
+        harness = harnesses[deployment] = harness_for(fault)
+    else:
+        harness.replant((fault,))
+    return harness
 
 
 def test_every_fault_has_a_scenario() -> None:
@@ -141,8 +156,8 @@ INTERMITTENT_RUNS_MAX = 20
 
 
 @pytest.mark.parametrize("fault", sorted(FAULT_SCENARIOS))
-def test_the_scenario_catches_the_planted_fault(fault: str, faulty_harnesses: dict[str, Harness]) -> None:
-    harness = faulty_harnesses.get(fault) or faulty_harnesses.setdefault(fault, harness_for(fault))
+def test_the_scenario_catches_the_planted_fault(fault: str, faulty_harnesses: dict[DeploymentSpec, Harness]) -> None:
+    harness = planted_in(fault, faulty_harnesses)
     expected = getattr(properties, f"{BY_NAME[fault].caught_by}Violation")
     runs = INTERMITTENT_RUNS_MAX if BY_NAME[fault].intermittent else 1
     caught = None
@@ -159,11 +174,13 @@ def test_the_scenario_catches_the_planted_fault(fault: str, faulty_harnesses: di
 REPLAYS = 20
 
 
-def test_a_failing_example_fails_identically_on_every_replay(faulty_harnesses: dict[str, Harness]) -> None:
+def test_a_failing_example_fails_identically_on_every_replay(
+    faulty_harnesses: dict[DeploymentSpec, Harness],
+) -> None:
     """The machine owns every race, so the same steps give the same violation, message and all, every time. The
     fault is judged on definite evidence (a commit reply and the records on disk), so each replay is quick."""
     fault = "agent_export_drops_unstarted"
-    harness = faulty_harnesses.get(fault) or faulty_harnesses.setdefault(fault, harness_for(fault))
+    harness = planted_in(fault, faulty_harnesses)
     messages = []
     for _ in range(REPLAYS):
         with pytest.raises(PropertyViolation) as caught:
@@ -173,9 +190,9 @@ def test_a_failing_example_fails_identically_on_every_replay(faulty_harnesses: d
     assert messages[0][0] == "P1Violation"
 
 
-def test_a_failure_writes_a_regression_file_that_replays_it(faulty_harnesses: dict[str, Harness]) -> None:
+def test_a_failure_writes_a_regression_file_that_replays_it(faulty_harnesses: dict[DeploymentSpec, Harness]) -> None:
     fault = "resume_deletes_records"
-    harness = faulty_harnesses.get(fault) or faulty_harnesses.setdefault(fault, harness_for(fault))
+    harness = planted_in(fault, faulty_harnesses)
     scenario = named(FAULT_SCENARIOS[fault])
     with pytest.raises(PropertyViolation) as caught:
         run(harness, scenario)

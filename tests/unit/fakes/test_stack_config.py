@@ -151,3 +151,17 @@ def test_an_embedded_deployment_passes_its_policy_workers_to_its_stack() -> None
         assert default.policy_workers == 1
     finally:
         default.close()
+
+
+def test_replanted_faults_go_into_every_next_config_and_unknown_ones_are_refused(tmp_path: Path) -> None:
+    deployment = EmbeddedDeployment("native", root=tmp_path)
+    try:
+        assert {config.faults for config in deployment.stack.configs().values()} == {()}
+        deployment.plant_faults(["resume_deletes_records"])
+        assert deployment.faults == ("resume_deletes_records",)
+        assert {config.faults for config in deployment.stack.configs().values()} == {("resume_deletes_records",)}
+        with pytest.raises(ValueError, match=r"unknown planted fault.*no_such_fault"):
+            deployment.plant_faults(["no_such_fault"])
+        assert deployment.faults == ("resume_deletes_records",)
+    finally:
+        deployment.close()
