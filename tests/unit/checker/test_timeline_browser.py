@@ -15,6 +15,7 @@ import signal
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 import zlib
 from collections import Counter
@@ -28,6 +29,8 @@ from ckpt_model.timeline import render
 from tests.unit.checker.test_timeline import DEPLOYMENT, REGRESSION, Page, failing_history
 
 CHROMIUM = shutil.which("chromium")
+# The directory Chromium makes for its singleton socket under TMPDIR.
+CHROMIUM_TEMP_GLOB = "org.chromium.Chromium.*"
 # Headless with nothing that reaches out: this machine's closed network refuses connections, and a test must not
 # depend on one anyway.
 FLAGS = (
@@ -98,8 +101,17 @@ def chromium(profile_dir: Path, *arguments: str) -> str:
     TIMEOUT_S is killed with its whole group; any helper left behind is killed too; either way none survives."""
     assert CHROMIUM is not None
     command = [CHROMIUM, *FLAGS, f"--user-data-dir={profile_dir}", *arguments]
+    # Chromium puts its singleton socket in a directory of its own under TMPDIR (org.chromium.Chromium.*) and
+    # leaves it there: given a TMPDIR of the test's own, it goes when the profile goes. A short one: a socket's
+    # path has at most 107 bytes, which a path under pytest's tmp_path exceeds.
+    temp_dir = Path(tempfile.mkdtemp(prefix="ckpt-chromium-"))
     process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "TMPDIR": str(temp_dir)},
     )
     try:
         stdout, stderr = process.communicate(timeout=TIMEOUT_S)
@@ -113,6 +125,7 @@ def chromium(profile_dir: Path, *arguments: str) -> str:
                 os.killpg(process.pid, signal.SIGKILL)
         left = wait_group_gone(process.pid)
         shutil.rmtree(profile_dir, ignore_errors=True)  # megabytes of browser profile: not kept with the tmp_path
+        shutil.rmtree(temp_dir, ignore_errors=True)
     assert left == [], f"chromium left processes {left} of its group {process.pid}"
     assert process.returncode == 0, f"chromium exited with {process.returncode}:\n{stderr[-3000:]}"
     return stdout
@@ -211,7 +224,11 @@ def test_a_chromium_past_its_timeout_is_killed_with_its_whole_group(
         return process
 
     monkeypatch.setattr(subprocess, "Popen", recorded)
+    system_temp_before = set(Path(tempfile.gettempdir()).glob(CHROMIUM_TEMP_GLOB))
     with pytest.raises(pytest.fail.Exception, match=r"did not finish in 0\.3 s"):
         chromium(tmp_path / "profile", "--dump-dom", page_file.as_uri())
     assert len(started) == 1
     assert group_members(started[0]) == []
+    # A Chromium killed cannot remove its singleton directory: it was under a TMPDIR the run removed, not in /tmp.
+    left = set(Path(tempfile.gettempdir()).glob(CHROMIUM_TEMP_GLOB)) - system_temp_before
+    assert not left, f"the killed chromium left {sorted(map(str, left))}"
