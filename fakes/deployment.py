@@ -20,10 +20,11 @@ import httpx
 
 from fakes import clock
 from fakes.faults import CATALOGUE, Fault
+from fakes.faults import validate as validate_faults
 from fakes.gym.config import DEFAULT_LEASE_GRACE_S
 from fakes.gym.placement import PLACEMENT_ROUTE
 from fakes.gym.wire import bearer
-from fakes.server_processes import StackStartError
+from fakes.server_processes import StackStartError, health_client
 from fakes.stack import Stack
 from fakes.stack_cli import main as launch
 from fakes.topologies import TOPOLOGIES
@@ -67,7 +68,6 @@ class EmbeddedDeployment:
             raise
         self.topology = topology
         self.verify_mode = verify_mode
-        self.faults = tuple(faults)
         self.lease_grace_s = self.stack.lease_grace_s
         self.token_capture = token_capture
         self.generation_cuts = generation_cuts
@@ -76,17 +76,20 @@ class EmbeddedDeployment:
         # The placement of generation calls on those workers (`place_calls`), set again on every fresh server.
         self._placement: dict[str, int] = {}
         # One client for the look-alike's own `/_ctl` routes, polled while a crash point is awaited: a client per
-        # call built a TLS context each time (a tenth of the checker's CPU). One call at a time: httpcore's pool
-        # can hand a connection it is closing to another thread (encode/httpcore#1110).
-        self._routes = httpx.Client(timeout=FAILPOINT_TIMEOUT_S, trust_env=False)
+        # call built a TLS context each time (a tenth of the checker's CPU). Built on first use (most deployments
+        # never call them). One call at a time: httpcore's pool can hand a connection it is closing to another
+        # thread (encode/httpcore#1110).
+        self._routes: httpx.Client | None = None
         self._routes_lock = threading.Lock()
 
     def plant_faults(self, faults: Sequence[str]) -> None:
         """The Gym servers started next run with `faults` planted (`ckpt_model.deployment.PlantsFaults`)."""
-        unknown = sorted(set(faults) - {fault.name for fault in CATALOGUE})
-        if unknown:
-            raise ValueError(f"unknown planted fault(s): {', '.join(unknown)}")
-        self.faults = self.stack.faults = tuple(faults)
+        self.stack.faults = validate_faults(faults)
+
+    @property
+    def faults(self) -> tuple[str, ...]:
+        """The faults the next Gym servers start with: the stack's, which every start reads."""
+        return self.stack.faults
 
     @property
     def token(self) -> str:
@@ -235,10 +238,12 @@ class EmbeddedDeployment:
         url = f"{self.stack.gym[name].url}{path}"
         headers = {"Authorization": bearer(self.stack.token)}
         with self._routes_lock:
+            if self._routes is None:
+                self._routes = health_client()
             if post:
-                response = self._routes.post(url, headers=headers, json=body)
+                response = self._routes.post(url, headers=headers, json=body, timeout=FAILPOINT_TIMEOUT_S)
             else:
-                response = self._routes.get(url, headers=headers)
+                response = self._routes.get(url, headers=headers, timeout=FAILPOINT_TIMEOUT_S)
         response.raise_for_status()
         return dict(response.json())
 
@@ -264,7 +269,10 @@ class EmbeddedDeployment:
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.stack.stop()
-        self._routes.close()
+        with self._routes_lock:
+            routes, self._routes = self._routes, None
+        if routes is not None:
+            routes.close()
         self._remove_root()
 
     def _remove_root(self) -> None:
