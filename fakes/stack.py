@@ -30,6 +30,7 @@ from typing import Any
 import httpx
 
 from fakes import clock
+from fakes.faults import validate as validate_faults
 from fakes.gym.config import CONFIG_ENV, DEFAULT_LEASE_GRACE_S, ServerConfig, check_capture, lease_grace
 from fakes.gym.durability import lose_unsynced
 from fakes.gym.runtime import remove_runtime_dir
@@ -204,6 +205,23 @@ class Stack:
             raise
         if self.use_fork_server:
             self._prebuild(configs)
+
+    def start_afresh(self, faults: Sequence[str] = ()) -> None:
+        """Start the Gym servers as a new stack of this deployment would, with `faults` planted, on the running
+        backend and fork server: every Gym server killed, the backend reset (no calls, no hold or gate, the default
+        script), the checkpoint root, capture directory and durability journal emptied. What one stack serves many
+        tests with: a start skips the seconds of a backend and a fork server warming up."""
+        if self.backend is None or self.backend_url is None:
+            raise RuntimeError("start the backend before starting afresh")
+        planted = validate_faults(faults)
+        self.crash_gym()
+        response = self.http.post(f"{self.backend_url}/_ctl/reset")
+        response.raise_for_status()
+        for directory in (self.checkpoint_root, self.capture_dir):
+            shutil.rmtree(directory, ignore_errors=True)
+        self.durability_journal.unlink(missing_ok=True)
+        self.faults = planted
+        self.start_gym()
 
     def _prebuild(self, configs: Mapping[str, ServerConfig]) -> None:
         """Have the fork server fork the next restart's standby servers now, while these servers do their work."""

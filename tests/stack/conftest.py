@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+import attrs
 import httpx
 import pytest
 
@@ -200,11 +201,101 @@ class BackgroundRun:
         return self.reply
 
 
+@attrs.frozen
+class StackOptions:
+    """What a test asks of a deployment apart from its faults: tests asking the same share a stack."""
+
+    topology: str
+    verify_mode: str = "wait"
+    policy_workers: int = 1
+    fork_server: bool = True
+    token_capture: bool = False
+    generation_cuts: bool = False
+
+
+class StackPool:
+    """The stacks one pytest worker keeps between tests. A test asking for a deployment that an earlier test used
+    gets that stack started afresh (`Stack.start_afresh`: new Gym servers, a reset backend, empty directories),
+    which skips a backend and a fork server warming up: most of a stack test's CPU. The `keep` most recently used
+    idle stacks are kept; the others, and all of them at the end of the session, are stopped."""
+
+    def __init__(self, root: Path, keep: int = 2) -> None:
+        self.root = root
+        self.keep = keep
+        self.idle: dict[StackOptions, Stack] = {}
+        self.started = 0
+
+    def take(self, options: StackOptions, faults: tuple[str, ...]) -> Stack:
+        stack = self.idle.pop(options, None)
+        if stack is not None and self._reusable(stack):
+            try:
+                stack.start_afresh(faults)
+            except BaseException:
+                stack.stop()
+                raise
+            return stack
+        if stack is not None:
+            stack.stop()
+        return self._start(options, faults)
+
+    def give_back(self, options: StackOptions, stack: Stack) -> None:
+        """Kill the test's Gym servers now (nothing of one test runs on into the next) and keep the stack idle."""
+        try:
+            stack.crash_gym()
+        except BaseException:
+            stack.stop()
+            raise
+        replaced = self.idle.pop(options, None)  # a test that started two alike: keep the later one
+        if replaced is not None:
+            replaced.stop()
+        self.idle[options] = stack
+        while len(self.idle) > self.keep:
+            oldest = next(iter(self.idle))
+            self.idle.pop(oldest).stop()
+
+    def close(self) -> None:
+        while self.idle:
+            _, stack = self.idle.popitem()
+            stack.stop()
+
+    def _start(self, options: StackOptions, faults: tuple[str, ...]) -> Stack:
+        self.started += 1
+        stack = Stack(
+            options.topology,
+            self.root / f"{self.started}-{options.topology}-{options.verify_mode}",
+            faults=faults,
+            **attrs.asdict(options, filter=lambda field, _: field.name != "topology"),
+        )
+        try:
+            stack.start_backend()
+            stack.start_gym()
+        except BaseException:
+            stack.stop()
+            raise
+        return stack
+
+    @staticmethod
+    def _reusable(stack: Stack) -> bool:
+        """The backend still runs (a test may have killed it); a dead fork server is replaced by the next start."""
+        backend = stack.backend
+        return backend is not None and backend.process is not None and backend.process.poll() is None
+
+
+@pytest.fixture(scope="session")
+def stack_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackPool]:
+    pool = StackPool(tmp_path_factory.mktemp("stacks"))
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
 @pytest.fixture
-def deploy(tmp_path: Path) -> Iterator[Callable[..., Deployment]]:
+def deploy(stack_pool: StackPool) -> Iterator[Callable[..., Deployment]]:
     """Start a whole deployment of a topology (optionally with planted faults, token capture and generation cuts,
-    several policy model workers, or cold-started servers); all of it stops at teardown."""
-    started: list[Deployment] = []
+    several policy model workers, or cold-started servers): fresh Gym servers, a reset backend and empty
+    directories, on a stack of the worker's pool (`StackPool`); its Gym servers stop at teardown."""
+    taken: list[tuple[StackOptions, Deployment]] = []
 
     def start(
         topology: str,
@@ -216,28 +307,24 @@ def deploy(tmp_path: Path) -> Iterator[Callable[..., Deployment]]:
         token_capture: bool = False,
         generation_cuts: bool = False,
     ) -> Deployment:
-        state_dir = tmp_path / f"{len(started)}-{topology}-{verify_mode}"
-        stack = Stack(
+        options = StackOptions(
             topology,
-            state_dir,
-            verify_mode=verify_mode,
-            faults=faults,
+            verify_mode,
+            policy_workers,
+            fork_server,
             token_capture=token_capture,
             generation_cuts=generation_cuts,
-            policy_workers=policy_workers,
-            fork_server=fork_server,
         )
+        stack = stack_pool.take(options, tuple(faults))
         try:
-            stack.start_backend()
-            stack.start_gym()
+            deployment = Deployment(stack)
         except BaseException:
-            stack.stop()
+            stack_pool.give_back(options, stack)
             raise
-        deployment = Deployment(stack)
-        started.append(deployment)
+        taken.append((options, deployment))
         return deployment
 
     yield start
-    for deployment in started:
+    for options, deployment in taken:
         deployment.http.close()
-        deployment.stack.stop()
+        stack_pool.give_back(options, deployment.stack)
