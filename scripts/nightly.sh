@@ -14,7 +14,7 @@
 # Every step runs even when one fails; the exit status is 1 if any step failed, else 0.
 #
 # Every core: each step runs its tests on pytest-xdist workers, $NIGHTLY_WORKERS of them (default `auto`, one per
-# core; 0 runs them in one process). Each worker starts its own deployments; they share the example database (or the
+# core plus one, tests/conftest.py; 0 runs them in one process). Each worker starts its own deployments; they share the example database (or the
 # Redis one `CKPT_MODEL_REDIS_URL` names, docs/parallel.md). `CKPT_MODEL_EXAMPLES=N` sizes the machine tests.
 set -euo pipefail
 

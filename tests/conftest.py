@@ -1,0 +1,29 @@
+"""For the whole suite: how many workers `pytest -n auto` starts.
+
+The suite mostly waits on real processes (settles polling servers, leases lapsing, held model calls), so one
+worker per core leaves the cores part idle: `-n auto` starts one worker more than pytest-xdist would (docs/parallel.md
+has the figures). `PYTEST_XDIST_AUTO_NUM_WORKERS`, pytest-xdist's own setting, is taken as it is.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Generator, Mapping
+
+import pytest
+
+AUTO_NUM_WORKERS_ENV = "PYTEST_XDIST_AUTO_NUM_WORKERS"
+EXTRA_WORKERS = 1
+
+
+def auto_num_workers(xdist_count: int, environ: Mapping[str, str] = os.environ) -> int:
+    """The workers `-n auto` starts: pytest-xdist's count (one per core), plus one unless its setting chose."""
+    if environ.get(AUTO_NUM_WORKERS_ENV, "").strip():
+        return xdist_count
+    return xdist_count + EXTRA_WORKERS
+
+
+# Optional: a run without pytest-xdist (`-p no:xdist`) does not know the hook.
+@pytest.hookimpl(wrapper=True, optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> Generator[None, int, int]:
+    return auto_num_workers((yield))
