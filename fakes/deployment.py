@@ -20,7 +20,6 @@ import httpx
 
 from fakes import clock
 from fakes.faults import CATALOGUE, Fault
-from fakes.faults import validate as validate_faults
 from fakes.gym.config import DEFAULT_LEASE_GRACE_S
 from fakes.gym.placement import PLACEMENT_ROUTE
 from fakes.gym.wire import bearer
@@ -84,7 +83,7 @@ class EmbeddedDeployment:
 
     def plant_faults(self, faults: Sequence[str]) -> None:
         """The Gym servers started next run with `faults` planted (`ckpt_model.deployment.PlantsFaults`)."""
-        self.stack.faults = validate_faults(faults)
+        self.stack.plant_faults(faults)
 
     @property
     def faults(self) -> tuple[str, ...]:

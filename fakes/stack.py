@@ -213,15 +213,19 @@ class Stack:
         tests with: a start skips the seconds of a backend and a fork server warming up."""
         if self.backend is None or self.backend_url is None:
             raise RuntimeError("start the backend before starting afresh")
-        planted = validate_faults(faults)
+        self.plant_faults(faults)  # first: an unknown fault leaves the running servers alone
         self.crash_gym()
         response = self.http.post(f"{self.backend_url}/_ctl/reset")
         response.raise_for_status()
-        for directory in (self.checkpoint_root, self.capture_dir):
-            shutil.rmtree(directory, ignore_errors=True)
+        self.clear_capture()
+        shutil.rmtree(self.checkpoint_root, ignore_errors=True)
         self.durability_journal.unlink(missing_ok=True)
-        self.faults = planted
         self.start_gym()
+
+    def plant_faults(self, faults: Sequence[str]) -> None:
+        """The Gym servers started next run with `faults` planted (the running ones keep theirs); an unknown fault
+        is a ValueError that lists the known ones, and changes nothing."""
+        self.faults = validate_faults(faults)
 
     def _prebuild(self, configs: Mapping[str, ServerConfig]) -> None:
         """Have the fork server fork the next restart's standby servers now, while these servers do their work."""

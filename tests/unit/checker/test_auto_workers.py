@@ -24,7 +24,7 @@ def test_pytest_xdist_s_own_setting_is_taken_as_it_is() -> None:
     assert auto_num_workers(5, {AUTO_NUM_WORKERS_ENV: "5"}) == 5
 
 
-def test_a_run_with_n_auto_starts_that_many_workers(tmp_path: Path) -> None:
+def test_a_run_with_n_auto_starts_that_many_workers() -> None:
     environ = {key: value for key, value in os.environ.items() if key != AUTO_NUM_WORKERS_ENV}
     completed = subprocess.run(
         [sys.executable, "-m", "pytest", "-n", "auto", "-p", "no:cacheprovider", __file__, "-k", "core"],
