@@ -14,8 +14,8 @@ its event loop and runs its lifespan while the checker runs an example and then 
 and uvicorn's config are built once per server config in the fork server itself (`Zygote.prepare`) and shared by
 every standby forked after, so the standbys a restart asks for cost little CPU next to the example. The next
 start binds the port and passes the standby the listening socket (SCM_RIGHTS); it serves, and says SERVING on
-its socket pair, so the start needs no health check over HTTP. A start without a usable standby forks a child
-that builds everything itself (or uses the prepared config).
+its socket pair, so the start needs no health check over HTTP. A start without a usable standby builds (prepares) a
+new config here first and forks a child that serves it, so the standbys forked after share that one build.
 
 A server with several workers (`ServerConfig.workers`, see `fakes.gym.coordinator_process`) starts the same way: its
 child becomes the coordinator, forks its workers (each starts its loop and lifespan and waits) and hands each the
@@ -71,8 +71,10 @@ from fakes.zygote_protocol import write_message
 STANDBYS_READY_TIMEOUT_S = 30.0
 CHILDREN_GONE_TIMEOUT_S = 10.0
 EXIT_STATUSES_KEPT_MAX = 1024
-# Server configs whose app the fork server keeps built for its children (a deployment has four; LRU beyond).
-PREPARED_CONFIGS_MAX = 16
+# Server configs whose app the fork server keeps built for its children (a deployment has four to six): beyond the
+# most, the least recently used are evicted down to the kept.
+PREPARED_CONFIGS_MAX = 24
+PREPARED_CONFIGS_KEPT = 8
 WARM_UP_TOKEN = "warm-up"
 # Peers no warm-up request reaches: a closed loopback port (the discard service is never listened on here).
 WARM_UP_PEER_URL = "http://127.0.0.1:9"
@@ -262,6 +264,7 @@ class Zygote:
         if running:
             raise RuntimeError(f"server {name!r} still runs as pid {running[0]}: kill its process group first")
         address = json.loads(config_json)
+        prepared = self.prepared_for_spawn(config_json)
         try:
             sock = listening_socket(address["host"], address["port"])
         except OSError as error:
@@ -277,10 +280,20 @@ class Zygote:
                     log_path,
                     self.inherited(),
                     ready_pipe[1],
-                    lambda: serve_config(config_json, sock, self.prepared.get(config_json)),
+                    lambda: serve_config(config_json, sock, prepared),
                 )
         self.record(pid, name)
         return pid
+
+    def prepared_for_spawn(self, config_json: str) -> Any:
+        """The config's app, built here before a start forks its child: the standbys the start asks for next share
+        it, so a new config (a first start, new faults) is built once, not by the child and then again here. None
+        if it does not build: the child then builds it itself and its log shows why it failed."""
+        try:
+            return self.prepare(config_json)
+        except Exception:
+            traceback.print_exc()
+            return None
 
     # -- children -----------------------------------------------------------------------------------------------
 
@@ -399,12 +412,17 @@ class Zygote:
             self.prepared.move_to_end(config_json)
             return prepared
         prepared = build_config(config_json)
+        self.prepared[config_json] = prepared
+        if len(self.prepared) > PREPARED_CONFIGS_MAX:
+            while len(self.prepared) > PREPARED_CONFIGS_KEPT:
+                self.prepared.popitem(last=False)
+            # An app is full of reference cycles, and frozen objects are never collected: without this, every
+            # config evicted would stay in memory, and every later fork would copy its page tables. A collection
+            # of everything costs about 0.1 s, so configs are evicted many at a time.
+            gc.unfreeze()
         # Keep the built objects out of the children's garbage collections: fewer copy-on-write page faults.
         gc.collect()
         gc.freeze()
-        self.prepared[config_json] = prepared
-        while len(self.prepared) > PREPARED_CONFIGS_MAX:
-            self.prepared.popitem(last=False)
         return prepared
 
     def fork_standby(self, name: str, config_json: str, log_path: Path) -> Standby:

@@ -28,7 +28,7 @@ from ckpt_model.wire import CHECKPOINT_ROUTE_PREFIX
 from fakes.gym.config import ServerConfig
 from fakes.server_processes import StackStartError
 from fakes.stack import Stack
-from fakes.zygote import EXIT_STATUSES_KEPT_MAX, listening_socket
+from fakes.zygote import EXIT_STATUSES_KEPT_MAX, PREPARED_CONFIGS_KEPT, PREPARED_CONFIGS_MAX, listening_socket
 from tests.stack.conftest import WAIT_TIMEOUT_S, group_gone, process_gone, wait_until
 
 processes = pytest.mark.processes
@@ -133,6 +133,94 @@ def test_reap__records_how_a_child_exited_and_keeps_a_bounded_history() -> None:
     reaper = subprocess.run([sys.executable, "-c", REAPER], capture_output=True, text=True, timeout=WAIT_TIMEOUT_S)
     assert reaper.returncode == 0, reaper.stderr
     assert json.loads(reaper.stdout) == {"status": 7, "kept": EXIT_STATUSES_KEPT_MAX, "oldest_dropped": True}
+
+
+PREPARER = """
+import gc, json, weakref
+import fakes.zygote
+from fakes.zygote import PREPARED_CONFIGS_KEPT, PREPARED_CONFIGS_MAX, Zygote
+
+class App:
+    \"\"\"Stands in for a built app: full of reference cycles, as a FastAPI app is.\"\"\"
+    def __init__(self, config_json):
+        if config_json == "bad":
+            raise ValueError("no such role")
+        self.config_json, self.me = config_json, self
+
+fakes.zygote.build_config = App
+zygote = Zygote([])
+first = zygote.prepared_for_spawn("config-0")
+again = zygote.prepared_for_spawn("config-0")
+same_object = first is again
+refs = [weakref.ref(first)]
+refs += [weakref.ref(zygote.prepare(f"config-{index}")) for index in range(1, PREPARED_CONFIGS_MAX)]
+del first, again
+alive_at_max = sum(ref() is not None for ref in refs)
+newest = zygote.prepare(f"config-{PREPARED_CONFIGS_MAX}")
+newest_kept = range(PREPARED_CONFIGS_MAX - PREPARED_CONFIGS_KEPT + 1, PREPARED_CONFIGS_MAX + 1)
+gc.collect()
+print(json.dumps({
+    "same_object": same_object,
+    "bad": zygote.prepared_for_spawn("bad"),
+    "alive_at_max": alive_at_max,
+    "kept": list(zygote.prepared) == [f"config-{index}" for index in newest_kept],
+    "alive_after": sum(ref() is not None for ref in refs) + 1,
+    "frozen": gc.get_freeze_count() > 0,
+}))
+"""
+
+
+def test_prepare__builds_a_config_once__and_evicts_to_the_kept_freeing_what_it_evicts() -> None:
+    # In a process of its own: it freezes the garbage collector's objects.
+    preparer = subprocess.run([sys.executable, "-c", PREPARER], capture_output=True, text=True, timeout=WAIT_TIMEOUT_S)
+    assert preparer.returncode == 0, preparer.stderr
+    # A config that does not build is left to the child, whose log says why; the fork server only prints it.
+    assert "ValueError: no such role" in preparer.stderr
+    assert json.loads(preparer.stdout) == {
+        "same_object": True,
+        "bad": None,
+        "alive_at_max": PREPARED_CONFIGS_MAX,
+        "kept": True,
+        # Frozen objects are never collected: the evicted apps are gone only because eviction unfreezes first.
+        "alive_after": PREPARED_CONFIGS_KEPT,
+        "frozen": True,
+    }
+
+
+SPAWNER = """
+import json, os, sys
+import fakes.zygote
+from fakes.zygote import Zygote
+
+out = sys.argv[1]
+built = []
+fakes.zygote.build_config = lambda config_json: built.append(os.getpid()) or {"app of": config_json}
+
+def serve(config_json, sock, prepared):
+    with open(os.path.join(out, "child.json"), "w") as child:
+        json.dump({"prepared": prepared}, child)
+    return 0
+
+fakes.zygote.serve_config = serve
+zygote = Zygote([])
+config = json.dumps({"name": "environment", "host": "127.0.0.1", "port": 0})
+pids = {}
+zygote.fork_all([{"name": "environment", "config": config, "log_path": os.path.join(out, "log")}], pids)
+while pids["environment"] in zygote.children:
+    zygote.reap()
+with open(os.path.join(out, "child.json")) as child:
+    print(json.dumps({"built_here": built == [os.getpid()], "child": json.load(child), "config": config}))
+"""
+
+
+def test_spawn__builds_a_new_config_here_once_and_hands_it_to_the_child(tmp_path: Path) -> None:
+    # The standbys the start asks for next share the same build; the child does not build it again.
+    spawner = subprocess.run(
+        [sys.executable, "-c", SPAWNER, str(tmp_path)], capture_output=True, text=True, timeout=WAIT_TIMEOUT_S
+    )
+    assert spawner.returncode == 0, spawner.stderr
+    seen = json.loads(spawner.stdout)
+    assert seen == {"built_here": True, "child": {"prepared": {"app of": seen["config"]}}, "config": seen["config"]}
 
 
 # --- one shared stack -------------------------------------------------------------------------------------------
