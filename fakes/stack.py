@@ -96,17 +96,19 @@ class Stack:
         policy_workers: int = 1,
         time_jumps: bool = False,
     ) -> None:
-        if topology not in TOPOLOGIES:
-            raise ValueError(f"'topology' must be one of {sorted(TOPOLOGIES)} (got {topology!r})")
-        if verify_mode not in VERIFY_MODES:
-            raise ValueError(f"'verify_mode' must be one of {list(VERIFY_MODES)} (got {verify_mode!r})")
-        check_capture(token_capture, generation_cuts)
-        self.topology = topology
-        self.verify_mode = verify_mode
-        self.token_capture = token_capture
-        self.generation_cuts = generation_cuts
+        self.topology = ""
+        self.verify_mode = ""
+        self.token_capture = False
+        self.generation_cuts = False
         # uvicorn workers of the policy model server (`fakes.gym.coordinator_process`); the other servers run one each.
-        self.policy_workers = policy_workers_count(policy_workers)
+        self.policy_workers = 1
+        self.redeploy(
+            topology,
+            verify_mode=verify_mode,
+            token_capture=token_capture,
+            generation_cuts=generation_cuts,
+            policy_workers=policy_workers,
+        )
         # Every server's monotonic clock follows its libfaketime offset too, so time can pass (`fakes.clock`).
         self.time_jumps = bool(time_jumps)
         # Every start (first, restart, a fork server standby) builds its configs from this, so it survives restarts.
@@ -221,6 +223,30 @@ class Stack:
         shutil.rmtree(self.checkpoint_root, ignore_errors=True)
         self.durability_journal.unlink(missing_ok=True)
         self.start_gym()
+
+    def redeploy(
+        self,
+        topology: str,
+        *,
+        verify_mode: str = "wait",
+        token_capture: bool = False,
+        generation_cuts: bool = False,
+        policy_workers: int = 1,
+    ) -> None:
+        """The Gym servers started next make up this deployment (the running ones, if any, keep theirs): what lets
+        one backend and fork server serve deployment after deployment (`start_afresh` then starts them). Every
+        value is checked first, so a bad one is a ValueError that changes nothing."""
+        if topology not in TOPOLOGIES:
+            raise ValueError(f"'topology' must be one of {sorted(TOPOLOGIES)} (got {topology!r})")
+        if verify_mode not in VERIFY_MODES:
+            raise ValueError(f"'verify_mode' must be one of {list(VERIFY_MODES)} (got {verify_mode!r})")
+        check_capture(token_capture, generation_cuts)
+        workers = policy_workers_count(policy_workers)
+        self.topology = topology
+        self.verify_mode = verify_mode
+        self.token_capture = token_capture
+        self.generation_cuts = generation_cuts
+        self.policy_workers = workers
 
     def plant_faults(self, faults: Sequence[str]) -> None:
         """The Gym servers started next run with `faults` planted (the running ones keep theirs); an unknown fault

@@ -213,11 +213,18 @@ class StackOptions:
     generation_cuts: bool = False
 
 
+def redeployable(options: StackOptions) -> dict[str, Any]:
+    """The options `Stack.redeploy` takes besides the topology: all but the start path."""
+    return attrs.asdict(options, filter=lambda field, _: field.name not in ("topology", "fork_server"))
+
+
 class StackPool:
-    """The stacks one pytest worker keeps between tests. A test asking for a deployment that an earlier test used
-    gets that stack started afresh (`Stack.start_afresh`: new Gym servers, a reset backend, empty directories),
-    which skips a backend and a fork server warming up: most of a stack test's CPU. The `keep` most recently used
-    idle stacks are kept; the others, and all of them at the end of the session, are stopped."""
+    """The stacks one pytest worker keeps between tests. A test gets an idle stack started afresh
+    (`Stack.start_afresh`: new Gym servers, a reset backend, empty directories), which skips a backend and a fork
+    server warming up: most of a stack test's CPU. One used with the same options is taken first; otherwise one
+    with the same start path (fork server or cold) is redeployed to the options asked (`Stack.redeploy`). The
+    `keep` most recently used idle stacks are kept; the others, and all of them at the end of the session, are
+    stopped."""
 
     def __init__(self, root: Path, keep: int = 2) -> None:
         self.root = root
@@ -226,9 +233,10 @@ class StackPool:
         self.started = 0
 
     def take(self, options: StackOptions, faults: tuple[str, ...]) -> Stack:
-        stack = self.idle.pop(options, None)
+        stack = self.idle.pop(options, None) or self._idle_to_redeploy(options)
         if stack is not None and self._reusable(stack):
             try:
+                stack.redeploy(options.topology, **redeployable(options))
                 stack.start_afresh(faults)
             except BaseException:
                 stack.stop()
@@ -237,6 +245,13 @@ class StackPool:
         if stack is not None:
             stack.stop()
         return self._start(options, faults)
+
+    def _idle_to_redeploy(self, options: StackOptions) -> Stack | None:
+        """The most recently used idle stack on the same start path, taken out of the pool (None: there is none)."""
+        for idle_options in reversed(list(self.idle)):
+            if idle_options.fork_server == options.fork_server:
+                return self.idle.pop(idle_options)
+        return None
 
     def give_back(self, options: StackOptions, stack: Stack) -> None:
         """Kill the test's Gym servers now (nothing of one test runs on into the next) and keep the stack idle."""
@@ -262,9 +277,10 @@ class StackPool:
         self.started += 1
         stack = Stack(
             options.topology,
-            self.root / f"{self.started}-{options.topology}-{options.verify_mode}",
+            self.root / f"stack-{self.started}",
             faults=faults,
-            **attrs.asdict(options, filter=lambda field, _: field.name != "topology"),
+            fork_server=options.fork_server,
+            **redeployable(options),
         )
         try:
             stack.start_backend()

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from ckpt_model.gym_tasks import native_run_body
 from ckpt_model.wire import EpisodeId
 from fakes.stack import Stack
+from fakes.topologies import TOPOLOGIES
 from tests.stack.conftest import Deployment, StackOptions, StackPool, deadline, process_gone
 
 pytestmark = pytest.mark.processes
@@ -85,9 +87,46 @@ def test_start_afresh__an_unknown_fault_is_refused_and_the_servers_run_on(stack:
     assert stack.faults == ()
 
 
-def test_the_pool__reuses_a_stack_for_the_same_options_and_stops_what_it_does_not_keep(tmp_path: Path) -> None:
+def test_redeploy__the_next_start_is_the_deployment_asked_for_on_the_same_backend(stack: Stack) -> None:
+    backend_pid = stack.backend.pid if stack.backend else None
+    stack.redeploy("mixed", verify_mode="replay", token_capture=True, generation_cuts=True, policy_workers=2)
+    stack.start_afresh()
+    assert stack.backend is not None
+    assert stack.backend.pid == backend_pid
+    assert sorted(stack.gym) == sorted(TOPOLOGIES["mixed"])
+    configs = stack.configs()
+    assert {config.verify_mode for config in configs.values()} == {"replay"}
+    assert configs["policy_model"].workers == 2
+    assert configs["policy_model"].token_capture
+    assert configs["policy_model"].generation_cuts
+    status = stack.http.get(stack.gym["restart_resources"].url + "/health")
+    assert status.status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("keywords", "error"),
+    [
+        ({"topology": "no_such_topology"}, "'topology' must be one of"),
+        ({"topology": "slow", "verify_mode": "maybe"}, "'verify_mode' must be one of"),
+        ({"topology": "slow", "generation_cuts": True}, "'generation_cuts' needs 'token_capture'"),
+        ({"topology": "slow", "policy_workers": 0}, "'policy_workers' must be an integer >= 1"),
+    ],
+)
+def test_redeploy__a_bad_value_is_refused_and_changes_nothing(keywords: dict[str, Any], error: str) -> None:
+    stack = Stack("native", Path("/nonexistent/not-started"))
+
+    def deployment() -> tuple[object, ...]:
+        return stack.topology, stack.verify_mode, stack.token_capture, stack.generation_cuts, stack.policy_workers
+
+    before = deployment()
+    with pytest.raises(ValueError, match=error):
+        stack.redeploy(**keywords)
+    assert deployment() == before
+
+
+def test_the_pool__reuses_an_idle_stack_redeployed_and_stops_what_it_does_not_keep(tmp_path: Path) -> None:
     pool = StackPool(tmp_path, keep=1)
-    native, slow = StackOptions("native"), StackOptions("slow")
+    native, slow, cold = StackOptions("native"), StackOptions("slow"), StackOptions("native", fork_server=False)
     try:
         first = pool.take(native, ())
         pool.give_back(native, first)
@@ -98,13 +137,25 @@ def test_the_pool__reuses_a_stack_for_the_same_options_and_stops_what_it_does_no
         assert again.gym
         pool.give_back(native, again)
 
+        # Other options: the same stack, its backend and fork server, now serving the slow topology.
+        backend_pid = first.backend.pid if first.backend else None
         other = pool.take(slow, ())
-        assert other is not first
-        pool.give_back(slow, other)  # keeps one: the native stack is stopped
+        assert other is first
+        assert other.topology == "slow"
+        assert sorted(other.gym) == sorted(TOPOLOGIES["slow"])
+        assert other.backend is not None
+        assert other.backend.pid == backend_pid
+        assert other.faults == ()
+        pool.give_back(slow, other)
+
+        # A cold start cannot be redeployed from a stack with a fork server: a new stack, and one is kept.
+        cold_stack = pool.take(cold, ())
+        assert cold_stack is not first
+        assert cold_stack.fork_server is None
+        pool.give_back(cold, cold_stack)
+        assert list(pool.idle) == [cold]
         assert first.backend is None
         assert first.fork_server is None
-        assert list(pool.idle) == [slow]
     finally:
         pool.close()
-    assert other.backend is None
-    assert other.fork_server is None
+    assert cold_stack.backend is None
