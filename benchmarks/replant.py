@@ -7,7 +7,8 @@ them again (a new config for every server) and waits until the fork server has f
 the fork server's own CPU and its reaped children's (user + sys, from /proc) over the rounds, per round, and the
 fork server's resident memory every tenth round (a fork copies its page tables, so memory that grows with every
 new config makes every later fork dearer). A second pass restarts as often with the same faults, for comparison.
-The figures are CPU time, so they hold on a busy machine better than wall clock; the load average is printed.
+The figures are CPU time (psutil's reading of the kernel's accounting), so they hold on a busy machine better than
+wall clock; the load average is printed.
 """
 
 from __future__ import annotations
@@ -19,35 +20,28 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+import psutil
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]  # run from a checkout without installing
 
 from fakes.faults import CATALOGUE  # noqa: E402 - after the path set-up above
 from fakes.stack import Stack  # noqa: E402
 
-CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 STANDBYS_TIMEOUT_S = 30.0
+MIB = 1024 * 1024
 
 
-def cpu_seconds(pid: int) -> tuple[float, float]:
+def cpu_seconds(process: psutil.Process) -> tuple[float, float]:
     """(own user + sys, reaped children's user + sys) of a live process."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    own = int(fields[11]) + int(fields[12])
-    children = int(fields[13]) + int(fields[14])
-    return own / CLOCK_TICKS_PER_S, children / CLOCK_TICKS_PER_S
-
-
-def resident_mib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) // 1024
-    raise RuntimeError(f"no VmRSS for pid {pid}")
+    times = process.cpu_times()
+    return times.user + times.system, times.children_user + times.children_system
 
 
 def run_rounds(stack: Stack, faults_per_round: Sequence[tuple[str, ...]], label: str) -> None:
     assert stack.fork_server is not None
-    pid = stack.fork_server.pid
-    own_before, children_before = cpu_seconds(pid)
+    fork_server = psutil.Process(stack.fork_server.pid)
+    own_before, children_before = cpu_seconds(fork_server)
     memory = []
     for index, faults in enumerate(faults_per_round, 1):
         stack.plant_faults(faults)
@@ -55,8 +49,8 @@ def run_rounds(stack: Stack, faults_per_round: Sequence[tuple[str, ...]], label:
         stack.start_gym()
         stack.fork_server.wait_idle(STANDBYS_TIMEOUT_S)
         if index % 10 == 0:
-            memory.append(resident_mib(pid))
-    own_after, children_after = cpu_seconds(pid)
+            memory.append(fork_server.memory_info().rss // MIB)
+    own_after, children_after = cpu_seconds(fork_server)
     rounds = len(faults_per_round)
     own, children = own_after - own_before, children_after - children_before
     print(
