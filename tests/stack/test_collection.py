@@ -1,0 +1,233 @@
+"""The look-alike collector (`python -m fakes.collection`) against the look-alike stack: Gym's two rollout
+collection scenarios (reference 12.2) and what a preempted run must leave behind (Appendix C)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ckpt_model.gym_tasks import legacy_run_body, weather_task
+from tests.stack.conftest import Deployment, wait_until
+
+pytestmark = pytest.mark.processes
+
+Deploy = Callable[..., Deployment]
+
+EXIT_PREEMPTED = 75
+# Topologies whose rows go to the agent through the legacy relay.
+LEGACY_ROWS = ("legacy", "counter")
+
+
+def input_row(topology: str, rollout_id: str) -> dict[str, Any]:
+    """A collection input row: native rows carry `rollout_id` and `task`, legacy rows are `/run` rows."""
+    if topology not in LEGACY_ROWS:
+        return {"rollout_id": rollout_id, "task": weather_task()}
+    row = legacy_run_body(rollout_id, 0)
+    del row["_ng_attempt_index"]
+    return row
+
+
+class Collection:
+    """One collection run's files, and its runs as subprocesses in their own process groups."""
+
+    def __init__(self, deployment: Deployment, root: Path, topology: str, rollouts: list[str]) -> None:
+        self.deployment = deployment
+        self.root = root
+        self.checkpoints = root / "collection-ckpt"
+        self.output = root / "output.jsonl"
+        inputs = root / "input.jsonl"
+        inputs.write_text("".join(json.dumps(input_row(topology, each)) + "\n" for each in rollouts))
+        self.config: dict[str, Any] = {
+            "input_jsonl_fpath": str(inputs),
+            "output_jsonl_fpath": str(self.output),
+            "checkpoint_dir": str(self.checkpoints),
+            "servers": {name: server.url for name, server in deployment.stack.gym.items()},
+            "run_server": "environment",
+            "run_format": "legacy" if topology in LEGACY_ROWS else "native",
+            "token": deployment.stack.token,
+        }
+        self.processes: list[subprocess.Popen[bytes]] = []
+
+    def start(self, **overrides: Any) -> subprocess.Popen[bytes]:
+        path = self.root / f"config-{len(self.processes)}.json"
+        path.write_text(json.dumps({**self.config, **overrides}))
+        with open(self.root / f"collection-{len(self.processes)}.log", "wb") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "fakes.collection", str(path)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.processes.append(process)
+        return process
+
+    def log(self, index: int = -1) -> str:
+        number = index % len(self.processes)
+        return (self.root / f"collection-{number}.log").read_text()
+
+    def exit_code(self, process: subprocess.Popen[bytes]) -> int:
+        wait_until(lambda: process.poll() is not None, "the collection run to exit")
+        assert process.returncode is not None
+        return process.returncode
+
+    def latest_id(self) -> str | None:
+        path = self.checkpoints / "LATEST"
+        return path.read_text().strip() if path.exists() else None
+
+    def latest(self) -> dict[str, Any]:
+        checkpoint_id = self.latest_id()
+        assert checkpoint_id is not None, "no LATEST"
+        return dict(json.loads((self.checkpoints / checkpoint_id / "collection.json").read_text()))
+
+    def rows(self) -> list[tuple[str, int, float | None]]:
+        lines = self.output.read_text().splitlines()
+        return [(row["_ng_rollout_id"], row["_ng_attempt_index"], row["reward"]) for row in map(json.loads, lines)]
+
+    def stop_all(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+@pytest.fixture
+def collection(deploy: Deploy, tmp_path: Path) -> Iterator[Any]:
+    made: list[Collection] = []
+
+    def make(topology: str, rollouts: list[str]) -> Collection:
+        made.append(Collection(deploy(topology), tmp_path, topology, rollouts))
+        return made[-1]
+
+    yield make
+    for each in made:
+        each.stop_all()
+
+
+def n_messages(deployment: Deployment) -> list[int]:
+    return [call["n_messages"] for call in deployment.calls()]
+
+
+@pytest.mark.parametrize(("topology", "first"), [("native", 2), ("legacy", 1)])
+def test_preemption_checkpoints_exits_75_and_a_rerun_continues_the_rollout(
+    collection: Any, topology: str, first: int
+) -> None:
+    """Gym's scenario: SIGTERM after two calls; exit 75; `LATEST` names a checkpoint that continues `long-1`
+    attempt 0; crash, release, restart; the rerun with `resume_from_cache` exits 0 with reward 1.0 at attempt 1."""
+    run = collection(topology, ["long-1"])
+    run.deployment.backend("/_ctl/hold", {"after_calls": 1})
+    first_run = run.start()
+    wait_until(lambda: len(run.deployment.calls()) == 2, "the second model call to be held")
+
+    first_run.send_signal(signal.SIGTERM)
+
+    assert run.exit_code(first_run) == EXIT_PREEMPTED, run.log()
+    latest = run.latest()
+    assert latest["continued"] == [{"rollout_id": "long-1", "attempt": 0}]
+    assert latest["restarted"] == []
+    assert not run.output.exists() or run.rows() == []
+
+    run.deployment.crash_and_restart()
+    rerun = run.start(resume_from_cache=True)
+
+    assert run.exit_code(rerun) == 0, run.log()
+    assert run.rows() == [("long-1", 1, 1.0)]
+    assert n_messages(run.deployment) == [first, first + 2, first + 2]
+
+
+def test_a_checkpoint_on_request_lets_collection_continue(collection: Any) -> None:
+    """Gym's scenario: SIGUSR1 -> `LATEST` appears; release; the run exits 0 with reward 1.0 (legacy)."""
+    run = collection("legacy", ["usr-1"])
+    run.deployment.backend("/_ctl/hold", {"after_calls": 1})
+    process = run.start()
+    wait_until(lambda: len(run.deployment.calls()) == 2, "the second model call to be held")
+
+    process.send_signal(signal.SIGUSR1)
+    wait_until(lambda: (run.checkpoints / "LATEST").exists(), "LATEST to appear")
+    run.deployment.backend("/_ctl/release")
+
+    assert run.exit_code(process) == 0, run.log()
+    assert run.rows() == [("usr-1", 0, 1.0)]
+    assert n_messages(run.deployment) == [1, 3]
+    assert run.latest()["continued"] == [{"rollout_id": "usr-1", "attempt": 0}]
+
+
+def published_checkpoints(run: Collection) -> list[str]:
+    return sorted(path.name for path in run.checkpoints.iterdir() if (path / "collection.json").exists())
+
+
+def test_every_checkpoint_moves_latest_forward_and_only_the_two_newest_are_kept(collection: Any) -> None:
+    run = collection("native", ["kept-1"])
+    run.deployment.backend("/_ctl/hold", {"after_calls": 1})
+    process = run.start()
+    wait_until(lambda: len(run.deployment.calls()) == 2, "the second model call to be held")
+    seen: list[str] = []
+    created: list[float] = []
+
+    for number in range(1, 4):
+        process.send_signal(signal.SIGUSR1)
+        seen.append(
+            wait_until(lambda: run.latest_id() not in (None, *seen) and run.latest_id(), f"checkpoint {number}")
+        )
+        created.append(run.latest()["created_at"])
+
+    assert created == sorted(created), "LATEST moved back"
+    wait_until(lambda: published_checkpoints(run) == sorted(seen[1:]), "the oldest checkpoint to be pruned")
+    run.deployment.backend("/_ctl/release")
+    assert run.exit_code(process) == 0, run.log()
+    assert run.rows() == [("kept-1", 0, 1.0)]
+
+
+def test_a_rerun_continues_what_latest_names_and_starts_over_what_ran_after_it(collection: Any) -> None:
+    """Three runs: the first is preempted with `a` in flight (`b` not yet sent); the second continues `a` to its
+    reply, sends `b` and is killed; the third retires `b`'s logged attempt and runs it again as attempt 1."""
+    run = collection("native", ["a", "b"])
+    run.config["concurrency"] = 1
+    run.deployment.backend("/_ctl/hold", {"after_calls": 1})
+    first = run.start()
+    wait_until(lambda: len(run.deployment.calls()) == 2, "a's second model call to be held")
+    first.send_signal(signal.SIGTERM)
+    assert run.exit_code(first) == EXIT_PREEMPTED, run.log()
+
+    run.deployment.crash_and_restart()
+    run.deployment.backend("/_ctl/hold", {"after_calls": 3})  # a@1 makes one call (2); b@0's first (3) is held
+    second = run.start(resume_from_cache=True)
+    wait_until(lambda: len(run.deployment.calls()) == 4, "b's first model call to be held")
+    os.killpg(second.pid, signal.SIGKILL)
+    assert run.exit_code(second) == -signal.SIGKILL
+    assert run.rows() == [("a", 1, 1.0)]
+
+    run.deployment.crash_and_restart()
+    third = run.start(resume_from_cache=True)
+
+    assert run.exit_code(third) == 0, run.log()
+    assert run.rows() == [("a", 1, 1.0), ("b", 1, 1.0)]
+    assert "1 started over" in run.log()
+    # b's retire mark was forgotten once b@1 replied.
+    for name in ("environment", "agent", "resources", "policy_model"):
+        assert run.deployment.status(name)["retired_rollouts"] == 0, name
+
+
+def test_a_checkpoint_that_fails_publishes_nothing_and_a_sigterm_then_exits_1(collection: Any) -> None:
+    """`slow` in `wait` mode: a judge call the backend holds blocks prepare past the checkpoint's deadline."""
+    run = collection("slow", ["judged-1"])
+    run.deployment.backend("/_ctl/gate")
+    process = run.start(checkpoint_timeout_s=1.0)
+    run.deployment.release_when_waiting(0, "policy")
+    run.deployment.release_when_waiting(1, "policy")
+    run.deployment.wait_call_waiting(2, "judge")
+
+    process.send_signal(signal.SIGTERM)
+
+    assert run.exit_code(process) == 1, run.log()
+    assert "the checkpoint failed" in run.log()
+    assert not (run.checkpoints / "LATEST").exists()
+    assert published_checkpoints(run) == []
+    assert [path.name for path in run.checkpoints.iterdir()] == ["dispatched.jsonl"]
