@@ -14,6 +14,16 @@ from typing import Any
 
 import pytest
 
+from ckpt_model import collection_files as files
+from ckpt_model.collection_files import CollectionCheckpoint
+from ckpt_model.collection_properties import (
+    p22_latest_complete,
+    p22_latest_forward,
+    p23_kept,
+    p23_stop_published,
+    p24_continued_exported,
+    p25_rows,
+)
 from ckpt_model.gym_tasks import legacy_run_body, weather_task
 from tests.stack.conftest import Deployment, wait_until
 
@@ -22,7 +32,7 @@ pytestmark = pytest.mark.processes
 Deploy = Callable[..., Deployment]
 
 EXIT_PREEMPTED = 75
-# Topologies whose rows go to the agent through the legacy relay.
+# Topologies whose rows go to the agent through the legacy relay, where the agent owns the episodes.
 LEGACY_ROWS = ("legacy", "counter")
 
 
@@ -55,8 +65,14 @@ class Collection:
             "token": deployment.stack.token,
         }
         self.processes: list[subprocess.Popen[bytes]] = []
+        self.rollouts = rollouts
+        self.owner = "agent" if topology in LEGACY_ROWS else "environment"
+        self.kinds = ("agent", "resources", "model") + (() if topology in LEGACY_ROWS else ("environment",))
+        self.latest_seen: CollectionCheckpoint | None = None
+        self.latest_at_start: str | None = None
 
     def start(self, **overrides: Any) -> subprocess.Popen[bytes]:
+        self.latest_at_start = self.latest_id()
         path = self.root / f"config-{len(self.processes)}.json"
         path.write_text(json.dumps({**self.config, **overrides}))
         with open(self.root / f"collection-{len(self.processes)}.log", "wb") as log:
@@ -74,9 +90,29 @@ class Collection:
         return (self.root / f"collection-{number}.log").read_text()
 
     def exit_code(self, process: subprocess.Popen[bytes]) -> int:
+        """Wait for the run to exit, then audit what it left (P22-P24); its exit code."""
         wait_until(lambda: process.poll() is not None, "the collection run to exit")
         assert process.returncode is not None
+        self.audit(process.returncode)
         return process.returncode
+
+    def audit(self, exit_code: int) -> None:
+        latest = p22_latest_complete(self.checkpoints, self.kinds)
+        p22_latest_forward(self.latest_seen, latest)
+        self.latest_seen = latest
+        p23_stop_published(exit_code, self.latest_at_start, self.latest_id())
+        if exit_code >= 0:  # a run that exited by itself left no partial checkpoint behind
+            p23_kept(*files.checkpoint_dirs(self.checkpoints))
+        if latest is not None:
+            owner = files.participant_fingerprints(self.checkpoints, latest.checkpoint_id)
+            exported = [
+                key for name, each in owner.items() if name.startswith(self.owner + "/") for key in each.episode_ids
+            ]
+            p24_continued_exported(latest, exported)
+
+    def audit_rows(self, attempts: dict[str, int]) -> None:
+        """Every input row exactly once, with reward 1.0 and the attempt the scenario predicts (P25)."""
+        p25_rows(self.rollouts, files.output_rows(self.output), 1.0, attempts)
 
     def latest_id(self) -> str | None:
         path = self.checkpoints / "LATEST"
@@ -139,6 +175,7 @@ def test_preemption_checkpoints_exits_75_and_a_rerun_continues_the_rollout(
 
     assert run.exit_code(rerun) == 0, run.log()
     assert run.rows() == [("long-1", 1, 1.0)]
+    run.audit_rows({"long-1": 1})
     assert n_messages(run.deployment) == [first, first + 2, first + 2]
 
 
@@ -155,6 +192,7 @@ def test_a_checkpoint_on_request_lets_collection_continue(collection: Any) -> No
 
     assert run.exit_code(process) == 0, run.log()
     assert run.rows() == [("usr-1", 0, 1.0)]
+    run.audit_rows({})
     assert n_messages(run.deployment) == [1, 3]
     assert run.latest()["continued"] == [{"rollout_id": "usr-1", "attempt": 0}]
 
@@ -183,6 +221,7 @@ def test_every_checkpoint_moves_latest_forward_and_only_the_two_newest_are_kept(
     run.deployment.backend("/_ctl/release")
     assert run.exit_code(process) == 0, run.log()
     assert run.rows() == [("kept-1", 0, 1.0)]
+    run.audit_rows({})
 
 
 def test_a_rerun_continues_what_latest_names_and_starts_over_what_ran_after_it(collection: Any) -> None:
@@ -209,6 +248,7 @@ def test_a_rerun_continues_what_latest_names_and_starts_over_what_ran_after_it(c
 
     assert run.exit_code(third) == 0, run.log()
     assert run.rows() == [("a", 1, 1.0), ("b", 1, 1.0)]
+    run.audit_rows({"a": 1, "b": 1})
     assert "1 started over" in run.log()
     # b's retire mark was forgotten once b@1 replied.
     for name in ("environment", "agent", "resources", "policy_model"):
