@@ -4,9 +4,7 @@ collection scenarios (reference 12.2) and what a preempted run must leave behind
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,15 +13,7 @@ from typing import Any
 import pytest
 
 from ckpt_model import collection_files as files
-from ckpt_model.collection_files import CollectionCheckpoint
-from ckpt_model.collection_properties import (
-    p22_latest_complete,
-    p22_latest_forward,
-    p23_kept,
-    p23_stop_published,
-    p24_continued_exported,
-    p25_rows,
-)
+from ckpt_model.collection_run import CollectionAudit, CollectionRun
 from ckpt_model.gym_tasks import legacy_run_body, weather_task
 from tests.stack.conftest import Deployment, wait_until
 
@@ -32,6 +22,7 @@ pytestmark = pytest.mark.processes
 Deploy = Callable[..., Deployment]
 
 EXIT_PREEMPTED = 75
+COMMAND = (sys.executable, "-m", "fakes.collection")
 # Topologies whose rows go to the agent through the legacy relay, where the agent owns the episodes.
 LEGACY_ROWS = ("legacy", "counter")
 
@@ -46,7 +37,7 @@ def input_row(topology: str, rollout_id: str) -> dict[str, Any]:
 
 
 class Collection:
-    """One collection run's files, and its runs as subprocesses in their own process groups."""
+    """One collection directory and its runs, each audited as it exits (P22-P24; `CollectionAudit`)."""
 
     def __init__(self, deployment: Deployment, root: Path, topology: str, rollouts: list[str]) -> None:
         self.deployment = deployment
@@ -64,59 +55,26 @@ class Collection:
             "run_format": "legacy" if topology in LEGACY_ROWS else "native",
             "token": deployment.stack.token,
         }
-        self.processes: list[subprocess.Popen[bytes]] = []
+        self.runs: list[CollectionRun] = []
         self.rollouts = rollouts
-        self.owner = "agent" if topology in LEGACY_ROWS else "environment"
-        self.kinds = ("agent", "resources", "model") + (() if topology in LEGACY_ROWS else ("environment",))
-        self.latest_seen: CollectionCheckpoint | None = None
-        self.latest_at_start: str | None = None
+        kinds = ("agent", "resources", "model") + (() if topology in LEGACY_ROWS else ("environment",))
+        self.audit = CollectionAudit(self.checkpoints, kinds, "agent" if topology in LEGACY_ROWS else "environment")
 
-    def start(self, **overrides: Any) -> subprocess.Popen[bytes]:
-        self.latest_at_start = self.latest_id()
-        path = self.root / f"config-{len(self.processes)}.json"
-        path.write_text(json.dumps({**self.config, **overrides}))
-        with open(self.root / f"collection-{len(self.processes)}.log", "wb") as log:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "fakes.collection", str(path)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        self.processes.append(process)
-        return process
+    def start(self, **overrides: Any) -> CollectionRun:
+        self.runs.append(CollectionRun(COMMAND, {**self.config, **overrides}, self.root, len(self.runs)))
+        return self.runs[-1]
 
-    def log(self, index: int = -1) -> str:
-        number = index % len(self.processes)
-        return (self.root / f"collection-{number}.log").read_text()
+    def log(self) -> str:
+        return self.runs[-1].log()
 
-    def exit_code(self, process: subprocess.Popen[bytes]) -> int:
-        """Wait for the run to exit, then audit what it left (P22-P24); its exit code."""
-        wait_until(lambda: process.poll() is not None, "the collection run to exit")
-        assert process.returncode is not None
-        self.audit(process.returncode)
-        return process.returncode
-
-    def audit(self, exit_code: int) -> None:
-        latest = p22_latest_complete(self.checkpoints, self.kinds)
-        p22_latest_forward(self.latest_seen, latest)
-        self.latest_seen = latest
-        p23_stop_published(exit_code, self.latest_at_start, self.latest_id())
-        if exit_code >= 0:  # a run that exited by itself left no partial checkpoint behind
-            p23_kept(*files.checkpoint_dirs(self.checkpoints))
-        if latest is not None:
-            owner = files.participant_fingerprints(self.checkpoints, latest.checkpoint_id)
-            exported = [
-                key for name, each in owner.items() if name.startswith(self.owner + "/") for key in each.episode_ids
-            ]
-            p24_continued_exported(latest, exported)
-
-    def audit_rows(self, attempts: dict[str, int]) -> None:
-        """Every input row exactly once, with reward 1.0 and the attempt the scenario predicts (P25)."""
-        p25_rows(self.rollouts, files.output_rows(self.output), 1.0, attempts)
+    def exit_code(self, run: CollectionRun) -> int:
+        """Wait for the run to exit, then audit what it left; its exit code."""
+        code = run.wait()
+        self.audit.exited(code, run.latest_at_start)
+        return code
 
     def latest_id(self) -> str | None:
-        path = self.checkpoints / "LATEST"
-        return path.read_text().strip() if path.exists() else None
+        return files.latest_id(self.checkpoints)
 
     def latest(self) -> dict[str, Any]:
         checkpoint_id = self.latest_id()
@@ -124,14 +82,15 @@ class Collection:
         return dict(json.loads((self.checkpoints / checkpoint_id / "collection.json").read_text()))
 
     def rows(self) -> list[tuple[str, int, float | None]]:
-        lines = self.output.read_text().splitlines()
-        return [(row["_ng_rollout_id"], row["_ng_attempt_index"], row["reward"]) for row in map(json.loads, lines)]
+        return [(row.rollout_id, row.attempt, row.reward) for row in files.output_rows(self.output)]
+
+    def audit_rows(self, attempts: dict[str, int]) -> None:
+        """Every input row exactly once, with reward 1.0 and the attempt the scenario predicts (P25)."""
+        self.audit.rows(self.output, self.rollouts, 1.0, attempts)
 
     def stop_all(self) -> None:
-        for process in self.processes:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        for run in self.runs:
+            run.kill()
 
 
 @pytest.fixture
@@ -162,7 +121,7 @@ def test_preemption_checkpoints_exits_75_and_a_rerun_continues_the_rollout(
     first_run = run.start()
     wait_until(lambda: len(run.deployment.calls()) == 2, "the second model call to be held")
 
-    first_run.send_signal(signal.SIGTERM)
+    first_run.signal(signal.SIGTERM)
 
     assert run.exit_code(first_run) == EXIT_PREEMPTED, run.log()
     latest = run.latest()
@@ -186,7 +145,7 @@ def test_a_checkpoint_on_request_lets_collection_continue(collection: Any) -> No
     process = run.start()
     wait_until(lambda: len(run.deployment.calls()) == 2, "the second model call to be held")
 
-    process.send_signal(signal.SIGUSR1)
+    process.signal(signal.SIGUSR1)
     wait_until(lambda: (run.checkpoints / "LATEST").exists(), "LATEST to appear")
     run.deployment.backend("/_ctl/release")
 
@@ -210,7 +169,7 @@ def test_every_checkpoint_moves_latest_forward_and_only_the_two_newest_are_kept(
     created: list[float] = []
 
     for number in range(1, 4):
-        process.send_signal(signal.SIGUSR1)
+        process.signal(signal.SIGUSR1)
         seen.append(
             wait_until(lambda: run.latest_id() not in (None, *seen) and run.latest_id(), f"checkpoint {number}")
         )
@@ -232,14 +191,14 @@ def test_a_rerun_continues_what_latest_names_and_starts_over_what_ran_after_it(c
     run.deployment.backend("/_ctl/hold", {"after_calls": 1})
     first = run.start()
     wait_until(lambda: len(run.deployment.calls()) == 2, "a's second model call to be held")
-    first.send_signal(signal.SIGTERM)
+    first.signal(signal.SIGTERM)
     assert run.exit_code(first) == EXIT_PREEMPTED, run.log()
 
     run.deployment.crash_and_restart()
     run.deployment.backend("/_ctl/hold", {"after_calls": 3})  # a@1 makes one call (2); b@0's first (3) is held
     second = run.start(resume_from_cache=True)
     wait_until(lambda: len(run.deployment.calls()) == 4, "b's first model call to be held")
-    os.killpg(second.pid, signal.SIGKILL)
+    second.kill()
     assert run.exit_code(second) == -signal.SIGKILL
     assert run.rows() == [("a", 1, 1.0)]
 
@@ -264,7 +223,7 @@ def test_a_checkpoint_that_fails_publishes_nothing_and_a_sigterm_then_exits_1(co
     run.deployment.release_when_waiting(1, "policy")
     run.deployment.wait_call_waiting(2, "judge")
 
-    process.send_signal(signal.SIGTERM)
+    process.signal(signal.SIGTERM)
 
     assert run.exit_code(process) == 1, run.log()
     assert "the checkpoint failed" in run.log()

@@ -1,0 +1,98 @@
+"""One rollout collection run as the checker drives it: its config written, the program started in a process group
+of its own, signalled (SIGUSR1, SIGTERM, SIGKILL: only that group, which the checker started), and what it leaves
+audited with the collection properties after it exits (`CollectionAudit`).
+
+The program is the system's: the look-alike's `python -m fakes.collection`, or another that reads the same config
+(`docs/collection.md`); the checker only gives it the argv.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from collections.abc import Collection, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ckpt_model import collection_files as files
+from ckpt_model.collection_files import CollectionCheckpoint
+from ckpt_model.collection_properties import (
+    p22_latest_complete,
+    p22_latest_forward,
+    p23_kept,
+    p23_stop_published,
+    p24_continued_exported,
+    p25_rows,
+)
+from ckpt_model.errors import HarnessError
+
+EXIT_TIMEOUT_S = 60.0
+
+
+class CollectionRunError(HarnessError):
+    """A collection run that never exited in time: the outcome is unknown, not a violation."""
+
+
+class CollectionAudit:
+    """What the collection runs of one collection directory must leave, checked after every exit (P22-P24) and at
+    the end (P25); it remembers `LATEST` across runs, so a later run moving it back is seen."""
+
+    def __init__(self, root: Path, kinds: Collection[str], owner: str) -> None:
+        self.root = root
+        self.kinds = tuple(kinds)
+        self.owner = owner
+        self.latest: CollectionCheckpoint | None = None
+
+    def exited(self, exit_code: int, latest_at_start: str | None) -> None:
+        latest = p22_latest_complete(self.root, self.kinds)
+        p22_latest_forward(self.latest, latest)
+        self.latest = latest
+        p23_stop_published(exit_code, latest_at_start, files.latest_id(self.root))
+        if exit_code >= 0:  # a run that exited by itself (not killed) left no partial checkpoint behind
+            p23_kept(*files.checkpoint_dirs(self.root))
+        if latest is not None:
+            written = files.participant_fingerprints(self.root, latest.checkpoint_id)
+            owners = [each for name, each in written.items() if name.startswith(self.owner + "/")]
+            p24_continued_exported(latest, [key for each in owners for key in each.episode_ids])
+
+    def rows(self, output: Path, rollouts: Sequence[str], reward: float, attempts: Mapping[str, int]) -> None:
+        p25_rows(rollouts, files.output_rows(output), reward, attempts)
+
+
+class CollectionRun:
+    """One run of the collection program, in a session (and process group) of its own."""
+
+    def __init__(self, argv: Sequence[str], config: Mapping[str, Any], directory: Path, number: int) -> None:
+        self.config_path = directory / f"collection-{number}.json"
+        self.log_path = directory / f"collection-{number}.log"
+        self.config_path.write_text(json.dumps(dict(config)))
+        self.checkpoints = Path(config["checkpoint_dir"])
+        self.latest_at_start = files.latest_id(self.checkpoints)
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                [*argv, str(self.config_path)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+
+    def signal(self, signum: int) -> None:
+        """SIGUSR1 or SIGTERM to the program itself; nothing once it exited."""
+        if self.process.poll() is None:
+            self.process.send_signal(signum)
+
+    def kill(self) -> None:
+        """SIGKILL the run's own process group (as a cluster ends a job), and reap it."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+    def wait(self, timeout_s: float = EXIT_TIMEOUT_S) -> int:
+        """Its exit code (negative: the signal that killed it); one that does not exit in time is killed."""
+        try:
+            return self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise CollectionRunError(f"the collection run did not exit within {timeout_s:g} s: {self.log()}") from None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
