@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import sys
 import tempfile
 import threading
 from collections.abc import Mapping, Sequence
@@ -258,6 +259,10 @@ class EmbeddedDeployment:
                 f"topology {self.topology!r} has no restart_environment, so no restart /run; use one of {with_one}"
             )
         return self.stack.gym["restart_environment"].url + "/run"
+
+    def collection_command(self) -> list[str]:
+        """The look-alike's rollout collection (`fakes.collection`), run by this interpreter."""
+        return [sys.executable, "-m", "fakes.collection"]
 
     def log_tails(self, lines: int = 15) -> str:
         parts = []

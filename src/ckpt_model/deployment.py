@@ -64,6 +64,7 @@ import httpx
 
 from ckpt_model import timing
 from ckpt_model.artifacts import CHECKPOINTS, LOGS, copy_logs
+from ckpt_model.collection_run import CollectionRun
 from ckpt_model.coordination import ControlClient, new_http_client
 from ckpt_model.errors import CoordinationError, HarnessError, ServerStartError
 from ckpt_model.ledger import LedgerClient
@@ -253,6 +254,14 @@ class PlantsFaults(Protocol):
     serves the scenario of each fault its deployment shows, without starting anew (`Harness.replant`)."""
 
     def plant_faults(self, faults: Sequence[str]) -> None: ...
+
+
+@runtime_checkable
+class CollectsRollouts(Protocol):
+    """Rollout collection against the running servers (reference Appendix C): the argv of the system's collection
+    program, to which the checker appends one argument, its config file (docs/collection.md)."""
+
+    def collection_command(self) -> list[str]: ...
 
 
 def spec_of(deployment: Deployment) -> DeploymentSpec:
@@ -556,6 +565,29 @@ class Harness:
                 "(mixed) and a deployment with restart_run_url()"
             )
         return deployment.restart_run_url()
+
+    def start_collection(self, config: Mapping[str, Any], number: int) -> CollectionRun:
+        """Start the system's rollout collection program on this example's servers: `config` (the input, output
+        and checkpoint paths and the run's options, docs/collection.md) completed with every server's URL, the
+        server whose `/run` the controller calls, the rows' format and the bearer; its config and log go in this
+        example's directory."""
+        deployment = self.deployment
+        if not isinstance(deployment, CollectsRollouts):
+            raise HarnessError(self._lacks("collection_command()"))
+        servers = self._discovered or {}
+        run_server = [name for name, url in servers.items() if url.rstrip("/") + "/run" == self.run_url]
+        if len(run_server) != 1:
+            raise HarnessError(f"no single server serves {self.run_url} among {sorted(servers)}")
+        # Rows of a topology whose agent owns the episodes are legacy `/run` rows (reference 5.3).
+        run_format = "legacy" if self.spec.traits.episode_owner == "agent" else "native"
+        completed = {
+            **config,
+            "servers": dict(servers),
+            "run_server": run_server[0],
+            "run_format": run_format,
+            "token": deployment.token,
+        }
+        return CollectionRun(deployment.collection_command(), completed, self.checkpoint_dir.parent, number)
 
     def log_tails(self, lines: int = 15) -> str:
         """The deployment's log tails; with artefacts kept, naming the copies `close` makes, which outlive the run."""

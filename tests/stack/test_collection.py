@@ -14,6 +14,7 @@ import pytest
 
 from ckpt_model import collection_files as files
 from ckpt_model.collection_run import CollectionAudit, CollectionRun
+from ckpt_model.deployment import Harness
 from ckpt_model.gym_tasks import legacy_run_body, weather_task
 from tests.stack.conftest import Deployment, wait_until
 
@@ -230,3 +231,37 @@ def test_a_checkpoint_that_fails_publishes_nothing_and_a_sigterm_then_exits_1(co
     assert not (run.checkpoints / "LATEST").exists()
     assert published_checkpoints(run) == []
     assert [path.name for path in run.checkpoints.iterdir()] == ["dispatched.jsonl"]
+
+
+def test_the_harness_starts_the_system_s_collection_on_this_example_s_servers(tmp_path: Path) -> None:
+    """`Harness.start_collection` (the `CollectsRollouts` capability): the config gets every server (the legacy
+    relay too), the one whose `/run` the controller calls and the bearer; a SIGTERM while the gated backend holds
+    the first model call ends the run with exit 75 and a checkpoint that continues the row."""
+    inputs = tmp_path / "input.jsonl"
+    inputs.write_text(json.dumps(input_row("legacy", "seam-1")) + "\n")
+    with Harness.embedded("legacy") as harness:
+        harness.begin_example()
+        assert harness.backend is not None
+        checkpoints = harness.checkpoint_dir / "collection"
+        config = {
+            "input_jsonl_fpath": str(inputs),
+            "output_jsonl_fpath": str(tmp_path / "output.jsonl"),
+            "checkpoint_dir": str(checkpoints),
+        }
+        run = harness.start_collection(config, 0)
+        try:
+            given = json.loads(run.config_path.read_text())
+            assert given["run_server"] == "environment"  # the legacy relay, which takes no part in checkpoints
+            assert given["run_format"] == "legacy"
+            assert given["token"] == harness.deployment.token
+            assert sorted(given["servers"]) == ["agent", "environment", "policy_model", "resources"]
+            wait_until(lambda: len(harness.backend.calls()) == 1, "the first model call to wait at the gate")
+            run.signal(signal.SIGTERM)
+
+            assert run.wait() == EXIT_PREEMPTED, run.log()
+            audit = CollectionAudit(checkpoints, ("agent", "resources", "model"), "agent")
+            audit.exited(EXIT_PREEMPTED, run.latest_at_start)
+            assert audit.latest is not None
+            assert [episode.capture_key for episode in audit.latest.continued] == ["seam-1"]
+        finally:
+            run.kill()
