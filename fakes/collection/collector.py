@@ -103,7 +103,10 @@ class Collector:
             if self.config.resume_from_cache:
                 self._resume_from_cache(root, finished)
             self.dispatch_log = DispatchLog(root, self.run_id)
+        skips_in_flight = "resume_skips_in_flight" in self.config.faults
         for rollout_id in self.rows:
+            if skips_in_flight and rollout_id in self.marked:
+                continue  # planted: taken for done, as the rows in flight were in NeMo-RL #3599
             if rollout_id not in finished and rollout_id not in self.pending:
                 self.pending.append(rollout_id)
         next_timer = self._next_timer()

@@ -9,6 +9,10 @@ from typing import Any
 import attrs
 
 RUN_FORMATS = ("native", "legacy")
+# Planted faults of the look-alike collector (docs/collection.md), each a realistic bug a property must catch.
+COLLECTION_FAULTS = {
+    "resume_skips_in_flight": "a rerun skips the rows that were in flight at the stop and are not continued",
+}
 # A legacy row names its rollout in `_ng_rollout_id`; a native row in `rollout_id` beside its `task`.
 LEGACY_ROLLOUT_KEY = "_ng_rollout_id"
 LEGACY_ATTEMPT_KEY = "_ng_attempt_index"
@@ -46,6 +50,7 @@ class CollectionConfig:
     checkpoint_every_s: float | None = attrs.field(default=None, converter=_positive_or_none)
     concurrency: int = attrs.field(default=DEFAULT_CONCURRENCY, validator=attrs.validators.ge(1))
     checkpoint_timeout_s: float = attrs.field(default=DEFAULT_CHECKPOINT_TIMEOUT_S, validator=attrs.validators.gt(0))
+    faults: tuple[str, ...] = attrs.field(default=(), converter=tuple)
 
     def __attrs_post_init__(self) -> None:
         if self.run_server not in self.servers:
@@ -54,6 +59,9 @@ class CollectionConfig:
             raise ConfigError("a checkpointing run needs the control bearer token (token)")
         if self.resume_from_cache and self.checkpoint_dir is None:
             raise ConfigError("resume_from_cache needs checkpoint_dir")
+        unknown = sorted(set(self.faults) - set(COLLECTION_FAULTS))
+        if unknown:
+            raise ConfigError(f"unknown faults {unknown}; the collector's are {sorted(COLLECTION_FAULTS)}")
 
     @classmethod
     def from_file(cls, path: Path) -> CollectionConfig:

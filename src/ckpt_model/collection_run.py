@@ -53,9 +53,13 @@ class CollectionAudit:
         if exit_code >= 0:  # a run that exited by itself (not killed) left no partial checkpoint behind
             p23_kept(*files.checkpoint_dirs(self.root))
         if latest is not None:
-            written = files.participant_fingerprints(self.root, latest.checkpoint_id)
-            owners = [each for name, each in written.items() if name.startswith(self.owner + "/")]
-            p24_continued_exported(latest, [key for each in owners for key in each.episode_ids])
+            p24_continued_exported(latest, self.exported(latest))
+
+    def exported(self, checkpoint: CollectionCheckpoint) -> list[str]:
+        """The capture keys the episode owner's records of `checkpoint` hold (every instance of that kind)."""
+        written = files.participant_fingerprints(self.root, checkpoint.checkpoint_id)
+        owners = [each for name, each in written.items() if name.startswith(self.owner + "/")]
+        return [key for each in owners for key in each.episode_ids]
 
     def rows(self, output: Path, rollouts: Sequence[str], reward: float, attempts: Mapping[str, int]) -> None:
         p25_rows(rollouts, files.output_rows(output), reward, attempts)

@@ -144,6 +144,7 @@ def test_input_rows_become_run_bodies_of_their_format(tmp_path: Path) -> None:
         ({"servers": {"environment": "http://x"}, "resume_from_cache": True}, "resume_from_cache needs"),
         ({"servers": {"environment": "http://x"}, "checkpoint_every_s": 0}, "must be positive"),
         ({"servers": {"environment": "http://x"}, "tokn": "t"}, "unknown fields"),
+        ({"servers": {"environment": "http://x"}, "faults": ["nope"]}, "unknown faults"),
     ],
 )
 def test_a_config_that_cannot_run_is_refused_naming_the_field(

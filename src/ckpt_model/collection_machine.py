@@ -1,0 +1,244 @@
+"""The state machine as rollout collection's environment (reference Appendix C): it starts collection runs of a
+few rows against the deployment's servers and, as a cluster would, draws SIGUSR1, SIGTERM, SIGKILL of the run and
+reruns with `resume_from_cache` on fresh servers, while releasing held model calls one at a time so a checkpoint
+meets rollouts at every boundary. Every run's exit is audited (P22-P24), every published checkpoint when it
+appears (P22, P24), and the end drains the collection to its last row (P25).
+
+Each rerun starts on fresh Gym servers (the job restarted: a crash of the whole Gym first), and the attempt each
+unfinished row must be sent as is predicted from what the checker reads before it starts: a row `LATEST`
+continues goes as its attempt + 1, one the dispatch log names otherwise starts over as its logged attempt + 1, any
+other as attempt 0.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
+
+from ckpt_model import collection_files as files
+from ckpt_model.collection_properties import p22_latest_complete, p22_latest_forward, p24_continued_exported
+from ckpt_model.collection_run import CollectionAudit, CollectionRun
+from ckpt_model.deployment import Harness
+from ckpt_model.errors import HarnessError
+from ckpt_model.topologies import Topology
+from ckpt_model.wire import EpisodeId
+
+ROWS = ("row-0", "row-1", "row-2")
+SETTLE_TIMEOUT_S = 30.0
+POLL_S = 0.01
+PARTICIPANT_KINDS = ("environment", "agent", "resources", "model")
+
+
+def input_row(topology: Topology, rollout_id: str) -> dict[str, Any]:
+    """A collection input row of the topology's task: native `{rollout_id, task}`, or the legacy `/run` row
+    without its attempt (the collector sets it)."""
+    body = topology.run_body(rollout_id, 0)
+    if topology.episode_owner == "agent":
+        return {key: value for key, value in body.items() if key != "_ng_attempt_index"}
+    return {"rollout_id": rollout_id, "task": body["task"]}
+
+
+class CollectionMachine(RuleBasedStateMachine):
+    """Plays the cluster around one collection directory; `harness` is bound by `collection_machine_for`."""
+
+    harness: Harness
+    # Planted faults of the look-alike collector, handed to every run's config (docs/collection.md).
+    collection_faults: tuple[str, ...] = ()
+
+    def __init__(self) -> None:
+        super().__init__()
+        harness = self.harness
+        if harness.backend is None:
+            raise HarnessError("the collection machine holds model calls: it needs a gated backend")
+        harness.begin_example()
+        traits = harness.spec.traits
+        self.reward = traits.reward(traits.script)
+        self.directory = harness.checkpoint_dir.parent / "collection"
+        self.directory.mkdir()
+        self.inputs = self.directory / "input.jsonl"
+        self.inputs.write_text("".join(json.dumps(input_row(traits, rollout)) + "\n" for rollout in ROWS))
+        self.output = self.directory / "output.jsonl"
+        self.checkpoints = self.directory / "checkpoints"
+        # Legacy rows go through a relay that takes no part in checkpoints: no environment participant there.
+        kinds = [kind for kind in PARTICIPANT_KINDS if kind != "environment" or traits.episode_owner == "environment"]
+        self.audit = CollectionAudit(self.checkpoints, kinds, traits.episode_owner)
+        self.run: CollectionRun | None = None
+        self.runs = 0
+        self.predicted: dict[str, int] = {}  # the attempt each unfinished row goes as in the current run
+        self.finished_as: dict[str, int] = {}  # the attempt predicted for the run in which each row finished
+
+    # -- rules ------------------------------------------------------------------------------------------------
+
+    @precondition(lambda self: self.run is None)
+    @rule()
+    def start_run(self) -> None:
+        """A collection run; after the first, a rerun with `resume_from_cache` on fresh servers (after the last row,
+        one that must add no row)."""
+        if self.runs:
+            self.harness.crash()
+        self.predicted = self._predict()
+        config = {
+            "input_jsonl_fpath": str(self.inputs),
+            "output_jsonl_fpath": str(self.output),
+            "checkpoint_dir": str(self.checkpoints),
+            "resume_from_cache": self.runs > 0,
+            **({"faults": list(self.collection_faults)} if self.collection_faults else {}),
+        }
+        self.run = self.harness.start_collection(config, self.runs)
+        self.runs += 1
+        self._settle()
+
+    @precondition(lambda self: self.run is not None)
+    @rule(pick=st.integers(0, len(ROWS) - 1))
+    def release(self, pick: int) -> None:
+        """Let one held model call return (among the waiting calls, by capture key)."""
+        waiting = self._waiting()
+        if waiting:
+            _, index = waiting[pick % len(waiting)]
+            self._backend().release([index])
+        self._settle()
+
+    @precondition(lambda self: self.run is not None)
+    @rule()
+    def request_checkpoint(self) -> None:
+        """SIGUSR1: checkpoint, then continue; the new checkpoint must be complete and continue what was exported."""
+        run = self._running()
+        before = files.latest_id(self.checkpoints)
+        run.signal(signal.SIGUSR1)
+        self._until(lambda: files.latest_id(self.checkpoints) != before, "a checkpoint published for SIGUSR1")
+        latest = p22_latest_complete(self.checkpoints, self.audit.kinds)
+        p22_latest_forward(self.audit.latest, latest)
+        assert latest is not None
+        self.audit.latest = latest
+        p24_continued_exported(latest, self.audit.exported(latest))
+        self._settle()
+
+    @precondition(lambda self: self.run is not None)
+    @rule()
+    def preempt(self) -> None:
+        """SIGTERM: checkpoint, then stop with exit 75."""
+        run = self._running()
+        run.signal(signal.SIGTERM)
+        self._exited(run.wait())
+
+    @precondition(lambda self: self.run is not None)
+    @rule()
+    def kill_run(self) -> None:
+        """SIGKILL of the run, as a cluster ends a job whose grace period ran out."""
+        run = self._running()
+        run.kill()
+        self._exited(run.wait())
+
+    # -- the end ----------------------------------------------------------------------------------------------
+
+    def teardown(self) -> None:
+        try:
+            for _ in range(len(ROWS) + 2):
+                if not self._unfinished():
+                    break
+                if self.run is None:
+                    self.start_run()
+                while self.run is not None:
+                    waiting = self._waiting()
+                    if waiting:
+                        self._backend().release([index for _, index in waiting])
+                    self._settle()
+            if self._unfinished():
+                raise HarnessError(f"rows {self._unfinished()} never finished in {self.runs} runs")
+            self.audit.rows(self.output, ROWS, self.reward, self.finished_as)
+        finally:
+            if self.run is not None:
+                self.run.kill()
+
+    # -- observing ---------------------------------------------------------------------------------------------
+
+    def _predict(self) -> dict[str, int]:
+        """The attempt each unfinished row must be sent as in the next run (module docstring)."""
+        finished = {row.rollout_id for row in files.output_rows(self.output)}
+        latest_id = files.latest_id(self.checkpoints)
+        continued = {} if latest_id is None else _attempts(files.read_checkpoint(self.checkpoints, latest_id).continued)
+        logged: dict[str, int] = {}
+        for rollout, attempt in files.dispatched(self.checkpoints):
+            logged[rollout] = max(attempt, logged.get(rollout, -1))
+        predicted = {}
+        for rollout in ROWS:
+            if rollout in finished:
+                continue
+            if rollout in continued:
+                predicted[rollout] = continued[rollout] + 1
+            elif rollout in logged:
+                predicted[rollout] = logged[rollout] + 1
+            else:
+                predicted[rollout] = 0
+        return predicted
+
+    def _unfinished(self) -> list[str]:
+        finished = {row.rollout_id for row in files.output_rows(self.output)}
+        return [rollout for rollout in ROWS if rollout not in finished]
+
+    def _waiting(self) -> list[tuple[str, int]]:
+        """The held calls as (capture key, index), sorted by capture key then index."""
+        calls = self._backend().calls()
+        held = [call for call in calls if call["waiting"] and not call["cancelled"]]
+        return sorted((call["capture_key"], call["index"]) for call in held)
+
+    def _quiet(self) -> bool:
+        """The run exited, or it has rows left and every one waits on exactly one held call (a run whose every
+        row replied is quiet only once it exited)."""
+        run = self.run
+        if run is None or run.process.poll() is not None:
+            return True
+        unfinished = self._unfinished()
+        held = sorted(EpisodeId.from_capture_key(key).rollout_id for key, _ in self._waiting())
+        return bool(unfinished) and held == sorted(unfinished)
+
+    def _settle(self) -> None:
+        self._until(self._quiet, "every unfinished row to wait on one held model call")
+        run = self.run
+        if run is not None and run.process.poll() is not None:
+            self._exited(run.wait())
+        for row in files.output_rows(self.output):
+            if row.rollout_id in self.predicted:
+                self.finished_as[row.rollout_id] = self.predicted.pop(row.rollout_id)
+
+    def _exited(self, exit_code: int) -> None:
+        run = self._running()
+        self.run = None
+        for row in files.output_rows(self.output):
+            if row.rollout_id in self.predicted:
+                self.finished_as[row.rollout_id] = self.predicted.pop(row.rollout_id)
+        self.audit.exited(exit_code, run.latest_at_start)
+        if exit_code == 0:  # "collection done": every row must be in the output now
+            self.audit.rows(self.output, ROWS, self.reward, self.finished_as)
+
+    def _until(self, condition: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + SETTLE_TIMEOUT_S
+        while not condition():
+            if time.monotonic() > deadline:
+                log = self.run.log()[-2000:] if self.run is not None else ""
+                raise HarnessError(f"timed out after {SETTLE_TIMEOUT_S:g} s waiting for {what}\n{log}")
+            time.sleep(POLL_S)
+
+    def _running(self) -> CollectionRun:
+        assert self.run is not None, "a rule's precondition says a run is running"
+        return self.run
+
+    def _backend(self) -> Any:
+        assert self.harness.backend is not None
+        return self.harness.backend
+
+
+def collection_machine_for(harness: Harness, faults: tuple[str, ...] = ()) -> type[CollectionMachine]:
+    """The machine bound to `harness` and the collector's planted `faults` (Hypothesis builds machines without
+    arguments)."""
+    return type("CollectionMachineBound", (CollectionMachine,), {"harness": harness, "collection_faults": faults})
+
+
+def _attempts(episodes: Any) -> dict[str, int]:
+    return {episode.rollout_id: episode.attempt for episode in episodes}
