@@ -31,7 +31,8 @@ from ckpt_model.wire import EpisodeId
 
 ROWS = ("row-0", "row-1", "row-2")
 SETTLE_TIMEOUT_S = 30.0
-POLL_S = 0.01
+POLL_MIN_S = 0.001
+POLL_MAX_S = 0.1
 PARTICIPANT_KINDS = ("environment", "agent", "resources", "model")
 
 
@@ -218,12 +219,16 @@ class CollectionMachine(RuleBasedStateMachine):
             self.audit.rows(self.output, ROWS, self.reward, self.finished_as)
 
     def _until(self, condition: Callable[[], bool], what: str) -> None:
+        """Poll `condition` (each poll reads the backend's calls and the collection's files), backing off from 1 ms
+        to 100 ms; a state that never comes is a harness error naming `what`."""
         deadline = time.monotonic() + SETTLE_TIMEOUT_S
+        interval = POLL_MIN_S
         while not condition():
             if time.monotonic() > deadline:
                 log = self.run.log()[-2000:] if self.run is not None else ""
                 raise HarnessError(f"timed out after {SETTLE_TIMEOUT_S:g} s waiting for {what}\n{log}")
-            time.sleep(POLL_S)
+            time.sleep(interval)
+            interval = min(interval * 2, POLL_MAX_S)
 
     def _running(self) -> CollectionRun:
         assert self.run is not None, "a rule's precondition says a run is running"

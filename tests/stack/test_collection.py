@@ -265,3 +265,19 @@ def test_the_harness_starts_the_system_s_collection_on_this_example_s_servers(tm
             assert [episode.capture_key for episode in audit.latest.continued] == ["seam-1"]
         finally:
             run.kill()
+
+
+def test_the_timer_checkpoints_without_a_signal(collection: Any) -> None:
+    run = collection("native", ["timed-1"])
+    run.deployment.backend("/_ctl/hold", {"after_calls": 1})
+    process = run.start(checkpoint_every_s=0.2)
+    wait_until(lambda: len(run.deployment.calls()) == 2, "the second model call to be held")
+
+    wait_until(lambda: run.latest_id() is not None, "a checkpoint the timer asked for")
+    first = run.latest_id()
+    wait_until(lambda: run.latest_id() != first, "the timer's next checkpoint")
+    run.deployment.backend("/_ctl/release")
+
+    assert run.exit_code(process) == 0, run.log()
+    assert run.latest()["continued"] == [{"rollout_id": "timed-1", "attempt": 0}]
+    run.audit_rows({})

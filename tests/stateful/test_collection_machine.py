@@ -17,10 +17,11 @@ from tests.stateful.conftest import ACTIVE_SETTINGS, DEEP
 
 pytestmark = pytest.mark.processes
 
-# Native rows in the default run; legacy rows (the agent's, through the relay: the same collector, another row
-# format and episode owner) in the nightly.
+# The random search runs in the nightly only for now: on native it takes about 60 s and 65 CPU-seconds in the
+# default profile (each example starts several collection processes and fresh servers), which the default run's
+# time budget (issue 22) cannot take yet. The default run replays the fixed steps below through the same machine.
 DEPLOYMENTS = [
-    pytest.param(DeploymentSpec("native"), id="native"),
+    pytest.param(DeploymentSpec("native"), id="native", marks=DEEP),
     pytest.param(DeploymentSpec("legacy"), id="legacy", marks=DEEP),
 ]
 
