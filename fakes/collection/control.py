@@ -92,13 +92,9 @@ class Control:
     def commit(
         self, checkpoint_id: str, checkpoint_dir: str, scope: Sequence[Episode], deadline_ts: float
     ) -> dict[str, Reply]:
-        body = {
-            "checkpoint_id": checkpoint_id,
-            "deadline_ts": deadline_ts,
-            "checkpoint_dir": checkpoint_dir,
-            "episode_ids": [episode.wire() for episode in scope],
-        }
-        return self._stage("commit", self.members, body, deadline_ts)
+        return self._stage(
+            "commit", self.members, _scoped(checkpoint_id, checkpoint_dir, scope, deadline_ts), deadline_ts
+        )
 
     def resume(self, checkpoint_id: str, deadline_ts: float) -> dict[str, Reply]:
         """Reverse PREPARE_ORDER; every stage is tried, failures raised together."""
@@ -117,13 +113,9 @@ class Control:
     def restore(
         self, checkpoint_id: str, checkpoint_dir: str, scope: Sequence[Episode], deadline_ts: float
     ) -> dict[str, Reply]:
-        body = {
-            "checkpoint_id": checkpoint_id,
-            "deadline_ts": deadline_ts,
-            "checkpoint_dir": checkpoint_dir,
-            "episode_ids": [episode.wire() for episode in scope],
-        }
-        return self._stage("restore", self.members, body, deadline_ts)
+        return self._stage(
+            "restore", self.members, _scoped(checkpoint_id, checkpoint_dir, scope, deadline_ts), deadline_ts
+        )
 
     def retire(self, checkpoint_id: str, episodes: Sequence[Episode], deadline_ts: float) -> dict[str, Reply]:
         body = {
@@ -172,3 +164,13 @@ class Control:
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"}
+
+
+def _scoped(checkpoint_id: str, checkpoint_dir: str, scope: Sequence[Episode], deadline_ts: float) -> Reply:
+    """The body of a commit or a restore: the checkpoint, its directory and the episodes in scope."""
+    return {
+        "checkpoint_id": checkpoint_id,
+        "deadline_ts": deadline_ts,
+        "checkpoint_dir": checkpoint_dir,
+        "episode_ids": [episode.wire() for episode in scope],
+    }
