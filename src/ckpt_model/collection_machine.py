@@ -22,7 +22,6 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
 from ckpt_model import collection_files as files
-from ckpt_model.collection_properties import p22_latest_complete, p22_latest_forward, p24_continued_exported
 from ckpt_model.collection_run import CollectionAudit, CollectionRun
 from ckpt_model.deployment import Harness
 from ckpt_model.errors import HarnessError
@@ -33,7 +32,6 @@ ROWS = ("row-0", "row-1", "row-2")
 SETTLE_TIMEOUT_S = 30.0
 POLL_MIN_S = 0.001
 POLL_MAX_S = 0.1
-PARTICIPANT_KINDS = ("environment", "agent", "resources", "model")
 
 
 def input_row(topology: Topology, rollout_id: str) -> dict[str, Any]:
@@ -66,9 +64,7 @@ class CollectionMachine(RuleBasedStateMachine):
         self.inputs.write_text("".join(json.dumps(input_row(traits, rollout)) + "\n" for rollout in ROWS))
         self.output = self.directory / "output.jsonl"
         self.checkpoints = self.directory / "checkpoints"
-        # Legacy rows go through a relay that takes no part in checkpoints: no environment participant there.
-        kinds = [kind for kind in PARTICIPANT_KINDS if kind != "environment" or traits.episode_owner == "environment"]
-        self.audit = CollectionAudit(self.checkpoints, kinds, traits.episode_owner)
+        self.audit = CollectionAudit.for_topology(self.checkpoints, traits)
         self.run: CollectionRun | None = None
         self.runs = 0
         self.predicted: dict[str, int] = {}  # the attempt each unfinished row goes as in the current run
@@ -113,11 +109,7 @@ class CollectionMachine(RuleBasedStateMachine):
         before = files.latest_id(self.checkpoints)
         run.signal(signal.SIGUSR1)
         self._until(lambda: files.latest_id(self.checkpoints) != before, "a checkpoint published for SIGUSR1")
-        latest = p22_latest_complete(self.checkpoints, self.audit.kinds)
-        p22_latest_forward(self.audit.latest, latest)
-        assert latest is not None
-        self.audit.latest = latest
-        p24_continued_exported(latest, self.audit.exported(latest))
+        self.audit.published()
         self._settle()
 
     @precondition(lambda self: self.run is not None)
@@ -204,6 +196,10 @@ class CollectionMachine(RuleBasedStateMachine):
         run = self.run
         if run is not None and run.process.poll() is not None:
             self._exited(run.wait())
+        self._note_finished()
+
+    def _note_finished(self) -> None:
+        """Rows that replied since: each finished at the attempt predicted for this run."""
         for row in files.output_rows(self.output):
             if row.rollout_id in self.predicted:
                 self.finished_as[row.rollout_id] = self.predicted.pop(row.rollout_id)
@@ -211,9 +207,7 @@ class CollectionMachine(RuleBasedStateMachine):
     def _exited(self, exit_code: int) -> None:
         run = self._running()
         self.run = None
-        for row in files.output_rows(self.output):
-            if row.rollout_id in self.predicted:
-                self.finished_as[row.rollout_id] = self.predicted.pop(row.rollout_id)
+        self._note_finished()
         self.audit.exited(exit_code, run.latest_at_start)
         if exit_code == 0:  # "collection done": every row must be in the output now
             self.audit.rows(self.output, ROWS, self.reward, self.finished_as)

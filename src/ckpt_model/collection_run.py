@@ -27,8 +27,10 @@ from ckpt_model.collection_properties import (
     p25_rows,
 )
 from ckpt_model.errors import HarnessError
+from ckpt_model.topologies import Topology
 
 EXIT_TIMEOUT_S = 60.0
+PARTICIPANT_KINDS = ("environment", "agent", "resources", "model")
 
 
 class CollectionRunError(HarnessError):
@@ -45,15 +47,34 @@ class CollectionAudit:
         self.owner = owner
         self.latest: CollectionCheckpoint | None = None
 
+    @classmethod
+    def for_topology(cls, root: Path, topology: Topology) -> CollectionAudit:
+        """The audit of a collection on `topology`'s servers: every participant kind it has (legacy rows go through a
+        relay that takes no part in checkpoints, so no environment participant there), and its episode owner."""
+        owner = topology.episode_owner
+        return cls(root, [kind for kind in PARTICIPANT_KINDS if kind != "environment" or owner == "environment"], owner)
+
+    def published(self) -> CollectionCheckpoint | None:
+        """A checkpoint was asked for while the run goes on: `LATEST` (P22) and what it continues (P24)."""
+        latest = self._latest()
+        if latest is not None:
+            p24_continued_exported(latest, self.exported(latest))
+        return latest
+
     def exited(self, exit_code: int, latest_at_start: str | None) -> None:
-        latest = p22_latest_complete(self.root, self.kinds)
-        p22_latest_forward(self.latest, latest)
-        self.latest = latest
+        latest = self._latest()
         p23_stop_published(exit_code, latest_at_start, files.latest_id(self.root))
         if exit_code >= 0:  # a run that exited by itself (not killed) left no partial checkpoint behind
             p23_kept(*files.checkpoint_dirs(self.root))
         if latest is not None:
             p24_continued_exported(latest, self.exported(latest))
+
+    def _latest(self) -> CollectionCheckpoint | None:
+        """`LATEST` complete, and not behind the one this audit saw last (P22); remembered for the next."""
+        latest = p22_latest_complete(self.root, self.kinds)
+        p22_latest_forward(self.latest, latest)
+        self.latest = latest
+        return latest
 
     def exported(self, checkpoint: CollectionCheckpoint) -> list[str]:
         """The capture keys the episode owner's records of `checkpoint` hold (every instance of that kind)."""

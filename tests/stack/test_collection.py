@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 
 from ckpt_model import collection_files as files
+from ckpt_model.collection_machine import input_row
 from ckpt_model.collection_run import CollectionAudit, CollectionRun
 from ckpt_model.deployment import Harness
-from ckpt_model.gym_tasks import legacy_run_body, weather_task
+from ckpt_model.topologies import TOPOLOGIES
 from tests.stack.conftest import Deployment, wait_until
 
 pytestmark = pytest.mark.processes
@@ -24,17 +25,6 @@ Deploy = Callable[..., Deployment]
 
 EXIT_PREEMPTED = 75
 COMMAND = (sys.executable, "-m", "fakes.collection")
-# Topologies whose rows go to the agent through the legacy relay, where the agent owns the episodes.
-LEGACY_ROWS = ("legacy", "counter")
-
-
-def input_row(topology: str, rollout_id: str) -> dict[str, Any]:
-    """A collection input row: native rows carry `rollout_id` and `task`, legacy rows are `/run` rows."""
-    if topology not in LEGACY_ROWS:
-        return {"rollout_id": rollout_id, "task": weather_task()}
-    row = legacy_run_body(rollout_id, 0)
-    del row["_ng_attempt_index"]
-    return row
 
 
 class Collection:
@@ -46,20 +36,20 @@ class Collection:
         self.checkpoints = root / "collection-ckpt"
         self.output = root / "output.jsonl"
         inputs = root / "input.jsonl"
-        inputs.write_text("".join(json.dumps(input_row(topology, each)) + "\n" for each in rollouts))
+        traits = TOPOLOGIES[topology]
+        inputs.write_text("".join(json.dumps(input_row(traits, each)) + "\n" for each in rollouts))
         self.config: dict[str, Any] = {
             "input_jsonl_fpath": str(inputs),
             "output_jsonl_fpath": str(self.output),
             "checkpoint_dir": str(self.checkpoints),
             "servers": {name: server.url for name, server in deployment.stack.gym.items()},
             "run_server": "environment",
-            "run_format": "legacy" if topology in LEGACY_ROWS else "native",
+            "run_format": "legacy" if traits.episode_owner == "agent" else "native",
             "token": deployment.stack.token,
         }
         self.runs: list[CollectionRun] = []
         self.rollouts = rollouts
-        kinds = ("agent", "resources", "model") + (() if topology in LEGACY_ROWS else ("environment",))
-        self.audit = CollectionAudit(self.checkpoints, kinds, "agent" if topology in LEGACY_ROWS else "environment")
+        self.audit = CollectionAudit.for_topology(self.checkpoints, traits)
 
     def start(self, **overrides: Any) -> CollectionRun:
         self.runs.append(CollectionRun(COMMAND, {**self.config, **overrides}, self.root, len(self.runs)))
@@ -238,7 +228,7 @@ def test_the_harness_starts_the_system_s_collection_on_this_example_s_servers(tm
     relay too), the one whose `/run` the controller calls and the bearer; a SIGTERM while the gated backend holds
     the first model call ends the run with exit 75 and a checkpoint that continues the row."""
     inputs = tmp_path / "input.jsonl"
-    inputs.write_text(json.dumps(input_row("legacy", "seam-1")) + "\n")
+    inputs.write_text(json.dumps(input_row(TOPOLOGIES["legacy"], "seam-1")) + "\n")
     with Harness.embedded("legacy") as harness:
         harness.begin_example()
         assert harness.backend is not None
@@ -259,7 +249,8 @@ def test_the_harness_starts_the_system_s_collection_on_this_example_s_servers(tm
             run.signal(signal.SIGTERM)
 
             assert run.wait() == EXIT_PREEMPTED, run.log()
-            audit = CollectionAudit(checkpoints, ("agent", "resources", "model"), "agent")
+            audit = CollectionAudit.for_topology(checkpoints, TOPOLOGIES["legacy"])
+            assert audit.kinds == ("agent", "resources", "model")  # the relay takes no part
             audit.exited(EXIT_PREEMPTED, run.latest_at_start)
             assert audit.latest is not None
             assert [episode.capture_key for episode in audit.latest.continued] == ["seam-1"]
