@@ -3,7 +3,6 @@ directories and values (no processes). Each check is made to fail here at least 
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from ckpt_model.collection_properties import (
     p25_rows,
 )
 from ckpt_model.wire import EpisodeId
+from tests.unit.checker.participant_dirs import write_participant
 
 IDS = [f"ckpt-20261204T1200{second:02d}-0000000{second}" for second in range(5)]
 KINDS = ("environment", "agent")
@@ -33,22 +33,11 @@ KINDS = ("environment", "agent")
 
 def participant(checkpoint_dir: Path, kind: str, checkpoint_id: str, keys: list[str]) -> None:
     """One participant directory as Gym's writer leaves it (reference 6.2), records keyed by capture key."""
-    directory = checkpoint_dir / "gym" / kind / kind
-    directory.mkdir(parents=True)
     records = [{"episode_id": EpisodeId.from_capture_key(key).model_dump()} for key in keys]
     data = b"".join(json.dumps(record).encode() + b"\n" for record in records)
-    digest = hashlib.sha256(data).hexdigest()
-    (directory / f"records-{digest}.jsonl").write_bytes(data)
-    manifest = {
-        "schema_version": 1,
-        "kind": kind,
-        "instance": kind,
-        "checkpoint_id": checkpoint_id,
-        "records_file": f"records-{digest}.jsonl",
-        "records_sha256": digest,
-        "record_count": len(records),
-    }
-    (directory / "manifest.json").write_text(json.dumps(manifest, sort_keys=True, indent=1))
+    directory = checkpoint_dir / "gym" / kind / kind
+    directory.mkdir(parents=True)
+    write_participant(directory, data, kind=kind, instance=kind, checkpoint_id=checkpoint_id)
 
 
 def checkpoint(

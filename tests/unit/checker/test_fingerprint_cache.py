@@ -8,14 +8,13 @@ after the first read (the same clock tick, where times alone cannot tell) and on
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from ckpt_model.storage import CheckpointUnreadable, FingerprintCache, fingerprint
+from tests.unit.checker.participant_dirs import write_participant
 
 KIND = "environment"
 INSTANCE = "env-1"
@@ -27,20 +26,7 @@ CLOCK_PROBES_MAX = 1_000_000
 
 def _write(directory: Path, records: bytes = RECORDS, checkpoint_id: str = CHECKPOINT_ID) -> Path:
     """A committed participant directory as Gym lays it out (reference 6.1-6.2), written by hand."""
-    directory.mkdir(parents=True, exist_ok=True)
-    digest = hashlib.sha256(records).hexdigest()
-    (directory / f"records-{digest}.jsonl").write_bytes(records)
-    manifest = {
-        "schema_version": 1,
-        "kind": KIND,
-        "instance": INSTANCE,
-        "checkpoint_id": checkpoint_id,
-        "records_file": f"records-{digest}.jsonl",
-        "records_sha256": digest,
-        "record_count": records.count(b"\n"),
-    }
-    (directory / "manifest.json").write_text(json.dumps(manifest, sort_keys=True, indent=1))
-    return directory / f"records-{digest}.jsonl"
+    return write_participant(directory, records, kind=KIND, instance=INSTANCE, checkpoint_id=checkpoint_id)
 
 
 def _read(cache: FingerprintCache, directory: Path) -> object:

@@ -20,6 +20,7 @@ from ckpt_model.storage import (
     participant_dir,
     read_records,
 )
+from tests.unit.checker.participant_dirs import write_participant
 
 KIND = "environment"
 INSTANCE = "env-1"
@@ -53,19 +54,9 @@ def _participant(tmp_path: Path, data: bytes | None = None, **changes: Any) -> P
     directory = tmp_path / "gym" / KIND / INSTANCE
     directory.mkdir(parents=True)
     records_bytes = _jsonl(RECORDS) if data is None else data
-    digest = _sha256(records_bytes)
-    (directory / f"records-{digest}.jsonl").write_bytes(records_bytes)
-    manifest = {
-        "schema_version": 1,
-        "kind": KIND,
-        "instance": INSTANCE,
-        "checkpoint_id": CHECKPOINT_ID,
-        "records_file": f"records-{digest}.jsonl",
-        "records_sha256": digest,
-        "record_count": records_bytes.count(b"\n"),
-        **changes,
-    }
-    _write_manifest(directory, manifest)
+    write_participant(
+        directory, records_bytes, kind=KIND, instance=INSTANCE, checkpoint_id=CHECKPOINT_ID, manifest_changes=changes
+    )
     return directory
 
 
