@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 
 from fakes import clock
+from fakes.collection.config import COLLECTION_FAULTS, CollectionFault
 from fakes.faults import CATALOGUE, Fault
 from fakes.gym.config import DEFAULT_LEASE_GRACE_S
 from fakes.gym.placement import PLACEMENT_ROUTE
@@ -289,6 +290,8 @@ class EmbeddedSystem:
 
     name = "embedded"
     catalogue: tuple[Fault, ...] = CATALOGUE
+    # The look-alike collector's planted faults (`check --controller collection --faults ...`).
+    collection_catalogue: tuple[CollectionFault, ...] = tuple(COLLECTION_FAULTS.values())
     deployment = EmbeddedDeployment
     # `python -m fakes.stack`'s entry: runs a deployment by hand until SIGTERM or Ctrl-C (`ckpt-model stack`).
     launch = staticmethod(launch)

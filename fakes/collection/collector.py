@@ -94,8 +94,8 @@ class Collector:
         if root is not None:
             root.mkdir(parents=True, exist_ok=True)
             self.control = Control(self.config.servers, self.config.token, self.clock)
-        if self.config.resume_from_cache:
-            finished = finished_rollouts(self.config.output_jsonl_fpath)
+        if self.config.resume_from_cache and "rerun_redoes_finished" not in self.config.faults:
+            finished = finished_rollouts(self.config.output_jsonl_fpath)  # planted fault: finished rows go again
         # Open for the run's whole life, line-buffered: a row is written through as its reply arrives.
         mode = "a" if self.config.resume_from_cache else "w"
         self.output = open(self.config.output_jsonl_fpath, mode, buffering=1)  # noqa: SIM115
@@ -230,7 +230,8 @@ class Collector:
         if self.stopping:
             if published is None:
                 log.error("SIGTERM: the checkpoint failed; stopping without one")
-                return self._exit(EXIT_FAILED)
+                planted = "exit_75_without_checkpoint" in self.config.faults
+                return self._exit(EXIT_PREEMPTED if planted else EXIT_FAILED)
             log.info("SIGTERM: checkpoint %s published; stopping", published)
             return self._exit(EXIT_PREEMPTED)
         return None
@@ -239,8 +240,12 @@ class Collector:
         """Prepare, commit, publish, prune and (unless stopping) resume; the published ID, or None if it failed."""
         checkpoint_id = layout.new_checkpoint_id(self.clock())
         directory = root / checkpoint_id
+        if "prunes_before_publish" in self.config.faults:
+            layout.prune(root, keep=layout.PUBLISHED_KEPT - 1)  # planted: room made before the save succeeded
         directory.mkdir()
         deadline = self._deadline()
+        scope: list[Episode] = []
+        restarts: set[str] = set()
         try:
             prepared, replies = control.prepare(checkpoint_id, deadline)
             if not prepared:
@@ -249,20 +254,26 @@ class Collector:
             candidates = [*self.in_flight.values(), *self.restored_pending.values()]
             scope = [episode for episode in candidates if episode.capture_key not in restarts]
             commits = control.commit(checkpoint_id, str(directory), scope, deadline)
+            written = {key for reply in commits.values() for key in reply.get("episode_ids", [])}
         except ControlFailed as exc:
-            log.warning("checkpoint %s failed: %s", checkpoint_id, exc)
-            shutil.rmtree(directory, ignore_errors=True)
-            if self._termination_pending():
-                self.stopping = True
-            if not self.stopping:
-                self._resume(control, checkpoint_id)
-            return None
-        written = {key for reply in commits.values() for key in reply.get("episode_ids", [])}
+            if exc.operation == "commit" and "failed_save_publishes" in self.config.faults:
+                written = {episode.capture_key for episode in scope}  # planted: a refused commit taken as written
+            else:
+                log.warning("checkpoint %s failed: %s", checkpoint_id, exc)
+                shutil.rmtree(directory, ignore_errors=True)
+                if self._termination_pending():
+                    self.stopping = True
+                if not self.stopping:
+                    self._resume(control, checkpoint_id)
+                return None
+        continued = tuple(e for e in scope if e.capture_key in written)
+        if "manifest_names_next_attempt" in self.config.faults:
+            continued = tuple(Episode(e.rollout_id, e.attempt + 1) for e in continued)  # planted: off by one
         manifest = CollectionManifest(
             checkpoint_id=checkpoint_id,
             run_id=self.run_id,
             created_at=self.clock(),
-            continued=tuple(e for e in scope if e.capture_key in written),
+            continued=continued,
             restarted=tuple(e for e in self.in_flight.values() if e.capture_key in restarts),
         )
         layout.publish(root, manifest)
@@ -320,6 +331,8 @@ class Collector:
         signal.signal(signal.SIGTERM, self._on_signal)
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        if signum == signal.SIGTERM and self.stopping and "second_sigterm_exits_at_once" in self.config.faults:
+            os._exit(EXIT_PREEMPTED)  # planted: "the second SIGTERM forces the exit", the stop's checkpoint unwritten
         # SimpleQueue.put is reentrant: safe in a handler that may interrupt the decider inside `get`.
         self.events.put(Trigger.PREEMPTION if signum == signal.SIGTERM else Trigger.REQUEST)
 

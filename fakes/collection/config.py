@@ -9,9 +9,58 @@ from typing import Any
 import attrs
 
 RUN_FORMATS = ("native", "legacy")
-# Planted faults of the look-alike collector (docs/collection.md), each a realistic bug a property must catch.
-COLLECTION_FAULTS = {
-    "resume_skips_in_flight": "a rerun skips the rows that were in flight at the stop and are not continued",
+
+
+@attrs.frozen
+class CollectionFault:
+    """A planted bug of the look-alike collector, off unless a config's `faults` names it; `caught_by` is the
+    collection property (docs/collection.md) that must catch it."""
+
+    name: str
+    caught_by: str
+    description: str
+
+
+# Each a realistic bug of the classes rollout collection keeps meeting (docs/collection.md says which).
+COLLECTION_FAULTS: dict[str, CollectionFault] = {
+    fault.name: fault
+    for fault in (
+        CollectionFault(
+            "resume_skips_in_flight",
+            "P25",
+            "a rerun skips the rows that were in flight at the stop and are not continued",
+        ),
+        CollectionFault(
+            "rerun_redoes_finished",
+            "P25",
+            "a rerun trusts the checkpoint, not the output: rows that finished are sent again",
+        ),
+        CollectionFault(
+            "manifest_names_next_attempt",
+            "P24",
+            "collection.json names each continued rollout at the attempt a rerun will send, not the one exported",
+        ),
+        CollectionFault(
+            "failed_save_publishes",
+            "P22",
+            "a commit some participant refused is published anyway, naming everything that was in scope",
+        ),
+        CollectionFault(
+            "prunes_before_publish",
+            "P23",
+            "old checkpoints are pruned when a save begins, as if the one being written were already published",
+        ),
+        CollectionFault(
+            "exit_75_without_checkpoint",
+            "P23",
+            "a SIGTERM whose checkpoint failed still exits 75 (checkpointed)",
+        ),
+        CollectionFault(
+            "second_sigterm_exits_at_once",
+            "P23",
+            "a second SIGTERM while the stop's checkpoint is written exits 75 at once, the checkpoint unwritten",
+        ),
+    )
 }
 # A legacy row names its rollout in `_ng_rollout_id`; a native row in `rollout_id` beside its `task`.
 LEGACY_ROLLOUT_KEY = "_ng_rollout_id"
