@@ -8,6 +8,7 @@ The program is the system's: the look-alike's `python -m fakes.collection`, or a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -21,12 +22,14 @@ from ckpt_model.collection_files import CollectionCheckpoint
 from ckpt_model.collection_properties import (
     p22_latest_complete,
     p22_latest_forward,
+    p23_earlier_intact,
     p23_kept,
     p23_stop_published,
     p24_continued_exported,
     p25_rows,
 )
 from ckpt_model.errors import HarnessError
+from ckpt_model.storage import Fingerprint
 from ckpt_model.topologies import Topology
 
 EXIT_TIMEOUT_S = 60.0
@@ -38,14 +41,17 @@ class CollectionRunError(HarnessError):
 
 
 class CollectionAudit:
-    """What the collection runs of one collection directory must leave, checked after every exit (P22-P24) and at
-    the end (P25); it remembers `LATEST` across runs, so a later run moving it back is seen."""
+    """What the collection runs of one collection directory must leave, checked after every exit and every
+    checkpoint (P22-P24) and at the end (P25); it remembers `LATEST` across runs, so a later run moving it back is
+    seen, and every checkpoint `LATEST` named with its participants' fingerprints, so a later save that removes or
+    changes one before two newer ones were published is seen."""
 
     def __init__(self, root: Path, kinds: Collection[str], owner: str) -> None:
         self.root = root
         self.kinds = tuple(kinds)
         self.owner = owner
         self.latest: CollectionCheckpoint | None = None
+        self.seen: dict[str, tuple[CollectionCheckpoint, Mapping[str, Fingerprint]]] = {}
 
     @classmethod
     def for_topology(cls, root: Path, topology: Topology) -> CollectionAudit:
@@ -70,11 +76,27 @@ class CollectionAudit:
             p24_continued_exported(latest, self.exported(latest))
 
     def _latest(self) -> CollectionCheckpoint | None:
-        """`LATEST` complete, and not behind the one this audit saw last (P22); remembered for the next."""
+        """`LATEST` complete, and not behind the one this audit saw last (P22); remembered for the next, with its
+        fingerprints; then every checkpoint seen before still intact (P23)."""
         latest = p22_latest_complete(self.root, self.kinds)
         p22_latest_forward(self.latest, latest)
         self.latest = latest
+        if latest is not None and latest.checkpoint_id not in self.seen:
+            fingerprints = files.participant_fingerprints(self.root, latest.checkpoint_id)
+            self.seen[latest.checkpoint_id] = (latest, fingerprints)
+        self.intact()
         return latest
+
+    def intact(self) -> None:
+        """Each checkpoint `LATEST` named is still there unchanged, unless two newer ones were published since (those
+        seen, and those on disk now whose `collection.json` says they were created after it) (P23)."""
+        created = {name: each.created_at for name, (each, _) in self.seen.items()}
+        for name in files.checkpoint_dirs(self.root)[0]:
+            with contextlib.suppress(files.CollectionUnreadable):  # P22 judges what LATEST names; not this
+                created.setdefault(name, files.read_checkpoint(self.root, name).created_at)
+        for checkpoint_id, (checkpoint, fingerprints) in self.seen.items():
+            newer = [name for name, at in created.items() if at > checkpoint.created_at]
+            p23_earlier_intact({checkpoint_id: fingerprints}, self.root, newer)
 
     def exported(self, checkpoint: CollectionCheckpoint) -> list[str]:
         """The capture keys the episode owner's records of `checkpoint` hold (every instance of that kind)."""

@@ -4,12 +4,14 @@ directories and values (no processes). Each check is made to fail here at least 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ckpt_model import collection_files as files
+from ckpt_model import collection_properties as props
 from ckpt_model.collection_files import CollectionCheckpoint, CollectionUnreadable, OutputRow
 from ckpt_model.collection_properties import (
     P22Violation,
@@ -24,6 +26,8 @@ from ckpt_model.collection_properties import (
     p24_continued_exported,
     p25_rows,
 )
+from ckpt_model.collection_run import CollectionAudit
+from ckpt_model.errors import PropertyViolation
 from ckpt_model.wire import EpisodeId
 from tests.unit.checker.participant_dirs import write_participant
 
@@ -151,6 +155,34 @@ def test_p23_an_earlier_checkpoint_may_go_only_once_two_newer_are_published(tmp_
         p23_earlier_intact(before, tmp_path, published_since=[IDS[1]])
 
 
+def test_p23_a_checkpoint_out_of_the_two_newest_may_be_half_deleted(tmp_path: Path) -> None:
+    """A prune may be removing it while the audit reads: once two newer ones are published, no state of it fails."""
+    checkpoint(tmp_path, IDS[0], 1.0, ["a"])
+    before = {IDS[0]: files.participant_fingerprints(tmp_path, IDS[0])}
+    next((tmp_path / IDS[0] / "gym/agent/agent").glob("records-*.jsonl")).unlink()
+
+    p23_earlier_intact(before, tmp_path, published_since=[IDS[1], IDS[2]])
+    with pytest.raises(P23Violation, match=f"{IDS[0]} unchanged"):
+        p23_earlier_intact(before, tmp_path, published_since=[IDS[2]])
+
+
+def test_the_audit_keeps_every_checkpoint_latest_named_until_two_newer_exist(tmp_path: Path) -> None:
+    audit = CollectionAudit(tmp_path, KINDS, "environment")
+    checkpoint(tmp_path, IDS[0], 1.0, ["a"])
+    audit.published()
+    checkpoint(tmp_path, IDS[1], 2.0, ["a"])
+    audit.published()
+    shutil.rmtree(tmp_path / IDS[0])
+    with pytest.raises(P23Violation, match=f"{IDS[0]} kept"):
+        audit.intact()
+
+    checkpoint(tmp_path, IDS[2], 3.0, ["a"], latest=False)  # published, not yet seen as LATEST: it counts too
+    audit.intact()
+    shutil.rmtree(tmp_path / IDS[1])
+    with pytest.raises(P23Violation, match=f"{IDS[1]} kept"):
+        audit.intact()
+
+
 def test_p23_at_most_two_published_and_no_partial_one() -> None:
     p23_kept([IDS[1], IDS[2]], [])
     p23_kept([IDS[1]], [IDS[3]], partial_allowed=[IDS[3]])
@@ -242,3 +274,16 @@ def test_published_and_partial_checkpoints_are_told_apart(tmp_path: Path) -> Non
 
     assert files.checkpoint_dirs(tmp_path) == ([IDS[0]], [IDS[1]])
     assert files.checkpoint_dirs(tmp_path / "absent") == ([], [])
+
+
+def test_the_docs_collection_table_names_every_collection_property() -> None:
+    """docs/how-it-works.md's table of the collection machine's properties has a row for exactly the violation
+    classes `ckpt_model.collection_properties` defines, titled by their names."""
+    docs = (Path(__file__).parents[3] / "docs" / "how-it-works.md").read_text()
+    table = docs[docs.index("| id | checked by |") :].split("\n\n")[0]
+    rows = [line.split("|")[1].strip() for line in table.splitlines()[2:]]
+    classes = [
+        value for value in vars(props).values() if isinstance(value, type) and issubclass(value, PropertyViolation)
+    ]
+    defined = {cls.property_id for cls in classes if cls is not PropertyViolation}
+    assert {row.split()[0] for row in rows} == defined == {"P22", "P23", "P24", "P25"}
