@@ -12,26 +12,41 @@ other as attempt 0.
 
 from __future__ import annotations
 
+import functools
 import json
 import signal
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
+from hypothesis.stateful import RULE_MARKER, RuleBasedStateMachine, precondition, rule
 
 from ckpt_model import collection_files as files
 from ckpt_model.collection_run import CollectionAudit, CollectionRun
-from ckpt_model.deployment import Harness
+from ckpt_model.deployment import STALL_POINTS, STORAGE_FAILURES, STORAGE_POINTS, Harness
 from ckpt_model.errors import HarnessError
 from ckpt_model.topologies import Topology
 from ckpt_model.wire import EpisodeId
 
+F = TypeVar("F", bound=Callable[..., None])
+
 ROWS = ("row-0", "row-1", "row-2")
+PICK = st.integers(0, 7)  # an index into a list known only when the rule runs (taken modulo its length)
 SETTLE_TIMEOUT_S = 30.0
 POLL_MIN_S = 0.001
 POLL_MAX_S = 0.1
+
+
+def recorded(method: F) -> F:
+    """A rule whose call is appended to the machine's `steps` (its name and arguments), for the minimiser."""
+
+    @functools.wraps(method)
+    def wrapper(self: CollectionMachine, **arguments: Any) -> None:
+        self.steps.append((method.__name__, dict(arguments)))
+        method(self, **arguments)
+
+    return wrapper  # type: ignore[return-value]
 
 
 def input_row(topology: Topology, rollout_id: str) -> dict[str, Any]:
@@ -49,9 +64,16 @@ class CollectionMachine(RuleBasedStateMachine):
     harness: Harness
     # Planted faults of the look-alike collector, handed to every run's config (docs/collection.md).
     collection_faults: tuple[str, ...] = ()
+    # Examples begun by this bound machine (Hypothesis may run more or fewer than it was asked for), and the last
+    # one: after a search that stopped at its first failure, the failing example (`ckpt_model.collection_search`).
+    examples: int = 0
+    last: CollectionMachine | None = None
 
     def __init__(self) -> None:
         super().__init__()
+        type(self).examples += 1
+        type(self).last = self
+        self.steps: list[tuple[str, dict[str, Any]]] = []  # the rule calls so far, as `recorded` appends them
         harness = self.harness
         if harness.backend is None:
             raise HarnessError("the collection machine holds model calls: it needs a gated backend")
@@ -65,6 +87,7 @@ class CollectionMachine(RuleBasedStateMachine):
         self.output = self.directory / "output.jsonl"
         self.checkpoints = self.directory / "checkpoints"
         self.audit = CollectionAudit.for_topology(self.checkpoints, traits)
+        self.participants = sorted(harness.statuses())
         self.run: CollectionRun | None = None
         self.runs = 0
         self.predicted: dict[str, int] = {}  # the attempt each unfinished row goes as in the current run
@@ -74,9 +97,13 @@ class CollectionMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.run is None)
     @rule()
+    @recorded
     def start_run(self) -> None:
         """A collection run; after the first, a rerun with `resume_from_cache` on fresh servers (after the last row,
         one that must add no row)."""
+        self._start_run()
+
+    def _start_run(self) -> None:
         if self.runs:
             self.harness.crash()
         self.predicted = self._predict()
@@ -93,6 +120,7 @@ class CollectionMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.run is not None)
     @rule(pick=st.integers(0, len(ROWS) - 1))
+    @recorded
     def release(self, pick: int) -> None:
         """Let one held model call return (among the waiting calls, by capture key)."""
         waiting = self._waiting()
@@ -103,17 +131,22 @@ class CollectionMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.run is not None)
     @rule()
+    @recorded
     def request_checkpoint(self) -> None:
         """SIGUSR1: checkpoint, then continue; the new checkpoint must be complete and continue what was exported."""
         run = self._running()
         before = files.latest_id(self.checkpoints)
         run.signal(signal.SIGUSR1)
-        self._until(lambda: files.latest_id(self.checkpoints) != before, "a checkpoint published for SIGUSR1")
+        self._until(
+            lambda: files.latest_id(self.checkpoints) != before and self._resumed(),
+            "a checkpoint published for SIGUSR1, then the participants resumed",
+        )
         self.audit.published()
         self._settle()
 
     @precondition(lambda self: self.run is not None)
     @rule()
+    @recorded
     def preempt(self) -> None:
         """SIGTERM: checkpoint, then stop with exit 75."""
         run = self._running()
@@ -122,21 +155,76 @@ class CollectionMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.run is not None)
     @rule()
+    @recorded
     def kill_run(self) -> None:
         """SIGKILL of the run, as a cluster ends a job whose grace period ran out."""
         run = self._running()
         run.kill()
         self._exited(run.wait())
 
+    @precondition(lambda self: self.run is not None and self.harness.can_break_storage)
+    @rule(victim=PICK, point=PICK, errno=st.sampled_from(STORAGE_FAILURES), stop=st.booleans())
+    @recorded
+    def failing_save(self, victim: int, point: int, errno: str, stop: bool) -> None:
+        """A checkpoint (SIGTERM when `stop`, else SIGUSR1) whose save fails part-way: one participant's write
+        meets a full or failing disk. `LATEST` and every checkpoint published before must be untouched; a stop must
+        not exit 75; a request's run resumes and goes on."""
+        run = self._running()
+        name = self.participants[victim % len(self.participants)]
+        self.harness.break_storage(name, STORAGE_POINTS[point % len(STORAGE_POINTS)], errno)
+        before = files.latest_id(self.checkpoints)
+        try:
+            run.signal(signal.SIGTERM if stop else signal.SIGUSR1)
+            if stop:
+                self._exited(run.wait())
+                return
+            self._until(lambda: self._storage_met(name) and self._resumed(), f"the save failed on {name}, resumed")
+        finally:
+            self.harness.release_storage(name)  # a fault no write met must not meet a later one
+        if files.latest_id(self.checkpoints) != before:
+            self.audit.published()  # a failed save published: P22 says what is wrong with it
+        self.audit.intact()
+        self._settle()
+
+    @precondition(lambda self: self.run is not None and self.harness.can_break_storage)
+    @rule(victim=PICK, point=PICK)
+    @recorded
+    def second_sigterm(self, victim: int, point: int) -> None:
+        """SIGTERM, and a second SIGTERM while the stop's checkpoint is being written (one participant's write
+        stalls until the second has landed): the run must still publish it and exit 75."""
+        run = self._running()
+        name = self.participants[victim % len(self.participants)]
+        stall_point = STALL_POINTS[point % len(STALL_POINTS)]
+        self.harness.break_storage(name, stall_point, "stall")
+        try:
+            run.signal(signal.SIGTERM)
+            self._until(lambda: self._stalled_at(name, stall_point), f"{name}'s write to stall at {stall_point}")
+            run.signal(signal.SIGTERM)
+        finally:
+            self.harness.release_storage(name)
+        self._exited(run.wait())
+
+    @precondition(lambda self: self.run is not None and self.harness.can_crash)
+    @rule()
+    @recorded
+    def crash_gym(self) -> None:
+        """SIGKILL of every Gym server while the run waits on them, then fresh servers on the same ports (a node
+        lost): the run's `/run`s fail, and each unfinished row must start over as its next attempt."""
+        before = {index for _, index in self._waiting()}
+        self.harness.crash()
+        self.predicted = {rollout: attempt + 1 for rollout, attempt in self.predicted.items()}
+        self._until(lambda: not before & {index for _, index in self._waiting()}, "the killed servers' calls dropped")
+        self._settle()
+
     # -- the end ----------------------------------------------------------------------------------------------
 
     def teardown(self) -> None:
         try:
             for _ in range(len(ROWS) + 2):
-                if not self._unfinished():
-                    break
                 if self.run is None:
-                    self.start_run()
+                    if not self._unfinished():
+                        break
+                    self._start_run()
                 while self.run is not None:
                     waiting = self._waiting()
                     if waiting:
@@ -171,6 +259,18 @@ class CollectionMachine(RuleBasedStateMachine):
                 predicted[rollout] = 0
         return predicted
 
+    def _resumed(self) -> bool:
+        """Every participant idle again (read after what must have happened first)."""
+        return all(status["phase"] == "idle" for status in self.harness.statuses().values())
+
+    def _storage_met(self, name: str) -> bool:
+        """The write fault armed in `name` was met, and no write runs there."""
+        state = self.harness.storage_state(name)
+        return state["armed"] is None and state["writes"] == 0
+
+    def _stalled_at(self, name: str, point: str) -> bool:
+        return bool(self.harness.storage_state(name)["stalled_at"] == point)
+
     def _unfinished(self) -> list[str]:
         finished = {row.rollout_id for row in files.output_rows(self.output)}
         return [rollout for rollout in ROWS if rollout not in finished]
@@ -182,14 +282,14 @@ class CollectionMachine(RuleBasedStateMachine):
         return sorted((call["capture_key"], call["index"]) for call in held)
 
     def _quiet(self) -> bool:
-        """The run exited, or it has rows left and every one waits on exactly one held call (a run whose every
-        row replied is quiet only once it exited)."""
+        """The run exited, or it waits on held calls only: some call is held and every unfinished row waits on one
+        (a run whose every row replied is quiet only once it exited, or if it sent a row again, which P25 judges
+        once that row replies)."""
         run = self.run
         if run is None or run.process.poll() is not None:
             return True
-        unfinished = self._unfinished()
-        held = sorted(EpisodeId.from_capture_key(key).rollout_id for key, _ in self._waiting())
-        return bool(unfinished) and held == sorted(unfinished)
+        held = {EpisodeId.from_capture_key(key).rollout_id for key, _ in self._waiting()}
+        return bool(held) and held.issuperset(self._unfinished())
 
     def _settle(self) -> None:
         self._until(self._quiet, "every unfinished row to wait on one held model call")
@@ -236,7 +336,16 @@ class CollectionMachine(RuleBasedStateMachine):
 def collection_machine_for(harness: Harness, faults: tuple[str, ...] = ()) -> type[CollectionMachine]:
     """The machine bound to `harness` and the collector's planted `faults` (Hypothesis builds machines without
     arguments)."""
-    return type("CollectionMachineBound", (CollectionMachine,), {"harness": harness, "collection_faults": faults})
+    bound = {"harness": harness, "collection_faults": faults, "examples": 0}
+    return type("CollectionMachineBound", (CollectionMachine,), bound)
+
+
+def enabled(machine: CollectionMachine, rule_name: str) -> bool:
+    """Whether the machine would draw `rule_name` now (every precondition of the rule holds)."""
+    rule_of = getattr(getattr(type(machine), rule_name, None), RULE_MARKER, None)
+    if rule_of is None:
+        raise HarnessError(f"{rule_name!r} is no rule of the collection machine")
+    return all(precondition(machine) for precondition in rule_of.preconditions)
 
 
 def _attempts(episodes: Any) -> dict[str, int]:

@@ -381,6 +381,24 @@ def fault_catalogue() -> tuple[PlantedFault, ...]:
     return tuple(system().catalogue)
 
 
+class CollectorFault(Protocol):
+    """A catalogued fault of a system's rollout collection program, and the collection property that catches it."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def caught_by(self) -> str: ...
+
+    @property
+    def description(self) -> str: ...
+
+
+def collection_fault_catalogue() -> tuple[CollectorFault, ...]:
+    """The embedded stack's planted collector faults (none if its system offers no collection program)."""
+    return tuple(getattr(system(), "collection_catalogue", ()))
+
+
 def planted(name: str) -> PlantedFault:
     (fault,) = faults_named(name)
     return fault

@@ -1,0 +1,138 @@
+"""Every planted fault of the look-alike collector (`fakes.collection.config.COLLECTION_FAULTS`) is caught by the
+collection property it names: in the default run through fixed steps of the collection machine (which pass on the
+fault-free collector), and in the nightly's `pytest -m search` by a derandomized random search of the machine
+that stops at the first failure, minimised by the domain minimiser (`ckpt_model.collection_search`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+from hypothesis import settings
+
+from ckpt_model import collection_properties as props
+from ckpt_model import profiles
+from ckpt_model.collection_machine import CollectionMachine, collection_machine_for
+from ckpt_model.collection_search import search
+from ckpt_model.deployment import Harness
+from ckpt_model.errors import PropertyViolation
+from ckpt_model.spec import DeploymentSpec
+from fakes.collection.config import COLLECTION_FAULTS
+
+pytestmark = pytest.mark.processes
+
+NATIVE = DeploymentSpec("native")
+Steps = Callable[[CollectionMachine], None]
+MachineOf = Callable[[tuple[str, ...]], CollectionMachine]
+
+
+def _request_twice_then_fail_a_save(machine: CollectionMachine) -> None:
+    machine.start_run()
+    machine.request_checkpoint()
+    machine.request_checkpoint()
+    machine.failing_save(victim=0, point=0, errno="ENOSPC", stop=False)
+
+
+def _finish_then_rerun(machine: CollectionMachine) -> None:
+    machine.start_run()
+    for _ in range(20):  # each release lets one held call return; the run exits 0 after its last row
+        if machine.run is None:
+            break
+        machine.release(pick=0)
+    machine.start_run()
+    machine.teardown()
+
+
+# For each fault: the steps that show it, and a phrase of what its property then says the system showed.
+STEPS: dict[str, tuple[Steps, str]] = {
+    "resume_skips_in_flight": (
+        lambda m: (m.start_run(), m.kill_run(), m.start_run()),
+        "0 rows",
+    ),
+    "rerun_redoes_finished": (_finish_then_rerun, "2 rows"),
+    "manifest_names_next_attempt": (
+        lambda m: (m.start_run(), m.request_checkpoint()),
+        "continued",
+    ),
+    "failed_save_publishes": (
+        lambda m: (m.start_run(), m.failing_save(victim=0, point=0, errno="ENOSPC", stop=False)),
+        "cannot read",
+    ),
+    "prunes_before_publish": (_request_twice_then_fail_a_save, "gone"),
+    "exit_75_without_checkpoint": (
+        lambda m: (m.start_run(), m.failing_save(victim=1, point=1, errno="EIO", stop=True)),
+        "exit 75",
+    ),
+    "second_sigterm_exits_at_once": (
+        lambda m: (m.start_run(), m.second_sigterm(victim=0, point=0)),
+        "exit 75",
+    ),
+}
+VIOLATIONS: dict[str, type[PropertyViolation]] = {
+    "P22": props.P22Violation,
+    "P23": props.P23Violation,
+    "P24": props.P24Violation,
+    "P25": props.P25Violation,
+}
+SHRUNK_STEPS_MAX = 6
+
+
+def test_every_collector_fault_has_fixed_steps() -> None:
+    assert sorted(STEPS) == sorted(COLLECTION_FAULTS)
+    assert {fault.caught_by for fault in COLLECTION_FAULTS.values()} == set(VIOLATIONS)
+
+
+@pytest.fixture
+def machine_of(harness_of: Callable[[DeploymentSpec], Harness]) -> Iterator[MachineOf]:
+    """A machine on `native` with the collector's `faults` planted; its run is killed at the end."""
+    machines: list[CollectionMachine] = []
+
+    def machine(faults: tuple[str, ...]) -> CollectionMachine:
+        machines.append(collection_machine_for(harness_of(NATIVE), faults)())
+        return machines[-1]
+
+    yield machine
+    for each in machines:
+        if each.run is not None:
+            each.run.kill()
+
+
+@pytest.mark.parametrize("fault", sorted(COLLECTION_FAULTS))
+def test_the_steps_break_the_fault_s_property(machine_of: MachineOf, fault: str) -> None:
+    steps, observed = STEPS[fault]
+    violation = VIOLATIONS[COLLECTION_FAULTS[fault].caught_by]
+    with pytest.raises(violation, match=observed) as caught:
+        steps(machine_of((fault,)))
+    assert type(caught.value) is violation  # not a subclass standing in for another property
+
+
+@pytest.mark.parametrize("fault", sorted(COLLECTION_FAULTS))
+def test_the_same_steps_pass_on_the_fault_free_collector(machine_of: MachineOf, fault: str) -> None:
+    machine = machine_of(())
+    STEPS[fault][0](machine)
+    machine.teardown()
+    assert sorted(machine.finished_as) == ["row-0", "row-1", "row-2"]
+
+
+SEARCH_EXAMPLES = 60
+
+
+@pytest.mark.search
+@pytest.mark.parametrize("fault", sorted(COLLECTION_FAULTS))
+def test_a_derandomized_search_finds_the_fault_by_its_property(
+    harness_of: Callable[[DeploymentSpec], Harness], fault: str
+) -> None:
+    violation = VIOLATIONS[COLLECTION_FAULTS[fault].caught_by]
+    chosen = settings(profiles.profile_for("default", ci=True), max_examples=SEARCH_EXAMPLES)
+
+    finding = search(harness_of(NATIVE), (fault,), chosen)
+
+    assert type(finding.violation) is violation, finding.error
+    assert finding.minimal is not None
+    assert finding.minimal.reproduced
+    assert 0 < len(finding.minimal.steps) <= SHRUNK_STEPS_MAX, finding.minimal.code
+    print(
+        f"\n{fault}: {finding.violation.property_id} after {finding.examples} examples in {finding.search_s:.1f} s "
+        f"({len(finding.found)} steps), minimised in {finding.minimise_s:.1f} s ({finding.minimal.replayed} "
+        f"replays): {'; '.join(finding.minimal.code)}"
+    )
