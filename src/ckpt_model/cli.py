@@ -59,7 +59,7 @@ import attrs
 from hypothesis import settings
 
 from ckpt_model import artifacts, checking, profiles
-from ckpt_model.errors import CoordinationError, PropertyViolation
+from ckpt_model.errors import CoordinationError, PropertyViolation, UsageError
 from ckpt_model.interrupts import signal_number, sigterm_unwinds
 from ckpt_model.reproduction import REPLAYS, Rate
 from ckpt_model.spec import OPTIONS, DeploymentSpec, OptionValue, SpecError, flag_keywords
@@ -71,10 +71,6 @@ if TYPE_CHECKING:  # the stateful module is imported only when a check runs
 
 REAL_GYM_DOC = "docs/real-gym.md"
 SEED_BITS = 32
-
-
-class UsageError(Exception):
-    """Bad input found after parsing (an unknown fault, an unreadable file): exit 3 with this message."""
 
 
 class Parser(argparse.ArgumentParser):
@@ -119,6 +115,13 @@ def build_parser() -> Parser:
     )
 
     check = commands.add_parser("check", help="run the state machine against the embedded look-alike stack")
+    check.add_argument(
+        "--controller",
+        choices=("trainer", "collection"),
+        default="trainer",
+        help="the controller the machine plays: the trainer (default), or the cluster around rollout collection "
+        "runs (docs/collection.md; --faults then names the collector's faults)",
+    )
     check.add_argument(
         "--topology", choices=list(TOPOLOGIES), help="default: the deployment the planted faults show in, else native"
     )
@@ -241,6 +244,13 @@ def chosen_spec(args: argparse.Namespace, planted: Sequence[PlantedFault]) -> De
 
 
 def run_settings(args: argparse.Namespace) -> settings:
+    """The profile with the command's overrides (`profile_settings`), without Hypothesis's shrink unless asked."""
+    chosen = profile_settings(args)
+    # Hypothesis's own shrink only with --no-minimise: the checker's minimiser is quicker (`ckpt_model.checking`).
+    return checking.without_shrink(chosen) if args.minimise else chosen
+
+
+def profile_settings(args: argparse.Namespace) -> settings:
     """The profile (as `profiles` builds it for this environment, CI included) with the command's overrides."""
     overrides: dict[str, Any] = {}
     if args.examples is not None:
@@ -249,10 +259,7 @@ def run_settings(args: argparse.Namespace) -> settings:
         overrides["stateful_step_count"] = args.steps
     if args.seed is not None:
         overrides["database"] = None  # a seed's run must not depend on what this machine saved before
-    profile = profiles.profile_for(args.profile, profiles.in_ci())
-    chosen = settings(profile, **overrides)
-    # Hypothesis's own shrink only with --no-minimise: the checker's minimiser is quicker (`ckpt_model.checking`).
-    return checking.without_shrink(chosen) if args.minimise else chosen
+    return settings(profiles.profile_for(args.profile, profiles.in_ci()), **overrides)
 
 
 def chosen_seed(args: argparse.Namespace, chosen: settings) -> int | None:
@@ -344,6 +351,13 @@ def run_check(args: argparse.Namespace) -> int:
     from ckpt_model.progress import Progress
     from ckpt_model.stats import SearchStats
     from ckpt_model.steplog import rule_names
+
+    if args.controller == "collection":
+        from ckpt_model import collection_check
+
+        faults = collection_check.checked_options(args)
+        chosen = profile_settings(args)  # with Hypothesis's shrink: the minimiser is the trainer machine's
+        return collection_check.run(args.topology or "native", faults, chosen, chosen_seed(args, chosen))
 
     gym = None
     faults = planted_faults(args.faults)
@@ -693,7 +707,7 @@ def run_scale(args: argparse.Namespace) -> int:
 
 
 def run_faults() -> int:
-    from ckpt_model.deployment import fault_catalogue
+    from ckpt_model.deployment import collection_fault_catalogue, fault_catalogue
 
     rows = [
         (
@@ -708,6 +722,13 @@ def run_faults() -> int:
     widths = [max(len(row[column]) for row in [header, *rows]) for column in range(3)]
     for row in [header, *rows]:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)) + "  " + row[3])
+    collector = [(fault.name, fault.caught_by, fault.description) for fault in collection_fault_catalogue()]
+    if collector:
+        print("\nthe collector's (check --controller collection --faults ...):")
+        titles = ("fault", "property", "description")
+        widths = [max(len(row[column]) for row in [titles, *collector]) for column in range(2)]
+        for line in [titles, *collector]:
+            print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=False)) + "  " + line[2])
     return Exit.PASSED
 
 

@@ -213,3 +213,11 @@ class CoordinationError(_KeywordPickle, Exception):
         self.replies = dict(replies or {})
         listed = "; ".join(f"{name}: {failure.describe()}" for name, failure in self.failures.items())
         super().__init__(f"checkpoint {operation} failed on {len(self.failures)} participant(s): {listed}")
+
+
+# --- usage ---------------------------------------------------------------------------------------------------
+
+
+class UsageError(Exception):
+    """Bad input found after parsing (an unknown fault, an unreadable file, options that do not go together): the
+    command line tools exit 3 with this message, before anything starts."""

@@ -52,6 +52,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from ckpt_model import profiles
+from ckpt_model.errors import UsageError
 from ckpt_model.interrupts import signal_number, sigterm_unwinds
 from ckpt_model.spec import FAULT_FREE, DeploymentSpec, SpecError
 from ckpt_model.topologies import TOPOLOGIES
@@ -72,10 +73,6 @@ REDIS_START_TIMEOUT_S = 30.0
 REDIS_PORT_TRIES = 5
 POLL_S_MIN, POLL_S_MAX = 0.001, 0.02
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-
-
-class UsageError(Exception):
-    """Bad arguments: exit 3, as `ckpt-model` does."""
 
 
 class RedisUnavailable(RuntimeError):
