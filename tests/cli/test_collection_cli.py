@@ -40,7 +40,8 @@ def test_what_the_collection_machine_cannot_take_is_a_usage_error(
 
 
 def test_the_fault_free_collector_passes(tmp_path: Path) -> None:
-    result = ckpt_model(tmp_path, "check", "--controller", "collection", "--examples", "3", "--seed", "5")
+    arguments = ["--examples", "2", "--steps", "6", "--seed", "5"]
+    result = ckpt_model(tmp_path, "check", "--controller", "collection", *arguments)
 
     assert result.returncode == 0, result.stdout + result.stderr
     assert "the collection controller on the embedded stack's native topology" in result.stdout
@@ -53,7 +54,7 @@ def test_the_fault_free_collector_passes(tmp_path: Path) -> None:
 
 def test_a_collector_fault_fails_with_its_property_minimal_steps_and_replay(tmp_path: Path) -> None:
     arguments = ["check", "--controller", "collection", "--faults", "manifest_names_next_attempt"]
-    result = ckpt_model(tmp_path, *arguments, "--examples", "10", "--seed", "3")
+    result = ckpt_model(tmp_path, *arguments, "--examples", "5", "--steps", "4", "--seed", "3")
 
     assert result.returncode == 1, result.stdout + result.stderr
     assert "P24 collection.json continues exactly the rollouts the episode owner exported" in result.stdout
@@ -61,7 +62,7 @@ def test_a_collector_fault_fails_with_its_property_minimal_steps_and_replay(tmp_
     assert re.search(r"minimised to 2 in [\d.]+ s \(\d+ candidates replayed\):", result.stdout), result.stdout
     assert "  state.start_run()\n  state.request_checkpoint()\nFAILED: property violation (P24)\n" in result.stdout
     replay = (
-        "replay: ckpt-model check --controller collection --topology native --examples 10 --steps 14 "
+        "replay: ckpt-model check --controller collection --topology native --examples 5 --steps 4 "
         "--faults manifest_names_next_attempt --seed 3"
     )
     assert replay in result.stdout
