@@ -20,8 +20,6 @@ from ckpt_model.errors import UsageError
 from ckpt_model.spec import OPTIONS, DeploymentSpec
 from ckpt_model.verdicts import Exit, failure_report
 
-# Topologies whose rows the look-alike collector sends: native rows to an environment, legacy rows to the relay.
-COLLECTION_TOPOLOGIES = ("native", "legacy")
 # Options of the trainer's check that mean nothing to the collection machine.
 TRAINER_ONLY = {
     "deployment": "--deployment (a real Gym's deployment file cannot name a collection program yet)",
@@ -56,8 +54,6 @@ def checked_options(args: argparse.Namespace) -> tuple[CollectorFault, ...]:
         asked.append("--no-minimise (the collection machine always shrinks with Hypothesis)")
     if asked:
         raise UsageError(f"--controller collection does not take {', '.join(asked)}")
-    if args.topology is not None and args.topology not in COLLECTION_TOPOLOGIES:
-        raise UsageError(f"--controller collection runs on --topology {' or '.join(COLLECTION_TOPOLOGIES)}")
     return collector_faults(args.faults)
 
 

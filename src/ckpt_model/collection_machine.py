@@ -12,6 +12,7 @@ other as attempt 0.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import signal
@@ -23,9 +24,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RULE_MARKER, RuleBasedStateMachine, precondition, rule
 
 from ckpt_model import collection_files as files
+from ckpt_model import properties as props
 from ckpt_model.collection_run import CollectionAudit, CollectionRun
 from ckpt_model.deployment import STALL_POINTS, STORAGE_FAILURES, STORAGE_POINTS, Harness
-from ckpt_model.errors import HarnessError
+from ckpt_model.errors import HarnessError, PropertyViolation
 from ckpt_model.topologies import Topology
 from ckpt_model.wire import EpisodeId
 
@@ -309,8 +311,17 @@ class CollectionMachine(RuleBasedStateMachine):
         self.run = None
         self._note_finished()
         self.audit.exited(exit_code, run.latest_at_start)
-        if exit_code == 0:  # "collection done": every row must be in the output now
+        if exit_code == 0:  # "collection done": every row must be in the output now, and the servers clean
             self.audit.rows(self.output, ROWS, self.reward, self.finished_as)
+            self._clean_end()
+
+    def _clean_end(self) -> None:
+        """P13 on the collector's own control calls: after a run that said it is done, every participant idle and
+        accepting with nothing left (its retire marks forgotten, nothing restored pending). Waited for up to the
+        settle timeout first (slowness is never a verdict), then judged on one fresh read."""
+        with contextlib.suppress(HarnessError):
+            self._until(lambda: _clean(self.harness.statuses()), "every participant clean after the run's exit 0")
+        props.p13_clean_end(self.harness.statuses())
 
     def _until(self, condition: Callable[[], bool], what: str) -> None:
         """Poll `condition` (each poll reads the backend's calls and the collection's files), backing off from 1 ms
@@ -346,6 +357,14 @@ def enabled(machine: CollectionMachine, rule_name: str) -> bool:
     if rule_of is None:
         raise HarnessError(f"{rule_name!r} is no rule of the collection machine")
     return all(precondition(machine) for precondition in rule_of.preconditions)
+
+
+def _clean(statuses: dict[str, Any]) -> bool:
+    try:
+        props.p13_clean_end(statuses)
+    except PropertyViolation:
+        return False
+    return True
 
 
 def _attempts(episodes: Any) -> dict[str, int]:

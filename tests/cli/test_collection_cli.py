@@ -20,12 +20,11 @@ pytestmark = pytest.mark.processes
     [
         (["--faults", "no_such_fault"], "unknown collector fault(s) 'no_such_fault'; the collector's: "),
         (["--faults", "resume_deletes_records"], "unknown collector fault(s) 'resume_deletes_records'"),
-        (["--topology", "slow"], "--controller collection runs on --topology native or legacy"),
         (["--swarm", "--json", "out.json"], "--controller collection does not take --swarm, --json"),
         (["--token-capture"], "--controller collection does not take --token-capture"),
         (["--no-minimise"], "does not take --no-minimise"),
     ],
-    ids=["unknown-fault", "trainer-fault", "topology", "trainer-options", "deployment-option", "no-minimise"],
+    ids=["unknown-fault", "trainer-fault", "trainer-options", "deployment-option", "no-minimise"],
 )
 def test_what_the_collection_machine_cannot_take_is_a_usage_error(
     tmp_path: Path, arguments: list[str], message: str
