@@ -1,8 +1,10 @@
 """The state machine as rollout collection's environment (reference Appendix C): it starts collection runs of a
-few rows against the deployment's servers and, as a cluster would, draws SIGUSR1, SIGTERM, SIGKILL of the run and
+few rows against the deployment's servers and, as a cluster would, draws SIGUSR1, SIGTERM, SIGKILL of the run,
+a save that fails part-way, a second SIGTERM while the stop's checkpoint is written, SIGKILL of the whole Gym, and
 reruns with `resume_from_cache` on fresh servers, while releasing held model calls one at a time so a checkpoint
-meets rollouts at every boundary. Every run's exit is audited (P22-P24), every published checkpoint when it
-appears (P22, P24), and the end drains the collection to its last row (P25).
+meets rollouts at every boundary. Every run's exit is audited (P22-P24, and P13 on the servers after an exit 0),
+every published checkpoint when it appears (P22-P24), and the end drains the collection to its last row (P25).
+Every rule call is recorded in `steps`, which `ckpt_model.collection_search` minimises.
 
 Each rerun starts on fresh Gym servers (the job restarted: a crash of the whole Gym first), and the attempt each
 unfinished row must be sent as is predicted from what the checker reads before it starts: a row `LATEST`

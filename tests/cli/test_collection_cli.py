@@ -51,6 +51,10 @@ def test_the_fault_free_collector_passes(tmp_path: Path) -> None:
     assert left_behind(tmp_path) == []
 
 
+# A search through the command (25 s on a loaded run): the nightly's `pytest -m search`. The default run checks the
+# same fault's steps (tests/stateful/test_collection_faults.py) and the report's printing on hand-built findings
+# (tests/unit/checker/test_collection_check.py).
+@pytest.mark.search
 def test_a_collector_fault_fails_with_its_property_minimal_steps_and_replay(tmp_path: Path) -> None:
     arguments = ["check", "--controller", "collection", "--faults", "manifest_names_next_attempt"]
     result = ckpt_model(tmp_path, *arguments, "--examples", "5", "--steps", "4", "--seed", "3")
