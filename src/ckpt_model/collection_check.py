@@ -93,7 +93,7 @@ def run(topology: str, faults: Sequence[CollectorFault], chosen: settings, seed:
         return Exit.PASSED
     code, text = failure_report(finding.violation or finding.error)
     report, _, verdict = text.rpartition("\n")
-    print(report, flush=True)
+    print(report.rstrip("\n"), flush=True)
     if finding.minimal is not None:
         minimal = finding.minimal
         print(

@@ -1,10 +1,10 @@
 """The state machine as rollout collection's environment (reference Appendix C): it starts collection runs of a
 few rows against the deployment's servers and, as a cluster would, draws SIGUSR1, SIGTERM, SIGKILL of the run,
-a save that fails part-way, a second SIGTERM while the stop's checkpoint is written, SIGKILL of the whole Gym, and
-reruns with `resume_from_cache` on fresh servers, while releasing held model calls one at a time so a checkpoint
-meets rollouts at every boundary. Every run's exit is audited (P22-P24, and P13 on the servers after an exit 0),
-every published checkpoint when it appears (P22-P24), and the end drains the collection to its last row (P25).
-Every rule call is recorded in `steps`, which `ckpt_model.collection_search` minimises.
+a save that fails part-way, a SIGTERM while a checkpoint is written (the stop's own, or a requested one), SIGKILL of
+the whole Gym, and reruns with `resume_from_cache` on fresh servers, while releasing held model calls one at a time
+so a checkpoint meets rollouts at every boundary. Every run's exit is audited (P22-P24, and P13 on the servers
+after an exit 0), every published checkpoint when it appears (P22-P24), and the end drains the collection to its
+last row (P25). Every rule call is recorded in `steps`, which `ckpt_model.collection_search` minimises.
 
 Each rerun starts on fresh Gym servers (the job restarted: a crash of the whole Gym first), and the attempt each
 unfinished row must be sent as is predicted from what the checker reads before it starts: a row `LATEST`
@@ -196,17 +196,15 @@ class CollectionMachine(RuleBasedStateMachine):
     def second_sigterm(self, victim: int, point: int) -> None:
         """SIGTERM, and a second SIGTERM while the stop's checkpoint is being written (one participant's write
         stalls until the second has landed): the run must still publish it and exit 75."""
-        run = self._running()
-        name = self.participants[victim % len(self.participants)]
-        stall_point = STALL_POINTS[point % len(STALL_POINTS)]
-        self.harness.break_storage(name, stall_point, "stall")
-        try:
-            run.signal(signal.SIGTERM)
-            self._until(lambda: self._stalled_at(name, stall_point), f"{name}'s write to stall at {stall_point}")
-            run.signal(signal.SIGTERM)
-        finally:
-            self.harness.release_storage(name)
-        self._exited(run.wait())
+        self._sigterm_during_write(signal.SIGTERM, victim, point)
+
+    @precondition(lambda self: self.run is not None and self.harness.can_break_storage)
+    @rule(victim=PICK, point=PICK)
+    @recorded
+    def sigterm_during_request(self, victim: int, point: int) -> None:
+        """SIGUSR1, and SIGTERM while that checkpoint is being written (one participant's write stalls until the
+        SIGTERM has landed): the requested checkpoint becomes the stop's, so the run must publish it and exit 75."""
+        self._sigterm_during_write(signal.SIGUSR1, victim, point)
 
     @precondition(lambda self: self.run is not None and self.harness.can_crash)
     @rule()
@@ -262,6 +260,19 @@ class CollectionMachine(RuleBasedStateMachine):
             else:
                 predicted[rollout] = 0
         return predicted
+
+    def _sigterm_during_write(self, first: signal.Signals, victim: int, point: int) -> None:
+        run = self._running()
+        name = self.participants[victim % len(self.participants)]
+        stall_point = STALL_POINTS[point % len(STALL_POINTS)]
+        self.harness.break_storage(name, stall_point, "stall")
+        try:
+            run.signal(first)
+            self._until(lambda: self._stalled_at(name, stall_point), f"{name}'s write to stall at {stall_point}")
+            run.signal(signal.SIGTERM)
+        finally:
+            self.harness.release_storage(name)
+        self._exited(run.wait())
 
     def _resumed(self) -> bool:
         """Every participant idle again (read after what must have happened first)."""

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from hypothesis import settings
 
+from ckpt_model import collection_files as files
 from ckpt_model import collection_properties as props
 from ckpt_model import profiles
 from ckpt_model.collection_machine import CollectionMachine, collection_machine_for
@@ -114,7 +115,8 @@ def test_the_same_steps_pass_on_the_fault_free_collector(machine_of: MachineOf, 
     assert sorted(machine.finished_as) == ["row-0", "row-1", "row-2"]
 
 
-SEARCH_EXAMPLES = 60
+# `rerun_redoes_finished` needed 60 (docs/collection.md): room to spare, since a found fault stops the search.
+SEARCH_EXAMPLES = 100
 
 
 @pytest.mark.search
@@ -136,3 +138,17 @@ def test_a_derandomized_search_finds_the_fault_by_its_property(
         f"({len(finding.found)} steps), minimised in {finding.minimise_s:.1f} s ({finding.minimal.replayed} "
         f"replays): {'; '.join(finding.minimal.code)}"
     )
+
+
+def test_a_sigterm_during_a_requested_checkpoint_makes_it_the_stop_s(machine_of: MachineOf) -> None:
+    """The path the faults above do not take: SIGUSR1, then SIGTERM while that checkpoint's write stalls; the run
+    publishes the requested checkpoint as the stop's and exits 75 (audited by P22-P24), and a rerun continues it."""
+    machine = machine_of(())
+    machine.start_run()
+    machine.sigterm_during_request(victim=0, point=0)
+    assert machine.run is None
+    assert machine.audit.latest is not None
+    assert files.checkpoint_dirs(machine.checkpoints) == ([machine.audit.latest.checkpoint_id], [])  # one, not two
+    assert sorted(episode.rollout_id for episode in machine.audit.latest.continued) == ["row-0", "row-1", "row-2"]
+    machine.teardown()
+    assert machine.finished_as == {"row-0": 1, "row-1": 1, "row-2": 1}  # each continued as its next attempt
