@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from hypothesis import settings
 
 from ckpt_model.collection_search import search
-from ckpt_model.deployment import CollectorFault, Harness, collection_fault_catalogue
+from ckpt_model.deployment import CollectorFault, Harness, UnknownFaults, collection_fault_catalogue, named_in
 from ckpt_model.errors import UsageError
 from ckpt_model.spec import OPTIONS, DeploymentSpec
 from ckpt_model.verdicts import Exit, failure_report
@@ -34,15 +34,13 @@ PROPERTIES = "P22 LATEST, P23 stops and saves, P24 continued, P25 every row once
 
 def collector_faults(text: str) -> tuple[CollectorFault, ...]:
     """The collector faults a comma-separated list names, each once; a usage error naming every known one."""
-    catalogue = {fault.name: fault for fault in collection_fault_catalogue()}
-    names = list(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))
-    unknown = [name for name in names if name not in catalogue]
-    if unknown:
+    try:
+        return named_in(text, collection_fault_catalogue())
+    except UnknownFaults as error:
         raise UsageError(
-            f"--faults: unknown collector fault(s) {', '.join(map(repr, unknown))}; the collector's: "
-            + ", ".join(catalogue)
-        )
-    return tuple(catalogue[name] for name in names)
+            f"--faults: unknown collector fault(s) {', '.join(map(repr, error.unknown))}; the collector's: "
+            + ", ".join(error.known)
+        ) from None
 
 
 def checked_options(args: argparse.Namespace) -> tuple[CollectorFault, ...]:

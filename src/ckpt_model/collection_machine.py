@@ -174,7 +174,7 @@ class CollectionMachine(RuleBasedStateMachine):
         meets a full or failing disk. `LATEST` and every checkpoint published before must be untouched; a stop must
         not exit 75; a request's run resumes and goes on."""
         run = self._running()
-        name = self.participants[victim % len(self.participants)]
+        name = self._victim(victim)
         self.harness.break_storage(name, STORAGE_POINTS[point % len(STORAGE_POINTS)], errno)
         before = files.latest_id(self.checkpoints)
         try:
@@ -186,8 +186,9 @@ class CollectionMachine(RuleBasedStateMachine):
         finally:
             self.harness.release_storage(name)  # a fault no write met must not meet a later one
         if files.latest_id(self.checkpoints) != before:
-            self.audit.published()  # a failed save published: P22 says what is wrong with it
-        self.audit.intact()
+            self.audit.published()  # a failed save published: P22 says what is wrong with it, then P23 as below
+        else:
+            self.audit.intact()
         self._settle()
 
     @precondition(lambda self: self.run is not None and self.harness.can_break_storage)
@@ -263,7 +264,7 @@ class CollectionMachine(RuleBasedStateMachine):
 
     def _sigterm_during_write(self, first: signal.Signals, victim: int, point: int) -> None:
         run = self._running()
-        name = self.participants[victim % len(self.participants)]
+        name = self._victim(victim)
         stall_point = STALL_POINTS[point % len(STALL_POINTS)]
         self.harness.break_storage(name, stall_point, "stall")
         try:
@@ -273,6 +274,9 @@ class CollectionMachine(RuleBasedStateMachine):
         finally:
             self.harness.release_storage(name)
         self._exited(run.wait())
+
+    def _victim(self, pick: int) -> str:
+        return self.participants[pick % len(self.participants)]
 
     def _resumed(self) -> bool:
         """Every participant idle again (read after what must have happened first)."""

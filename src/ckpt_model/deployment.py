@@ -57,7 +57,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import attrs
 import httpx
@@ -415,12 +415,26 @@ class UnknownFaults(LookupError):
 def faults_named(text: str) -> tuple[PlantedFault, ...]:
     """The planted faults a comma-separated list names, each once, in the order named; `UnknownFaults` if the
     catalogue lacks any."""
-    catalogue = {fault.name: fault for fault in fault_catalogue()}
+    return named_in(text, fault_catalogue())
+
+
+class HasName(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+Named = TypeVar("Named", bound=HasName)
+
+
+def named_in(text: str, catalogue: Sequence[Named]) -> tuple[Named, ...]:
+    """The entries of `catalogue` a comma-separated list names, each once, in the order named; `UnknownFaults` if
+    the catalogue lacks any."""
+    by_name = {entry.name: entry for entry in catalogue}
     names = list(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))
-    unknown = [name for name in names if name not in catalogue]
+    unknown = [name for name in names if name not in by_name]
     if unknown:
-        raise UnknownFaults(unknown, list(catalogue))
-    return tuple(catalogue[name] for name in names)
+        raise UnknownFaults(unknown, list(by_name))
+    return tuple(by_name[name] for name in names)
 
 
 class Harness:
