@@ -102,11 +102,9 @@ class CollectionFinding:
     minimise_s: float = 0.0
 
 
-def search(
-    harness: Harness, faults: Sequence[str], chosen: settings, seed: int | None = None, minimising: bool = True
-) -> CollectionFinding:
-    """Run the machine with `chosen` (no shrink phase), stop at the first failure, and (`minimising`) make a
-    violation's rule calls 1-minimal. A failure that is not a violation is returned as it is."""
+def search(harness: Harness, faults: Sequence[str], chosen: settings, seed: int | None = None) -> CollectionFinding:
+    """Run the machine with `chosen` (no shrink phase), stop at the first failure, and make a violation's rule calls
+    1-minimal. A failure that is not a violation is returned as it is."""
     factory = collection_machine_for(harness, tuple(faults))
     started = time.monotonic()
     try:
@@ -117,7 +115,7 @@ def search(
         violations = [leaf for leaf in leaves(error) if isinstance(leaf, PropertyViolation)]
         failing: CollectionMachine | None = factory.last
         found: Steps = tuple((name, dict(arguments)) for name, arguments in failing.steps) if failing else ()
-        if not violations or not found or not minimising:
+        if not violations or not found:
             violation = violations[0] if violations else None
             return CollectionFinding(error, violation, found, None, factory.examples, searched - started)
         violation = violations[0]
