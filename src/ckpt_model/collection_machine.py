@@ -27,9 +27,12 @@ from hypothesis.stateful import RULE_MARKER, RuleBasedStateMachine, precondition
 
 from ckpt_model import collection_files as files
 from ckpt_model import properties as props
+from ckpt_model.call_relay import CallRelay
 from ckpt_model.collection_run import CollectionAudit, CollectionRun
+from ckpt_model.collector_calls import CallAudit
 from ckpt_model.deployment import STALL_POINTS, STORAGE_FAILURES, STORAGE_POINTS, Harness
 from ckpt_model.errors import HarnessError, PropertyViolation
+from ckpt_model.history import History
 from ckpt_model.topologies import Topology
 from ckpt_model.wire import EpisodeId
 
@@ -96,6 +99,12 @@ class CollectionMachine(RuleBasedStateMachine):
         self.runs = 0
         self.predicted: dict[str, int] = {}  # the attempt each unfinished row goes as in the current run
         self.finished_as: dict[str, int] = {}  # the attempt predicted for the run in which each row finished
+        # Every run reaches the servers through the relay, which journals its calls for the servers' properties.
+        self.calls = History()
+        kinds = {name: status["kind"] for name, status in harness.statuses().items()}
+        self.call_audit = CallAudit(self.calls, kinds, self.reward)
+        self.relay = CallRelay(harness.servers, self.calls, self.call_audit.observe)
+        self.relay.start()
 
     # -- rules ------------------------------------------------------------------------------------------------
 
@@ -109,7 +118,7 @@ class CollectionMachine(RuleBasedStateMachine):
 
     def _start_run(self) -> None:
         if self.runs:
-            self.harness.crash()
+            self._crash_gym()
         self.predicted = self._predict()
         config = {
             "input_jsonl_fpath": str(self.inputs),
@@ -118,7 +127,7 @@ class CollectionMachine(RuleBasedStateMachine):
             "resume_from_cache": self.runs > 0,
             **({"faults": list(self.collection_faults)} if self.collection_faults else {}),
         }
-        self.run = self.harness.start_collection(config, self.runs)
+        self.run = self.harness.start_collection(config, self.runs, through=self.relay.urls)
         self.runs += 1
         self._settle()
 
@@ -145,6 +154,7 @@ class CollectionMachine(RuleBasedStateMachine):
             lambda: files.latest_id(self.checkpoints) != before and self._resumed(),
             "a checkpoint published for SIGUSR1, then the participants resumed",
         )
+        self._judged_when_settled(functools.partial(props.p10_open_after_resume, "the SIGUSR1 checkpoint"))
         self.audit.published()
         self._settle()
 
@@ -185,6 +195,7 @@ class CollectionMachine(RuleBasedStateMachine):
             self._until(lambda: self._storage_met(name) and self._resumed(), f"the save failed on {name}, resumed")
         finally:
             self.harness.release_storage(name)  # a fault no write met must not meet a later one
+        self._judged_when_settled(functools.partial(props.p10_open_after_resume, "the failed save"))
         if files.latest_id(self.checkpoints) != before:
             self.audit.published()  # a failed save published: P22 says what is wrong with it, then P23 as below
         else:
@@ -214,7 +225,7 @@ class CollectionMachine(RuleBasedStateMachine):
         """SIGKILL of every Gym server while the run waits on them, then fresh servers on the same ports (a node
         lost): the run's `/run`s fail, and each unfinished row must start over as its next attempt."""
         before = {index for _, index in self._waiting()}
-        self.harness.crash()
+        self._crash_gym()
         self.predicted = {rollout: attempt + 1 for rollout, attempt in self.predicted.items()}
         self._until(lambda: not before & {index for _, index in self._waiting()}, "the killed servers' calls dropped")
         self._settle()
@@ -237,8 +248,14 @@ class CollectionMachine(RuleBasedStateMachine):
                 raise HarnessError(f"rows {self._unfinished()} never finished in {self.runs} runs")
             self.audit.rows(self.output, ROWS, self.reward, self.finished_as)
         finally:
-            if self.run is not None:
-                self.run.kill()
+            self.stop()
+
+    def stop(self) -> None:
+        """Kill the run, if one runs, and close the relay: the end of every example, also one that stopped before
+        its teardown."""
+        if self.run is not None:
+            self.run.kill()
+        self.relay.close()
 
     # -- observing ---------------------------------------------------------------------------------------------
 
@@ -274,6 +291,12 @@ class CollectionMachine(RuleBasedStateMachine):
         finally:
             self.harness.release_storage(name)
         self._exited(run.wait())
+
+    def _crash_gym(self) -> None:
+        """SIGKILL of every Gym server, then fresh ones on the same ports; noted in the calls' journal (it ends a
+        prepared interval, P2)."""
+        self.calls.note("cluster", "crash")
+        self.harness.crash()
 
     def _victim(self, pick: int) -> str:
         return self.participants[pick % len(self.participants)]
@@ -316,6 +339,7 @@ class CollectionMachine(RuleBasedStateMachine):
         if run is not None and run.process.poll() is not None:
             self._exited(run.wait())
         self._note_finished()
+        self.call_audit.check()
 
     def _note_finished(self) -> None:
         """Rows that replied since: each finished at the attempt predicted for this run."""
@@ -328,17 +352,22 @@ class CollectionMachine(RuleBasedStateMachine):
         self.run = None
         self._note_finished()
         self.audit.exited(exit_code, run.latest_at_start)
+        self.call_audit.check()
         if exit_code == 0:  # "collection done": every row must be in the output now, and the servers clean
             self.audit.rows(self.output, ROWS, self.reward, self.finished_as)
             self._clean_end()
 
     def _clean_end(self) -> None:
         """P13 on the collector's own control calls: after a run that said it is done, every participant idle and
-        accepting with nothing left (its retire marks forgotten, nothing restored pending). Waited for up to the
-        settle timeout first (slowness is never a verdict), then judged on one fresh read."""
+        accepting with nothing left (its retire marks forgotten, nothing restored pending)."""
+        self._judged_when_settled(props.p13_clean_end)
+
+    def _judged_when_settled(self, verdict: Callable[[dict[str, Any]], None]) -> None:
+        """`verdict` on the participants' statuses, waited for up to the settle timeout first (slowness is never a
+        verdict), then judged on one fresh read."""
         with contextlib.suppress(HarnessError):
-            self._until(lambda: _clean(self.harness.statuses()), "every participant clean after the run's exit 0")
-        props.p13_clean_end(self.harness.statuses())
+            self._until(lambda: _holds(verdict, self.harness.statuses()), "the participants' statuses to settle")
+        verdict(self.harness.statuses())
 
     def _until(self, condition: Callable[[], bool], what: str) -> None:
         """Poll `condition` (each poll reads the backend's calls and the collection's files), backing off from 1 ms
@@ -376,9 +405,9 @@ def enabled(machine: CollectionMachine, rule_name: str) -> bool:
     return all(precondition(machine) for precondition in rule_of.preconditions)
 
 
-def _clean(statuses: dict[str, Any]) -> bool:
+def _holds(verdict: Callable[[dict[str, Any]], None], statuses: dict[str, Any]) -> bool:
     try:
-        props.p13_clean_end(statuses)
+        verdict(statuses)
     except PropertyViolation:
         return False
     return True

@@ -48,8 +48,7 @@ def replay(harness: Harness, faults: Sequence[str], steps: Sequence[Step]) -> Re
     except Exception as error:
         return Replayed(error, index)
     finally:
-        if machine.run is not None:
-            machine.run.kill()
+        machine.stop()
     return Replayed(None, len(steps))
 
 

@@ -598,11 +598,18 @@ class Harness:
             )
         return deployment.restart_run_url()
 
-    def start_collection(self, config: Mapping[str, Any], number: int) -> CollectionRun:
+    @property
+    def servers(self) -> dict[str, str]:
+        """Every server of the deployment by name, with its URL (participants and relays alike)."""
+        return dict(self._discovered or {})
+
+    def start_collection(
+        self, config: Mapping[str, Any], number: int, through: Mapping[str, str] | None = None
+    ) -> CollectionRun:
         """Start the system's rollout collection program on this example's servers: `config` (the input, output
-        and checkpoint paths and the run's options, docs/collection.md) completed with every server's URL, the
-        server whose `/run` the controller calls, the rows' format and the bearer; its config and log go in this
-        example's directory."""
+        and checkpoint paths and the run's options, docs/collection.md) completed with every server's URL (or the
+        URL `through` gives for it: the checker's relay), the server whose `/run` the controller calls, the rows'
+        format and the bearer; its config and log go in this example's directory."""
         deployment = self.deployment
         if not isinstance(deployment, CollectsRollouts):
             raise HarnessError(self._lacks("collection_command()"))
@@ -614,7 +621,7 @@ class Harness:
         run_format = "legacy" if self.spec.traits.episode_owner == "agent" else "native"
         completed = {
             **config,
-            "servers": dict(servers),
+            "servers": {name: (through or {}).get(name, url) for name, url in servers.items()},
             "run_server": run_server[0],
             "run_format": run_format,
             "token": deployment.token,

@@ -16,7 +16,7 @@ import attrs
 
 from ckpt_model.contract import RESTART_SERVERS, VERIFY, Expectation, ScriptCall, capture_key
 from ckpt_model.errors import CoordinationError, ParticipantFailure, PropertyViolation
-from ckpt_model.history import History
+from ckpt_model.history import Event, History
 from ckpt_model.lineage import P5Violation, P12Violation
 from ckpt_model.outcome import Outcome
 from ckpt_model.storage import CheckpointUnreadable, Fingerprint
@@ -218,6 +218,36 @@ def p1_exports_exact(
             )
 
 
+def p1_commit_is_its_share(
+    checkpoint_id: str,
+    participant: str,
+    scope: Sequence[str] | None,
+    restarts: Collection[str],
+    reply_keys: Any,
+    disk_keys: Iterable[str],
+) -> None:
+    """At a commit whose writes no model predicts (a controller the checker does not own): the reply's
+    `episode_ids` are exactly the capture keys of the records on disk, and those lie in the commit's scope
+    (when it names one), beside restarts the participants reported at prepare (an agent may keep their sessions)."""
+    on_disk = sorted(disk_keys)
+    if not isinstance(reply_keys, list) or sorted(reply_keys) != on_disk:
+        named = set(reply_keys) if isinstance(reply_keys, list) else set()
+        raise P1Violation(
+            rollout=next(iter(sorted(named ^ set(on_disk))), None),
+            expected=f"{participant}'s commit reply of {checkpoint_id} names the records it wrote: {on_disk}",
+            observed=f"it names {reply_keys!r}",
+        )
+    if scope is None:
+        return
+    outside = sorted(set(on_disk) - set(scope) - set(restarts))
+    if outside:
+        raise P1Violation(
+            rollout=outside[0],
+            expected=f"{participant} writes only the scope of {checkpoint_id}: {sorted(scope)}",
+            observed=f"its records on disk also name {outside}",
+        )
+
+
 def p1_replied_or_exported(
     checkpoint_id: str, continued: Iterable[str], replied: Iterable[str], exported: Iterable[str], owner: str
 ) -> None:
@@ -274,10 +304,14 @@ def p1_restart_in_scope_refused(checkpoint_id: str, outcomes: Mapping[str, Any])
 
 def p2_no_reply_while_prepared(history: History) -> None:
     """No `/run` completed with a reply inside a prepared interval (from prepared to resume or crash)."""
-    spans = history.intervals("prepared", ("resume", "crash"))
+    p2_no_reply_within(history.intervals("prepared", ("resume", "crash")), history.events)
+
+
+def p2_no_reply_within(spans: Sequence[tuple[float, float]], events: Iterable[Event]) -> None:
+    """No `/run` completed with a reply strictly inside one of the prepared `spans` (start, end) of the history."""
     if not spans:
         return
-    for event in history.events:
+    for event in events:
         if event.f != "run" or event.type != "ok":
             continue
         for start_s, end_s in spans:
@@ -1346,6 +1380,19 @@ def _refused_alone(
         wrong[victim] = refused.describe() if refused is not None else took
     if wrong:
         raise violation(rollout=None, expected=expected, observed="; ".join(f"{n}: {w}" for n, w in wrong.items()))
+
+
+def p10_open_after_resume(operation: str, statuses: Mapping[str, Mapping[str, Any]]) -> None:
+    """After a controller's `operation` resumed every participant: each idle, with no checkpoint, and admission
+    open (`accepting` where the status has it), as a resume leaves it (reference section 3)."""
+    for name, status in sorted(statuses.items()):
+        shown = (status.get("phase"), status.get("checkpoint_id"), status.get("accepting", True))
+        if shown != ("idle", None, True):
+            raise P10Violation(
+                rollout=None,
+                expected=f"{name} idle with no checkpoint and admission open after {operation}",
+                observed=f"phase {shown[0]!r}, checkpoint {shown[1]!r}, accepting {shown[2]!r}",
+            )
 
 
 def p21_still_idle(checkpoint_id: str, victim: str, status: Mapping[str, Any]) -> None:

@@ -12,7 +12,7 @@ from hypothesis import settings
 
 from ckpt_model import collection_files as files
 from ckpt_model import collection_properties as props
-from ckpt_model import profiles
+from ckpt_model import profiles, properties
 from ckpt_model.collection_machine import CollectionMachine, collection_machine_for
 from ckpt_model.collection_search import search
 from ckpt_model.deployment import Harness
@@ -94,8 +94,7 @@ def machine_of(harness_of: Callable[[DeploymentSpec], Harness]) -> Iterator[Mach
 
     yield machine
     for each in machines:
-        if each.run is not None:
-            each.run.kill()
+        each.stop()
 
 
 @pytest.mark.parametrize("fault", sorted(COLLECTION_FAULTS))
@@ -113,6 +112,52 @@ def test_the_same_steps_pass_on_the_fault_free_collector(machine_of: MachineOf, 
     STEPS[fault][0](machine)
     machine.teardown()
     assert sorted(machine.finished_as) == ["row-0", "row-1", "row-2"]
+
+
+# Planted faults of the servers that the collector's own calls show (`ckpt_model.collector_calls`, docs/collection.md):
+# the steps, the property, and a phrase of what it says the servers did.
+SERVER_FAULTS: dict[str, tuple[Steps, type[PropertyViolation], str]] = {
+    "agent_stays_closed_after_commit": (
+        lambda m: (m.start_run(), m.request_checkpoint()),
+        properties.P10Violation,
+        "accepting False",
+    ),
+    "agent_restore_drops_outputs": (
+        lambda m: (m.start_run(), m.release(pick=0), m.preempt(), m.start_run(), m.teardown()),
+        properties.P3Violation,
+        "row-0-a1",
+    ),
+}
+
+
+@pytest.fixture
+def native_planted(harness_of: Callable[[DeploymentSpec], Harness]) -> Iterator[Callable[[str], CollectionMachine]]:
+    """A machine on `native` whose servers start with a planted server fault; the harness, shared with the other
+    tests, is replanted fault-free afterwards."""
+    harness = harness_of(NATIVE)
+    machines: list[CollectionMachine] = []
+
+    def machine(fault: str) -> CollectionMachine:
+        harness.replant((fault,))
+        machines.append(collection_machine_for(harness)())
+        return machines[-1]
+
+    try:
+        yield machine
+    finally:
+        for each in machines:
+            each.stop()
+        harness.replant(())
+
+
+@pytest.mark.parametrize("fault", sorted(SERVER_FAULTS))
+def test_a_server_fault_shows_on_the_collector_s_calls(
+    native_planted: Callable[[str], CollectionMachine], fault: str
+) -> None:
+    steps, violation, observed = SERVER_FAULTS[fault]
+    with pytest.raises(violation, match=observed) as caught:
+        steps(native_planted(fault))
+    assert type(caught.value) is violation
 
 
 # `rerun_redoes_finished` needed 60 (docs/collection.md): room to spare, since a found fault stops the search.
