@@ -304,7 +304,7 @@ class Collector:
             if rollout_id in self.rows and rollout_id not in finished and rollout_id not in continued_ids
         ]
         restore_id = f"restore-{uuid.uuid4().hex[:12]}"
-        if manifest is not None:
+        if manifest is not None and "rerun_skips_restore" not in self.config.faults:  # planted: continued unrestored
             self.control.restore(restore_id, str(root / manifest.checkpoint_id), continued, self._deadline())
         for start in range(0, len(stale), RETIRE_BATCH):
             self.control.retire(restore_id, stale[start : start + RETIRE_BATCH], self._deadline())

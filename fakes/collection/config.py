@@ -14,7 +14,8 @@ RUN_FORMATS = ("native", "legacy")
 @attrs.frozen
 class CollectionFault:
     """A planted bug of the look-alike collector, off unless a config's `faults` names it; `caught_by` is the
-    collection property (docs/collection.md) that must catch it."""
+    property (docs/collection.md) that must catch it: a collection property, or a server property judged on the
+    collection's own calls."""
 
     name: str
     caught_by: str
@@ -29,6 +30,12 @@ COLLECTION_FAULTS: dict[str, CollectionFault] = {
             "resume_skips_in_flight",
             "P25",
             "a rerun skips the rows that were in flight at the stop and are not continued",
+        ),
+        CollectionFault(
+            "rerun_skips_restore",
+            "P4",
+            "a rerun sends the rows LATEST continues as their next attempt without restoring the checkpoint, so "
+            "each starts from scratch: a continuation's attempt and reward, the calls before the checkpoint redone",
         ),
         CollectionFault(
             "rerun_redoes_finished",

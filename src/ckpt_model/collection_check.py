@@ -30,6 +30,8 @@ TRAINER_ONLY = {
     "keep_artifacts": "--keep-artifacts",
 }
 PROPERTIES = "P22 LATEST, P23 stops and saves, P24 continued, P25 every row once"
+# The servers' properties judged on the collection runs' own calls (`ckpt_model.collector_calls`, docs/collection.md).
+SERVER_PROPERTIES = "P1, P2, P3, P4, P9, P10, P13 and P15 on the runs' own calls"
 
 
 def collector_faults(text: str) -> tuple[CollectorFault, ...]:
@@ -74,7 +76,7 @@ def run(topology: str, faults: Sequence[CollectorFault], chosen: settings, seed:
         f"  collector faults: {', '.join(fault.name for fault in faults) or 'none'}\n"
         f"  examples: {chosen.max_examples}, steps at most {chosen.stateful_step_count}; "
         + ("derandomized" if seed is None else f"seed {seed}")
-        + f"\n  properties: {PROPERTIES}",
+        + f"\n  properties: {PROPERTIES}; {SERVER_PROPERTIES}",
         flush=True,
     )
     harness = Harness.embedded(DeploymentSpec(topology))
@@ -85,7 +87,7 @@ def run(topology: str, faults: Sequence[CollectorFault], chosen: settings, seed:
     if finding.error is None:
         print(
             f"PASSED: {finding.examples} examples in {finding.search_s:.1f} s, no collection property violated "
-            f"({PROPERTIES})",
+            f"({PROPERTIES}) and no server property ({SERVER_PROPERTIES})",
             flush=True,
         )
         return Exit.PASSED

@@ -30,9 +30,11 @@ from ckpt_model import properties as props
 from ckpt_model.call_relay import CallRelay
 from ckpt_model.collection_run import CollectionAudit, CollectionRun
 from ckpt_model.collector_calls import CallAudit
+from ckpt_model.contract import SCRIPTS, capture_key
 from ckpt_model.deployment import STALL_POINTS, STORAGE_FAILURES, STORAGE_POINTS, Harness
 from ckpt_model.errors import HarnessError, PropertyViolation
 from ckpt_model.history import History
+from ckpt_model.quiescence import backend_calls
 from ckpt_model.topologies import Topology
 from ckpt_model.wire import EpisodeId
 
@@ -98,6 +100,14 @@ class CollectionMachine(RuleBasedStateMachine):
         self.run: CollectionRun | None = None
         self.runs = 0
         self.predicted: dict[str, int] = {}  # the attempt each unfinished row goes as in the current run
+        # P4: the script call each predicted attempt starts from (a continued one from its checkpoint's boundary:
+        # where the exported attempt started, plus the calls it had delivered when the checkpoint was taken), and
+        # per checkpoint, how many calls each attempt had delivered then.
+        self.starts: dict[str, int] = {}
+        # Restoring a checkpoint again sends its continued attempts again under the same capture keys: the calls a
+        # key had made before its current execution, which P4 leaves out.
+        self.made_before: dict[str, int] = {}
+        self.delivered_at: dict[str, dict[str, int]] = {}
         self.finished_as: dict[str, int] = {}  # the attempt predicted for the run in which each row finished
         # Every run reaches the servers through the relay, which journals its calls for the servers' properties.
         self.calls = History()
@@ -156,6 +166,7 @@ class CollectionMachine(RuleBasedStateMachine):
         )
         self._judged_when_settled(functools.partial(props.p10_open_after_resume, "the SIGUSR1 checkpoint"))
         self.audit.published()
+        self._note_boundaries()
         self._settle()
 
     @precondition(lambda self: self.run is not None)
@@ -198,6 +209,7 @@ class CollectionMachine(RuleBasedStateMachine):
         self._judged_when_settled(functools.partial(props.p10_open_after_resume, "the failed save"))
         if files.latest_id(self.checkpoints) != before:
             self.audit.published()  # a failed save published: P22 says what is wrong with it, then P23 as below
+            self._note_boundaries()
         else:
             self.audit.intact()
         self._settle()
@@ -225,8 +237,10 @@ class CollectionMachine(RuleBasedStateMachine):
         """SIGKILL of every Gym server while the run waits on them, then fresh servers on the same ports (a node
         lost): the run's `/run`s fail, and each unfinished row must start over as its next attempt."""
         before = {index for _, index in self._waiting()}
-        self._crash_gym()
         self.predicted = {rollout: attempt + 1 for rollout, attempt in self.predicted.items()}
+        for rollout, attempt in self.predicted.items():  # before the crash: no call of theirs can come sooner
+            self._execution(capture_key(rollout, attempt), 0)
+        self._crash_gym()
         self._until(lambda: not before & {index for _, index in self._waiting()}, "the killed servers' calls dropped")
         self._settle()
 
@@ -268,16 +282,54 @@ class CollectionMachine(RuleBasedStateMachine):
         for rollout, attempt in files.dispatched(self.checkpoints):
             logged[rollout] = max(attempt, logged.get(rollout, -1))
         predicted = {}
+        boundaries = self.delivered_at.get(latest_id, {}) if latest_id is not None else {}
         for rollout in ROWS:
             if rollout in finished:
                 continue
             if rollout in continued:
                 predicted[rollout] = continued[rollout] + 1
-            elif rollout in logged:
-                predicted[rollout] = logged[rollout] + 1
+                exported = capture_key(rollout, continued[rollout])  # from where it started, plus what it delivered
+                start = self.starts.get(exported, 0) + boundaries.get(exported, 0)
             else:
-                predicted[rollout] = 0
+                predicted[rollout] = logged[rollout] + 1 if rollout in logged else 0
+                start = 0
+            self._execution(capture_key(rollout, predicted[rollout]), start)
         return predicted
+
+    def _note_boundaries(self) -> None:
+        """When a checkpoint first shows as `LATEST`: how many calls each attempt had delivered (the machine
+        released none since it was taken, and every unfinished row waits on a held call), the boundary a
+        continuation of it starts from."""
+        latest_id = files.latest_id(self.checkpoints)
+        if latest_id is None or latest_id in self.delivered_at:
+            return
+        delivered: dict[str, int] = {}
+        made: dict[str, int] = {}
+        for call in self._backend().calls():
+            key = call.get("capture_key")
+            if key is None:
+                continue
+            made[key] = made.get(key, 0) + 1
+            this_execution = made[key] > self.made_before.get(key, 0)
+            if this_execution and not call["waiting"] and not call["cancelled"]:
+                delivered[key] = delivered.get(key, 0) + 1
+        self.delivered_at[latest_id] = delivered
+
+    def _calls_continue(self) -> None:
+        """P4: each predicted attempt's backend calls so far are its script from where it starts (a continued
+        attempt re-sends only what its checkpoint left: none is redone from scratch when it could continue).
+        Attempts the machine did not predict are P25's to judge, from the rows they write."""
+        observed, _ = backend_calls(self.harness)
+        script = SCRIPTS[self.harness.spec.topology]
+        expected = {key: tuple(script[start:]) for key, start in self.starts.items()}
+        made = {key: calls[self.made_before.get(key, 0) :] for key, calls in observed.items() if key in expected}
+        props.p4_calls(expected, made)
+
+    def _execution(self, key: str, start: int) -> None:
+        """The predicted attempt `key` is sent now, from script call `start` (P4); calls its key made before are
+        another execution's."""
+        self.starts[key] = start
+        self.made_before[key] = len(backend_calls(self.harness)[0].get(key, ()))
 
     def _sigterm_during_write(self, first: signal.Signals, victim: int, point: int) -> None:
         run = self._running()
@@ -340,6 +392,7 @@ class CollectionMachine(RuleBasedStateMachine):
             self._exited(run.wait())
         self._note_finished()
         self.call_audit.check()
+        self._calls_continue()
 
     def _note_finished(self) -> None:
         """Rows that replied since: each finished at the attempt predicted for this run."""
@@ -352,6 +405,7 @@ class CollectionMachine(RuleBasedStateMachine):
         self.run = None
         self._note_finished()
         self.audit.exited(exit_code, run.latest_at_start)
+        self._note_boundaries()
         self.call_audit.check()
         if exit_code == 0:  # "collection done": every row must be in the output now, and the servers clean
             self.audit.rows(self.output, ROWS, self.reward, self.finished_as)

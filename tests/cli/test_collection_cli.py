@@ -48,6 +48,7 @@ def test_the_fault_free_collector_passes(tmp_path: Path) -> None:
     assert "seed 5" in result.stdout
     assert "PASSED: " in result.stdout
     assert "no collection property violated (P22 LATEST, P23 stops and saves, P24 continued, P25" in result.stdout
+    assert "no server property (P1, P2, P3, P4, P9, P10, P13 and P15 on the runs' own calls)" in result.stdout
     assert left_behind(tmp_path) == []
 
 

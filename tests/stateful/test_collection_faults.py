@@ -51,6 +51,10 @@ STEPS: dict[str, tuple[Steps, str]] = {
         "0 rows",
     ),
     "rerun_redoes_finished": (_finish_then_rerun, "2 rows"),
+    "rerun_skips_restore": (
+        lambda m: (m.start_run(), m.release(pick=0), m.preempt(), m.start_run()),
+        r"calls \[4\]",
+    ),
     "manifest_names_next_attempt": (
         lambda m: (m.start_run(), m.request_checkpoint()),
         "continued",
@@ -70,6 +74,7 @@ STEPS: dict[str, tuple[Steps, str]] = {
     ),
 }
 VIOLATIONS: dict[str, type[PropertyViolation]] = {
+    "P4": properties.P4Violation,
     "P22": props.P22Violation,
     "P23": props.P23Violation,
     "P24": props.P24Violation,
@@ -197,3 +202,34 @@ def test_a_sigterm_during_a_requested_checkpoint_makes_it_the_stop_s(machine_of:
     assert sorted(episode.rollout_id for episode in machine.audit.latest.continued) == ["row-0", "row-1", "row-2"]
     machine.teardown()
     assert machine.finished_as == {"row-0": 1, "row-1": 1, "row-2": 1}  # each continued as its next attempt
+
+
+def test_a_continuation_of_a_continuation_starts_where_its_checkpoint_left_it(machine_of: MachineOf) -> None:
+    """P4's prediction across two preemptions (found by the random search when it was wrong): row-0 delivers its
+    first call, is preempted and continued as attempt 1 from call 1; preempted again before that call returns, its
+    attempt 2 must start from call 1 too, not from call 0, and makes only the last call."""
+    machine = machine_of(())
+    machine.start_run()
+    machine.release(pick=0)
+    machine.preempt()
+    machine.start_run()
+    machine.preempt()
+    machine.start_run()
+    assert (machine.starts["row-0-a1"], machine.starts["row-0-a2"]) == (1, 1)
+    assert (machine.starts["row-1-a1"], machine.starts["row-1-a2"]) == (0, 0)
+    machine.teardown()
+    assert machine.finished_as == {"row-0": 2, "row-1": 2, "row-2": 2}
+
+
+def test_a_checkpoint_restored_twice_sends_its_attempts_again_under_the_same_keys(machine_of: MachineOf) -> None:
+    """P4 counts each execution of a capture key apart (found by the random search when it did not): the rerun
+    after a kill restores the same `LATEST` again, so each row goes as attempt 1 a second time, from call 0."""
+    machine = machine_of(())
+    machine.start_run()
+    machine.sigterm_during_request(victim=0, point=0)
+    machine.start_run()
+    machine.kill_run()
+    machine.start_run()
+    assert machine.made_before["row-0-a1"] == 1  # the killed run's call, left out of this execution's
+    machine.teardown()
+    assert machine.finished_as == {"row-0": 1, "row-1": 1, "row-2": 1}
