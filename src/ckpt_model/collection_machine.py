@@ -238,8 +238,8 @@ class CollectionMachine(RuleBasedStateMachine):
         lost): the run's `/run`s fail, and each unfinished row must start over as its next attempt."""
         before = {index for _, index in self._waiting()}
         self.predicted = {rollout: attempt + 1 for rollout, attempt in self.predicted.items()}
-        for rollout, attempt in self.predicted.items():  # before the crash: no call of theirs can come sooner
-            self._execution(capture_key(rollout, attempt), 0)
+        # Before the crash: no call of theirs can come sooner.
+        self._executions({capture_key(rollout, attempt): 0 for rollout, attempt in self.predicted.items()})
         self._crash_gym()
         self._until(lambda: not before & {index for _, index in self._waiting()}, "the killed servers' calls dropped")
         self._settle()
@@ -282,6 +282,7 @@ class CollectionMachine(RuleBasedStateMachine):
         for rollout, attempt in files.dispatched(self.checkpoints):
             logged[rollout] = max(attempt, logged.get(rollout, -1))
         predicted = {}
+        starts: dict[str, int] = {}
         boundaries = self.delivered_at.get(latest_id, {}) if latest_id is not None else {}
         for rollout in ROWS:
             if rollout in finished:
@@ -293,7 +294,8 @@ class CollectionMachine(RuleBasedStateMachine):
             else:
                 predicted[rollout] = logged[rollout] + 1 if rollout in logged else 0
                 start = 0
-            self._execution(capture_key(rollout, predicted[rollout]), start)
+            starts[capture_key(rollout, predicted[rollout])] = start
+        self._executions(starts)
         return predicted
 
     def _note_boundaries(self) -> None:
@@ -325,11 +327,12 @@ class CollectionMachine(RuleBasedStateMachine):
         made = {key: calls[self.made_before.get(key, 0) :] for key, calls in observed.items() if key in expected}
         props.p4_calls(expected, made)
 
-    def _execution(self, key: str, start: int) -> None:
-        """The predicted attempt `key` is sent now, from script call `start` (P4); calls its key made before are
-        another execution's."""
-        self.starts[key] = start
-        self.made_before[key] = len(backend_calls(self.harness)[0].get(key, ()))
+    def _executions(self, starts: dict[str, int]) -> None:
+        """The predicted attempts (capture key: the script call each starts from) are sent now (P4); the calls their
+        keys made before are other executions'."""
+        made, _ = backend_calls(self.harness)
+        self.starts.update(starts)
+        self.made_before.update({key: len(made.get(key, ())) for key in starts})
 
     def _sigterm_during_write(self, first: signal.Signals, victim: int, point: int) -> None:
         run = self._running()

@@ -31,6 +31,8 @@ from ckpt_model.lineage import next_key
 from ckpt_model.storage import MANIFEST_NAME, CheckpointUnreadable, Fingerprint, fingerprint, participant_dir
 from ckpt_model.wire import EpisodeId
 
+# A completed call: its invocation and its completion.
+Call = tuple[Event, Event]
 RESTORE_CHECKED_KINDS = ("environment", "agent")  # the model's and the resources' restores are P5's and P6's
 
 
@@ -67,14 +69,14 @@ class CallAudit:
     def check(self) -> None:
         """Every call completed since the last check, then P2 over the whole journal."""
         events = self.history.events
-        invocations = {event.index: event for event in events if event.type == "invoke"}
-        for event in events[self.judged :]:
-            if event.type == "ok" and event.invoke_index is not None:
-                self._judge(invocations[event.invoke_index], event, events)
+        calls = completed_calls(events)
+        for invocation, completion in calls:
+            if completion.index >= self.judged and completion.type == "ok":
+                self._judge(invocation, completion, calls)
         self.judged = len(events)
         props.p2_no_reply_within(prepared_spans(events, self.kinds), events)
 
-    def _judge(self, invocation: Event, completion: Event, events: Sequence[Event]) -> None:
+    def _judge(self, invocation: Event, completion: Event, calls: Sequence[Call]) -> None:
         outcome = completion.value
         if "observe_error" in outcome:
             raise HarnessError(f"reading {invocation.process}'s {invocation.f} reply: {outcome['observe_error']}")
@@ -89,7 +91,7 @@ class CallAudit:
         checkpoint_id = request["checkpoint_id"]
         replies = {name: reply}
         if invocation.f == "commit":
-            self._commit(name, checkpoint_id, request, reply, outcome["share"], events)
+            self._commit(name, checkpoint_id, request, reply, outcome["share"], calls)
         elif invocation.f == "restore":
             props.p10_reply_phase("restore", checkpoint_id, "restored", replies)
             props.p15_restore_names_source(checkpoint_id, outcome["source"], replies)
@@ -106,7 +108,7 @@ class CallAudit:
             props.p15_forgotten_echoed(checkpoint_id, request["rollout_ids"], replies)
 
     def _commit(
-        self, name: str, checkpoint_id: str, request: Any, reply: Any, share: Any, events: Sequence[Event]
+        self, name: str, checkpoint_id: str, request: Any, reply: Any, share: Any, calls: Sequence[Call]
     ) -> None:
         props.p10_reply_phase("commit", checkpoint_id, "committed", {name: reply})
         props.p9_verifies(checkpoint_id, {name: share})
@@ -114,7 +116,7 @@ class CallAudit:
             checkpoint_id,
             name,
             scope_keys(request),
-            reported_restarts(events, checkpoint_id),
+            reported_restarts(calls, checkpoint_id),
             reply.get("episode_ids"),
             share.episode_ids,
         )
@@ -138,16 +140,24 @@ def scope_keys(request: Any) -> list[str] | None:
     return [EpisodeId.model_validate(episode).capture_key for episode in episodes]
 
 
-def reported_restarts(events: Iterable[Event], checkpoint_id: str) -> frozenset[str]:
-    """The restarts the participants reported in their prepare replies for `checkpoint_id`."""
+def completed_calls(events: Iterable[Event]) -> list[Call]:
+    """Every call that completed, as (its invocation, its completion), in the order they completed."""
     invocations = {event.index: event for event in events if event.type == "invoke"}
+    return [
+        (invocations[event.invoke_index], event)
+        for event in events
+        if event.type != "invoke" and event.invoke_index is not None
+    ]
+
+
+def reported_restarts(calls: Iterable[Call], checkpoint_id: str) -> frozenset[str]:
+    """The restarts the participants reported in their prepare replies for `checkpoint_id`."""
     restarts: set[str] = set()
-    for event in events:
-        invocation = invocations.get(event.invoke_index) if event.invoke_index is not None else None
-        if invocation is None or invocation.f != "prepare" or event.type != "ok" or event.value["status"] != 200:
+    for invocation, completion in calls:
+        if invocation.f != "prepare" or completion.type != "ok" or completion.value["status"] != 200:
             continue
         if invocation.value["body"].get("checkpoint_id") == checkpoint_id:
-            restarts.update(event.value["body"].get("report", {}).get("restarts", []))
+            restarts.update(completion.value["body"].get("report", {}).get("restarts", []))
     return frozenset(restarts)
 
 

@@ -382,7 +382,8 @@ def fault_catalogue() -> tuple[PlantedFault, ...]:
 
 
 class CollectorFault(Protocol):
-    """A catalogued fault of a system's rollout collection program, and the collection property that catches it."""
+    """A catalogued fault of a system's rollout collection program, and the property that catches it (a collection
+    property, or a server property judged on the collection's own calls)."""
 
     @property
     def name(self) -> str: ...

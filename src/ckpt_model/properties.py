@@ -1178,13 +1178,21 @@ def p10_failed_close_refused(checkpoint_id: str, victim: str, error: Coordinatio
 def p10_reopened_after_failed_close(checkpoint_id: str, victim: str, status: Mapping[str, Any]) -> None:
     """After its close failed, `victim` is idle with no checkpoint and admission open again (reference section 3:
     if closing raises, admission is re-opened and the phase is idle)."""
-    shown = (status.get("phase"), status.get("checkpoint_id"), status.get("accepting", True))
-    if shown != ("idle", None, True):
+    if (observed := _not_idle_and_open(status)) is not None:
         raise P10Violation(
             rollout=None,
             expected=f"{victim} idle with admission open again after its close for {checkpoint_id} failed",
-            observed=f"phase {shown[0]!r}, checkpoint {shown[1]!r}, accepting {shown[2]!r}",
+            observed=observed,
         )
+
+
+def _not_idle_and_open(status: Mapping[str, Any]) -> str | None:
+    """What a status shows that is not idle, with no checkpoint and admission open (`accepting` true where the
+    status has it); None when it is all three."""
+    shown = (status.get("phase"), status.get("checkpoint_id"), status.get("accepting", True))
+    if shown == ("idle", None, True):
+        return None
+    return f"phase {shown[0]!r}, checkpoint {shown[1]!r}, accepting {shown[2]!r}"
 
 
 # -- P16: failed, stalled and paused commits ---------------------------------------------------------------------------
@@ -1386,12 +1394,11 @@ def p10_open_after_resume(operation: str, statuses: Mapping[str, Mapping[str, An
     """After a controller's `operation` resumed every participant: each idle, with no checkpoint, and admission
     open (`accepting` where the status has it), as a resume leaves it (reference section 3)."""
     for name, status in sorted(statuses.items()):
-        shown = (status.get("phase"), status.get("checkpoint_id"), status.get("accepting", True))
-        if shown != ("idle", None, True):
+        if (observed := _not_idle_and_open(status)) is not None:
             raise P10Violation(
                 rollout=None,
                 expected=f"{name} idle with no checkpoint and admission open after {operation}",
-                observed=f"phase {shown[0]!r}, checkpoint {shown[1]!r}, accepting {shown[2]!r}",
+                observed=observed,
             )
 
 

@@ -7,7 +7,14 @@ from typing import Any
 
 import pytest
 
-from ckpt_model.collector_calls import CallAudit, prepared_spans, reported_restarts, run_key, scope_keys
+from ckpt_model.collector_calls import (
+    CallAudit,
+    completed_calls,
+    prepared_spans,
+    reported_restarts,
+    run_key,
+    scope_keys,
+)
 from ckpt_model.errors import HarnessError
 from ckpt_model.history import History
 from ckpt_model.properties import (
@@ -263,7 +270,7 @@ def test_keys_of_run_bodies_scopes_and_restart_reports() -> None:
     journal = Journal()
     journal.prepare_all(restarts=("row-5",))
     journal.prepare_all("ckpt-2", restarts=("row-6",))
-    assert reported_restarts(journal.history.events, CKPT) == {"row-5"}
+    assert reported_restarts(completed_calls(journal.history.events), CKPT) == {"row-5"}
 
 
 def test_p1_commit_is_its_share_on_hand_built_values() -> None:
