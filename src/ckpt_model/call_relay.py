@@ -182,6 +182,7 @@ class CallRelay:
         """Relay one program connection's requests, in order, over one server connection of its own."""
         self._connections.add(writer)
         server: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        invocation: Event | None = None  # the journaled call under way, until its completion is journaled
         try:
             while (request := await self._next_request(reader, server)) is not None:
                 method, target = [*request.start_line.split(), "", ""][:2]
@@ -203,12 +204,13 @@ class CallRelay:
                 status = int(reply.start_line.split()[1])
                 if invocation is not None:
                     self._replied(invocation, name, operation or "", request, status, reply)
+                    invocation = None
                 writer.write(reply.head + reply.body)
                 await writer.drain()
                 if request.closes or reply.closes:
                     return
-        except (ConnectionError, asyncio.IncompleteReadError, ValueError, IndexError):
-            return
+        except (ConnectionError, asyncio.IncompleteReadError, ValueError, IndexError) as exc:
+            self._lost(invocation, f"the exchange broke off: {type(exc).__name__}: {exc}")
         finally:
             for end in (writer, *(() if server is None else (server[1],))):
                 self._connections.discard(end)

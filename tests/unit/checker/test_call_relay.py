@@ -51,6 +51,9 @@ class Handler(BaseHTTPRequestHandler):
             if self.rfile.read(1) == b"":  # blocks until the relay closes this connection
                 self.server.client_gone.set()
             self.close_connection = True
+        elif self.path == "/run" and body.get("garbage"):
+            self.wfile.write(b"HTTP/1.1 abc\r\nContent-Length: 0\r\n\r\n")  # a status that is not a number
+            self.close_connection = True
         elif self.path == "/close-after":
             self._reply({"ok": True})
             self.close_connection = True  # closes the kept-alive connection after replying, unannounced
@@ -142,6 +145,18 @@ def test_a_server_that_does_not_listen_drops_the_connection_and_the_call_is_info
     invoke, lost = history.events
     assert (invoke.f, lost.type, lost.invoke_index) == ("run", "info", invoke.index)
     assert "connection to the server failed" in lost.value
+
+
+def test_a_reply_the_relay_cannot_read_drops_the_connection_and_the_call_is_info(server: Server) -> None:
+    relay, history, url = relay_to(f"http://127.0.0.1:{server.server_port}")
+    try:
+        with httpx.Client() as client, pytest.raises(httpx.TransportError):
+            client.post(url + "/run", json={"garbage": True})
+    finally:
+        relay.close()
+    invoke, lost = history.events
+    assert (invoke.f, lost.type, lost.invoke_index) == ("run", "info", invoke.index)
+    assert "the exchange broke off: ValueError" in lost.value
 
 
 def test_a_program_that_goes_away_closes_the_server_s_connection(server: Server) -> None:
