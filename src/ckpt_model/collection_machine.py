@@ -159,12 +159,13 @@ class CollectionMachine(RuleBasedStateMachine):
         """SIGUSR1: checkpoint, then continue; the new checkpoint must be complete and continue what was exported."""
         run = self._running()
         before = files.latest_id(self.checkpoints)
+        sent_from = len(self.calls.events)
         run.signal(signal.SIGUSR1)
         self._until(
             lambda: files.latest_id(self.checkpoints) != before and self._resumed(),
             "a checkpoint published for SIGUSR1, then the participants resumed",
         )
-        self._judged_when_settled(functools.partial(props.p10_open_after_resume, "the SIGUSR1 checkpoint"))
+        self._judged_once_resumed(functools.partial(props.p10_open_after_resume, "the SIGUSR1 checkpoint"), sent_from)
         self.audit.published()
         self._note_boundaries()
         self._settle()
@@ -198,6 +199,7 @@ class CollectionMachine(RuleBasedStateMachine):
         name = self._victim(victim)
         self.harness.break_storage(name, STORAGE_POINTS[point % len(STORAGE_POINTS)], errno)
         before = files.latest_id(self.checkpoints)
+        sent_from = len(self.calls.events)
         try:
             run.signal(signal.SIGTERM if stop else signal.SIGUSR1)
             if stop:
@@ -206,7 +208,7 @@ class CollectionMachine(RuleBasedStateMachine):
             self._until(lambda: self._storage_met(name) and self._resumed(), f"the save failed on {name}, resumed")
         finally:
             self.harness.release_storage(name)  # a fault no write met must not meet a later one
-        self._judged_when_settled(functools.partial(props.p10_open_after_resume, "the failed save"))
+        self._judged_once_resumed(functools.partial(props.p10_open_after_resume, "the failed save"), sent_from)
         if files.latest_id(self.checkpoints) != before:
             self.audit.published()  # a failed save published: P22 says what is wrong with it, then P23 as below
             self._note_boundaries()
@@ -424,6 +426,13 @@ class CollectionMachine(RuleBasedStateMachine):
         verdict), then judged on one fresh read."""
         with contextlib.suppress(HarnessError):
             self._until(lambda: _holds(verdict, self.harness.statuses()), "the participants' statuses to settle")
+        verdict(self.harness.statuses())
+
+    def _judged_once_resumed(self, verdict: Callable[[dict[str, Any]], None], sent_from: int) -> None:
+        """`verdict` on the participants' statuses read once every participant has replied to a resume the program
+        sent after history event `sent_from` (waited for up to the settle timeout: slowness is never a verdict)."""
+        with contextlib.suppress(HarnessError):
+            self._until(lambda: self.call_audit.resumed_since(sent_from), "every participant's resume reply")
         verdict(self.harness.statuses())
 
     def _until(self, condition: Callable[[], bool], what: str) -> None:

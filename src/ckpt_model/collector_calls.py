@@ -76,6 +76,16 @@ class CallAudit:
         self.judged = len(events)
         props.p2_no_reply_within(prepared_spans(events, self.kinds), events)
 
+    def resumed_since(self, start: int) -> bool:
+        """Every participant has answered a resume the program sent after history event `start`: from then on its
+        status must show it open (a participant re-opens admission before its resume replies, reference section 3)."""
+        answered = {
+            invocation.process
+            for invocation, completion in completed_calls(self.history.events)
+            if invocation.f == "resume" and invocation.index >= start and completion.type == "ok"
+        }
+        return answered >= self.kinds.keys()
+
     def _judge(self, invocation: Event, completion: Event, calls: Sequence[Call]) -> None:
         outcome = completion.value
         if "observe_error" in outcome:

@@ -180,6 +180,22 @@ def test_a_resume_that_does_not_leave_idle_is_p10() -> None:
         journal.audit.check()
 
 
+def test_resumed_since_waits_for_every_participant_s_answer_to_a_resume_sent_after_the_mark() -> None:
+    journal = Journal()
+    journal.resume("environment")  # an earlier checkpoint's resume
+    mark = len(journal.history.events)
+    assert journal.audit.resumed_since(0) is False  # the agent never answered one
+    journal.prepare_all()
+    journal.resume("agent")
+    assert journal.audit.resumed_since(mark) is False  # the environment's resume came before the mark
+    unanswered = journal.history.invoke("environment", "resume", {"body": {"checkpoint_id": CKPT}})
+    assert journal.audit.resumed_since(mark) is False  # sent, not answered
+    journal.history.complete(unanswered, "info", "connection reset")
+    assert journal.audit.resumed_since(mark) is False  # broken off, not answered
+    journal.resume("environment")
+    assert journal.audit.resumed_since(mark) is True
+
+
 def restore(journal: Journal, restored: list[str], source: str = CKPT, name: str = "environment") -> None:
     body = {"checkpoint_id": "restore-1", "checkpoint_dir": "/c/ckpt-1", "episode_ids": SCOPE}
     reply = {"phase": "restored", "source_checkpoint_id": source, "restored": restored}
