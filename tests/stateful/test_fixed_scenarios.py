@@ -10,8 +10,10 @@ import pytest
 
 from ckpt_model import properties, regression
 from ckpt_model.deployment import Harness, planted
-from ckpt_model.errors import PropertyViolation, StepNotEnabled
+from ckpt_model.errors import PropertyViolation, QuiescenceTimeout, StepNotEnabled
 from ckpt_model.faultsearch import harness_for
+from ckpt_model.minimise import CANDIDATE_SETTLE_TIMEOUT_S
+from ckpt_model.quiescence import SETTLE_TIMEOUT_S
 from ckpt_model.scenarios import (
     CAPTURE_SCENARIOS,
     COUNTER_SCENARIOS,
@@ -157,18 +159,31 @@ INTERMITTENT_RUNS_MAX = 20
 
 @pytest.mark.parametrize("fault", sorted(FAULT_SCENARIOS))
 def test_the_scenario_catches_the_planted_fault(fault: str, faulty_harnesses: dict[DeploymentSpec, Harness]) -> None:
+    """Each run settles as the minimiser's candidates do (`CANDIDATE_SETTLE_TIMEOUT_S`): a fault shown by a count
+    or an admission that stays wrong is confirmed in 2 s, not 10 (six faults spent 10 s each waiting). The scenario
+    passes fault-free with the full settle timeout (the tests above), and a run that ends otherwise than with the
+    catalogue's property (a nemesis waiting out a lease needs more than 2 s) is run again with the full timeout
+    before it fails the test, so a short wait never decides the verdict."""
     harness = planted_in(fault, faulty_harnesses)
     expected = getattr(properties, f"{BY_NAME[fault].caught_by}Violation")
-    runs = INTERMITTENT_RUNS_MAX if BY_NAME[fault].intermittent else 1
-    caught = None
-    for _ in range(runs):
-        try:
-            run(harness, named(FAULT_SCENARIOS[fault]))
-        except PropertyViolation as violation:
-            caught = violation
-            break
-    assert caught is not None, f"{fault} did not show in {runs} runs of its scenario"
+    try:
+        caught = caught_in(fault, harness, CANDIDATE_SETTLE_TIMEOUT_S)
+    except QuiescenceTimeout:  # a nemesis that waits out a lease needs the full timeout
+        caught = None
+    if type(caught) is not expected:
+        caught = caught_in(fault, harness, SETTLE_TIMEOUT_S)
+    assert caught is not None, f"{fault} did not show in its scenario"
     assert type(caught) is expected, f"caught by {caught.property_id}:\n{caught}"
+
+
+def caught_in(fault: str, harness: Harness, settle_timeout_s: float) -> PropertyViolation | None:
+    """The violation the fault's scenario ends with (an intermittent fault's: within `INTERMITTENT_RUNS_MAX` runs)."""
+    for _ in range(INTERMITTENT_RUNS_MAX if BY_NAME[fault].intermittent else 1):
+        try:
+            run(harness, named(FAULT_SCENARIOS[fault]), settle_timeout_s)
+        except PropertyViolation as violation:
+            return violation
+    return None
 
 
 REPLAYS = 20
