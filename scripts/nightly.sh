@@ -52,8 +52,9 @@ deployments="$("$python" -m ckpt_model.spec --fault-free)"
 echo "=== nightly: fault-free deployments: ${deployments//$'\n'/ }" | tee -a "$artifacts/console.log"
 run_step stateful "$python" -m pytest tests/stateful -p no:cacheprovider -n "$workers" \
   --junitxml="$artifacts/junit-stateful.xml"
-# What the default run leaves out as a repeat on another deployment (`deep`: scenarios of the native set on the other
-# deployments, the contract on the deployments a larger one includes).
+# What the default run leaves out as a repeat on another deployment or end to end (`deep`: scenarios of the native
+# set on the other deployments, the contract on the deployments a larger one includes, the minimiser on a P14
+# failure, two HypoFuzz workers sharing a Redis database).
 run_step deep "$python" -m pytest -m deep -p no:cacheprovider -n "$workers" \
   --junitxml="$artifacts/junit-deep.xml"
 run_step search "$python" -m pytest -m search -p no:cacheprovider -n "$workers" \

@@ -31,7 +31,10 @@ from ckpt_model.machine import machine_for
 from ckpt_model.spec import DeploymentSpec
 from fakes.faults import BY_NAME
 
-pytestmark = pytest.mark.processes
+# End to end, what the default run checks in parts (the database key against a real harness in test_targets.py,
+# examples saved by one process and read by another through Redis in test_shared_database.py): a minute of two
+# loaded cores, so the nightly's deep step runs it (`pytest -m deep`), which installs redis-server as CI does.
+pytestmark = [pytest.mark.processes, pytest.mark.deep]
 
 FAULT = "agent_retire_keeps_sessions"
 PREFIX = b"hypothesis-example:"

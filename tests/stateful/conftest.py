@@ -43,9 +43,9 @@ if EXAMPLES is not None:
     ACTIVE_SETTINGS = settings(ACTIVE_SETTINGS, max_examples=EXAMPLES)
 
 
-# A test that repeats, on another deployment, a check the default run already makes (a scenario of the native set
-# on legacy, the same contract on a deployment another one includes): it runs in the nightly's deep step
-# (`pytest -m deep`), not in the default run (`pyproject.toml` deselects it there).
+# A test that repeats, on another deployment or end to end, a check the default run already makes (a scenario of the
+# native set on legacy, the same contract on a deployment another one includes, the minimiser on a P14 failure): it
+# runs in the nightly's deep step (`pytest -m deep`), not in the default run (`pyproject.toml` deselects it there).
 DEEP = pytest.mark.deep
 
 
