@@ -1,4 +1,4 @@
-"""For the whole suite: how many workers `pytest -n auto` starts.
+"""For the whole suite: how many workers `pytest -n auto` starts, and bytecode kept for the processes it starts.
 
 The suite mostly waits on real processes (settles polling servers, leases lapsing, held model calls), so one
 worker per core leaves the cores part idle: `-n auto` starts one worker more than pytest-xdist would (docs/parallel.md
@@ -8,6 +8,7 @@ has the figures). `PYTEST_XDIST_AUTO_NUM_WORKERS`, pytest-xdist's own setting, i
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Generator, Mapping
 
 import pytest
@@ -21,6 +22,19 @@ def auto_num_workers(xdist_count: int, environ: Mapping[str, str] = os.environ) 
     if environ.get(AUTO_NUM_WORKERS_ENV, "").strip():
         return xdist_count
     return xdist_count + EXTRA_WORKERS
+
+
+# Set on some machines (these among them): every Python process the suite starts (the CLI, fork servers, backends,
+# collectors, pytest runs, hundreds in all) would compile the project's modules anew and every worker would rewrite
+# the test modules' asserts anew. The suite lets Python keep bytecode in `__pycache__` (ignored by git), as it does
+# by default, so only the first process compiles each module.
+BYTECODE_OFF_ENV = "PYTHONDONTWRITEBYTECODE"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Bytecode is written from here on, by this process and every process it starts (xdist workers included)."""
+    os.environ.pop(BYTECODE_OFF_ENV, None)
+    sys.dont_write_bytecode = False
 
 
 # Optional: a run without pytest-xdist (`-p no:xdist`) does not know the hook.
