@@ -23,8 +23,7 @@ from fakes import clock
 from fakes.collection.config import COLLECTION_FAULTS, CollectionFault
 from fakes.faults import CATALOGUE, Fault
 from fakes.gym.config import DEFAULT_LEASE_GRACE_S
-from fakes.gym.placement import PLACEMENT_ROUTE
-from fakes.gym.wire import bearer
+from fakes.gym.wire import PLACEMENT_ROUTE, bearer
 from fakes.server_processes import StackStartError, health_client
 from fakes.stack import Stack
 from fakes.stack_cli import main as launch

@@ -44,8 +44,8 @@ from fakes.gym.gate import PolicyGate
 from fakes.gym.ledger import FileLedger
 from fakes.gym.model import PolicyParticipant, backend_forwarder, generation_app, policy_gate
 from fakes.gym.participant import PrepareReport
-from fakes.gym.placement import PLACEMENT_ROUTE, CallPlacement, PlacementRequest, placement_refusal
-from fakes.gym.wire import EpisodeId
+from fakes.gym.placement import CallPlacement, PlacementRequest, placement_refusal
+from fakes.gym.wire import PLACEMENT_ROUTE, EpisodeId
 from fakes.gym.worker_link import WorkerLink
 from fakes.gym.worker_routes import add_worker_routes
 

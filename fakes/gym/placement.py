@@ -24,7 +24,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from fakes.gym.wire import ROLLOUT_PATH_PREFIX
 from fakes.gym.worker_routes import WORKER_HEADER
 
-PLACEMENT_ROUTE = "/_ctl/placement"
 # A forwarded call: served by the worker it reaches, whatever that worker's placement says (no second hop).
 PLACED_HEADER = "x-ckpt-placed"
 # What a forward does not pass on: the hop's own framing.

@@ -26,6 +26,8 @@ CHECKPOINT_ROUTE_PREFIX = "/ng-control/v1/checkpoint"
 GENERATION_CUT_ROUTE = "/ng-control/v1/generation-cut"
 # Downstream calls carry the episode's capture key as `/ng-rollout/<capture_key>/...` (5.2, 7.1).
 ROLLOUT_PATH_PREFIX = "/ng-rollout/"
+# Ours, on a multi-worker policy model: where the checker sets which worker serves which generation call.
+PLACEMENT_ROUTE = "/_ctl/placement"
 BEARER_PREFIX = "Bearer "
 
 
