@@ -7,14 +7,17 @@ has the figures). `PYTEST_XDIST_AUTO_NUM_WORKERS`, pytest-xdist's own setting, i
 
 from __future__ import annotations
 
+import compileall
 import os
 import sys
 from collections.abc import Generator, Mapping
+from pathlib import Path
 
 import pytest
 
 AUTO_NUM_WORKERS_ENV = "PYTEST_XDIST_AUTO_NUM_WORKERS"
 EXTRA_WORKERS = 1
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def auto_num_workers(xdist_count: int, environ: Mapping[str, str] = os.environ) -> int:
@@ -27,14 +30,20 @@ def auto_num_workers(xdist_count: int, environ: Mapping[str, str] = os.environ) 
 # Set on some machines (these among them): every Python process the suite starts (the CLI, fork servers, backends,
 # collectors, pytest runs, hundreds in all) would compile the project's modules anew and every worker would rewrite
 # the test modules' asserts anew. The suite lets Python keep bytecode in `__pycache__` (ignored by git), as it does
-# by default, so only the first process compiles each module.
+# by default, and compiles the project's packages once before any worker starts, so that no two processes starting
+# at once compile the same module.
 BYTECODE_OFF_ENV = "PYTHONDONTWRITEBYTECODE"
+PACKAGES = (ROOT / "src" / "ckpt_model", ROOT / "fakes")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Bytecode is written from here on, by this process and every process it starts (xdist workers included)."""
+    """Bytecode is written from here on, by this process and every process it starts (xdist workers included); the
+    controller (not a worker) compiles what has changed since the last run."""
     os.environ.pop(BYTECODE_OFF_ENV, None)
     sys.dont_write_bytecode = False
+    if not hasattr(config, "workerinput"):
+        for package in PACKAGES:
+            compileall.compile_dir(package, quiet=1)
 
 
 # Optional: a run without pytest-xdist (`-p no:xdist`) does not know the hook.
