@@ -59,6 +59,7 @@ import attrs
 from hypothesis import settings
 
 from ckpt_model import artifacts, checking, profiles
+from ckpt_model.audit import EPISODE_OWNERS
 from ckpt_model.errors import CoordinationError, PropertyViolation, UsageError
 from ckpt_model.interrupts import signal_number, sigterm_unwinds
 from ckpt_model.reproduction import REPLAYS, Rate
@@ -111,7 +112,7 @@ def build_parser() -> Parser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     commands = parser.add_subparsers(
-        dest="command", required=True, metavar="{check,replay,minimise,stack,faults,fuzz,scale}"
+        dest="command", required=True, metavar="{check,replay,minimise,audit,stack,faults,fuzz,scale}"
     )
 
     check = commands.add_parser("check", help="run the state machine against the embedded look-alike stack")
@@ -191,6 +192,23 @@ def build_parser() -> Parser:
             "failure, its history (history.jsonl), its checkpoint directories and its regression file with the "
             "timeline; the failure report's paths then point there (default: temporary, removed at exit)",
         )
+
+    audit = commands.add_parser(
+        "audit",
+        help="check checkpoint directories offline, with no live system (P9, P22, P23, P24; docs/audit.md)",
+    )
+    audit.add_argument(
+        "root",
+        type=Path,
+        help="a checkpoint directory (it holds gym/), a directory of them, or a rollout collection's checkpoint root",
+    )
+    audit.add_argument(
+        "--episode-owner",
+        choices=EPISODE_OWNERS,
+        default="environment",
+        help="whose records name the episodes collection.json continues: environment (Gym's native agents, the "
+        "default) or agent (legacy agents)",
+    )
 
     # Only for --help: `main` hands everything after `stack` to the stack's own parser, untouched.
     commands.add_parser(
@@ -775,7 +793,21 @@ def run_command(args: argparse.Namespace) -> int:
         return run_minimise(args)
     if args.command == "scale":
         return run_scale(args)
+    if args.command == "audit":
+        return run_audit(args)
     return run_faults()
+
+
+def run_audit(args: argparse.Namespace) -> int:
+    """Every finding, then the verdict; a ROOT with no checkpoint is a usage error."""
+    from ckpt_model.audit import NothingToAudit, audit
+
+    try:
+        result = audit(args.root, args.episode_owner)
+    except NothingToAudit as error:
+        raise UsageError(str(error)) from None
+    print(result.report())
+    return Exit.PASSED if result.passed else Exit.VIOLATION
 
 
 if __name__ == "__main__":

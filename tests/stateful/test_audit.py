@@ -1,0 +1,231 @@
+"""`ckpt-model audit` on checkpoint directories our stack wrote: a rollout collection's root (a SIGUSR1 checkpoint,
+then a SIGTERM one, so `LATEST`, two published checkpoints and their participants' shares) passes,
+and each damaged copy fails naming the damage, by the property it breaks. The damage covers every defect the
+checker's reader (`ckpt_model.storage`) and the collection reader (`ckpt_model.collection_files`) name."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from ckpt_model.audit import NothingToAudit, audit
+from ckpt_model.collection_files import LATEST, MANIFEST, latest_id
+from ckpt_model.collection_machine import collection_machine_for
+from ckpt_model.deployment import Harness
+from ckpt_model.spec import DeploymentSpec
+from ckpt_model.storage import MANIFEST_NAME
+
+NATIVE = DeploymentSpec("native")
+
+
+@pytest.fixture(scope="module")
+def written(harness_of: Callable[[DeploymentSpec], Harness], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the checkpoint root a collection run on `native` left: a requested checkpoint and a stop's."""
+    machine = collection_machine_for(harness_of(NATIVE))()
+    try:
+        machine.start_run()
+        machine.release(pick=0)
+        machine.request_checkpoint()
+        machine.preempt()
+        copy = tmp_path_factory.mktemp("audit") / "checkpoints"
+        shutil.copytree(machine.checkpoints, copy)
+    finally:
+        machine.stop()
+    return copy
+
+
+@pytest.fixture
+def root(written: Path, tmp_path: Path) -> Path:
+    """A copy of the written root for one test to damage."""
+    return Path(shutil.copytree(written, tmp_path / "checkpoints"))
+
+
+def latest_dir(root: Path) -> Path:
+    checkpoint_id = latest_id(root)
+    assert checkpoint_id is not None
+    return root / checkpoint_id
+
+
+def share(root: Path, kind: str = "environment") -> Path:
+    """The first participant directory of `kind` in the checkpoint LATEST names."""
+    return sorted((latest_dir(root) / "gym" / kind).iterdir())[0]
+
+
+def manifest_of(directory: Path) -> dict[str, object]:
+    loaded: dict[str, object] = json.loads((directory / MANIFEST_NAME).read_text())
+    return loaded
+
+
+def rewrite_manifest(directory: Path, **changes: object) -> None:
+    (directory / MANIFEST_NAME).write_text(json.dumps(manifest_of(directory) | changes))
+
+
+def records_path(directory: Path) -> Path:
+    return directory / str(manifest_of(directory)["records_file"])
+
+
+def reseal(directory: Path, data: bytes) -> None:
+    """New records, sealed as a writer seals them: the file named after its digest, the manifest to match."""
+    old = records_path(directory)
+    digest = hashlib.sha256(data).hexdigest()
+    old.unlink()
+    name = f"records-{digest}.jsonl"
+    (directory / name).write_bytes(data)
+    lines = [line for line in data.split(b"\n") if line]
+    rewrite_manifest(directory, records_file=name, records_sha256=digest, record_count=len(lines))
+
+
+def test_the_root_a_collection_run_wrote_passes(written: Path) -> None:
+    result = audit(written)
+
+    assert result.passed, result.report()
+    assert result.latest is not None
+    assert [c.published for c in result.checkpoints] == [True, True]  # the two newest kept, nothing partial
+    kinds = {"agent", "environment", "model", "resources"}
+    assert all({p.kind for p in c.participants} == kinds for c in result.checkpoints), result.report()
+    assert sum(p.records or 0 for c in result.checkpoints for p in c.participants) > 0
+    assert result.report().endswith("PASSED: every file verifies (P9, P22, P23, P24: what needs no live system)")
+
+
+def test_one_checkpoint_directory_alone_passes(written: Path) -> None:
+    one = latest_dir(written)
+    result = audit(one)
+    assert result.passed, result.report()
+    assert [c.path for c in result.checkpoints] == [one]
+
+
+def _extra_record(root: Path) -> None:
+    with records_path(share(root)).open("ab") as records:
+        records.write(b'{"damaged": true}\n')
+
+
+def _record_not_json(root: Path) -> None:
+    directory = share(root)
+    reseal(directory, records_path(directory).read_bytes() + b"{not json\n")
+
+
+DAMAGES: dict[str, tuple[Callable[[Path], object], str, str]] = {
+    "records-digest": (_extra_record, "P9", "is not the manifest's"),
+    "record-count": (lambda r: rewrite_manifest(share(r), record_count=99), "P9", "the manifest says 99"),
+    "record-not-json": (_record_not_json, "P9", ": not JSON"),
+    "records-missing": (lambda r: records_path(share(r)).unlink(), "P9", "cannot read the records"),
+    "manifest-missing": (lambda r: (share(r) / MANIFEST_NAME).unlink(), "P9", "cannot read the manifest"),
+    "manifest-not-json": (lambda r: (share(r) / MANIFEST_NAME).write_text("{"), "P9", "not UTF-8 JSON"),
+    "manifest-other-checkpoint": (
+        lambda r: rewrite_manifest(share(r), checkpoint_id="ckpt-20000101T000000-00000000"),
+        "P9",
+        "belongs to checkpoint 'ckpt-20000101T000000-00000000'",
+    ),
+    "manifest-other-participant": (lambda r: rewrite_manifest(share(r), kind="agent"), "P9", "belongs to 'agent'/"),
+    "manifest-schema": (lambda r: rewrite_manifest(share(r), schema_version=2), "P9", "'schema_version' must be"),
+    "participants-gone": (lambda r: shutil.rmtree(latest_dir(r) / "gym"), "P22", "none of kind"),
+    "latest-garbled": (lambda r: (r / LATEST).write_text("latest\n"), "P22", "not one checkpoint ID"),
+    "latest-names-nothing": (
+        lambda r: (r / LATEST).write_text("ckpt-20990101T000000-00000000\n"),
+        "P22",
+        "ckpt-20990101T000000-00000000",
+    ),
+    "collection-json-field": (
+        lambda r: (latest_dir(r) / MANIFEST).write_text(
+            json.dumps(json.loads((latest_dir(r) / MANIFEST).read_text()) | {"extra": 1})
+        ),
+        "P22",
+        "fields",
+    ),
+    "continued-unexported": (
+        lambda r: (latest_dir(r) / MANIFEST).write_text(
+            json.dumps(
+                json.loads((latest_dir(r) / MANIFEST).read_text())
+                | {"continued": [{"rollout_id": "nobody", "attempt": 0}]}
+            )
+        ),
+        "P24",
+        "continued ['nobody']",
+    ),
+    "third-published": (
+        lambda r: shutil.copytree(latest_dir(r), r / "ckpt-20000101T000000-00000000"),
+        "P23",
+        "at most 2 published checkpoints",
+    ),
+    "partial-left-behind": (
+        lambda r: (r / "ckpt-20000101T000000-00000001" / "gym").mkdir(parents=True),
+        "P23",
+        "partial ['ckpt-20000101T000000-00000001']",
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGES))
+def test_a_damaged_copy_fails_naming_the_damage(root: Path, damage: str) -> None:
+    damaging, property_id, phrase = DAMAGES[damage]
+    damaging(root)
+
+    result = audit(root)
+
+    assert not result.passed
+    named = [finding.message for finding in result.findings if finding.property_id == property_id]
+    assert any(phrase in message for message in named), result.report()
+    assert result.report().splitlines()[-1].startswith("FAILED: ")
+
+
+def test_a_partial_checkpoint_newer_than_latest_is_a_save_under_way(root: Path) -> None:
+    (root / "ckpt-20990101T000000-00000000" / "gym").mkdir(parents=True)
+    result = audit(root)
+    assert result.passed, result.report()
+
+
+def test_a_checkpoint_whose_manifests_name_two_ids_fails_p9(written: Path, tmp_path: Path) -> None:
+    """Outside a collection the checkpoint's ID is the one most manifests name, and every other must name it."""
+    one = Path(shutil.copytree(latest_dir(written), tmp_path / "trainer-checkpoint"))
+    (one / MANIFEST).unlink()
+    assert audit(one).passed
+    agent = sorted((one / "gym" / "agent").iterdir())[0]
+    rewrite_manifest(agent, checkpoint_id="another")
+    result = audit(one)
+    assert [finding.property_id for finding in result.findings] == ["P9"], result.report()
+    assert "belongs to checkpoint 'another'" in result.findings[0].message
+
+
+def test_an_empty_directory_has_nothing_to_audit(tmp_path: Path) -> None:
+    with pytest.raises(NothingToAudit, match="holds no checkpoint"):
+        audit(tmp_path)
+
+
+def ckpt_model(*arguments: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ckpt_model", "audit", *map(str, arguments)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_the_command_exits_0_on_the_written_root_1_on_a_damaged_one_and_3_on_nothing(
+    root: Path, tmp_path: Path
+) -> None:
+    before = {path: path.read_bytes() for path in root.rglob("*") if path.is_file()}
+    passed = ckpt_model(root)
+    assert passed.returncode == 0, passed.stdout + passed.stderr
+    assert passed.stdout.splitlines()[-1].startswith("PASSED")
+    assert {path: path.read_bytes() for path in root.rglob("*") if path.is_file()} == before  # read only
+
+    _extra_record(root)
+    failed = ckpt_model(root, "--episode-owner", "environment")
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert "P9: expected " in failed.stdout
+    # LATEST's checkpoint no longer verifies (P22 too); what its owner exported is unknown, so no P24 is judged.
+    assert failed.stdout.splitlines()[-1] == "FAILED: 2 finding(s) (P22, P9)"
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    nothing = ckpt_model(empty)
+    assert nothing.returncode == 3, nothing.stdout + nothing.stderr
+    assert "ckpt-model audit: error: " in nothing.stderr
