@@ -44,6 +44,7 @@ from ckpt_model.storage import MANIFEST_NAME, CheckpointUnreadable, Fingerprint,
 
 GYM_DIR = "gym"
 EPISODE_OWNERS = ("environment", "agent")
+JSON_FORMAT_VERSION = 1
 
 
 class NothingToAudit(Exception):
@@ -85,6 +86,29 @@ class Audit:
     @property
     def passed(self) -> bool:
         return not self.findings
+
+    def document(self) -> dict[str, object]:
+        """The audit as `ckpt-model audit --json` writes it."""
+        return {
+            "format": JSON_FORMAT_VERSION,
+            "root": str(self.root),
+            "verdict": "passed" if self.passed else "violation",
+            "properties_violated": sorted({finding.property_id for finding in self.findings}),
+            "latest": self.latest,
+            "checkpoints": [
+                {
+                    "path": str(checkpoint.path),
+                    "checkpoint_id": checkpoint.checkpoint_id,
+                    "published": checkpoint.published,
+                    "participants": [attrs.asdict(participant) for participant in checkpoint.participants],
+                }
+                for checkpoint in self.checkpoints
+            ],
+            "findings": [attrs.asdict(finding) for finding in self.findings],
+        }
+
+    def json_text(self) -> str:
+        return json.dumps(self.document(), indent=2) + "\n"
 
     def report(self) -> str:
         """What was read, then every finding, then the verdict, as `ckpt-model audit` prints it."""

@@ -209,6 +209,12 @@ def build_parser() -> Parser:
         help="whose records name the episodes collection.json continues: environment (Gym's native agents, the "
         "default) or agent (legacy agents)",
     )
+    audit.add_argument(
+        "--json",
+        type=Path,
+        metavar="FILE",
+        help="write the audit as JSON: verdict, properties violated, LATEST, every checkpoint and finding",
+    )
 
     # Only for --help: `main` hands everything after `stack` to the stack's own parser, untouched.
     commands.add_parser(
@@ -511,14 +517,8 @@ class RunRecord:
             version=package_version(),
         )
         for path, text in ((self.args.json, result.json_text), (self.args.junit, result.junit_text)):
-            if path is None:
-                continue
-            try:
-                check_result.write(path, text())
-            except OSError as error:
-                print(f"note: could not write {path}: {error}", file=sys.stderr, flush=True)
-            else:
-                print(f"wrote {path}", flush=True)
+            if path is not None:
+                write_output(path, text())
 
 
 def asked_note(ran: int, asked: int) -> str:
@@ -807,7 +807,21 @@ def run_audit(args: argparse.Namespace) -> int:
     except NothingToAudit as error:
         raise UsageError(str(error)) from None
     print(result.report())
+    if args.json is not None:
+        write_output(args.json, result.json_text())
     return Exit.PASSED if result.passed else Exit.VIOLATION
+
+
+def write_output(path: Path, text: str) -> None:
+    """A result file written whole; one that cannot be written is a note, never a change of verdict."""
+    from ckpt_model import check_result
+
+    try:
+        check_result.write(path, text)
+    except OSError as error:
+        print(f"note: could not write {path}: {error}", file=sys.stderr, flush=True)
+    else:
+        print(f"wrote {path}", flush=True)
 
 
 if __name__ == "__main__":

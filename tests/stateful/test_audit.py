@@ -218,11 +218,17 @@ def test_the_command_exits_0_on_the_written_root_1_on_a_damaged_one_and_3_on_not
     assert {path: path.read_bytes() for path in root.rglob("*") if path.is_file()} == before  # read only
 
     _extra_record(root)
-    failed = ckpt_model(root, "--episode-owner", "environment")
+    written = tmp_path / "audit.json"
+    failed = ckpt_model(root, "--episode-owner", "environment", "--json", written)
     assert failed.returncode == 1, failed.stdout + failed.stderr
     assert "P9: expected " in failed.stdout
     # LATEST's checkpoint no longer verifies (P22 too); what its owner exported is unknown, so no P24 is judged.
-    assert failed.stdout.splitlines()[-1] == "FAILED: 2 finding(s) (P22, P9)"
+    assert failed.stdout.splitlines()[-2:] == ["FAILED: 2 finding(s) (P22, P9)", f"wrote {written}"]
+    document = json.loads(written.read_text())
+    assert (document["verdict"], document["properties_violated"]) == ("violation", ["P22", "P9"])
+    assert document["latest"] == latest_id(root)
+    assert [finding["property_id"] for finding in document["findings"]] == ["P9", "P22"]
+    assert all(len(checkpoint["participants"]) == 4 for checkpoint in document["checkpoints"])
 
     empty = tmp_path / "empty"
     empty.mkdir()
