@@ -9,6 +9,8 @@ the system's, and judges them with the same named checks the live properties use
   digest and count, every record JSON) against the checkpoint's one ID: the ID its `collection.json` names, else
   its directory's name when that is a collection checkpoint ID, else the ID most of its manifests name, which
   every other manifest must share; a checkpoint without a participant directory holds nothing to restore;
+- P5 and P12, each record of a policy model's share (token capture's rows and generation cuts) carries rows or a
+  cut, no call's row twice, and at most one cut (reference 7.2: what an export emits and a restore accepts);
 - P22, `LATEST` is absent, or one checkpoint ID and a newline naming a published checkpoint that reads and
   verifies and holds a directory of every participant kind the root's checkpoints hold;
 - P23, at most the two newest published checkpoints, each one's `collection.json` reading; no partial checkpoint
@@ -40,10 +42,12 @@ from ckpt_model.collection_files import (
     read_checkpoint,
 )
 from ckpt_model.errors import PropertyViolation
-from ckpt_model.storage import MANIFEST_NAME, CheckpointUnreadable, Fingerprint, fingerprint
+from ckpt_model.lineage import p5_record_rows, p12_one_cut_per_record
+from ckpt_model.storage import MANIFEST_NAME, CheckpointUnreadable, Fingerprint, fingerprint, read_records
 
 GYM_DIR = "gym"
 EPISODE_OWNERS = ("environment", "agent")
+MODEL_KIND = "model"
 JSON_FORMAT_VERSION = 1
 
 
@@ -128,7 +132,7 @@ class Audit:
             lines.append(f"  {checkpoint.path.name} [{named}, {state}]: {held or 'nothing'}")
         lines.extend(f"{finding.property_id}: {finding.message}" for finding in self.findings)
         if self.passed:
-            lines.append("PASSED: every file verifies (P9, P22, P23, P24: what needs no live system)")
+            lines.append("PASSED: every file verifies (P5, P9, P12, P22, P23, P24: what needs no live system)")
         else:
             ids = sorted({finding.property_id for finding in self.findings})
             lines.append(f"FAILED: {len(self.findings)} finding(s) ({', '.join(ids)})")
@@ -182,6 +186,10 @@ def _checkpoint(path: Path, findings: list[Finding]) -> Checkpoint:
         except CheckpointUnreadable as exc:
             read = exc
         _judged(findings, props.p9_verifies, path.name, {f"{kind}/{directory.name}": read})
+        if kind == MODEL_KIND and isinstance(read, Fingerprint) and checkpoint_id is not None:
+            records_read = read_records(directory, kind, directory.name, checkpoint_id=checkpoint_id)
+            _judged(findings, p5_record_rows, f"{path.name} ({kind}/{directory.name})", records_read)
+            _judged(findings, p12_one_cut_per_record, f"{path.name} ({kind}/{directory.name})", records_read)
         records = read.record_count if isinstance(read, Fingerprint) else None
         participants.append(Participant(kind, directory.name, records))
     return Checkpoint(path=path, checkpoint_id=checkpoint_id, published=published, participants=tuple(participants))

@@ -195,7 +195,7 @@ def build_parser() -> Parser:
 
     audit = commands.add_parser(
         "audit",
-        help="check checkpoint directories offline, with no live system (P9, P22, P23, P24; docs/audit.md)",
+        help="check checkpoint directories offline, with no live system (P5, P9, P12, P22-P24; docs/audit.md)",
     )
     audit.add_argument(
         "root",

@@ -416,6 +416,45 @@ def p12_cut_round(
         )
 
 
+def p5_record_rows(checkpoint_id: str, records: Sequence[Any]) -> None:
+    """A model share on its own (read offline): each record carries rows or a cut (an export emits no empty one,
+    reference 7.2), and no call's row twice (a ledger holds a row per call)."""
+    for key, rows in sorted(_by_capture_key(records, lambda record: record.get("rows") or []).items()):
+        calls = [row.get("model_call_id") if isinstance(row, dict) else None for row in rows]
+        twice = sorted({str(call) for call in calls if calls.count(call) > 1})
+        if twice:
+            raise P5Violation(
+                rollout=key,
+                expected=f"the model record of {key!r} in {checkpoint_id} carries each call's row once",
+                observed=f"rows of {twice} more than once",
+            )
+    empty = sorted(
+        key
+        for key, (rows, cuts) in _by_capture_key(
+            records, lambda record: [record.get("rows") or [], record.get("generation_cuts") or []]
+        ).items()
+        if not rows and not cuts
+    )
+    if empty:
+        raise P5Violation(
+            rollout=empty[0],
+            expected=f"every model record in {checkpoint_id} carries rows or a generation cut",
+            observed=f"the records of {empty} carry neither",
+        )
+
+
+def p12_one_cut_per_record(checkpoint_id: str, records: Sequence[Any]) -> None:
+    """A model share on its own (read offline): each record carries at most one generation cut (an export takes
+    the latest, and a restore refuses more, reference 7.2)."""
+    for key, cuts in sorted(_by_capture_key(records, lambda record: record.get("generation_cuts") or []).items()):
+        if len(cuts) > 1:
+            raise P12Violation(
+                rollout=key,
+                expected=f"the model record of {key!r} in {checkpoint_id} carries at most one generation cut",
+                observed=f"it carries {len(cuts)}",
+            )
+
+
 def p12_exported_cuts(checkpoint_id: str, cuts: Mapping[str, str], records: Sequence[Any]) -> None:
     """At a commit: the model record of each scoped attempt carries the cut of its undelivered call (or the
     restored cut it has not used), at most one, and no other."""

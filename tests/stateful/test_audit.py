@@ -91,7 +91,8 @@ def test_the_root_a_collection_run_wrote_passes(written: Path) -> None:
     kinds = {"agent", "environment", "model", "resources"}
     assert all({p.kind for p in c.participants} == kinds for c in result.checkpoints), result.report()
     assert sum(p.records or 0 for c in result.checkpoints for p in c.participants) > 0
-    assert result.report().endswith("PASSED: every file verifies (P9, P22, P23, P24: what needs no live system)")
+    verdict = "PASSED: every file verifies (P5, P9, P12, P22, P23, P24: what needs no live system)"
+    assert result.report().endswith(verdict)
 
 
 def test_one_checkpoint_directory_alone_passes(written: Path) -> None:
@@ -109,6 +110,20 @@ def _extra_record(root: Path) -> None:
 def _record_not_json(root: Path) -> None:
     directory = share(root)
     reseal(directory, records_path(directory).read_bytes() + b"{not json\n")
+
+
+def _model_records(root: Path, *records: dict[str, object]) -> None:
+    """The policy model's share of LATEST's checkpoint holding `records` (token capture's), sealed as written."""
+    reseal(share(root, "model"), b"".join(json.dumps(record).encode() + b"\n" for record in records))
+
+
+def _model_record(calls: list[str], cuts: int = 0) -> dict[str, object]:
+    cut = {"continuation": {"source_model_call_id": "held"}}
+    return {
+        "episode_id": {"rollout_id": "row-0", "attempt": 0},
+        "rows": [{"model_call_id": call, "staging_key": f"row-0/{call}"} for call in calls],
+        "generation_cuts": [cut] * cuts,
+    }
 
 
 DAMAGES: dict[str, tuple[Callable[[Path], object], str, str]] = {
@@ -149,6 +164,9 @@ DAMAGES: dict[str, tuple[Callable[[Path], object], str, str]] = {
         "P24",
         "continued ['nobody']",
     ),
+    "model-row-twice": (lambda r: _model_records(r, _model_record(["c1", "c1"])), "P5", "more than once"),
+    "model-record-empty": (lambda r: _model_records(r, _model_record([])), "P5", "carry neither"),
+    "model-two-cuts": (lambda r: _model_records(r, _model_record(["c1"], cuts=2)), "P12", "it carries 2"),
     "third-published": (
         lambda r: shutil.copytree(latest_dir(r), r / "ckpt-20000101T000000-00000000"),
         "P23",
@@ -173,6 +191,13 @@ def test_a_damaged_copy_fails_naming_the_damage(root: Path, damage: str) -> None
     named = [finding.message for finding in result.findings if finding.property_id == property_id]
     assert any(phrase in message for message in named), result.report()
     assert result.report().splitlines()[-1].startswith("FAILED: ")
+
+
+def test_a_model_share_with_rows_and_one_cut_per_record_passes(root: Path) -> None:
+    other = _model_record([], cuts=1) | {"episode_id": {"rollout_id": "row-1", "attempt": 0}}
+    _model_records(root, _model_record(["c1", "c2"], cuts=1), other)
+    result = audit(root)
+    assert result.passed, result.report()
 
 
 def test_a_partial_checkpoint_newer_than_latest_is_a_save_under_way(root: Path) -> None:

@@ -18,10 +18,12 @@ from ckpt_model.lineage import (
     p5_manifest,
     p5_no_strays,
     p5_parent_links,
+    p5_record_rows,
     p5_staged,
     p12_continuations,
     p12_cut_round,
     p12_exported_cuts,
+    p12_one_cut_per_record,
     p12_tokens,
 )
 
@@ -251,3 +253,33 @@ def test_a_deleted_ledger_is_live_and_empty_again() -> None:
     deleted = retired.delete("r0")
     assert deleted.expected("r0") == ()
     assert deleted.start("r0").learn([call(1, "r0", "r0.1", None)]).expected("r0") == ("r0.1",)
+
+
+# A model share read on its own (`ckpt-model audit`): records with rows or a cut, each row once, one cut at most.
+
+
+def model_record(rollout: str, calls: list[str], cuts: int = 0) -> dict[str, Any]:
+    rows = [{"model_call_id": call, "staging_key": f"{rollout}/{call}"} for call in calls]
+    cut = {"continuation": {"source_model_call_id": "held"}}
+    return {"episode_id": {"rollout_id": rollout, "attempt": 0}, "rows": rows, "generation_cuts": [cut] * cuts}
+
+
+def test_a_model_share_whose_records_carry_rows_or_one_cut_each_passes() -> None:
+    records = [model_record("r0", ["c1", "c2"]), model_record("r1", [], cuts=1), model_record("r2", ["c3"], cuts=1)]
+    p5_record_rows("ckpt-1", records)
+    p12_one_cut_per_record("ckpt-1", records)
+    p5_record_rows("ckpt-1", [])
+
+
+def test_a_row_twice_or_an_empty_record_is_p5() -> None:
+    with pytest.raises(P5Violation, match=r"rows of \['c1'\] more than once") as twice:
+        p5_record_rows("ckpt-1", [model_record("r0", ["c1", "c2", "c1"])])
+    assert twice.value.rollout == "r0"
+    with pytest.raises(P5Violation, match=r"the records of \['r1'\] carry neither"):
+        p5_record_rows("ckpt-1", [model_record("r0", ["c1"]), model_record("r1", [])])
+
+
+def test_two_cuts_in_one_record_are_p12() -> None:
+    with pytest.raises(P12Violation, match="it carries 2") as caught:
+        p12_one_cut_per_record("ckpt-1", [model_record("r0", ["c1"], cuts=1), model_record("r1", [], cuts=2)])
+    assert caught.value.rollout == "r1"
