@@ -16,7 +16,8 @@ the system's, and judges them with the same named checks the live properties use
 - P23, at most the two newest published checkpoints, each one's `collection.json` reading; no partial checkpoint
   (a directory without `collection.json`) older than the one `LATEST` names (a newer one may be a save under way);
 - P24, each published checkpoint's `continued` names exactly the episodes the episode owner's records hold
-  (`environment` in Gym's native agents, `agent` in legacy ones), and `restarted` none of them.
+  (the environment's where it is a participant, as with Gym's native agents, else the agent's, as with legacy ones
+  whose environment is a relay), and `restarted` none of them.
 
 ROOT is one checkpoint directory (it holds `gym/`) or a directory of them (each subdirectory that holds `gym/`, as
 a trainer keeps them), and a rollout collection's checkpoint root adds `LATEST` and `collection.json`.
@@ -139,10 +140,10 @@ class Audit:
         return "\n".join(lines)
 
 
-def audit(root: Path, episode_owner: str = "environment") -> Audit:
+def audit(root: Path, episode_owner: str | None = None) -> Audit:
     """Read every checkpoint under `root` and judge it; raises `NothingToAudit` when there is none."""
     root = Path(root)
-    if episode_owner not in EPISODE_OWNERS:
+    if episode_owner is not None and episode_owner not in EPISODE_OWNERS:
         raise ValueError(f"episode owner must be one of {EPISODE_OWNERS} (got {episode_owner!r})")
     directories = _checkpoint_dirs(root)
     has_latest = (root / LATEST).exists()
@@ -231,7 +232,7 @@ def _latest(root: Path, checkpoints: list[Checkpoint], findings: list[Finding]) 
 
 
 def _published(
-    root: Path, checkpoints: list[Checkpoint], latest: str | None, owner: str, findings: list[Finding]
+    root: Path, checkpoints: list[Checkpoint], latest: str | None, owner: str | None, findings: list[Finding]
 ) -> None:
     """P23 on what is kept, and each published checkpoint's `collection.json` (P23 that it reads, P24)."""
     by_name = {checkpoint.path.name: checkpoint for checkpoint in checkpoints if checkpoint.path != root}
@@ -248,9 +249,15 @@ def _published(
             if name != latest:  # LATEST's own is P22's
                 findings.append(Finding("P23", f"a published checkpoint's collection.json does not read: {exc}"))
             continue
-        exported = _exported(root / name, owner, checkpoint)
+        exported = _exported(root / name, owner or _owner_of(root / name), checkpoint)
         if exported is not None:
             _judged(findings, collection.p24_continued_exported, checkpoint, exported)
+
+
+def _owner_of(path: Path) -> str:
+    """Whose records name a checkpoint's episodes: the environment's where it is a participant (Gym's native
+    agents), else the agent's (legacy agents, whose environment is a relay that writes nothing)."""
+    return "environment" if (path / GYM_DIR / "environment").is_dir() else "agent"
 
 
 def _exported(path: Path, owner: str, checkpoint: CollectionCheckpoint) -> list[str] | None:

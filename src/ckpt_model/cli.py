@@ -205,9 +205,9 @@ def build_parser() -> Parser:
     audit.add_argument(
         "--episode-owner",
         choices=EPISODE_OWNERS,
-        default="environment",
-        help="whose records name the episodes collection.json continues: environment (Gym's native agents, the "
-        "default) or agent (legacy agents)",
+        help="whose records name the episodes collection.json continues (default: the environment's where a "
+        "checkpoint holds an environment directory, as with Gym's native agents, else the agent's, as with legacy "
+        "ones)",
     )
     audit.add_argument(
         "--json",

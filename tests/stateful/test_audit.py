@@ -95,6 +95,24 @@ def test_the_root_a_collection_run_wrote_passes(written: Path) -> None:
     assert result.report().endswith(verdict)
 
 
+def test_a_legacy_collection_s_root_passes_its_episodes_named_by_the_agent(
+    harness_of: Callable[[DeploymentSpec], Harness], tmp_path: Path
+) -> None:
+    """Legacy agents own their episodes and the environment is a relay, no participant: P24 reads the agent's
+    records without being told; told the environment owns them, it finds `continued` naming what nobody exported."""
+    machine = collection_machine_for(harness_of(DeploymentSpec("legacy")))()
+    try:
+        machine.start_run()
+        machine.request_checkpoint()
+        root = Path(shutil.copytree(machine.checkpoints, tmp_path / "checkpoints"))
+    finally:
+        machine.stop()
+
+    assert audit(root).passed, audit(root).report()
+    told = audit(root, "environment")
+    assert [finding.property_id for finding in told.findings] == ["P24"], told.report()
+
+
 def test_one_checkpoint_directory_alone_passes(written: Path) -> None:
     one = latest_dir(written)
     result = audit(one)
@@ -244,7 +262,7 @@ def test_the_command_exits_0_on_the_written_root_1_on_a_damaged_one_and_3_on_not
 
     _extra_record(root)
     written = tmp_path / "audit.json"
-    failed = ckpt_model(root, "--episode-owner", "environment", "--json", written)
+    failed = ckpt_model(root, "--json", written)
     assert failed.returncode == 1, failed.stdout + failed.stderr
     assert "P9: expected " in failed.stdout
     # LATEST's checkpoint no longer verifies (P22 too); what its owner exported is unknown, so no P24 is judged.
