@@ -14,7 +14,8 @@ the system's, and judges them with the same named checks the live properties use
 - P22, `LATEST` is absent, or one checkpoint ID and a newline naming a published checkpoint that reads and
   verifies and holds a directory of every participant kind the root's checkpoints hold;
 - P23, at most the two newest published checkpoints, each one's `collection.json` reading; no partial checkpoint
-  (a directory without `collection.json`) older than the one `LATEST` names (a newer one may be a save under way);
+  (a directory named as one, without `collection.json`) begun before the one `LATEST` names, to the second (one
+  begun after may be a save under way, or a failed one the next success deletes);
 - P24, each published checkpoint's `continued` names exactly the episodes the episode owner's records hold
   (the environment's where it is a participant, as with Gym's native agents, else the agent's, as with legacy ones
   whose environment is a relay), and `restarted` none of them.
@@ -237,10 +238,14 @@ def _published(
     """P23 on what is kept, and each published checkpoint's `collection.json` (P23 that it reads, P24)."""
     by_name = {checkpoint.path.name: checkpoint for checkpoint in checkpoints if checkpoint.path != root}
     published = sorted(name for name, checkpoint in by_name.items() if checkpoint.published)
-    partial = sorted(name for name, checkpoint in by_name.items() if not checkpoint.published)
+    partial = sorted(
+        name for name, checkpoint in by_name.items() if not checkpoint.published and CHECKPOINT_ID.match(name)
+    )
     if latest is not None or published:
-        # A partial checkpoint newer than LATEST's may be a save still under way; an older one was left behind.
-        under_way = [name for name in partial if latest is not None and name > latest]
+        # A partial checkpoint begun after LATEST's may be a save still under way (or failed, left for the next
+        # success to delete); one begun before it was left behind. IDs order by their second only: the same second
+        # as LATEST's counts as after.
+        under_way = [name for name in partial if latest is not None and _second(name) >= _second(latest)]
         _judged(findings, collection.p23_kept, published, partial, under_way)
     for name in published:
         try:
@@ -252,6 +257,11 @@ def _published(
         exported = _exported(root / name, owner or _owner_of(root / name), checkpoint)
         if exported is not None:
             _judged(findings, collection.p24_continued_exported, checkpoint, exported)
+
+
+def _second(checkpoint_id: str) -> str:
+    """`ckpt-YYYYmmddTHHMMSS`: when a checkpoint began, to the second (its random suffix orders nothing)."""
+    return checkpoint_id[: checkpoint_id.rindex("-")]
 
 
 def _owner_of(path: Path) -> str:

@@ -218,8 +218,12 @@ def test_a_model_share_with_rows_and_one_cut_per_record_passes(root: Path) -> No
     assert result.passed, result.report()
 
 
-def test_a_partial_checkpoint_newer_than_latest_is_a_save_under_way(root: Path) -> None:
+def test_a_partial_checkpoint_begun_after_latest_s_second_is_a_save_under_way(root: Path) -> None:
     (root / "ckpt-20990101T000000-00000000" / "gym").mkdir(parents=True)
+    latest = latest_id(root)
+    assert latest is not None
+    same_second = latest[: latest.rindex("-")] + "-00000000"  # sorts before LATEST's, begun in the same second
+    (root / same_second / "gym").mkdir(parents=True)
     result = audit(root)
     assert result.passed, result.report()
 
