@@ -5,10 +5,10 @@ The audit reads them with the checker's own readers (`ckpt_model.storage`, `ckpt
 the system's, and judges them with the same named checks the live properties use:
 
 - P9, every participant directory `gym/<kind>/<instance>` of every checkpoint (in a collection's root, of every
-  published one) verifies (manifest fields, records
-  digest and count, every record JSON) against the checkpoint's one ID: the ID its `collection.json` names, else
-  its directory's name when that is a collection checkpoint ID, else the ID most of its manifests name, which
-  every other manifest must share; a checkpoint without a participant directory holds nothing to restore;
+  published one) verifies (manifest fields, records digest and count, every record JSON) against the checkpoint's
+  one ID: the ID its `collection.json` names, else its directory's name when that is a collection checkpoint ID,
+  else the ID most of its manifests name, which every other manifest must share; a checkpoint without a
+  participant directory holds nothing to restore;
 - P5 and P12, each record of a policy model's share (token capture's rows and generation cuts) carries rows or a
   cut, no call's row twice, and at most one cut (reference 7.2: what an export emits and a restore accepts);
 - P22, `LATEST` is absent, or one checkpoint ID and a newline naming a published checkpoint that reads and
