@@ -38,14 +38,13 @@ from ckpt_model.collection_files import (
     CHECKPOINT_ID,
     LATEST,
     MANIFEST,
-    CollectionCheckpoint,
     CollectionUnreadable,
     latest_id,
     read_checkpoint,
 )
 from ckpt_model.errors import PropertyViolation
 from ckpt_model.lineage import p5_record_rows, p12_one_cut_per_record
-from ckpt_model.storage import MANIFEST_NAME, CheckpointUnreadable, Fingerprint, fingerprint, read_records
+from ckpt_model.storage import MANIFEST_NAME, CheckpointUnreadable, Fingerprint, read_share
 
 GYM_DIR = "gym"
 EPISODE_OWNERS = ("environment", "agent")
@@ -70,6 +69,8 @@ class Participant:
     kind: str
     instance: str
     records: int | None  # None: the directory does not verify (P9)
+    # The capture keys its records name (P24 reads the episode owner's); not part of the JSON.
+    episode_ids: tuple[str, ...] = attrs.field(default=(), repr=False)
 
 
 @attrs.frozen
@@ -106,7 +107,10 @@ class Audit:
                     "path": str(checkpoint.path),
                     "checkpoint_id": checkpoint.checkpoint_id,
                     "published": checkpoint.published,
-                    "participants": [attrs.asdict(participant) for participant in checkpoint.participants],
+                    "participants": [
+                        attrs.asdict(participant, filter=lambda field, _: field.name != "episode_ids")
+                        for participant in checkpoint.participants
+                    ],
                 }
                 for checkpoint in self.checkpoints
             ],
@@ -184,16 +188,17 @@ def _checkpoint(path: Path, findings: list[Finding]) -> Checkpoint:
     for kind, directory in directories:
         read: Fingerprint | CheckpointUnreadable
         try:
-            read = fingerprint(directory, kind, directory.name, checkpoint_id=checkpoint_id)
+            read, records = read_share(directory, kind, directory.name, checkpoint_id=checkpoint_id)
         except CheckpointUnreadable as exc:
-            read = exc
+            read, records = exc, []
         _judged(findings, props.p9_verifies, path.name, {f"{kind}/{directory.name}": read})
-        if kind == MODEL_KIND and isinstance(read, Fingerprint) and checkpoint_id is not None:
-            records_read = read_records(directory, kind, directory.name, checkpoint_id=checkpoint_id)
-            _judged(findings, p5_record_rows, f"{path.name} ({kind}/{directory.name})", records_read)
-            _judged(findings, p12_one_cut_per_record, f"{path.name} ({kind}/{directory.name})", records_read)
-        records = read.record_count if isinstance(read, Fingerprint) else None
-        participants.append(Participant(kind, directory.name, records))
+        if not isinstance(read, Fingerprint):
+            participants.append(Participant(kind, directory.name, None))
+            continue
+        if kind == MODEL_KIND:
+            _judged(findings, p5_record_rows, f"{path.name} ({kind}/{directory.name})", records)
+            _judged(findings, p12_one_cut_per_record, f"{path.name} ({kind}/{directory.name})", records)
+        participants.append(Participant(kind, directory.name, read.record_count, read.episode_ids))
     return Checkpoint(path=path, checkpoint_id=checkpoint_id, published=published, participants=tuple(participants))
 
 
@@ -254,7 +259,7 @@ def _published(
             if name != latest:  # LATEST's own is P22's
                 findings.append(Finding("P23", f"a published checkpoint's collection.json does not read: {exc}"))
             continue
-        exported = _exported(root / name, owner or _owner_of(root / name), checkpoint)
+        exported = _exported(by_name[name], owner or _owner_of(root / name))
         if exported is not None:
             _judged(findings, collection.p24_continued_exported, checkpoint, exported)
 
@@ -270,17 +275,13 @@ def _owner_of(path: Path) -> str:
     return "environment" if (path / GYM_DIR / "environment").is_dir() else "agent"
 
 
-def _exported(path: Path, owner: str, checkpoint: CollectionCheckpoint) -> list[str] | None:
-    """The episodes (capture keys) the episode owner's records hold in this checkpoint; None when a share of the
-    owner does not verify (P9 names it, and what it exported cannot be known)."""
-    keys: list[str] = []
-    for directory in _subdirs(path / GYM_DIR / owner):
-        try:
-            read = fingerprint(directory, owner, directory.name, checkpoint_id=checkpoint.checkpoint_id)
-        except CheckpointUnreadable:
-            return None
-        keys.extend(read.episode_ids)
-    return keys
+def _exported(checkpoint: Checkpoint, owner: str) -> list[str] | None:
+    """The episodes (capture keys) the episode owner's records hold in this checkpoint, as its audit read them;
+    None when a share of the owner does not verify (P9 names it, and what it exported cannot be known)."""
+    shares = [participant for participant in checkpoint.participants if participant.kind == owner]
+    if any(participant.records is None for participant in shares):
+        return None
+    return [key for participant in shares for key in participant.episode_ids]
 
 
 def _subdirs(path: Path) -> Iterable[Path]:

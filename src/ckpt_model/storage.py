@@ -62,14 +62,22 @@ def fingerprint(directory: Path, kind: str, instance: str, *, checkpoint_id: str
     `checkpoint_id`, when given, is the checkpoint the caller committed there: a manifest naming another one
     is a commit that landed in the wrong directory.
     """
+    return read_share(directory, kind, instance, checkpoint_id=checkpoint_id)[0]
+
+
+def read_share(
+    directory: Path, kind: str, instance: str, *, checkpoint_id: str | None = None
+) -> tuple[Fingerprint, list[Any]]:
+    """`fingerprint` and `read_records` from one read of the directory, for a caller that needs both."""
     checked = _read_verified(Path(directory), kind, instance, checkpoint_id)
-    return Fingerprint(
+    described = Fingerprint(
         manifest_sha256=hashlib.sha256(checked.manifest_bytes).hexdigest(),
         records_file=checked.manifest["records_file"],
         records_sha256=checked.manifest["records_sha256"],
         record_count=checked.manifest["record_count"],
         episode_ids=tuple(sorted(_capture_key(record) for record in checked.records)),
     )
+    return described, checked.records
 
 
 # The file (device, inode), its size, and its modification and change times: a write, truncation, rename or
