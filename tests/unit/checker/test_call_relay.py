@@ -135,28 +135,29 @@ def test_a_server_that_drops_the_call_drops_the_program_s_connection(server: Ser
     assert history.events == ()  # not a journaled route
 
 
-def test_a_server_that_does_not_listen_drops_the_connection_and_the_call_is_info() -> None:
-    relay, history, url = relay_to("http://127.0.0.1:9")  # discard: nothing listens on loopback
+def lost_run(upstream: str, body: Any) -> str:
+    """A `/run` through a relay to `upstream` whose connection drops (the program sees a transport error): the
+    call is journaled as invoked, then `info`; what the journal says of it."""
+    relay, history, url = relay_to(upstream)
     try:
         with httpx.Client() as client, pytest.raises(httpx.TransportError):
-            client.post(url + "/run", json={"episode_id": {"rollout_id": "r", "attempt": 0}})
+            client.post(url + "/run", json=body)
     finally:
         relay.close()
     invoke, lost = history.events
     assert (invoke.f, lost.type, lost.invoke_index) == ("run", "info", invoke.index)
-    assert "connection to the server failed" in lost.value
+    return str(lost.value)
+
+
+def test_a_server_that_does_not_listen_drops_the_connection_and_the_call_is_info() -> None:
+    # discard: nothing listens on loopback
+    said = lost_run("http://127.0.0.1:9", {"episode_id": {"rollout_id": "r", "attempt": 0}})
+    assert "connection to the server failed" in said
 
 
 def test_a_reply_the_relay_cannot_read_drops_the_connection_and_the_call_is_info(server: Server) -> None:
-    relay, history, url = relay_to(f"http://127.0.0.1:{server.server_port}")
-    try:
-        with httpx.Client() as client, pytest.raises(httpx.TransportError):
-            client.post(url + "/run", json={"garbage": True})
-    finally:
-        relay.close()
-    invoke, lost = history.events
-    assert (invoke.f, lost.type, lost.invoke_index) == ("run", "info", invoke.index)
-    assert "the exchange broke off: ValueError" in lost.value
+    said = lost_run(f"http://127.0.0.1:{server.server_port}", {"garbage": True})
+    assert "the exchange broke off: ValueError" in said
 
 
 def test_a_program_that_goes_away_closes_the_server_s_connection(server: Server) -> None:
