@@ -1405,12 +1405,11 @@ def p10_open_after_resume(operation: str, statuses: Mapping[str, Mapping[str, An
 def p21_still_idle(checkpoint_id: str, victim: str, status: Mapping[str, Any]) -> None:
     """After refusing the prepare of `checkpoint_id` on waking, `victim` is idle, no checkpoint, admission open: a
     refused prepare closes nothing."""
-    shown = (status.get("phase"), status.get("checkpoint_id"))
-    if shown != ("idle", None) or status.get("accepting") is False:
+    if (observed := _not_idle_and_open(status)) is not None:
         raise P21Violation(
             rollout=None,
             expected=f"{victim} idle with admission open after refusing prepare {checkpoint_id} on waking",
-            observed=f"phase {shown[0]!r}, checkpoint {shown[1]!r}, accepting {status.get('accepting')!r}",
+            observed=observed,
         )
 
 
