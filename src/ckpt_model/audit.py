@@ -45,9 +45,9 @@ from ckpt_model.collection_files import (
 from ckpt_model.errors import PropertyViolation
 from ckpt_model.lineage import p5_record_rows, p12_one_cut_per_record
 from ckpt_model.storage import MANIFEST_NAME, CheckpointUnreadable, Fingerprint, read_share
+from ckpt_model.topologies import EPISODE_OWNERS
 
 GYM_DIR = "gym"
-EPISODE_OWNERS = ("environment", "agent")
 MODEL_KIND = "model"
 JSON_FORMAT_VERSION = 1
 

@@ -59,12 +59,11 @@ import attrs
 from hypothesis import settings
 
 from ckpt_model import artifacts, checking, profiles
-from ckpt_model.audit import EPISODE_OWNERS
 from ckpt_model.errors import CoordinationError, PropertyViolation, UsageError
 from ckpt_model.interrupts import signal_number, sigterm_unwinds
 from ckpt_model.reproduction import REPLAYS, Rate
 from ckpt_model.spec import OPTIONS, DeploymentSpec, OptionValue, SpecError, flag_keywords
-from ckpt_model.topologies import TOPOLOGIES, VERIFY_MODES
+from ckpt_model.topologies import EPISODE_OWNERS, TOPOLOGIES, VERIFY_MODES
 from ckpt_model.verdicts import Exit, exception_text, kind_of, leaves, report_failure
 
 if TYPE_CHECKING:  # the stateful module is imported only when a check runs

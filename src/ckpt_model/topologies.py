@@ -82,5 +82,7 @@ TOPOLOGIES: Mapping[str, Topology] = {
 }
 
 
+# Every server that owns episodes in some topology, in the table's order (`ckpt-model audit --episode-owner`).
+EPISODE_OWNERS: tuple[EpisodeOwner, ...] = tuple(dict.fromkeys(row.episode_owner for row in TOPOLOGIES.values()))
 # Every verify mode some topology runs, in the table's order (the command line's choices).
 VERIFY_MODES: tuple[str, ...] = tuple(dict.fromkeys(mode for row in TOPOLOGIES.values() for mode in row.verify_modes))
