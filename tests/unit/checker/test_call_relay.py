@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -16,10 +15,10 @@ import pytest
 
 from ckpt_model.call_relay import CallRelay, operation_of
 from ckpt_model.history import History
+from tests.stack.conftest import wait_until
 
 COMMIT = "/ng-control/v1/checkpoint/commit"
 STATUS = "/ng-control/v1/checkpoint/status"
-WAIT_S = 10.0
 
 
 class Server(ThreadingHTTPServer):
@@ -83,13 +82,6 @@ def relay_to(url: str, observe: Callable[..., Any] | None = None) -> tuple[CallR
     history = History()
     relay = CallRelay({"agent": url}, history, observe)
     return relay, history, relay.start()["agent"]
-
-
-def until(condition: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        assert time.monotonic() < deadline, "the condition never came"
-        time.sleep(0.01)
 
 
 def test_requests_and_replies_go_through_unchanged_and_control_calls_are_journaled(server: Server) -> None:
@@ -165,8 +157,8 @@ def test_a_program_that_goes_away_closes_the_server_s_connection(server: Server)
     try:
         with httpx.Client() as client, pytest.raises(httpx.ReadTimeout):
             client.post(url + "/run", json={"hold": True}, timeout=0.3)
-        until(server.client_gone.is_set)
-        until(lambda: len(history.events) == 2)
+        wait_until(server.client_gone.is_set, "the server to see its client gone")
+        wait_until(lambda: len(history.events) == 2, "the call's completion journaled")
     finally:
         relay.close()
     assert history.events[1].type == "info"
@@ -179,7 +171,7 @@ def test_a_server_that_closes_an_idle_connection_closes_the_program_s_and_the_ne
     try:
         with httpx.Client() as client:
             assert client.post(url + "/close-after", json={}).json() == {"ok": True}
-            until(lambda: relay.open_connections == 0)
+            wait_until(lambda: relay.open_connections == 0, "the relay to hold no connection")
             assert client.post(url + COMMIT, json={"checkpoint_id": "c2"}).status_code == 200
     finally:
         relay.close()
