@@ -31,7 +31,14 @@ import httpx
 
 from fakes import clock
 from fakes.faults import validate as validate_faults
-from fakes.gym.config import CONFIG_ENV, DEFAULT_LEASE_GRACE_S, ServerConfig, check_capture, lease_grace
+from fakes.gym.config import (
+    CONFIG_ENV,
+    DEFAULT_LEASE_GRACE_S,
+    PARTICIPANT_WORKER_ROLES,
+    ServerConfig,
+    check_capture,
+    lease_grace,
+)
 from fakes.gym.durability import lose_unsynced
 from fakes.gym.runtime import remove_runtime_dir
 from fakes.ports import free_port
@@ -65,16 +72,26 @@ def kill_gym(servers: Sequence[ServerProcess]) -> None:
         remove_runtime_dir(server.pid)
 
 
-def policy_workers_count(value: object) -> int:
-    """A policy model worker count: an integer >= 1, or a ValueError that says so."""
+def workers_count(value: object, what: str = "policy_workers") -> int:
+    """A worker count: an integer >= 1, or a ValueError that names `what` and says so."""
     count = 0
     if isinstance(value, int) and not isinstance(value, bool):
         count = value
     elif isinstance(value, str) and value.strip().isdigit():
         count = int(value)  # from the command line
     if count < 1:
-        raise ValueError(f"'policy_workers' must be an integer >= 1 (got {value!r})")
+        raise ValueError(f"'{what}' must be an integer >= 1 (got {value!r})")
     return count
+
+
+def policy_workers_count(value: object) -> int:
+    """A policy model worker count (`workers_count`)."""
+    return workers_count(value, "policy_workers")
+
+
+def server_workers_count(value: object) -> int:
+    """The worker count of the environment, agent and resources servers (`workers_count`)."""
+    return workers_count(value, "server_workers")
 
 
 class Stack:
@@ -94,6 +111,7 @@ class Stack:
         token_capture: bool = False,
         generation_cuts: bool = False,
         policy_workers: int = 1,
+        server_workers: int = 1,
         time_jumps: bool = False,
     ) -> None:
         self.topology = ""
@@ -102,12 +120,15 @@ class Stack:
         self.generation_cuts = False
         # uvicorn workers of the policy model server (`fakes.gym.coordinator_process`); the other servers run one each.
         self.policy_workers = 1
+        # uvicorn workers of each environment, agent and resources server (`fakes.gym.participant_workers`).
+        self.server_workers = 1
         self.redeploy(
             topology,
             verify_mode=verify_mode,
             token_capture=token_capture,
             generation_cuts=generation_cuts,
             policy_workers=policy_workers,
+            server_workers=server_workers,
         )
         # Every server's monotonic clock follows its libfaketime offset too, so time can pass (`fakes.clock`).
         self.time_jumps = bool(time_jumps)
@@ -182,7 +203,7 @@ class Stack:
                 resources_server=RESOURCES_SERVER_OF.get(name, "resources"),
                 durability_journal=str(self.durability_journal),
                 **(capture if role == "policy_model" else {}),
-                workers=self.policy_workers if role == "policy_model" else 1,
+                workers=self.workers_of(role),
             )
             for name, role in roles.items()
         }
@@ -232,6 +253,7 @@ class Stack:
         token_capture: bool = False,
         generation_cuts: bool = False,
         policy_workers: int = 1,
+        server_workers: int = 1,
     ) -> None:
         """The Gym servers started next make up this deployment (the running ones, if any, keep theirs): what lets
         one backend and fork server serve deployment after deployment (`start_afresh` then starts them). Every
@@ -242,11 +264,19 @@ class Stack:
             raise ValueError(f"'verify_mode' must be one of {list(VERIFY_MODES)} (got {verify_mode!r})")
         check_capture(token_capture, generation_cuts)
         workers = policy_workers_count(policy_workers)
+        participant_workers = server_workers_count(server_workers)
         self.topology = topology
         self.verify_mode = verify_mode
         self.token_capture = token_capture
         self.generation_cuts = generation_cuts
         self.policy_workers = workers
+        self.server_workers = participant_workers
+
+    def workers_of(self, role: str) -> int:
+        """How many workers a server of `role` runs."""
+        if role == "policy_model":
+            return self.policy_workers
+        return self.server_workers if role in PARTICIPANT_WORKER_ROLES else 1
 
     def plant_faults(self, faults: Sequence[str]) -> None:
         """The Gym servers started next run with `faults` planted (the running ones keep theirs); an unknown fault
@@ -438,6 +468,7 @@ class Stack:
             "generation_cuts": self.generation_cuts,
             "capture_token": self.capture_token,
             "policy_workers": self.policy_workers,
+            "server_workers": self.server_workers,
             "time_jumps": self.time_jumps,
         }
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from fakes.gym.config import DEFAULT_LEASE_GRACE_S, lease_grace
 from fakes.head import serve_head
 from fakes.server_processes import StackStartError
-from fakes.stack import VERIFY_MODES, Stack, policy_workers_count
+from fakes.stack import VERIFY_MODES, Stack, policy_workers_count, server_workers_count
 from fakes.topologies import TOPOLOGIES
 
 
@@ -59,6 +59,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m fakes.stack") -> 
         help="uvicorn worker processes of the policy model server, behind its one port (default %(default)s)",
     )
     parser.add_argument(
+        "--server-workers",
+        type=server_workers_count,
+        default=1,
+        help="uvicorn worker processes of each environment, agent and resources server (default %(default)s)",
+    )
+    parser.add_argument(
         "--time-jumps",
         action="store_true",
         help="every server's monotonic clock follows its libfaketime offset too, so time can pass (no skews then)",
@@ -87,6 +93,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m fakes.stack") -> 
         token_capture=args.token_capture,
         generation_cuts=args.generation_cuts,
         policy_workers=args.policy_workers,
+        server_workers=args.server_workers,
         time_jumps=args.time_jumps,
     )
     try:

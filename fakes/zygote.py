@@ -102,6 +102,7 @@ def warm_up() -> float:
     import fakes.gym.environment
     import fakes.gym.model
     import fakes.gym.model_workers
+    import fakes.gym.participant_workers
     import fakes.gym.resources
     import fakes.gym.serve  # noqa: F401 - imported for its side effect: loaded before any fork
 

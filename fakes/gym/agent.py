@@ -19,7 +19,6 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 
 from fakes.gym.config import ServerConfig
-from fakes.gym.control_plane import ControlPlane
 from fakes.gym.environment import covers
 from fakes.gym.errors import (
     ActivationOutOfOrderError,
@@ -33,12 +32,12 @@ from fakes.gym.errors import (
 from fakes.gym.http import (
     DownstreamError,
     RolloutPrefixMiddleware,
-    add_health,
     cookie_header,
     lifespan_with_client,
     post_json,
 )
-from fakes.gym.participant import PrepareReport
+from fakes.gym.participant import PrepareReport, ServerPlane
+from fakes.gym.single_process import single_process_app
 from fakes.gym.steps import Episode, EpisodeOwner
 from fakes.gym.wire import EpisodeId, task_digest
 
@@ -141,7 +140,7 @@ class AgentCore:
         self.seeds_in_progress: dict[str, EpisodeId] = {}
         self.episodes = EpisodeOwner(notify=notify)
         self.client: httpx.AsyncClient | None = None
-        self.control_plane: ControlPlane | None = None
+        self.plane: ServerPlane | None = None
 
     # -- the loop ----------------------------------------------------------------------------------------------
 
@@ -249,8 +248,8 @@ class AgentCore:
         return self.client
 
     def _retired(self, episode_id: EpisodeId) -> bool:
-        assert self.control_plane is not None
-        return self.control_plane.retired.is_retired(episode_id)
+        assert self.plane is not None
+        return self.plane.retired.is_retired(episode_id)
 
     # -- sessions ------------------------------------------------------------------------------------------------
 
@@ -393,6 +392,11 @@ class AgentParticipant:
         core = self.core
         if core.sessions or core.seeds_in_progress or core.episodes.episodes or core.episodes.restored:
             raise ControlError("restore requires a process without live sessions or seeds in progress")
+        return await self.adopt(records)
+
+    async def adopt(self, records: list[dict[str, Any]]) -> list[str]:
+        """Install without asking for a fresh process: a worker takes a restored record its coordinator held."""
+        core = self.core
         restored = []
         for record in records:
             next_id = EpisodeId(**record["episode_id"]).next_attempt()
@@ -543,17 +547,19 @@ def legacy_digest(row: dict[str, Any]) -> str:
 
 
 def build_app(config: ServerConfig) -> FastAPI:
-    """The Simple Agent look-alike with the checkpoint control routes."""
-    control_plane: ControlPlane
-    core = AgentCore(config, notify=lambda: control_plane.notify())
-    control_plane = ControlPlane.from_config(AgentParticipant(core), config)
-    core.control_plane = control_plane
+    """The Simple Agent look-alike with the checkpoint control routes (one process)."""
+    return single_process_app(config, build_parts)
+
+
+def build_parts(config: ServerConfig, plane: ServerPlane) -> tuple[FastAPI, AgentParticipant]:
+    """The Simple Agent's routes and participant over `plane` (a worker's, or the one process's control plane)."""
+    core = AgentCore(config, notify=plane.notify)
+    core.plane = plane
+    participant = AgentParticipant(core)
     legacy = LegacyEpisodes(core)
     app = FastAPI(lifespan=lifespan_with_client(lambda c: setattr(core, "client", c)))
     app.add_middleware(RolloutPrefixMiddleware)
     install_error_handlers(app)
-    add_health(app)
-    app.include_router(control_plane.router())
 
     @app.post("/v1/agent_sessions")
     async def seed_session(request: SeedRequest, response: Response) -> dict[str, Any]:
@@ -581,9 +587,9 @@ def build_app(config: ServerConfig) -> FastAPI:
         if not rollout_id:
             raise RolloutIdRequiredError("a legacy /run row needs _ng_rollout_id")
         episode_id = EpisodeId(rollout_id=rollout_id, attempt=int(row.get("_ng_attempt_index") or 0))
-        if control_plane.retired.is_retired(episode_id):
+        if plane.retired.is_retired(episode_id):
             raise StaleAttemptError(f"attempt {episode_id.capture_key} was retired")
-        replacement = episode_id.capture_key in core.episodes.restored and control_plane.phase != "restored"
+        replacement = episode_id.capture_key in core.episodes.restored and plane.phase != "restored"
         if not core.episodes.admission.is_set() and not replacement:
             raise AdmissionClosedError("a checkpoint is open; retry the /run after it resumes")
         episode = core.episodes.begin(episode_id, legacy_digest(row))
@@ -594,7 +600,7 @@ def build_app(config: ServerConfig) -> FastAPI:
             core.episodes.end(episode)
         return legacy_reply(episode)
 
-    return app
+    return app, participant
 
 
 def legacy_reply(episode: Episode) -> JSONResponse:

@@ -20,9 +20,11 @@ ROLES: tuple[str, ...] = ("environment", "legacy_relay", "agent", "resources", "
 # Reference 8.1; `restart_only` is Gym's default for resources servers nobody audited.
 RESOURCES_MODES: tuple[str, ...] = ("stateless", "exported", "restart_only")
 DEFAULT_LEASE_GRACE_S = 600.0
-# Only the policy model server runs several uvicorn workers behind its port (`fakes.gym.coordinator_process`);
-# the other roles are one process each (SPEC section 3: several workers for them are planned, not built).
-MULTI_WORKER_ROLES: tuple[str, ...] = ("policy_model",)
+# Servers that can run several uvicorn workers behind their port (`fakes.gym.coordinator_process`): the policy
+# model (`fakes.gym.model_workers`) and every other participant (`fakes.gym.participant_workers`); the legacy relay,
+# which keeps nothing, is one process.
+MULTI_WORKER_ROLES: tuple[str, ...] = ("environment", "agent", "resources", "policy_model")
+PARTICIPANT_WORKER_ROLES: tuple[str, ...] = ("environment", "agent", "resources")
 
 
 def lease_grace(value: float) -> float:

@@ -17,7 +17,6 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from fakes.gym.config import ServerConfig
-from fakes.gym.control_plane import ControlPlane
 from fakes.gym.errors import (
     AdmissionClosedError,
     CheckpointStateError,
@@ -26,7 +25,8 @@ from fakes.gym.errors import (
     install_error_handlers,
 )
 from fakes.gym.http import DownstreamError, add_health, cookie_header, lifespan_with_client, post_json
-from fakes.gym.participant import PrepareReport
+from fakes.gym.participant import PrepareReport, ServerPlane
+from fakes.gym.single_process import single_process_app
 from fakes.gym.steps import Episode, EpisodeOwner
 from fakes.gym.wire import RESTART_HEADER, EpisodeId, EpisodeRequest, error_body, task_digest
 
@@ -101,6 +101,10 @@ class EnvironmentParticipant:
     async def install(self, records: list[dict[str, Any]], scope: list[EpisodeId]) -> list[str]:
         if self.owner.episodes or self.owner.restored:
             raise ControlError("restore requires a process without live episodes")
+        return await self.adopt(records)
+
+    async def adopt(self, records: list[dict[str, Any]]) -> list[str]:
+        """Install without asking for a fresh process: a worker takes a restored record its coordinator held."""
         if "environment_restore_ignores_boundary" in self.faults:
             records = [{**record, "boundary": None} for record in records]
         return self.owner.install(records)
@@ -246,28 +250,27 @@ class EpisodeRunner:
 
 
 def build_app(config: ServerConfig) -> FastAPI:
-    """The `single_agent_turn` look-alike: `/run` plus the checkpoint control routes."""
+    """The `single_agent_turn` look-alike: `/run` plus the checkpoint control routes (one process)."""
+    return single_process_app(config, build_parts)
+
+
+def build_parts(config: ServerConfig, plane: ServerPlane) -> tuple[FastAPI, EnvironmentParticipant]:
+    """The environment's `/run` and participant over `plane` (a worker's, or the one process's control plane)."""
     runner: dict[str, EpisodeRunner] = {}
-    control_plane: ControlPlane
-    owner = EpisodeOwner(
-        notify=lambda: control_plane.notify(), counts_parked_time="parked_time_counts" in config.faults
-    )
+    owner = EpisodeOwner(notify=plane.notify, counts_parked_time="parked_time_counts" in config.faults)
     participant = EnvironmentParticipant(owner, frozenset(config.faults))
-    control_plane = ControlPlane.from_config(participant, config)
     app = FastAPI(lifespan=lifespan_with_client(lambda c: runner.update(r=EpisodeRunner(c, config, participant))))
     install_error_handlers(app)
-    add_health(app)
-    app.include_router(control_plane.router())
     # Planted fault: a new /run is admitted while a checkpoint is open (it then parks at its first boundary).
     admits_while_closed = "environment_admits_while_closed" in config.faults
 
     @app.post("/run")
     async def run(request: EpisodeRequest) -> JSONResponse:
         episode_id = request.episode_id
-        if control_plane.retired.is_retired(episode_id):
+        if plane.retired.is_retired(episode_id):
             raise StaleAttemptError(f"attempt {episode_id.capture_key} was retired")
         key = episode_id.capture_key
-        replacement = key in owner.restored and control_plane.phase != "restored"
+        replacement = key in owner.restored and plane.phase != "restored"
         if not owner.admission.is_set() and not replacement and not admits_while_closed:
             raise AdmissionClosedError("a checkpoint is open; retry the /run after it resumes")
         episode = owner.begin(episode_id, task_digest(request.task.model_dump()), EPISODE_TIMEOUT_S)
@@ -280,7 +283,7 @@ def build_app(config: ServerConfig) -> FastAPI:
             owner.end(episode)
         return episode_reply(request, episode)
 
-    return app
+    return app, participant
 
 
 def episode_reply(request: EpisodeRequest, episode: Episode) -> JSONResponse:

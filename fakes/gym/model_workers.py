@@ -47,6 +47,7 @@ from fakes.gym.participant import PrepareReport
 from fakes.gym.placement import CallPlacement, PlacementRequest, placement_refusal
 from fakes.gym.wire import PLACEMENT_ROUTE, EpisodeId
 from fakes.gym.worker_link import WorkerLink
+from fakes.gym.worker_reports import merge_reports
 from fakes.gym.worker_routes import add_worker_routes
 
 # Reference 1.4: how a policy worker finds its coordinator's socket.
@@ -69,41 +70,6 @@ def worker_report(participant: PolicyParticipant) -> dict[str, Any]:
         "restarts": list(report.restarts),
         "served": participant.gate.served,
     }
-
-
-def merge_reports(
-    own: PrepareReport,
-    reports: Sequence[Mapping[str, Any]],
-    *,
-    label: str,
-    workers: int,
-    unreported: int,
-    lost: bool,
-) -> PrepareReport:
-    """The server's report: the coordinator's own (zero counts of every key, restored state) with every worker's.
-
-    Ready only if every worker is, every live worker has reported for the current close generation, and no worker
-    was lost while admission was closed; those two are blockers of their own."""
-    counts = dict(own.counts)
-    blockers, restarts = set(own.blockers), set(own.restarts)
-    ready = own.ready
-    for report in reports:
-        ready = ready and bool(report["ready"])
-        blockers.update(report["blockers"])
-        restarts.update(report["restarts"])
-        for name, count in report["counts"].items():
-            counts[name] = counts.get(name, 0) + count
-    counts["workers"] = workers
-    if unreported:
-        blockers.add(f"{label}-workers-unreported:{unreported}")
-    if lost:
-        blockers.add(f"{label}-worker-lost")
-    return PrepareReport(
-        ready=ready and not unreported and not lost,
-        blockers=tuple(sorted(blockers)),
-        counts=counts,
-        restarts=tuple(sorted(restarts)),
-    )
 
 
 def gate_snapshot(gate: PolicyGate) -> dict[str, Any]:

@@ -76,3 +76,39 @@ class Participant(Protocol):
 
     def status_extras(self) -> dict[str, Any]:
         """Kind-specific status fields (environment `restored_pending`, agent `accepting`, ...)."""
+
+
+class ServerPlane(Protocol):
+    """What a participant's data plane reads of its server: the retired marks, the phase, and whom to tell of a
+    change. A single-process server's `ControlPlane` is one; a worker's `fakes.gym.participant_workers.WorkerPlane`
+    is another, so each role's routes are written once for both."""
+
+    @property
+    def retired(self) -> Any: ...
+
+    @property
+    def phase(self) -> str: ...
+
+    def notify(self) -> None: ...
+
+
+class LatePlane:
+    """A `ServerPlane` bound after the participant is built: the control plane needs the participant first."""
+
+    def __init__(self) -> None:
+        self.target: ServerPlane | None = None
+
+    def _bound(self) -> ServerPlane:
+        assert self.target is not None, "the server binds its plane before it serves"
+        return self.target
+
+    @property
+    def retired(self) -> Any:
+        return self._bound().retired
+
+    @property
+    def phase(self) -> str:
+        return self._bound().phase
+
+    def notify(self) -> None:
+        self._bound().notify()

@@ -34,7 +34,6 @@ from fastapi import FastAPI, Request, Response
 
 from fakes.backend import CALL_KIND_HEADER, CAPTURE_KEY_HEADER, CLIENT_GONE_STATUS
 from fakes.gym.config import ServerConfig
-from fakes.gym.control_plane import ControlPlane
 from fakes.gym.environment import covers
 from fakes.gym.errors import (
     CheckpointStateError,
@@ -46,13 +45,13 @@ from fakes.gym.errors import (
 from fakes.gym.http import (
     ClientGone,
     RolloutPrefixMiddleware,
-    add_health,
     lifespan_with_client,
     post_json,
     rollout_key,
     unless_client_gone,
 )
-from fakes.gym.participant import PrepareReport
+from fakes.gym.participant import PrepareReport, ServerPlane
+from fakes.gym.single_process import single_process_app
 from fakes.gym.wire import RESTART_HEADER, EpisodeId
 
 SESSION_COOKIE = "resources_session_id"
@@ -85,7 +84,7 @@ class ResourcesCore:
         self.unfreed: set[str] = set()
         self.inflight = 0
         self.served = False
-        self.control_plane: ControlPlane | None = None
+        self.plane: ServerPlane | None = None
 
     def notify(self) -> None:
         self._change.set()
@@ -97,8 +96,8 @@ class ResourcesCore:
         await self._change.wait()
 
     def _retired(self, episode_id: EpisodeId) -> bool:
-        assert self.control_plane is not None
-        return self.control_plane.retired.is_retired(episode_id)
+        assert self.plane is not None
+        return self.plane.retired.is_retired(episode_id)
 
     @contextlib.asynccontextmanager
     async def admit(
@@ -224,6 +223,11 @@ class ResourcesParticipant:
         core = self.core
         if core.served or core.inflight:
             raise ControlError("restore requires a resources server that has not served sessions")
+        return await self.adopt(records)
+
+    async def adopt(self, records: list[dict[str, Any]]) -> list[str]:
+        """Install without asking for a fresh process: a worker takes a restored record its coordinator held."""
+        core = self.core
         if records and core.mode != "exported":
             raise CheckpointStateError(f"resources server in mode {core.mode!r} cannot install records")
         counts = [counter_state(record.get("state"), record.get("session_id")) for record in records]
@@ -319,11 +323,16 @@ class Judge:
 
 def build_app(config: ServerConfig) -> FastAPI:
     """The weather (or, in mode `exported`, counter) resources server with session tracking and the checkpoint
-    control routes."""
-    control_plane: ControlPlane
-    core = ResourcesCore(config, notify=lambda: control_plane.notify())
-    control_plane = ControlPlane.from_config(ResourcesParticipant(core, frozenset(config.faults)), config)
-    core.control_plane = control_plane
+    control routes (one process)."""
+    return single_process_app(config, build_parts)
+
+
+def build_parts(config: ServerConfig, plane: ServerPlane) -> tuple[FastAPI, ResourcesParticipant]:
+    """The resources server's routes and participant over `plane` (a worker's, or the one process's control
+    plane)."""
+    core = ResourcesCore(config, notify=plane.notify)
+    core.plane = plane
+    participant = ResourcesParticipant(core, frozenset(config.faults))
     judge = Judge(config.backend_url) if config.verify_judge else None
     counter = config.resources_mode == "exported"
     # Planted fault: a restart-only server that forgets to tell the seeding episode it can only restart.
@@ -334,8 +343,6 @@ def build_app(config: ServerConfig) -> FastAPI:
         app = FastAPI()
     app.add_middleware(RolloutPrefixMiddleware)
     install_error_handlers(app)
-    add_health(app)
-    app.include_router(control_plane.router())
 
     @app.post("/seed_session")
     async def seed_session(request: Request, response: Response) -> dict[str, Any]:
@@ -386,7 +393,7 @@ def build_app(config: ServerConfig) -> FastAPI:
         core.end(session)
         return {"closed": session is not None}
 
-    return app
+    return app, participant
 
 
 def counter_reward(session: ResourcesSession | None, body: dict[str, Any]) -> float:

@@ -1,6 +1,6 @@
 """Entry point of one look-alike server process: `python -m fakes.gym.serve` with `CKPT_FAKES_SERVER` set.
 
-A server configured with several workers (`ServerConfig.workers`, policy model only) becomes their coordinator
+A server configured with several workers (`ServerConfig.workers`) becomes their coordinator
 (`fakes.gym.coordinator_process`): `build_app` then builds the app each worker serves.
 """
 
@@ -23,7 +23,9 @@ LISTEN_BACKLOG = 2048  # uvicorn's default
 
 def build_app(config: ServerConfig) -> FastAPI:
     """The app for the server's role; imports stay local so each process loads only what it serves."""
-    if config.role == "environment":
+    if config.workers > 1 and config.role != "policy_model":
+        from fakes.gym.participant_workers import build_worker_app as build
+    elif config.role == "environment":
         from fakes.gym.environment import build_app as build
     elif config.role == "legacy_relay":
         from fakes.gym.environment import build_relay_app as build
@@ -87,7 +89,10 @@ def serve_workers(
     """Run a server with several workers in this process, as their coordinator; the exit code. `listening` is its
     listening socket, or what gives it once the workers are built (bound here if None); `app_config` uvicorn's
     config with the worker app (built if None); `on_serving` runs once every worker has registered."""
-    from fakes.gym.model_workers import serve
+    if config.role == "policy_model":
+        from fakes.gym.model_workers import serve
+    else:
+        from fakes.gym.participant_workers import serve
 
     if app_config is None:
         app_config = build_config(config.to_json())

@@ -176,6 +176,10 @@ class WorkerLink:
     async def ask_coordinator(self, kind: str, authorization: str | None, body: Any) -> Any:
         """A harness route's request to the coordinator (the kind's own, e.g. the policy's `place`), bearer first."""
         check_bearer(authorization, self._bearer)
+        return await self.ask(kind, body)
+
+    async def ask(self, kind: str, body: Any) -> Any:
+        """A request of the worker's own to its coordinator (a restored record's claim, say)."""
         channel = await self._ready_channel()
         try:
             return await channel.request(kind, body)

@@ -211,6 +211,7 @@ class StackOptions:
     fork_server: bool = True
     token_capture: bool = False
     generation_cuts: bool = False
+    server_workers: int = 1
 
 
 def redeployable(options: StackOptions) -> dict[str, Any]:
@@ -322,6 +323,7 @@ def deploy(stack_pool: StackPool) -> Iterator[Callable[..., Deployment]]:
         *,
         token_capture: bool = False,
         generation_cuts: bool = False,
+        server_workers: int = 1,
     ) -> Deployment:
         options = StackOptions(
             topology,
@@ -330,6 +332,7 @@ def deploy(stack_pool: StackPool) -> Iterator[Callable[..., Deployment]]:
             fork_server,
             token_capture=token_capture,
             generation_cuts=generation_cuts,
+            server_workers=server_workers,
         )
         stack = stack_pool.take(options, tuple(faults))
         try:

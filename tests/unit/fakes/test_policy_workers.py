@@ -29,7 +29,6 @@ from fakes.gym.model_workers import (
     coordinator_control_plane,
     export_records,
     install_refusal,
-    merge_reports,
 )
 from fakes.gym.participant import PrepareReport
 from fakes.gym.placement import PLACED_HEADER, CallPlacement, placement_refusal
@@ -45,6 +44,7 @@ from fakes.gym.worker_protocol import (
     encode_frame,
     read_frame,
 )
+from fakes.gym.worker_reports import merge_reports
 
 TOKEN = "test-token"
 WAIT_TIMEOUT_S = 10.0
