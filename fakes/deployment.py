@@ -9,7 +9,9 @@ the same checker drives a real Gym through another implementation of the seam. F
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -23,7 +25,7 @@ from fakes import clock
 from fakes.collection.config import COLLECTION_FAULTS, CollectionFault
 from fakes.faults import CATALOGUE, Fault
 from fakes.gym.config import DEFAULT_LEASE_GRACE_S
-from fakes.gym.wire import PLACEMENT_ROUTE, bearer
+from fakes.gym.wire import PLACEMENT_ROUTE, WORKERS_ROUTE, bearer
 from fakes.server_processes import StackStartError, health_client
 from fakes.stack import Stack
 from fakes.stack_cli import main as launch
@@ -47,6 +49,7 @@ class EmbeddedDeployment:
         token_capture: bool = False,
         generation_cuts: bool = False,
         policy_workers: int = 1,
+        server_workers: int = 1,
         time_jumps: bool = False,
     ) -> None:
         self._own_root = root is None
@@ -61,6 +64,7 @@ class EmbeddedDeployment:
                 token_capture=token_capture,
                 generation_cuts=generation_cuts,
                 policy_workers=policy_workers,
+                server_workers=server_workers,
                 time_jumps=time_jumps,
             )
         except BaseException:
@@ -73,7 +77,9 @@ class EmbeddedDeployment:
         self.generation_cuts = generation_cuts
         # uvicorn workers of the policy model server behind its one port (`fakes.gym.coordinator_process`).
         self.policy_workers = self.stack.policy_workers
-        # The placement of generation calls on those workers (`place_calls`), set again on every fresh server.
+        # ... and of each environment, agent and resources server (`fakes.gym.participant_workers`).
+        self.server_workers = self.stack.server_workers
+        # The placement of episodes on those workers (`place_calls`), set again on every fresh server.
         self._placement: dict[str, int] = {}
         # One client for the look-alike's own `/_ctl` routes, polled while a crash point is awaited: a client per
         # call built a TLS context each time (a tenth of the checker's CPU). Built on first use (most deployments
@@ -194,21 +200,38 @@ class EmbeddedDeployment:
         return self._set_clock(name, offset_s)
 
     def place_calls(self, placement: Mapping[str, int]) -> None:
-        """From now on every generation call of capture key K is served by policy worker `placement[K]` (an index),
-        whichever worker accepts its connection (`fakes.gym.placement`); kept, and set again on a fresh server."""
+        """From now on every request of capture key K is served by worker `placement[K]` (an index, modulo the
+        server's workers) of every multi-worker server, whichever worker accepts its connection: the policy
+        model's generation calls (`fakes.gym.placement`), the other servers' episode and session requests
+        (`fakes.gym.session_routing`); kept, and set again on a fresh server."""
         self._placement = dict(placement)
         self._send_placement()
 
     def _send_placement(self) -> None:
-        if self.policy_workers == 1 or not self._placement or POLICY_MODEL not in self.stack.gym:
+        if not self._placement:
             return
-        response = self.stack.http.post(
-            self.stack.gym[POLICY_MODEL].url + PLACEMENT_ROUTE,
-            json={"placement": self._placement},
-            headers={"Authorization": bearer(self.stack.token)},
-        )
-        if response.is_error:
-            raise RuntimeError(f"the policy model refused the placement {self._placement}: {response.text}")
+        for name, server in self.stack.gym.items():
+            workers = self.stack.workers_of_server(name)
+            if workers == 1:
+                continue
+            placement = {key: index % workers for key, index in self._placement.items()}
+            response = self.stack.http.post(
+                server.url + PLACEMENT_ROUTE,
+                json={"placement": placement},
+                headers={"Authorization": bearer(self.stack.token)},
+            )
+            if response.is_error:
+                raise RuntimeError(f"{name} refused the placement {placement}: {response.text}")
+
+    def kill_worker(self, name: str, index: int) -> int:
+        """SIGKILL worker `index` of server `name` (several workers) alone; its pid. The server goes on with the
+        others; what that worker held dies with it (`fakes.gym.session_routing` answers its episodes 410)."""
+        workers = self._look_alike_route(name, WORKERS_ROUTE)["workers"]
+        pid = next((int(w["pid"]) for w in workers if w["index"] == index), None)
+        if pid is None:
+            raise RuntimeError(f"{name} has no live worker {index} (live: {[w['index'] for w in workers]})")
+        os.kill(pid, signal.SIGKILL)
+        return pid
 
     def arm_failpoint(self, name: str, point: str) -> None:
         """Arm a failpoint in one Gym server (`fakes.gym.failpoints`): its work stops there once it gets there."""

@@ -15,8 +15,8 @@ import attrs
 
 @attrs.frozen
 class Fault:
-    """A planted bug; `topology`, `verify_mode`, `token_capture`, `generation_cuts`, `policy_workers` and
-    `time_jumps` name the deployment it shows in."""
+    """A planted bug; `topology`, `verify_mode`, `token_capture`, `generation_cuts`, `policy_workers`,
+    `server_workers` and `time_jumps` name the deployment it shows in."""
 
     name: str
     server: str
@@ -27,6 +27,7 @@ class Fault:
     token_capture: bool = False
     generation_cuts: bool = False
     policy_workers: int = 1
+    server_workers: int = 1
     time_jumps: bool = False
     # A fault that shows only on some runs of the same steps (it tosses a coin): its fixed scenario is judged over
     # several runs (`tests/stateful/test_fixed_scenarios.py`), and a search reports it with its reproduction rate.

@@ -272,6 +272,10 @@ class Stack:
         self.policy_workers = workers
         self.server_workers = participant_workers
 
+    def workers_of_server(self, name: str) -> int:
+        """How many workers Gym server `name` of this topology runs."""
+        return self.workers_of(TOPOLOGIES[self.topology][name])
+
     def workers_of(self, role: str) -> int:
         """How many workers a server of `role` runs."""
         if role == "policy_model":

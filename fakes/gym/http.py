@@ -209,17 +209,21 @@ def _transport_error(exc: BaseException, request: httpx.Request) -> BaseExceptio
     return exc
 
 
+def no_cookies() -> http.cookiejar.CookieJar:
+    """A cookie jar that keeps nothing: for a client whose requests belong to many episodes (or sessions)."""
+    return http.cookiejar.CookieJar(policy=http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
+
+
 def new_client() -> httpx.AsyncClient:
     """One client per server process: building one costs ~42 ms, so it is made once and reused.
 
     Its cookie jar accepts nothing: one client serves every episode, and a session cookie one episode received
     must never ride along on another episode's request. Cookies are sent explicitly, per request."""
-    no_cookies = http.cookiejar.CookieJar(policy=http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
     connections = PeerConnections(keepalive_max=CLIENT_KEEPALIVE_MAX, keepalive_expiry_s=CLIENT_KEEPALIVE_EXPIRY_S)
     return httpx.AsyncClient(
         transport=connections,
         timeout=httpx.Timeout(PEER_TIMEOUT_S, connect=PEER_CONNECT_TIMEOUT_S, read=None),
-        cookies=no_cookies,
+        cookies=no_cookies(),
         trust_env=False,
     )
 

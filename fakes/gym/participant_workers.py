@@ -37,15 +37,13 @@ from fakes.gym.participant import LatePlane, Participant, PrepareReport
 from fakes.gym.placement import PlacementRequest, placement_refusal
 from fakes.gym.session_routing import SessionRouter, SessionRoutingMiddleware
 from fakes.gym.single_process import BuildParts
-from fakes.gym.wire import PLACEMENT_ROUTE, EpisodeId
+from fakes.gym.wire import PLACEMENT_ROUTE, WORKERS_ROUTE, EpisodeId
 from fakes.gym.worker_link import WorkerLink
 from fakes.gym.worker_reports import merge_extras, merge_reports
 from fakes.gym.worker_routes import add_worker_routes
 
 # Reference 1.4: how an environment, agent or resources worker finds its coordinator's socket.
 COORDINATOR_SOCKET_ENV = "NEMO_GYM_CHECKPOINT_COORDINATOR_SOCKET"
-# Ours, as `/_ctl/placement`: which worker process has which index (a harness kills one worker by it).
-WORKERS_ROUTE = "/_ctl/workers"
 
 
 class Adopting(Participant, Protocol):
@@ -194,10 +192,10 @@ class CoordinatedParticipant:
 
     def status_extras(self) -> dict[str, Any]:
         extras = [report.get("extras", {}) for report in self.pool.reports()]
-        own = self.local.status_extras()
-        if "accepting" in own:
-            own = {**own, "accepting": self.pool.open}
-        return {**merge_extras(own, extras), "workers": len(self.pool.workers), "expected_workers": self.pool.expected}
+        merged = merge_extras(self.local.status_extras(), extras)
+        if "accepting" in merged:  # the agent's admission is the server's, which the coordinator sets
+            merged["accepting"] = self.pool.open
+        return {**merged, "workers": len(self.pool.workers), "expected_workers": self.pool.expected}
 
 
 def coordinator_control_plane(config: ServerConfig, pool: WorkerPool) -> ControlPlane:
@@ -291,10 +289,12 @@ class ParticipantWorker:
     async def _close_admission(self, body: dict[str, Any]) -> None:
         self.plane.closed_by_restore = bool(body.get("restoring"))
         await self.participant.close_admission(body.get("deadline_ts"))
+        self.link.report_soon()  # admission is in the status extras (the agent's `accepting`), changed or not
 
     async def _open_admission(self) -> None:
         self.plane.closed_by_restore = False
         await self.participant.open_admission()
+        self.link.report_soon()
 
     async def _on_register(self, state: dict[str, Any]) -> None:
         self.router.index = self.link.index

@@ -21,6 +21,7 @@ import httpx
 from fastapi import Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from fakes.gym.http import no_cookies
 from fakes.gym.wire import ROLLOUT_PATH_PREFIX
 from fakes.gym.worker_routes import WORKER_HEADER
 
@@ -83,5 +84,6 @@ class CallPlacement:
             path = private_socket_path(os.environ[self.socket_env], worker)
             # No timeout: a placed call waits as long as its gate holds it, exactly as an accepted one does.
             transport = httpx.AsyncHTTPTransport(uds=path)
-            client = self._clients[worker] = httpx.AsyncClient(transport=transport, timeout=None)
+            client = httpx.AsyncClient(transport=transport, timeout=None, cookies=no_cookies(), trust_env=False)
+            self._clients[worker] = client
         return client

@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from fakes.gym.http import no_cookies
 from fakes.gym.placement import HOP_HEADERS, PLACED_HEADER, private_socket_path
 from fakes.gym.wire import ROLLOUT_PATH_PREFIX, EpisodeId, error_body
 
@@ -85,8 +86,11 @@ class SessionRouter:
         client = self._clients.get(worker)
         if client is None:
             path = private_socket_path(os.environ[self.socket_env], worker)
-            # No timeout: a forwarded /run waits as long as its episode runs, exactly as an accepted one does.
-            client = httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=path), timeout=None)
+            # No timeout: a forwarded /run waits as long as its episode runs, exactly as an accepted one does. No
+            # cookie jar: the forwards of every episode share this client, and a session cookie relayed to one
+            # episode must never ride along on another's request.
+            transport = httpx.AsyncHTTPTransport(uds=path)
+            client = httpx.AsyncClient(transport=transport, timeout=None, cookies=no_cookies(), trust_env=False)
             self._clients[worker] = client
         return client
 

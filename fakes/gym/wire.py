@@ -28,6 +28,8 @@ GENERATION_CUT_ROUTE = "/ng-control/v1/generation-cut"
 ROLLOUT_PATH_PREFIX = "/ng-rollout/"
 # Ours, on a multi-worker policy model: where the checker sets which worker serves which generation call.
 PLACEMENT_ROUTE = "/_ctl/placement"
+# Ours, on any multi-worker server: which worker process has which index (a harness kills one worker by it).
+WORKERS_ROUTE = "/_ctl/workers"
 BEARER_PREFIX = "Bearer "
 
 

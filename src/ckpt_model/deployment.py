@@ -33,9 +33,13 @@ with `isinstance`; without one the machine never draws the rules that need it:
   ledger); without them the machine checks neither P5 nor P12.
 - `PolicyWorkers`: `policy_workers`, how many worker processes serve the policy model behind its one port (the
   checker treats them as one participant).
-- `PlacesCalls`: `place_calls(placement)`, with several policy workers: every generation call of capture key K is
-  served by worker `placement[K]` (an index), whichever worker accepts it (`ckpt_model.placement`); without it the
-  worker race is only observed, where the backend's call list names the worker.
+- `ServerWorkers`: `server_workers`, how many worker processes serve each environment, agent and resources server
+  behind its port (each is still one participant).
+- `PlacesCalls`: `place_calls(placement)`, with several workers: every request of capture key K (a generation
+  call, an episode's or a session's) is served by worker `placement[K]` (an index, modulo the server's workers),
+  whichever worker accepts it (`ckpt_model.placement`); without it the worker race is only observed, where the
+  backend's call list names the worker.
+- `KillsWorkers`: `kill_worker(name, index)`, SIGKILL one worker of a multi-worker server alone.
 
 Which deployment to start is a `ckpt_model.spec.DeploymentSpec`: `Harness.embedded(spec)` hands its keywords to
 the embedded system's deployment factory, and `harness.spec` is what everything else reads.
@@ -241,6 +245,20 @@ class PolicyWorkers(Protocol):
 
 
 @runtime_checkable
+class ServerWorkers(Protocol):
+    """How many worker processes serve each environment, agent and resources server behind its port."""
+
+    server_workers: int
+
+
+@runtime_checkable
+class KillsWorkers(Protocol):
+    """SIGKILL one worker of a multi-worker server (by index), leaving its siblings and coordinator running."""
+
+    def kill_worker(self, name: str, index: int) -> int: ...
+
+
+@runtime_checkable
 class PlacesCalls(Protocol):
     """Serve each capture key's generation calls on a chosen policy worker (the whole placement, replacing the
     last; kept across restarts of the servers)."""
@@ -272,6 +290,8 @@ def spec_of(deployment: Deployment) -> DeploymentSpec:
         options.update(token_capture=deployment.token_capture, generation_cuts=deployment.generation_cuts)
     if isinstance(deployment, PolicyWorkers):
         options.update(policy_workers=deployment.policy_workers)
+    if isinstance(deployment, ServerWorkers):
+        options.update(server_workers=deployment.server_workers)
     return DeploymentSpec(
         deployment.topology,
         deployment.verify_mode,
@@ -559,9 +579,27 @@ class Harness:
         return self.spec.policy_workers
 
     @property
+    def server_workers(self) -> int:
+        """How many worker processes serve each environment, agent and resources server behind its port."""
+        return self.spec.server_workers
+
+    @property
+    def workers(self) -> int:
+        """The most workers any server runs: a placement index is drawn below it (each server takes it modulo
+        its own)."""
+        return max(self.policy_workers, self.server_workers)
+
+    @property
     def places_calls(self) -> bool:
-        """The checker chooses which policy worker serves each call (several workers, and `PlacesCalls`)."""
-        return self.policy_workers > 1 and isinstance(self.deployment, PlacesCalls)
+        """The checker chooses which worker serves each attempt's requests (several workers, and `PlacesCalls`)."""
+        return self.workers > 1 and isinstance(self.deployment, PlacesCalls)
+
+    def kill_worker(self, name: str, index: int) -> None:
+        deployment = self.deployment
+        if not isinstance(deployment, KillsWorkers):
+            raise HarnessError(self._lacks("kill_worker(name, index)"))
+        with timing.span("kill_worker"):
+            deployment.kill_worker(name, index)
 
     def place_calls(self, placement: Mapping[str, int]) -> None:
         deployment = self.deployment

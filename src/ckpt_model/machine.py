@@ -48,10 +48,11 @@ PICK = st.integers(min_value=0, max_value=7)
 
 
 def _worker_choice(machine: CheckpointMachine) -> st.SearchStrategy[int]:
-    """A policy worker to serve a new attempt's calls; with nothing to place, 0, drawn from nothing. (The argument
-    itself still reorders Hypothesis's draws on every deployment: the same seed plays other examples than before.)"""
+    """A worker to serve a new attempt's requests on every multi-worker server; with nothing to place, 0, drawn
+    from nothing. (The argument itself still reorders Hypothesis's draws on every deployment: the same seed plays
+    other examples than before.)"""
     harness = machine.harness
-    return st.integers(0, harness.policy_workers - 1) if harness.places_calls else st.just(0)
+    return st.integers(0, harness.workers - 1) if harness.places_calls else st.just(0)
 
 
 # The worker is drawn from the machine itself (Hypothesis hands a stateful test's runner to `st.runner()`).

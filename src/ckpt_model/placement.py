@@ -1,14 +1,15 @@
-"""Which policy-model worker serves each attempt's generation calls: a choice of the checker, so the race between
+"""Which worker of each multi-worker server serves each attempt: a choice of the checker, so the race between
 workers replays.
 
 With several workers behind one port the kernel decides which worker accepts a connection, so a violation that
 depends on the serving worker would replay only sometimes. Instead the rules that start an attempt draw a worker
 index (`worker`, a rule argument, so regression files carry it), and a deployment that can (`PlacesCalls`) serves
-every call of that attempt's capture key on that worker. After every step the backend's call list says which worker
-served each new call: each is noted in the history (the failure report shows it), and where the checker placed the
-call a different worker is a `PlacementMismatch`, a harness error (the checker did not own the race after all).
-A deployment that cannot place calls (a real Gym) is only observed, where its backend names the worker.
-"""
+every request of that attempt's capture key on that worker of every server (the index modulo the server's
+workers): the policy model's generation calls, and the environment's, agent's and resources server's episode and
+session requests. After every step the backend's call list says which policy worker served each new call: each is
+noted in the history (the failure report shows it), and where the checker placed the call a different worker is a
+`PlacementMismatch`, a harness error (the checker did not own the race after all). A deployment that cannot place
+calls (a real Gym) is only observed, where its backend names the worker."""
 
 from __future__ import annotations
 
@@ -66,7 +67,7 @@ class Placement:
         """Serve capture key `key`'s calls on worker `worker` (modulo the workers); a label suffix for the step."""
         if not self.harness.places_calls:
             return ""
-        self.chosen[key] = worker % self.harness.policy_workers
+        self.chosen[key] = worker % self.harness.workers
         self.harness.place_calls(self.chosen)
         return f" on worker {self.chosen[key]}"
 
@@ -82,5 +83,6 @@ class Placement:
         for index, key, worker in served:
             self.history.note("backend", "served", f"call {index} of {key} by policy worker {worker}")
         if self.harness.places_calls:
-            for mismatch in placement_mismatches(served, self.chosen):
+            policy = {key: index % self.harness.policy_workers for key, index in self.chosen.items()}
+            for mismatch in placement_mismatches(served, policy):
                 raise PlacementMismatch(*mismatch)

@@ -105,6 +105,12 @@ class DeploymentSpec:
         validator=[attrs.validators.instance_of(int), attrs.validators.ge(1)],
         metadata=option("workers", "worker processes of the policy model behind its one port"),
     )
+    server_workers: int = attrs.field(
+        default=1,
+        kw_only=True,
+        validator=[attrs.validators.instance_of(int), attrs.validators.ge(1)],
+        metadata=option("servers", "worker processes of each environment, agent and resources server behind its port"),
+    )
     time_jumps: bool = attrs.field(
         default=False,
         kw_only=True,
@@ -324,6 +330,9 @@ class FaultNeeds(Protocol):
     def policy_workers(self) -> int: ...
 
     @property
+    def server_workers(self) -> int: ...
+
+    @property
     def time_jumps(self) -> bool: ...
 
 
@@ -333,6 +342,7 @@ def options_needed_by(fault: FaultNeeds) -> dict[str, OptionValue]:
         "token_capture": fault.token_capture,
         "generation_cuts": fault.generation_cuts,
         "policy_workers": fault.policy_workers,
+        "server_workers": fault.server_workers,
         "time_jumps": fault.time_jumps,
     }
 
@@ -434,6 +444,9 @@ FAULT_FREE: tuple[DeploymentSpec, ...] = (
     # A deployment whose time can pass, with a replay verification: the two places an episode's budget is suspended
     # (parked at a boundary, in a replay step) both meet time passing. New deployments go last: keys never change.
     DeploymentSpec("slow", "replay", time_jumps=True),
+    # Two workers on every server (Gym's multi-worker e2e): the cut scenario's deployment with the environment,
+    # agent and resources servers behind one port each as well; the checker places every attempt on a worker.
+    DeploymentSpec("native", token_capture=True, generation_cuts=True, policy_workers=2, server_workers=2),
 )
 
 

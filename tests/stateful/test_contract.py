@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import attrs
 import pytest
 from hypothesis.stateful import run_state_machine_as_test
 
@@ -26,12 +27,16 @@ from tests.stateful.conftest import ACTIVE_SETTINGS, DEEP, GOALS_REQUIRED
 # - native inside slow/wait, the native topology with a judge; native's fixed scenarios run on native itself, and
 #   episodes without a judge in the contract on mixed and native+capture+cuts+workers2;
 # - legacy inside counter+capture: the agent's legacy rows through the same relay, with the counter task (and its
-#   exported resources state) for the weather task, which the contract runs on the native-topology deployments.
+#   exported resources state) for the weather task, which the contract runs on the native-topology deployments;
+# - native+capture+cuts+workers2 inside the same with two workers on every other server too (servers2): the same
+#   rules on one-process environment, agent and resources servers, which every other deployment runs.
+CUTS_WITH_POLICY_WORKERS = DeploymentSpec("native", token_capture=True, generation_cuts=True, policy_workers=2)
 INCLUDED: dict[DeploymentSpec, DeploymentSpec] = {
     DeploymentSpec("counter"): DeploymentSpec("counter", token_capture=True),
     DeploymentSpec("slow", "replay"): DeploymentSpec("slow", "replay", time_jumps=True),
     DeploymentSpec("native"): DeploymentSpec("slow", "wait"),
     DeploymentSpec("legacy"): DeploymentSpec("counter", token_capture=True),
+    CUTS_WITH_POLICY_WORKERS: attrs.evolve(CUTS_WITH_POLICY_WORKERS, server_workers=2),
 }
 
 

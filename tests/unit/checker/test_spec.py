@@ -24,6 +24,8 @@ def main_option_words(options: Mapping[str, Any]) -> list[str]:
     words = [word for word, name in (("capture", "token_capture"), ("cuts", "generation_cuts")) if options.get(name)]
     if options.get("policy_workers", 1) != 1:
         words.append(f"workers{options['policy_workers']}")
+    if options.get("server_workers", 1) != 1:
+        words.append(f"servers{options['server_workers']}")  # an option added after the spec, in declaration order
     if options.get("time_jumps"):
         words.append("jumps")  # an option added after the spec: its word follows the older ones
     return words
@@ -49,7 +51,13 @@ STATEFUL_BEFORE = [
     ),
 ]
 # The fault-free deployments added since, each with its key (appended: the keys above never change).
-STATEFUL_SINCE = [(("slow", "replay", {"time_jumps": True}), "slow/replay//jumps")]
+STATEFUL_SINCE = [
+    (("slow", "replay", {"time_jumps": True}), "slow/replay//jumps"),
+    (
+        ("native", "wait", {"token_capture": True, "generation_cuts": True, "policy_workers": 2, "server_workers": 2}),
+        "native/wait//capture/cuts/workers2/servers2",
+    ),
+]
 
 
 def fault_deployments() -> list[DeploymentSpec]:
@@ -82,6 +90,7 @@ def test_a_fault_deployment_keeps_the_key_its_search_had(fault: PlantedFault) ->
         "token_capture": fault.token_capture,
         "generation_cuts": fault.generation_cuts,
         "policy_workers": fault.policy_workers,
+        "server_workers": fault.server_workers,
         "time_jumps": fault.time_jumps,
     }
     spec = DeploymentSpec.for_faults([fault])
@@ -119,6 +128,7 @@ def test_the_words_are_the_fuzz_targets_encoding() -> None:
         "counter:wait::capture",
         "native:wait::capture+cuts+workers2",
         "slow:replay::jumps",
+        "native:wait::capture+cuts+workers2+servers2",
     ]
     assert DeploymentSpec("slow", "replay", ("b", "a")).words == "slow:replay:a,b"
     assert DeploymentSpec.from_words("native") == DeploymentSpec.from_words("native:wait:") == DeploymentSpec("native")
@@ -139,6 +149,7 @@ def test_labels_name_the_verify_mode_only_where_a_topology_runs_in_several() -> 
         "counter+capture",
         "native+capture+cuts+workers2",
         "slow/replay+jumps",
+        "native+capture+cuts+workers2+servers2",
     ]
     assert DeploymentSpec("native", faults=("x", "y")).label == "native with x, y"
 
@@ -195,7 +206,13 @@ def test_the_system_gets_only_the_options_that_differ_from_their_defaults() -> N
 
 
 def test_option_words_round_trip_and_follow_the_declarations() -> None:
-    assert [option.name for option in OPTIONS] == ["token_capture", "generation_cuts", "policy_workers", "time_jumps"]
+    assert [option.name for option in OPTIONS] == [
+        "token_capture",
+        "generation_cuts",
+        "policy_workers",
+        "server_workers",
+        "time_jumps",
+    ]
     options = {"token_capture": True, "generation_cuts": True, "policy_workers": 3}
     assert option_words(options) == ("capture", "cuts", "workers3")
     assert options_of_words(option_words(options)) == options
@@ -218,6 +235,7 @@ class NeedingFault:
     token_capture: bool = False
     generation_cuts: bool = False
     policy_workers: int = 1
+    server_workers: int = 1
     time_jumps: bool = False
 
 

@@ -18,7 +18,7 @@ def participant(faults: frozenset[str] = frozenset()) -> ResourcesParticipant:
     config = ServerConfig(name="resources", role="resources", port=1, token="t", resources_mode="exported")
     core = ResourcesCore(config, notify=lambda: None)
     hooks = ResourcesParticipant(core, faults)
-    core.control_plane = ControlPlane.from_config(hooks, config)  # export asks it for retired marks
+    core.plane = ControlPlane.from_config(hooks, config)  # export asks it for retired marks
     return hooks
 
 

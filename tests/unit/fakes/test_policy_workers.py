@@ -332,9 +332,10 @@ def test_a_worker_count_must_be_a_positive_integer(workers: Any) -> None:
         model_config(workers)
 
 
-def test_only_the_policy_model_may_run_several_workers() -> None:
-    with pytest.raises(ValueError, match="'workers' must be 1 for role 'environment'"):
-        ServerConfig(name="environment", role="environment", port=0, token=TOKEN, workers=2)
+def test_only_the_legacy_relay_may_not_run_several_workers() -> None:
+    with pytest.raises(ValueError, match="'workers' must be 1 for role 'legacy_relay'"):
+        ServerConfig(name="environment", role="legacy_relay", port=0, token=TOKEN, workers=2)
+    assert ServerConfig(name="environment", role="environment", port=0, token=TOKEN, workers=2).workers == 2
     assert ServerConfig.from_json(model_config(3).to_json()).workers == 3
 
 

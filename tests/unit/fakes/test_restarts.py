@@ -74,7 +74,7 @@ def resources(mode: str) -> ResourcesParticipant:
     config = ServerConfig(name="restart_resources", role="resources", port=1, token="t", resources_mode=mode)
     core = ResourcesCore(config, notify=lambda: None)
     hooks = ResourcesParticipant(core, frozenset())
-    core.control_plane = ControlPlane.from_config(hooks, config)
+    core.plane = ControlPlane.from_config(hooks, config)
     return hooks
 
 

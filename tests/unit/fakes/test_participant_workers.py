@@ -1,0 +1,95 @@
+"""The multi-worker environment, agent and resources servers' pure parts on hand-built values: the merged status
+extras, session routing's owner and keys, and when a coordinator refuses a restore before asking its workers."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from fakes.gym.participant_workers import restore_refusal, scope_from_wire, scope_wire
+from fakes.gym.session_routing import SessionRouter, default_worker, key_in_path, key_in_run_body
+from fakes.gym.wire import EpisodeId
+from fakes.gym.worker_reports import merge_extras
+
+
+def test_extras_unite_lists_sum_counts_and_keep_the_coordinators_configuration() -> None:
+    own = {"restored_pending": ["a-a1"], "retired_sessions": 0, "mode": "exported", "accepting": True}
+    workers = [
+        {"restored_pending": ["c-a1", "b-a1"], "retired_sessions": 2, "mode": "stateless", "accepting": True},
+        {"restored_pending": ["b-a1"], "retired_sessions": 1, "mode": "stateless", "accepting": False},
+    ]
+    assert merge_extras(own, workers) == {
+        "restored_pending": ["a-a1", "b-a1", "c-a1"],
+        "retired_sessions": 3,
+        "mode": "exported",
+        "accepting": False,
+    }
+
+
+def test_extras_of_no_worker_are_the_coordinators() -> None:
+    own = {"restored_pending": [], "retired_sessions": 0}
+    assert merge_extras(own, []) == own
+
+
+def test_a_key_the_placement_does_not_name_has_the_same_worker_everywhere_and_the_keys_spread() -> None:
+    keys = [f"r{index}-a0" for index in range(200)]
+    owners = Counter(default_worker(key, 2) for key in keys)
+    assert set(owners) == {0, 1}
+    assert min(owners.values()) > 60, owners
+    assert {default_worker(key, 1) for key in keys} == {0}
+
+
+def test_the_placement_names_a_keys_worker_before_the_default() -> None:
+    router = SessionRouter("environment", 2, "UNUSED")
+    key = "r0"
+    router.placement = {key: 1 - default_worker(key, 2)}
+    assert router.owner(key) == 1 - default_worker(key, 2)
+    assert router.owner("r1-a1") == default_worker("r1-a1", 2)
+
+
+@pytest.mark.parametrize(
+    ("path", "key"),
+    [
+        ("/ng-rollout/r0-a1/v1/responses", "r0-a1"),
+        ("/ng-rollout/r0/seed_session", "r0"),
+        ("/ng-rollout//seed_session", None),
+        ("/run", None),
+        ("/ng-control/v1/checkpoint/status", None),
+    ],
+)
+def test_a_path_names_its_episodes_key_only_under_the_rollout_prefix(path: str, key: str | None) -> None:
+    assert key_in_path(path) == key
+
+
+@pytest.mark.parametrize(
+    ("body", "key"),
+    [
+        ({"episode_id": {"rollout_id": "r3", "attempt": 2}, "task": {}}, "r3-a2"),
+        ({"episode_id": {"rollout_id": "r3", "attempt": 0}}, "r3"),
+        ({"_ng_rollout_id": "legacy-1", "_ng_attempt_index": 1}, "legacy-1-a1"),
+        ({"_ng_rollout_id": "legacy-1"}, "legacy-1"),
+        ({"task": {}}, None),
+        (["not", "a", "row"], None),
+        ({"episode_id": {"rollout_id": "r3", "attempt": "two"}}, None),
+    ],
+)
+def test_a_run_body_names_its_episodes_key(body: object, key: str | None) -> None:
+    assert key_in_run_body(json.dumps(body).encode()) == key
+
+
+def test_a_run_body_that_is_not_json_names_no_key() -> None:
+    assert key_in_run_body(b"{not json") is None
+
+
+def test_a_restore_is_refused_once_a_worker_left_or_one_did_not_close() -> None:
+    assert restore_refusal(left=False, unreported=0) is None
+    assert "left since it started" in (restore_refusal(left=True, unreported=0) or "")
+    assert "1 did not answer" in (restore_refusal(left=False, unreported=1) or "")
+
+
+def test_a_scope_travels_to_the_workers_and_back_unchanged() -> None:
+    scope = [EpisodeId(rollout_id="r0", attempt=0), EpisodeId(rollout_id="r1", attempt=3)]
+    assert scope_from_wire(json.loads(json.dumps(scope_wire(scope)))) == scope
+    assert scope_from_wire(scope_wire(None)) is None
