@@ -5,8 +5,6 @@ the server `CKPT_MODEL_MODEL_URL` names (vLLM)."""
 from __future__ import annotations
 
 import os
-import signal
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,12 +26,9 @@ from ckpt_model.real_model import (
     run_real_model,
 )
 from ckpt_model.scale import RunOutcome
-from fakes.ports import free_port
-from fakes.server_processes import ServerProcess, kill_groups, spawn, wait_healthy
+from tests.ungated_backend import SERVED_MODEL
+from tests.ungated_backend import ungated_backend as running_ungated_backend
 
-# Long enough that the second wave is still generating when prepare comes; short enough for a run of seconds.
-LATENCY_MS = 150
-SERVED_MODEL = "ckpt-model/ungated-fake"
 STAGES = ("dispatch", "prepare", "commit", "crash", "restore", "replacement")
 
 
@@ -99,25 +94,8 @@ def test_a_reply_must_be_200_with_a_numeric_reward_and_no_failure() -> None:
 
 @pytest.fixture
 def ungated_backend(tmp_path: Path) -> Iterator[str]:
-    """The fake backend as a real model server would be: its own process group, no `/_ctl` routes, a latency per
-    call and one served model. Stopped (and its group gone) however the test ends, an interrupt included; with
-    `--exit-with-stdin` it also stops if this process dies."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    argv = [sys.executable, "-m", "fakes.backend", "--port", str(port), "--exit-with-stdin", "--ungated"]
-    argv += ["--latency-ms", str(LATENCY_MS), "--served-model-name", SERVED_MODEL]
-    backend = spawn("ungated-backend", argv, dict(os.environ), tmp_path / "backend.log", url, None, stdin_pipe=True)
-    try:
-        wait_healthy([backend], "/v1/models")
+    with running_ungated_backend(tmp_path / "backend.log") as url:
         yield url
-    finally:
-        stop(backend)
-
-
-def stop(backend: ServerProcess) -> None:
-    kill_groups([backend], signal.SIGTERM)
-    if backend.process is not None and backend.process.stdin is not None:
-        backend.process.stdin.close()
 
 
 @pytest.mark.processes
