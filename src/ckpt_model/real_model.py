@@ -262,7 +262,8 @@ class _RealRun:
     def crash(self) -> None:
         """SIGKILL every Gym process group and start fresh ones; ends when every first /run has ended."""
         self.harness.crash()
-        wait_for(lambda: self.sender.ended(self.rollouts), len(self.rollouts), "every /run ended at the crash")
+        everything = len(self.rollouts)
+        wait_for(lambda: self.sender.ended(self.rollouts), everything, "every /run ended at the crash", stall_s=STALL_S)
 
     def restore_and_resume(self, exported: Sequence[str]) -> None:
         control = self.harness.control
