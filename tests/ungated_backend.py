@@ -18,14 +18,14 @@ SERVED_MODEL = "ckpt-model/ungated-fake"
 
 
 @contextlib.contextmanager
-def ungated_backend(log_path: Path) -> Iterator[str]:
+def ungated_backend(log_path: Path, latency_ms: int = LATENCY_MS) -> Iterator[str]:
     """Its base URL while it runs: its own process group, no `/_ctl` routes, a latency per call, one served model.
     Stopped (its group gone) however the block ends, an interrupt included; with `--exit-with-stdin` it also
     stops if this process dies."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     argv = [sys.executable, "-m", "fakes.backend", "--port", str(port), "--exit-with-stdin", "--ungated"]
-    argv += ["--latency-ms", str(LATENCY_MS), "--served-model-name", SERVED_MODEL]
+    argv += ["--latency-ms", str(latency_ms), "--served-model-name", SERVED_MODEL]
     backend = spawn("ungated-backend", argv, dict(os.environ), log_path, url, None, stdin_pipe=True)
     try:
         wait_healthy([backend], "/v1/models")

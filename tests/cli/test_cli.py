@@ -423,6 +423,39 @@ def test_scale_with_a_model_url_runs_the_real_model_test_and_says_what_it_did_no
     assert left_behind(tmp_path) == []
 
 
+def test_ctrl_c_during_a_real_model_run_stops_every_gym_server_and_exits_130(tmp_path: Path) -> None:
+    # Seconds a call: the probe answers, and the first wave is still generating when the interrupt comes.
+    with (
+        ungated_backend(tmp_path / "backend.log", latency_ms=3000) as url,
+        subprocess.Popen(
+            [sys.executable, "-m", "ckpt_model", "scale", "--model-url", url],
+            cwd=tmp_path,
+            env=environment(tmp_path),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            preexec_fn=default_sigint,
+        ) as run,
+    ):
+        try:
+            assert run.stdout is not None
+            while "dispatch ..." not in run.stdout.readline():  # the Gym servers are up
+                assert run.poll() is None, "ckpt-model scale ended before it dispatched"
+            run.send_signal(signal.SIGINT)
+            try:
+                output, _ = run.communicate(timeout=RUN_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"ckpt-model scale did not stop after SIGINT; its stacks:\n{stacks_of(run.pid)}")
+        finally:
+            if run.poll() is None:
+                run.kill()
+                run.wait()
+
+    assert run.returncode == 130, output
+    assert "INTERRUPTED (SIGINT)" in output
+    assert left_behind(tmp_path) == []
+
+
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
