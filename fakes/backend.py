@@ -13,7 +13,13 @@ which survives every Gym crash) when it returns, and its reply names the row (`n
 is active, with the first tokens of its output "generated so far": a cut stages that prefix, and a call continuing
 the cut generates only the rest.
 
-Run: `python -m fakes.backend --port N [--host 127.0.0.1]`.
+Ungated (`--ungated`): the same OpenAI API as a real model server (vLLM) serves it, and nothing else: no `/_ctl/`
+route and no cut endpoint, so nothing can hold a call. Every call answers after `--latency-ms` (a model's
+generation time, so rollouts are genuinely in flight when a checkpoint comes), and a request naming a model other
+than the served one (`--served-model-name`) is refused with 404, as vLLM refuses it. What the real-model mode
+(`ckpt_model.real_model`) runs against in CI.
+
+Run: `python -m fakes.backend --port N [--host 127.0.0.1] [--ungated [--latency-ms MS] [--served-model-name ID]]`.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import signal
 import sys
@@ -427,15 +434,26 @@ async def released_or_gone(call: Call, request: Request) -> bool:
     return True
 
 
-def build_app() -> FastAPI:
-    """A fresh backend: its own calls, hold, gate and script."""
-    app = FastAPI(title="ckpt-model fake backend")
+def build_app(*, ungated: bool = False, latency_s: float = 0.0, served_model: str = MODEL_NAME) -> FastAPI:
+    """A fresh backend: its own calls, hold, gate and script. Ungated: only the model routes (see the module)."""
+    if not (latency_s >= 0 and math.isfinite(latency_s)):
+        raise ValueError(f"'latency_s' must be a finite number of seconds >= 0 (got {latency_s!r})")
+    app = FastAPI(title="ckpt-model fake backend" + (" (ungated)" if ungated else ""))
     backend = Backend()
     app.state.backend = backend
+    _add_model_routes(app, backend, latency_s, served_model if ungated else None)
+    if not ungated:
+        _add_control_routes(app, backend)
+    return app
+
+
+def _add_model_routes(app: FastAPI, backend: Backend, latency_s: float, served_model: str | None) -> None:
+    """`/v1/models` and `/v1/chat/completions`; with `served_model`, a call naming another model is a 404."""
+    model_id = served_model or MODEL_NAME
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": MODEL_NAME, "object": "model"}]}
+        return {"object": "list", "data": [{"id": model_id, "object": "model"}]}
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(body: ChatRequest, request: Request) -> dict[str, Any] | Response:
@@ -443,6 +461,8 @@ def build_app() -> FastAPI:
         if kind not in CALL_KINDS:
             detail = f"header {CALL_KIND_HEADER} must be one of {list(CALL_KINDS)} (got {kind!r})"
             return JSONResponse(error_body("invalid_request", detail), status_code=422)
+        if served_model is not None and body.model != served_model:
+            return JSONResponse(model_not_found(body.model), status_code=404)
         worker = request.headers.get(POLICY_WORKER_HEADER)
         try:
             call = backend.arrive(
@@ -452,9 +472,39 @@ def build_app() -> FastAPI:
             return JSONResponse(error_body("invalid_generation_cut", str(refusal)), status_code=409)
         if call.waiting and not await released_or_gone(call, request):
             return Response(status_code=CLIENT_GONE_STATUS)
+        if latency_s and not await generated_or_gone(call, request, latency_s):
+            return Response(status_code=CLIENT_GONE_STATUS)
         reply = chat_completion(call, body.model) | backend.capture_fields(call)
         call.returned = True
         return reply
+
+
+def model_not_found(model: str) -> dict[str, Any]:
+    """vLLM's reply to a request naming a model it does not serve (HTTP 404)."""
+    return {
+        "object": "error",
+        "message": f"The model `{model}` does not exist.",
+        "type": "NotFoundError",
+        "param": None,
+        "code": 404,
+    }
+
+
+async def generated_or_gone(call: Call, request: Request, latency_s: float) -> bool:
+    """A model's generation time: True after `latency_s`, False (marked `cancelled`) if the client went first."""
+    try:
+        await unless_client_gone(request, asyncio.sleep(latency_s))
+    except ClientGone:
+        call.cancelled = True
+        return False
+    except asyncio.CancelledError:
+        call.cancelled = True
+        raise
+    return True
+
+
+def _add_control_routes(app: FastAPI, backend: Backend) -> None:
+    """The test controls under `/_ctl/` and the cut endpoint: what a real model server does not have."""
 
     @app.post("/_ctl/hold")
     async def hold(body: HoldRequest) -> dict[str, Any]:
@@ -535,8 +585,6 @@ def build_app() -> FastAPI:
     async def reset() -> dict[str, Any]:
         return {"released": backend.reset()}
 
-    return app
-
 
 def _stop_at_stdin_eof() -> None:
     """Block until stdin closes, then stop as on SIGTERM (uvicorn shuts down cleanly)."""
@@ -551,11 +599,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--exit-with-stdin", action="store_true", help="stop when stdin closes (the process that started us died)"
     )
+    parser.add_argument(
+        "--ungated", action="store_true", help="only the model routes, as a real model server serves them (no /_ctl)"
+    )
+    parser.add_argument(
+        "--latency-ms", type=float, default=0.0, help="ungated: each call answers after this many ms (default 0)"
+    )
+    parser.add_argument(
+        "--served-model-name", default=MODEL_NAME, help=f"ungated: the one model served (default {MODEL_NAME})"
+    )
     args = parser.parse_args(argv)
+    if not (args.latency_ms >= 0 and math.isfinite(args.latency_ms)):
+        parser.error(f"'--latency-ms' must be a finite number >= 0 (got {args.latency_ms})")
+    if args.latency_ms and not args.ungated:
+        parser.error("'--latency-ms' needs '--ungated': a gated backend's calls wait for the checker, not a clock")
+    app = build_app(ungated=args.ungated, latency_s=args.latency_ms / 1000, served_model=args.served_model_name)
     if args.exit_with_stdin:
         threading.Thread(target=_stop_at_stdin_eof, name="stdin-watch", daemon=True).start()
     uvicorn.run(
-        build_app(),
+        app,
         host=args.host,
         port=args.port,
         timeout_keep_alive=SERVER_KEEP_ALIVE_S,

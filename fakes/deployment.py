@@ -51,7 +51,11 @@ class EmbeddedDeployment:
         policy_workers: int = 1,
         server_workers: int = 1,
         time_jumps: bool = False,
+        model_url: str | None = None,
+        model_name: str = "",
     ) -> None:
+        """`model_url`: an OpenAI-compatible server (a real model) the policy model forwards to, serving
+        `model_name`, in place of the fake backend; then no backend starts and nothing is gated."""
         self._own_root = root is None
         self.root = Path(tempfile.mkdtemp(prefix=f"ckpt-model-{topology}-")) if root is None else Path(root)
         try:
@@ -66,10 +70,13 @@ class EmbeddedDeployment:
                 policy_workers=policy_workers,
                 server_workers=server_workers,
                 time_jumps=time_jumps,
+                backend_url=model_url,
+                backend_model=model_name,
             )
         except BaseException:
             self._remove_root()
             raise
+        self.model_url = model_url
         self.topology = topology
         self.verify_mode = verify_mode
         self.lease_grace_s = self.stack.lease_grace_s
@@ -110,8 +117,11 @@ class EmbeddedDeployment:
     def logs_dir(self) -> Path:
         return self.root / "stack" / "logs"
 
-    def start_backend(self) -> str:
-        """Start the inference backend and token store (once); returns its base URL."""
+    def start_backend(self) -> str | None:
+        """Start the inference backend and token store (once); returns its base URL. With a real model
+        (`model_url`) there is none to start and no gate: None."""
+        if self.model_url is not None:
+            return None
         try:
             return self.stack.start_backend()
         except StackStartError as error:

@@ -103,6 +103,7 @@ class Stack:
         state_dir: Path,
         *,
         backend_url: str | None = None,
+        backend_model: str = "",
         faults: tuple[str, ...] = (),
         token: str | None = None,
         fork_server: bool = True,
@@ -140,6 +141,8 @@ class Stack:
         # The ledger control routes' own bearer (Gym's NEMO_GYM_TOKEN_CAPTURE_CONTROL_TOKEN), never the control token.
         self.capture_token = "capture-" + secrets.token_hex(8)
         self.backend_url = backend_url
+        # The model the policy model names in every forwarded call ("": the agent's), for a real backend_url.
+        self.backend_model = backend_model
         self.use_fork_server = fork_server
         self.backend: ServerProcess | None = None
         self.gym: dict[str, ServerProcess] = {}
@@ -203,6 +206,7 @@ class Stack:
                 resources_server=RESOURCES_SERVER_OF.get(name, "resources"),
                 durability_journal=str(self.durability_journal),
                 **(capture if role == "policy_model" else {}),
+                backend_model=self.backend_model if role == "policy_model" else "",
                 workers=self.workers_of(role),
             )
             for name, role in roles.items()
@@ -462,6 +466,7 @@ class Stack:
             "topology": self.topology,
             "token": self.token,
             "backend": backend,
+            "backend_model": self.backend_model,
             "servers": {name: server.describe() for name, server in self.gym.items()},
             "capture_dir": str(self.capture_dir),
             "checkpoint_root": str(self.checkpoint_root),

@@ -51,6 +51,9 @@ class ServerConfig:
     port: int
     token: str
     backend_url: str = ""
+    # The model the policy model server names in every call it forwards (the `model` field), as Gym's model server
+    # names its configured model: a real server (vLLM) serves only its own ids. "" forwards the agent's name as is.
+    backend_model: str = ""
     peers: dict[str, str] = attrs.field(factory=dict)
     capture_dir: str = ""
     faults: tuple[str, ...] = attrs.field(default=(), converter=validate_faults)

@@ -183,6 +183,8 @@ class BackendForwarder:
     client: httpx.AsyncClient | None = None
     # A worker of a multi-worker server names itself to the backend (its index); a single process does not.
     worker: int | None = None
+    # The served model every forwarded call names ("": the caller's `model` as it is), `ServerConfig.backend_model`.
+    model: str = ""
 
     @property
     def url(self) -> str:
@@ -195,6 +197,8 @@ class BackendForwarder:
             headers[CAPTURE_KEY_HEADER] = capture_key
         if self.worker is not None:
             headers[POLICY_WORKER_HEADER] = str(self.worker)
+        if self.model:
+            body = naming_model(body, self.model)
         return await self.client.post(self.url, content=body, headers=headers)
 
     async def post_cut(self, inventory: dict[str, Any]) -> httpx.Response:
@@ -240,7 +244,19 @@ def build_app(config: ServerConfig) -> FastAPI:
 
 
 def backend_forwarder(config: ServerConfig) -> BackendForwarder:
-    return BackendForwarder(base_url=config.backend_url.rstrip("/"), token=config.token)
+    return BackendForwarder(base_url=config.backend_url.rstrip("/"), token=config.token, model=config.backend_model)
+
+
+def naming_model(body: bytes, model: str) -> bytes:
+    """A chat request with its `model` field set to `model`; a body that is not a JSON object goes unchanged (the
+    backend answers it as it would have)."""
+    try:
+        chat = json.loads(body)
+    except ValueError:
+        return body
+    if not isinstance(chat, dict):
+        return body
+    return json.dumps({**chat, "model": model}).encode()
 
 
 def generation_app(

@@ -223,9 +223,20 @@ def build_parser() -> Parser:
     scale = commands.add_parser(
         "scale", help="Gym's scenario 13: thousands of rollouts checkpointed, crashed and restored (docs/scale.md)"
     )
-    scale.add_argument("--rollouts", type=positive_int, default=2000, help="rollouts to dispatch (default 2000)")
+    scale.add_argument("--rollouts", type=positive_int, help="rollouts to dispatch (default 2000; 16 with --model-url)")
     scale.add_argument(
-        "--finished-share", type=float, default=0.125, help="share that finishes before the checkpoint (0.125)"
+        "--finished-share", type=float, help="share that finishes before the checkpoint (0.125; not with --model-url)"
+    )
+    scale.add_argument(
+        "--model-url",
+        metavar="URL",
+        help="an OpenAI-compatible server (vLLM) as the policy's model instead of the gated fake backend: the seed's "
+        "real-model test (docs/real-model.md)",
+    )
+    scale.add_argument(
+        "--model-name",
+        metavar="ID",
+        help="with --model-url: the served model's id (default: $CKPT_MODEL_MODEL_NAME, else the first of /v1/models)",
     )
     commands.add_parser(
         "fuzz",
@@ -708,10 +719,15 @@ def run_scale(args: argparse.Namespace) -> int:
     from ckpt_model.errors import HarnessError, PropertyViolation
     from ckpt_model.scale import run_scale as scale_run
 
-    if not 0.0 <= args.finished_share < 1.0:
-        raise UsageError(f"'--finished-share' must be in [0, 1) (got {args.finished_share})")
+    if args.model_url is not None:
+        return run_real_model(args)
+    if args.model_name is not None:
+        raise UsageError("'--model-name' needs '--model-url' (the gated fake backend serves one model)")
+    finished_share = 0.125 if args.finished_share is None else args.finished_share
+    if not 0.0 <= finished_share < 1.0:
+        raise UsageError(f"'--finished-share' must be in [0, 1) (got {finished_share})")
     try:
-        result = scale_run(args.rollouts, finished_share=args.finished_share, progress=print)
+        result = scale_run(args.rollouts or 2000, finished_share=finished_share, progress=print)
     except PropertyViolation as violation:
         print(f"{type(violation).__name__}: {violation}\nFAILED: property violation ({violation.property_id})")
         return Exit.VIOLATION
@@ -720,6 +736,36 @@ def run_scale(args: argparse.Namespace) -> int:
         return Exit.UNJUDGED
     print(result.table())
     print("PASSED: every verdict holds")
+    return Exit.PASSED
+
+
+def run_real_model(args: argparse.Namespace) -> int:
+    """Scale mode with a real model: the seed's real-model test, its table, what was and was not checked."""
+    from ckpt_model.errors import HarnessError, PropertyViolation
+    from ckpt_model.real_model import model_base_url, model_name_from_env
+    from ckpt_model.real_model import run_real_model as real_run
+
+    if args.finished_share is not None:
+        raise UsageError("'--finished-share' does not apply with '--model-url': a real model finishes what it finishes")
+    try:
+        model_base_url(args.model_url)
+    except ValueError as error:
+        raise UsageError(str(error).replace("'CKPT_MODEL_MODEL_URL'", "'--model-url'")) from error
+    try:
+        result = real_run(
+            args.model_url,
+            model_name=args.model_name or model_name_from_env(),
+            rollouts=args.rollouts or 16,
+            progress=print,
+        )
+    except PropertyViolation as violation:
+        print(f"{type(violation).__name__}: {violation}\nFAILED: property violation ({violation.property_id})")
+        return Exit.VIOLATION
+    except (HarnessError, CoordinationError) as error:
+        print(f"{type(error).__name__}: {error}\nCOULD NOT JUDGE: harness")
+        return Exit.UNJUDGED
+    print(result.table())
+    print(f"PASSED: every verdict holds ({len(result.not_checked)} checks not made with a real model, listed above)")
     return Exit.PASSED
 
 

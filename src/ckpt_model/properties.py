@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -333,14 +334,23 @@ def p2_held_responses(checkpoint_id: str, expected_held: int, observed_held: Any
         )
 
 
-def p3_reply_complete(key: str, status_code: int | None, body: Any, reward: float) -> None:
-    """A finished attempt replied 200 with the reward an uninterrupted run gets."""
+def p3_reply_complete(key: str, status_code: int | None, body: Any, reward: float | None) -> None:
+    """A finished attempt replied 200 with the reward an uninterrupted run gets. With `reward` None (a real model,
+    whose free-text replies earn no reward the checker can predict) it replied 200 with a finite numeric reward
+    and no `failure`: well formed, which is all that can be judged."""
     result = body.get("result") if isinstance(body, dict) and "result" in body else body
     got = result.get("reward") if isinstance(result, dict) else None
-    if status_code != 200 or got != reward:
+    if reward is None:
+        failed = isinstance(body, dict) and body.get("failure") is not None
+        numeric = isinstance(got, int | float) and not isinstance(got, bool) and math.isfinite(got)
+        complete = status_code == 200 and numeric and not failed
+    else:
+        complete = status_code == 200 and got == reward
+    if not complete:
+        wanted = "a numeric reward and no failure" if reward is None else f"reward {reward}"
         raise P3Violation(
             rollout=key,
-            expected=f"HTTP 200 with reward {reward}",
+            expected=f"HTTP 200 with {wanted}",
             observed=f"HTTP {status_code}: {_short(body)}",
         )
 
@@ -885,9 +895,12 @@ def p2_silent_while_checkpointed(replied: str | None) -> None:
         )
 
 
-def p3_every_reply_complete(what: str, reward: float, replies: Mapping[str, tuple[int | None, Any] | None]) -> None:
+def p3_every_reply_complete(
+    what: str, reward: float | None, replies: Mapping[str, tuple[int | None, Any] | None]
+) -> None:
     """Scale mode: every `/run` of `what` replied (None: it never did), each with HTTP 200 and the reward of an
-    uninterrupted run (`p3_reply_complete`); one violation names how many failed, and the first."""
+    uninterrupted run, or with a real model (`reward` None) well formed (`p3_reply_complete`); one violation names
+    how many failed, and the first."""
     replied = {key: reply for key, reply in replies.items() if reply is not None}
     missing = sorted(set(replies) - set(replied))
     if missing:

@@ -23,6 +23,7 @@ from ckpt_model import regression
 from ckpt_model.deployment import fault_catalogue
 from tests.stack.conftest import wait_until
 from tests.stacks_dump import default_sigint, stacks_of
+from tests.ungated_backend import SERVED_MODEL, ungated_backend
 
 pytestmark = pytest.mark.processes
 
@@ -406,6 +407,68 @@ def test_scale_prints_its_stage_table_and_passes_on_the_fault_free_stack(tmp_pat
     assert "finished and exported (P1): ok" in result.stdout
     assert result.stdout.rstrip().endswith("PASSED: every verdict holds")
     assert left_behind(tmp_path) == []
+
+
+def test_scale_with_a_model_url_runs_the_real_model_test_and_says_what_it_did_not_check(tmp_path: Path) -> None:
+    with ungated_backend(tmp_path / "backend.log") as url:
+        result = ckpt_model(tmp_path, "scale", "--model-url", url, "--rollouts", "6")
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"real model {SERVED_MODEL!r} at {url}: 6 rollouts" in result.stdout
+    assert "silent while checkpointed (P2): ok" in result.stdout
+    assert "continued from the boundary (P4): not checked" in result.stdout
+    assert result.stdout.rstrip().endswith(
+        "PASSED: every verdict holds (2 checks not made with a real model, listed above)"
+    )
+    assert left_behind(tmp_path) == []
+
+
+def test_ctrl_c_during_a_real_model_run_stops_every_gym_server_and_exits_130(tmp_path: Path) -> None:
+    # Seconds a call: the probe answers, and the first wave is still generating when the interrupt comes.
+    with (
+        ungated_backend(tmp_path / "backend.log", latency_ms=3000) as url,
+        subprocess.Popen(
+            [sys.executable, "-m", "ckpt_model", "scale", "--model-url", url],
+            cwd=tmp_path,
+            env=environment(tmp_path),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            preexec_fn=default_sigint,
+        ) as run,
+    ):
+        try:
+            assert run.stdout is not None
+            while "dispatch ..." not in run.stdout.readline():  # the Gym servers are up
+                assert run.poll() is None, "ckpt-model scale ended before it dispatched"
+            run.send_signal(signal.SIGINT)
+            try:
+                output, _ = run.communicate(timeout=RUN_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"ckpt-model scale did not stop after SIGINT; its stacks:\n{stacks_of(run.pid)}")
+        finally:
+            if run.poll() is None:
+                run.kill()
+                run.wait()
+
+    assert run.returncode == 130, output
+    assert "INTERRUPTED (SIGINT)" in output
+    assert left_behind(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--model-url", "gpu:8000"], "'--model-url' must be an http:// or https:// URL"),
+        (["--model-name", "org/served"], "'--model-name' needs '--model-url'"),
+        (["--model-url", "http://127.0.0.1:1", "--finished-share", "0.5"], "'--finished-share' does not apply"),
+    ],
+)
+def test_scale_refuses_real_model_options_that_do_not_fit(tmp_path: Path, arguments: list[str], message: str) -> None:
+    result = ckpt_model(tmp_path, "scale", *arguments)
+
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert message in result.stderr
 
 
 def test_scale_refuses_a_share_outside_0_to_1(tmp_path: Path) -> None:

@@ -459,3 +459,40 @@ async def test_reset_forgets_the_token_store_and_the_cut_stall(client: httpx.Asy
     assert await staged(client) == {}
     body = inventory("r0.0")
     assert (await cut(client, body)).json()["prefixes"][0]["disposition"] == "durable_failure"
+
+
+# --- ungated: the OpenAI API as a real model server serves it -------------------------------------------------
+
+
+@pytest.fixture
+async def ungated() -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=build_app(ungated=True, latency_s=0.05, served_model="org/served"))
+    async with httpx.AsyncClient(transport=transport, base_url="http://backend") as http:
+        yield http
+
+
+@pytest.mark.anyio
+async def test_ungated_serves_the_model_routes_and_no_control_route(ungated: httpx.AsyncClient) -> None:
+    assert (await ungated.get("/v1/models")).json()["data"] == [{"id": "org/served", "object": "model"}]
+    for path in ("/_ctl/gate", "/_ctl/hold", "/_ctl/release", "/_ctl/reset"):
+        assert (await ungated.post(path, json={})).status_code == 404, path
+    assert (await ungated.get("/_ctl/calls")).status_code == 404
+
+
+@pytest.mark.anyio
+async def test_ungated_answers_the_script_after_its_latency_and_only_for_the_served_model(
+    ungated: httpx.AsyncClient,
+) -> None:
+    started = time.monotonic()
+    reply = await ungated.post("/v1/chat/completions", json={"model": "org/served", "messages": DEVELOPER_USER})
+    assert reply.status_code == 200
+    assert reply.json()["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+    assert time.monotonic() - started >= 0.05
+    refused = await ungated.post("/v1/chat/completions", json={"model": "fake-model", "messages": DEVELOPER_USER})
+    assert refused.status_code == 404
+    assert refused.json()["message"] == "The model `fake-model` does not exist."
+
+
+def test_a_negative_latency_is_refused() -> None:
+    with pytest.raises(ValueError, match="'latency_s' must be a finite number of seconds >= 0"):
+        build_app(ungated=True, latency_s=-1.0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from fakes import ports, stack_cli
 from fakes.deployment import EmbeddedDeployment
 from fakes.gym.config import ServerConfig
+from fakes.gym.model import naming_model
 from fakes.stack import Stack, policy_workers_count
 
 
@@ -165,3 +167,27 @@ def test_replanted_faults_go_into_every_next_config_and_unknown_ones_are_refused
         assert deployment.faults == ("resume_deletes_records",)
     finally:
         deployment.close()
+
+
+def test_only_the_policy_model_names_the_real_models_served_model(tmp_path: Path) -> None:
+    configs = Stack("native", tmp_path, backend_url="http://gpu:8000", backend_model="org/served").configs()
+    assert {name: config.backend_model for name, config in configs.items() if config.backend_model} == {
+        "policy_model": "org/served"
+    }
+    assert {config.backend_url for config in configs.values()} == {"http://gpu:8000"}
+
+
+def test_a_deployment_on_a_real_model_starts_no_backend(tmp_path: Path) -> None:
+    deployment = EmbeddedDeployment("native", root=tmp_path, model_url="http://gpu:8000", model_name="org/served")
+    try:
+        assert deployment.start_backend() is None
+        assert deployment.stack.backend is None
+    finally:
+        deployment.close()
+
+
+def test_the_policy_model_names_the_served_model_in_what_it_forwards() -> None:
+    body = json.dumps({"model": "fake-model", "messages": [], "tools": []}).encode()
+    assert json.loads(naming_model(body, "org/served")) == {"model": "org/served", "messages": [], "tools": []}
+    assert naming_model(b"not json", "org/served") == b"not json"
+    assert naming_model(b"[1]", "org/served") == b"[1]"
