@@ -26,6 +26,7 @@ from fakes.collection.config import COLLECTION_FAULTS, CollectionFault
 from fakes.faults import CATALOGUE, Fault
 from fakes.gym.config import DEFAULT_LEASE_GRACE_S
 from fakes.gym.wire import PLACEMENT_ROUTE, WORKERS_ROUTE, bearer
+from fakes.process_groups import poll_until
 from fakes.server_processes import StackStartError, health_client
 from fakes.stack import Stack
 from fakes.stack_cli import main as launch
@@ -235,13 +236,25 @@ class EmbeddedDeployment:
 
     def kill_worker(self, name: str, index: int) -> int:
         """SIGKILL worker `index` of server `name` (several workers) alone; its pid. The server goes on with the
-        others; what that worker held dies with it (`fakes.gym.session_routing` answers its episodes 410)."""
-        workers = self._look_alike_route(name, WORKERS_ROUTE)["workers"]
-        pid = next((int(w["pid"]) for w in workers if w["index"] == index), None)
+        others; what that worker held dies with it (`fakes.gym.session_routing` answers its episodes 410). Returns
+        once the server's coordinator no longer counts it."""
+        pid = self._live_workers(name).get(index)
         if pid is None:
-            raise RuntimeError(f"{name} has no live worker {index} (live: {[w['index'] for w in workers]})")
+            raise RuntimeError(f"{name} has no live worker {index} (live: {sorted(self._live_workers(name))})")
         os.kill(pid, signal.SIGKILL)
+        if not poll_until(lambda: index not in self._live_workers(name), FAILPOINT_TIMEOUT_S):
+            raise RuntimeError(f"{name}'s coordinator still counts worker {index} (pid {pid}) after its SIGKILL")
         return pid
+
+    def _live_workers(self, name: str) -> dict[int, int]:
+        """Worker index -> pid of server `name`'s live workers. Each ask on a connection of its own: a kept one may
+        be the killed worker's, and reset under the next request."""
+        with httpx.Client(trust_env=False, timeout=FAILPOINT_TIMEOUT_S) as client:
+            reply = client.get(
+                self.stack.gym[name].url + WORKERS_ROUTE, headers={"Authorization": bearer(self.stack.token)}
+            )
+        reply.raise_for_status()
+        return {int(worker["index"]): int(worker["pid"]) for worker in reply.json()["workers"]}
 
     def arm_failpoint(self, name: str, point: str) -> None:
         """Arm a failpoint in one Gym server (`fakes.gym.failpoints`): its work stops there once it gets there."""

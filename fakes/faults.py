@@ -494,6 +494,30 @@ CATALOGUE: tuple[Fault, ...] = (
         # A quiet controller's lapse, or a clock ahead that lapses first, meets it too.
         also_shows_as=("P10", "P18"),
     ),
+    Fault(
+        "workers_export_first_worker_only",
+        "environment",
+        "P1",
+        "a multi-worker environment whose coordinator exports only its first worker's episodes, so an episode held"
+        " on another worker at the checkpoint is in the commit's scope but not in the checkpoint",
+        server_workers=2,
+    ),
+    Fault(
+        "restored_records_claimed_by_first_worker_only",
+        "environment",
+        "P4",
+        "a multi-worker environment where only its first worker claims restored records, so a replacement routed to"
+        " another worker finds none and starts its episode over, redoing the model calls it had made",
+        server_workers=2,
+    ),
+    Fault(
+        "lost_worker_blocks_prepare",
+        "resources",
+        "P10",
+        "a multi-worker resources server whose readiness counts every worker lost since it started, not only one"
+        " lost while admission was closed, so once a worker died between checkpoints no prepare is ever ready",
+        server_workers=2,
+    ),
 )
 BY_NAME: dict[str, Fault] = {fault.name: fault for fault in CATALOGUE}
 

@@ -108,7 +108,15 @@ def restore_refusal(*, left: bool, unreported: int) -> str | None:
 class CoordinatedParticipant:
     """The participant of a multi-worker environment, agent or resources server (the module docstring says how)."""
 
-    def __init__(self, local: Adopting, pool: WorkerPool, *, label: str, checkpoint_id: Callable[[], str | None]):
+    def __init__(
+        self,
+        local: Adopting,
+        pool: WorkerPool,
+        *,
+        label: str,
+        checkpoint_id: Callable[[], str | None],
+        faults: frozenset[str] = frozenset(),
+    ):
         self.local = local
         self.kind = local.kind
         self.pool = pool
@@ -116,6 +124,9 @@ class CoordinatedParticipant:
         self.checkpoint_id = checkpoint_id
         # Restored records no worker has claimed yet, by the next attempt's capture key (`local` holds them too).
         self.held: dict[str, dict[str, Any]] = {}
+        # Planted: the export asks the first worker alone; a worker that left once blocks readiness for good.
+        self.exports_first_only = "workers_export_first_worker_only" in faults
+        self.any_loss_blocks = "lost_worker_blocks_prepare" in faults
 
     def report(self) -> PrepareReport:
         return merge_reports(
@@ -124,7 +135,7 @@ class CoordinatedParticipant:
             label=self.label,
             workers=len(self.pool.workers),
             unreported=self.pool.unreported(),
-            lost=self.pool.lost_while_closed,
+            lost=self.pool.lost_while_closed or (self.any_loss_blocks and self.pool.left),
         )
 
     async def close_admission(self, deadline_ts: float | None) -> None:
@@ -140,6 +151,8 @@ class CoordinatedParticipant:
     async def export(self, scope: list[EpisodeId] | None) -> list[dict[str, Any]]:
         held = await self.local.export(scope)
         replies = await self.pool.fan_out("export", {"scope": scope_wire(scope)})
+        if self.exports_first_only:
+            replies = [reply for reply in replies if reply["index"] == 0]
         records = [record for reply in replies for record in reply["records"]]
         return sorted([*held, *records], key=lambda record: EpisodeId.model_validate(record["episode_id"]).capture_key)
 
@@ -207,6 +220,7 @@ def coordinator_control_plane(config: ServerConfig, pool: WorkerPool) -> Control
         pool,
         label=config.name,
         checkpoint_id=lambda: control_plane.checkpoint_id,
+        faults=frozenset(config.faults),
     )
     control_plane = ControlPlane.from_config(participant, config)
     plane.target = control_plane
@@ -268,7 +282,10 @@ class ParticipantWorker:
         self.participant: Adopting = participant  # type: ignore[assignment]  # every role's participant adopts
         self.router = SessionRouter(config.name, config.workers, COORDINATOR_SOCKET_ENV)
         self.router.claim = self._claim
+        self.router.retired = lambda capture_key: link.retired.is_retired(EpisodeId.from_capture_key(capture_key))
         self.held: set[str] = set()
+        # Planted: only the first worker claims restored records; another serves a replacement as a new episode.
+        self.claims = "restored_records_claimed_by_first_worker_only" not in config.faults
         self._claims: dict[str, asyncio.Future[None]] = {}
         link.close_admission = self._close_admission
         link.open_admission = self._open_admission
@@ -302,6 +319,8 @@ class ParticipantWorker:
 
     async def _claim(self, capture_key: str) -> None:
         """Before serving `capture_key` here, take its restored record if the coordinator still holds it."""
+        if not self.claims and self.link.index != 0:
+            return
         claim = self._claims.get(capture_key)
         if claim is None:
             if capture_key not in self.held:
@@ -316,7 +335,7 @@ class ParticipantWorker:
             await self.participant.adopt([reply["record"]])
 
     async def _export(self, body: Any) -> dict[str, Any]:
-        return {"records": await self.participant.export(scope_from_wire(body["scope"]))}
+        return {"records": await self.participant.export(scope_from_wire(body["scope"])), "index": self.link.index}
 
     async def _check_fresh(self, body: Any) -> None:
         await self.participant.install([], [])  # installs nothing; refuses a process with live state

@@ -76,6 +76,8 @@ class SessionRouter:
         self.placement: dict[str, int] = {}
         # Set by the worker: take the key's restored record from the coordinator, if it holds one.
         self.claim: Callable[[str], Awaitable[None]] = _nothing
+        # Set by the worker: whether the key's attempt is retired (every worker refuses it alike).
+        self.retired: Callable[[str], bool] = lambda capture_key: False
         self._clients: dict[int, httpx.AsyncClient] = {}
 
     def owner(self, capture_key: str) -> int:
@@ -118,6 +120,10 @@ class SessionRoutingMiddleware:
             return
         placed = any(name == _PLACED for name, _ in scope["headers"])
         owner = self.router.owner(key)
+        if self.router.retired(key):
+            # Refused here as on its own worker, which may be gone: a retired attempt's request is no session's.
+            await self.app(scope, receive, send)
+            return
         if placed or owner == self.router.index:
             await self.router.claim(key)
             await self.app(scope, receive, send)

@@ -37,6 +37,7 @@ class Capabilities:
     gate: bool = True  # a gated backend: the checker holds every model call, so rollouts run
     crashes: bool = True  # Gym can be crashed and started afresh (`Harness.can_crash`)
     restart_one: bool = False  # one server restarted alone (`RestartsOne`)
+    kill_workers: bool = False  # one worker of a multi-worker server killed alone (`KillsWorkers`)
     failpoints: bool = False  # work stopped at a named point (`Failpoints`)
     lose_unsynced: bool = False  # a power cut (`LosesUnsynced`)
     break_storage: bool = False  # writes that fail or stall (`BreaksStorage`)
@@ -59,6 +60,7 @@ class Capabilities:
             gate=harness.backend is not None,
             crashes=harness.can_crash,
             restart_one=harness.can_restart_one,
+            kill_workers=harness.can_kill_workers,
             failpoints=harness.can_stop_inside_commit,
             lose_unsynced=harness.can_lose_unsynced,
             break_storage=harness.can_break_storage,
@@ -95,6 +97,11 @@ FRESH = Need(
     lambda c: c.crashes or not c.gate,
 )
 RESTART_ONE = Need("restart_one", "one server restarted alone (restart_server)", lambda c: c.restart_one)
+KILL_WORKERS = Need(
+    "kill_workers",
+    "one worker of a multi-worker server killed alone (kill_worker; the look-alike's --server-workers 2)",
+    lambda c: c.kill_workers,
+)
 FAILPOINTS = Need("failpoints", "failpoints (arm_failpoint)", lambda c: c.failpoints)
 LOSE_UNSYNCED = Need("lose_unsynced", "a power cut (lose_unsynced)", lambda c: c.lose_unsynced)
 BREAK_STORAGE = Need("break_storage", "storage faults (break_storage)", lambda c: c.break_storage)
@@ -130,6 +137,7 @@ NEEDS: tuple[Need, ...] = (
     CRASHES,
     FRESH,
     RESTART_ONE,
+    KILL_WORKERS,
     FAILPOINTS,
     LOSE_UNSYNCED,
     BREAK_STORAGE,
@@ -165,6 +173,7 @@ RULE_NEEDS: Mapping[str, tuple[Need, ...]] = {
     "failing_close": (FAIL_HOOKS, NO_CUTS),
     "failing_export": (FAIL_HOOKS,),
     "failing_install": (FAIL_HOOKS, FRESH),
+    "kill_worker": (GATE, KILL_WORKERS, ONE_PER_KIND),
     "forget": (GATE,),
     "late_call": (),
     "late_run": (GATE,),
@@ -224,7 +233,7 @@ JUDGED_BY: Mapping[str, tuple[str, ...]] = {
     "P4": ("the rollouts",),
     "P5": ("the capture ledgers",),
     "P6": ("the rollouts",),
-    "P7": ("retire", "late_run", "forget", "crash_participant"),
+    "P7": ("retire", "late_run", "forget", "crash_participant", "kill_worker"),
     "P8": ("failed_restore", "restore_incomplete", "failing_install", "dies_in_restore"),
     "P9": ("every commit",),
     "P10": ("every step",),

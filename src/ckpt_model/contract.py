@@ -15,6 +15,7 @@ and continues every exported attempt as attempt + 1 from its boundary.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import attrs
@@ -189,6 +190,8 @@ class Tried:
     late_calls_for: tuple[str, ...] = ()
     # One participant crashed alone (once per example).
     crash_alone: bool = False
+    # One worker of a multi-worker server killed alone (once per example).
+    kill_worker: bool = False
     # One participant's clock skewed across a checkpoint (once per example: each waits out a lease).
     clock_skew: bool = False
     # A checkpoint held open while more time passed than an episode's whole budget (once per example).
@@ -374,6 +377,11 @@ class Model:
             "forget": not self.checkpoint_open and bool(self.retired_marks),
         }
         return [operation for operation, possible in available.items() if possible]
+
+    def worth_killing_a_worker(self) -> bool:
+        """One worker of a multi-worker server is killed once per example, between operations with no checkpoint
+        open, while something runs that it may take with it."""
+        return not (self.tried.kill_worker or self.checkpoint_open) and bool(self.with_status("running"))
 
     def worth_crashing_alone(self) -> bool:
         """One participant crashing alone is drawn once, when there is something to lose: marks, resumed IDs or
@@ -584,6 +592,20 @@ class Model:
         model = self._restarted_alone(kind).having_tried(crash_alone=True)
         for attempt in self.with_status("running"):
             model = model.retire(attempt.rollout)
+        return model
+
+    def kill_worker(self, lost: Sequence[str]) -> Model:
+        """One worker of a multi-worker server is SIGKILLed alone: the running attempts placed on it (`lost`, by
+        rollout) lost what it held, so the controller retires them everywhere; every other attempt runs on, and the
+        server, short a worker, restores nothing until it starts again (its coordinator refuses)."""
+        if self.checkpoint_open:
+            raise ValueError("a worker is killed alone only with no checkpoint open")
+        running = {attempt.rollout for attempt in self.with_status("running")}
+        if not set(lost) <= running:
+            raise ValueError(f"only running attempts are lost with a worker (got {sorted(set(lost) - running)})")
+        model = attrs.evolve(self, fresh=False).having_tried(kill_worker=True)
+        for rollout in lost:
+            model = model.retire(rollout)
         return model
 
     def restore(self, checkpoint_id: str) -> tuple[Model, str]:

@@ -176,7 +176,9 @@ class Controller:
         return placed
 
     def run_refused(self, attempt: Attempt) -> None:
-        """Send a `/run` that must be refused with admission_closed (a checkpoint is open): it starts nothing."""
+        """Send a `/run` that must be refused with admission_closed (a checkpoint is open): it starts nothing. Placed
+        as any `/run` is (on a live worker of every server), so the refusal is the one admission gives."""
+        self.placement.place(attempt.key, 0)
         self.runs.refused_closed[attempt.run] = attempt.key
         self.runs.send(attempt)
 

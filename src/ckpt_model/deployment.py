@@ -497,6 +497,8 @@ class Harness:
         self.run_http = new_http_client(httpx.Timeout(30.0, read=None))
         # Where a failing run writes its regression file (None: `ckpt_model.regression.directory()`).
         self.regressions_dir: Path | None = artifacts
+        # Per server name, the worker index killed alone (`kill_worker`) since the server last started.
+        self.dead_workers: dict[str, int] = {}
         # The example directory kept for the artefacts (`keep_example`): neither the next example nor close removes it.
         self.kept_example: Path | None = None
         self._control: ControlClient | None = None
@@ -594,12 +596,20 @@ class Harness:
         """The checker chooses which worker serves each attempt's requests (several workers, and `PlacesCalls`)."""
         return self.workers > 1 and isinstance(self.deployment, PlacesCalls)
 
+    @property
+    def can_kill_workers(self) -> bool:
+        """One worker of a multi-worker environment, agent or resources server may be killed alone."""
+        return self.server_workers > 1 and self.can_crash and isinstance(self.deployment, KillsWorkers)
+
     def kill_worker(self, name: str, index: int) -> None:
+        """SIGKILL worker `index` of server `name` alone; until that server starts again, no attempt is placed on
+        it (`dead_workers`, which `ckpt_model.placement` reads)."""
         deployment = self.deployment
         if not isinstance(deployment, KillsWorkers):
             raise HarnessError(self._lacks("kill_worker(name, index)"))
         with timing.span("kill_worker"):
             deployment.kill_worker(name, index)
+        self.dead_workers[name] = index
 
     def place_calls(self, placement: Mapping[str, int]) -> None:
         deployment = self.deployment
@@ -729,6 +739,7 @@ class Harness:
     def start_gym(self) -> None:
         with timing.span("restart.start"):
             servers = self._started(self.deployment.start_gym)
+            self.dead_workers.clear()
             self._catch_up(servers)
         self._learn(servers)
 
@@ -766,6 +777,7 @@ class Harness:
         with timing.span("crash_participant"):
             with timing.span("restart.one"):
                 servers = self._started(lambda: deployment.restart_server(name))
+                self.dead_workers.pop(name, None)
                 self._catch_up({name: servers[name]})
             self._discover(servers)
 

@@ -307,6 +307,7 @@ def reached(step: Step) -> list[str]:
 RULE_SCOPE: Mapping[str, Callable[[DeploymentSpec], bool]] = {
     "dispatch_restart": lambda spec: spec.traits.restart_environment,
     "crash_participant": lambda spec: not spec.traits.restart_environment,
+    "kill_worker": lambda spec: spec.server_workers > 1 and not spec.traits.restart_environment,
     "release_to_verification": lambda spec: spec.traits.judge,
     "prepare_blocked": lambda spec: spec.traits.judge and spec.verify_mode == "wait",
     "prepare_waiting": lambda spec: spec.traits.judge and spec.verify_mode == "wait",

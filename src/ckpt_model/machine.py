@@ -292,6 +292,34 @@ class CheckpointMachine(RuleBasedStateMachine):
             label += f"; retire({sorted(a.key for a in running)})"
         self._advance(model, label, violation=props.P7Violation, counts_final=bool(running))
 
+    @action(lambda self: bool(self.nemesis.killable_workers(self.model)), pick=PICK, worker=WORKER)
+    def kill_worker(self, pick: int, worker: int) -> None:
+        """SIGKILL one worker of a multi-worker server alone: what lived on it dies with it, every other attempt runs
+        on; the controller retires the running attempts it may have broken (P7). Those are the attempts placed on
+        it, and every attempt with a request in flight through that server (`Model.ends_alone`): the kernel chose
+        which worker accepted each connection, and a worker relaying a request to its sibling takes the request
+        with it, so the checker cannot say which of those were cut, only that none of them may complete."""
+        member = _pick(self.nemesis.killable_workers(self.model), pick)
+        workers = self.harness.server_workers
+        index = worker % workers
+        through = {a.key for a in self.model.ends_alone(member.kind)}
+        placement = self.controller.placement
+        lost = [
+            a
+            for a in self.model.with_status("running")
+            if a.key in through or placement.on_worker(a.key, index, workers)
+        ]
+        self.nemesis.kill_worker(member, index)
+        model = self.model.kill_worker([a.rollout for a in lost])
+        label = f"kill_worker({member.name}, worker {index})"
+        if lost:
+            model, retire_id = model.issue_id("retire")
+            self.controller.retire_lost(retire_id, lost)
+            why = f"worker {index} of {member.name} is killed and its attempts retired"
+            self.controller.runs.wait_ended(self.quiescence.timeout_s, [a.run for a in lost], why)
+            label += f"; retire({sorted(a.key for a in lost)})"
+        self._advance(model, label, violation=props.P7Violation, counts_final=bool(lost))
+
     def _crashable_alone(self) -> list[Any]:
         return self.nemesis.crashable_alone(self.model)
 

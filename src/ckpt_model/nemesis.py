@@ -40,6 +40,7 @@ from ckpt_model.deployment import (
 from ckpt_model.errors import CoordinationError, HarnessError, ParticipantFailure, QuiescenceTimeout
 from ckpt_model.history import Event
 from ckpt_model.quiescence import poll
+from ckpt_model.topologies import SERVER_WORKER_KINDS
 from ckpt_model.wire import RETIRE_ORDER
 
 T = TypeVar("T")
@@ -109,6 +110,20 @@ class Nemesis:
         invocation = self.controller.invoke("crash", member.name)
         self.harness.restart_server(member.name)
         self.controller.crashed((member,), invocation)
+
+    def kill_worker(self, member: Participant, index: int) -> None:
+        """SIGKILL worker `index` of `member`'s server alone: its coordinator and the other workers run on, and
+        remember the marks and resumed IDs (the coordinator keeps them)."""
+        invocation = self.controller.invoke("kill worker", f"{member.name}: worker {index}")
+        self.harness.kill_worker(member.name, index)
+        self.controller.complete(invocation, "ok")
+
+    def killable_workers(self, model: Model) -> list[Participant]:
+        """The participants whose server runs several workers (the environment, agent and resources servers), when
+        the model lets one worker die now."""
+        if not self.harness.can_kill_workers or self.harness.control is None or not model.worth_killing_a_worker():
+            return []
+        return [m for m in self.controller.members() if m.kind in SERVER_WORKER_KINDS]
 
     # -- crashes inside an operation --------------------------------------------------------------------------
 

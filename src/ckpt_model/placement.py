@@ -50,6 +50,17 @@ def placement_mismatches(served: Sequence[tuple[int, str, Any]], chosen: Mapping
     ]
 
 
+def live_worker(drawn: int, workers: int, server_workers: int, dead: Mapping[str, int]) -> int:
+    """The worker index an attempt drawn onto `drawn` is placed on: `drawn` (modulo `workers`, the most any server
+    runs), or the next one that is live on every server that lost a worker (`dead`: server -> the index killed, each
+    server taking the index modulo `server_workers`)."""
+    for step in range(workers):
+        index = (drawn + step) % workers
+        if all(index % server_workers != killed for killed in dead.values()):
+            return index
+    raise HarnessError(f"no worker index is live on every server (killed: {dict(dead)}); nothing can be placed")
+
+
 class Placement:
     """The checker's placement of an example's attempts on policy workers, and the audit of what served them."""
 
@@ -67,9 +78,15 @@ class Placement:
         """Serve capture key `key`'s calls on worker `worker` (modulo the workers); a label suffix for the step."""
         if not self.harness.places_calls:
             return ""
-        self.chosen[key] = worker % self.harness.workers
+        self.chosen[key] = live_worker(
+            worker, self.harness.workers, self.harness.server_workers, self.harness.dead_workers
+        )
         self.harness.place_calls(self.chosen)
         return f" on worker {self.chosen[key]}"
+
+    def on_worker(self, key: str, index: int, workers: int) -> bool:
+        """Whether capture key `key` runs on worker `index` of a server with `workers` workers."""
+        return key in self.chosen and self.chosen[key] % workers == index
 
     def audit(self) -> None:
         """Note which worker served each call since the last audit; a placed call served elsewhere fails."""

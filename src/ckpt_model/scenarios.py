@@ -740,6 +740,31 @@ TIME_SCENARIOS: dict[str, Scenario] = {
 }
 
 # The scenario that trips each planted fault (`fakes.faults`).
+# Two workers on every server (`server_workers=2`): each rule's `worker` places the attempt on that worker of each.
+# `kill_worker`'s pick names the member by name (agent 0, environment 1, resources 2).
+KILL_RESOURCES_WORKER_1 = ("kill_worker", {"pick": 2, "worker": 1})
+SERVER_WORKER_SCENARIOS: dict[str, Scenario] = {
+    # Gym's concurrent sessions across workers: one episode held on each worker, both exported and both continued.
+    "workers__held_episodes_on_both_workers_are_exported": Scenario(
+        steps(("dispatch", {"worker": 0}), ("dispatch", {"worker": 1}), ("release", FIRST), ("release", {"pick": 1}))
+        + steps("prepare", "commit", "crash", ("restore", FIRST))
+        + steps(("start_replacement", {"pick": 0, "worker": 1}), ("start_replacement", {"pick": 0, "worker": 0})),
+        calls={"r0": (0, 1), "r1": (0, 1), "r0-a1": (1,), "r1-a1": (1,)},
+    ),
+    # A replacement continues on another worker than its attempt ran on: the restored record follows it.
+    "workers__continuation_on_another_worker": Scenario(
+        RESTORED_AT_CALL_1 + steps(("start_replacement", {"pick": 0, "worker": 1})),
+        calls={"r0": (0, 1), "r0-a1": (1,)},
+    ),
+    # Gym's session routing: a killed resources worker takes its episode (retired), the other completes, and a
+    # checkpoint after it is ready (a worker lost between checkpoints blocks nothing).
+    "workers__killed_worker_loses_only_its_episodes": Scenario(
+        steps(("dispatch", {"worker": 0}), ("dispatch", {"worker": 1}), KILL_RESOURCES_WORKER_1)
+        + steps("prepare", ("release", FIRST), "commit", "resume"),
+        calls={"r0": (0, 1), "r1": (0,)},
+    ),
+}
+
 FAULT_SCENARIOS: dict[str, str] = {
     "model_delivers_held": "checkpoint_without_crash__parks_then_resumes",
     "environment_drops_restored_pending": "second_crash_before_replacement__still_continues",
@@ -799,6 +824,9 @@ FAULT_SCENARIOS: dict[str, str] = {
     "parked_time_counts": "time_passes__parked_episode_keeps_its_budget",
     "prepare_closes_before_deadline_check": "paused_prepare__given_up_fences_the_id",
     "lapse_forgets_id": "paused_lease__lapses_on_waking_and_refuses_the_commit",
+    "workers_export_first_worker_only": "workers__held_episodes_on_both_workers_are_exported",
+    "restored_records_claimed_by_first_worker_only": "workers__continuation_on_another_worker",
+    "lost_worker_blocks_prepare": "workers__killed_worker_loses_only_its_episodes",
 }
 
 
@@ -813,6 +841,7 @@ def named(name: str) -> Scenario:
         STORAGE_SCENARIOS,
         NEMESIS_SCENARIOS,
         TIME_SCENARIOS,
+        SERVER_WORKER_SCENARIOS,
         *SLOW_SCENARIOS.values(),
     ):
         if name in scenarios:

@@ -86,3 +86,5 @@ TOPOLOGIES: Mapping[str, Topology] = {
 EPISODE_OWNERS: tuple[EpisodeOwner, ...] = tuple(dict.fromkeys(row.episode_owner for row in TOPOLOGIES.values()))
 # Every verify mode some topology runs, in the table's order (the command line's choices).
 VERIFY_MODES: tuple[str, ...] = tuple(dict.fromkeys(mode for row in TOPOLOGIES.values() for mode in row.verify_modes))
+# The participant kinds whose servers run `server_workers` workers each (the policy model's are `policy_workers`).
+SERVER_WORKER_KINDS: tuple[str, ...] = ("environment", "agent", "resources")

@@ -107,6 +107,10 @@ native_cuts_two_workers_harness = deployment_fixture(
     DeploymentSpec("native", token_capture=True, generation_cuts=True, policy_workers=2),
     "The cut scenario's deployment with two policy-model workers behind one port.",
 )
+native_two_servers_harness = deployment_fixture(
+    DeploymentSpec("native", server_workers=2),
+    "The native topology with two workers on the environment, agent and resources servers each.",
+)
 slow_wait_harness = deployment_fixture(DeploymentSpec("slow", "wait"))
 slow_replay_harness = deployment_fixture(DeploymentSpec("slow", "replay"))
 slow_replay_jumps_harness = deployment_fixture(

@@ -22,6 +22,7 @@ from ckpt_model.scenarios import (
     MIXED_SCENARIOS,
     NEMESIS_SCENARIOS,
     SCENARIOS,
+    SERVER_WORKER_SCENARIOS,
     SLOW_SCENARIOS,
     STORAGE_SCENARIOS,
     TIME_SCENARIOS,
@@ -104,6 +105,12 @@ def test_two_worker_scenario_with_generation_cuts(native_cuts_two_workers_harnes
     run(native_cuts_two_workers_harness, named(name))
 
 
+# Gym's scenarios with two workers on every participant server, and its concurrent sessions and session routing.
+@pytest.mark.parametrize("name", scenario_params(SERVER_WORKER_SCENARIOS, TWO_WORKER_SCENARIOS))
+def test_scenario_with_two_workers_on_every_server(native_two_servers_harness: Harness, name: str) -> None:
+    run(native_two_servers_harness, named(name))
+
+
 @pytest.mark.parametrize("name", sorted(MIXED_SCENARIOS))
 def test_mixed_scenario(mixed_harness: Harness, name: str) -> None:
     run(mixed_harness, MIXED_SCENARIOS[name])
@@ -126,7 +133,7 @@ def test_time_scenario(slow_replay_jumps_harness: Harness, name: str) -> None:
 
 @pytest.fixture(scope="module")
 def faulty_harnesses() -> Iterator[dict[DeploymentSpec, Harness]]:
-    """One harness per deployment the planted faults show in (nine here, 58 faults), replanted for each fault."""
+    """One harness per deployment the planted faults show in (ten here, 61 faults), replanted for each fault."""
     started: dict[DeploymentSpec, Harness] = {}
     try:
         yield started

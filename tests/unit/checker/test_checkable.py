@@ -61,6 +61,7 @@ def stand_in(capabilities: Capabilities, model: Model) -> CheckpointMachine:
         backend=object() if capabilities.gate else None,
         can_crash=capabilities.crashes,
         can_restart_one=capabilities.restart_one,
+        can_kill_workers=capabilities.kill_workers,
         can_stop_inside_commit=capabilities.failpoints,
         can_lose_unsynced=capabilities.lose_unsynced,
         can_break_storage=capabilities.break_storage,
@@ -325,6 +326,7 @@ def test_capabilities_of_a_harness_read_its_capabilities() -> None:
         name: False
         for name in (
             "can_restart_one",
+            "can_kill_workers",
             "can_stop_inside_commit",
             "can_lose_unsynced",
             "can_break_storage",
