@@ -16,9 +16,11 @@ finished (both calls released, replied before prepare), waiting at its first cal
 calls 2, 4), or waiting at its second call with the first delivered (continues with call 4 alone).
 
 How many can be in flight at once is bounded by file descriptors, not by the protocol: a rollout waiting at the
-backend holds a socket on each side of every hop (client -> environment -> agent -> model -> backend), so the
-middle servers hold two per rollout. `in_flight_max()` derives the bound from RLIMIT_NOFILE; rollouts beyond it
-are finished before the checkpoint (the plan says so, and the stage table prints it).
+backend holds a socket on each side of every hop (client -> environment -> agent -> model -> backend), so a middle
+server holds two per rollout, and a worker that relays a request to the sibling owning its episode two more. The
+servers are split into enough workers (`workers_for`) that no process needs more than its RLIMIT_NOFILE allows;
+what cannot be split, the checker's own process and the fake backend, holds one per rollout (`in_flight_max`).
+Rollouts beyond that bound are finished before the checkpoint (the plan says so, and the stage table prints it).
 
 Thousands of concurrent `/run`s share one event loop in one thread (`RunSender`); each `/run` uses its own
 connection, since httpx's pool scans every connection on every request.
@@ -49,6 +51,7 @@ from ckpt_model.coordination import ControlClient
 from ckpt_model.deployment import BackendGate, Harness
 from ckpt_model.errors import HarnessError, QuiescenceTimeout
 from ckpt_model.gym_tasks import WEATHER_SCRIPT, native_run_body
+from ckpt_model.spec import DeploymentSpec
 from ckpt_model.topologies import TOPOLOGIES
 from ckpt_model.wire import EpisodeId
 
@@ -60,7 +63,13 @@ FINISHED_SHARE = 0.125
 # Descriptors a server needs besides two per rollout: its listening socket and logs, and the idle keep-alive
 # connections it keeps to each peer (up to 256 a peer in fakes.gym.http).
 FDS_RESERVED = 1024
-FDS_PER_ROLLOUT = 2
+# Descriptors a rollout in flight costs the processes that cannot be split: the checker's `/run` socket, the
+# backend's side of the waiting call.
+FDS_PER_ROLLOUT = 1
+# The kernel hands each connection to whichever worker accepts first, so a worker can get more than its share: a
+# server gets enough workers that each could hold twice its share.
+WORKER_SHARE_HEADROOM = 2.0
+WORKERS_MAX = 16
 # /runs sent but not yet seen at the backend (or replied): enough to keep every server busy, few enough that
 # connects never overflow a listen backlog (uvicorn's is 2048) and the servers' idle connections get reused.
 DISPATCH_WINDOW = 256
@@ -187,8 +196,45 @@ def raise_fd_limit() -> int:
 
 
 def in_flight_max(fd_limit: int) -> int:
-    """Rollouts that can wait at the backend at once: a middle server holds two sockets per rollout."""
+    """Rollouts that can wait at the backend at once: the checker and the backend (one process each) hold a socket
+    per rollout; every server is split into enough workers (`workers_for`) to stay under the limit."""
     return max(2, (fd_limit - FDS_RESERVED) // FDS_PER_ROLLOUT)
+
+
+def relaying_server_fds(in_flight: int, workers: int) -> float:
+    """Descriptors one worker of an environment or agent server holds with `in_flight` rollouts spread evenly:
+    its accepted requests and its requests to the next hop (one per rollout each, divided among the workers), and,
+    for the accepted requests of episodes a sibling owns ((workers - 1) / workers of them), the relay to that
+    sibling and the sibling's side of it."""
+    share = in_flight / workers
+    return share * (2 + 2 * (workers - 1) / workers)
+
+
+def in_flight_bound(fd_limit: int, server_workers: int, policy_workers: int) -> int:
+    """Rollouts that can be in flight at once on servers with these workers, each worker holding an even share
+    (no headroom: the servers are what they are)."""
+    usable = fd_limit - FDS_RESERVED
+    per_server_rollout = relaying_server_fds(1, server_workers)
+    return max(2, min(in_flight_max(fd_limit), int(usable / per_server_rollout), usable * policy_workers // 2))
+
+
+def workers_for(in_flight: int, fd_limit: int) -> tuple[int, int]:
+    """`(server_workers, policy_workers)`: the fewest workers of the environment and agent servers (which relay a
+    request to the worker owning its episode) and of the policy model (which serves a call where it lands, as
+    scale mode places none) with which each worker stays under `fd_limit`, with `WORKER_SHARE_HEADROOM`."""
+    budget = (fd_limit - FDS_RESERVED) / WORKER_SHARE_HEADROOM
+
+    def fewest(fds: Callable[[int], float], what: str) -> int:
+        for workers in range(1, WORKERS_MAX + 1):
+            if workers == 1 and 2 * in_flight <= fd_limit - FDS_RESERVED:
+                return 1  # one process needs no headroom: it holds exactly its own
+            if fds(workers) <= budget:
+                return workers
+        raise ValueError(f"{in_flight} rollouts in flight need more than {WORKERS_MAX} {what} workers")
+
+    server = fewest(lambda n: relaying_server_fds(in_flight, n), "server")
+    policy = fewest(lambda n: 2 * in_flight / n, "policy model")
+    return server, policy
 
 
 # --- the /run sender ---------------------------------------------------------------------------------------
@@ -391,6 +437,11 @@ class ScaleResult:
     stage_cpu_s: dict[str, float | None]
     verdicts: dict[str, str]
     records: dict[str, int]
+    # Workers of each environment, agent and resources server, and of the policy model.
+    server_workers: int = 1
+    policy_workers: int = 1
+    # The most descriptors any one process of the run held at the end of the dispatch, and its name (None: no /proc).
+    fds_peak: tuple[str, int] | None = None
 
     def table(self) -> str:
         """The stage table, as `benchmarks/scale.py` prints it."""
@@ -398,6 +449,13 @@ class ScaleResult:
             f"rollouts {self.rollouts}: {self.finished} finished before the checkpoint, {self.exported} exported "
             f"({self.at_second} at their second call, {self.at_first} at their first); "
             f"in flight at most {self.in_flight_max} (file descriptors)",
+            f"workers: {self.server_workers} per environment, agent and resources server, {self.policy_workers} of "
+            "the policy model"
+            + (
+                ""
+                if self.fds_peak is None
+                else f"; most descriptors in one process: {self.fds_peak[1]} ({self.fds_peak[0]})"
+            ),
             f"{'stage':<12} {'wall s':>9} {'cpu s':>9}",
         ]
         for stage, seconds in self.stage_s.items():
@@ -433,6 +491,24 @@ def process_tree_cpu_s() -> dict[int, float] | None:
         tree |= new
         grown = bool(new)
     return {pid: cpu_s[pid] for pid in tree if pid in cpu_s}
+
+
+def process_tree_fds() -> tuple[str, int] | None:
+    """The process of this tree (this one and its descendants) holding the most descriptors: its name and count
+    (Linux /proc; None without it)."""
+    cpu = process_tree_cpu_s()
+    if cpu is None:
+        return None
+    peak: tuple[str, int] | None = None
+    for pid in cpu:
+        try:
+            count = len(os.listdir(f"/proc/{pid}/fd"))
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            continue  # gone meanwhile
+        if peak is None or count > peak[1]:
+            peak = (f"{name} {pid}", count)
+    return peak
 
 
 def cpu_spent_s(before: Mapping[int, float] | None, after: Mapping[int, float] | None) -> float | None:
@@ -596,15 +672,22 @@ def run_scale(
     violated property (`P1Violation` ... `P4Violation`), or a `HarnessError` naming the state that
     never came. A harness passed in is reused (a fresh example begins) and left open."""
     fd_limit = raise_fd_limit()
-    plan = ScalePlan.split(rollouts, in_flight_max(fd_limit), finished_share)
+    if harness is None:
+        in_flight_limit = in_flight_max(fd_limit)
+        plan = ScalePlan.split(rollouts, in_flight_limit, finished_share)
+        server_workers, policy_workers = workers_for(len(plan.in_flight), fd_limit)
+        spec = DeploymentSpec(TOPOLOGY, server_workers=server_workers, policy_workers=policy_workers)
+    else:
+        in_flight_limit = in_flight_bound(fd_limit, harness.server_workers, harness.policy_workers)
+        plan = ScalePlan.split(rollouts, in_flight_limit, finished_share)
     stages = _Stages(progress or (lambda _line: None))
     own = harness is None
-    harness = harness if harness is not None else Harness.embedded(TOPOLOGY)
+    harness = harness if harness is not None else Harness.embedded(spec)
     try:
         harness.begin_example()
         run = _ScaleRun(harness, plan)
         try:
-            return _checked_run(run, stages, in_flight_max(fd_limit))
+            return _checked_run(run, stages, in_flight_limit)
         except Exception as error:  # a violation, a harness error, or a control call that failed
             error.add_note(f"stages done: {stages.seconds}\nserver log tails:\n{harness.log_tails(LOG_LINES_SHOWN)}")
             raise
@@ -618,6 +701,7 @@ def run_scale(
 def _checked_run(run: _ScaleRun, stages: _Stages, in_flight_limit: int) -> ScaleResult:
     plan = run.plan
     stages.timed("dispatch", run.dispatch)
+    fds_peak = process_tree_fds()
     verdicts = {"finished complete (P3)": check_replies(run.sender.outcomes(plan.finished), run.reward, "finished")}
     stages.timed("prepare", run.prepare)
     committed: dict[str, Any] = stages.timed("commit", run.commit)
@@ -645,4 +729,7 @@ def _checked_run(run: _ScaleRun, stages: _Stages, in_flight_limit: int) -> Scale
         stage_cpu_s=dict(stages.cpu_seconds),
         verdicts=verdicts,
         records={name: reply["manifest"]["record_count"] for name, reply in committed.items()},
+        server_workers=run.harness.server_workers,
+        policy_workers=run.harness.policy_workers,
+        fds_peak=fds_peak,
     )

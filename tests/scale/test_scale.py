@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from ckpt_model.deployment import Harness
 from ckpt_model.properties import P1Violation, P2Violation, P3Violation, P4Violation
 from ckpt_model.scale import (
     SCALE_ENV,
@@ -18,9 +19,13 @@ from ckpt_model.scale import (
     check_silent,
     cpu_spent_s,
     expected_calls,
+    in_flight_bound,
     in_flight_max,
+    relaying_server_fds,
     run_scale,
+    workers_for,
 )
+from ckpt_model.spec import DeploymentSpec
 
 SMALL_ROLLOUTS = 50
 STAGES = ("dispatch", "prepare", "commit", "crash", "restore", "resume", "replacement")
@@ -41,9 +46,27 @@ def test_the_plan_puts_every_rollout_in_one_place_and_caps_what_is_in_flight() -
     capped = ScalePlan.split(16_000, in_flight_max=9_000)
     assert (len(capped.finished), len(capped.in_flight)) == (7_000, 9_000)
     assert len(set(capped.rollouts)) == 16_000
-    assert in_flight_max(20_000) == (20_000 - 1024) // 2
+    assert in_flight_max(20_000) == 20_000 - 1024
     with pytest.raises(ValueError, match="'rollouts' must be at least 3"):
         ScalePlan.split(2, in_flight_max=100)
+
+
+def test_servers_get_the_fewest_workers_that_keep_each_under_the_descriptor_limit() -> None:
+    # One process each while two descriptors a rollout fit: the bound this mode had before workers.
+    assert workers_for(9_488, 20_000) == (1, 1)
+    assert in_flight_bound(20_000, 1, 1) == 9_488
+    # 16,000 in flight: every worker could hold twice its share of relayed requests and still fit.
+    server, policy = workers_for(16_000, 20_000)
+    assert (server, policy) == (7, 4)
+    assert 2 * relaying_server_fds(16_000, server) <= 20_000 - 1024
+    assert 2 * relaying_server_fds(16_000, server - 1) > 20_000 - 1024
+    assert 2 * (2 * 16_000 / policy) <= 20_000 - 1024 < 2 * (2 * 16_000 / (policy - 1))
+    assert in_flight_bound(20_000, server, policy) == in_flight_max(20_000)
+    # A worker relays (workers - 1) / workers of what it accepts to a sibling: two more descriptors each.
+    assert relaying_server_fds(1_000, 1) == 2_000
+    assert relaying_server_fds(1_000, 2) == 500 * 3
+    with pytest.raises(ValueError, match="more than 16 server workers"):
+        workers_for(1_000_000, 20_000)
 
 
 def test_a_replacement_makes_the_calls_not_yet_delivered() -> None:
@@ -113,6 +136,22 @@ def test_a_small_scale_run_checkpoints_crashes_restores_and_continues_every_roll
     assert result.records["environment"] == result.records["agent"] == result.exported
     assert all(verdict.startswith("ok: ") for verdict in result.verdicts.values()), result.verdicts
     assert "restore" in result.table()
+
+
+@pytest.mark.processes
+def test_a_small_scale_run_on_several_workers_of_every_server() -> None:
+    """What 16,000 in flight needs, at a size the default run affords: every server split into workers, each
+    relaying requests to the sibling owning their episode."""
+    harness = Harness.embedded(DeploymentSpec("native", server_workers=3, policy_workers=2))
+    try:
+        result = run_scale(2 * SMALL_ROLLOUTS, harness=harness)
+    finally:
+        harness.close()
+    assert (result.server_workers, result.policy_workers) == (3, 2)
+    assert result.finished + result.exported == 2 * SMALL_ROLLOUTS
+    assert result.records["environment"] == result.records["agent"] == result.exported
+    assert all(verdict.startswith("ok: ") for verdict in result.verdicts.values()), result.verdicts
+    assert "3 per environment, agent and resources server, 2 of the policy model" in result.table()
 
 
 @pytest.mark.processes
