@@ -509,6 +509,8 @@ CATALOGUE: tuple[Fault, ...] = (
         "a multi-worker environment where only its first worker claims restored records, so a replacement routed to"
         " another worker finds none and starts its episode over, redoing the model calls it had made",
         server_workers=2,
+        # The record it never claimed stays pending in the status, and the restored sessions stay beside the new.
+        also_shows_as=("P10",),
     ),
     Fault(
         "lost_worker_blocks_prepare",
