@@ -132,9 +132,11 @@ class PeerConnections(httpx.AsyncBaseTransport):
     number; at most `keepalive_max` idle ones are kept per origin. Bodies are read whole: no caller streams.
     Failures raise httpx's exceptions, as httpx's own transport does."""
 
-    def __init__(self, *, keepalive_max: int, keepalive_expiry_s: float) -> None:
+    def __init__(self, *, keepalive_max: int, keepalive_expiry_s: float, uds: str | None = None) -> None:
         self._keepalive_max = keepalive_max
         self._keepalive_expiry_s = keepalive_expiry_s
+        # A Unix socket every request goes to, whatever its URL's host (a worker's sibling's private socket).
+        self._uds = uds
         self._idle: dict[tuple[str, str, int], collections.deque[_PeerConnection]] = {}
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -168,9 +170,12 @@ class PeerConnections(httpx.AsyncBaseTransport):
         scheme, host, port = origin
         try:
             async with asyncio.timeout(connect_timeout_s):
-                reader, writer = await asyncio.open_connection(
-                    host, port, ssl=ssl_context() if scheme == "https" else None
-                )
+                if self._uds is not None:
+                    reader, writer = await asyncio.open_unix_connection(self._uds)
+                else:
+                    reader, writer = await asyncio.open_connection(
+                        host, port, ssl=ssl_context() if scheme == "https" else None
+                    )
         except TimeoutError as exc:
             raise httpx.ConnectTimeout(f"connecting to {host}:{port} timed out", request=request) from exc
         except OSError as exc:
@@ -214,12 +219,16 @@ def no_cookies() -> http.cookiejar.CookieJar:
     return http.cookiejar.CookieJar(policy=http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
 
 
-def new_client() -> httpx.AsyncClient:
-    """One client per server process: building one costs ~42 ms, so it is made once and reused.
+def new_client(uds: str | None = None) -> httpx.AsyncClient:
+    """One client per server process: building one costs ~42 ms, so it is made once and reused. With `uds`, every
+    request goes to that Unix socket (a worker's client to a sibling's private socket).
 
     Its cookie jar accepts nothing: one client serves every episode, and a session cookie one episode received
-    must never ride along on another episode's request. Cookies are sent explicitly, per request."""
-    connections = PeerConnections(keepalive_max=CLIENT_KEEPALIVE_MAX, keepalive_expiry_s=CLIENT_KEEPALIVE_EXPIRY_S)
+    must never ride along on another episode's request. Cookies are sent explicitly, per request. Its connections
+    are unlimited in number: thousands of requests can wait on one peer at once (`PeerConnections`)."""
+    connections = PeerConnections(
+        keepalive_max=CLIENT_KEEPALIVE_MAX, keepalive_expiry_s=CLIENT_KEEPALIVE_EXPIRY_S, uds=uds
+    )
     return httpx.AsyncClient(
         transport=connections,
         timeout=httpx.Timeout(PEER_TIMEOUT_S, connect=PEER_CONNECT_TIMEOUT_S, read=None),

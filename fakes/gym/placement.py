@@ -21,7 +21,7 @@ import httpx
 from fastapi import Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from fakes.gym.http import no_cookies
+from fakes.gym.http import new_client
 from fakes.gym.wire import ROLLOUT_PATH_PREFIX
 from fakes.gym.worker_routes import WORKER_HEADER
 
@@ -82,8 +82,7 @@ class CallPlacement:
         client = self._clients.get(worker)
         if client is None:
             path = private_socket_path(os.environ[self.socket_env], worker)
-            # No timeout: a placed call waits as long as its gate holds it, exactly as an accepted one does.
-            transport = httpx.AsyncHTTPTransport(uds=path)
-            client = httpx.AsyncClient(transport=transport, timeout=None, cookies=no_cookies(), trust_env=False)
-            self._clients[worker] = client
+            # No read timeout: a placed call waits as long as its gate holds it, exactly as an accepted one does;
+            # the servers' peer client (unlimited connections: httpx's pool holds 100 at most).
+            client = self._clients[worker] = new_client(uds=path)
         return client
