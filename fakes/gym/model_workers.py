@@ -45,6 +45,7 @@ from fakes.gym.ledger import FileLedger
 from fakes.gym.model import PolicyParticipant, backend_forwarder, generation_app, policy_gate
 from fakes.gym.participant import PrepareReport
 from fakes.gym.placement import CallPlacement, PlacementRequest, placement_refusal
+from fakes.gym.store import collector_paused
 from fakes.gym.wire import PLACEMENT_ROUTE, EpisodeId
 from fakes.gym.worker_link import WorkerLink
 from fakes.gym.worker_reports import merge_reports
@@ -357,7 +358,8 @@ class PolicyWorker:
         await self.participant.check_forget(body["rollout_ids"])
 
     async def _snapshot(self, body: Any) -> dict[str, Any]:
-        return gate_snapshot(self.gate)
+        with collector_paused():  # as a commit's export is everywhere (`store.collector_paused`)
+            return gate_snapshot(self.gate)
 
     async def _install(self, body: Any) -> None:
         self.gate.restored_targets = set(body["restored_targets"])

@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from fakes.gym.participant_workers import restore_refusal, scope_from_wire, scope_wire
+from fakes.gym.participant_workers import record_order, restore_refusal, scope_from_wire, scope_wire
 from fakes.gym.session_routing import SessionRouter, default_worker, key_in_path, key_in_run_body
 from fakes.gym.wire import EpisodeId
 from fakes.gym.worker_reports import merge_extras
@@ -91,5 +91,16 @@ def test_a_restore_is_refused_once_a_worker_left_or_one_did_not_close() -> None:
 
 def test_a_scope_travels_to_the_workers_and_back_unchanged() -> None:
     scope = [EpisodeId(rollout_id="r0", attempt=0), EpisodeId(rollout_id="r1", attempt=3)]
-    assert scope_from_wire(json.loads(json.dumps(scope_wire(scope)))) == scope
+    back = scope_from_wire(json.loads(json.dumps(scope_wire(scope))))
+    assert back == scope
+    assert [episode.capture_key for episode in back or []] == ["r0", "r1-a3"]
     assert scope_from_wire(scope_wire(None)) is None
+
+
+def test_merged_records_sort_by_rollout_then_attempt() -> None:
+    records = [
+        {"episode_id": {"rollout_id": "r1", "attempt": 0}},
+        {"episode_id": {"rollout_id": "r0", "attempt": 2}},
+        {"episode_id": {"rollout_id": "r0"}},
+    ]
+    assert [record_order(record) for record in sorted(records, key=record_order)] == [("r0", 0), ("r0", 2), ("r1", 0)]
