@@ -34,6 +34,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Awaitable
 from typing import Any
 
 import attrs
@@ -423,8 +424,13 @@ def chat_completion(call: Call, model: str) -> dict[str, Any]:
 
 async def released_or_gone(call: Call, request: Request) -> bool:
     """Wait until the call is released (True) or its client goes away first (False, marked `cancelled`)."""
+    return await _unless_gone(call, request, call.wait_released())
+
+
+async def _unless_gone(call: Call, request: Request, wait: Awaitable[Any]) -> bool:
+    """Await `wait` unless the call's client goes first: True once it is done, False (marked `cancelled`) if not."""
     try:
-        await unless_client_gone(request, call.wait_released())
+        await unless_client_gone(request, wait)
     except ClientGone:
         call.cancelled = True
         return False
@@ -492,15 +498,7 @@ def model_not_found(model: str) -> dict[str, Any]:
 
 async def generated_or_gone(call: Call, request: Request, latency_s: float) -> bool:
     """A model's generation time: True after `latency_s`, False (marked `cancelled`) if the client went first."""
-    try:
-        await unless_client_gone(request, asyncio.sleep(latency_s))
-    except ClientGone:
-        call.cancelled = True
-        return False
-    except asyncio.CancelledError:
-        call.cancelled = True
-        raise
-    return True
+    return await _unless_gone(call, request, asyncio.sleep(latency_s))
 
 
 def _add_control_routes(app: FastAPI, backend: Backend) -> None:

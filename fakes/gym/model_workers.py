@@ -44,7 +44,7 @@ from fakes.gym.gate import PolicyGate
 from fakes.gym.ledger import FileLedger
 from fakes.gym.model import PolicyParticipant, backend_forwarder, generation_app, policy_gate
 from fakes.gym.participant import PrepareReport
-from fakes.gym.placement import CallPlacement, PlacementRequest, placement_refusal
+from fakes.gym.placement import CallPlacement, PlacementRequest, place_everywhere
 from fakes.gym.store import collector_paused
 from fakes.gym.wire import PLACEMENT_ROUTE, EpisodeId
 from fakes.gym.worker_link import WorkerLink
@@ -286,16 +286,6 @@ def coordinator_control_plane(config: ServerConfig, pool: WorkerPool) -> Control
     pool.run_control = control_plane.run_forwarded
     pool.handlers["place"] = lambda body: place_everywhere(pool, body)
     return control_plane
-
-
-async def place_everywhere(pool: WorkerPool, body: Any) -> dict[str, Any]:
-    """A harness's placement: checked against the server's workers, then set on every worker before the answer."""
-    placement = PlacementRequest.model_validate(body).placement
-    refusal = placement_refusal(placement, pool.expected)
-    if refusal is not None:
-        raise ControlError(refusal)
-    await pool.fan_out("place", {"placement": placement})
-    return {"placed": len(placement)}
 
 
 # --- a worker ---------------------------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ from fakes.gym.coordinator import WorkerPool
 from fakes.gym.coordinator_process import serve_with_workers
 from fakes.gym.errors import ControlError
 from fakes.gym.participant import LatePlane, Participant, PrepareReport
-from fakes.gym.placement import PlacementRequest, placement_refusal
+from fakes.gym.placement import PlacementRequest, place_everywhere
 from fakes.gym.session_routing import SessionRouter, SessionRoutingMiddleware
 from fakes.gym.single_process import BuildParts
 from fakes.gym.store import collector_paused
@@ -70,17 +70,24 @@ def build_parts_for(role: str) -> BuildParts:
     raise ValueError(f"role {role!r} has no participant workers")
 
 
-def scope_wire(scope: list[EpisodeId] | None) -> list[list[Any]] | None:
-    """A commit's scope as it travels to every worker: `[rollout_id, attempt]` pairs (the control plane validated
-    it once; thousands of episodes go to every worker)."""
-    return None if scope is None else [[episode.rollout_id, episode.attempt] for episode in scope]
+def scope_wire(scope: list[EpisodeId] | None) -> dict[str, list[Any]] | None:
+    """A commit's scope as it travels to every worker: its rollout IDs and attempts as two lists. Thousands of
+    episodes go to every worker, and a list per episode would be thousands of objects the worker's cycle collector
+    walks as it decodes them; the control plane validated them once."""
+    if scope is None:
+        return None
+    return {
+        "rollout_ids": [episode.rollout_id for episode in scope],
+        "attempts": [episode.attempt for episode in scope],
+    }
 
 
 def scope_from_wire(body: Any) -> list[EpisodeId] | None:
     """The scope `scope_wire` sent, built without validating each episode again."""
     if body is None:
         return None
-    return [EpisodeId.model_construct(rollout_id=rollout_id, attempt=attempt) for rollout_id, attempt in body]
+    pairs = zip(body["rollout_ids"], body["attempts"], strict=True)
+    return [EpisodeId.model_construct(rollout_id=rollout_id, attempt=attempt) for rollout_id, attempt in pairs]
 
 
 def record_order(record: dict[str, Any]) -> tuple[str, int]:
@@ -243,16 +250,6 @@ def coordinator_control_plane(config: ServerConfig, pool: WorkerPool) -> Control
     pool.handlers["place"] = lambda body: place_everywhere(pool, body)
     pool.handlers["workers"] = lambda body: workers_by_index(pool)
     return control_plane
-
-
-async def place_everywhere(pool: WorkerPool, body: Any) -> dict[str, Any]:
-    """A harness's placement: checked against the server's workers, then set on every worker before the answer."""
-    placement = PlacementRequest.model_validate(body).placement
-    refusal = placement_refusal(placement, pool.expected)
-    if refusal is not None:
-        raise ControlError(refusal)
-    await pool.fan_out("place", {"placement": placement})
-    return {"placed": len(placement)}
 
 
 async def workers_by_index(pool: WorkerPool) -> dict[str, Any]:

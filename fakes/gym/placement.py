@@ -16,14 +16,19 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from fastapi import Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from fakes.gym.errors import ControlError
 from fakes.gym.http import new_client
 from fakes.gym.wire import ROLLOUT_PATH_PREFIX
 from fakes.gym.worker_routes import WORKER_HEADER
+
+if TYPE_CHECKING:
+    from fakes.gym.coordinator import WorkerPool
 
 # A forwarded call: served by the worker it reaches, whatever that worker's placement says (no second hop).
 PLACED_HEADER = "x-ckpt-placed"
@@ -86,3 +91,14 @@ class CallPlacement:
             # the servers' peer client (unlimited connections: httpx's pool holds 100 at most).
             client = self._clients[worker] = new_client(uds=path)
         return client
+
+
+async def place_everywhere(pool: WorkerPool, body: Any) -> dict[str, Any]:
+    """A harness's placement (`POST /_ctl/placement`, forwarded to the coordinator): checked against the server's
+    workers, then set on every worker before the answer."""
+    placement = PlacementRequest.model_validate(body).placement
+    refusal = placement_refusal(placement, pool.expected)
+    if refusal is not None:
+        raise ControlError(refusal)
+    await pool.fan_out("place", {"placement": placement})
+    return {"placed": len(placement)}

@@ -51,7 +51,7 @@ import signal
 import sys
 import time
 import typing
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -716,7 +716,6 @@ def run_stack(argv: list[str]) -> int:
 
 def run_scale(args: argparse.Namespace) -> int:
     """Scale mode: the stage table, then the verdict (exit 0, 1 on a violated property, 2 if not judged)."""
-    from ckpt_model.errors import HarnessError, PropertyViolation
     from ckpt_model.scale import run_scale as scale_run
 
     if args.model_url is not None:
@@ -726,8 +725,19 @@ def run_scale(args: argparse.Namespace) -> int:
     finished_share = 0.125 if args.finished_share is None else args.finished_share
     if not 0.0 <= finished_share < 1.0:
         raise UsageError(f"'--finished-share' must be in [0, 1) (got {finished_share})")
+    return _stage_table_run(
+        lambda: scale_run(args.rollouts or 2000, finished_share=finished_share, progress=print),
+        lambda result: "PASSED: every verdict holds",
+    )
+
+
+def _stage_table_run(run: Callable[[], Any], passed: Callable[[Any], str]) -> int:
+    """A scale-style run: its table and the line `passed` makes of its result (exit 0), or the violated property
+    (1), or why it could not be judged (2)."""
+    from ckpt_model.errors import HarnessError, PropertyViolation
+
     try:
-        result = scale_run(args.rollouts or 2000, finished_share=finished_share, progress=print)
+        result = run()
     except PropertyViolation as violation:
         print(f"{type(violation).__name__}: {violation}\nFAILED: property violation ({violation.property_id})")
         return Exit.VIOLATION
@@ -735,13 +745,12 @@ def run_scale(args: argparse.Namespace) -> int:
         print(f"{type(error).__name__}: {error}\nCOULD NOT JUDGE: harness")
         return Exit.UNJUDGED
     print(result.table())
-    print("PASSED: every verdict holds")
+    print(passed(result))
     return Exit.PASSED
 
 
 def run_real_model(args: argparse.Namespace) -> int:
     """Scale mode with a real model: the seed's real-model test, its table, what was and was not checked."""
-    from ckpt_model.errors import HarnessError, PropertyViolation
     from ckpt_model.real_model import model_base_url, model_name_from_env
     from ckpt_model.real_model import run_real_model as real_run
 
@@ -751,22 +760,17 @@ def run_real_model(args: argparse.Namespace) -> int:
         model_base_url(args.model_url)
     except ValueError as error:
         raise UsageError(str(error).replace("'CKPT_MODEL_MODEL_URL'", "'--model-url'")) from error
-    try:
-        result = real_run(
+    return _stage_table_run(
+        lambda: real_run(
             args.model_url,
             model_name=args.model_name or model_name_from_env(),
             rollouts=args.rollouts or 16,
             progress=print,
-        )
-    except PropertyViolation as violation:
-        print(f"{type(violation).__name__}: {violation}\nFAILED: property violation ({violation.property_id})")
-        return Exit.VIOLATION
-    except (HarnessError, CoordinationError) as error:
-        print(f"{type(error).__name__}: {error}\nCOULD NOT JUDGE: harness")
-        return Exit.UNJUDGED
-    print(result.table())
-    print(f"PASSED: every verdict holds ({len(result.not_checked)} checks not made with a real model, listed above)")
-    return Exit.PASSED
+        ),
+        lambda result: (
+            f"PASSED: every verdict holds ({len(result.not_checked)} checks not made with a real model, listed above)"
+        ),
+    )
 
 
 def run_faults() -> int:

@@ -46,7 +46,9 @@ def crash_and_restore(deployment: Deployment, restore_id: str, directory: str, s
     deployment.control.resume(restore_id, deadline())
 
 
-@pytest.mark.parametrize(
+# Each topology's episode, the model calls its crash, restore and continuation make, and where its reply says the
+# reward.
+CONTINUED_EPISODES = pytest.mark.parametrize(
     ("topology", "body", "expected_messages", "reward_of"),
     [
         ("native", native_run_body, [2, 4, 4], lambda reply: reply["result"]["reward"]),
@@ -54,6 +56,9 @@ def crash_and_restore(deployment: Deployment, restore_id: str, directory: str, s
     ],
     ids=["native", "legacy"],
 )
+
+
+@CONTINUED_EPISODES
 def test_an_episode_continues_from_its_last_boundary_after_a_crash(
     deploy: Deploy, topology: str, body: Callable, expected_messages: list[int], reward_of: Callable
 ) -> None:

@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
-from ckpt_model.gym_tasks import legacy_run_body, native_run_body
+from ckpt_model.gym_tasks import native_run_body
 from ckpt_model.wire import EpisodeId
 from fakes.gym.wire import PLACEMENT_ROUTE, WORKERS_ROUTE, bearer
 from tests.stack import test_scenarios as scenarios
 from tests.stack.conftest import Deployment, process_gone, wait_until
-from tests.stack.test_scenarios import Deploy, checkpoint, crash_and_restore, n_messages
+from tests.stack.test_scenarios import CONTINUED_EPISODES, Deploy, checkpoint, crash_and_restore, n_messages
 
 pytestmark = pytest.mark.processes
 
@@ -55,14 +55,7 @@ def workers_of(deployment: Deployment, name: str) -> dict[int, int]:
 # --- Gym's scenarios, with two workers on every participant server --------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("topology", "body", "expected_messages", "reward_of"),
-    [
-        ("native", native_run_body, [2, 4, 4], lambda reply: reply["result"]["reward"]),
-        ("legacy", legacy_run_body, [1, 3, 3], lambda reply: reply["reward"]),
-    ],
-    ids=["native", "legacy"],
-)
+@CONTINUED_EPISODES
 def test_an_episode_continues_from_its_last_boundary_after_a_crash(
     deploy: Deploy, topology: str, body: Callable, expected_messages: list[int], reward_of: Callable
 ) -> None:
