@@ -358,8 +358,11 @@ class AgentParticipant:
         self.core.admission.set()
 
     async def export(self, scope: list[EpisodeId] | None) -> list[dict[str, Any]]:
+        return await self.export_keys(None if scope is None else {e.capture_key for e in scope})
+
+    async def export_keys(self, keys: set[str] | None) -> list[dict[str, Any]]:
+        """`export` of the scope's capture keys (a worker gets only those; None: no scope)."""
         self._exported = True
-        keys = None if scope is None else {e.capture_key for e in scope}
         legacy = {EpisodeId(**r["episode_id"]).rollout_id: r for r in self.core.episodes.export(keys)}
         records = []
         for session in sorted(self.core.sessions.values(), key=lambda s: s.key):

@@ -76,7 +76,10 @@ class EnvironmentParticipant:
         self.owner.open()
 
     async def export(self, scope: list[EpisodeId] | None) -> list[dict[str, Any]]:
-        keys = None if scope is None else {e.capture_key for e in scope}
+        return await self.export_keys(None if scope is None else {e.capture_key for e in scope})
+
+    async def export_keys(self, keys: set[str] | None) -> list[dict[str, Any]]:
+        """`export` of the scope's capture keys (a worker gets only those; None: no scope)."""
         if "environment_drops_restored_pending" in self.faults:
             keys = set()
         records = self.owner.export(keys)

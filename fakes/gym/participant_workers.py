@@ -52,6 +52,8 @@ class Adopting(Participant, Protocol):
 
     async def adopt(self, records: list[dict[str, Any]]) -> list[str]: ...
 
+    async def export_keys(self, keys: set[str] | None) -> list[dict[str, Any]]: ...
+
 
 def build_parts_for(role: str) -> BuildParts:
     """The role's routes and participant builder; imports stay local so each process loads only its role."""
@@ -82,12 +84,12 @@ def scope_wire(scope: list[EpisodeId] | None) -> dict[str, list[Any]] | None:
     }
 
 
-def scope_from_wire(body: Any) -> list[EpisodeId] | None:
-    """The scope `scope_wire` sent, built without validating each episode again."""
+def scope_keys_from_wire(body: Any) -> set[str] | None:
+    """The capture keys of the scope `scope_wire` sent: all a worker's export asks of it."""
     if body is None:
         return None
     pairs = zip(body["rollout_ids"], body["attempts"], strict=True)
-    return [EpisodeId.model_construct(rollout_id=rollout_id, attempt=attempt) for rollout_id, attempt in pairs]
+    return {rollout_id if attempt == 0 else f"{rollout_id}-a{attempt}" for rollout_id, attempt in pairs}
 
 
 def record_order(record: dict[str, Any]) -> tuple[str, int]:
@@ -347,8 +349,8 @@ class ParticipantWorker:
         # The collector paused as the coordinator's is (`store.collector_paused`): a worker's share of thousands of
         # records, next to thousands of live requests, cost a full collection or two (0.2-0.5 CPU s each at scale).
         with collector_paused():
-            scope = scope_from_wire(body["scope"])
-            return {"records": await self.participant.export(scope), "index": self.link.index}
+            keys = scope_keys_from_wire(body["scope"])
+            return {"records": await self.participant.export_keys(keys), "index": self.link.index}
 
     async def _check_fresh(self, body: Any) -> None:
         await self.participant.install([], [])  # installs nothing; refuses a process with live state

@@ -185,11 +185,14 @@ class ResourcesParticipant:
         self.core.admission.set()
 
     async def export(self, scope: list[EpisodeId] | None) -> list[dict[str, Any]]:
-        """Mode `exported`: every tracked session of an unretired attempt, restored-pending ones only in scope."""
+        return await self.export_keys(None if scope is None else {e.capture_key for e in scope})
+
+    async def export_keys(self, keys: set[str] | None) -> list[dict[str, Any]]:
+        """Mode `exported`: every tracked session of an unretired attempt, restored-pending ones only in scope (its
+        capture keys: a worker gets only those; None: no scope)."""
         core = self.core
         if core.mode != "exported":
             return []
-        keys = None if scope is None else {e.capture_key for e in scope}
         records = []
         for session in sorted(core.sessions.values(), key=lambda s: s.session_id):
             if self._retired_session(session):
