@@ -17,11 +17,14 @@ from typing import Any
 from fakes.gym.config import ServerConfig
 from fakes.gym.control_plane import RetiredAttempts, check_bearer, forwarded_body
 from fakes.gym.errors import ControlError, CoordinatorUnavailableError
+from fakes.gym.store import collector_paused
 from fakes.gym.wire import EpisodeId, bearer
 from fakes.gym.worker_protocol import LIGHT_TIMEOUT_S, Channel, ChannelClosed, Handler, encode_frame, read_frame
 
 # Appendix B: a forwarded control call gets its own deadline plus 10 s (light messages get `LIGHT_TIMEOUT_S`).
 CONTROL_EXTRA_S = 10.0
+# Control operations whose bodies and replies list a whole scope.
+BULKY_OPERATIONS = frozenset({"commit", "restore", "retire"})
 
 
 class WorkerLink:
@@ -166,8 +169,12 @@ class WorkerLink:
         check_bearer(authorization, self._bearer)
         channel = await self._ready_channel()
         body = {"operation": op, "body": forwarded_body(argument)}
+        # A commit's or a restore's request and reply name every episode in scope (thousands at scale): the worker
+        # encodes and decodes them with its collector paused, as the coordinator builds them (`collector_paused`).
+        paused = collector_paused() if op in BULKY_OPERATIONS else contextlib.nullcontext()
         try:
-            return await channel.request("control", body, control_timeout_s(argument))
+            with paused:
+                return await channel.request("control", body, control_timeout_s(argument))
         except (ChannelClosed, TimeoutError) as exc:
             raise CoordinatorUnavailableError(
                 f"the coordinator of {self.config.name} did not answer {op} ({exc!r}); see the server log"
