@@ -161,11 +161,14 @@ class WorkerLink:
 
     # -- routes ---------------------------------------------------------------------------------------------
 
-    async def handle_control(self, op: str, authorization: str | None, argument: Any) -> Any:
-        """A control route: the bearer is checked here, then the coordinator's control plane answers."""
+    async def handle_control(
+        self, op: str, authorization: str | None, argument: Any, traceparent: str | None = None
+    ) -> Any:
+        """A control route: the bearer is checked here, then the coordinator's control plane answers (in the trace
+        the caller's `traceparent` names: the coordinator makes the operation's span)."""
         check_bearer(authorization, self._bearer)
         channel = await self._ready_channel()
-        body = {"operation": op, "body": forwarded_body(argument)}
+        body = {"operation": op, "body": forwarded_body(argument), "traceparent": traceparent}
         try:
             return await channel.request("control", body, control_timeout_s(argument))
         except (ChannelClosed, TimeoutError) as exc:
