@@ -201,31 +201,32 @@ class Telemetry:
         }
         started_s = time.monotonic()
         outcome = OUTCOME_OK
-        with recorder.tracer.start_as_current_span(
-            SPAN_PREFIX + op,
-            context=parent,
-            kind=SpanKind.SERVER,
-            attributes=attributes,
-            record_exception=False,
-            set_status_on_exception=False,
-        ) as span:
-            self._traces[checkpoint_id] = trace.set_span_in_context(span)
-            try:
-                yield
-            except BaseException as exc:
-                outcome = outcome_of(exc)
-                raise
-            finally:
-                if self._outcome_always_ok:
-                    outcome = OUTCOME_OK
-                span.set_attribute("gym.checkpoint.outcome", outcome)
-                if outcome != OUTCOME_OK:
-                    span.set_status(Status(StatusCode.ERROR, outcome))
-        # The span is on disk (SimpleSpanProcessor); count it, then write the counts, before the reply goes out.
-        labels = {"op": op, "outcome": outcome}
-        recorder.operations.add(1, labels)
-        recorder.durations.record(time.monotonic() - started_s, {"op": op})
-        recorder.snapshot()
+        try:
+            with recorder.tracer.start_as_current_span(
+                SPAN_PREFIX + op,
+                context=parent,
+                kind=SpanKind.SERVER,
+                attributes=attributes,
+                record_exception=False,
+                set_status_on_exception=False,
+            ) as span:
+                self._traces[checkpoint_id] = trace.set_span_in_context(span)
+                try:
+                    yield
+                except BaseException as exc:
+                    outcome = outcome_of(exc)
+                    raise
+                finally:
+                    if self._outcome_always_ok:
+                        outcome = OUTCOME_OK
+                    span.set_attribute("gym.checkpoint.outcome", outcome)
+                    if outcome != OUTCOME_OK:
+                        span.set_status(Status(StatusCode.ERROR, outcome))
+        finally:
+            # The span is on disk (SimpleSpanProcessor); count it, then write the counts, before the reply goes out.
+            recorder.operations.add(1, {"op": op, "outcome": outcome})
+            recorder.durations.record(time.monotonic() - started_s, {"op": op})
+            recorder.snapshot()
 
     def step(self, name: str) -> contextlib.AbstractContextManager[Any]:
         """A timed child span of the operation running in this task (a no-op when off)."""
