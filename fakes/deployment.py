@@ -145,6 +145,15 @@ class EmbeddedDeployment:
         """Empty the capture directory (its ledgers) between examples, while no Gym server runs."""
         self.stack.clear_capture()
 
+    @property
+    def telemetry_dir(self) -> Path | None:
+        """Where every Gym server process writes its spans and metrics (docs/protocol.md), or None."""
+        return self.stack.telemetry_dir
+
+    def clear_telemetry(self) -> None:
+        """Remove the telemetry files of the Gym servers that ran, between examples, while none runs."""
+        self.stack.clear_telemetry()
+
     def lose_unsynced(self) -> None:
         """After `crash_gym`, a power cut: the checkpoints keep only what was fsynced (`fakes.gym.durability`)."""
         self.stack.lose_unsynced()

@@ -520,6 +520,27 @@ CATALOGUE: tuple[Fault, ...] = (
         " lost while admission was closed, so once a worker died between checkpoints no prepare is ever ready",
         server_workers=2,
     ),
+    Fault(
+        "span_outcome_always_ok",
+        "every participant",
+        "P26",
+        "telemetry that records an operation's outcome before it knows it, so every span and every outcome count"
+        " says ok, a refused call (stale_checkpoint, deadline_exceeded) too",
+    ),
+    Fault(
+        "trace_context_dropped",
+        "agent",
+        "P26",
+        "an agent whose control routes do not extract the caller's traceparent, so each of its operations starts a"
+        " trace of its own and a checkpoint's trace misses the agent",
+    ),
+    Fault(
+        "lease_expired_not_counted",
+        "every participant",
+        "P26",
+        "a lease lapse that re-opens admission and makes its span but records no lease_expired count, so a"
+        " dashboard never sees a controller that went away",
+    ),
 )
 BY_NAME: dict[str, Fault] = {fault.name: fault for fault in CATALOGUE}
 

@@ -114,6 +114,7 @@ class Stack:
         policy_workers: int = 1,
         server_workers: int = 1,
         time_jumps: bool = False,
+        telemetry: bool = True,
     ) -> None:
         self.topology = ""
         self.verify_mode = ""
@@ -151,6 +152,8 @@ class Stack:
         self.checkpoint_root = self.state_dir / "checkpoints"
         # Every fsync of the store, so a power cut can be applied to the checkpoints (`lose_unsynced`).
         self.durability_journal = self.state_dir / "durability.jsonl"
+        # Each Gym server process's spans and metrics (`fakes.gym.telemetry`); None records none.
+        self.telemetry_dir: Path | None = self.state_dir / "telemetry" if telemetry else None
         self._ports: dict[str, int] = {}
         self._http: httpx.Client | None = None
 
@@ -205,6 +208,7 @@ class Stack:
                 resources_mode=resources_mode(self.topology, name),
                 resources_server=RESOURCES_SERVER_OF.get(name, "resources"),
                 durability_journal=str(self.durability_journal),
+                telemetry_dir=str(self.telemetry_dir or ""),
                 **(capture if role == "policy_model" else {}),
                 backend_model=self.backend_model if role == "policy_model" else "",
                 workers=self.workers_of(role),
@@ -247,6 +251,7 @@ class Stack:
         self.clear_capture()
         shutil.rmtree(self.checkpoint_root, ignore_errors=True)
         self.durability_journal.unlink(missing_ok=True)
+        self.clear_telemetry()
         self.start_gym()
 
     def redeploy(
@@ -394,6 +399,14 @@ class Stack:
             raise RuntimeError(f"the Gym servers {sorted(self.gym)} are running: call crash_gym() first")
         shutil.rmtree(self.capture_dir, ignore_errors=True)
         self.capture_dir.mkdir(parents=True)
+
+    def clear_telemetry(self) -> None:
+        """Remove every telemetry file (a new example, or a new stack's start); only while no Gym server runs, since
+        a running one keeps appending to the file it opened."""
+        if self.gym:
+            raise RuntimeError(f"the Gym servers {sorted(self.gym)} are running: call crash_gym() first")
+        if self.telemetry_dir is not None:
+            shutil.rmtree(self.telemetry_dir, ignore_errors=True)
 
     def lose_unsynced(self) -> list[str]:
         """A power cut after `crash_gym`: the checkpoints keep only what the store made durable; returns what

@@ -74,6 +74,9 @@ class ServerConfig:
     capture_token: str = ""
     # uvicorn worker processes behind the one port; more than one makes the server a coordinator (reference 1.4).
     workers: int = 1
+    # Where each process that runs this server's control plane writes its spans and metrics
+    # (`<telemetry_dir>/<name>-<pid>.jsonl`, `fakes.gym.telemetry`); "" records none.
+    telemetry_dir: str = ""
 
     def __attrs_post_init__(self) -> None:
         check_capture(self.token_capture, self.generation_cuts)

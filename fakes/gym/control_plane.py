@@ -54,6 +54,7 @@ from fakes.gym.store import (
     read_participant_state,
     write_participant_state,
 )
+from fakes.gym.telemetry import Telemetry
 from fakes.gym.wire import (
     CHECKPOINT_ROUTE_PREFIX,
     CheckpointRequest,
@@ -83,6 +84,8 @@ _ALLOWED_PHASES: dict[str, frozenset[str]] = {
 }
 
 Authorization = Annotated[str | None, Header()]
+# W3C trace context (#3903): the caller's trace, which the operation's span joins (`fakes.gym.telemetry`).
+Traceparent = Annotated[str | None, Header()]
 
 
 class StorageFaultRequest(BaseModel):
@@ -111,8 +114,8 @@ class ClockSkewRequest(BaseModel):
 
 
 # What a control route hands its handler: the operation, the `Authorization` header, and the validated body (a
-# request model), the failpoint's name, or None.
-ControlHandler = Callable[[str, str | None, Any], Awaitable[Reply]]
+# request model), the failpoint's name, or None; a checkpoint route also its `traceparent` header (keyword).
+ControlHandler = Callable[..., Awaitable[Reply]]
 # Per operation: the ControlPlane method that runs it, and how a forwarded body is read back (None: no body).
 _OPERATIONS: dict[str, str] = {
     "status": "_status_op",
@@ -296,32 +299,46 @@ def _checkpoint_router(handle: ControlHandler) -> APIRouter:
         return await handle("status", authorization, None)
 
     @router.post("/prepare")
-    async def prepare(body: CheckpointRequest, authorization: Authorization = None) -> Reply:
-        return await handle("prepare", authorization, body)
+    async def prepare(
+        body: CheckpointRequest, authorization: Authorization = None, traceparent: Traceparent = None
+    ) -> Reply:
+        return await handle("prepare", authorization, body, traceparent=traceparent)
 
     @router.post("/renew")
-    async def renew(body: CheckpointRequest, authorization: Authorization = None) -> Reply:
-        return await handle("renew", authorization, body)
+    async def renew(
+        body: CheckpointRequest, authorization: Authorization = None, traceparent: Traceparent = None
+    ) -> Reply:
+        return await handle("renew", authorization, body, traceparent=traceparent)
 
     @router.post("/commit")
-    async def commit(body: CommitRequest, authorization: Authorization = None) -> Reply:
-        return await handle("commit", authorization, body)
+    async def commit(
+        body: CommitRequest, authorization: Authorization = None, traceparent: Traceparent = None
+    ) -> Reply:
+        return await handle("commit", authorization, body, traceparent=traceparent)
 
     @router.post("/restore")
-    async def restore(body: RestoreRequest, authorization: Authorization = None) -> Reply:
-        return await handle("restore", authorization, body)
+    async def restore(
+        body: RestoreRequest, authorization: Authorization = None, traceparent: Traceparent = None
+    ) -> Reply:
+        return await handle("restore", authorization, body, traceparent=traceparent)
 
     @router.post("/resume")
-    async def resume(body: CheckpointRequest, authorization: Authorization = None) -> Reply:
-        return await handle("resume", authorization, body)
+    async def resume(
+        body: CheckpointRequest, authorization: Authorization = None, traceparent: Traceparent = None
+    ) -> Reply:
+        return await handle("resume", authorization, body, traceparent=traceparent)
 
     @router.post("/retire")
-    async def retire(body: RetireRequest, authorization: Authorization = None) -> Reply:
-        return await handle("retire", authorization, body)
+    async def retire(
+        body: RetireRequest, authorization: Authorization = None, traceparent: Traceparent = None
+    ) -> Reply:
+        return await handle("retire", authorization, body, traceparent=traceparent)
 
     @router.post("/forget")
-    async def forget(body: ForgetRequest, authorization: Authorization = None) -> Reply:
-        return await handle("forget", authorization, body)
+    async def forget(
+        body: ForgetRequest, authorization: Authorization = None, traceparent: Traceparent = None
+    ) -> Reply:
+        return await handle("forget", authorization, body, traceparent=traceparent)
 
     return router
 
@@ -387,6 +404,7 @@ class ControlPlane:
         lease_grace_s: float = 600.0,
         faults: Iterable[str] = (),
         durability_journal: str = "",
+        telemetry_dir: str = "",
     ):
         self.participant = participant
         self.faults = frozenset(faults)
@@ -426,6 +444,7 @@ class ControlPlane:
         self._closes_before_deadline_check = kind == "agent" and "prepare_closes_before_deadline_check" in self.faults
         self._lapse_forgets_id = kind == "agent" and "lapse_forgets_id" in self.faults
         self.instance = instance
+        self.telemetry = Telemetry(telemetry_dir, instance, kind, self.faults)
         self.retired = RetiredAttempts()
         self.checkpoint_id: str | None = None
         compares_requests = kind == "environment" and "retried_commit_conflicts" in self.faults
@@ -456,6 +475,7 @@ class ControlPlane:
             lease_grace_s=config.lease_grace_s,
             faults=config.faults,
             durability_journal=config.durability_journal,
+            telemetry_dir=config.telemetry_dir,
         )
 
     # -- what participants use ------------------------------------------------------------------------------
@@ -477,6 +497,7 @@ class ControlPlane:
         """Stop the lease timer and background work (server shutdown; tests)."""
         self.lease.clear()
         await self.runner.close()
+        self.telemetry.shutdown()
 
     # -- routes ---------------------------------------------------------------------------------------------
 
@@ -484,20 +505,23 @@ class ControlPlane:
         """The control routes, and the look-alike's own failpoint routes (`fakes.gym.failpoints`)."""
         return control_router(self._call)
 
-    async def _call(self, op: str, authorization: str | None, argument: Any) -> Reply:
+    async def _call(self, op: str, authorization: str | None, argument: Any, traceparent: str | None = None) -> Reply:
         """Check the bearer, then run the operation."""
         check_bearer(authorization, self._bearer)
-        return await self._run(op, argument)
+        return await self._run(op, argument, traceparent)
 
-    async def run_forwarded(self, op: str, body: Any) -> Reply:
+    async def run_forwarded(self, op: str, body: Any, traceparent: str | None = None) -> Reply:
         """Run an operation a worker of a multi-worker server forwarded (`fakes.gym.worker_link`): the worker validated
         the body and checked the bearer, so the reply is exactly what this server's own route would give."""
-        return await self._run(op, parse_forwarded(op, body))
+        return await self._run(op, parse_forwarded(op, body), traceparent)
 
-    async def _run(self, op: str, argument: Any) -> Reply:
-        """Run the operation `op` names through the runner (an unexpected exception becomes 500)."""
+    async def _run(self, op: str, argument: Any, traceparent: str | None = None) -> Reply:
+        """Run the operation `op` names through the runner (an unexpected exception becomes 500), a control operation
+        inside its span (`fakes.gym.telemetry`)."""
         operation: Callable[..., Awaitable[Reply]] = getattr(self, _OPERATIONS[op])
-        reply = await self.runner.run(op, lambda: operation() if argument is None else operation(argument))
+        checkpoint_id = getattr(argument, "checkpoint_id", "")
+        with self.telemetry.operation(op, checkpoint_id, traceparent, self.instance):
+            reply = await self.runner.run(op, lambda: operation() if argument is None else operation(argument))
         if op in LOSABLE and self.lost_replies.take(op):
             if self._replay_recorded_once_delivered:  # planted: a result counts as recorded once its reply went out
                 self.runner.drop_result(argument.checkpoint_id, op)
@@ -592,7 +616,8 @@ class ControlPlane:
             else:
                 self._renew_lease(request.deadline_ts)
         try:
-            report = await self._await_ready(checkpoint_id, request.deadline_ts)
+            with self.telemetry.step("wait_ready"):
+                report = await self._await_ready(checkpoint_id, request.deadline_ts)
         except BaseException:
             await self._abort_prepare(checkpoint_id)
             raise
@@ -641,7 +666,8 @@ class ControlPlane:
 
     async def resume(self, request: CheckpointRequest) -> Reply:
         """End the checkpoint and re-open admission; no deadline check, since aborting must always work."""
-        idempotent = await self._resume(request.checkpoint_id)
+        with self.telemetry.step("end_checkpoint"):
+            idempotent = await self._resume(request.checkpoint_id)
         return {"phase": "idle", "idempotent": idempotent}
 
     async def retire(self, request: RetireRequest) -> Reply:
@@ -658,7 +684,8 @@ class ControlPlane:
             if self._phase == "restored" and not self._retire_frees_restored:
                 return {"retired": [episode.capture_key for episode in request.episode_ids]}
             async with self.runner.bounded(remaining_s, f"retire under {checkpoint_id!r}"):
-                await self.participant.retire(list(request.episode_ids))
+                with self.telemetry.step("stop_and_free"):
+                    await self.participant.retire(list(request.episode_ids))
         return {"retired": [episode.capture_key for episode in request.episode_ids]}
 
     async def forget(self, request: ForgetRequest) -> Reply:
@@ -672,7 +699,8 @@ class ControlPlane:
             if self._phase == "restored":
                 self._renew_lease(request.deadline_ts)
             async with self.runner.bounded(remaining_s, f"forget under {checkpoint_id!r}"):
-                await self.participant.check_forget(rollout_ids)
+                with self.telemetry.step("check_forget"):
+                    await self.participant.check_forget(rollout_ids)
                 self.retired.forget(rollout_ids)
                 await self.participant.forget(rollout_ids)
             self.notify()
@@ -735,6 +763,7 @@ class ControlPlane:
     async def _lapse(self, checkpoint_id: str) -> None:
         """An unreachable controller must not hold admission closed forever: re-open as its resume would."""
         log.warning("lease of checkpoint %r expired on %s; re-opening admission", checkpoint_id, self._name)
+        self.telemetry.lease_expired(checkpoint_id)
         with contextlib.suppress(CheckpointConflictError):
             await self._resume(checkpoint_id)
         if self._lapse_forgets_id:  # planted: the lapse re-opens as a resume would, but leaves the ID unfenced
@@ -750,7 +779,8 @@ class ControlPlane:
         self.notify()
         try:
             async with self.runner.bounded(remaining_s, f"closing admission for {request.checkpoint_id!r}"):
-                await self.participant.close_admission(request.deadline_ts)
+                with self.telemetry.step("close_admission"):
+                    await self.participant.close_admission(request.deadline_ts)
                 self.hooks.hit("close")  # a close that fails after closing
         except BaseException:
             await self._abandon(reopen=not self._failed_close_stays_closed)
@@ -824,7 +854,7 @@ class ControlPlane:
         keys = sorted({_record_key(record) for record in records})
         work.stage = "write"
         try:
-            with self.storage.writing():
+            with self.storage.writing(), self.telemetry.step("write"):
                 manifest = await asyncio.to_thread(
                     write_participant_state,
                     request.checkpoint_dir,
@@ -867,7 +897,8 @@ class ControlPlane:
         if self._export_placeholder:  # planted: "an export is under way", kept when the export fails
             self._exported = (work.checkpoint_id, work.args[1], [])
         self.hooks.hit("export")
-        records = list(await self.participant.export(scope))
+        with self.telemetry.step("export"):
+            records = list(await self.participant.export(scope))
         self._exported = (work.checkpoint_id, work.args[1], records)
         return records
 
@@ -899,27 +930,18 @@ class ControlPlane:
             raise
 
     async def _restore_steps(self, work: Work, request: RestoreRequest) -> Reply:
-        scope_keys = frozenset(episode.capture_key for episode in request.episode_ids)
         work.stage = "read"
-        share = participant_dir(request.checkpoint_dir, self.kind, self.instance) / MANIFEST_NAME
-        if self._missing_share_is_empty and not share.exists():
-            manifest, records = {"checkpoint_id": request.checkpoint_id}, []
-        else:
-            manifest, records = await asyncio.to_thread(
-                read_participant_state,
-                request.checkpoint_dir,
-                self.kind,
-                self.instance,
-                functools.partial(_select_in_scope, scope_keys),
-            )
-        for record in records:
-            self._validate_record(record)
+        with self.telemetry.step("read"):
+            manifest, records = await self._read_share(request)
+            for record in records:
+                self._validate_record(record)
         work.stage = "install"
-        await self.participant.close_admission(None)
-        if self.failpoints.armed(BEFORE_INSTALL):
-            await asyncio.to_thread(self.failpoints.hit, BEFORE_INSTALL)  # off the loop: status still answers
-        self.hooks.hit("install")  # a hook that installs all or none fails having installed nothing
-        installed = await self.participant.install(records, list(request.episode_ids))
+        with self.telemetry.step("install"):
+            await self.participant.close_admission(None)
+            if self.failpoints.armed(BEFORE_INSTALL):
+                await asyncio.to_thread(self.failpoints.hit, BEFORE_INSTALL)  # off the loop: status still answers
+            self.hooks.hit("install")  # a hook that installs all or none fails having installed nothing
+            installed = await self.participant.install(records, list(request.episode_ids))
         reply = {
             "phase": "restored",
             "source_checkpoint_id": manifest["checkpoint_id"],
@@ -927,6 +949,21 @@ class ControlPlane:
         }
         self._finish(work, "restored", reply)
         return reply
+
+    async def _read_share(self, request: RestoreRequest) -> tuple[Any, list[Any]]:
+        """This participant's manifest and its records of the episodes in the restore's scope."""
+        scope_keys = frozenset(episode.capture_key for episode in request.episode_ids)
+        share = participant_dir(request.checkpoint_dir, self.kind, self.instance) / MANIFEST_NAME
+        if self._missing_share_is_empty and not share.exists():
+            return {"checkpoint_id": request.checkpoint_id}, []
+        manifest, records = await asyncio.to_thread(
+            read_participant_state,
+            request.checkpoint_dir,
+            self.kind,
+            self.instance,
+            functools.partial(_select_in_scope, scope_keys),
+        )
+        return manifest, list(records)
 
     def _validate_record(self, record: Any) -> None:
         try:

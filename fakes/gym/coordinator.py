@@ -57,7 +57,7 @@ class WorkerPool:
         # the kind's own worker -> coordinator requests (policy, with token capture: claim_cut, return_cut).
         self.on_change: Callable[[], None] = lambda: None
         self.state: Callable[[], dict[str, Any]] = dict
-        self.run_control: Callable[[str, Any], Awaitable[Any]] | None = None
+        self.run_control: Callable[[str, Any, str | None], Awaitable[Any]] | None = None
         self.handlers: dict[str, Handler] = {}
 
     # -- registration and loss ------------------------------------------------------------------------------
@@ -132,7 +132,7 @@ class WorkerPool:
 
     async def _control(self, body: Any) -> Any:
         assert self.run_control is not None, "the coordinator sets run_control before it accepts workers"
-        return await self.run_control(body["operation"], body.get("body"))
+        return await self.run_control(body["operation"], body.get("body"), body.get("traceparent"))
 
     async def _health(self, body: Any) -> dict[str, Any]:
         return {"serving": self.serving, "workers": len(self.workers), "expected_workers": self.expected}

@@ -164,11 +164,14 @@ class WorkerLink:
 
     # -- routes ---------------------------------------------------------------------------------------------
 
-    async def handle_control(self, op: str, authorization: str | None, argument: Any) -> Any:
-        """A control route: the bearer is checked here, then the coordinator's control plane answers."""
+    async def handle_control(
+        self, op: str, authorization: str | None, argument: Any, traceparent: str | None = None
+    ) -> Any:
+        """A control route: the bearer is checked here, then the coordinator's control plane answers (in the trace
+        the caller's `traceparent` names: the coordinator makes the operation's span)."""
         check_bearer(authorization, self._bearer)
         channel = await self._ready_channel()
-        body = {"operation": op, "body": forwarded_body(argument)}
+        body = {"operation": op, "body": forwarded_body(argument), "traceparent": traceparent}
         # A commit's or a restore's request and reply name every episode in scope (thousands at scale): the worker
         # encodes and decodes them with its collector paused, as the coordinator builds them (`collector_paused`).
         paused = collector_paused() if op in BULKY_OPERATIONS else contextlib.nullcontext()

@@ -2,10 +2,11 @@
 
 After a commit: every participant's reply and records name exactly its share (P1), the checkpoint verifies (P9),
 the resources records hold the state the checker computes (P6). After a restore: the resources participant
-installed its sessions (P6). After every step: the history's P2, the ledgers' P5 and P12, and a re-read of every
-committed checkpoint, which must never change (P9; read in full only when a file changed). At the end: P5 over
-every ledger and P13. The audits judge with the properties' named functions; they hold only what they must
-compare later (each committed checkpoint's fingerprints).
+installed its sessions (P6). After every step: the history's P2, the ledgers' P5 and P12, a re-read of every
+committed checkpoint, which must never change (P9; read in full only when a file changed), and the telemetry
+files' new lines against the controller's calls (P26). At the end: P5 over every ledger, P13 and P26. The audits
+judge with the properties' named functions; they hold only what they must compare later (each committed
+checkpoint's fingerprints).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from ckpt_model.storage import (
     participant_dir,
     read_records,
 )
+from ckpt_model.telemetry_watch import TelemetryWatch
 from ckpt_model.twin import Twins
 from ckpt_model.wire import EpisodeId
 
@@ -51,6 +53,8 @@ class Audits:
         self.fingerprints: dict[str, dict[str, Any]] = {}
         # P9 reads every committed directory after every step: in full only when a file changed.
         self.cache = FingerprintCache(harness.checkpoint_dir.parent)
+        # P26: the deployment's spans and metrics against the controller's calls (a deployment that exports them).
+        self.telemetry = TelemetryWatch(harness)
 
     @property
     def members(self) -> list[Participant]:
@@ -172,11 +176,13 @@ class Audits:
                 props.p9_unchanged(checkpoint_id, before, self.read(checkpoint_id))
         with timing.span("p14_ledgers"):
             self.ledgers_of_replies(model)
+        self.telemetry.check()
 
     def at_end(self, model: Model) -> None:
         """Drained: P5 over every ledger and the token store, P13 (everything idle and empty), then P14."""
         self.ledgers.check(model.checkpoint_open, everything=True)
         props.p13_clean_end(observe(self.harness).statuses)
+        self.telemetry.check()
         with timing.span("p14_twin"):
             self.as_uninterrupted(model)
 

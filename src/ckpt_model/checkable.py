@@ -52,6 +52,7 @@ class Capabilities:
     judge: bool = False  # a topology whose verification asks a judge (slow)
     verify_wait: bool = True  # verify mode `wait`
     restart_environment: bool = False  # a topology with a restart environment (mixed)
+    telemetry: bool = False  # every Gym server process exports its spans and metrics to files (`ExportsTelemetry`)
 
     @classmethod
     def of(cls, harness: Harness) -> Capabilities:
@@ -75,6 +76,7 @@ class Capabilities:
             judge=spec.traits.judge,
             verify_wait=spec.verify_mode == "wait",
             restart_environment=spec.traits.restart_environment,
+            telemetry=harness.telemetry_dir is not None,
         )
 
 
@@ -115,6 +117,11 @@ SKEW_CLOCKS = Need(
 )
 JUMP_CLOCKS = Need(
     "jump_clocks", "time passing for every server (jump_clock; the look-alike's --time-jumps)", lambda c: c.jump_clocks
+)
+TELEMETRY = Need(
+    "telemetry",
+    "a deployment whose servers export spans and metrics to files the checker reads (telemetry_dir; the look-alike's)",
+    lambda c: c.telemetry,
 )
 LEASE_LAPSES = Need(
     "lease_lapses", f"a lease grace of at most {LEASE_GRACE_WAITED_MAX_S:g} s (lease_grace_s)", lambda c: c.lease_lapses
@@ -222,6 +229,8 @@ SITES: Mapping[str, tuple[Need, ...]] = {
     "the judge calls": (GATE, JUDGE),
     # P20 judges rollouts that were parked while time passed
     "the rollouts parked while time passed": (GATE, JUMP_CLOCKS),
+    # every settle and the teardown: the controller's control calls against the spans and metrics exported (P26)
+    "the telemetry files": (TELEMETRY,),
 }
 
 # Where each property is judged: rules by name, sites as in `SITES`. A property judged at a site every deployment
@@ -248,6 +257,7 @@ JUDGED_BY: Mapping[str, tuple[str, ...]] = {
     "P19": ("unreachable",),
     "P20": ("the rollouts parked while time passed",),
     "P21": ("paused_prepare", "paused_lease"),
+    "P26": ("the telemetry files",),
 }
 
 

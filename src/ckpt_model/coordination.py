@@ -29,6 +29,15 @@ import pydantic
 import yaml
 
 from ckpt_model.errors import CoordinationError, ParticipantFailure, ProtocolError
+from ckpt_model.telemetry import (
+    OUTCOME_OK,
+    TRACE_SALT,
+    TRACEPARENT_HEADER,
+    ControlCall,
+    call_span_id,
+    trace_id_of,
+    traceparent,
+)
 from ckpt_model.wire import (
     CHECKPOINT_ROUTE_PREFIX,
     PHASES,
@@ -358,6 +367,12 @@ class ControlClient:
         self._http = http if http is not None else new_http_client(timeout_s, transport=transport)
         self._fanout_threads_max = fanout_threads_max
         self._pool: ThreadPoolExecutor | None = None
+        # Every control call sent since `begin_traces`, by its parent span ID, in send order, with what its reply
+        # showed (`ckpt_model.telemetry`): what P26 holds the deployment's spans to.
+        self.trace_salt = TRACE_SALT
+        self._calls: dict[str, ControlCall] = {}
+        self._call_numbers: dict[tuple[str, str, str], int] = {}
+        self._calls_lock = threading.Lock()
 
     @classmethod
     def from_servers(cls, servers: Mapping[str, str], token: str, **options: Any) -> ControlClient:
@@ -659,20 +674,60 @@ class ControlClient:
         return _sorted_dict(replies.items())
 
     def _post(self, member: Participant, operation: str, body: Reply, deadline_ts: float) -> Any:
-        """One control call; the reply as decoded JSON, or the failure."""
+        """One control call, in the trace of the checkpoint it names; the reply as decoded JSON, or the failure."""
         timeout_s = max(deadline_ts - self.clock(), 0.0) + CALL_TIMEOUT_MARGIN_S
+        call = self._sent(member.name, operation, str(body.get("checkpoint_id", "")))
+        headers = {**self._headers(), TRACEPARENT_HEADER: traceparent(call.trace_id, call.span_id)}
         try:
             response = self._http.post(
                 f"{member.url}{CHECKPOINT_ROUTE_PREFIX}/{operation}",
                 json=body,
-                headers=self._headers(),
+                headers=headers,
                 timeout=timeout_s,
             )
         except httpx.HTTPError as exc:
             return _transport_failure(member.name, exc)
         if response.status_code != 200:
-            return _failure_from_response(member.name, response)
+            failure = _failure_from_response(member.name, response)
+            self._answered(call, failure)
+            return failure
+        self._answered(call, None)
         return _json_or_none(response)
+
+    # --- trace context --------------------------------------------------------------------------------------
+
+    def begin_traces(self) -> None:
+        """Forget the calls sent so far and number calls from 0 again (a new example: the same steps then send the
+        same `traceparent` headers)."""
+        with self._calls_lock:
+            self._calls.clear()
+            self._call_numbers.clear()
+
+    def control_calls(self) -> list[ControlCall]:
+        """Every control call sent since `begin_traces`, in send order, each with its reply's outcome so far."""
+        with self._calls_lock:
+            return list(self._calls.values())
+
+    def _sent(self, participant: str, operation: str, checkpoint_id: str) -> ControlCall:
+        trace_id = trace_id_of(checkpoint_id, self.trace_salt)
+        with self._calls_lock:
+            key = (trace_id, participant, operation)
+            number = self._call_numbers.get(key, 0)
+            self._call_numbers[key] = number + 1
+            call = ControlCall(participant, operation, checkpoint_id, trace_id, call_span_id(*key, number))
+            self._calls[call.span_id] = call
+        return call
+
+    def _answered(self, call: ControlCall, outcome: ParticipantFailure | None) -> None:
+        """Record what the reply to `call` showed; a call no reply came to stays unanswered."""
+        if outcome is None:
+            shown: str | None = OUTCOME_OK
+        elif outcome.http_status is None:
+            return
+        else:
+            shown = outcome.code or f"http_{outcome.http_status}"
+        with self._calls_lock:
+            self._calls[call.span_id] = attrs.evolve(call, outcome=shown, answered=True)
 
     def _map(self, call: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
         """`call` over `items`, concurrently when there is more than one; results in the order of `items`."""

@@ -211,6 +211,17 @@ class JumpsClocks(Protocol):
 
 
 @runtime_checkable
+class ExportsTelemetry(Protocol):
+    """Every Gym server process writes its spans and metrics as JSON lines into `telemetry_dir` (docs/protocol.md;
+    None: this start writes none); `clear_telemetry` removes them while no Gym server runs."""
+
+    @property
+    def telemetry_dir(self) -> Path | None: ...
+
+    def clear_telemetry(self) -> None: ...
+
+
+@runtime_checkable
 class LosesUnsynced(Protocol):
     """After `crash_gym`, a power cut: the checkpoint directories keep only what was fsynced."""
 
@@ -721,6 +732,7 @@ class Harness:
                 self.deployment.crash_gym()
             if self.token_capture:
                 self._capturing().clear_capture()
+            self._begin_traces()
             reset = self._chore(self._reset_backend) if self.backend is not None else None
             self.time_passed_s = 0.0  # fresh servers: the new example starts on the true time
             with timing.span("directories"):
@@ -735,6 +747,21 @@ class Harness:
                 if reset is not None:
                     with timing.span("backend_reset"):
                         reset.result()
+
+    @property
+    def telemetry_dir(self) -> Path | None:
+        """Where the deployment's servers write spans and metrics (P26), or None: it exports none."""
+        deployment = self.deployment
+        return deployment.telemetry_dir if isinstance(deployment, ExportsTelemetry) else None
+
+    def _begin_traces(self) -> None:
+        """A new example's telemetry: the last example's files removed (no Gym server runs), the controller's calls
+        numbered from 0 again."""
+        deployment = self.deployment
+        if isinstance(deployment, ExportsTelemetry):
+            deployment.clear_telemetry()
+        if self._control is not None:
+            self._control.begin_traces()
 
     def start_gym(self) -> None:
         with timing.span("restart.start"):

@@ -11,7 +11,7 @@ import difflib
 import json
 import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 import attrs
 
@@ -21,6 +21,7 @@ from ckpt_model.history import Event, History
 from ckpt_model.lineage import P5Violation, P12Violation
 from ckpt_model.outcome import Outcome
 from ckpt_model.storage import CheckpointUnreadable, Fingerprint
+from ckpt_model.telemetry import SPAN_PREFIX, ControlCall, MetricsSnapshot, Span, SpanCounts
 from ckpt_model.wire import BLOCKERS_SHOWN_MAX, EPISODE_TIMED_OUT, MANIFEST_SCHEMA_VERSION, EpisodeId
 
 
@@ -166,6 +167,15 @@ class P21Violation(PropertyViolation):
     )
 
 
+class P26Violation(PropertyViolation):
+    property_id = "P26"
+    title = (
+        "telemetry tells the truth: every control call a participant ran has exactly one span gym.checkpoint.<op>, "
+        "in the trace the controller sent, with the outcome its reply showed, and the metrics count what the spans "
+        "show"
+    )
+
+
 # Every property, checked or not yet; docs/how-it-works.md's table must agree (tests/unit/checker/test_properties).
 REGISTRY: dict[str, PropertyInfo] = {
     info.property_id: info
@@ -191,6 +201,7 @@ REGISTRY: dict[str, PropertyInfo] = {
         PropertyInfo("P19", P19Violation.title, "step", True),
         PropertyInfo("P20", P20Violation.title, "step", True),
         PropertyInfo("P21", P21Violation.title, "step", True),
+        PropertyInfo("P26", P26Violation.title, "step and teardown", True),
     )
 }
 
@@ -1520,4 +1531,114 @@ def p19_first_resume(checkpoint_id: str, victim: str, reply: Mapping[str, Any]) 
             expected=f"{victim}, which the first resume of {checkpoint_id} never reached, answers the retry with "
             "idempotent: false (its first resume)",
             observed=_short(reply, 200),
+        )
+
+
+# --- P26: telemetry ----------------------------------------------------------------------------------------
+
+
+def p26_one_span_per_call(calls: Sequence[ControlCall], spans: Sequence[Span]) -> None:
+    """Every control call has as many spans of its operation under it (the span its `traceparent` names as
+    parent) as `ControlCall.expected_spans` says (one for a call the participant ran and answered, none for one it
+    refused before running it, at most one for one no reply came to), each in the call's trace, on the participant
+    called, naming the call's checkpoint, with the outcome the reply showed; and no span of an operation stands
+    under a call the controller never made."""
+    operation_spans = [span for span in spans if span.operation is not None]
+    made = {call.span_id for call in calls}
+    strays = [span for span in operation_spans if span.parent_span_id not in made]
+    under: dict[str | None, list[Span]] = {}
+    for span in operation_spans:
+        under.setdefault(span.parent_span_id, []).append(span)
+    for call in calls:
+        found = under.get(call.span_id, [])
+        low, high = call.expected_spans
+        if not low <= len(found) <= high:
+            raise P26Violation(
+                rollout=None,
+                expected=f"{_span_count(low, high)} for the call {call.describe()}",
+                observed=_found_spans(call, found, strays),
+            )
+        for span in found:
+            _p26_span_matches(call, span)
+    if strays:
+        raise P26Violation(
+            rollout=None,
+            expected="every span of a control operation under a call the controller made",
+            observed="; ".join(span.describe() for span in strays[:5]),
+        )
+
+
+def _p26_span_matches(call: ControlCall, span: Span) -> None:
+    shown: dict[str, Any] = {
+        "name": span.name,
+        "trace": span.trace_id,
+        "instance": span.attributes.get("gym.participant.instance"),
+        "checkpoint": span.attributes.get("gym.checkpoint.id"),
+    }
+    wanted: dict[str, Any] = {
+        "name": SPAN_PREFIX + call.operation,
+        "trace": call.trace_id,
+        "instance": call.participant,
+        "checkpoint": call.checkpoint_id,
+    }
+    if call.answered:
+        shown["outcome"], wanted["outcome"] = span.outcome, call.outcome
+    wrong = {field: shown[field] for field in wanted if shown[field] != wanted[field]}
+    if wrong:
+        raise P26Violation(
+            rollout=None,
+            expected=f"the span of {call.describe()}: " + ", ".join(f"{k} {wanted[k]!r}" for k in wrong),
+            observed=f"{span.describe()}: " + ", ".join(f"{k} {v!r}" for k, v in wrong.items()),
+        )
+
+
+def _span_count(low: int, high: int) -> str:
+    if low == high:
+        return f"exactly {low} span{'s' if low != 1 else ''}"
+    return f"{low} to {high} spans"
+
+
+def _found_spans(call: ControlCall, found: Sequence[Span], strays: Sequence[Span]) -> str:
+    """The spans under the call, or where a span of the same operation on the same participant went instead."""
+    if found:
+        return f"{len(found)}: " + "; ".join(span.describe() for span in found)
+    elsewhere = [
+        span
+        for span in strays
+        if span.operation == call.operation
+        and span.attributes.get("gym.participant.instance") == call.participant
+        and span.attributes.get("gym.checkpoint.id") == call.checkpoint_id
+    ]
+    if elsewhere:
+        return "none under the call; outside the controller's trace: " + "; ".join(s.describe() for s in elsewhere[:3])
+    return "none"
+
+
+def p26_unreadable(source: str, problem: str, line: object) -> NoReturn:
+    """A telemetry line the checker cannot read is telemetry that says nothing true."""
+    raise P26Violation(
+        rollout=None, expected=f"every line of {source} a span or a metrics record", observed=f"{problem}: {line!r}"
+    )
+
+
+def p26_metrics_agree(counts: SpanCounts, snapshot: MetricsSnapshot) -> None:
+    """A metrics line counts exactly the spans its file holds before it: operations by op and outcome, durations
+    by op, and lease lapses."""
+    observed = {
+        "operations": {key: n for key, n in snapshot.operations.items() if n},
+        "durations": {op: n for op, n in snapshot.durations.items() if n},
+        "lease_expired": snapshot.lease_expired,
+    }
+    expected = {
+        "operations": {key: n for key, n in counts.operations.items() if n},
+        "durations": counts.durations(),
+        "lease_expired": counts.lapses,
+    }
+    wrong = [name for name in expected if expected[name] != observed[name]]
+    if wrong:
+        raise P26Violation(
+            rollout=None,
+            expected=f"metrics in {snapshot.source} counting its spans: "
+            + "; ".join(f"{name} {expected[name]}" for name in wrong),
+            observed="; ".join(f"{name} {observed[name]}" for name in wrong),
         )

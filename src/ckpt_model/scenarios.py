@@ -827,6 +827,9 @@ FAULT_SCENARIOS: dict[str, str] = {
     "workers_export_first_worker_only": "workers__held_episodes_on_both_workers_are_exported",
     "restored_records_claimed_by_first_worker_only": "workers__continuation_on_another_worker",
     "lost_worker_blocks_prepare": "workers__killed_worker_loses_only_its_episodes",
+    "span_outcome_always_ok": "checkpoint_without_crash__parks_then_resumes",
+    "trace_context_dropped": "checkpoint_without_crash__parks_then_resumes",
+    "lease_expired_not_counted": "paused_lease__lapses_on_waking_and_refuses_the_commit",
 }
 
 

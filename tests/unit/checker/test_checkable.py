@@ -40,6 +40,7 @@ EVERYTHING = Capabilities(
     skew_clocks=True,
     jump_clocks=True,
     lease_lapses=True,
+    telemetry=True,
 )
 # A real Gym as `GymDeployment` drives it: none of the look-alike's extra capabilities.
 REAL_GYM = Capabilities()
@@ -231,7 +232,7 @@ def ids(found: list[checkable.Unchecked]) -> list[str]:
 def test_a_real_gym_with_a_gate_and_crashes_checks_all_but_the_look_alikes_nemeses() -> None:
     unchecked = checkable.unchecked_properties(REAL_GYM)
 
-    assert ids(unchecked) == ["P5", "P11", "P12", "P16", "P17", "P18", "P20", "P21"]
+    assert ids(unchecked) == ["P5", "P11", "P12", "P16", "P17", "P18", "P20", "P21", "P26"]
     why = {item.name: item.why for item in unchecked}
     assert why["P16"] == (
         "judged only in storage_fault and stalled_write (which need storage faults (break_storage)), paused_commit "
@@ -261,6 +262,7 @@ def test_without_a_gated_backend_nothing_a_rollout_makes_is_judged() -> None:
         "P18",
         "P20",
         "P21",
+        "P26",
     ]
     why = {item.name: item.why for item in unchecked}
     assert why["P3"] == ("judged only on the rollouts (which need a gated backend to hold model calls (backend_url))")
@@ -297,7 +299,7 @@ def test_the_look_alike_with_every_capability_checks_everything_its_topology_has
     assert ids(checkable.unchecked_properties(EVERYTHING)) == ["P5", "P11", "P12"]
     everything = attrs.evolve(EVERYTHING, judge=True, token_capture=True, generation_cuts=True)
     assert checkable.unchecked_properties(everything) == []
-    assert checkable.verdict_scope(everything) == "checked: P1-P21"
+    assert checkable.verdict_scope(everything) == "checked: P1-P21, P26"
 
 
 def test_the_summary_lists_what_is_not_checked_and_the_verdict_says_it() -> None:
@@ -311,7 +313,7 @@ def test_the_summary_lists_what_is_not_checked_and_the_verdict_says_it() -> None
     assert not any("dispatch_restart" in line for line in lines)
     assert any(line.startswith("  crash: needs crashes") for line in lines)
     assert checkable.verdict_scope(capabilities) == (
-        "checked: P1, P8-P10, P13, P15, P19; not checked: P2-P7, P11-P12, P14, P16-P18, P20-P21 (listed above)"
+        "checked: P1, P8-P10, P13, P15, P19; not checked: P2-P7, P11-P12, P14, P16-P18, P20-P21, P26 (listed above)"
     )
 
 
@@ -337,7 +339,7 @@ def test_capabilities_of_a_harness_read_its_capabilities() -> None:
         )
     }
     harness = types.SimpleNamespace(
-        backend=None, can_crash=False, can_pause=True, lease_grace_s=600.0, spec=spec, **flags
+        backend=None, can_crash=False, can_pause=True, lease_grace_s=600.0, spec=spec, telemetry_dir=None, **flags
     )
 
     capabilities = Capabilities.of(harness)  # type: ignore[arg-type]
