@@ -57,6 +57,17 @@ def ckpt_model(workdir: Path, *arguments: str, developer: bool = False) -> subpr
     )
 
 
+def interrupted(process: subprocess.Popen[str], what: str) -> str:
+    """SIGINT `process` (Ctrl-C) and return everything it printed once it stopped; fail, with its stacks, if it
+    does not stop."""
+    process.send_signal(signal.SIGINT)
+    try:
+        output, _ = process.communicate(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{what} did not stop after SIGINT; its stacks:\n{stacks_of(process.pid)}")
+    return output
+
+
 def left_behind(workdir: Path) -> list[str]:
     """Temporary directories of the run, and processes that still carry its `TMPDIR` in their environment."""
     marker = f"TMPDIR={workdir / 'tmp'}".encode()
@@ -313,11 +324,7 @@ def test_ctrl_c_during_check_stops_everything_and_exits_130(tmp_path: Path) -> N
             wait_until(
                 lambda: any((tmp_path / "tmp").glob("ckpt-model-*/stack/logs/environment.log")), "servers up", 60
             )
-            check.send_signal(signal.SIGINT)
-            try:
-                output, _ = check.communicate(timeout=RUN_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                pytest.fail(f"ckpt-model check did not stop after SIGINT; its stacks:\n{stacks_of(check.pid)}")
+            output = interrupted(check, "ckpt-model check")
         finally:
             if check.poll() is None:
                 check.kill()
@@ -441,11 +448,7 @@ def test_ctrl_c_during_a_real_model_run_stops_every_gym_server_and_exits_130(tmp
             assert run.stdout is not None
             while "dispatch ..." not in run.stdout.readline():  # the Gym servers are up
                 assert run.poll() is None, "ckpt-model scale ended before it dispatched"
-            run.send_signal(signal.SIGINT)
-            try:
-                output, _ = run.communicate(timeout=RUN_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                pytest.fail(f"ckpt-model scale did not stop after SIGINT; its stacks:\n{stacks_of(run.pid)}")
+            output = interrupted(run, "ckpt-model scale")
         finally:
             if run.poll() is None:
                 run.kill()
