@@ -20,7 +20,9 @@ from typing import Any
 import attrs
 
 from fakes.gym.errors import CoordinatorUnavailableError
+from fakes.gym.participant import PrepareReport
 from fakes.gym.worker_protocol import LIGHT_TIMEOUT_S, Channel, ChannelClosed, FrameError, Handler, read_frame
+from fakes.gym.worker_reports import merge_reports
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +155,18 @@ class WorkerPool:
     def reports(self) -> list[Any]:
         return [worker.report for worker in self.workers.values() if worker.report is not None]
 
+    def merged_report(self, own: PrepareReport, *, label: str, lost: bool | None = None) -> PrepareReport:
+        """The server's report: the coordinator's own with every live worker's (`merge_reports`); `lost` says
+        whether a lost worker blocks (by default, one lost while admission is closed)."""
+        return merge_reports(
+            own,
+            self.reports(),
+            label=label,
+            workers=len(self.workers),
+            unreported=self.unreported(),
+            lost=self.lost_while_closed if lost is None else lost,
+        )
+
     async def broadcast(
         self, kind: str, body: Any, timeout_s: float | None = LIGHT_TIMEOUT_S
     ) -> list[tuple[Worker, Any]]:
@@ -193,6 +207,12 @@ class WorkerPool:
                 raise result
             else:
                 self.take_report(worker, result)
+
+    async def retire(self, body: Mapping[str, Any]) -> None:
+        """Retire `body["episode_ids"]` on every worker: every worker marks them (refusing the attempts) before any
+        stops anything, then each stops and frees its covered work (bounded by the retire's deadline)."""
+        await self.fan_out("mark", body)
+        await self.fan_out("retire", body, timeout_s=None)
 
     async def reopen(self) -> None:
         """Admission opens everywhere; a loss while closed stops blocking."""

@@ -7,7 +7,9 @@ Reference 1.4 and Appendix B. The parts, by the process they run in:
     each worker       worker_process (its life), worker_link (its end of the channel), worker_routes (its routes)
     both              worker_protocol (frames, messages, the channel)
 
-What is here is generic (any participant kind); `fakes.gym.model_workers` builds the policy model server on it.
+What is here is generic (any participant kind); `fakes.gym.model_workers` builds the policy model server on it,
+`fakes.gym.participant_workers` the environment, agent and resources servers (`fakes.gym.serve.serve_workers`
+starts either).
 
 Process model. The server process, however it was started (`python -m fakes.gym.serve`, or forked by the fork
 server with its listening socket bound, or a promoted standby that received it), becomes the coordinator: it binds

@@ -27,18 +27,15 @@ below, so that token capture changes only them:
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import uvicorn
 from fastapi import FastAPI, Header
 
 from fakes.gym.capture import GenerationCutter, TokenCapture, ledger_router
 from fakes.gym.config import ServerConfig
 from fakes.gym.control_plane import ControlPlane
 from fakes.gym.coordinator import WorkerPool
-from fakes.gym.coordinator_process import serve_with_workers
 from fakes.gym.errors import ControlError
 from fakes.gym.gate import PolicyGate
 from fakes.gym.ledger import FileLedger
@@ -48,7 +45,6 @@ from fakes.gym.placement import CallPlacement, PlacementRequest, place_everywher
 from fakes.gym.store import collector_paused
 from fakes.gym.wire import PLACEMENT_ROUTE, EpisodeId
 from fakes.gym.worker_link import WorkerLink
-from fakes.gym.worker_reports import merge_reports
 from fakes.gym.worker_routes import add_worker_routes
 
 # Reference 1.4: how a policy worker finds its coordinator's socket.
@@ -184,14 +180,7 @@ class CoordinatedPolicyParticipant:
         self.ignores_snapshots = "workers_export_ignores_snapshots" in faults
 
     def report(self) -> PrepareReport:
-        return merge_reports(
-            self.policy.report(),
-            self.pool.reports(),
-            label=self.label,
-            workers=len(self.pool.workers),
-            unreported=self.pool.unreported(),
-            lost=self.pool.lost_while_closed,
-        )
+        return self.pool.merged_report(self.policy.report(), label=self.label)
 
     async def close_admission(self, deadline_ts: float | None) -> None:
         """Close everywhere; with a prepare's deadline each worker cuts the calls it has generating."""
@@ -237,9 +226,7 @@ class CoordinatedPolicyParticipant:
         await self.pool.fan_out("delete_restored", {"keep": sorted(keep)})
 
     async def retire(self, episode_ids: list[EpisodeId]) -> None:
-        body = {"episode_ids": [episode.wire() for episode in episode_ids]}
-        await self.pool.fan_out("mark", body)  # every worker refuses the attempts before any stops anything
-        await self.pool.fan_out("retire", body, timeout_s=None)  # bounded by the retire's deadline
+        await self.pool.retire({"episode_ids": [episode.wire() for episode in episode_ids]})
         await self.policy.retire(episode_ids)
 
     async def check_forget(self, rollout_ids: list[str]) -> None:
@@ -376,21 +363,3 @@ def build_worker_app(config: ServerConfig) -> FastAPI:
         faults = frozenset(config.faults)
         app.include_router(ledger_router(worker.ledger, config.capture_token, worker.open_checkpoint, faults))
     return app
-
-
-def serve(
-    config: ServerConfig,
-    listening: socket.socket | Callable[[], socket.socket | None],
-    app_config: uvicorn.Config,
-    on_serving: Callable[[], None] | None = None,
-) -> int:
-    """Run the multi-worker policy model server in this process (it becomes the coordinator); the exit code.
-    `listening` and `app_config` are as in `serve_with_workers` (`fakes.gym.serve.serve_workers` fills them in)."""
-    return serve_with_workers(
-        config,
-        assemble=coordinator_control_plane,
-        socket_env=POLICY_SOCKET_ENV,
-        listening=listening,
-        app_config=app_config,
-        on_serving=on_serving,
-    )

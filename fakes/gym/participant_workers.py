@@ -21,17 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 from collections.abc import Callable
 from typing import Any, Protocol
 
-import uvicorn
 from fastapi import FastAPI, Header
 
 from fakes.gym.config import ServerConfig
 from fakes.gym.control_plane import ControlPlane
 from fakes.gym.coordinator import WorkerPool
-from fakes.gym.coordinator_process import serve_with_workers
 from fakes.gym.errors import ControlError
 from fakes.gym.participant import LatePlane, Participant, PrepareReport
 from fakes.gym.placement import PlacementRequest, place_everywhere
@@ -40,7 +37,7 @@ from fakes.gym.single_process import BuildParts
 from fakes.gym.store import collector_paused
 from fakes.gym.wire import PLACEMENT_ROUTE, WORKERS_ROUTE, EpisodeId
 from fakes.gym.worker_link import WorkerLink
-from fakes.gym.worker_reports import merge_extras, merge_reports
+from fakes.gym.worker_reports import merge_extras
 from fakes.gym.worker_routes import add_worker_routes
 
 # Reference 1.4: how an environment, agent or resources worker finds its coordinator's socket.
@@ -150,14 +147,8 @@ class CoordinatedParticipant:
         self.any_loss_blocks = "lost_worker_blocks_prepare" in faults
 
     def report(self) -> PrepareReport:
-        return merge_reports(
-            self.local.report(),
-            self.pool.reports(),
-            label=self.label,
-            workers=len(self.pool.workers),
-            unreported=self.pool.unreported(),
-            lost=self.pool.lost_while_closed or (self.any_loss_blocks and self.pool.left),
-        )
+        lost = self.pool.lost_while_closed or (self.any_loss_blocks and self.pool.left)
+        return self.pool.merged_report(self.local.report(), label=self.label, lost=lost)
 
     async def close_admission(self, deadline_ts: float | None) -> None:
         await self.local.close_admission(deadline_ts)
@@ -205,9 +196,7 @@ class CoordinatedParticipant:
         await self.pool.fan_out("delete_restored", {"keep": sorted(keep)})
 
     async def retire(self, episode_ids: list[EpisodeId]) -> None:
-        body = {"episode_ids": [episode.wire() for episode in episode_ids]}
-        await self.pool.fan_out("mark", body)  # every worker refuses the attempts before any stops anything
-        await self.pool.fan_out("retire", body, timeout_s=None)  # bounded by the retire's deadline
+        await self.pool.retire({"episode_ids": [episode.wire() for episode in episode_ids]})
         await self.local.retire(episode_ids)
         covered = {episode.rollout_id: episode.attempt for episode in episode_ids}
         self.held = {
@@ -398,20 +387,3 @@ def build_worker_app(config: ServerConfig) -> FastAPI:
         return await link.ask_coordinator("workers", authorization, {})
 
     return app
-
-
-def serve(
-    config: ServerConfig,
-    listening: socket.socket | Callable[[], socket.socket | None],
-    app_config: uvicorn.Config,
-    on_serving: Callable[[], None] | None = None,
-) -> int:
-    """Run the multi-worker server in this process (it becomes the coordinator); the exit code."""
-    return serve_with_workers(
-        config,
-        assemble=coordinator_control_plane,
-        socket_env=COORDINATOR_SOCKET_ENV,
-        listening=listening,
-        app_config=app_config,
-        on_serving=on_serving,
-    )

@@ -89,17 +89,28 @@ def serve_workers(
     """Run a server with several workers in this process, as their coordinator; the exit code. `listening` is its
     listening socket, or what gives it once the workers are built (bound here if None); `app_config` uvicorn's
     config with the worker app (built if None); `on_serving` runs once every worker has registered."""
+    from fakes.gym.coordinator_process import serve_with_workers
+
     if config.role == "policy_model":
-        from fakes.gym.model_workers import serve
+        from fakes.gym.model_workers import POLICY_SOCKET_ENV as socket_env
+        from fakes.gym.model_workers import coordinator_control_plane
     else:
-        from fakes.gym.participant_workers import serve
+        from fakes.gym.participant_workers import COORDINATOR_SOCKET_ENV as socket_env
+        from fakes.gym.participant_workers import coordinator_control_plane
 
     if app_config is None:
         app_config = build_config(config.to_json())
     if listening is None:
         # Bound only once the workers are built, as a promoted standby's socket arrives.
         listening = lambda: listening_socket(config.host, config.port)  # noqa: E731
-    return serve(config, listening, app_config, on_serving)
+    return serve_with_workers(
+        config,
+        assemble=coordinator_control_plane,
+        socket_env=socket_env,
+        listening=listening,
+        app_config=app_config,
+        on_serving=on_serving,
+    )
 
 
 def main() -> None:
