@@ -316,8 +316,10 @@ class EmbeddedDeployment:
         return self.stack.gym["restart_environment"].url + "/run"
 
     def collection_command(self) -> list[str]:
-        """The look-alike's rollout collection (`fakes.collection`), run by this interpreter."""
-        return [sys.executable, "-m", "fakes.collection"]
+        """The look-alike's rollout collection (`fakes.collection`), run by this interpreter, its spans written
+        beside the servers'."""
+        telemetry = self.telemetry_dir
+        return [sys.executable, "-m", "fakes.collection", *(["--telemetry-dir", str(telemetry)] if telemetry else [])]
 
     def log_tails(self, lines: int = 15) -> str:
         parts = []

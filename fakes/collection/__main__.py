@@ -18,10 +18,15 @@ from fakes.collection.rows import RowError
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fakes.collection", description=__doc__.split("\n\n")[0])
     parser.add_argument("config", type=Path, help="the collection config (JSON)")
+    parser.add_argument(
+        "--telemetry-dir",
+        type=Path,
+        help="write the controller's spans to DIR/collection-<pid>.jsonl (docs/protocol.md)",
+    )
     arguments = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     try:
-        collector = Collector(CollectionConfig.from_file(arguments.config))
+        collector = Collector(CollectionConfig.from_file(arguments.config), telemetry_dir=arguments.telemetry_dir)
     except (ConfigError, RowError, LayoutError, OSError) as exc:
         print(f"collection: {exc}", file=sys.stderr)
         return 2

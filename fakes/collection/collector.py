@@ -34,6 +34,7 @@ from fakes.collection.config import CollectionConfig
 from fakes.collection.control import Control, ControlFailed
 from fakes.collection.layout import CollectionManifest, DispatchLog, Episode
 from fakes.collection.rows import finished_rollouts, output_row, read_inputs
+from fakes.collection.tracing import ControllerTracing
 
 log = logging.getLogger("fakes.collection")
 
@@ -63,9 +64,12 @@ class RunEnded:
 
 
 class Collector:
-    def __init__(self, config: CollectionConfig, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, config: CollectionConfig, clock: Callable[[], float] = time.time, telemetry_dir: Path | None = None
+    ) -> None:
         self.config = config
         self.clock = clock
+        self.telemetry_dir = telemetry_dir
         self.events: queue.SimpleQueue[RunEnded | Trigger] = queue.SimpleQueue()
         self.rows = {row.rollout_id: row for row in read_inputs(config.input_jsonl_fpath, config.run_format)}
         self.run_id = uuid.uuid4().hex
@@ -93,7 +97,8 @@ class Collector:
         finished: set[str] = set()
         if root is not None:
             root.mkdir(parents=True, exist_ok=True)
-            self.control = Control(self.config.servers, self.config.token, self.clock)
+            tracing = ControllerTracing(self.telemetry_dir)
+            self.control = Control(self.config.servers, self.config.token, self.clock, tracing)
         if self.config.resume_from_cache and "rerun_redoes_finished" not in self.config.faults:
             finished = finished_rollouts(self.config.output_jsonl_fpath)  # planted fault: finished rows go again
         # Open for the run's whole life, line-buffered: a row is written through as its reply arrives.
@@ -237,8 +242,13 @@ class Collector:
         return None
 
     def _write_checkpoint(self, root: Path, control: Control) -> str | None:
-        """Prepare, commit, publish, prune and (unless stopping) resume; the published ID, or None if it failed."""
+        """Prepare, commit, publish, prune and (unless stopping) resume, in one trace; the published ID, or None if
+        it failed."""
         checkpoint_id = layout.new_checkpoint_id(self.clock())
+        with control.tracing.trace("checkpoint", checkpoint_id):
+            return self._write(root, control, checkpoint_id)
+
+    def _write(self, root: Path, control: Control, checkpoint_id: str) -> str | None:
         directory = root / checkpoint_id
         if "prunes_before_publish" in self.config.faults:
             layout.prune(root, keep=layout.PUBLISHED_KEPT - 1)  # planted: room made before the save succeeded
@@ -304,12 +314,13 @@ class Collector:
             if rollout_id in self.rows and rollout_id not in finished and rollout_id not in continued_ids
         ]
         restore_id = f"restore-{uuid.uuid4().hex[:12]}"
-        if manifest is not None and "rerun_skips_restore" not in self.config.faults:  # planted: continued unrestored
-            self.control.restore(restore_id, str(root / manifest.checkpoint_id), continued, self._deadline())
-        for start in range(0, len(stale), RETIRE_BATCH):
-            self.control.retire(restore_id, stale[start : start + RETIRE_BATCH], self._deadline())
-        if manifest is not None or stale:
-            self.control.resume(restore_id, self._deadline())
+        with self.control.tracing.trace("restore", restore_id):
+            if manifest is not None and "rerun_skips_restore" not in self.config.faults:  # planted: not restored
+                self.control.restore(restore_id, str(root / manifest.checkpoint_id), continued, self._deadline())
+            for start in range(0, len(stale), RETIRE_BATCH):
+                self.control.retire(restore_id, stale[start : start + RETIRE_BATCH], self._deadline())
+            if manifest is not None or stale:
+                self.control.resume(restore_id, self._deadline())
         for episode in continued:
             self.attempt[episode.rollout_id] = episode.attempt + 1
             self.restored_pending[episode.rollout_id] = Episode(episode.rollout_id, episode.attempt + 1)

@@ -16,6 +16,7 @@ import attrs
 import httpx
 
 from fakes.collection.layout import Episode
+from fakes.collection.tracing import ControllerTracing
 from fakes.gym.wire import CHECKPOINT_ROUTE_PREFIX
 
 PREPARE_ORDER = ("environment", "model", "agent", "resources")
@@ -47,9 +48,16 @@ class Member:
 class Control:
     """The deployment's participants and the coordination calls over them."""
 
-    def __init__(self, servers: Mapping[str, str], token: str, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        servers: Mapping[str, str],
+        token: str,
+        clock: Callable[[], float] = time.time,
+        tracing: ControllerTracing | None = None,
+    ) -> None:
         self.token = token
         self.clock = clock
+        self.tracing = tracing or ControllerTracing()
         self.http = httpx.Client(timeout=PROBE_TIMEOUT_S)
         self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="collection-control")
         self.members = self._discover(servers)
@@ -57,6 +65,7 @@ class Control:
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.http.close()
+        self.tracing.close()
 
     def _discover(self, servers: Mapping[str, str]) -> tuple[Member, ...]:
         """Every server whose status route answers the bearer; one that answers 404 takes no part (a relay)."""
@@ -82,30 +91,34 @@ class Control:
         """Stage by stage in PREPARE_ORDER, stopping at the first stage not fully prepared: (prepared, replies)."""
         body = {"checkpoint_id": checkpoint_id, "deadline_ts": deadline_ts}
         replies: dict[str, Reply] = {}
-        for kind in PREPARE_ORDER:
-            stage = self._stage("prepare", self.of_kinds([kind]), body, deadline_ts)
-            replies.update(stage)
-            if any(reply.get("phase") != "prepared" for reply in stage.values()):
-                return False, replies
+        with self.tracing.coordinate("prepare", checkpoint_id):
+            for kind in PREPARE_ORDER:
+                with self.tracing.coordinate(f"prepare.{kind}", checkpoint_id):
+                    stage = self._stage("prepare", self.of_kinds([kind]), body, deadline_ts)
+                replies.update(stage)
+                if any(reply.get("phase") != "prepared" for reply in stage.values()):
+                    return False, replies
         return True, replies
 
     def commit(
         self, checkpoint_id: str, checkpoint_dir: str, scope: Sequence[Episode], deadline_ts: float
     ) -> dict[str, Reply]:
-        return self._stage(
-            "commit", self.members, _scoped(checkpoint_id, checkpoint_dir, scope, deadline_ts), deadline_ts
-        )
+        with self.tracing.coordinate("commit", checkpoint_id):
+            return self._stage(
+                "commit", self.members, _scoped(checkpoint_id, checkpoint_dir, scope, deadline_ts), deadline_ts
+            )
 
     def resume(self, checkpoint_id: str, deadline_ts: float) -> dict[str, Reply]:
         """Reverse PREPARE_ORDER; every stage is tried, failures raised together."""
         body = {"checkpoint_id": checkpoint_id, "deadline_ts": deadline_ts}
         replies: dict[str, Reply] = {}
         failures: dict[str, str] = {}
-        for kind in reversed(PREPARE_ORDER):
-            try:
-                replies.update(self._stage("resume", self.of_kinds([kind]), body, deadline_ts))
-            except ControlFailed as exc:
-                failures.update(exc.failures)
+        with self.tracing.coordinate("resume", checkpoint_id):
+            for kind in reversed(PREPARE_ORDER):
+                try:
+                    replies.update(self._stage("resume", self.of_kinds([kind]), body, deadline_ts))
+                except ControlFailed as exc:
+                    failures.update(exc.failures)
         if failures:
             raise ControlFailed("resume", failures)
         return replies
@@ -113,9 +126,10 @@ class Control:
     def restore(
         self, checkpoint_id: str, checkpoint_dir: str, scope: Sequence[Episode], deadline_ts: float
     ) -> dict[str, Reply]:
-        return self._stage(
-            "restore", self.members, _scoped(checkpoint_id, checkpoint_dir, scope, deadline_ts), deadline_ts
-        )
+        with self.tracing.coordinate("restore", checkpoint_id):
+            return self._stage(
+                "restore", self.members, _scoped(checkpoint_id, checkpoint_dir, scope, deadline_ts), deadline_ts
+            )
 
     def retire(self, checkpoint_id: str, episodes: Sequence[Episode], deadline_ts: float) -> dict[str, Reply]:
         body = {
@@ -131,28 +145,34 @@ class Control:
 
     def _retire_order(self, operation: str, body: Reply, deadline_ts: float) -> dict[str, Reply]:
         replies: dict[str, Reply] = {}
-        for kinds in RETIRE_ORDER:
-            replies.update(self._stage(operation, self.of_kinds(kinds), body, deadline_ts))
+        with self.tracing.coordinate(operation, str(body["checkpoint_id"])):
+            for kinds in RETIRE_ORDER:
+                replies.update(self._stage(operation, self.of_kinds(kinds), body, deadline_ts))
         return replies
 
     # --- transport ------------------------------------------------------------------------------------------
 
     def _stage(self, operation: str, members: Sequence[Member], body: Reply, deadline_ts: float) -> dict[str, Reply]:
-        """POST to `members` at once; raise with every failure once all have answered."""
-        outcomes = list(self.pool.map(lambda member: self._post(member, operation, body, deadline_ts), members))
+        """POST to `members` at once, under the current span; raise with every failure once all have answered."""
+        headers = {**self._headers(), **self.tracing.headers()}  # here: the pool's threads lack the context
+        outcomes = list(
+            self.pool.map(lambda member: self._post(member, operation, body, deadline_ts, headers), members)
+        )
         failures = {m.name: outcome for m, outcome in zip(members, outcomes, strict=True) if isinstance(outcome, str)}
         if failures:
             raise ControlFailed(operation, failures)
         return {m.name: outcome for m, outcome in zip(members, outcomes, strict=True) if isinstance(outcome, dict)}
 
-    def _post(self, member: Member, operation: str, body: Reply, deadline_ts: float) -> Reply | str:
+    def _post(
+        self, member: Member, operation: str, body: Reply, deadline_ts: float, headers: Mapping[str, str]
+    ) -> Reply | str:
         """The reply, or what went wrong in one line."""
         timeout_s = max(deadline_ts - self.clock(), 0.0) + CALL_MARGIN_S
         try:
             response = self.http.post(
                 f"{member.url}{CHECKPOINT_ROUTE_PREFIX}/{operation}",
                 json=body,
-                headers=self._headers(),
+                headers=headers,
                 timeout=timeout_s,
             )
         except httpx.HTTPError as exc:
