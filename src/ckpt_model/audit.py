@@ -26,6 +26,7 @@ a trainer keeps them), and a rollout collection's checkpoint root adds `LATEST` 
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -34,6 +35,7 @@ import attrs
 
 from ckpt_model import collection_properties as collection
 from ckpt_model import properties as props
+from ckpt_model.audit_telemetry import TelemetryRead, audit_telemetry
 from ckpt_model.collection_files import (
     CHECKPOINT_ID,
     LATEST,
@@ -89,6 +91,7 @@ class Audit:
     checkpoints: tuple[Checkpoint, ...]
     latest: str | None
     findings: tuple[Finding, ...]
+    telemetry: TelemetryRead | None = None
 
     @property
     def passed(self) -> bool:
@@ -114,6 +117,7 @@ class Audit:
                 }
                 for checkpoint in self.checkpoints
             ],
+            "telemetry": self.telemetry.document() if self.telemetry is not None else None,
             "findings": [attrs.asdict(finding) for finding in self.findings],
         }
 
@@ -136,17 +140,21 @@ class Audit:
             )
             named = checkpoint.checkpoint_id or "no ID"
             lines.append(f"  {checkpoint.path.name} [{named}, {state}]: {held or 'nothing'}")
+        if self.telemetry is not None:
+            lines.append(self.telemetry.report_line())
         lines.extend(f"{finding.property_id}: {finding.message}" for finding in self.findings)
         if self.passed:
-            lines.append("PASSED: every file verifies (P5, P9, P12, P22, P23, P24: what needs no live system)")
+            judged = "P5, P9, P12, P22, P23, P24" + (", P26" if self.telemetry is not None else "")
+            lines.append(f"PASSED: every file verifies ({judged}: what needs no live system)")
         else:
             ids = sorted({finding.property_id for finding in self.findings})
             lines.append(f"FAILED: {len(self.findings)} finding(s) ({', '.join(ids)})")
         return "\n".join(lines)
 
 
-def audit(root: Path, episode_owner: str | None = None) -> Audit:
-    """Read every checkpoint under `root` and judge it; raises `NothingToAudit` when there is none."""
+def audit(root: Path, episode_owner: str | None = None, telemetry: Path | None = None) -> Audit:
+    """Read every checkpoint under `root` and judge it, and with `telemetry` the spans and metrics a run wrote
+    against them; raises `NothingToAudit` when there is no checkpoint, `NoTelemetry` when the path holds no file."""
     root = Path(root)
     if episode_owner is not None and episode_owner not in EPISODE_OWNERS:
         raise ValueError(f"episode owner must be one of {EPISODE_OWNERS} (got {episode_owner!r})")
@@ -164,7 +172,20 @@ def audit(root: Path, episode_owner: str | None = None) -> Audit:
     ]
     latest = _latest(root, checkpoints, findings) if has_latest else None
     _published(root, checkpoints, latest, episode_owner, findings)
-    return Audit(root=root, checkpoints=tuple(checkpoints), latest=latest, findings=tuple(findings))
+    read = None
+    if telemetry is not None:
+        read = audit_telemetry(Path(telemetry), _shares(checkpoints, collection), functools.partial(_judged, findings))
+    return Audit(root=root, checkpoints=tuple(checkpoints), latest=latest, findings=tuple(findings), telemetry=read)
+
+
+def _shares(checkpoints: list[Checkpoint], collection: bool) -> dict[str, set[tuple[str, str]]]:
+    """The participant directories of each checkpoint a commit must have written: in a collection's root, of the
+    published ones (a partial one may be a save under way)."""
+    return {
+        checkpoint.checkpoint_id: {(p.kind, p.instance) for p in checkpoint.participants}
+        for checkpoint in checkpoints
+        if checkpoint.checkpoint_id is not None and (checkpoint.published or not collection)
+    }
 
 
 def _checkpoint_dirs(root: Path) -> list[Path]:
@@ -288,9 +309,11 @@ def _subdirs(path: Path) -> Iterable[Path]:
     return sorted(child for child in path.iterdir() if child.is_dir()) if path.is_dir() else []
 
 
-def _judged(findings: list[Finding], check: Callable[..., object], *arguments: object) -> None:
-    """Run a named check; a violation becomes a finding."""
+def _judged(findings: list[Finding], check: Callable[..., object], *arguments: object) -> bool:
+    """Run a named check; a violation becomes a finding. True when it passed."""
     try:
         check(*arguments)
     except PropertyViolation as violation:
         findings.append(Finding(violation.property_id, f"expected {violation.expected}; found {violation.observed}"))
+        return False
+    return True

@@ -194,7 +194,7 @@ def build_parser() -> Parser:
 
     audit = commands.add_parser(
         "audit",
-        help="check checkpoint directories offline, with no live system (P5, P9, P12, P22-P24; docs/audit.md)",
+        help="check checkpoint directories offline, with no live system (P5, P9, P12, P22-P24, P26; docs/audit.md)",
     )
     audit.add_argument(
         "root",
@@ -213,6 +213,13 @@ def build_parser() -> Parser:
         type=Path,
         metavar="FILE",
         help="write the audit as JSON: verdict, properties violated, LATEST, every checkpoint and finding",
+    )
+    audit.add_argument(
+        "--telemetry",
+        type=Path,
+        metavar="PATH",
+        help="also judge the spans and metrics the run wrote (P26): a file or a directory of *.jsonl/*.json, the "
+        "look-alike's JSON lines or OTLP/JSON as an OpenTelemetry Collector's file exporter writes it",
     )
 
     # Only for --help: `main` hands everything after `stack` to the stack's own parser, untouched.
@@ -850,10 +857,11 @@ def run_command(args: argparse.Namespace) -> int:
 def run_audit(args: argparse.Namespace) -> int:
     """Every finding, then the verdict; a ROOT with no checkpoint is a usage error."""
     from ckpt_model.audit import NothingToAudit, audit
+    from ckpt_model.audit_telemetry import NoTelemetry
 
     try:
-        result = audit(args.root, args.episode_owner)
-    except NothingToAudit as error:
+        result = audit(args.root, args.episode_owner, args.telemetry)
+    except (NothingToAudit, NoTelemetry) as error:
         raise UsageError(str(error)) from None
     print(result.report())
     if args.json is not None:

@@ -84,7 +84,8 @@ class ControlCall:
 
 @attrs.frozen
 class Span:
-    """One span from a telemetry file (`source`: the file's name)."""
+    """One span from a telemetry file (`source`: the file's name): IDs in lower-case hex; `start_ns`/`end_ns`
+    and `status` (`UNSET`, `OK` or `ERROR`) where the file gives them."""
 
     source: str
     name: str
@@ -92,9 +93,13 @@ class Span:
     span_id: str
     parent_span_id: str | None
     attributes: Mapping[str, Any] = attrs.field(factory=dict)
+    start_ns: int | None = None
+    end_ns: int | None = None
+    status: str | None = None
 
     @classmethod
     def from_record(cls, source: str, record: Mapping[str, Any]) -> Span:
+        """A `{"type": "span", ...}` line of the look-alike's files (docs/protocol.md)."""
         return cls(
             source=source,
             name=str(record["name"]),
@@ -102,6 +107,9 @@ class Span:
             span_id=str(record["span_id"]),
             parent_span_id=record.get("parent_span_id"),
             attributes=dict(record.get("attributes") or {}),
+            start_ns=_optional_int(record.get("start_ns")),
+            end_ns=_optional_int(record.get("end_ns")),
+            status=_optional_str(record.get("status")),
         )
 
     @property
@@ -113,6 +121,15 @@ class Span:
     @property
     def outcome(self) -> Any:
         return self.attributes.get("gym.checkpoint.outcome")
+
+    @property
+    def checkpoint_id(self) -> Any:
+        return self.attributes.get("gym.checkpoint.id")
+
+    @property
+    def participant(self) -> tuple[Any, Any]:
+        """(kind, instance): the participant directory `gym/<kind>/<instance>` its operation reads or writes."""
+        return (self.attributes.get("gym.participant.kind"), self.attributes.get("gym.participant.instance"))
 
     def describe(self) -> str:
         return (
@@ -158,3 +175,66 @@ class SpanCounts:
         for (op, _outcome), count in self.operations.items():
             by_op[op] = by_op.get(op, 0) + count
         return by_op
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _optional_str(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+# --- OTLP/JSON --------------------------------------------------------------------------------------------------
+# What an OpenTelemetry Collector's file exporter (or any OTLP/JSON writer) keeps: one `ExportTraceServiceRequest`
+# a line, `{"resourceSpans": [{"resource": {"attributes": [...]}, "scopeSpans": [{"spans": [...]}]}]}`, IDs in hex,
+# times as decimal strings of nanoseconds, attributes as `{"key": k, "value": {"stringValue": v}}`
+# (https://opentelemetry.io/docs/specs/otlp/#json-protobuf-encoding). A real Gym's exporter writes this.
+
+OTLP_SPANS = "resourceSpans"
+OTLP_METRICS = "resourceMetrics"
+_OTLP_STATUS = {
+    0: "UNSET",
+    1: "OK",
+    2: "ERROR",
+    "STATUS_CODE_UNSET": "UNSET",
+    "STATUS_CODE_OK": "OK",
+    "STATUS_CODE_ERROR": "ERROR",
+}
+
+
+def spans_from_otlp(source: str, record: Mapping[str, Any]) -> list[Span]:
+    """Every span of one OTLP/JSON traces line; a span's own attributes win over its resource's (a participant's
+    kind may be either). Raises KeyError, TypeError or ValueError on a line that is not one."""
+    spans: list[Span] = []
+    for resource_spans in record[OTLP_SPANS]:
+        resource = otlp_attributes((resource_spans.get("resource") or {}).get("attributes") or [])
+        for scope_spans in resource_spans.get("scopeSpans") or []:
+            for span in scope_spans.get("spans") or []:
+                status = (span.get("status") or {}).get("code", 0)
+                spans.append(
+                    Span(
+                        source=source,
+                        name=str(span["name"]),
+                        trace_id=str(span["traceId"]).lower(),
+                        span_id=str(span["spanId"]).lower(),
+                        parent_span_id=str(span["parentSpanId"]).lower() if span.get("parentSpanId") else None,
+                        attributes={**resource, **otlp_attributes(span.get("attributes") or [])},
+                        start_ns=_optional_int(span.get("startTimeUnixNano")),
+                        end_ns=_optional_int(span.get("endTimeUnixNano")),
+                        status=_OTLP_STATUS[status],
+                    )
+                )
+    return spans
+
+
+def otlp_attributes(pairs: Any) -> dict[str, Any]:
+    """OTLP/JSON's `[{"key": k, "value": {"stringValue": v}}, ...]` as a plain mapping (scalar values)."""
+    attributes: dict[str, Any] = {}
+    for pair in pairs:
+        value = pair["value"]
+        if "intValue" in value:
+            attributes[pair["key"]] = int(value["intValue"])  # a decimal string in OTLP/JSON
+        else:
+            attributes[pair["key"]] = next(iter(value.values()), None)
+    return attributes

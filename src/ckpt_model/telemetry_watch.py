@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +21,17 @@ import attrs
 
 from ckpt_model import properties as props
 from ckpt_model import timing
-from ckpt_model.telemetry import MetricsSnapshot, Span, SpanCounts
+from ckpt_model.errors import PropertyViolation
+from ckpt_model.telemetry import OTLP_METRICS, OTLP_SPANS, MetricsSnapshot, Span, SpanCounts, spans_from_otlp
 
-TELEMETRY_SUFFIX = ".jsonl"
+TELEMETRY_SUFFIXES = (".jsonl", ".json")
+# Runs a named check on its arguments: the live watch lets a violation rise, the offline audit collects it.
+Judge = Callable[..., object]
+
+
+def run_check(check: Callable[..., object], *arguments: object) -> bool:
+    check(*arguments)
+    return True
 
 
 @attrs.define
@@ -32,51 +41,82 @@ class _FileState:
 
 
 class TelemetryReader:
-    """Reads the telemetry directory incrementally; every span read so far, and each file's counts."""
+    """Reads a telemetry directory (every `*.jsonl` and `*.json` file in it) or one file incrementally: every span
+    read so far, and each file's counts. Lines are the look-alike's (`{"type": "span"|"metrics", ...}`) or
+    OTLP/JSON's (`{"resourceSpans": ...}`, what a Collector's file exporter writes); OTLP metrics lines are counted,
+    not judged (they are exported on the SDK's schedule, not after each operation, so no line says which spans it
+    has counted). `judge` runs each named check: by default a violation rises; the audit collects them and reads on,
+    skipping a line that does not read."""
 
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
+    def __init__(self, path: Path, judge: Judge = run_check) -> None:
+        self.path = path
+        self.judge = judge
         self.spans: list[Span] = []
+        self.metrics_judged = 0
+        self.metrics_not_judged = 0
         self._files: dict[str, _FileState] = {}
+
+    @property
+    def files(self) -> list[str]:
+        return sorted(self._files)
 
     def read_new(self) -> None:
         """Read every file's new whole lines, judging each metrics line against its file's spans before it."""
+        if self.path.is_file():
+            self._read_file(self.path, self.path.stat().st_size)
+            return
         try:
-            entries = sorted(os.scandir(self.directory), key=lambda entry: entry.name)
+            entries = sorted(os.scandir(self.path), key=lambda entry: entry.name)
         except FileNotFoundError:
             return  # nothing exported yet
         for entry in entries:
-            if entry.name.endswith(TELEMETRY_SUFFIX):
-                self._read_file(entry.name, entry.stat().st_size)
+            if entry.name.endswith(TELEMETRY_SUFFIXES):
+                self._read_file(Path(entry.path), entry.stat().st_size)
 
-    def _read_file(self, name: str, size: int) -> None:
-        state = self._files.setdefault(name, _FileState())
+    def _read_file(self, path: Path, size: int) -> None:
+        state = self._files.setdefault(path.name, _FileState())
         if size <= state.offset:
             return
-        with open(self.directory / name, "rb") as file:
+        with open(path, "rb") as file:
             file.seek(state.offset)
             data = file.read(size - state.offset)
         whole = data[: data.rfind(b"\n") + 1]
         state.offset += len(whole)
         for line in whole.splitlines():
-            self._take(name, state, _record(name, line))
+            if line.strip():
+                self._take(path.name, state, line)
 
-    def _take(self, name: str, state: _FileState, record: dict[str, Any]) -> None:
-        kind = record.get("type")
+    def _take(self, name: str, state: _FileState, line: bytes) -> None:
         try:
+            record = _record(name, line)
+            kind = record.get("type")
             if kind == "span":
-                span = Span.from_record(name, record)
+                spans = [Span.from_record(name, record)]
+            elif OTLP_SPANS in record:
+                spans = spans_from_otlp(name, record)
             elif kind == "metrics":
                 snapshot = MetricsSnapshot.from_record(name, record)
-        except (KeyError, TypeError, ValueError) as exc:
-            props.p26_unreadable(name, f"a {kind} line lacks or mistypes {exc}", record)
-        if kind == "span":
-            self.spans.append(span)
+                self.metrics_judged += 1
+                self.judge(props.p26_metrics_agree, state.counts, snapshot)
+                return
+            elif OTLP_METRICS in record:
+                self.metrics_not_judged += 1
+                return
+            else:
+                props.p26_unreadable(name, f"unknown line type {kind!r}", record)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            self.judge(props.p26_unreadable, name, f"a line lacks or mistypes {exc}", line[:200])
+            return
+        except PropertyViolation as violation:  # an unreadable line, raised by the checks above
+            self.judge(_rethrow, violation)
+            return
+        self.spans.extend(spans)
+        for span in spans:
             state.counts = state.counts.adding(span)
-        elif kind == "metrics":
-            props.p26_metrics_agree(state.counts, snapshot)
-        else:
-            props.p26_unreadable(name, f"unknown line type {kind!r}", record)
+
+
+def _rethrow(violation: PropertyViolation) -> None:
+    raise violation
 
 
 def _record(name: str, line: bytes) -> dict[str, Any]:

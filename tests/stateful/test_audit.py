@@ -36,6 +36,9 @@ def written(harness_of: Callable[[DeploymentSpec], Harness], tmp_path_factory: p
         machine.preempt()
         copy = tmp_path_factory.mktemp("audit") / "checkpoints"
         shutil.copytree(machine.checkpoints, copy)
+        telemetry = machine.harness.telemetry_dir
+        assert telemetry is not None, "the look-alike exports telemetry"
+        shutil.copytree(telemetry, copy.parent / "telemetry")
     finally:
         machine.stop()
     return copy
@@ -45,6 +48,12 @@ def written(harness_of: Callable[[DeploymentSpec], Harness], tmp_path_factory: p
 def root(written: Path, tmp_path: Path) -> Path:
     """A copy of the written root for one test to damage."""
     return Path(shutil.copytree(written, tmp_path / "checkpoints"))
+
+
+@pytest.fixture
+def telemetry(written: Path, tmp_path: Path) -> Path:
+    """A copy of the telemetry the stack's servers wrote up to the end of the run, for one test to damage."""
+    return Path(shutil.copytree(written.parent / "telemetry", tmp_path / "telemetry"))
 
 
 def latest_dir(root: Path) -> Path:
@@ -282,3 +291,169 @@ def test_the_command_exits_0_on_the_written_root_1_on_a_damaged_one_and_3_on_not
     nothing = ckpt_model(empty)
     assert nothing.returncode == 3, nothing.stdout + nothing.stderr
     assert "ckpt-model audit: error: " in nothing.stderr
+
+
+# --- with the telemetry the run wrote (P26 offline) ---------------------------------------------------------------
+
+
+def span_lines(telemetry: Path) -> dict[Path, list[dict[str, object]]]:
+    return {
+        path: [json.loads(line) for line in path.read_text().splitlines()] for path in sorted(telemetry.glob("*.jsonl"))
+    }
+
+
+def rewrite_lines(telemetry: Path, change: Callable[[dict[str, object]], dict[str, object] | None]) -> int:
+    """Each line through `change` (None drops it); how many lines it changed or dropped."""
+    changed = 0
+    for path, records in span_lines(telemetry).items():
+        kept = []
+        for record in records:
+            new = change(dict(record))
+            changed += new != record
+            if new is not None:
+                kept.append(new)
+        path.write_text("".join(json.dumps(record) + "\n" for record in kept))
+    return changed
+
+
+def of_latest(root: Path, operation: str, kind: str) -> Callable[[dict[str, object]], bool]:
+    """Whether a line is the span of `operation` on the `kind` participant for LATEST's checkpoint."""
+    latest = latest_id(root)
+
+    def matches(record: dict[str, object]) -> bool:
+        attributes = record.get("attributes")
+        return (
+            record.get("name") == f"gym.checkpoint.{operation}"
+            and isinstance(attributes, dict)
+            and attributes.get("gym.checkpoint.id") == latest
+            and attributes.get("gym.participant.kind") == kind
+        )
+
+    return matches
+
+
+def test_the_root_and_the_telemetry_the_run_wrote_pass(written: Path) -> None:
+    result = audit(written, telemetry=written.parent / "telemetry")
+
+    assert result.passed, result.report()
+    assert result.telemetry is not None
+    published = sorted(c.checkpoint_id for c in result.checkpoints if c.checkpoint_id is not None)
+    assert list(result.telemetry.covered) == published
+    assert result.telemetry.not_covered == ()
+    assert result.telemetry.metrics_judged > 0
+    assert result.report().endswith("(P5, P9, P12, P22, P23, P24, P26: what needs no live system)")
+
+
+def _commit_span_dropped(root: Path, telemetry: Path) -> None:
+    matches = of_latest(root, "commit", "agent")
+    # the metrics line after it counts it: drop the count too, so only the share without a commit is left
+    assert rewrite_lines(telemetry, lambda record: None if matches(record) else record) == 1
+    _recount(telemetry)
+
+
+def _commit_in_another_trace(root: Path, telemetry: Path) -> None:
+    matches = of_latest(root, "commit", "environment")
+    assert rewrite_lines(telemetry, lambda record: record | {"trace_id": "e" * 32} if matches(record) else record)
+
+
+def _outcome_rewritten(root: Path, telemetry: Path) -> None:
+    matches = of_latest(root, "commit", "resources")
+
+    def refused(record: dict[str, object]) -> dict[str, object]:
+        attributes = record["attributes"]
+        assert isinstance(attributes, dict)
+        return record | {"attributes": attributes | {"gym.checkpoint.outcome": "stale_checkpoint"}}
+
+    assert rewrite_lines(telemetry, lambda record: refused(record) if matches(record) else record) == 1
+
+
+def _share_removed(root: Path, telemetry: Path) -> None:
+    shutil.rmtree(share(root, "resources"))
+
+
+def _line_garbled(root: Path, telemetry: Path) -> None:
+    path = next(iter(span_lines(telemetry)))
+    path.write_text(path.read_text() + "{garbled\n")
+
+
+def _step_outside(root: Path, telemetry: Path) -> None:
+    commits = {str(r["span_id"]): r for r in span_lines(telemetry)[_agent_file(telemetry)] if _is_commit(r)}
+
+    def moved(record: dict[str, object]) -> dict[str, object]:
+        parent = commits.get(str(record.get("parent_span_id")))
+        if parent is None or _is_commit(record):
+            return record
+        return record | {"end_ns": int(str(parent["end_ns"])) + 1_000_000}
+
+    assert rewrite_lines(telemetry, moved)
+
+
+def _agent_file(telemetry: Path) -> Path:
+    return next(path for path in span_lines(telemetry) if path.name.startswith("agent"))
+
+
+def _is_commit(record: dict[str, object]) -> bool:
+    return record.get("name") == "gym.checkpoint.commit"
+
+
+def _recount(telemetry: Path) -> None:
+    """Every metrics line rewritten to count the spans before it: telemetry that agrees with itself."""
+    for path, records in span_lines(telemetry).items():
+        operations: dict[tuple[str, str], int] = {}
+        lines = []
+        for record in records:
+            if record["type"] == "span" and str(record["name"]).removeprefix("gym.checkpoint.") in TRACED:
+                attributes = record["attributes"]
+                assert isinstance(attributes, dict)
+                key = (str(record["name"]).removeprefix("gym.checkpoint."), str(attributes["gym.checkpoint.outcome"]))
+                operations[key] = operations.get(key, 0) + 1
+            if record["type"] == "metrics":
+                durations: dict[str, int] = {}
+                for (op, _), n in operations.items():
+                    durations[op] = durations.get(op, 0) + n
+                record = record | {
+                    "operations": [{"op": op, "outcome": out, "count": n} for (op, out), n in operations.items()],
+                    "durations": [{"op": op, "count": n, "sum_s": 0.0} for op, n in durations.items()],
+                }
+            lines.append(record)
+        path.write_text("".join(json.dumps(record) + "\n" for record in lines))
+
+
+TRACED = {"prepare", "renew", "commit", "restore", "resume", "retire", "forget"}
+
+TELEMETRY_DAMAGES: dict[str, tuple[Callable[[Path, Path], None], str]] = {
+    "commit span dropped": (_commit_span_dropped, "written by a commit whose span says ok"),
+    "commit in another trace": (_commit_in_another_trace, "2 traces"),
+    "commit outcome rewritten": (_outcome_rewritten, "metrics in "),
+    "share removed after an ok commit": (_share_removed, "a directory in "),
+    "line garbled": (_line_garbled, "not JSON"),
+    "step outside its commit": (_step_outside, "the step "),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(TELEMETRY_DAMAGES))
+def test_damaged_telemetry_fails_p26_naming_the_damage(root: Path, telemetry: Path, damage: str) -> None:
+    damaging, phrase = TELEMETRY_DAMAGES[damage]
+    damaging(root, telemetry)
+
+    result = audit(root, telemetry=telemetry)
+
+    named = [finding.message for finding in result.findings if finding.property_id == "P26"]
+    assert any(phrase in message for message in named), result.report()
+
+
+def test_the_command_judges_telemetry_and_refuses_a_path_with_nothing_to_read(
+    root: Path, telemetry: Path, tmp_path: Path
+) -> None:
+    passed = ckpt_model(root, "--telemetry", telemetry)
+    assert passed.returncode == 0, passed.stdout + passed.stderr
+    assert any(line.startswith(f"telemetry {telemetry}: ") for line in passed.stdout.splitlines())
+
+    _line_garbled(root, telemetry)
+    failed = ckpt_model(root, "--telemetry", telemetry)
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert failed.stdout.splitlines()[-1] == "FAILED: 1 finding(s) (P26)"
+
+    missing = ckpt_model(root, "--telemetry", tmp_path / "none")
+    assert missing.returncode == 3, missing.stdout + missing.stderr
+    assert "no such file or directory" in missing.stderr
