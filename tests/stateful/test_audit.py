@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from ckpt_model import scenarios
 from ckpt_model.audit import NothingToAudit, audit
 from ckpt_model.collection_files import LATEST, MANIFEST, latest_id
 from ckpt_model.collection_machine import collection_machine_for
@@ -457,3 +458,24 @@ def test_the_command_judges_telemetry_and_refuses_a_path_with_nothing_to_read(
     missing = ckpt_model(root, "--telemetry", tmp_path / "none")
     assert missing.returncode == 3, missing.stdout + missing.stderr
     assert "no such file or directory" in missing.stderr
+
+
+def test_a_trainers_checkpoints_and_the_telemetry_of_its_run_pass(
+    harness_of: Callable[[DeploymentSpec], Harness], tmp_path: Path
+) -> None:
+    """The contract machine as the trainer: two checkpoints kept, one restored; its controller client's trace per
+    checkpoint ID, the restore's resume in it too."""
+    harness = harness_of(NATIVE)
+    checkpoint = ("checkpoint", {"then_resume": True})
+    scenarios.run(
+        harness, scenarios.steps("dispatch", "dispatch", checkpoint, "dispatch", checkpoint, ("recover", {"pick": 0}))
+    )
+    assert harness.telemetry_dir is not None
+    root = Path(shutil.copytree(harness.checkpoint_dir, tmp_path / "checkpoints"))
+    telemetry = Path(shutil.copytree(harness.telemetry_dir, tmp_path / "telemetry"))
+
+    result = audit(root, telemetry=telemetry)
+
+    assert result.passed, result.report()
+    assert result.telemetry is not None
+    assert len(result.telemetry.covered) == 2, result.report()
