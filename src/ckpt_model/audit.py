@@ -10,7 +10,9 @@ the system's, and judges them with the same named checks the live properties use
   else the ID most of its manifests name, which every other manifest must share; a checkpoint without a
   participant directory holds nothing to restore;
 - P5 and P12, each record of a policy model's share (token capture's rows and generation cuts) carries rows or a
-  cut, no call's row twice, and at most one cut (reference 7.2: what an export emits and a restore accepts);
+  cut, no call's row twice, and at most one cut (reference 7.2: what an export emits and a restore accepts); rows
+  stamped only with earlier attempts of their rollout, cuts only of undelivered calls; and from the earlier
+  published checkpoint to the one `LATEST` names, each rollout's rows kept, or carried whole through a restore;
 - P22, `LATEST` is absent, or one checkpoint ID and a newline naming a published checkpoint that reads and
   verifies and holds a directory of every participant kind the root's checkpoints hold;
 - P23, at most the two newest published checkpoints, each one's `collection.json` reading; no partial checkpoint
@@ -19,6 +21,9 @@ the system's, and judges them with the same named checks the live properties use
 - P24, each published checkpoint's `continued` names exactly the episodes the episode owner's records hold
   (the environment's where it is a participant, as with Gym's native agents, else the agent's, as with legacy ones
   whose environment is a relay), and `restarted` none of them.
+
+With `--telemetry`, the spans and metrics the run wrote are judged against the checkpoints (P26,
+`ckpt_model.audit_telemetry`).
 
 ROOT is one checkpoint directory (it holds `gym/`) or a directory of them (each subdirectory that holds `gym/`, as
 a trainer keeps them), and a rollout collection's checkpoint root adds `LATEST` and `collection.json`.
@@ -30,6 +35,7 @@ import functools
 import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import attrs
 
@@ -45,13 +51,20 @@ from ckpt_model.collection_files import (
     read_checkpoint,
 )
 from ckpt_model.errors import PropertyViolation
-from ckpt_model.lineage import p5_record_rows, p12_one_cut_per_record
+from ckpt_model.lineage import (
+    p5_chain_carried,
+    p5_record_rows,
+    p5_row_stamps,
+    p12_cut_of_undelivered_call,
+    p12_one_cut_per_record,
+)
 from ckpt_model.storage import MANIFEST_NAME, CheckpointUnreadable, Fingerprint, read_share
 from ckpt_model.topologies import EPISODE_OWNERS
 
 GYM_DIR = "gym"
 MODEL_KIND = "model"
 JSON_FORMAT_VERSION = 1
+JSON_PARTICIPANT = frozenset({"kind", "instance", "records"})
 
 
 class NothingToAudit(Exception):
@@ -73,6 +86,8 @@ class Participant:
     records: int | None  # None: the directory does not verify (P9)
     # The capture keys its records name (P24 reads the episode owner's); not part of the JSON.
     episode_ids: tuple[str, ...] = attrs.field(default=(), repr=False)
+    # A policy model's records, for the chain from one published checkpoint to the next (P5); not in the JSON.
+    model_records: tuple[Any, ...] = attrs.field(default=(), repr=False)
 
 
 @attrs.frozen
@@ -111,7 +126,7 @@ class Audit:
                     "checkpoint_id": checkpoint.checkpoint_id,
                     "published": checkpoint.published,
                     "participants": [
-                        attrs.asdict(participant, filter=lambda field, _: field.name != "episode_ids")
+                        attrs.asdict(participant, filter=lambda field, _: field.name in JSON_PARTICIPANT)
                         for participant in checkpoint.participants
                     ],
                 }
@@ -216,10 +231,13 @@ def _checkpoint(path: Path, findings: list[Finding]) -> Checkpoint:
         if not isinstance(read, Fingerprint):
             participants.append(Participant(kind, directory.name, None))
             continue
+        model_records: tuple[Any, ...] = ()
         if kind == MODEL_KIND:
-            _judged(findings, p5_record_rows, f"{path.name} ({kind}/{directory.name})", records)
-            _judged(findings, p12_one_cut_per_record, f"{path.name} ({kind}/{directory.name})", records)
-        participants.append(Participant(kind, directory.name, read.record_count, read.episode_ids))
+            named = f"{path.name} ({kind}/{directory.name})"
+            for check in (p5_record_rows, p12_one_cut_per_record, p5_row_stamps, p12_cut_of_undelivered_call):
+                _judged(findings, check, named, records)
+            model_records = tuple(records)
+        participants.append(Participant(kind, directory.name, read.record_count, read.episode_ids, model_records))
     return Checkpoint(path=path, checkpoint_id=checkpoint_id, published=published, participants=tuple(participants))
 
 
@@ -283,6 +301,25 @@ def _published(
         exported = _exported(by_name[name], owner or _owner_of(root / name))
         if exported is not None:
             _judged(findings, collection.p24_continued_exported, checkpoint, exported)
+    if latest in published and len(published) == 2:
+        (earlier,) = [name for name in published if name != latest]
+        _chains(by_name[earlier], by_name[latest], findings)
+
+
+def _chains(earlier: Checkpoint, later: Checkpoint, findings: list[Finding]) -> None:
+    """P5 from the earlier published checkpoint to the one `LATEST` names, per policy model instance both hold."""
+    before = {p.instance: p for p in earlier.participants if p.kind == MODEL_KIND and p.records is not None}
+    for participant in later.participants:
+        source = before.get(participant.instance)
+        if participant.kind == MODEL_KIND and participant.records is not None and source is not None:
+            _judged(
+                findings,
+                p5_chain_carried,
+                f"{earlier.path.name} ({MODEL_KIND}/{participant.instance})",
+                source.model_records,
+                f"{later.path.name} ({MODEL_KIND}/{participant.instance})",
+                participant.model_records,
+            )
 
 
 def _second(checkpoint_id: str) -> str:

@@ -455,6 +455,96 @@ def p12_one_cut_per_record(checkpoint_id: str, records: Sequence[Any]) -> None:
             )
 
 
+def p5_row_stamps(checkpoint_id: str, records: Sequence[Any]) -> None:
+    """A model share on its own (read offline): a row stamped with a `capture_key` was staged by an earlier attempt
+    of the record's own rollout (a restore stamps the rows it carries to the next attempt, reference 7.2); a row
+    its own attempt staged carries no stamp."""
+    for record in records:
+        rollout, attempt = _episode(record)
+        earlier = {capture_key(rollout, each) for each in range(attempt)}
+        foreign = sorted(
+            {str(row.get("capture_key")) for row in _rows(record) if "capture_key" in row} - earlier, key=str
+        )
+        if foreign:
+            raise P5Violation(
+                rollout=capture_key(rollout, attempt),
+                expected=f"the rows of {capture_key(rollout, attempt)!r} in {checkpoint_id} stamped, if at all, with "
+                f"an earlier attempt of {rollout!r} ({sorted(earlier) or 'none'})",
+                observed=f"rows stamped {foreign}",
+            )
+
+
+def p12_cut_of_undelivered_call(checkpoint_id: str, records: Sequence[Any]) -> None:
+    """A model share on its own (read offline): a record's generation cut is of a call of its rollout's attempt
+    (or an earlier one's, a restored cut not yet used) that was never delivered, so no row of the record is that
+    call's (an export leaves out every undelivered call's row, reference 7.2)."""
+    for record in records:
+        rollout, attempt = _episode(record)
+        key = capture_key(rollout, attempt)
+        calls = {row.get("model_call_id") for row in _rows(record)}
+        own = {capture_key(rollout, each) for each in range(attempt + 1)}
+        for cut in record.get("generation_cuts") or []:
+            continuation = cut.get("continuation") or {} if isinstance(cut, dict) else {}
+            source_key, source_call = continuation.get("source_capture_key"), continuation.get("source_model_call_id")
+            if source_key not in own or source_call in calls:
+                raise P12Violation(
+                    rollout=key,
+                    expected=f"the cut in {key!r}'s record in {checkpoint_id} of an undelivered call of {sorted(own)}",
+                    observed=f"a cut of {source_call!r} of {source_key!r}"
+                    + (", a call whose row the record carries" if source_call in calls else ""),
+                )
+
+
+def p5_chain_carried(earlier_id: str, earlier: Sequence[Any], later_id: str, later: Sequence[Any]) -> None:
+    """Two model shares of one collection, `later` published after `earlier` (read offline): a rollout's ledger
+    chain only grows. Where the later holds the same attempt, its rows include every row the earlier held (a live
+    ledger only gains rows). Where it holds a later attempt whose rows were carried from the earlier's attempt or
+    before (stamped so by a restore), those are exactly the earlier's rows of those attempts: a restore carries a
+    chain whole, and after the earlier was published only it could be restored."""
+    before = {_episode(record): record for record in earlier}
+    for record in later:
+        rollout, attempt = _episode(record)
+        previous = [(a, r) for (ro, a), r in before.items() if ro == rollout and a <= attempt]
+        if len(previous) != 1:
+            continue
+        (was, source) = previous[0]
+        was_key = capture_key(rollout, was)
+        had = {_origin(row, was_key): row for row in _rows(source)}
+        if was == attempt:
+            kept = {_origin(row, was_key) for row in _rows(record)}
+            lost = sorted(set(had) - kept, key=str)
+        else:
+            carried = {
+                _origin(row, capture_key(rollout, attempt))
+                for row in _rows(record)
+                if row.get("capture_key") in {capture_key(rollout, each) for each in range(was + 1)}
+            }
+            if not carried:
+                continue  # the later attempt started over: nothing was carried
+            lost = sorted(set(had) ^ carried, key=str)
+        if lost:
+            raise P5Violation(
+                rollout=capture_key(rollout, attempt),
+                expected=f"the rows {sorted(had, key=str)} of {was_key!r} in {earlier_id} carried whole into "
+                f"{capture_key(rollout, attempt)!r}'s record in {later_id}",
+                observed=f"rows {lost} lost or added",
+            )
+
+
+def _episode(record: Any) -> tuple[str, int]:
+    episode = record.get("episode_id") or {}
+    return str(episode.get("rollout_id")), int(episode.get("attempt", 0))
+
+
+def _rows(record: Any) -> list[Any]:
+    return [row for row in record.get("rows") or [] if isinstance(row, dict)]
+
+
+def _origin(row: Any, own_key: str) -> tuple[str, str]:
+    """A row's identity across a chain: the attempt that staged it and its call."""
+    return (str(row.get("capture_key", own_key)), str(row.get("model_call_id")))
+
+
 def p12_exported_cuts(checkpoint_id: str, cuts: Mapping[str, str], records: Sequence[Any]) -> None:
     """At a commit: the model record of each scoped attempt carries the cut of its undelivered call (or the
     restored cut it has not used), at most one, and no other."""

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -145,11 +146,11 @@ def _model_records(root: Path, *records: dict[str, object]) -> None:
     reseal(share(root, "model"), b"".join(json.dumps(record).encode() + b"\n" for record in records))
 
 
-def _model_record(calls: list[str], cuts: int = 0) -> dict[str, object]:
-    cut = {"continuation": {"source_model_call_id": "held"}}
+def _model_record(calls: list[str], cuts: int = 0, rollout: str = "row-0") -> dict[str, object]:
+    cut = {"continuation": {"source_capture_key": rollout, "source_model_call_id": "held"}}
     return {
-        "episode_id": {"rollout_id": "row-0", "attempt": 0},
-        "rows": [{"model_call_id": call, "staging_key": f"row-0/{call}"} for call in calls],
+        "episode_id": {"rollout_id": rollout, "attempt": 0},
+        "rows": [{"model_call_id": call, "staging_key": f"{rollout}/{call}"} for call in calls],
         "generation_cuts": [cut] * cuts,
     }
 
@@ -222,7 +223,7 @@ def test_a_damaged_copy_fails_naming_the_damage(root: Path, damage: str) -> None
 
 
 def test_a_model_share_with_rows_and_one_cut_per_record_passes(root: Path) -> None:
-    other = _model_record([], cuts=1) | {"episode_id": {"rollout_id": "row-1", "attempt": 0}}
+    other = _model_record([], cuts=1, rollout="row-1")
     _model_records(root, _model_record(["c1", "c2"], cuts=1), other)
     result = audit(root)
     assert result.passed, result.report()
@@ -479,3 +480,87 @@ def test_a_trainers_checkpoints_and_the_telemetry_of_its_run_pass(
     assert result.passed, result.report()
     assert result.telemetry is not None
     assert len(result.telemetry.covered) == 2, result.report()
+
+
+# --- the ledger chain from one published checkpoint to the next (P5, P12) -------------------------------------------
+
+CAPTURE = DeploymentSpec.from_words("native:wait::capture+cuts")
+
+
+@pytest.fixture(scope="module")
+def chained(harness_of: Callable[[DeploymentSpec], Harness], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A collection root with token capture and generation cuts: a checkpoint with a delivered call, a stop, a run
+    that restores it, and a checkpoint of the restored rollouts, whose rows it stamped with their first attempt."""
+    machine = collection_machine_for(harness_of(CAPTURE))()
+    try:
+        machine.start_run()
+        machine.release(pick=0)
+        machine.request_checkpoint()
+        machine.preempt()
+        machine.start_run()
+        machine.request_checkpoint()
+        copy = tmp_path_factory.mktemp("chained") / "checkpoints"
+        shutil.copytree(machine.checkpoints, copy)
+    finally:
+        machine.stop()
+    return copy
+
+
+def model_records(root: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in records_path(share(root, "model")).read_text().splitlines()]
+
+
+def test_a_chain_carried_through_a_restore_passes(chained: Path) -> None:
+    result = audit(chained)
+    assert result.passed, result.report()
+    stamped = [row for record in model_records(chained) for row in record["rows"] if "capture_key" in row]  # type: ignore[union-attr]
+    assert stamped, "the later checkpoint holds rows a restore carried"
+
+
+def _records_changed(root: Path, change: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    reseal(
+        share(root, "model"), b"".join(json.dumps(change(record)).encode() + b"\n" for record in model_records(root))
+    )
+
+
+def _carried_row_replaced(record: dict[str, Any]) -> dict[str, Any]:
+    """A carried row swapped for a call the earlier checkpoint never held (dropping the whole carried chain would
+    look like an attempt that started over, which the files cannot tell apart)."""
+    rows = [row | {"model_call_id": "unknown.9"} if "capture_key" in row else row for row in record["rows"]]
+    return record | {"rows": rows}
+
+
+def _stamped_with_its_own_attempt(record: dict[str, Any]) -> dict[str, Any]:
+    own = f"{record['episode_id']['rollout_id']}-a{record['episode_id']['attempt']}"
+    return record | {"rows": [row | {"capture_key": own} for row in record["rows"]]}
+
+
+def _cut_of_a_delivered_call(record: dict[str, Any]) -> dict[str, Any]:
+    if not record["rows"] or not record["generation_cuts"]:
+        return record
+    call = record["rows"][0]
+    cut = record["generation_cuts"][0]
+    continuation = cut["continuation"] | {
+        "source_capture_key": call["capture_key"],
+        "source_model_call_id": call["model_call_id"],
+    }
+    return record | {"generation_cuts": [cut | {"continuation": continuation}]}
+
+
+CHAIN_DAMAGES: dict[str, tuple[Callable[[dict[str, Any]], dict[str, Any]], str, str]] = {
+    "a carried row replaced": (_carried_row_replaced, "P5", "lost or added"),
+    "rows stamped with their own attempt": (_stamped_with_its_own_attempt, "P5", "rows stamped"),
+    "a cut of a delivered call": (_cut_of_a_delivered_call, "P12", "a call whose row the record carries"),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(CHAIN_DAMAGES))
+def test_a_damaged_chain_fails_naming_the_damage(chained: Path, tmp_path: Path, damage: str) -> None:
+    change, property_id, phrase = CHAIN_DAMAGES[damage]
+    root = Path(shutil.copytree(chained, tmp_path / "checkpoints"))
+    _records_changed(root, change)
+
+    result = audit(root)
+
+    named = [finding.message for finding in result.findings if finding.property_id == property_id]
+    assert any(phrase in message for message in named), result.report()

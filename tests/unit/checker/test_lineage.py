@@ -14,13 +14,16 @@ from ckpt_model.lineage import (
     P5Violation,
     P12Violation,
     next_key,
+    p5_chain_carried,
     p5_exported,
     p5_manifest,
     p5_no_strays,
     p5_parent_links,
     p5_record_rows,
+    p5_row_stamps,
     p5_staged,
     p12_continuations,
+    p12_cut_of_undelivered_call,
     p12_cut_round,
     p12_exported_cuts,
     p12_one_cut_per_record,
@@ -283,3 +286,72 @@ def test_two_cuts_in_one_record_are_p12() -> None:
     with pytest.raises(P12Violation, match="it carries 2") as caught:
         p12_one_cut_per_record("ckpt-1", [model_record("r0", ["c1"], cuts=1), model_record("r1", [], cuts=2)])
     assert caught.value.rollout == "r1"
+
+
+# --- chains read offline: stamps, cuts, and one published checkpoint to the next ------------------------------------
+
+
+def chained(
+    rollout: str, attempt: int, rows: list[tuple[str, str | None]], cut: tuple[str, str] | None = None
+) -> dict[str, Any]:
+    """A model record of attempt `attempt`: rows as (model_call_id, stamp or None), and a cut as (source capture
+    key, source call)."""
+    cuts = [] if cut is None else [{"continuation": {"source_capture_key": cut[0], "source_model_call_id": cut[1]}}]
+    return {
+        "episode_id": {"rollout_id": rollout, "attempt": attempt},
+        "rows": [{"model_call_id": call, **({"capture_key": stamp} if stamp else {})} for call, stamp in rows],
+        "generation_cuts": cuts,
+    }
+
+
+def test_rows_stamped_with_earlier_attempts_and_cuts_of_undelivered_calls_pass() -> None:
+    records = [
+        chained("r0", 2, [("r0.0", "r0"), ("r0-a1.0", "r0-a1"), ("r0-a2.0", None)], cut=("r0-a2", "r0-a2.1")),
+        chained("r1", 1, [], cut=("r1", "r1.0")),  # a restored cut not yet used
+    ]
+    p5_row_stamps("ckpt-1", records)
+    p12_cut_of_undelivered_call("ckpt-1", records)
+
+
+@pytest.mark.parametrize("stamp", ["r0-a1", "r1", "r0-a3"])
+def test_a_row_stamped_with_its_own_a_later_or_another_rollouts_attempt_is_p5(stamp: str) -> None:
+    with pytest.raises(P5Violation, match=rf"rows stamped \['{stamp}'\]") as caught:
+        p5_row_stamps("ckpt-1", [chained("r0", 1, [("x.0", stamp)])])
+    assert caught.value.rollout == "r0-a1"
+
+
+@pytest.mark.parametrize(
+    ("cut", "shown"),
+    [(("r0", "r0.0"), "a call whose row the record carries"), (("r9", "r9.0"), "of 'r9'"), (("r0-a2", "x"), "r0-a2")],
+)
+def test_a_cut_of_a_delivered_call_or_of_another_attempt_is_p12(cut: tuple[str, str], shown: str) -> None:
+    with pytest.raises(P12Violation, match=shown):
+        p12_cut_of_undelivered_call("ckpt-1", [chained("r0", 1, [("r0.0", "r0")], cut=cut)])
+
+
+def test_a_chain_that_grew_or_was_carried_whole_passes() -> None:
+    earlier = [
+        chained("r0", 0, [("r0.0", None)]),
+        chained("r1", 0, [("r1.0", None)]),
+        chained("r2", 0, [("r2.0", None)]),
+    ]
+    later = [
+        chained("r0", 0, [("r0.0", None), ("r0.1", None)]),  # the same attempt, one more row
+        chained("r1", 1, [("r1.0", "r1"), ("r1-a1.0", None)]),  # restored, then a row of its own
+        chained("r2", 1, [("r2-a1.0", None)]),  # started over: nothing carried
+        chained("r3", 0, [("r3.0", None)]),  # new
+    ]
+    p5_chain_carried("ckpt-1", earlier, "ckpt-2", later)
+
+
+@pytest.mark.parametrize(
+    "later",
+    [
+        chained("r0", 0, [("r0.1", None)]),  # a row of the same attempt gone
+        chained("r0", 1, [("r0.1", "r0")]),  # carried, but not the rows it had
+        chained("r0", 1, [("r0.0", "r0"), ("r0.9", "r0")]),  # carried with a row it never had
+    ],
+)
+def test_a_chain_that_lost_or_gained_a_carried_row_is_p5(later: dict[str, Any]) -> None:
+    with pytest.raises(P5Violation, match="lost or added"):
+        p5_chain_carried("ckpt-1", [chained("r0", 0, [("r0.0", None)])], "ckpt-2", [later])
