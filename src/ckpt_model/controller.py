@@ -135,6 +135,8 @@ class Controller:
         self.runs = runs
         self.quiescence = quiescence
         self.watchers = tuple(watchers)
+        # The checkpoint each open invocation names, by its history index, for its completion.
+        self._checkpoint_named: dict[int, str | None] = {}
         self.last_call: SentCall | None = None
         self.placement = Placement(harness, history)
 
@@ -205,7 +207,7 @@ class Controller:
         nothing the system could still be doing makes it ready later. Its deadline (and so its lease) stays far
         ahead; without an answer by then, the participants' own reports of what blocks them are the outcome,
         instead of the control deadline's full minute."""
-        invocation = self._invoke("prepare", checkpoint_id)
+        invocation = self._invoke("prepare", checkpoint_id, checkpoint_id=checkpoint_id)
         future = self.runs.submit(self.control.prepare, checkpoint_id, self._ahead(CONTROL_DEADLINE_S))
         try:
             with timing.span("control"):
@@ -229,7 +231,7 @@ class Controller:
 
     def prepare_by(self, checkpoint_id: str, deadline_ts: float) -> Prepared:
         """A prepare with the deadline `deadline_ts` (its lease follows from it); a refusal is raised."""
-        invocation = self._invoke("prepare", checkpoint_id)
+        invocation = self._invoke("prepare", checkpoint_id, checkpoint_id=checkpoint_id)
         result = self._answer(invocation, lambda: self.control.prepare(checkpoint_id, deadline_ts))
         return self._prepared(invocation, Prepared.from_result(result), cut="durable")
 
@@ -248,7 +250,7 @@ class Controller:
         assert gate is not None, "generation cuts need a gated backend"
         gate.stall_cuts(True)
         try:
-            invocation = self._invoke("prepare", checkpoint_id)
+            invocation = self._invoke("prepare", checkpoint_id, checkpoint_id=checkpoint_id)
             deadline_ts = self._ahead(deadline_s)
             result = self._answer(invocation, lambda: self.control.prepare(checkpoint_id, deadline_ts))
             return self._prepared(invocation, Prepared.from_result(result), cut="hung")
@@ -257,7 +259,7 @@ class Controller:
 
     def prepare_waiting(self, checkpoint_id: str, wait: Callable[[Future[Any]], None]) -> Prepared:
         """A prepare left waiting: `wait` runs while it is in flight (the caller releases what blocks it)."""
-        invocation = self._invoke("prepare", checkpoint_id)
+        invocation = self._invoke("prepare", checkpoint_id, checkpoint_id=checkpoint_id)
         future = self.runs.submit(self.control.prepare, checkpoint_id, self._ahead(CONTROL_DEADLINE_S))
         wait(future)
         result = self._answer(invocation, lambda: future.result(timeout=CONTROL_DEADLINE_S))
@@ -274,7 +276,7 @@ class Controller:
         deadline; the controller then resumes, which leaves the participants where a lapse does, and `meanwhile`
         never runs. Nothing of it is retried. Whether the participants were prepared."""
         deadline_ts = self._ahead(deadline_s)
-        invocation = self._invoke("prepare", checkpoint_id)
+        invocation = self._invoke("prepare", checkpoint_id, checkpoint_id=checkpoint_id)
         try:
             prepared = self.control.prepare(checkpoint_id, deadline_ts).prepared
         except CoordinationError as error:
@@ -479,7 +481,7 @@ class Controller:
         assert last is not None, "retry needs a call the controller may send again"
         self.last_call = attrs.evolve(last, retried=True)
         body = self.body(last.operation, last.checkpoint_id, **last.arguments)
-        invocation = self._invoke(f"retry {last.operation}", last.checkpoint_id)
+        invocation = self._invoke(f"retry {last.operation}", last.checkpoint_id, checkpoint_id=last.checkpoint_id)
         with timing.span("control"):
             outcomes = self.control.post_each(last.operation, body, self._ahead(CONTROL_DEADLINE_S))
         self._complete(invocation, "ok", outcomes_text(outcomes))
@@ -504,7 +506,7 @@ class Controller:
     def _probe(
         self, label: str, operation: str, checkpoint_id: str, names: list[str] | None, body: dict[str, Any]
     ) -> dict[str, Any]:
-        invocation = self._invoke(f"probe {label}", checkpoint_id)
+        invocation = self._invoke(f"probe {label}", checkpoint_id, checkpoint_id=checkpoint_id)
         with timing.span("probe"):
             # The transport waits for the answer as for any call; a late body's own deadline has already passed.
             outcomes = self.control.post_each(
@@ -567,7 +569,7 @@ class Controller:
             "resume": lambda d: self.control.resume(checkpoint_id, d),
         }
         event = committed if operation == "commit" else {}
-        invocation = self._invoke(operation, checkpoint_id)
+        invocation = self._invoke(operation, checkpoint_id, checkpoint_id=checkpoint_id)
         try:
             with timing.span("control"):
                 calls[operation](self._ahead(CONTROL_DEADLINE_S))
@@ -599,7 +601,7 @@ class Controller:
 
     def _call(self, operation: str, checkpoint_id: str, call: Callable[[float], Any], **event: Any) -> Any:
         """One control call with the usual deadline, journaled, and handed to the watchers once answered."""
-        invocation = self._invoke(operation, checkpoint_id)
+        invocation = self._invoke(operation, checkpoint_id, checkpoint_id=checkpoint_id)
         result = self._answer(invocation, lambda: call(self._ahead(CONTROL_DEADLINE_S)), **event)
         self._complete(invocation, "ok", **event)
         return result
@@ -622,16 +624,18 @@ class Controller:
         refused is still written by the others, and the watchers must learn what the policy model wrote)."""
         return self.named(name for name in error.replies if name not in error.failures)
 
-    def invoke(self, f: str, value: Any = None) -> Event:
-        """Journal the start of an operation (the nemesis's too)."""
-        return self._invoke(f, value)
+    def invoke(self, f: str, value: Any = None, *, checkpoint_id: str | None = None) -> Event:
+        """Journal the start of an operation (the nemesis's too); `checkpoint_id` when it is a control operation
+        that names one (the watchers follow checkpoints by it)."""
+        return self._invoke(f, value, checkpoint_id=checkpoint_id)
 
     def complete(self, invocation: Event, type_: EventType, value: Any = None, **event: Any) -> None:
         self._complete(invocation, type_, value, **event)
 
-    def _invoke(self, f: str, value: Any = None) -> Event:
+    def _invoke(self, f: str, value: Any = None, *, checkpoint_id: str | None = None) -> Event:
         invocation = self.history.invoke("controller", f, value)
-        self._notify(Operation(f, "invoke", checkpoint_id=_checkpoint_id(invocation)))
+        self._checkpoint_named[invocation.index] = checkpoint_id
+        self._notify(Operation(f, "invoke", checkpoint_id=checkpoint_id))
         return invocation
 
     def _complete(
@@ -647,7 +651,8 @@ class Controller:
         self.history.complete(invocation, type_, value)
         if reached is None:
             reached = tuple(kill) if invocation.f == "crash" else tuple(self.control.participants)
-        self._notify(Operation(invocation.f, type_, checkpoint_id=_checkpoint_id(invocation), reached=reached, **event))
+        checkpoint_id = self._checkpoint_named.pop(invocation.index, None)
+        self._notify(Operation(invocation.f, type_, checkpoint_id=checkpoint_id, reached=reached, **event))
 
     def _notify(self, operation: Operation) -> None:
         for watcher in self.watchers:
@@ -665,11 +670,6 @@ def run_pool(harness: Harness, history: History) -> RunPool:
         return harness.spec.traits.run_body(attempt.rollout, attempt.attempt)
 
     return RunPool(harness.run_http, url, body, history)
-
-
-def _checkpoint_id(invocation: Event) -> str | None:
-    """The checkpoint ID an invocation names (a crash names what it kills instead)."""
-    return invocation.value if isinstance(invocation.value, str) and invocation.f != "crash" else None
 
 
 def episodes_keyed(keys: Iterable[str]) -> list[EpisodeId]:

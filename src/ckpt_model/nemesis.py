@@ -133,7 +133,7 @@ class Nemesis:
         directory = str(self.controller.directory(checkpoint_id))
         episodes = episodes_of(scope)
         body = self.controller.body("commit", checkpoint_id, checkpoint_dir=directory, episode_ids=episodes)
-        invocation = self.controller.invoke("commit", checkpoint_id)
+        invocation = self.controller.invoke("commit", checkpoint_id, checkpoint_id=checkpoint_id)
         post = self.controller.control.post_each
         answer = self.controller.runs.submit(post, "commit", body, body["deadline_ts"], [name])
         if not poll(lambda: self.harness.failpoint_reached(name, FAILPOINT_BETWEEN_FILES), self.timeout_s):
@@ -426,7 +426,7 @@ class Nemesis:
         body = self.controller.body("restore", restore_id, checkpoint_dir=directory, episode_ids=scope)
         others = [m for m in self.controller.control.participants if m.name != member.name]
         self.harness.arm_failpoint(member.name, FAILPOINT_BEFORE_INSTALL)
-        invocation = self.controller.invoke("restore", restore_id)
+        invocation = self.controller.invoke("restore", restore_id, checkpoint_id=restore_id)
         restore = self.controller.runs.submit(self.controller.control.post_each, "restore", body, body["deadline_ts"])
 
         def others_restored() -> bool:

@@ -175,6 +175,20 @@ def test_the_watchers_get_the_commit_as_one_event_with_its_scope(parts: Any, tmp
     assert {m.name for m in event.reached} == {"env", "policy", "agent", "weather"}
 
 
+def test_only_an_operation_that_names_a_checkpoint_hands_the_watchers_one(parts: Any) -> None:
+    """A nemesis's value (`agent: worker 1`) is no checkpoint ID (before, any string value was taken for one)."""
+    controller, _, _, recorder = parts
+    for f, value, named in (("kill worker", "agent: worker 1", None), ("commit", "c1", "c1")):
+        invocation = controller.invoke(f, value, checkpoint_id=named)
+        controller.complete(invocation, "ok")
+    assert [(e.f, e.type, e.checkpoint_id) for e in recorder.events if e.f in ("kill worker", "commit")] == [
+        ("kill worker", "invoke", None),
+        ("kill worker", "ok", None),
+        ("commit", "invoke", "c1"),
+        ("commit", "ok", "c1"),
+    ]
+
+
 def test_a_run_is_announced_to_the_watchers_before_it_is_sent(parts: Any) -> None:
     controller, _, _, recorder = parts
     controller.run(RUNNING)
