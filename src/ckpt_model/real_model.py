@@ -265,12 +265,19 @@ class _RealRun:
         everything = len(self.rollouts)
         wait_for(lambda: self.sender.ended(self.rollouts), everything, "every /run ended at the crash", stall_s=STALL_S)
 
-    def restore_and_resume(self, exported: Sequence[str]) -> None:
+    def restore_and_resume(self, exported: Sequence[str]) -> dict[str, Any]:
+        """Restore the exported rollouts everywhere, then resume; the restore's replies by participant."""
         control = self.harness.control
         assert control is not None
         scope = [EpisodeId(rollout_id=key) for key in exported]
-        control.restore(RESTORE_ID, self.directory, scope, time.time() + CONTROL_DEADLINE_S)
+        replies = control.restore(RESTORE_ID, self.directory, scope, time.time() + CONTROL_DEADLINE_S)
         control.resume(RESTORE_ID, time.time() + CONTROL_DEADLINE_S)
+        return replies
+
+    def episode_owners(self) -> list[str]:
+        control = self.harness.control
+        assert control is not None
+        return [member.name for member in control.participants.of_kind("environment")]
 
     def replacements(self, exported: Sequence[str]) -> dict[str, RunOutcome | None]:
         """Every exported rollout runs again as attempt 1, to a reply."""
@@ -357,10 +364,21 @@ def _checked_run(run: _RealRun, say: Callable[[str], None]) -> tuple[dict[str, f
         "finished and exported (P1)": check_cover(run.rollouts, finished, exported),
         "finished well formed (P3)": check_well_formed({key: first[key] for key in sorted(finished)}, "finished"),
     }
-    _timed(stage_s, say, "restore", lambda: run.restore_and_resume(exported))
+    restored = _timed(stage_s, say, "restore", lambda: run.restore_and_resume(exported))
+    verdicts["restore answered (P15)"] = check_restored(restored, run.episode_owners(), exported)
     replacements = _timed(stage_s, say, "replacement", lambda: run.replacements(exported))
     verdicts["replacements complete (P3)"] = check_well_formed(replacements, "replacement")
     return stage_s, verdicts, len(finished), len(exported)
+
+
+def check_restored(replies: Mapping[str, Any], owners: Sequence[str], exported: Sequence[str]) -> str:
+    """Every restore reply names the committed checkpoint as its source, and each episode owner's names exactly
+    the next attempts of the exported rollouts (reference 2.5)."""
+    props.p15_restore_names_source(RESTORE_ID, CHECKPOINT_ID, replies)
+    want = [capture_key(key, 1) for key in exported]
+    for owner in owners:
+        props.p15_restored_next_attempts(RESTORE_ID, owner, want, replies.get(owner, {}).get("restored"))
+    return f"ok: {len(replies)} participants restored from {CHECKPOINT_ID}; {len(want)} next attempts installed"
 
 
 def model_url_from_env() -> str | None:

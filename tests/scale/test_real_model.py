@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from ckpt_model.properties import P2Violation, P3Violation
+from ckpt_model.properties import P2Violation, P3Violation, P15Violation
 from ckpt_model.real_model import (
     MODEL_NAME_ENV,
     MODEL_URL_ENV,
     NOT_CHECKED,
     RealModelError,
+    check_restored,
     check_silent,
     check_well_formed,
     first_model_id,
@@ -99,6 +100,18 @@ def ungated_backend(tmp_path: Path) -> Iterator[str]:
 
 
 @pytest.mark.processes
+def test_the_restore_names_its_source_and_the_owner_installs_every_next_attempt() -> None:
+    replies = {
+        "environment": {"source_checkpoint_id": "real-c1", "restored": ["real-0-a1", "real-1-a1"]},
+        "agent": {"source_checkpoint_id": "real-c1", "restored": []},
+    }
+    assert check_restored(replies, ["environment"], ["real-0", "real-1"]).startswith("ok: 2 participants")
+    with pytest.raises(P15Violation, match="its restore reply names"):
+        check_restored(replies, ["environment"], ["real-0", "real-1", "real-2"])
+    with pytest.raises(P15Violation, match="source_checkpoint_id"):
+        check_restored(replies | {"agent": {"source_checkpoint_id": "real-r1"}}, ["environment"], ["real-0", "real-1"])
+
+
 def test_16_rollouts_against_the_ungated_backend_are_finished_or_continued(ungated_backend: str) -> None:
     # Which rollouts finish before the checkpoint is a race the run observes; the contract holds either way.
     result = run_real_model(ungated_backend + "/v1", rollouts=16)
