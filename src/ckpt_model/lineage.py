@@ -461,7 +461,7 @@ def p5_row_stamps(checkpoint_id: str, records: Sequence[Any]) -> None:
     its own attempt staged carries no stamp."""
     for record in records:
         rollout, attempt = _episode(record)
-        earlier = {capture_key(rollout, each) for each in range(attempt)}
+        earlier = _keys_before(rollout, attempt)
         foreign = sorted(
             {str(row.get("capture_key")) for row in _rows(record) if "capture_key" in row} - earlier, key=str
         )
@@ -482,7 +482,7 @@ def p12_cut_of_undelivered_call(checkpoint_id: str, records: Sequence[Any]) -> N
         rollout, attempt = _episode(record)
         key = capture_key(rollout, attempt)
         calls = {row.get("model_call_id") for row in _rows(record)}
-        own = {capture_key(rollout, each) for each in range(attempt + 1)}
+        own = _keys_before(rollout, attempt + 1)
         for cut in record.get("generation_cuts") or []:
             continuation = cut.get("continuation") or {} if isinstance(cut, dict) else {}
             source_key, source_call = continuation.get("source_capture_key"), continuation.get("source_model_call_id")
@@ -517,7 +517,7 @@ def p5_chain_carried(earlier_id: str, earlier: Sequence[Any], later_id: str, lat
             carried = {
                 _origin(row, capture_key(rollout, attempt))
                 for row in _rows(record)
-                if row.get("capture_key") in {capture_key(rollout, each) for each in range(was + 1)}
+                if row.get("capture_key") in _keys_before(rollout, was + 1)
             }
             if not carried:
                 continue  # the later attempt started over: nothing was carried
@@ -529,6 +529,11 @@ def p5_chain_carried(earlier_id: str, earlier: Sequence[Any], later_id: str, lat
                 f"{capture_key(rollout, attempt)!r}'s record in {later_id}",
                 observed=f"rows {lost} lost or added",
             )
+
+
+def _keys_before(rollout: str, attempt: int) -> set[str]:
+    """The capture keys of `rollout`'s attempts before `attempt`."""
+    return {capture_key(rollout, each) for each in range(attempt)}
 
 
 def _episode(record: Any) -> tuple[str, int]:
