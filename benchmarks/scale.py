@@ -1,6 +1,6 @@
 """Scale mode, Gym's scenario 13: thousands of rollouts checkpointed, crashed, restored and continued.
 
-    python benchmarks/scale.py --rollouts 16000 [--finished-share 0.125]
+    python benchmarks/scale.py --rollouts 16000 [--finished-share 0.125]   # default 0: every rollout in flight
     python benchmarks/scale.py --pool 4000
 
 With `--pool N`, it instead measures one hop of the stack on its own: the CPU a client spends to put N requests in

@@ -232,7 +232,9 @@ def build_parser() -> Parser:
     )
     scale.add_argument("--rollouts", type=positive_int, help="rollouts to dispatch (default 2000; 16 with --model-url)")
     scale.add_argument(
-        "--finished-share", type=float, help="share that finishes before the checkpoint (0.125; not with --model-url)"
+        "--finished-share",
+        type=float,
+        help="share that finishes before the checkpoint (default 0: every rollout in flight; not with --model-url)",
     )
     scale.add_argument(
         "--model-url",
@@ -723,13 +725,14 @@ def run_stack(argv: list[str]) -> int:
 
 def run_scale(args: argparse.Namespace) -> int:
     """Scale mode: the stage table, then the verdict (exit 0, 1 on a violated property, 2 if not judged)."""
+    from ckpt_model.scale import FINISHED_SHARE
     from ckpt_model.scale import run_scale as scale_run
 
     if args.model_url is not None:
         return run_real_model(args)
     if args.model_name is not None:
         raise UsageError("'--model-name' needs '--model-url' (the gated fake backend serves one model)")
-    finished_share = 0.125 if args.finished_share is None else args.finished_share
+    finished_share = FINISHED_SHARE if args.finished_share is None else args.finished_share
     if not 0.0 <= finished_share < 1.0:
         raise UsageError(f"'--finished-share' must be in [0, 1) (got {finished_share})")
     return _stage_table_run(
