@@ -263,7 +263,11 @@ class Collector:
             restarts = {key for reply in replies.values() for key in reply.get("report", {}).get("restarts", [])}
             candidates = [*self.in_flight.values(), *self.restored_pending.values()]
             scope = [episode for episode in candidates if episode.capture_key not in restarts]
-            commits = control.commit(checkpoint_id, str(directory), scope, deadline)
+            if "commit_in_its_own_trace" in self.config.faults:  # planted: the commit begins a trace of its own
+                with control.tracing.trace("commit", checkpoint_id):
+                    commits = control.commit(checkpoint_id, str(directory), scope, deadline)
+            else:
+                commits = control.commit(checkpoint_id, str(directory), scope, deadline)
             written = {key for reply in commits.values() for key in reply.get("episode_ids", [])}
         except ControlFailed as exc:
             if exc.operation == "commit" and "failed_save_publishes" in self.config.faults:

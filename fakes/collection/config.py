@@ -63,6 +63,12 @@ COLLECTION_FAULTS: dict[str, CollectionFault] = {
             "a SIGTERM whose checkpoint failed still exits 75 (checkpointed)",
         ),
         CollectionFault(
+            "commit_in_its_own_trace",
+            "P26",
+            "the collector sends a checkpoint's commit in a trace of its own, not the one its prepare began, so "
+            "telemetry shows the checkpoint as two",
+        ),
+        CollectionFault(
             "second_sigterm_exits_at_once",
             "P23",
             "a second SIGTERM while the stop's checkpoint is written exits 75 at once, the checkpoint unwritten",

@@ -109,6 +109,17 @@ def participant_fingerprints(root: Path, checkpoint_id: str) -> dict[str, Finger
     return found
 
 
+def published_shares(root: Path) -> dict[str, set[tuple[str, str]]]:
+    """Each published checkpoint's participant directories, `(kind, instance)`, by checkpoint ID."""
+    published, _ = checkpoint_dirs(root)
+    shares: dict[str, set[tuple[str, str]]] = {}
+    for checkpoint_id in published:
+        gym = root / checkpoint_id / "gym"
+        kinds = sorted(gym.iterdir()) if gym.is_dir() else []
+        shares[checkpoint_id] = {(kind.name, each.name) for kind in kinds if kind.is_dir() for each in kind.iterdir()}
+    return shares
+
+
 def output_rows(path: Path) -> list[OutputRow]:
     """The output file's rows in order; a torn last line (a process killed mid-write) is not a row."""
     rows: list[OutputRow] = []

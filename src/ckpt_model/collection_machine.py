@@ -27,6 +27,7 @@ from hypothesis.stateful import RULE_MARKER, RuleBasedStateMachine, precondition
 
 from ckpt_model import collection_files as files
 from ckpt_model import properties as props
+from ckpt_model.audit_telemetry import NoTelemetry, audit_telemetry
 from ckpt_model.call_relay import CallRelay
 from ckpt_model.collection_run import CollectionAudit, CollectionRun
 from ckpt_model.collector_calls import CallAudit
@@ -35,6 +36,7 @@ from ckpt_model.deployment import STALL_POINTS, STORAGE_FAILURES, STORAGE_POINTS
 from ckpt_model.errors import HarnessError, PropertyViolation
 from ckpt_model.history import History
 from ckpt_model.quiescence import backend_calls
+from ckpt_model.telemetry_watch import run_check
 from ckpt_model.topologies import Topology
 from ckpt_model.wire import EpisodeId
 
@@ -263,8 +265,20 @@ class CollectionMachine(RuleBasedStateMachine):
             if self._unfinished():
                 raise HarnessError(f"rows {self._unfinished()} never finished in {self.runs} runs")
             self.audit.rows(self.output, ROWS, self.reward, self.finished_as)
+            self._telemetry_tells_the_truth()
         finally:
             self.stop()
+
+    def _telemetry_tells_the_truth(self) -> None:
+        """P26 as the offline audit judges it, on this example's spans (the collector's and every server's) and the
+        checkpoints still published: one trace per checkpoint, every share written by an ok commit after an ok
+        prepare, steps inside their operations, metrics agreeing with spans. The run has ended, so every span of
+        a reply it got is on disk."""
+        telemetry = self.harness.telemetry_dir
+        if telemetry is None:
+            return
+        with contextlib.suppress(NoTelemetry):  # no server ran a control operation in this example
+            audit_telemetry(telemetry, files.published_shares(self.checkpoints), run_check)
 
     def stop(self) -> None:
         """Kill the run, if one runs, and close the relay: the end of every example, also one that stopped before

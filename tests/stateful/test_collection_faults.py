@@ -68,6 +68,10 @@ STEPS: dict[str, tuple[Steps, str]] = {
         lambda m: (m.start_run(), m.failing_save(victim=1, point=1, errno="EIO", stop=True)),
         "exit 75",
     ),
+    "commit_in_its_own_trace": (
+        lambda m: (m.start_run(), m.request_checkpoint(), m.teardown()),
+        "2 traces",
+    ),
     "second_sigterm_exits_at_once": (
         lambda m: (m.start_run(), m.second_sigterm(victim=0, point=0)),
         "exit 75",
@@ -79,6 +83,7 @@ VIOLATIONS: dict[str, type[PropertyViolation]] = {
     "P23": props.P23Violation,
     "P24": props.P24Violation,
     "P25": props.P25Violation,
+    "P26": properties.P26Violation,
 }
 SHRUNK_STEPS_MAX = 6
 
