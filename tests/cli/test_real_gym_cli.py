@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from fakes.ports import free_port
 from tests.stack.conftest import wait_until
 
 pytestmark = pytest.mark.processes
@@ -25,9 +25,8 @@ TOKEN = "by-hand-token"
 
 
 def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A loopback port nothing listens on (below the ephemeral range, so no outgoing connection takes it)."""
+    return free_port()
 
 
 def check(workdir: Path, deployment: dict[str, Any]) -> subprocess.CompletedProcess[str]:

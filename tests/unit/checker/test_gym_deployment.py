@@ -33,6 +33,7 @@ from ckpt_model.gym_deployment import (
     system_label,
 )
 from ckpt_model.preflight import PreflightError
+from fakes.ports import free_port
 
 TOKEN = "preflight-token"
 STATUS = preflight.STATUS_ROUTE
@@ -110,10 +111,8 @@ def serve() -> Iterator[Any]:
 
 
 def closed_port() -> int:
-    """A loopback port nothing listens on (bound and closed: connections to it are refused)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A loopback port nothing listens on (below the ephemeral range, so no outgoing connection takes it)."""
+    return free_port()
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from fakes.gym.config import CONFIG_ENV, ServerConfig
 from fakes.gym.errors import CheckpointStateError, ControlError
 from fakes.gym.gate import PolicyGate
 from fakes.gym.model import PolicyParticipant
+from fakes.ports import free_port
 
 pytestmark = pytest.mark.processes
 
@@ -34,12 +34,6 @@ WAIT_TIMEOUT_S = 10.0
 POLL_INTERVAL_S = 0.01
 LOG_TAIL_LINES = 30
 MESSAGES = [{"role": "developer", "content": "You answer."}, {"role": "user", "content": "Weather in SF?"}]
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Server:
