@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 
 from fakes import clock
 from fakes.gym.config import ServerConfig
@@ -48,10 +48,12 @@ from fakes.gym.participant import Participant, PrepareReport
 from fakes.gym.storage_faults import StorageFaults, StorageHow, StoragePoint
 from fakes.gym.store import (
     MANIFEST_NAME,
+    EncodedRecord,
     WriterFaults,
     collector_paused,
     participant_dir,
     read_participant_state,
+    record_episode,
     write_participant_state,
 )
 from fakes.gym.telemetry import Telemetry
@@ -379,13 +381,9 @@ def _op_args(checkpoint_dir: str, scope: list[EpisodeId] | None) -> tuple[Any, .
 
 def _record_key(record: Any) -> str:
     """The capture key of a record's `episode_id`; a record without a valid one is corrupt state."""
-    episode = record.get("episode_id") if isinstance(record, dict) else None
-    try:
-        return EpisodeId.model_validate(episode).capture_key
-    except ValidationError as exc:
-        raise CheckpointStateError(
-            f"record without a valid 'episode_id' (got {episode!r}); every record must name its episode"
-        ) from exc
+    if isinstance(record, EncodedRecord):
+        return record.key
+    return record_episode(record).capture_key
 
 
 def _select_in_scope(scope_keys: frozenset[str], record: Any) -> Any:
