@@ -72,6 +72,9 @@ from fakes.gym.work_runner import Reply, Result, Work, WorkRunner
 log = logging.getLogger(__name__)
 
 RESUMED_IDS_KEPT = 64
+# Control operations whose bodies and replies name every episode in scope (thousands at scale): a multi-worker
+# server's worker and coordinator handle them with the cycle collector paused (`store.collector_paused`).
+BULKY_OPERATIONS = frozenset({"commit", "restore", "retire"})
 READY_RECHECK_S = 1.0
 
 # "restoring" is internal: a restore holds its ID while it reads and installs, but the wire still shows idle.
@@ -510,8 +513,14 @@ class ControlPlane:
 
     async def run_forwarded(self, op: str, body: Any, traceparent: str | None = None) -> Reply:
         """Run an operation a worker of a multi-worker server forwarded (`fakes.gym.worker_link`): the worker validated
-        the body and checked the bearer, so the reply is exactly what this server's own route would give."""
-        return await self._run(op, parse_forwarded(op, body), traceparent)
+        the body and checked the bearer, so the reply is exactly what this server's own route would give.
+
+        A bulky operation (`BULKY_OPERATIONS`) is read and run with the collector paused: its thousands of episode
+        objects, made with it on, live as long as the operation runs and can start a collection of the whole heap
+        (a coordinator keeps its workers' reports and the restored records it holds)."""
+        paused = collector_paused() if op in BULKY_OPERATIONS else contextlib.nullcontext()
+        with paused:
+            return await self._run(op, parse_forwarded(op, body), traceparent)
 
     async def _run(self, op: str, argument: Any, traceparent: str | None = None) -> Reply:
         """Run the operation `op` names through the runner (an unexpected exception becomes 500), a control operation

@@ -3,8 +3,11 @@ extras, session routing's owner and keys, and when a coordinator refuses a resto
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import json
 from collections import Counter
+from typing import Any
 
 import pytest
 
@@ -22,6 +25,7 @@ from fakes.gym.store import encode_record, record_line
 from fakes.gym.wire import EpisodeId
 from fakes.gym.worker_protocol import Framed
 from fakes.gym.worker_reports import merge_extras
+from fakes.gym.worker_routes import BulkyControlMiddleware
 
 
 def test_extras_unite_lists_sum_counts_and_keep_the_coordinators_configuration() -> None:
@@ -140,3 +144,33 @@ def test_a_workers_export_reaches_its_coordinator_as_the_lines_one_process_write
 def test_a_record_without_a_valid_episode_is_refused_before_it_is_encoded() -> None:
     with pytest.raises(CheckpointStateError, match="every record must name its episode"):
         encode_record({"episode_id": {"rollout_id": "r0-a1"}}, 0)
+
+
+@pytest.mark.parametrize(
+    ("path", "paused"),
+    [
+        ("/ng-control/v1/checkpoint/commit", True),
+        ("/ng-control/v1/checkpoint/restore", True),
+        ("/ng-control/v1/checkpoint/retire", True),
+        ("/ng-control/v1/checkpoint/prepare", False),
+        ("/run", False),
+    ],
+)
+def test_a_worker_serves_a_bulky_control_call_with_the_collector_paused(path: str, paused: bool) -> None:
+    seen: list[bool] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        seen.append(gc.isenabled())
+
+    async def serve() -> None:
+        await BulkyControlMiddleware(app)({"type": "http", "path": path}, None, None)  # type: ignore[arg-type]
+
+    enabled = gc.isenabled()
+    gc.enable()
+    try:
+        asyncio.run(serve())
+        assert seen == [not paused]
+        assert gc.isenabled()
+    finally:
+        if not enabled:
+            gc.disable()
