@@ -88,8 +88,9 @@ def keys_from_wire(message: Framed) -> WireKeys | None:
 
 
 class WireKeys(AbstractSet[str]):
-    """Capture keys from `keys_wire`, split into a set the first time they are asked about. Capture keys are
-    names (reference 5.1: no newline), so a line each is unambiguous."""
+    """Capture keys from `keys_wire`, split into a set the first time they are asked about (`in`, iterating,
+    `len`; truth is `len`, so test `is None` where that is what is meant). Capture keys are names (reference 5.1:
+    no newline), so a line each is unambiguous."""
 
     def __init__(self, data: bytes) -> None:
         self._data = data
@@ -135,7 +136,7 @@ def export_wire(records: list[EncodedRecord], index: int) -> Framed:
 
 def records_from_wire(reply: Framed) -> list[EncodedRecord]:
     """The records of a worker's export (`export_wire`)."""
-    body, data = reply.body, reply.data
+    body, data = reply.body, memoryview(reply.data)  # each record's line a view of the frame's data, not a copy
     records = []
     start = 0
     for rollout_id, attempt, length in zip(body["rollout_ids"], body["attempts"], body["lengths"], strict=True):
@@ -390,7 +391,9 @@ class ParticipantWorker:
         # records, next to thousands of live requests, cost a full collection or two (0.2-0.5 CPU s each at scale).
         with collector_paused():
             records = await self.participant.export_keys(keys_from_wire(body))
-            return export_wire([encode_record(record, index) for index, record in enumerate(records)], self.link.index)
+            reply = export_wire([encode_record(record, index) for index, record in enumerate(records)], self.link.index)
+            del records  # freed now, not walked by the first collection once the collector is back
+        return reply
 
     async def _check_fresh(self, body: Any) -> None:
         await self.participant.install([], [])  # installs nothing; refuses a process with live state
@@ -399,7 +402,8 @@ class ParticipantWorker:
         self.held = set(body["keys"])
 
     async def _delete_restored(self, body: Any) -> None:
-        keep = keys_from_wire(body) or frozenset()
+        keep = keys_from_wire(body)  # never None: delete_restored always names what it keeps
+        assert keep is not None
         self.held = {key for key in self.held if key in keep}
         await self.participant.delete_restored(keep)
 

@@ -64,12 +64,18 @@ class Framed:
     way. A handler may return one, `Channel.request` may send one, and the other side gets one back."""
 
     body: Any
-    data: bytes
+    data: bytes | bytearray
 
 
 def encode_frame(message: Mapping[str, Any]) -> bytes:
     """A message as one frame: its compact JSON, prefixed by the JSON's length (4 bytes, big-endian); a `Framed`
     body's bytes follow the JSON, prefixed by their length, and the header's top bit says they do."""
+    return b"".join(frame_parts(message))
+
+
+def frame_parts(message: Mapping[str, Any]) -> tuple[bytes, bytes | bytearray]:
+    """A message's frame in two parts: everything up to a `Framed` body's bytes, and those bytes (empty without
+    them), so a channel writes megabytes of records as they are rather than copied into one frame first."""
     body = message.get("body")
     data = None
     if isinstance(body, Framed):
@@ -79,8 +85,8 @@ def encode_frame(message: Mapping[str, Any]) -> bytes:
         if len(part) > FRAME_BYTES_MAX:
             raise FrameError(f"a frame must be at most {FRAME_BYTES_MAX} bytes (got {len(part)})")
     if data is None:
-        return FRAME_HEADER.pack(len(payload)) + payload
-    return b"".join((FRAME_HEADER.pack(len(payload) | FRAME_DATA_FLAG), payload, FRAME_HEADER.pack(len(data)), data))
+        return FRAME_HEADER.pack(len(payload)) + payload, b""
+    return FRAME_HEADER.pack(len(payload) | FRAME_DATA_FLAG) + payload + FRAME_HEADER.pack(len(data)), data
 
 
 async def read_frame(reader: asyncio.StreamReader) -> dict[str, Any] | None:
@@ -105,8 +111,25 @@ async def read_frame(reader: asyncio.StreamReader) -> dict[str, Any] | None:
             (data_length,) = FRAME_HEADER.unpack(await reader.readexactly(FRAME_HEADER.size))
         except asyncio.IncompleteReadError as exc:
             raise FrameError(f"the stream ended inside a frame's data length ({len(exc.partial)} of 4 bytes)") from None
-        message["body"] = Framed(message.get("body"), await _read_part(reader, data_length))
+        message["body"] = Framed(message.get("body"), await _read_data(reader, data_length))
     return message
+
+
+async def _read_data(reader: asyncio.StreamReader, length: int) -> bytearray:
+    """A frame's data, `length` bytes, read into a buffer of that size as it arrives: `readexactly` would grow
+    the stream's buffer to the whole length and then copy it (megabytes of records, each copy new memory)."""
+    if length > FRAME_BYTES_MAX:
+        raise FrameError(f"a frame must be at most {FRAME_BYTES_MAX} bytes (its header says {length})")
+    data = bytearray(length)
+    view = memoryview(data)
+    received = 0
+    while received < length:
+        chunk = await reader.read(length - received)
+        if not chunk:
+            raise FrameError(f"the stream ended inside a frame ({received} of {length} bytes)")
+        view[received : received + len(chunk)] = chunk
+        received += len(chunk)
+    return data
 
 
 async def _read_part(reader: asyncio.StreamReader, length: int) -> bytes:
@@ -177,7 +200,10 @@ class Channel:
     def send(self, message: Mapping[str, Any]) -> None:
         if self.closed:
             raise ChannelClosed(f"the channel to {self.name} is closed")
-        self.writer.write(encode_frame(message))
+        head, data = frame_parts(message)
+        self.writer.write(head)
+        if data:
+            self.writer.write(data)
 
     def notify(self, kind: str, body: Any) -> None:
         """A request that gets no reply."""

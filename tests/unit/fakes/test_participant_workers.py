@@ -116,6 +116,14 @@ def test_a_scope_reaches_the_workers_as_its_capture_keys() -> None:
     assert keys_from_wire(keys_wire(None)) is None
 
 
+def test_keys_are_split_only_when_asked_about() -> None:
+    keys = keys_from_wire(keys_wire(["a", "b"]))
+    assert keys is not None
+    assert keys._keys is None
+    assert "a" in keys
+    assert keys._keys == {"a", "b"}
+
+
 def test_merged_records_sort_by_rollout_then_attempt() -> None:
     records = [
         {"episode_id": {"rollout_id": "r1", "attempt": 0}},
@@ -138,7 +146,7 @@ def test_a_workers_export_reaches_its_coordinator_as_the_lines_one_process_write
     assert [record.key for record in received] == ["r1", "r0-a2"]
     assert [record.order for record in received] == [("r1", 0), ("r0", 2)]
     assert [record.line for record in received] == [record_line(record, 0) for record in records]
-    assert [json.loads(record.line) for record in received] == records
+    assert [json.loads(bytes(record.line)) for record in received] == records
 
 
 def test_a_record_without_a_valid_episode_is_refused_before_it_is_encoded() -> None:

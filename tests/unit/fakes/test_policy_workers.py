@@ -177,6 +177,8 @@ async def test_raw_bytes_go_both_ways_beside_a_request_and_its_reply() -> None:
 
     async with channel_pair({"upper": upper}) as (client, _):
         assert await client.request("upper", Framed([1], b"abc")) == Framed({"got": [1]}, b"ABC")
+        megabytes = bytes(range(97, 123)) * 100_000  # more than a socket or a stream buffer holds at once
+        assert await client.request("upper", Framed(None, megabytes)) == Framed({"got": None}, megabytes.upper())
 
 
 @pytest.mark.anyio
