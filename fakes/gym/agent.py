@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Set as AbstractSet
 from typing import Any, Literal
 
 import attrs
@@ -360,7 +361,7 @@ class AgentParticipant:
     async def export(self, scope: list[EpisodeId] | None) -> list[dict[str, Any]]:
         return await self.export_keys(None if scope is None else {e.capture_key for e in scope})
 
-    async def export_keys(self, keys: set[str] | None) -> list[dict[str, Any]]:
+    async def export_keys(self, keys: AbstractSet[str] | None) -> list[dict[str, Any]]:
         """`export` of the scope's capture keys (a worker gets only those; None: no scope)."""
         self._exported = True
         legacy = {EpisodeId(**r["episode_id"]).rollout_id: r for r in self.core.episodes.export(keys)}
@@ -432,7 +433,7 @@ class AgentParticipant:
             return {**boundary, "new_outputs": kept}
         return boundary
 
-    async def delete_restored(self, keep: set[str]) -> None:
+    async def delete_restored(self, keep: AbstractSet[str]) -> None:
         core = self.core
         for session in list(core.sessions.values()):
             if session.restored_pending and session.episode_id.capture_key not in keep:

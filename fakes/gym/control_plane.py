@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 
 from fakes import clock
 from fakes.gym.config import ServerConfig
@@ -48,10 +48,12 @@ from fakes.gym.participant import Participant, PrepareReport
 from fakes.gym.storage_faults import StorageFaults, StorageHow, StoragePoint
 from fakes.gym.store import (
     MANIFEST_NAME,
+    EncodedRecord,
     WriterFaults,
     collector_paused,
     participant_dir,
     read_participant_state,
+    record_episode,
     write_participant_state,
 )
 from fakes.gym.telemetry import Telemetry
@@ -70,6 +72,9 @@ from fakes.gym.work_runner import Reply, Result, Work, WorkRunner
 log = logging.getLogger(__name__)
 
 RESUMED_IDS_KEPT = 64
+# Control operations whose bodies and replies name every episode in scope (thousands at scale): a multi-worker
+# server's worker and coordinator handle them with the cycle collector paused (`store.collector_paused`).
+BULKY_OPERATIONS = frozenset({"commit", "restore", "retire"})
 READY_RECHECK_S = 1.0
 
 # "restoring" is internal: a restore holds its ID while it reads and installs, but the wire still shows idle.
@@ -379,13 +384,9 @@ def _op_args(checkpoint_dir: str, scope: list[EpisodeId] | None) -> tuple[Any, .
 
 def _record_key(record: Any) -> str:
     """The capture key of a record's `episode_id`; a record without a valid one is corrupt state."""
-    episode = record.get("episode_id") if isinstance(record, dict) else None
-    try:
-        return EpisodeId.model_validate(episode).capture_key
-    except ValidationError as exc:
-        raise CheckpointStateError(
-            f"record without a valid 'episode_id' (got {episode!r}); every record must name its episode"
-        ) from exc
+    if isinstance(record, EncodedRecord):
+        return record.key
+    return record_episode(record).capture_key
 
 
 def _select_in_scope(scope_keys: frozenset[str], record: Any) -> Any:
@@ -512,8 +513,14 @@ class ControlPlane:
 
     async def run_forwarded(self, op: str, body: Any, traceparent: str | None = None) -> Reply:
         """Run an operation a worker of a multi-worker server forwarded (`fakes.gym.worker_link`): the worker validated
-        the body and checked the bearer, so the reply is exactly what this server's own route would give."""
-        return await self._run(op, parse_forwarded(op, body), traceparent)
+        the body and checked the bearer, so the reply is exactly what this server's own route would give.
+
+        A bulky operation (`BULKY_OPERATIONS`) is read and run with the collector paused: its thousands of episode
+        objects, made with it on, live as long as the operation runs and can start a collection of the whole heap
+        (a coordinator keeps its workers' reports and the restored records it holds)."""
+        paused = collector_paused() if op in BULKY_OPERATIONS else contextlib.nullcontext()
+        with paused:
+            return await self._run(op, parse_forwarded(op, body), traceparent)
 
     async def _run(self, op: str, argument: Any, traceparent: str | None = None) -> Reply:
         """Run the operation `op` names through the runner (an unexpected exception becomes 500), a control operation

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import httpx
@@ -78,7 +79,7 @@ class EnvironmentParticipant:
     async def export(self, scope: list[EpisodeId] | None) -> list[dict[str, Any]]:
         return await self.export_keys(None if scope is None else {e.capture_key for e in scope})
 
-    async def export_keys(self, keys: set[str] | None) -> list[dict[str, Any]]:
+    async def export_keys(self, keys: AbstractSet[str] | None) -> list[dict[str, Any]]:
         """`export` of the scope's capture keys (a worker gets only those; None: no scope)."""
         if "environment_drops_restored_pending" in self.faults:
             keys = set()
@@ -112,7 +113,7 @@ class EnvironmentParticipant:
             records = [{**record, "boundary": None} for record in records]
         return self.owner.install(records)
 
-    async def delete_restored(self, keep: set[str]) -> None:
+    async def delete_restored(self, keep: AbstractSet[str]) -> None:
         self.owner.delete_restored(keep)
 
     async def retire(self, episode_ids: list[EpisodeId]) -> None:

@@ -7,11 +7,16 @@ implementation of the wire contract.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 
 from fakes.gym.wire import BLOCKERS_SHOWN_MAX, EpisodeId
+
+if TYPE_CHECKING:
+    from fakes.gym.store import EncodedRecord
 
 
 @attrs.frozen
@@ -51,8 +56,9 @@ class Participant(Protocol):
     async def open_admission(self) -> None:
         """Admit again and wake parked work (resume, lease expiry, failed prepare or restore)."""
 
-    async def export(self, scope: list[EpisodeId] | None) -> list[dict[str, Any]]:
-        """Records to write for a commit; each is a JSON object with an `episode_id` field."""
+    async def export(self, scope: list[EpisodeId] | None) -> Sequence[dict[str, Any] | EncodedRecord]:
+        """Records to write for a commit; each is a JSON object with an `episode_id` field, or one already encoded as
+        its line of the records file (`store.EncodedRecord`)."""
 
     def validate_record(self, record: dict[str, Any]) -> None:
         """Raise `CheckpointStateError` if an in-scope record is not one this participant could install."""
@@ -62,7 +68,7 @@ class Participant(Protocol):
 
         Raise `ControlError` (409 checkpoint_error) when the process already has live state."""
 
-    async def delete_restored(self, keep: set[str]) -> None:
+    async def delete_restored(self, keep: AbstractSet[str]) -> None:
         """Free restored-pending state whose next-attempt capture key is not in `keep` (commit cleanup)."""
 
     async def retire(self, episode_ids: list[EpisodeId]) -> None:

@@ -8,7 +8,8 @@ request of one episode to one worker. The coordinator (the server's main process
 
 - report and status: merged (`fakes.gym.worker_reports`); a close numbers a generation every live worker must
   report for, and a worker lost while admission is closed blocks (`<label>-worker-lost`) until it opens again;
-- export: every worker's records, plus the restored records no worker has claimed yet;
+- export: every worker's records, plus the restored records no worker has claimed yet; each worker sends its
+  records as the lines of the records file (`export_wire`), which the coordinator writes as they came;
 - install: only into a server whose workers are all fresh and none left since it started; the records are
   installed into the coordinator's own participant (a fresh one of the role, so the role's rules and planted faults
   apply as in one process) and stay there until the worker an episode's replacement is routed to claims its key
@@ -21,7 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Set as AbstractSet
 from typing import Any, Protocol
 
 from fastapi import FastAPI, Header
@@ -34,9 +36,10 @@ from fakes.gym.participant import LatePlane, Participant, PrepareReport
 from fakes.gym.placement import PlacementRequest, place_everywhere
 from fakes.gym.session_routing import SessionRouter, SessionRoutingMiddleware
 from fakes.gym.single_process import BuildParts
-from fakes.gym.store import collector_paused
+from fakes.gym.store import EncodedRecord, collector_paused, encode_record
 from fakes.gym.wire import PLACEMENT_ROUTE, WORKERS_ROUTE, EpisodeId
 from fakes.gym.worker_link import WorkerLink
+from fakes.gym.worker_protocol import Framed
 from fakes.gym.worker_reports import merge_extras
 from fakes.gym.worker_routes import add_worker_routes
 
@@ -49,7 +52,7 @@ class Adopting(Participant, Protocol):
 
     async def adopt(self, records: list[dict[str, Any]]) -> list[str]: ...
 
-    async def export_keys(self, keys: set[str] | None) -> list[dict[str, Any]]: ...
+    async def export_keys(self, keys: AbstractSet[str] | None) -> list[dict[str, Any]]: ...
 
 
 def build_parts_for(role: str) -> BuildParts:
@@ -69,30 +72,78 @@ def build_parts_for(role: str) -> BuildParts:
     raise ValueError(f"role {role!r} has no participant workers")
 
 
-def scope_wire(scope: list[EpisodeId] | None) -> dict[str, list[Any]] | None:
-    """A commit's scope as it travels to every worker: its rollout IDs and attempts as two lists. Thousands of
-    episodes go to every worker, and a list per episode would be thousands of objects the worker's cycle collector
-    walks as it decodes them; the control plane validated them once."""
-    if scope is None:
-        return None
-    return {
-        "rollout_ids": [episode.rollout_id for episode in scope],
-        "attempts": [episode.attempt for episode in scope],
-    }
+def keys_wire(keys: Iterable[str] | None) -> Framed:
+    """Capture keys as they travel to every worker (a commit's scope, or the restored records it keeps): a line
+    each, as raw bytes beside the JSON, encoded once for all the workers; None (no scope) as no keys at all.
+    Thousands go to every worker with every commit, and a worker splits them only if it asks about a key
+    (`WireKeys`): one without restored records never does."""
+    if keys is None:
+        return Framed({"keys": None}, b"")
+    return Framed({"keys": "lines"}, "\n".join(keys).encode())
 
 
-def scope_keys_from_wire(body: Any) -> set[str] | None:
-    """The capture keys of the scope `scope_wire` sent: all a worker's export asks of it."""
-    if body is None:
-        return None
-    pairs = zip(body["rollout_ids"], body["attempts"], strict=True)
-    return {rollout_id if attempt == 0 else f"{rollout_id}-a{attempt}" for rollout_id, attempt in pairs}
+def keys_from_wire(message: Framed) -> WireKeys | None:
+    """The capture keys `keys_wire` sent (None: none were given)."""
+    return None if message.body["keys"] is None else WireKeys(message.data)
 
 
-def record_order(record: dict[str, Any]) -> tuple[str, int]:
+class WireKeys(AbstractSet[str]):
+    """Capture keys from `keys_wire`, split into a set the first time they are asked about (`in`, iterating,
+    `len`; truth is `len`, so test `is None` where that is what is meant). Capture keys are names (reference 5.1:
+    no newline), so a line each is unambiguous."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+        self._keys: frozenset[str] | None = None
+
+    @classmethod
+    def _from_iterable(cls, keys: Iterable[str]) -> frozenset[str]:
+        return frozenset(keys)
+
+    def _split(self) -> frozenset[str]:
+        if self._keys is None:
+            self._keys = frozenset(self._data.decode().split("\n")) if self._data else frozenset()
+        return self._keys
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._split()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._split())
+
+    def __len__(self) -> int:
+        return len(self._split())
+
+
+def record_order(record: EncodedRecord) -> tuple[str, int]:
     """Records sort by rollout and attempt, as one process exports them in the order its episodes sort."""
-    episode = record["episode_id"]
-    return str(episode["rollout_id"]), int(episode.get("attempt", 0))
+    return record.order
+
+
+def export_wire(records: list[EncodedRecord], index: int) -> Framed:
+    """A worker's export as it travels to the coordinator: each record's episode and line length as JSON, the lines
+    themselves as raw bytes (the records file's own), so the coordinator neither decodes nor re-encodes them."""
+    return Framed(
+        {
+            "index": index,
+            "rollout_ids": [record.order[0] for record in records],
+            "attempts": [record.order[1] for record in records],
+            "lengths": [len(record.line) for record in records],
+        },
+        b"".join(record.line for record in records),
+    )
+
+
+def records_from_wire(reply: Framed) -> list[EncodedRecord]:
+    """The records of a worker's export (`export_wire`)."""
+    body, data = reply.body, memoryview(reply.data)  # each record's line a view of the frame's data, not a copy
+    records = []
+    start = 0
+    for rollout_id, attempt, length in zip(body["rollout_ids"], body["attempts"], body["lengths"], strict=True):
+        key = rollout_id if attempt == 0 else f"{rollout_id}-a{attempt}"
+        records.append(EncodedRecord(key, (rollout_id, attempt), data[start : start + length]))
+        start += length
+    return records
 
 
 def worker_report(participant: Participant) -> dict[str, Any]:
@@ -160,12 +211,13 @@ class CoordinatedParticipant:
         await self.local.open_admission()
         await self.pool.reopen()
 
-    async def export(self, scope: list[EpisodeId] | None) -> list[dict[str, Any]]:
-        held = await self.local.export(scope)
-        replies = await self.pool.fan_out("export", {"scope": scope_wire(scope)})
+    async def export(self, scope: list[EpisodeId] | None) -> list[EncodedRecord]:
+        held = [encode_record(record, index) for index, record in enumerate(await self.local.export(scope))]
+        scope_keys = None if scope is None else (episode.capture_key for episode in scope)
+        replies = await self.pool.fan_out("export", keys_wire(scope_keys))
         if self.exports_first_only:
-            replies = [reply for reply in replies if reply["index"] == 0]
-        records = [record for reply in replies for record in reply["records"]]
+            replies = [reply for reply in replies if reply.body["index"] == 0]
+        records = [record for reply in replies for record in records_from_wire(reply)]
         return sorted([*held, *records], key=record_order)
 
     def validate_record(self, record: dict[str, Any]) -> None:
@@ -190,10 +242,10 @@ class CoordinatedParticipant:
             await self.local.delete_restored(set(self.held))
         return {"record": record}
 
-    async def delete_restored(self, keep: set[str]) -> None:
+    async def delete_restored(self, keep: AbstractSet[str]) -> None:
         self.held = {key: record for key, record in self.held.items() if key in keep}
         await self.local.delete_restored(keep)
-        await self.pool.fan_out("delete_restored", {"keep": sorted(keep)})
+        await self.pool.fan_out("delete_restored", keys_wire(sorted(keep)))
 
     async def retire(self, episode_ids: list[EpisodeId]) -> None:
         await self.pool.retire({"episode_ids": [episode.wire() for episode in episode_ids]})
@@ -338,8 +390,10 @@ class ParticipantWorker:
         # The collector paused as the coordinator's is (`store.collector_paused`): a worker's share of thousands of
         # records, next to thousands of live requests, cost a full collection or two (0.2-0.5 CPU s each at scale).
         with collector_paused():
-            keys = scope_keys_from_wire(body["scope"])
-            return {"records": await self.participant.export_keys(keys), "index": self.link.index}
+            records = await self.participant.export_keys(keys_from_wire(body))
+            reply = export_wire([encode_record(record, index) for index, record in enumerate(records)], self.link.index)
+            del records  # freed now, not walked by the first collection once the collector is back
+        return reply
 
     async def _check_fresh(self, body: Any) -> None:
         await self.participant.install([], [])  # installs nothing; refuses a process with live state
@@ -348,8 +402,10 @@ class ParticipantWorker:
         self.held = set(body["keys"])
 
     async def _delete_restored(self, body: Any) -> None:
-        self.held &= set(body["keep"])
-        await self.participant.delete_restored(set(body["keep"]))
+        keep = keys_from_wire(body)  # never None: delete_restored always names what it keeps
+        assert keep is not None
+        self.held = {key for key in self.held if key in keep}
+        await self.participant.delete_restored(keep)
 
     async def _retire(self, body: Any) -> None:
         await self.participant.retire([EpisodeId.model_validate(episode) for episode in body["episode_ids"]])

@@ -26,6 +26,7 @@ import contextlib
 import hashlib
 import json
 from collections.abc import AsyncIterator
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import attrs
@@ -187,7 +188,7 @@ class ResourcesParticipant:
     async def export(self, scope: list[EpisodeId] | None) -> list[dict[str, Any]]:
         return await self.export_keys(None if scope is None else {e.capture_key for e in scope})
 
-    async def export_keys(self, keys: set[str] | None) -> list[dict[str, Any]]:
+    async def export_keys(self, keys: AbstractSet[str] | None) -> list[dict[str, Any]]:
         """Mode `exported`: every tracked session of an unretired attempt, restored-pending ones only in scope (its
         capture keys: a worker gets only those; None: no scope)."""
         core = self.core
@@ -246,7 +247,7 @@ class ResourcesParticipant:
         core.notify()
         return sorted(restored)
 
-    async def delete_restored(self, keep: set[str]) -> None:
+    async def delete_restored(self, keep: AbstractSet[str]) -> None:
         core = self.core
         for session in list(core.sessions.values()):
             if session.restored_pending and session.episode_id.capture_key not in keep:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from collections.abc import Set as AbstractSet
 from typing import Any, Literal
 
 import attrs
@@ -182,7 +183,7 @@ class EpisodeOwner:
         """Capture keys of the live restarts, sorted."""
         return sorted(key for key, episode in self.episodes.items() if episode.restart)
 
-    def export(self, scope_keys: set[str] | None) -> list[dict[str, Any]]:
+    def export(self, scope_keys: AbstractSet[str] | None) -> list[dict[str, Any]]:
         """Every live episode but restarts, plus restored-pending records the scope carries forward."""
         records = [e.record() for e in self.episodes.values() if not (e.retiring or e.restart)]
         for key, record in sorted(self.restored.items()):
@@ -200,7 +201,7 @@ class EpisodeOwner:
         self._notify()
         return sorted(installed)
 
-    def delete_restored(self, keep: set[str]) -> None:
+    def delete_restored(self, keep: AbstractSet[str]) -> None:
         for key in [key for key in self.restored if key not in keep]:
             del self.restored[key]
         self._notify()

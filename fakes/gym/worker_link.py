@@ -17,14 +17,11 @@ from typing import Any
 from fakes.gym.config import ServerConfig
 from fakes.gym.control_plane import RetiredAttempts, check_bearer, forwarded_body
 from fakes.gym.errors import ControlError, CoordinatorUnavailableError
-from fakes.gym.store import collector_paused
 from fakes.gym.wire import EpisodeId, bearer
 from fakes.gym.worker_protocol import LIGHT_TIMEOUT_S, Channel, ChannelClosed, Handler, encode_frame, read_frame
 
 # Appendix B: a forwarded control call gets its own deadline plus 10 s (light messages get `LIGHT_TIMEOUT_S`).
 CONTROL_EXTRA_S = 10.0
-# Control operations whose bodies and replies list a whole scope.
-BULKY_OPERATIONS = frozenset({"commit", "restore", "retire"})
 
 
 class WorkerLink:
@@ -172,12 +169,10 @@ class WorkerLink:
         check_bearer(authorization, self._bearer)
         channel = await self._ready_channel()
         body = {"operation": op, "body": forwarded_body(argument), "traceparent": traceparent}
-        # A commit's or a restore's request and reply name every episode in scope (thousands at scale): the worker
-        # encodes and decodes them with its collector paused, as the coordinator builds them (`collector_paused`).
-        paused = collector_paused() if op in BULKY_OPERATIONS else contextlib.nullcontext()
+        # A bulky operation's request and reply (`BULKY_OPERATIONS`) go through with the collector paused: the
+        # worker's routes pause it for the whole request (`fakes.gym.worker_routes`).
         try:
-            with paused:
-                return await channel.request("control", body, control_timeout_s(argument))
+            return await channel.request("control", body, control_timeout_s(argument))
         except (ChannelClosed, TimeoutError) as exc:
             raise CoordinatorUnavailableError(
                 f"the coordinator of {self.config.name} did not answer {op} ({exc!r}); see the server log"

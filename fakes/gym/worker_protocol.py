@@ -3,7 +3,10 @@
 Reference Appendix B. Each worker holds one connection to its coordinator's Unix socket; the coordinator's end is
 served by `fakes.gym.coordinator`, a worker's by `fakes.gym.worker_link`.
 
-Frames are a 4-byte big-endian length then compact JSON (at most 1 GiB). Requests `{id, kind, body}`; replies
+Frames are a 4-byte big-endian length then compact JSON (at most 1 GiB). A frame may also carry raw bytes beside
+its JSON (`Framed`: records already encoded as lines of a records file, say, which JSON would escape and decode):
+its header's top bit is then set, and after the JSON come the bytes' length (4 bytes, big-endian) and the bytes;
+the message's body arrives as a `Framed` again. Requests `{id, kind, body}`; replies
 `{reply_to, ok: true, body}` or `{reply_to, ok: false, error: {status, code, detail}}`; a request with `id: null` is
 a notification and gets no reply. Both directions share one connection. Every request runs as its own task,
 started in arrival order, so what a message changes synchronously changes in the order it was sent.
@@ -27,12 +30,16 @@ import struct
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+import attrs
+
 from fakes.gym.errors import ControlError
 
 log = logging.getLogger(__name__)
 
 FRAME_HEADER = struct.Struct(">I")
 FRAME_BYTES_MAX = 1 << 30
+# A header with this bit set: raw bytes follow the JSON (their own length first).
+FRAME_DATA_FLAG = 1 << 31
 # Appendix B: light messages get 30 s (a forwarded control call gets longer: `fakes.gym.worker_link`).
 LIGHT_TIMEOUT_S = 30.0
 INTERNAL_ERROR_STATUS = 500
@@ -51,12 +58,35 @@ class ChannelClosed(ConnectionError):
     """The other end of a channel is gone (or the channel was closed here)."""
 
 
+@attrs.frozen
+class Framed:
+    """A message body whose `data` travels as raw bytes beside its JSON `body`, neither encoded nor decoded on the
+    way. A handler may return one, `Channel.request` may send one, and the other side gets one back."""
+
+    body: Any
+    data: bytes | bytearray
+
+
 def encode_frame(message: Mapping[str, Any]) -> bytes:
-    """A message as one frame: its compact JSON, prefixed by the JSON's length (4 bytes, big-endian)."""
+    """A message as one frame: its compact JSON, prefixed by the JSON's length (4 bytes, big-endian); a `Framed`
+    body's bytes follow the JSON, prefixed by their length, and the header's top bit says they do."""
+    return b"".join(frame_parts(message))
+
+
+def frame_parts(message: Mapping[str, Any]) -> tuple[bytes, bytes | bytearray]:
+    """A message's frame in two parts: everything up to a `Framed` body's bytes, and those bytes (empty without
+    them), so a channel writes megabytes of records as they are rather than copied into one frame first."""
+    body = message.get("body")
+    data = None
+    if isinstance(body, Framed):
+        message, data = {**message, "body": body.body}, body.data
     payload = json.dumps(message, separators=(",", ":"), allow_nan=False).encode()
-    if len(payload) > FRAME_BYTES_MAX:
-        raise FrameError(f"a frame must be at most {FRAME_BYTES_MAX} bytes (got {len(payload)})")
-    return FRAME_HEADER.pack(len(payload)) + payload
+    for part in (payload, data or b""):
+        if len(part) > FRAME_BYTES_MAX:
+            raise FrameError(f"a frame must be at most {FRAME_BYTES_MAX} bytes (got {len(part)})")
+    if data is None:
+        return FRAME_HEADER.pack(len(payload)) + payload, b""
+    return FRAME_HEADER.pack(len(payload) | FRAME_DATA_FLAG) + payload + FRAME_HEADER.pack(len(data)), data
 
 
 async def read_frame(reader: asyncio.StreamReader) -> dict[str, Any] | None:
@@ -68,19 +98,48 @@ async def read_frame(reader: asyncio.StreamReader) -> dict[str, Any] | None:
             return None
         raise FrameError(f"the stream ended inside a frame header ({len(exc.partial)} of 4 bytes)") from None
     (length,) = FRAME_HEADER.unpack(header)
-    if length > FRAME_BYTES_MAX:
-        raise FrameError(f"a frame must be at most {FRAME_BYTES_MAX} bytes (its header says {length})")
-    try:
-        payload = await reader.readexactly(length)
-    except asyncio.IncompleteReadError as exc:
-        raise FrameError(f"the stream ended inside a frame ({len(exc.partial)} of {length} bytes)") from None
+    has_data = bool(length & FRAME_DATA_FLAG)
+    payload = await _read_part(reader, length & ~FRAME_DATA_FLAG)
     try:
         message = json.loads(payload)
     except ValueError as exc:
         raise FrameError(f"a frame must hold JSON ({exc})") from None
     if not isinstance(message, dict):
         raise FrameError(f"a frame must hold a JSON object (got {type(message).__name__})")
+    if has_data:
+        try:
+            (data_length,) = FRAME_HEADER.unpack(await reader.readexactly(FRAME_HEADER.size))
+        except asyncio.IncompleteReadError as exc:
+            raise FrameError(f"the stream ended inside a frame's data length ({len(exc.partial)} of 4 bytes)") from None
+        message["body"] = Framed(message.get("body"), await _read_data(reader, data_length))
     return message
+
+
+async def _read_data(reader: asyncio.StreamReader, length: int) -> bytearray:
+    """A frame's data, `length` bytes, read into a buffer of that size as it arrives: `readexactly` would grow
+    the stream's buffer to the whole length and then copy it (megabytes of records, each copy new memory)."""
+    if length > FRAME_BYTES_MAX:
+        raise FrameError(f"a frame must be at most {FRAME_BYTES_MAX} bytes (its header says {length})")
+    data = bytearray(length)
+    view = memoryview(data)
+    received = 0
+    while received < length:
+        chunk = await reader.read(length - received)
+        if not chunk:
+            raise FrameError(f"the stream ended inside a frame ({received} of {length} bytes)")
+        view[received : received + len(chunk)] = chunk
+        received += len(chunk)
+    return data
+
+
+async def _read_part(reader: asyncio.StreamReader, length: int) -> bytes:
+    """A frame's JSON or its data, `length` bytes."""
+    if length > FRAME_BYTES_MAX:
+        raise FrameError(f"a frame must be at most {FRAME_BYTES_MAX} bytes (its header says {length})")
+    try:
+        return await reader.readexactly(length)
+    except asyncio.IncompleteReadError as exc:
+        raise FrameError(f"the stream ended inside a frame ({len(exc.partial)} of {length} bytes)") from None
 
 
 # --- errors across the channel ------------------------------------------------------------------------------------
@@ -141,7 +200,10 @@ class Channel:
     def send(self, message: Mapping[str, Any]) -> None:
         if self.closed:
             raise ChannelClosed(f"the channel to {self.name} is closed")
-        self.writer.write(encode_frame(message))
+        head, data = frame_parts(message)
+        self.writer.write(head)
+        if data:
+            self.writer.write(data)
 
     def notify(self, kind: str, body: Any) -> None:
         """A request that gets no reply."""

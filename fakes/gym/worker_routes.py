@@ -9,10 +9,13 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from fakes.gym.control_plane import control_router
+from fakes.gym.control_plane import BULKY_OPERATIONS, control_router
+from fakes.gym.store import collector_paused
+from fakes.gym.wire import CHECKPOINT_ROUTE_PREFIX
 from fakes.gym.worker_link import WorkerLink
 
 WORKER_HEADER = b"x-ckpt-worker"
+BULKY_PATHS = frozenset(f"{CHECKPOINT_ROUTE_PREFIX}/{op}" for op in BULKY_OPERATIONS)
 
 
 class WorkerHeaderMiddleware:
@@ -39,8 +42,26 @@ class WorkerHeaderMiddleware:
         await self.app(scope, receive, send_with_pid)
 
 
+class BulkyControlMiddleware:
+    """A commit, restore or retire (`BULKY_OPERATIONS`) is served with the cycle collector paused, from reading its
+    body to sending its reply (`store.collector_paused`): its request and reply name every episode in scope, and
+    thousands of episode objects validated with the collector on can start a collection of the worker's whole heap,
+    which at scale holds thousands of requests in flight (hundreds of ms of CPU)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] in BULKY_PATHS:
+            with collector_paused():
+                await self.app(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
 def add_worker_routes(app: FastAPI, link: WorkerLink) -> None:
     """What every worker app serves besides its data plane: /health, the forwarded control routes, the pid header."""
+    app.add_middleware(BulkyControlMiddleware)
     app.add_middleware(WorkerHeaderMiddleware)
     app.state.worker_link = link
 

@@ -3,15 +3,29 @@ extras, session routing's owner and keys, and when a coordinator refuses a resto
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import json
 from collections import Counter
+from typing import Any
 
 import pytest
 
-from fakes.gym.participant_workers import record_order, restore_refusal, scope_keys_from_wire, scope_wire
+from fakes.gym.errors import CheckpointStateError
+from fakes.gym.participant_workers import (
+    export_wire,
+    keys_from_wire,
+    keys_wire,
+    record_order,
+    records_from_wire,
+    restore_refusal,
+)
 from fakes.gym.session_routing import SessionRouter, default_worker, key_in_path, key_in_run_body
+from fakes.gym.store import encode_record, record_line
 from fakes.gym.wire import EpisodeId
+from fakes.gym.worker_protocol import Framed
 from fakes.gym.worker_reports import merge_extras
+from fakes.gym.worker_routes import BulkyControlMiddleware
 
 
 def test_extras_unite_lists_sum_counts_and_keep_the_coordinators_configuration() -> None:
@@ -91,8 +105,23 @@ def test_a_restore_is_refused_once_a_worker_left_or_one_did_not_close() -> None:
 
 def test_a_scope_reaches_the_workers_as_its_capture_keys() -> None:
     scope = [EpisodeId(rollout_id="r0", attempt=0), EpisodeId(rollout_id="r1", attempt=3)]
-    assert scope_keys_from_wire(json.loads(json.dumps(scope_wire(scope)))) == {"r0", "r1-a3"}
-    assert scope_keys_from_wire(scope_wire(None)) is None
+    sent = keys_wire(episode.capture_key for episode in scope)
+    keys = keys_from_wire(Framed(json.loads(json.dumps(sent.body)), sent.data))
+    assert keys is not None
+    assert "r1-a3" in keys
+    assert "r1" not in keys
+    assert keys == {"r0", "r1-a3"}
+    assert {"r0", "r2"} & keys == {"r0"}
+    assert keys_from_wire(keys_wire([])) == set()
+    assert keys_from_wire(keys_wire(None)) is None
+
+
+def test_keys_are_split_only_when_asked_about() -> None:
+    keys = keys_from_wire(keys_wire(["a", "b"]))
+    assert keys is not None
+    assert keys._keys is None
+    assert "a" in keys
+    assert keys._keys == {"a", "b"}
 
 
 def test_merged_records_sort_by_rollout_then_attempt() -> None:
@@ -101,4 +130,55 @@ def test_merged_records_sort_by_rollout_then_attempt() -> None:
         {"episode_id": {"rollout_id": "r0", "attempt": 2}},
         {"episode_id": {"rollout_id": "r0"}},
     ]
-    assert [record_order(record) for record in sorted(records, key=record_order)] == [("r0", 0), ("r0", 2), ("r1", 0)]
+    encoded = [encode_record(record, index) for index, record in enumerate(records)]
+    assert [record.order for record in sorted(encoded, key=record_order)] == [("r0", 0), ("r0", 2), ("r1", 0)]
+
+
+def test_a_workers_export_reaches_its_coordinator_as_the_lines_one_process_writes() -> None:
+    records = [
+        {"episode_id": {"rollout_id": "r1", "attempt": 0}, "text": 'é\n"quoted"'},
+        {"episode_id": {"rollout_id": "r0", "attempt": 2}, "nested": {"a": [1, 2.5, None]}},
+    ]
+    reply = export_wire([encode_record(record, index) for index, record in enumerate(records)], 3)
+    sent = json.loads(json.dumps(reply.body))  # the JSON half crosses the channel as JSON
+    received = records_from_wire(Framed(sent, reply.data))
+    assert sent["index"] == 3
+    assert [record.key for record in received] == ["r1", "r0-a2"]
+    assert [record.order for record in received] == [("r1", 0), ("r0", 2)]
+    assert [record.line for record in received] == [record_line(record, 0) for record in records]
+    assert [json.loads(bytes(record.line)) for record in received] == records
+
+
+def test_a_record_without_a_valid_episode_is_refused_before_it_is_encoded() -> None:
+    with pytest.raises(CheckpointStateError, match="every record must name its episode"):
+        encode_record({"episode_id": {"rollout_id": "r0-a1"}}, 0)
+
+
+@pytest.mark.parametrize(
+    ("path", "paused"),
+    [
+        ("/ng-control/v1/checkpoint/commit", True),
+        ("/ng-control/v1/checkpoint/restore", True),
+        ("/ng-control/v1/checkpoint/retire", True),
+        ("/ng-control/v1/checkpoint/prepare", False),
+        ("/run", False),
+    ],
+)
+def test_a_worker_serves_a_bulky_control_call_with_the_collector_paused(path: str, paused: bool) -> None:
+    seen: list[bool] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        seen.append(gc.isenabled())
+
+    async def serve() -> None:
+        await BulkyControlMiddleware(app)({"type": "http", "path": path}, None, None)  # type: ignore[arg-type]
+
+    enabled = gc.isenabled()
+    gc.enable()
+    try:
+        asyncio.run(serve())
+        assert seen == [not paused]
+        assert gc.isenabled()
+    finally:
+        if not enabled:
+            gc.disable()

@@ -39,6 +39,7 @@ from fakes.gym.worker_protocol import (
     LIGHT_TIMEOUT_S,
     Channel,
     ChannelClosed,
+    Framed,
     FrameError,
     RemoteControlError,
     encode_frame,
@@ -92,6 +93,18 @@ async def test_frames_read_back_in_order_and_a_clean_end_reads_none() -> None:
 
 
 @pytest.mark.anyio
+async def test_a_framed_body_carries_its_bytes_raw_beside_its_json() -> None:
+    data = b'{"raw": "lines"}\n\x00\xff'
+    frame = encode_frame({"id": 2, "body": Framed({"n": 1}, data)})
+    payload = b'{"id":2,"body":{"n":1}}'
+    assert frame == (len(payload) | 1 << 31).to_bytes(4, "big") + payload + len(data).to_bytes(4, "big") + data
+    reader = reader_of(frame + encode_frame({"b": None}) + encode_frame({"body": Framed(None, b"")}))
+    assert await read_frame(reader) == {"id": 2, "body": Framed({"n": 1}, data)}
+    assert await read_frame(reader) == {"b": None}
+    assert await read_frame(reader) == {"body": Framed(None, b"")}
+
+
+@pytest.mark.anyio
 @pytest.mark.parametrize(
     ("data", "problem"),
     [
@@ -100,8 +113,10 @@ async def test_frames_read_back_in_order_and_a_clean_end_reads_none() -> None:
         ((FRAME_BYTES_MAX + 1).to_bytes(4, "big"), "at most"),
         (b"\x00\x00\x00\x02[]", "JSON object"),
         (b"\x00\x00\x00\x02{x", "JSON"),
+        (b"\x80\x00\x00\x02{}\x00\x00", "data length"),
+        (b"\x80\x00\x00\x02{}\x00\x00\x00\x03ab", "inside a frame"),
     ],
-    ids=["truncated-header", "truncated-body", "too-long", "not-an-object", "not-json"],
+    ids=["truncated-header", "truncated-body", "too-long", "not-an-object", "not-json", "no-data-length", "short-data"],
 )
 async def test_a_bad_frame_is_refused_naming_what_is_wrong(data: bytes, problem: str) -> None:
     with pytest.raises(FrameError, match=problem):
@@ -153,6 +168,17 @@ async def test_a_request_gets_its_handlers_reply() -> None:
     async with channel_pair({"echo": echo}) as (client, _):
         assert await client.request("echo", {"x": 1}) == {"echo": {"x": 1}}
         assert await asyncio.gather(*(client.request("echo", n) for n in range(5))) == [{"echo": n} for n in range(5)]
+
+
+@pytest.mark.anyio
+async def test_raw_bytes_go_both_ways_beside_a_request_and_its_reply() -> None:
+    async def upper(body: Any) -> Framed:
+        return Framed({"got": body.body}, body.data.upper())
+
+    async with channel_pair({"upper": upper}) as (client, _):
+        assert await client.request("upper", Framed([1], b"abc")) == Framed({"got": [1]}, b"ABC")
+        megabytes = bytes(range(97, 123)) * 100_000  # more than a socket or a stream buffer holds at once
+        assert await client.request("upper", Framed(None, megabytes)) == Framed({"got": None}, megabytes.upper())
 
 
 @pytest.mark.anyio

@@ -14,8 +14,10 @@ from fakes.gym.store import (
     MANIFEST_NAME,
     StopFlag,
     WriteStoppedError,
+    encode_record,
     participant_dir,
     read_participant_state,
+    record_line,
     write_participant_state,
 )
 
@@ -235,6 +237,19 @@ def test_record_that_is_not_json_is_refused_before_anything_is_published(tmp_pat
         _write(tmp_path, records=[{"ok": 1}, {"bad": float("nan")}])
 
     assert list(_directory(tmp_path).iterdir()) == []
+
+
+def test_a_record_with_a_cycle_is_refused_as_not_json(tmp_path: Path) -> None:
+    cyclic: dict[str, Any] = {"episode_id": {"rollout_id": "r0"}}
+    cyclic["self"] = cyclic
+    with pytest.raises(CheckpointStateError, match="record 0 is not JSON"):
+        _write(tmp_path, records=[cyclic])
+
+
+def test_a_records_line_is_its_json_as_json_dumps_writes_it() -> None:
+    record = {"episode_id": {"rollout_id": "r0", "attempt": 1}, "text": 'é\n"', "n": [1, 2.5, None, True]}
+    assert record_line(record, 0) == (json.dumps(record, allow_nan=False) + "\n").encode()
+    assert record_line(encode_record(record, 0), 1) == record_line(record, 0)
 
 
 def test_unwritable_directory_is_a_checkpoint_state_error(tmp_path: Path) -> None:
