@@ -189,7 +189,7 @@ def audit(root: Path, episode_owner: str | None = None, telemetry: Path | None =
     _published(root, checkpoints, latest, episode_owner, findings)
     read = None
     if telemetry is not None:
-        read = audit_telemetry(Path(telemetry), _shares(checkpoints, collection), functools.partial(_judged, findings))
+        read = audit_telemetry(Path(telemetry), _shares(checkpoints, collection), functools.partial(_found, findings))
     return Audit(root=root, checkpoints=tuple(checkpoints), latest=latest, findings=tuple(findings), telemetry=read)
 
 
@@ -346,11 +346,13 @@ def _subdirs(path: Path) -> Iterable[Path]:
     return sorted(child for child in path.iterdir() if child.is_dir()) if path.is_dir() else []
 
 
-def _judged(findings: list[Finding], check: Callable[..., object], *arguments: object) -> bool:
-    """Run a named check; a violation becomes a finding. True when it passed."""
+def _judged(findings: list[Finding], check: Callable[..., object], *arguments: object) -> None:
+    """Run a named check; a violation becomes a finding."""
     try:
         check(*arguments)
     except PropertyViolation as violation:
-        findings.append(Finding(violation.property_id, f"expected {violation.expected}; found {violation.observed}"))
-        return False
-    return True
+        _found(findings, violation)
+
+
+def _found(findings: list[Finding], violation: PropertyViolation) -> None:
+    findings.append(Finding(violation.property_id, f"expected {violation.expected}; found {violation.observed}"))

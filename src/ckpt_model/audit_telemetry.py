@@ -23,10 +23,8 @@ from pathlib import Path
 import attrs
 
 from ckpt_model import properties as props
-from ckpt_model.telemetry_watch import TelemetryReader
-
-# Runs a named check on its arguments; True when it passed (the audit records a violation as a finding).
-Judged = Callable[..., bool]
+from ckpt_model.errors import PropertyViolation
+from ckpt_model.telemetry_watch import OnViolation, TelemetryReader
 
 
 class NoTelemetry(Exception):
@@ -63,13 +61,23 @@ class TelemetryRead:
 
 
 def audit_telemetry(
-    path: Path, shares_by_checkpoint: Mapping[str, Collection[tuple[str, str]]], judged: Judged
+    path: Path, shares_by_checkpoint: Mapping[str, Collection[tuple[str, str]]], on_violation: OnViolation
 ) -> TelemetryRead:
     """Read `path` (a file, or a directory of `*.jsonl`/`*.json`) and judge P26 against the audited checkpoints'
-    participant directories (`(kind, instance)` by checkpoint ID); raises `NoTelemetry` if there is nothing."""
+    participant directories (`(kind, instance)` by checkpoint ID), handing each violation to `on_violation`;
+    raises `NoTelemetry` if there is nothing."""
     if not path.exists():
         raise NoTelemetry(f"--telemetry {path}: no such file or directory")
-    reader = TelemetryReader(path, judge=judged)
+
+    def judged(check: Callable[..., object], *arguments: object) -> bool:
+        try:
+            check(*arguments)
+        except PropertyViolation as violation:
+            on_violation(violation)
+            return False
+        return True
+
+    reader = TelemetryReader(path, on_violation)
     reader.read_new()
     if not reader.files:
         raise NoTelemetry(f"--telemetry {path}: no *.jsonl or *.json file in it")

@@ -36,7 +36,7 @@ from ckpt_model.deployment import STALL_POINTS, STORAGE_FAILURES, STORAGE_POINTS
 from ckpt_model.errors import HarnessError, PropertyViolation
 from ckpt_model.history import History
 from ckpt_model.quiescence import backend_calls
-from ckpt_model.telemetry_watch import run_check
+from ckpt_model.telemetry_watch import raise_violation
 from ckpt_model.topologies import Topology
 from ckpt_model.wire import EpisodeId
 
@@ -278,7 +278,7 @@ class CollectionMachine(RuleBasedStateMachine):
         if telemetry is None:
             return
         with contextlib.suppress(NoTelemetry):  # no server ran a control operation in this example
-            audit_telemetry(telemetry, files.published_shares(self.checkpoints), run_check)
+            audit_telemetry(telemetry, files.published_shares(self.checkpoints), raise_violation)
 
     def stop(self) -> None:
         """Kill the run, if one runs, and close the relay: the end of every example, also one that stopped before

@@ -25,13 +25,12 @@ from ckpt_model.errors import PropertyViolation
 from ckpt_model.telemetry import OTLP_METRICS, OTLP_SPANS, MetricsSnapshot, Span, SpanCounts, spans_from_otlp
 
 TELEMETRY_SUFFIXES = (".jsonl", ".json")
-# Runs a named check on its arguments: the live watch lets a violation rise, the offline audit collects it.
-Judge = Callable[..., object]
+# What to do with a violation the files show: the live watch lets it rise, the offline audit records it.
+OnViolation = Callable[[PropertyViolation], None]
 
 
-def run_check(check: Callable[..., object], *arguments: object) -> bool:
-    check(*arguments)
-    return True
+def raise_violation(violation: PropertyViolation) -> None:
+    raise violation
 
 
 @attrs.define
@@ -45,12 +44,12 @@ class TelemetryReader:
     read so far, and each file's counts. Lines are the look-alike's (`{"type": "span"|"metrics", ...}`) or
     OTLP/JSON's (`{"resourceSpans": ...}`, what a Collector's file exporter writes); OTLP metrics lines are counted,
     not judged (they are exported on the SDK's schedule, not after each operation, so no line says which spans it
-    has counted). `judge` runs each named check: by default a violation rises; the audit collects them and reads on,
-    skipping a line that does not read."""
+    has counted). `on_violation` gets each violation: by default it rises; the audit records it and reads on,
+    past a line that does not read."""
 
-    def __init__(self, path: Path, judge: Judge = run_check) -> None:
+    def __init__(self, path: Path, on_violation: OnViolation = raise_violation) -> None:
         self.path = path
-        self.judge = judge
+        self.on_violation = on_violation
         self.spans: list[Span] = []
         self.metrics_judged = 0
         self.metrics_not_judged = 0
@@ -88,35 +87,37 @@ class TelemetryReader:
 
     def _take(self, name: str, state: _FileState, line: bytes) -> None:
         try:
-            record = _record(name, line)
-            kind = record.get("type")
-            if kind == "span":
-                spans = [Span.from_record(name, record)]
-            elif OTLP_SPANS in record:
-                spans = spans_from_otlp(name, record)
-            elif kind == "metrics":
-                snapshot = MetricsSnapshot.from_record(name, record)
+            read = _read_line(name, line)
+            if isinstance(read, MetricsSnapshot):
                 self.metrics_judged += 1
-                self.judge(props.p26_metrics_agree, state.counts, snapshot)
-                return
-            elif OTLP_METRICS in record:
-                self.metrics_not_judged += 1
-                return
-            else:
-                props.p26_unreadable(name, f"unknown line type {kind!r}", record)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            self.judge(props.p26_unreadable, name, f"a line lacks or mistypes {exc}", line[:200])
+                props.p26_metrics_agree(state.counts, read)
+        except PropertyViolation as violation:
+            self.on_violation(violation)
             return
-        except PropertyViolation as violation:  # an unreadable line, raised by the checks above
-            self.judge(_rethrow, violation)
-            return
-        self.spans.extend(spans)
-        for span in spans:
-            state.counts = state.counts.adding(span)
+        if read is None:
+            self.metrics_not_judged += 1
+        elif not isinstance(read, MetricsSnapshot):
+            self.spans.extend(read)
+            for span in read:
+                state.counts = state.counts.adding(span)
 
 
-def _rethrow(violation: PropertyViolation) -> None:
-    raise violation
+def _read_line(name: str, line: bytes) -> list[Span] | MetricsSnapshot | None:
+    """A line's spans, or its metrics snapshot, or None for OTLP metrics (not judged); P26 if it does not read."""
+    record = _record(name, line)
+    kind = record.get("type")
+    try:
+        if kind == "span":
+            return [Span.from_record(name, record)]
+        if OTLP_SPANS in record:
+            return spans_from_otlp(name, record)
+        if kind == "metrics":
+            return MetricsSnapshot.from_record(name, record)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        props.p26_unreadable(name, f"a line lacks or mistypes {exc}", line[:200])
+    if OTLP_METRICS in record:
+        return None
+    props.p26_unreadable(name, f"unknown line type {kind!r}", record)
 
 
 def _record(name: str, line: bytes) -> dict[str, Any]:

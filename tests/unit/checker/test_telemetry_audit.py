@@ -248,23 +248,15 @@ def test_the_reader_reads_one_otlp_file_and_counts_its_metrics_lines_unjudged(tm
 
 
 def collected() -> tuple[list[PropertyViolation], Any]:
+    """A list of violations and the callback that records each into it."""
     found: list[PropertyViolation] = []
-
-    def judged(check: Any, *arguments: Any) -> bool:
-        try:
-            check(*arguments)
-        except PropertyViolation as violation:
-            found.append(violation)
-            return False
-        return True
-
-    return found, judged
+    return found, found.append
 
 
 def test_audit_telemetry_covers_the_checkpoints_its_spans_name(tmp_path: Path) -> None:
     (tmp_path / "gym.json").write_text(json.dumps(otlp_line(one_checkpoint())) + "\n")
-    found, judged = collected()
-    read = audit_telemetry(tmp_path, {CHECKPOINT: {ENV, AGENT}, "ckpt-other": {ENV}}, judged)
+    found, record = collected()
+    read = audit_telemetry(tmp_path, {CHECKPOINT: {ENV, AGENT}, "ckpt-other": {ENV}}, record)
     assert found == []
     assert read.covered == (CHECKPOINT,)
     assert read.not_covered == ("ckpt-other",)
@@ -274,8 +266,8 @@ def test_audit_telemetry_covers_the_checkpoints_its_spans_name(tmp_path: Path) -
 def test_audit_telemetry_reads_on_after_a_bad_line_and_reports_each_finding(tmp_path: Path) -> None:
     good = otlp_line(one_checkpoint())
     (tmp_path / "gym.jsonl").write_text("not json\n" + json.dumps(good) + "\n")
-    found, judged = collected()
-    audit_telemetry(tmp_path, {CHECKPOINT: {ENV}}, judged)
+    found, record = collected()
+    audit_telemetry(tmp_path, {CHECKPOINT: {ENV}}, record)
     assert [v.property_id for v in found] == ["P26", "P26"]
     assert "not JSON" in str(found[0].observed)
     assert "no gym/<kind>/<instance> for agent/agent" in str(found[1].observed)
@@ -283,15 +275,15 @@ def test_audit_telemetry_reads_on_after_a_bad_line_and_reports_each_finding(tmp_
 
 def test_telemetry_naming_no_audited_checkpoint_is_a_finding(tmp_path: Path) -> None:
     (tmp_path / "gym.jsonl").write_text(json.dumps(otlp_line(one_checkpoint())) + "\n")
-    found, judged = collected()
-    audit_telemetry(tmp_path, {"ckpt-other": {ENV}}, judged)
+    found, record = collected()
+    audit_telemetry(tmp_path, {"ckpt-other": {ENV}}, record)
     assert len(found) == 1
     assert "naming at least one audited checkpoint" in found[0].expected
 
 
 def test_a_path_with_nothing_to_read_is_refused(tmp_path: Path) -> None:
-    _, judged = collected()
+    _, record = collected()
     with pytest.raises(NoTelemetry, match="no such file"):
-        audit_telemetry(tmp_path / "none", {}, judged)
+        audit_telemetry(tmp_path / "none", {}, record)
     with pytest.raises(NoTelemetry, match=r"no \*.jsonl or \*.json file"):
-        audit_telemetry(tmp_path, {}, judged)
+        audit_telemetry(tmp_path, {}, record)
