@@ -10,6 +10,7 @@ SIGTERM stops with exit code 75. A failed checkpoint deletes only its own direct
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import os
@@ -263,10 +264,8 @@ class Collector:
             restarts = {key for reply in replies.values() for key in reply.get("report", {}).get("restarts", [])}
             candidates = [*self.in_flight.values(), *self.restored_pending.values()]
             scope = [episode for episode in candidates if episode.capture_key not in restarts]
-            if "commit_in_its_own_trace" in self.config.faults:  # planted: the commit begins a trace of its own
-                with control.tracing.trace("commit", checkpoint_id):
-                    commits = control.commit(checkpoint_id, str(directory), scope, deadline)
-            else:
+            own_trace = "commit_in_its_own_trace" in self.config.faults  # planted: a trace of its own
+            with control.tracing.trace("commit", checkpoint_id) if own_trace else contextlib.nullcontext():
                 commits = control.commit(checkpoint_id, str(directory), scope, deadline)
             written = {key for reply in commits.values() for key in reply.get("episode_ids", [])}
         except ControlFailed as exc:
