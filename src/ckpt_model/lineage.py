@@ -366,11 +366,7 @@ def p5_exported(checkpoint_id: str, chains: Mapping[str, tuple[str, ...]], recor
 
 def _by_capture_key(records: Sequence[Any], pick: Callable[[Any], list[Any]]) -> dict[str, list[Any]]:
     """What `pick` reads of each model record, by the record's capture key."""
-    by_key = {}
-    for record in records:
-        episode = record.get("episode_id") or {}
-        by_key[capture_key(str(episode.get("rollout_id")), int(episode.get("attempt", 0)))] = pick(record)
-    return by_key
+    return {capture_key(*_episode(record)): pick(record) for record in records}
 
 
 def p5_staged(key: str, rows: Sequence[Any], staged: Mapping[str, Any]) -> None:
@@ -501,27 +497,26 @@ def p5_chain_carried(earlier_id: str, earlier: Sequence[Any], later_id: str, lat
     ledger only gains rows). Where it holds a later attempt whose rows were carried from the earlier's attempt or
     before (stamped so by a restore), those are exactly the earlier's rows of those attempts: a restore carries a
     chain whole, and after the earlier was published only it could be restored."""
-    before = {_episode(record): record for record in earlier}
+    before: dict[str, list[tuple[int, Any]]] = {}
+    for record in earlier:
+        rollout, attempt = _episode(record)
+        before.setdefault(rollout, []).append((attempt, record))
     for record in later:
         rollout, attempt = _episode(record)
-        previous = [(a, r) for (ro, a), r in before.items() if ro == rollout and a <= attempt]
+        previous = [(was, source) for was, source in before.get(rollout, []) if was <= attempt]
         if len(previous) != 1:
             continue
         (was, source) = previous[0]
         was_key = capture_key(rollout, was)
-        had = {_origin(row, was_key): row for row in _rows(source)}
+        had = {_origin(row, was_key) for row in _rows(source)}
         if was == attempt:
-            kept = {_origin(row, was_key) for row in _rows(record)}
-            lost = sorted(set(had) - kept, key=str)
+            lost = sorted(had - {_origin(row, was_key) for row in _rows(record)}, key=str)
         else:
-            carried = {
-                _origin(row, capture_key(rollout, attempt))
-                for row in _rows(record)
-                if row.get("capture_key") in _keys_before(rollout, was + 1)
-            }
+            up_to_was = _keys_before(rollout, was + 1)
+            carried = {_origin(row, was_key) for row in _rows(record) if row.get("capture_key") in up_to_was}
             if not carried:
                 continue  # the later attempt started over: nothing was carried
-            lost = sorted(set(had) ^ carried, key=str)
+            lost = sorted(had ^ carried, key=str)
         if lost:
             raise P5Violation(
                 rollout=capture_key(rollout, attempt),
