@@ -133,7 +133,7 @@ async def _read_data(reader: asyncio.StreamReader, length: int) -> bytearray:
 
 
 async def _read_part(reader: asyncio.StreamReader, length: int) -> bytes:
-    """A frame's JSON or its data, `length` bytes."""
+    """A frame's JSON, `length` bytes (its data comes through `_read_data`)."""
     if length > FRAME_BYTES_MAX:
         raise FrameError(f"a frame must be at most {FRAME_BYTES_MAX} bytes (its header says {length})")
     try:
