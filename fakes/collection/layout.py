@@ -20,6 +20,8 @@ from typing import Any
 
 import attrs
 
+from fakes.gym.wire import key_of
+
 MANIFEST = "collection.json"
 LATEST = "LATEST"
 DISPATCH_LOG = "dispatched.jsonl"
@@ -45,7 +47,7 @@ class Episode:
     @property
     def capture_key(self) -> str:
         """`rollout_id` for attempt 0, else `<rollout_id>-a<attempt>`, as the participants name episodes."""
-        return self.rollout_id if self.attempt == 0 else f"{self.rollout_id}-a{self.attempt}"
+        return key_of(self.rollout_id, self.attempt)
 
     def wire(self) -> dict[str, Any]:
         return {"rollout_id": self.rollout_id, "attempt": self.attempt}

@@ -37,7 +37,7 @@ from fakes.gym.placement import PlacementRequest, place_everywhere
 from fakes.gym.session_routing import SessionRouter, SessionRoutingMiddleware
 from fakes.gym.single_process import BuildParts
 from fakes.gym.store import EncodedRecord, collector_paused, encode_record
-from fakes.gym.wire import PLACEMENT_ROUTE, WORKERS_ROUTE, EpisodeId
+from fakes.gym.wire import PLACEMENT_ROUTE, WORKERS_ROUTE, EpisodeId, key_of
 from fakes.gym.worker_link import WorkerLink
 from fakes.gym.worker_protocol import Framed
 from fakes.gym.worker_reports import merge_extras
@@ -140,8 +140,7 @@ def records_from_wire(reply: Framed) -> list[EncodedRecord]:
     records = []
     start = 0
     for rollout_id, attempt, length in zip(body["rollout_ids"], body["attempts"], body["lengths"], strict=True):
-        key = rollout_id if attempt == 0 else f"{rollout_id}-a{attempt}"
-        records.append(EncodedRecord(key, (rollout_id, attempt), data[start : start + length]))
+        records.append(EncodedRecord(key_of(rollout_id, attempt), (rollout_id, attempt), data[start : start + length]))
         start += length
     return records
 

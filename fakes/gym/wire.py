@@ -88,9 +88,7 @@ class EpisodeId(BaseModel):
     @property
     def capture_key(self) -> str:
         """`rollout_id` for attempt 0, else `<rollout_id>-a<attempt>` (e.g. `counter-1-a1`)."""
-        if self.attempt == 0:
-            return self.rollout_id
-        return f"{self.rollout_id}-a{self.attempt}"
+        return key_of(self.rollout_id, self.attempt)
 
     @classmethod
     def from_capture_key(cls, key: str) -> EpisodeId:
@@ -111,6 +109,11 @@ class EpisodeId(BaseModel):
 
 def capture_key(rollout_id: str, attempt: int = 0) -> str:
     return EpisodeId(rollout_id=rollout_id, attempt=attempt).capture_key
+
+
+def key_of(rollout_id: str, attempt: int) -> str:
+    """The capture key of an episode already validated (no model built: thousands at a time at scale)."""
+    return rollout_id if attempt == 0 else f"{rollout_id}-a{attempt}"
 
 
 # --- control request bodies (2.2) ------------------------------------------------------------------------------
