@@ -363,7 +363,7 @@ def table(stats: SearchStats, spec: DeploymentSpec, rules: Sequence[str], undraw
         note = "" if not goal.applies(spec) or stats.goals[goal.name] else "  NEVER"
         counts = f"{stats.goals[goal.name]:>6} {stats.goal_examples[goal.name]:>8}" if goal.applies(spec) else "n/a"
         lines.append(f"  {goal.says:<40} {counts}{note}")
-    lines.append(f"  {'rule':<40} {'enabled':>7} {'drawn':>6} {'examples':>8}")
+    lines.append(f"  {'rule':<40} {'enabled':>7} {'drawn':>6} {'examples':>8} {'ms/draw':>8}")
     for rule in rules:
         if not rule_applies(rule, spec):
             lines.append(f"  {rule:<40} n/a")
@@ -373,5 +373,7 @@ def table(stats: SearchStats, spec: DeploymentSpec, rules: Sequence[str], undraw
             continue
         note = "" if stats.enabled[rule] and stats.drawn[rule] else "  NEVER"
         counts = f"{stats.enabled[rule]:>7} {stats.drawn[rule]:>6} {stats.drawn_examples[rule]:>8}"
+        if stats.drawn[rule]:
+            counts += f" {1000 * stats.rule_seconds[rule] / stats.drawn[rule]:>8.0f}"
         lines.append(f"  {rule:<40} {counts}{note}")
     return "\n".join(lines)

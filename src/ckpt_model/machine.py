@@ -33,6 +33,21 @@ from ckpt_model.deployment import (
     Harness,
 )
 from ckpt_model.errors import CoordinationError, HarnessError, PropertyViolation
+from ckpt_model.families import (
+    CALLS,
+    CHECKPOINTS,
+    CLOCKS,
+    CONTROLLER,
+    CRASHES,
+    DAMAGE,
+    HOOKS,
+    LOST_REPLIES,
+    PAUSES,
+    RESTORES,
+    ROLLOUTS,
+    STORAGE,
+    UNREACHABLE,
+)
 from ckpt_model.history import History
 from ckpt_model.ledger_watch import LedgerWatch
 from ckpt_model.nemesis import Nemesis, WriteFault
@@ -102,12 +117,16 @@ class CheckpointMachine(RuleBasedStateMachine):
 
     # -- rollouts ---------------------------------------------------------------------------------------------
 
-    @action(lambda self: self.harness.backend is not None and self.model.can_dispatch(), worker=WORKER)
+    @action(lambda self: self.harness.backend is not None and self.model.can_dispatch(), family=ROLLOUTS, worker=WORKER)
     def dispatch(self, worker: int = 0) -> None:
         """A new rollout starts and stops at its first model call; its calls are served by policy worker `worker`."""
         self._dispatch(restart=False, worker=worker)
 
-    @action(lambda self: self.harness.backend is not None and self.model.can_dispatch_restart(), worker=WORKER)
+    @action(
+        lambda self: self.harness.backend is not None and self.model.can_dispatch_restart(),
+        family=ROLLOUTS,
+        worker=WORKER,
+    )
     def dispatch_restart(self, worker: int = 0) -> None:
         """A new rollout on the restart environment (topology `mixed`): a restart, never exported."""
         self._dispatch(restart=True, worker=worker)
@@ -117,14 +136,14 @@ class CheckpointMachine(RuleBasedStateMachine):
         placed = self.controller.run(model.current()[rollout], worker)
         self._advance(model, f"dispatch{'_restart' if restart else ''}() -> {rollout}{placed}")
 
-    @action(lambda self: bool(self.model.releasable()), pick=PICK)
+    @action(lambda self: bool(self.model.releasable()), family=CALLS, pick=PICK)
     def release(self, pick: int) -> None:
         """Let one rollout's waiting call return: a policy call, or the slow topology's judge call."""
         rollout = _pick(self.model.releasable(), pick)
         self.controller.release([self.model.current()[rollout].key])
         self._advance(self.model.release(rollout), f"release({rollout})")
 
-    @action(lambda self: bool(self.model.before_verification()), pick=PICK)
+    @action(lambda self: bool(self.model.before_verification()), family=CALLS, pick=PICK)
     def release_to_verification(self, pick: int) -> None:
         """Release one rollout's policy calls until its judge call waits (slow topology)."""
         rollout = _pick(self.model.before_verification(), pick)
@@ -133,7 +152,7 @@ class CheckpointMachine(RuleBasedStateMachine):
 
     # -- checkpoints ------------------------------------------------------------------------------------------
 
-    @action(lambda self: self._may_checkpoint())
+    @action(lambda self: self._may_checkpoint(), family=CHECKPOINTS)
     def prepare(self) -> None:
         """Prepare a new checkpoint: everything is at a boundary, so every stage becomes prepared (P10)."""
         model, checkpoint_id = self.model.prepare()
@@ -144,7 +163,9 @@ class CheckpointMachine(RuleBasedStateMachine):
         self._prepared(checkpoint_id, outcome.replies)
         self._advance(model, f"prepare() -> {checkpoint_id}; prepare(other{model.checkpoint_seq}) refused")
 
-    @action(lambda self: self.ledgers.cuts and self.model.can_prepare() and bool(self.model.waiting()))
+    @action(
+        lambda self: self.ledgers.cuts and self.model.can_prepare() and bool(self.model.waiting()), family=CHECKPOINTS
+    )
     def prepare_with_hung_cut(self) -> None:
         """A short prepare while the cut endpoint hangs: prepared in time (P10), nothing cut (P12); then renew."""
         model, checkpoint_id = self.model.prepare()
@@ -158,7 +179,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         self._prepared(checkpoint_id, outcome.replies)
         self._advance(model, f"prepare_with_hung_cut() -> {checkpoint_id}, its cut hung; renewed")
 
-    @action(lambda self: self.model.can_prepare_blocked())
+    @action(lambda self: self.model.can_prepare_blocked(), family=CHECKPOINTS)
     def prepare_blocked(self) -> None:
         """A short prepare meets `wait` verifications, blocked by exactly them (P11); resume, retire them, again."""
         blockers = self.model.blockers()
@@ -170,7 +191,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         for key in blockers:
             self._retire(self.model.attempt(key).rollout, again=True)
 
-    @action(lambda self: self.model.can_prepare_blocked())
+    @action(lambda self: self.model.can_prepare_blocked(), family=CHECKPOINTS)
     def prepare_waiting(self) -> None:
         """A prepare left waiting on `wait` verifications whose episodes finish during it (Gym's scenario 10)."""
         blockers = self.model.blockers()
@@ -191,7 +212,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         props.p1_restarts_reported(checkpoint_id, self.model.restarts(), replies)
         self._refused("prepare", f"other{self.model.checkpoint_seq + 1}", "checkpoint_conflict")
 
-    @action(lambda self: self.model.phase == "prepared")
+    @action(lambda self: self.model.phase == "prepared", family=CHECKPOINTS)
     def commit(self) -> None:
         """Commit every unfinished attempt; P1 on every reply and share, P9 (it verifies), P6 (exported state)."""
         checkpoint_id, scope = self.model.opened, self.model.scope()
@@ -204,7 +225,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         model, _ = self.model.commit()
         self._advance(model, f"commit() -> {checkpoint_id} exports {sorted(a.key for a in scope)}")
 
-    @action(lambda self: self.model.checkpoint_open)
+    @action(lambda self: self.model.checkpoint_open, family=CHECKPOINTS)
     def resume(self) -> None:
         """End the open checkpoint; every participant then refuses a prepare naming the resumed ID (P10)."""
         checkpoint_id = self.model.opened
@@ -214,7 +235,7 @@ class CheckpointMachine(RuleBasedStateMachine):
 
     # -- crashes ----------------------------------------------------------------------------------------------
 
-    @action(lambda self: self.harness.can_crash and not self.model.fresh)
+    @action(lambda self: self.harness.can_crash and not self.model.fresh, family=CRASHES)
     def crash(self) -> None:
         """SIGKILL every Gym process group and start fresh processes; the backend and the disk survive."""
         self.nemesis.crash()
@@ -226,7 +247,8 @@ class CheckpointMachine(RuleBasedStateMachine):
             and not self.model.fresh
             and self.harness.can_lose_unsynced
             and bool(self.model.committed)
-        )
+        ),
+        family=CRASHES,
     )
     def power_loss(self) -> None:
         """As `crash`, with a power cut: the disk keeps only what was fsynced; every checkpoint must verify (P9)."""
@@ -234,7 +256,10 @@ class CheckpointMachine(RuleBasedStateMachine):
         self._advance(self.model.crash(), "power_loss()")
 
     @action(
-        lambda self: self.harness.can_crash and self.model.phase == "prepared", committed=PICK, inside=st.booleans()
+        lambda self: self.harness.can_crash and self.model.phase == "prepared",
+        committed=PICK,
+        inside=st.booleans(),
+        family=CRASHES,
     )
     def crash_in_commit(self, committed: int, inside: bool) -> None:
         """Gym crashes inside a commit reached by `committed` participants (one more held inside with `inside`)."""
@@ -254,7 +279,12 @@ class CheckpointMachine(RuleBasedStateMachine):
         label = f"crash_in_commit() -> {checkpoint_id} committed by {sorted(published)}{where}"
         self._advance(self.model.crash_in_commit(published), label)
 
-    @action(lambda self: self.harness.can_crash and bool(self.model.interruptible()), pick=PICK, reached=PICK)
+    @action(
+        lambda self: self.harness.can_crash and bool(self.model.interruptible()),
+        family=CRASHES,
+        pick=PICK,
+        reached=PICK,
+    )
     def crash_in_operation(self, pick: int, reached: int) -> None:
         """Gym crashes inside a restore, a retire or a forget that reached its first `reached` stages."""
         operation = _pick(self.model.interruptible(), pick)
@@ -274,6 +304,7 @@ class CheckpointMachine(RuleBasedStateMachine):
 
     @action(
         lambda self: self.harness.can_crash and self.model.worth_crashing_alone() and bool(self._crashable_alone()),
+        family=CRASHES,
         pick=PICK,
     )
     def crash_participant(self, pick: int) -> None:
@@ -292,7 +323,7 @@ class CheckpointMachine(RuleBasedStateMachine):
             label += f"; retire({sorted(a.key for a in running)})"
         self._advance(model, label, violation=props.P7Violation, counts_final=bool(running))
 
-    @action(lambda self: bool(self.nemesis.killable_workers(self.model)), pick=PICK, worker=WORKER)
+    @action(lambda self: bool(self.nemesis.killable_workers(self.model)), family=CRASHES, pick=PICK, worker=WORKER)
     def kill_worker(self, pick: int, worker: int) -> None:
         """SIGKILL one worker of a multi-worker server alone: what lived on it dies with it, every other attempt runs
         on; the controller retires the running attempts it may have broken (P7). Those are the attempts placed on
@@ -336,6 +367,7 @@ class CheckpointMachine(RuleBasedStateMachine):
 
     @action(
         lambda self: self._may_commit() and self.harness.can_break_storage,
+        family=STORAGE,
         victim=PICK,
         point=PICK,
         errno=st.sampled_from(STORAGE_FAILURES),
@@ -348,6 +380,7 @@ class CheckpointMachine(RuleBasedStateMachine):
 
     @action(
         lambda self: self._may_commit() and self.harness.can_break_storage,
+        family=STORAGE,
         victim=PICK,
         point=PICK,
         then_retry=st.booleans(),
@@ -357,7 +390,9 @@ class CheckpointMachine(RuleBasedStateMachine):
         write went on and ended, or resumes while it stalls, and the stopped write must never publish."""
         self._write_fault(victim, STALL_POINTS, point, STALL, then_retry)
 
-    @action(lambda self: self._may_commit() and self.harness.can_pause, victim=PICK, then_retry=st.booleans())
+    @action(
+        lambda self: self._may_commit() and self.harness.can_pause, family=PAUSES, victim=PICK, then_retry=st.booleans()
+    )
     def paused_commit(self, victim: int, then_retry: bool) -> None:
         """One participant is frozen (SIGSTOP) while the others commit and its own commit's deadline passes; woken
         (SIGCONT), it must refuse that commit and stay prepared (P16); the controller retries or resumes."""
@@ -365,6 +400,7 @@ class CheckpointMachine(RuleBasedStateMachine):
 
     @action(
         lambda self: self._may_commit() and self.harness.can_fail_hooks,
+        family=HOOKS,
         victim=PICK,
         then_retry=st.booleans(),
     )
@@ -459,6 +495,7 @@ class CheckpointMachine(RuleBasedStateMachine):
             and self.controller.may_lapse
             and self._may_checkpoint()
         ),
+        family=CLOCKS,
         victim=PICK,
         behind=st.booleans(),
     )
@@ -547,7 +584,8 @@ class CheckpointMachine(RuleBasedStateMachine):
             and self.harness.can_jump_clocks
             and not self.model.restarts()
             and self._may_checkpoint()
-        )
+        ),
+        family=CLOCKS,
     )
     def time_passes(self) -> None:
         """The controller prepares and goes quiet while TIME_PASSES_S pass for the whole system (every server's
@@ -569,6 +607,7 @@ class CheckpointMachine(RuleBasedStateMachine):
 
     @action(
         lambda self: self.harness.can_pause and self._may_checkpoint() and not self.ledgers.cuts,
+        family=PAUSES,
         victim=PICK,
         then_retry=st.booleans(),
     )
@@ -600,6 +639,7 @@ class CheckpointMachine(RuleBasedStateMachine):
             and self.controller.may_lapse
             and self._may_checkpoint()
         ),
+        family=PAUSES,
         victim=PICK,
     )
     def paused_lease(self, victim: int) -> None:
@@ -633,6 +673,7 @@ class CheckpointMachine(RuleBasedStateMachine):
 
     @action(
         lambda self: self.harness.can_fail_hooks and self._may_checkpoint() and not self.ledgers.cuts,
+        family=HOOKS,
         victim=PICK,
         then_retry=st.booleans(),
     )
@@ -657,7 +698,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         if then_retry:
             self.prepare()
 
-    @action(lambda self: self.model.can_restore() and self.harness.can_fail_hooks, pick=PICK, victim=PICK)
+    @action(lambda self: self.model.can_restore() and self.harness.can_fail_hooks, family=HOOKS, pick=PICK, victim=PICK)
     def failing_install(self, pick: int, victim: int) -> None:
         """Restore a committed checkpoint while one participant's install hook fails having installed nothing: it
         alone refuses (500 checkpoint_error), and the cleanup leaves nothing behind (P8)."""
@@ -674,6 +715,7 @@ class CheckpointMachine(RuleBasedStateMachine):
 
     @action(
         lambda self: self.harness.can_lose_replies and bool(self._one_sided()),
+        family=LOST_REPLIES,
         victim=PICK,
         operation=PICK,
         then_retry=st.booleans(),
@@ -753,7 +795,9 @@ class CheckpointMachine(RuleBasedStateMachine):
 
     # -- a participant the controller cannot reach --------------------------------------------------------------
 
-    @action(lambda self: bool(self._one_sided()), victim=PICK, operation=PICK, then_retry=st.booleans())
+    @action(
+        lambda self: bool(self._one_sided()), family=UNREACHABLE, victim=PICK, operation=PICK, then_retry=st.booleans()
+    )
     def unreachable(self, victim: int, operation: int, then_retry: bool) -> None:
         """One participant is cut off from the controller (its connections refused) while the controller sends a
         prepare, commit or resume; it runs on, untouched (P19). Once it is back, the controller retries the call
@@ -820,7 +864,7 @@ class CheckpointMachine(RuleBasedStateMachine):
 
     # -- restores ---------------------------------------------------------------------------------------------
 
-    @action(lambda self: self.model.can_restore(), pick=PICK)
+    @action(lambda self: self.model.can_restore(), family=RESTORES, pick=PICK)
     def restore(self, pick: int) -> None:
         """Restore the latest or an earlier checkpoint into the fresh processes, then resume (P9, P6)."""
         checkpoint = _pick(list(self.model.committed), pick)
@@ -835,7 +879,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         self.controller.resume(restore_id)
         self._advance(model, f"restore({checkpoint.checkpoint_id}) as {restore_id}")
 
-    @action(lambda self: self.model.can_restore(), pick=PICK, victim=PICK, rejected_record=st.booleans())
+    @action(lambda self: self.model.can_restore(), family=DAMAGE, pick=PICK, victim=PICK, rejected_record=st.booleans())
     def failed_restore(self, pick: int, victim: int, rejected_record: bool) -> None:
         """Restore a copy of a committed checkpoint with one participant's share damaged: it alone refuses (P8)."""
         checkpoint = _pick(list(self.model.committed), pick)
@@ -846,7 +890,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         label = f"failed_restore({checkpoint.checkpoint_id}) as {restore_id}, {member} damaged ({how}) refused it"
         self._advance(model, label, violation=props.P8Violation, counts_final=True)
 
-    @action(lambda self: self.model.can_restore_incomplete(), pick=PICK)
+    @action(lambda self: self.model.can_restore_incomplete(), family=DAMAGE, pick=PICK)
     def restore_incomplete(self, pick: int) -> None:
         """Restore a checkpoint whose commit a crash cut short: those without a share refuse it (P8)."""
         checkpoint = _pick(list(self.model.incomplete), pick)
@@ -878,6 +922,7 @@ class CheckpointMachine(RuleBasedStateMachine):
 
     @action(
         lambda self: self.harness.can_crash and self.model.can_restore() and bool(self.nemesis.can_die_in_restore()),
+        family=CRASHES,
         pick=PICK,
         victim=PICK,
     )
@@ -900,7 +945,7 @@ class CheckpointMachine(RuleBasedStateMachine):
     # -- the controller's routines as single steps: a bug that needs a checkpoint, a crash and a restore in a row
     # is then four steps deep instead of seven, so a random search reaches it far more often.
 
-    @action(lambda self: self._may_checkpoint(), then_resume=st.booleans(), hold_one=st.booleans())
+    @action(lambda self: self._may_checkpoint(), family=CHECKPOINTS, then_resume=st.booleans(), hold_one=st.booleans())
     def checkpoint(self, then_resume: bool, hold_one: bool = False) -> None:
         """Prepare and commit, then resume or not; `hold_one` holds a reply across the commit (Gym's scenario 8)."""
         self.prepare()
@@ -910,7 +955,11 @@ class CheckpointMachine(RuleBasedStateMachine):
         if then_resume:
             self.resume()
 
-    @action(lambda self: self.harness.can_crash and not self.model.fresh and bool(self.model.committed), pick=PICK)
+    @action(
+        lambda self: self.harness.can_crash and not self.model.fresh and bool(self.model.committed),
+        family=CRASHES,
+        pick=PICK,
+    )
     def recover(self, pick: int) -> None:
         """The routine recovery: crash, then restore the latest or an earlier checkpoint and resume."""
         self.crash()
@@ -918,6 +967,7 @@ class CheckpointMachine(RuleBasedStateMachine):
 
     @action(
         lambda self: not self.model.checkpoint_open and bool(self.model.with_status("pending")),
+        family=ROLLOUTS,
         pick=PICK,
         worker=WORKER,
     )
@@ -927,7 +977,10 @@ class CheckpointMachine(RuleBasedStateMachine):
         self._start(self.model.start_replacement(rollout), rollout, "start_replacement", worker, continues=True)
 
     @action(
-        lambda self: not self.model.checkpoint_open and bool(self.model.with_status("dead")), pick=PICK, worker=WORKER
+        lambda self: not self.model.checkpoint_open and bool(self.model.with_status("dead")),
+        pick=PICK,
+        worker=WORKER,
+        family=ROLLOUTS,
     )
     def start_over(self, pick: int, worker: int = 0) -> None:
         """Start a rollout lost in a crash over from its input as attempt + 1."""
@@ -942,6 +995,7 @@ class CheckpointMachine(RuleBasedStateMachine):
 
     @action(
         lambda self: not self.model.checkpoint_open and bool(self.model.live()),
+        family=ROLLOUTS,
         pick=PICK,
         again=st.booleans(),
         worker=WORKER,
@@ -963,7 +1017,7 @@ class CheckpointMachine(RuleBasedStateMachine):
             label += f", then start_over as {model.current()[rollout].key}{placed}"
         self._advance(model, label, violation=props.P7Violation, counts_final=True)
 
-    @action(lambda self: not self.model.checkpoint_open and bool(self.model.retired_marks))
+    @action(lambda self: not self.model.checkpoint_open and bool(self.model.retired_marks), family=ROLLOUTS)
     def forget(self) -> None:
         """Forget every retired rollout: the marks go everywhere."""
         self._forget(list(self.model.marked_rollouts()))
@@ -982,7 +1036,7 @@ class CheckpointMachine(RuleBasedStateMachine):
 
     # -- a misbehaving controller -----------------------------------------------------------------------------
 
-    @action(lambda self: bool(self.model.late_runs()), pick=PICK)
+    @action(lambda self: bool(self.model.late_runs()), family=CONTROLLER, pick=PICK)
     def late_run(self, pick: int) -> None:
         """A late `/run` of a retired attempt is refused with stale_attempt until forget (P7); with no checkpoint
         open, so are its calls straight to each callee that holds the mark (a tool call and a verify to the
@@ -1008,14 +1062,14 @@ class CheckpointMachine(RuleBasedStateMachine):
         calls = self.callees.resources_calls(attempt, resources, tool) if resources else {}
         return {**calls, **self.callees.generation_calls(attempt, [m for m in marked if m.kind == "model"])}
 
-    @action(lambda self: self.model.may_run_while_open())
+    @action(lambda self: self.model.may_run_while_open(), family=CONTROLLER)
     def run_while_open(self) -> None:
         """A new `/run` while a checkpoint is open is refused with admission_closed and owns nothing (P10)."""
         model, attempt = self.model.refused_dispatch()
         self.controller.run_refused(attempt)
         self._advance(model, f"run_while_open() -> {attempt.rollout} refused", violation=props.P10Violation)
 
-    @action(lambda self: self.ledgers.enabled and self.model.may_remove_ledgers_while_open())
+    @action(lambda self: self.ledgers.enabled and self.model.may_remove_ledgers_while_open(), family=CONTROLLER)
     def remove_ledgers_while_open(self) -> None:
         """A ledger retire and delete while a checkpoint is open are refused (P10); the ledgers stay (P5)."""
         checkpoint_id, keys = self.model.opened, sorted(a.key for a in self.model.live()) or ["probe"]
@@ -1023,7 +1077,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         model = self.model.having_tried(ledger_removal_in=checkpoint_id)
         self._advance(model, f"remove_ledgers_while_open({keys}) refused", violation=props.P10Violation)
 
-    @action(lambda self: self.model.may_call_late(), pick=PICK)
+    @action(lambda self: self.model.may_call_late(), family=CONTROLLER, pick=PICK)
     def late_call(self, pick: int) -> None:
         """Delayed calls of every operation naming a resumed ID are refused where it is remembered (P10)."""
         checkpoint_id = self.model.resumed[pick % len(self.model.resumed)]
@@ -1034,7 +1088,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         model = self.model.having_tried(late_calls_for=self.model.resumed)
         self._advance(model, f"late_call({checkpoint_id}) refused by {remembering}")
 
-    @action(lambda self: self.controller.can_retry)
+    @action(lambda self: self.controller.can_retry, family=CONTROLLER)
     def retry(self) -> None:
         """The controller retries its last control call with the same arguments: the same answer (P10)."""
         last, outcomes = self.controller.retry()
@@ -1042,7 +1096,10 @@ class CheckpointMachine(RuleBasedStateMachine):
         props.p10_retry_answered(label, last.operation, last.after_crash, last.replies, outcomes)
         self._advance(self.model, label)
 
-    @action(lambda self: not self.model.tried.lease_lapse and self._may_checkpoint() and self.controller.may_lapse)
+    @action(
+        lambda self: not self.model.tried.lease_lapse and self._may_checkpoint() and self.controller.may_lapse,
+        family=CONTROLLER,
+    )
     def quiet_controller(self) -> None:
         """The controller prepares and goes quiet: the lease lapses, and its late commit is refused (P10)."""
         model, checkpoint_id = self.model.lease_expired()

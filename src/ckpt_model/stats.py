@@ -4,7 +4,7 @@ what the examples reached: coverage goals and rules (`ckpt_model.goals`)."""
 from __future__ import annotations
 
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 
 import attrs
@@ -37,6 +37,8 @@ class SearchStats:
     enabled: Counter[str] = attrs.field(factory=Counter)
     drawn: Counter[str] = attrs.field(factory=Counter)
     drawn_examples: Counter[str] = attrs.field(factory=Counter)
+    # Each rule's seconds over the steps it was drawn (its nested rules, settles and audits included).
+    rule_seconds: defaultdict[str, float] = attrs.field(factory=lambda: defaultdict(float))
 
     def example_started(self) -> None:
         self.examples += 1
@@ -51,10 +53,19 @@ class SearchStats:
     def example_finished(self, steps: int, crashes: int, seconds: float, crashes_inside: int = 0) -> None:
         self.finished.append(ExampleStat(steps=steps, crashes=crashes, seconds=seconds, crashes_inside=crashes_inside))
 
-    def example_covered(self, goals: Mapping[str, int], enabled: Iterable[str], drawn: Mapping[str, int]) -> None:
-        """One example's goals reached and rules drawn (each with its count of steps) and rules enabled."""
+    def example_covered(
+        self,
+        goals: Mapping[str, int],
+        enabled: Iterable[str],
+        drawn: Mapping[str, int],
+        seconds: Mapping[str, float] | None = None,
+    ) -> None:
+        """One example's goals reached and rules drawn (each with its count of steps and its seconds) and rules
+        enabled."""
         self.goals.update(goals)
         self.goal_examples.update(name for name, count in goals.items() if count)
         self.enabled.update(set(enabled))
         self.drawn.update(drawn)
         self.drawn_examples.update(name for name, count in drawn.items() if count)
+        for name, spent_s in (seconds or {}).items():
+            self.rule_seconds[name] += spent_s

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
@@ -26,6 +26,7 @@ from ckpt_model import goals, timing
 from ckpt_model.contract import Model
 from ckpt_model.deployment import Harness
 from ckpt_model.errors import CoordinationError, HarnessError, PropertyViolation
+from ckpt_model.families import Family
 from ckpt_model.history import History
 from ckpt_model.quiescence import observe
 from ckpt_model.report import annotate
@@ -35,8 +36,9 @@ from ckpt_model.swarm import EVERYTHING, Swarm
 F = TypeVar("F", bound=Callable[..., Any])
 # What a rule may raise that ends the example with a report: a verdict, the harness, or a refusal.
 REPORTED = (PropertyViolation, HarnessError, CoordinationError)
-# The attribute `action` puts on a rule: its precondition as the model states it, without the swarm.
+# The attributes `action` puts on a rule: its precondition as the model states it, without the swarm; its family.
 GATE = "ckpt_model_gate"
+FAMILY = "ckpt_model_family"
 Gate = Callable[[Any], bool]
 
 
@@ -55,6 +57,8 @@ class StepLog:
         self.goals: Counter[str] = Counter()
         self.enabled: set[str] = set()
         self.drawn: Counter[str] = Counter()
+        # Each drawn rule's time, its settle and audits included.
+        self.seconds: defaultdict[str, float] = defaultdict(float)
 
     def report(self, error: BaseException) -> None:
         """Attach the failure report (steps, history, calls, logs, replay file) once."""
@@ -90,7 +94,7 @@ class StepLog:
             rules = sum(1 for label in self.labels if not label.startswith("-- "))
             elapsed_s = time.monotonic() - self.started_s
             self.stats.example_finished(rules, crashes, elapsed_s, crashes_inside=crashes_inside)
-            self.stats.example_covered(self.goals, self.enabled, self.drawn)
+            self.stats.example_covered(self.goals, self.enabled, self.drawn, self.seconds)
 
     def allows(self, machine: Any, name: str) -> bool:
         """Whether the example's swarm lets Hypothesis draw rule `name` (enabled) now: if it keeps the rule, or
@@ -134,6 +138,15 @@ def gates(machine_type: type) -> Mapping[str, Gate]:
     return dict(sorted(found.items()))
 
 
+@functools.cache
+def families_of(machine_type: type) -> Mapping[str, Family]:
+    """Every rule of the machine class and its family, by name (the attribute `action` sets)."""
+    found: dict[str, Family] = {}
+    for klass in reversed(machine_type.__mro__):
+        found.update((name, family) for name, value in vars(klass).items() if (family := getattr(value, FAMILY, None)))
+    return dict(sorted(found.items()))
+
+
 def rule_names(machine_type: type) -> list[str]:
     """The machine's rules, sorted by name."""
     return list(gates(machine_type))
@@ -150,11 +163,12 @@ def step(method: F) -> F:
     @functools.wraps(method)
     def wrapper(self: Logged, *args: Any, **kwargs: Any) -> Any:
         log, name = self.log, method.__name__
-        if log.depth == 0 and not log.draining:
+        drawn = log.depth == 0 and not log.draining
+        if drawn:
             kwargs = log.swarm.constrain(name, kwargs)
             log.drawing(self, name)
             log.rule_calls.append((name, dict(kwargs)))
-        before, first_label = self.model, len(log.labels)
+        before, first_label, started_s = self.model, len(log.labels), time.monotonic()
         log.broken = True
         log.depth += 1
         try:
@@ -164,6 +178,8 @@ def step(method: F) -> F:
             raise
         finally:
             log.depth -= 1
+            if drawn and log.counting:
+                log.seconds[name] += time.monotonic() - started_s
         log.broken = False
         log.stepped(name, kwargs, before, self.model, first_label)
         return result
@@ -171,10 +187,10 @@ def step(method: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def action(enabled: Callable[[Any], bool], **arguments: SearchStrategy[Any]) -> Callable[[F], F]:
-    """A rule of the machine: `precondition(enabled)`, `rule(**arguments)` and `step`, applied in that order
-    (outermost first), as three decorators would be. The precondition also asks the example's swarm; `enabled`
-    alone is kept on the rule (`GATE`) for the coverage."""
+def action(enabled: Callable[[Any], bool], *, family: Family, **arguments: SearchStrategy[Any]) -> Callable[[F], F]:
+    """A rule of the machine in `family` (what the search draws first, `ckpt_model.draw`): `precondition(enabled)`,
+    `rule(**arguments)` and `step`, applied in that order (outermost first), as three decorators would be. The
+    precondition also asks the example's swarm; `enabled` alone is kept on the rule (`GATE`) for the coverage."""
 
     def decorate(method: F) -> F:
         name = method.__name__
@@ -185,6 +201,7 @@ def action(enabled: Callable[[Any], bool], **arguments: SearchStrategy[Any]) -> 
         gate.__doc__ = enabled.__doc__
         decorated = precondition(gate)(rule(**arguments)(step(method)))  # type: ignore[call-overload]
         setattr(decorated, GATE, enabled)
+        setattr(decorated, FAMILY, family)
         return decorated
 
     return decorate

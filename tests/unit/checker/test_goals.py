@@ -235,7 +235,7 @@ def test_the_table_marks_what_was_never_reached_and_what_cannot_be() -> None:
     (commit_line,) = [line for line in text.splitlines() if line.strip().startswith("commit ")]
     assert commit_line.endswith("NEVER")
     (dispatch_line,) = [line for line in text.splitlines() if line.strip().startswith("dispatch ")]
-    assert dispatch_line.split()[1:] == ["1", "1", "1"]
+    assert dispatch_line.split()[1:] == ["1", "1", "1", "0"]  # enabled, drawn, examples, ms per draw
 
 
 def test_a_rule_the_deployment_cannot_draw_is_n_a_not_never() -> None:

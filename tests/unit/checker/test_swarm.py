@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, run_state_machine_as_test
 
 from ckpt_model.contract import Model
+from ckpt_model.families import ROLLOUTS
 from ckpt_model.history import History
 from ckpt_model.stats import SearchStats
 from ckpt_model.steplog import StepLog, action, gates, rule_names
@@ -65,18 +66,18 @@ class Tiny(RuleBasedStateMachine):
     def choose(self) -> None:
         self.log.swarm = Swarm(self.left_out, frozenset({("grow", "big")}))
 
-    @action(lambda self: True, big=st.booleans())
+    @action(lambda self: True, family=ROLLOUTS, big=st.booleans())
     def grow(self, big: bool) -> None:
         self.size += 2 if big else 1
         self.log.labels.append(f"grow({big})")
         self.note()
 
-    @action(lambda self: self.size > 0)
+    @action(lambda self: self.size > 0, family=ROLLOUTS)
     def shrink(self) -> None:
         self.size -= 1
         self.log.labels.append("shrink()")
 
-    @action(lambda self: False)
+    @action(lambda self: False, family=ROLLOUTS)
     def note(self) -> None:
         self.log.labels.append("note()")
 
