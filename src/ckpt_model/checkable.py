@@ -92,7 +92,7 @@ class Need:
 GATE = Need("gate", "a gated backend to hold model calls (backend_url)", lambda c: c.gate)
 CRASHES = Need("crashes", "crashes (start_command, or crash_command and restart_command)", lambda c: c.crashes)
 # A restore needs processes that served nothing since they started (`Model.can_restore`): with a gated backend
-# every checkpoint holds a rollout (`machine._may_checkpoint`), so after a commit only a crash gives them.
+# every checkpoint holds a rollout (`pipeline.MachineBase._may_checkpoint`), so after a commit only a crash gives them.
 FRESH = Need(
     "fresh",
     "crashes (with a gated backend, only a crash leaves a Gym that served nothing to restore into)",

@@ -3,7 +3,8 @@
 A step is drawn in two levels (`ckpt_model.draw`): first a family, by its weight among the families that have a rule
 enabled now, then one of that family's enabled rules and its arguments. So a family's share of the steps does not
 depend on how many rules it has, and a family with many rules (the crashes) no longer crowds out one with few (a
-lost reply). The protocol's own operations are four families, whose weights add up to more than half.
+lost reply). The protocol's own operations are four families, declared here, whose weights add up to more than
+half; each fault family is declared in its own module of `ckpt_model.nemeses`, with its rules.
 
 Each rule names its family where it is declared (`steplog.action(..., family=...)`); the weights below are the
 defaults, chosen by measurement (docs/how-it-works.md, "The draw") and changed with `ckpt-model check --weights`.
@@ -28,28 +29,3 @@ ROLLOUTS = Family("rollouts", "rollouts start, start over, continue, retire and 
 CALLS = Family("calls", "a waiting model (or judge) call returns", 15, protocol=True)
 CHECKPOINTS = Family("checkpoints", "prepare, commit and resume", 15, protocol=True)
 RESTORES = Family("restores", "a committed checkpoint restored into fresh processes", 10, protocol=True)
-CRASHES = Family("crashes", "processes killed: all, one, a worker, inside an operation, with a power cut", 8)
-STORAGE = Family("storage", "a commit's write fails or stalls", 4)
-PAUSES = Family("pauses", "a participant frozen (SIGSTOP) across a deadline or its lease", 4)
-HOOKS = Family("hooks", "a participant's close, export or install hook raises", 4)
-LOST_REPLIES = Family("lost_replies", "a control call's reply lost after it ran", 4)
-UNREACHABLE = Family("unreachable", "a participant the controller cannot reach for one call", 4)
-CLOCKS = Family("clocks", "a participant's clock skewed, or time passing for every server", 3)
-CONTROLLER = Family("controller", "a misbehaving controller: late, repeated, quiet or out-of-turn calls", 6)
-DAMAGE = Family("damage", "restores that must fail: a damaged copy or an incomplete checkpoint", 3)
-
-FAMILIES: tuple[Family, ...] = (
-    ROLLOUTS,
-    CALLS,
-    CHECKPOINTS,
-    RESTORES,
-    CRASHES,
-    STORAGE,
-    PAUSES,
-    HOOKS,
-    LOST_REPLIES,
-    UNREACHABLE,
-    CLOCKS,
-    CONTROLLER,
-    DAMAGE,
-)

@@ -1,0 +1,182 @@
+"""Crashes: processes killed (all of Gym, one participant, one worker), inside a commit, a restore, a
+retire or a forget, or with a power cut; and the controller's recovery, a crash and a restore in one step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import strategies as st
+
+from ckpt_model import properties as props
+from ckpt_model.contract import Model
+from ckpt_model.errors import CoordinationError
+from ckpt_model.families import Family
+from ckpt_model.pipeline import PICK, WORKER, MachineBase, choose
+from ckpt_model.steplog import action
+
+CRASHES = Family("crashes", "processes killed: all, one, a worker, inside an operation, with a power cut", 8)
+
+
+class Crashes(MachineBase):
+    """The rules of the crashes family (`CRASHES`)."""
+
+    @action(lambda self: self.harness.can_crash and not self.model.fresh, family=CRASHES)
+    def crash(self) -> None:
+        """SIGKILL every Gym process group and start fresh processes; the backend and the disk survive."""
+        self.nemesis.crash()
+        self._advance(self.model.crash(), "crash()")
+
+    @action(
+        lambda self: (
+            self.harness.can_crash
+            and not self.model.fresh
+            and self.harness.can_lose_unsynced
+            and bool(self.model.committed)
+        ),
+        family=CRASHES,
+    )
+    def power_loss(self) -> None:
+        """As `crash`, with a power cut: the disk keeps only what was fsynced; every checkpoint must verify (P9)."""
+        self.nemesis.crash(power_loss=True)
+        self._advance(self.model.crash(), "power_loss()")
+
+    @action(
+        lambda self: self.harness.can_crash and self.model.phase == "prepared",
+        committed=PICK,
+        inside=st.booleans(),
+        family=CRASHES,
+    )
+    def crash_in_commit(self, committed: int, inside: bool) -> None:
+        """Gym crashes inside a commit reached by `committed` participants (one more held inside with `inside`)."""
+        checkpoint_id, scope = self.model.opened, self.model.scope()
+        members = self.controller.members()
+        done = [m.name for m in members[: committed % len(members)]]
+        stopped = members[len(done)].name if inside and self.harness.can_stop_inside_commit else None
+        if done:
+            replies = self.controller.commit_on(done, checkpoint_id, scope)
+            self.audits.partial_commit(self.model, checkpoint_id, done, replies)
+        held = None if stopped is None else self.nemesis.hold_inside_commit(stopped, checkpoint_id, scope)
+        self.nemesis.crash(inside=True)
+        if held is not None:
+            self.nemesis.ended_by_crash(held)
+        published = self.audits.published_after_crash(checkpoint_id)
+        where = f", {stopped} stopped between its files" if stopped is not None else ""
+        label = f"crash_in_commit() -> {checkpoint_id} committed by {sorted(published)}{where}"
+        self._advance(self.model.crash_in_commit(published), label)
+
+    @action(
+        lambda self: self.harness.can_crash and bool(self.model.interruptible()),
+        family=CRASHES,
+        pick=PICK,
+        reached=PICK,
+    )
+    def crash_in_operation(self, pick: int, reached: int) -> None:
+        """Gym crashes inside a restore, a retire or a forget that reached its first `reached` stages."""
+        operation = choose(self.model.interruptible(), pick)
+        if operation == "restore":
+            source = self.model.committed[-1]
+            self._forget_covering(source.checkpoint_id)
+            model, operation_id = self.model, self.model.restore_id(source.checkpoint_id)
+            names = self.nemesis.crash_inside_restore(operation_id, source.checkpoint_id, source.exported, reached)
+        elif operation == "retire":
+            model, operation_id = self.model.issue_id(operation)
+            lost = self.model.with_status("dead", "pending")[0]
+            names = self.nemesis.crash_inside_retire(operation_id, lost, reached)
+        else:
+            model, operation_id = self.model.issue_id(operation)
+            names = self.nemesis.crash_inside_forget(operation_id, self.model.marked_rollouts(), reached)
+        self._advance(model.crash(), f"crash_in_operation() inside {operation} {operation_id}, reached {names}")
+
+    @action(
+        lambda self: self.harness.can_crash and self.model.worth_crashing_alone() and bool(self._crashable_alone()),
+        family=CRASHES,
+        pick=PICK,
+    )
+    def crash_participant(self, pick: int) -> None:
+        """SIGKILL one participant alone and restart it; the controller retires the running work it broke (P7)."""
+        member = choose(self._crashable_alone(), pick)
+        running = self.model.with_status("running")
+        self.nemesis.restart(member)
+        model = self.model.crash_participant(member.kind)
+        label = f"crash_participant({member.name})" + self._still_fenced(model)
+        if running:
+            ending = [a.run for a in self.model.ends_alone(member.kind)]
+            self.controller.runs.wait_ended(self.quiescence.timeout_s, ending, f"{member.name} crashed alone")
+            model, retire_id = model.issue_id("retire")
+            self.controller.retire_lost(retire_id, running)
+            self.controller.runs.wait_ended(self.quiescence.timeout_s)
+            label += f"; retire({sorted(a.key for a in running)})"
+        self._advance(model, label, violation=props.P7Violation, counts_final=bool(running))
+
+    @action(lambda self: bool(self.nemesis.killable_workers(self.model)), family=CRASHES, pick=PICK, worker=WORKER)
+    def kill_worker(self, pick: int, worker: int) -> None:
+        """SIGKILL one worker of a multi-worker server alone: what lived on it dies with it, every other attempt runs
+        on; the controller retires the running attempts it may have broken (P7). Those are the attempts placed on
+        it, and every attempt with a request in flight through that server (`Model.ends_alone`): the kernel chose
+        which worker accepted each connection, and a worker relaying a request to its sibling takes the request
+        with it, so the checker cannot say which of those were cut, only that none of them may complete."""
+        member = choose(self.nemesis.killable_workers(self.model), pick)
+        workers = self.harness.server_workers
+        index = worker % workers
+        through = {a.key for a in self.model.ends_alone(member.kind)}
+        placement = self.controller.placement
+        lost = [
+            a
+            for a in self.model.with_status("running")
+            if a.key in through or placement.on_worker(a.key, index, workers)
+        ]
+        self.nemesis.kill_worker(member, index)
+        model = self.model.kill_worker([a.rollout for a in lost])
+        label = f"kill_worker({member.name}, worker {index})"
+        if lost:
+            model, retire_id = model.issue_id("retire")
+            self.controller.retire_lost(retire_id, lost)
+            why = f"worker {index} of {member.name} is killed and its attempts retired"
+            self.controller.runs.wait_ended(self.quiescence.timeout_s, [a.run for a in lost], why)
+            label += f"; retire({sorted(a.key for a in lost)})"
+        self._advance(model, label, violation=props.P7Violation, counts_final=bool(lost))
+
+    def _crashable_alone(self) -> list[Any]:
+        return self.nemesis.crashable_alone(self.model)
+
+    def _still_fenced(self, model: Model) -> str:
+        """Each participant that remembers the latest resumed ID still refuses it (P10)."""
+        if not model.resumed:
+            return ""
+        latest = model.resumed[-1]
+        remembering = [m.name for m in self.controller.control.participants if model.remembers(m.kind, latest)]
+        self._refused("prepare", latest, "stale_checkpoint", remembering)
+        return f"; prepare({latest}) refused by {remembering}"
+
+    @action(
+        lambda self: self.harness.can_crash and self.model.can_restore() and bool(self.nemesis.can_die_in_restore()),
+        family=CRASHES,
+        pick=PICK,
+        victim=PICK,
+    )
+    def dies_in_restore(self, pick: int, victim: int) -> None:
+        """One participant dies inside its own restore while the others finish; the cleanup undoes it all (P8)."""
+        checkpoint = choose(list(self.model.committed), pick)
+        member = choose(self.nemesis.can_die_in_restore(), victim)
+        self._forget_covering(checkpoint.checkpoint_id)
+        model, restore_id = self.model.died_in_restore(checkpoint.checkpoint_id, member.kind)
+        outcomes = self.nemesis.die_in_restore(member, restore_id, checkpoint.checkpoint_id, checkpoint.exported)
+        props.p8_died_in_restore(restore_id, member.name, outcomes)
+        try:
+            self.controller.undo_restore(restore_id, checkpoint.exported)
+        except CoordinationError as error:
+            props.p8_cleanup_succeeds(restore_id, error)
+            raise
+        label = f"dies_in_restore({checkpoint.checkpoint_id}) as {restore_id}: {member.name} died before installing"
+        self._advance(model, label, violation=props.P8Violation, counts_final=True)
+
+    @action(
+        lambda self: self.harness.can_crash and not self.model.fresh and bool(self.model.committed),
+        family=CRASHES,
+        pick=PICK,
+    )
+    def recover(self, pick: int) -> None:
+        """The routine recovery: crash, then restore the latest or an earlier checkpoint and resume."""
+        self.crash()
+        self.restore(pick)

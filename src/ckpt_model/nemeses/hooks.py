@@ -1,0 +1,71 @@
+"""Hooks: one participant's close, export or install hook raises."""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from ckpt_model import properties as props
+from ckpt_model.deployment import (
+    EXPORT_HOOK,
+)
+from ckpt_model.errors import CoordinationError
+from ckpt_model.families import Family
+from ckpt_model.pipeline import PICK, MachineBase, choose
+from ckpt_model.steplog import action
+
+HOOKS = Family("hooks", "a participant's close, export or install hook raises", 4)
+
+
+class Hooks(MachineBase):
+    """The rules of the hooks family (`HOOKS`)."""
+
+    @action(
+        lambda self: self._may_commit() and self.harness.can_fail_hooks,
+        family=HOOKS,
+        victim=PICK,
+        then_retry=st.booleans(),
+    )
+    def failing_export(self, victim: int, then_retry: bool) -> None:
+        """As `storage_fault`, with the victim's export hook raising instead (P16: 500 checkpoint_error); the
+        retry must export afresh, since the first export never returned."""
+        self._write_fault(victim, (EXPORT_HOOK,), 0, EXPORT_HOOK, then_retry)
+
+    @action(
+        lambda self: self.harness.can_fail_hooks and self._may_checkpoint() and not self.ledgers.cuts,
+        family=HOOKS,
+        victim=PICK,
+        then_retry=st.booleans(),
+    )
+    def failing_close(self, victim: int, then_retry: bool) -> None:
+        """A prepare in which one participant's close of admission fails after it closed: that participant alone
+        refuses (500), idle with admission open again (P10); the controller resumes, and with `then_retry` prepares
+        again under a new ID. (Never with generation cuts: a cut round of the failed prepare would be judged as the
+        next one's.)"""
+        name = choose(self.controller.members(), victim).name
+        model, checkpoint_id = self.model.prepare()
+        self.nemesis.fail_hook(name, "close")
+        try:
+            self.controller.prepare(checkpoint_id)
+            refused = None
+        except CoordinationError as error:
+            refused = error
+        props.p10_failed_close_refused(checkpoint_id, name, refused)
+        props.p10_reopened_after_failed_close(checkpoint_id, name, self.harness.statuses()[name])
+        self.controller.resume(checkpoint_id)
+        self._refused("prepare", checkpoint_id, "stale_checkpoint")
+        self._advance(model.resume(), f"prepare({checkpoint_id}), {name}'s close failed; resume({checkpoint_id})")
+        if then_retry:
+            self.prepare()
+
+    @action(lambda self: self.model.can_restore() and self.harness.can_fail_hooks, family=HOOKS, pick=PICK, victim=PICK)
+    def failing_install(self, pick: int, victim: int) -> None:
+        """Restore a committed checkpoint while one participant's install hook fails having installed nothing: it
+        alone refuses (500 checkpoint_error), and the cleanup leaves nothing behind (P8)."""
+        checkpoint = choose(list(self.model.committed), pick)
+        name = choose(self.controller.members(), victim).name
+        self._forget_covering(checkpoint.checkpoint_id)
+        model, restore_id = self.model.failed_restore(checkpoint.checkpoint_id)
+        self.nemesis.fail_hook(name, "install")
+        self._refused_restore(restore_id, checkpoint, ([name], "its install hook failed"), code="checkpoint_error")
+        label = f"failing_install({checkpoint.checkpoint_id}) as {restore_id}, {name}'s install hook failed"
+        self._advance(model, label, violation=props.P8Violation, counts_final=True)

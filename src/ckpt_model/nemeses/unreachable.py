@@ -1,0 +1,87 @@
+"""Unreachable: one participant cut off from the controller for one prepare, commit or resume."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hypothesis import strategies as st
+
+from ckpt_model import properties as props
+from ckpt_model.contract import Attempt
+from ckpt_model.errors import CoordinationError
+from ckpt_model.families import Family
+from ckpt_model.pipeline import PICK, MachineBase, choose
+from ckpt_model.steplog import action
+
+UNREACHABLE = Family("unreachable", "a participant the controller cannot reach for one call", 4)
+
+
+class Unreachable(MachineBase):
+    """The rules of the unreachable family (`UNREACHABLE`)."""
+
+    @action(
+        lambda self: bool(self._one_sided()), family=UNREACHABLE, victim=PICK, operation=PICK, then_retry=st.booleans()
+    )
+    def unreachable(self, victim: int, operation: int, then_retry: bool) -> None:
+        """One participant is cut off from the controller (its connections refused) while the controller sends a
+        prepare, commit or resume; it runs on, untouched (P19). Once it is back, the controller retries the call
+        (each participant that took it answers from its record), or, after a prepare or a commit, resumes."""
+        name = choose(self.controller.members(), victim).name
+        cut_off = choose(self._one_sided(), operation)
+        {"prepare": self._unreached_prepare, "commit": self._unreached_commit, "resume": self._unreached_resume}[
+            cut_off
+        ](name, then_retry)
+
+    def _unreached(
+        self, name: str, operation: str, checkpoint_id: str, scope: Sequence[Attempt] = ()
+    ) -> CoordinationError:
+        """`operation` sent while `name` is cut off; its error, once `name` showed it never saw the call (P19)."""
+        before = self.harness.statuses()[name]
+        error = self.nemesis.unreached(name, operation, checkpoint_id, scope)
+        published = operation == "commit" and self.audits.has_manifest(checkpoint_id, name)
+        props.p19_untouched(operation, checkpoint_id, name, before, self.harness.statuses()[name], published)
+        return error
+
+    def _unreached_prepare(self, name: str, then_retry: bool) -> None:
+        model, checkpoint_id = self.model.prepare()
+        first = self._unreached(name, "prepare", checkpoint_id)
+        label = f"prepare({checkpoint_id}), {name} unreachable"
+        if not then_retry:
+            # Some participants never saw this prepare: the resume must fence the ID on them too.
+            self.controller.resume(checkpoint_id)
+            self._refused("prepare", checkpoint_id, "stale_checkpoint")
+            self._advance(model.resume(), f"{label}; resume({checkpoint_id}); prepare({checkpoint_id}) refused")
+            return
+        outcome = self._prepare_again(
+            checkpoint_id, lambda error: props.p19_retry_completes("prepare", checkpoint_id, error)
+        )
+        props.p19_answered_from_record("prepare", checkpoint_id, first.replies, outcome.replies)
+        self._advance(model, f"{label}; prepare retried once it was back")
+
+    def _unreached_commit(self, name: str, then_retry: bool) -> None:
+        self._prepared_first()
+        checkpoint_id, scope = self.model.opened, self.model.scope()
+        first = self._unreached(name, "commit", checkpoint_id, scope)
+        self.audits.partial_commit(self.model, checkpoint_id, sorted(first.replies), first.replies)
+        label = f"commit({checkpoint_id}), {name} unreachable"
+        if then_retry:
+            replies = self._commit_again(
+                checkpoint_id, scope, lambda error: props.p19_retry_completes("commit", checkpoint_id, error)
+            )
+            props.p19_answered_from_record("commit", checkpoint_id, first.replies, replies)
+            self._advance(self.model.commit()[0], f"{label}; commit retried once it was back")
+            return
+        self.controller.resume(checkpoint_id)
+        self._left_incomplete(checkpoint_id, label)
+
+    def _unreached_resume(self, name: str, _then_retry: bool) -> None:
+        """A resume is always retried: short of its lease lapsing, nothing else re-opens the participant."""
+        if not self.model.checkpoint_open:
+            self.prepare()
+        checkpoint_id = self.model.opened
+        self._unreached(name, "resume", checkpoint_id)
+        replies = self.controller.resume(checkpoint_id)
+        props.p19_first_resume(checkpoint_id, name, replies[name])
+        self._refused("prepare", checkpoint_id, "stale_checkpoint")
+        label = f"resume({checkpoint_id}), {name} unreachable; resume retried once it was back"
+        self._advance(self.model.resume(), f"{label}; prepare({checkpoint_id}) refused")
