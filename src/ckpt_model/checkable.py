@@ -1,16 +1,20 @@
 """What a deployment lets the checker check: the rules it can draw and the properties it can judge, from what the
 deployment can do (`Capabilities`), each one it cannot with why.
 
-Two tables, read off the code and kept to it by `tests/unit/checker/test_checkable.py`:
+What each rule needs and judges is declared on the rule (`steplog.action`, read by `steplog.declarations`), and
+the functions here take those declarations (`Rules`):
 
-- `RULE_NEEDS`: what each rule of the machine needs to be drawn at all, from its precondition
-  (`machine.CheckpointMachine`): a capability of the harness it asks for (`Harness.can_*`, a gated backend, the
-  lease grace), or one it needs through the model (a rule that needs a rollout needs the gate, since only
-  `dispatch` starts one; one that needs a rollout lost in a crash needs the gate and crashes). The test evaluates
-  every precondition on states the model reaches with and without each capability.
-- `JUDGED_BY`: where each property is judged: in rules (by name), or by the audits and settles whatever rule ran
-  (`SITES`: every step, every commit, the teardown, or whatever the rollouts did). A property that no rule or
-  site of this deployment reaches is never judged, and a run that passes says so instead of claiming it.
+- a rule's `needs`: what it needs to be drawn at all, from its precondition: a capability of the harness it asks
+  for (`Harness.can_*`, a gated backend, the lease grace), or one it needs through the model (a rule that needs a
+  rollout needs the gate, since only `dispatch` starts one; one that needs a retire mark or a retired attempt
+  needs a rollout; one that needs a pending or dead attempt needs the gate and crashes, since a restore that
+  continues one needs fresh processes, which after a dispatch only a crash gives).
+  `tests/unit/checker/test_checkable.py` evaluates every precondition on states the model reaches with and
+  without each capability, and holds each rule's `needs` to it.
+- where each property is judged: in the rules that declare it (`judges`), or by the audits and settles whatever
+  rule ran (`JUDGED_AT`, at the `SITES`: every step, every commit, the teardown, or whatever the rollouts did). A
+  property that no rule or site of this deployment reaches is never judged, and a run that passes says so instead
+  of claiming it.
 """
 
 from __future__ import annotations
@@ -24,6 +28,10 @@ from ckpt_model.properties import REGISTRY
 
 if TYPE_CHECKING:
     from ckpt_model.deployment import Harness
+    from ckpt_model.steplog import Declaration
+
+    # Each rule of a machine and its declaration (`steplog.declarations`).
+    Rules = Mapping[str, Declaration]
 
 # The longest lease grace with which the checker waits for a lease to lapse (`controller.QUIET_LEASE_GRACE_MAX_S`).
 LEASE_GRACE_WAITED_MAX_S = 1.0
@@ -163,56 +171,6 @@ NEEDS: tuple[Need, ...] = (
     ONE_PER_KIND,
 )
 
-# What each rule needs to be drawn at all. Through the model: a rollout needs the gate (`dispatch`), a retire mark
-# or a retired attempt needs a rollout, a pending or dead attempt needs a rollout and a crash (a restore that
-# continues one needs fresh processes, which after a dispatch only a crash gives).
-RULE_NEEDS: Mapping[str, tuple[Need, ...]] = {
-    "checkpoint": (),
-    "commit": (),
-    "crash": (CRASHES,),
-    "crash_in_commit": (CRASHES,),
-    "crash_in_operation": (CRASHES,),
-    "crash_participant": (CRASHES, RESTART_ONE, ONE_PER_KIND),
-    "dies_in_restore": (CRASHES, FAILPOINTS, RESTART_ONE),
-    "dispatch": (GATE,),
-    "dispatch_restart": (GATE, RESTART_ENVIRONMENT),
-    "failed_restore": (FRESH,),
-    "failing_close": (FAIL_HOOKS, NO_CUTS),
-    "failing_export": (FAIL_HOOKS,),
-    "failing_install": (FAIL_HOOKS, FRESH),
-    "kill_worker": (GATE, KILL_WORKERS, ONE_PER_KIND),
-    "forget": (GATE,),
-    "late_call": (),
-    "late_run": (GATE,),
-    "lost_reply": (LOSE_REPLIES,),
-    "paused_commit": (PAUSE,),
-    "paused_lease": (PAUSE, LEASE_LAPSES),
-    "paused_prepare": (PAUSE, NO_CUTS),
-    "power_loss": (CRASHES, LOSE_UNSYNCED),
-    "prepare": (),
-    "prepare_blocked": (GATE, JUDGE, VERIFY_WAIT),
-    "prepare_waiting": (GATE, JUDGE, VERIFY_WAIT),
-    "prepare_with_hung_cut": (GATE, TOKEN_CAPTURE, GENERATION_CUTS),
-    "quiet_controller": (LEASE_LAPSES,),
-    "recover": (CRASHES,),
-    "release": (GATE,),
-    "release_to_verification": (GATE, JUDGE),
-    "remove_ledgers_while_open": (GATE, TOKEN_CAPTURE),
-    "restore": (FRESH,),
-    "restore_incomplete": (FRESH,),
-    "resume": (),
-    "retire": (GATE,),
-    "retry": (),
-    "run_while_open": (),
-    "skewed_clock": (SKEW_CLOCKS, LEASE_LAPSES),
-    "stalled_write": (BREAK_STORAGE,),
-    "start_over": (GATE, CRASHES),
-    "start_replacement": (GATE, CRASHES),
-    "storage_fault": (BREAK_STORAGE,),
-    "time_passes": (JUMP_CLOCKS,),
-    "unreachable": (),
-}
-
 # Where the audits and settles judge, whatever rule ran, and what each needs to judge anything.
 SITES: Mapping[str, tuple[Need, ...]] = {
     # every settle: each participant's status against the model (P10), what every status names (P15)
@@ -233,17 +191,16 @@ SITES: Mapping[str, tuple[Need, ...]] = {
     "the telemetry files": (TELEMETRY,),
 }
 
-# Where each property is judged: rules by name, sites as in `SITES`. A property judged at a site every deployment
-# reaches names only that site.
-JUDGED_BY: Mapping[str, tuple[str, ...]] = {
+# Where each property is judged by the audits and settles (`SITES`); the rules that judge a property say so
+# themselves (`steplog.Declaration.judges`). A property judged at a site every deployment reaches names only
+# that site.
+JUDGED_AT: Mapping[str, tuple[str, ...]] = {
     "P1": ("every commit",),
     "P2": ("the rollouts",),
     "P3": ("the rollouts",),
     "P4": ("the rollouts",),
     "P5": ("the capture ledgers",),
     "P6": ("the rollouts",),
-    "P7": ("retire", "late_run", "forget", "crash_participant", "kill_worker"),
-    "P8": ("failed_restore", "restore_incomplete", "failing_install", "dies_in_restore"),
     "P9": ("every commit",),
     "P10": ("every step",),
     "P11": ("the judge calls",),
@@ -251,12 +208,7 @@ JUDGED_BY: Mapping[str, tuple[str, ...]] = {
     "P13": ("the teardown",),
     "P14": ("the rollouts",),
     "P15": ("every step",),
-    "P16": ("storage_fault", "stalled_write", "paused_commit", "failing_export"),
-    "P17": ("lost_reply",),
-    "P18": ("skewed_clock",),
-    "P19": ("unreachable",),
     "P20": ("the rollouts parked while time passed",),
-    "P21": ("paused_prepare", "paused_lease"),
     "P26": ("the telemetry files",),
 }
 
@@ -277,26 +229,35 @@ def missing(needs: Iterable[Need], capabilities: Capabilities) -> list[Need]:
     return [need for need in needs if not need.met(capabilities)]
 
 
-def needs_of(judge: str) -> tuple[Need, ...]:
+def judged_by(rules: Rules) -> dict[str, tuple[str, ...]]:
+    """Where each property is judged: at its sites (`JUDGED_AT`), or in the rules that declare they judge it (in
+    name order)."""
+    return {
+        property_id: JUDGED_AT.get(property_id, ())
+        + tuple(rule for rule, declared in rules.items() if property_id in declared.judges)
+        for property_id in REGISTRY
+    }
+
+
+def needs_of(judge: str, rules: Rules) -> tuple[Need, ...]:
     """What a rule or a site needs to judge anything."""
-    return SITES[judge] if judge in SITES else RULE_NEEDS[judge]
+    return SITES[judge] if judge in SITES else rules[judge].needs
 
 
-def undrawable_rules(capabilities: Capabilities) -> list[Unchecked]:
+def undrawable_rules(capabilities: Capabilities, rules: Rules) -> list[Unchecked]:
     """Every rule the machine never draws on this deployment, with what it lacks, in name order."""
     return [
         Unchecked(rule, "needs " + _joined(need.says for need in lacking))
-        for rule, needs in sorted(RULE_NEEDS.items())
-        if (lacking := missing(needs, capabilities))
+        for rule, declared in sorted(rules.items())
+        if (lacking := missing(declared.needs, capabilities))
     ]
 
 
-def unchecked_properties(capabilities: Capabilities) -> list[Unchecked]:
+def unchecked_properties(capabilities: Capabilities, rules: Rules) -> list[Unchecked]:
     """Every property no rule or site of this deployment judges, with what it lacks, in P order."""
     found: list[Unchecked] = []
-    for property_id in REGISTRY:
-        judges = JUDGED_BY[property_id]
-        lacking = {judge: missing(needs_of(judge), capabilities) for judge in judges}
+    for property_id, judges in judged_by(rules).items():
+        lacking = {judge: missing(needs_of(judge, rules), capabilities) for judge in judges}
         if all(lacking.values()):
             found.append(Unchecked(property_id, _why(lacking)))
     return found
@@ -333,24 +294,26 @@ def ranges(property_ids: Iterable[str]) -> str:
     return ", ".join(f"P{run[0]}" if len(run) == 1 else f"P{run[0]}-P{run[-1]}" for run in runs) or "none"
 
 
-def summary(capabilities: Capabilities, rule_shown: Callable[[str], bool] = lambda _rule: True) -> list[str]:
+def summary(
+    capabilities: Capabilities, rules: Rules, rule_shown: Callable[[str], bool] = lambda _rule: True
+) -> list[str]:
     """The lines a run ends with: the properties not judged here and why, the rules never drawn here (those
     `rule_shown` keeps: the coverage table marks the others n/a already), and the properties checked."""
-    unchecked = unchecked_properties(capabilities)
-    rules = [rule for rule in undrawable_rules(capabilities) if rule_shown(rule.name)]
+    unchecked = unchecked_properties(capabilities, rules)
+    undrawable = [rule for rule in undrawable_rules(capabilities, rules) if rule_shown(rule.name)]
     lines = []
     if unchecked:
         lines.append("not checked on this deployment:")
         lines += [f"  {item.name} {REGISTRY[item.name].title.split(':')[0]}: {item.why}" for item in unchecked]
-    if rules:
+    if undrawable:
         lines.append("rules never drawn on this deployment:")
-        lines += [f"  {item.text}" for item in rules]
+        lines += [f"  {item.text}" for item in undrawable]
     return lines
 
 
-def verdict_scope(capabilities: Capabilities) -> str:
+def verdict_scope(capabilities: Capabilities, rules: Rules) -> str:
     """What a pass covers: "checked: P1, P8-P10, ...; not checked: P2-P7, ... (listed above)"."""
-    unchecked = {item.name for item in unchecked_properties(capabilities)}
+    unchecked = {item.name for item in unchecked_properties(capabilities, rules)}
     checked = [property_id for property_id in REGISTRY if property_id not in unchecked]
     if not unchecked:
         return f"checked: {ranges(checked)}"

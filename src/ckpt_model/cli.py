@@ -393,7 +393,7 @@ def run_check(args: argparse.Namespace) -> int:
     from ckpt_model.machine import CheckpointMachine
     from ckpt_model.progress import Progress
     from ckpt_model.stats import SearchStats
-    from ckpt_model.steplog import rule_names
+    from ckpt_model.steplog import declarations, scopes
 
     if args.controller == "collection":
         from ckpt_model import collection_check
@@ -461,16 +461,17 @@ def run_check(args: argparse.Namespace) -> int:
     from ckpt_model.checkable import Capabilities, summary, undrawable_rules, verdict_scope
 
     capabilities = Capabilities.of(harness)
-    undrawable = [rule.name for rule in undrawable_rules(capabilities)]
-    print(goals.table(stats, spec, rule_names(CheckpointMachine), undrawable), flush=True)
-    for line in summary(capabilities, rule_shown=lambda rule: goals.rule_applies(rule, spec)):
+    rules = declarations(CheckpointMachine)
+    undrawable = [rule.name for rule in undrawable_rules(capabilities, rules)]
+    print(goals.table(stats, spec, scopes(CheckpointMachine), undrawable), flush=True)
+    for line in summary(capabilities, rules, rule_shown=lambda rule: rules[rule].applies(spec)):
         print(line, flush=True)
     print(statistics_line(stats), flush=True)
     if kept is not None:
         print(f"kept in {kept}: {artifacts.LOGS}/ (every server's full log)", flush=True)
     print(
         f"PASSED: {len(stats.finished)} examples{asked_note(len(stats.finished), chosen.max_examples)} in "
-        f"{time.monotonic() - stats.started_s:.1f} s, no property violated; {verdict_scope(capabilities)}",
+        f"{time.monotonic() - stats.started_s:.1f} s, no property violated; {verdict_scope(capabilities, rules)}",
         flush=True,
     )
     run.finish(Exit.PASSED, ())
@@ -494,8 +495,11 @@ class RunRecord:
         if self.harness is None:
             return {}
         from ckpt_model.checkable import Capabilities, unchecked_properties
+        from ckpt_model.machine import CheckpointMachine
+        from ckpt_model.steplog import declarations
 
-        return {item.name: item.why for item in unchecked_properties(Capabilities.of(self.harness))}
+        rules = declarations(CheckpointMachine)
+        return {item.name: item.why for item in unchecked_properties(Capabilities.of(self.harness), rules)}
 
     def searched(self) -> None:
         if self.search_s is None:

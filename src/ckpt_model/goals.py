@@ -7,14 +7,15 @@ crashes inside a forget, checks nothing there, however many examples pass. The m
 nightly fails when a goal that applies to its deployment was never reached (`require`). Beside the situations,
 every rule is a goal twice: enabled (its precondition held before some drawn step) and drawn (Hypothesis chose it).
 
-A goal or a rule that only some deployments can reach says so by the deployment's traits (`applies`, `RULE_SCOPE`),
-never by a topology's name. `table` is the short report every run ends with (`ckpt-model check`, the nightly).
+A goal or a rule that only some deployments can reach says so by the deployment's traits (a goal's `applies`; a
+rule's `applies`, declared on the rule: `steplog.action`), never by a topology's name. `table` is the short report
+every run ends with (`ckpt-model check`, the nightly).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -44,6 +45,10 @@ class Step:
 
 def everywhere(_spec: DeploymentSpec) -> bool:
     return True
+
+
+# Each rule of a machine, in name order, and the deployments it applies to (`steplog.scopes`).
+Scopes = Mapping[str, Callable[[DeploymentSpec], bool]]
 
 
 @attrs.frozen
@@ -210,6 +215,31 @@ def without_cuts(spec: DeploymentSpec) -> bool:
     return not spec.generation_cuts
 
 
+def with_restart_environment(spec: DeploymentSpec) -> bool:
+    return spec.traits.restart_environment
+
+
+def one_per_kind(spec: DeploymentSpec) -> bool:
+    """One participant per kind: a participant crashed alone is then the only one of its kind (not topology mixed)."""
+    return not spec.traits.restart_environment
+
+
+def kills_workers_alone(spec: DeploymentSpec) -> bool:
+    return spec.server_workers > 1 and not spec.traits.restart_environment
+
+
+def asks_a_judge(spec: DeploymentSpec) -> bool:
+    return spec.traits.judge
+
+
+def waits_for_a_judge(spec: DeploymentSpec) -> bool:
+    return spec.traits.judge and spec.verify_mode == "wait"
+
+
+def captures_tokens(spec: DeploymentSpec) -> bool:
+    return spec.token_capture
+
+
 # The operations a crash must land inside of, each its own goal.
 CRASHED_OPERATIONS = ("commit", "restore", "retire", "forget")
 
@@ -303,31 +333,11 @@ def reached(step: Step) -> list[str]:
     return [goal.name for goal in GOALS if goal.reached(step)]
 
 
-# Rules only some deployments can enable, by the traits they need; every other rule applies everywhere.
-RULE_SCOPE: Mapping[str, Callable[[DeploymentSpec], bool]] = {
-    "dispatch_restart": lambda spec: spec.traits.restart_environment,
-    "crash_participant": lambda spec: not spec.traits.restart_environment,
-    "kill_worker": lambda spec: spec.server_workers > 1 and not spec.traits.restart_environment,
-    "release_to_verification": lambda spec: spec.traits.judge,
-    "prepare_blocked": lambda spec: spec.traits.judge and spec.verify_mode == "wait",
-    "prepare_waiting": lambda spec: spec.traits.judge and spec.verify_mode == "wait",
-    "prepare_with_hung_cut": cuts_generations,
-    "remove_ledgers_while_open": lambda spec: spec.token_capture,
-    "skewed_clock": skews_clocks,
-    "time_passes": time_jumps,
-    "paused_prepare": without_cuts,
-}
-
-
-def rule_applies(rule: str, spec: DeploymentSpec) -> bool:
-    return RULE_SCOPE.get(rule, everywhere)(spec)
-
-
-def unmet(stats: SearchStats, spec: DeploymentSpec, rules: Sequence[str]) -> list[str]:
+def unmet(stats: SearchStats, spec: DeploymentSpec, rules: Scopes) -> list[str]:
     """Every goal and rule that applies to `spec` and no example of `stats` reached, each said in words."""
     missing = [f"{goal.says} ({goal.name})" for goal in GOALS if goal.applies(spec) and not stats.goals[goal.name]]
-    for rule in rules:
-        if rule_applies(rule, spec):
+    for rule, applies in rules.items():
+        if applies(spec):
             missing += [f"rule {rule} never {how}" for how, counts in rule_counts(stats) if not counts[rule]]
     return missing
 
@@ -340,7 +350,7 @@ class GoalsUnmet(AssertionError):
     """The search never reached a situation it must reach: what it checks there went unchecked."""
 
 
-def require(stats: SearchStats, spec: DeploymentSpec, rules: Sequence[str]) -> None:
+def require(stats: SearchStats, spec: DeploymentSpec, rules: Scopes) -> None:
     """Raise `GoalsUnmet` naming every applicable goal and rule no example reached."""
     missing = unmet(stats, spec, rules)
     if missing:
@@ -353,7 +363,7 @@ def require(stats: SearchStats, spec: DeploymentSpec, rules: Sequence[str]) -> N
         )
 
 
-def table(stats: SearchStats, spec: DeploymentSpec, rules: Sequence[str], undrawable: Collection[str] = ()) -> str:
+def table(stats: SearchStats, spec: DeploymentSpec, rules: Scopes, undrawable: Collection[str] = ()) -> str:
     """How often each goal and each rule was reached: goals by steps and examples, rules by the examples that
     enabled them and the times and examples they were drawn; NEVER marks an applicable one never reached, `n/a`
     one the deployment cannot reach: by its spec, or (`undrawable`, `checkable.undrawable_rules`) because it
@@ -364,8 +374,8 @@ def table(stats: SearchStats, spec: DeploymentSpec, rules: Sequence[str], undraw
         counts = f"{stats.goals[goal.name]:>6} {stats.goal_examples[goal.name]:>8}" if goal.applies(spec) else "n/a"
         lines.append(f"  {goal.says:<40} {counts}{note}")
     lines.append(f"  {'rule':<40} {'enabled':>7} {'drawn':>6} {'examples':>8} {'ms/draw':>8}")
-    for rule in rules:
-        if not rule_applies(rule, spec):
+    for rule, applies in rules.items():
+        if not applies(spec):
             lines.append(f"  {rule:<40} n/a")
             continue
         if rule in undrawable:

@@ -13,8 +13,8 @@ from typing import Any, cast
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize
 
+from ckpt_model import checkable, goals, twin
 from ckpt_model import properties as props
-from ckpt_model import twin
 from ckpt_model.audits import Audits
 from ckpt_model.callees import Callees
 from ckpt_model.contract import Model
@@ -73,7 +73,12 @@ class CheckpointMachine(
 
     # -- rollouts ---------------------------------------------------------------------------------------------
 
-    @action(lambda self: self.harness.backend is not None and self.model.can_dispatch(), family=ROLLOUTS, worker=WORKER)
+    @action(
+        lambda self: self.harness.backend is not None and self.model.can_dispatch(),
+        family=ROLLOUTS,
+        needs=(checkable.GATE,),
+        worker=WORKER,
+    )
     def dispatch(self, worker: int = 0) -> None:
         """A new rollout starts and stops at its first model call; its calls are served by policy worker `worker`."""
         self._dispatch(restart=False, worker=worker)
@@ -81,6 +86,8 @@ class CheckpointMachine(
     @action(
         lambda self: self.harness.backend is not None and self.model.can_dispatch_restart(),
         family=ROLLOUTS,
+        needs=(checkable.GATE, checkable.RESTART_ENVIRONMENT),
+        applies=goals.with_restart_environment,
         worker=WORKER,
     )
     def dispatch_restart(self, worker: int = 0) -> None:
@@ -92,14 +99,20 @@ class CheckpointMachine(
         placed = self.controller.run(model.current()[rollout], worker)
         self._advance(model, f"dispatch{'_restart' if restart else ''}() -> {rollout}{placed}")
 
-    @action(lambda self: bool(self.model.releasable()), family=CALLS, pick=PICK)
+    @action(lambda self: bool(self.model.releasable()), family=CALLS, needs=(checkable.GATE,), pick=PICK)
     def release(self, pick: int) -> None:
         """Let one rollout's waiting call return: a policy call, or the slow topology's judge call."""
         rollout = choose(self.model.releasable(), pick)
         self.controller.release([self.model.current()[rollout].key])
         self._advance(self.model.release(rollout), f"release({rollout})")
 
-    @action(lambda self: bool(self.model.before_verification()), family=CALLS, pick=PICK)
+    @action(
+        lambda self: bool(self.model.before_verification()),
+        family=CALLS,
+        needs=(checkable.GATE, checkable.JUDGE),
+        applies=goals.asks_a_judge,
+        pick=PICK,
+    )
     def release_to_verification(self, pick: int) -> None:
         """Release one rollout's policy calls until its judge call waits (slow topology)."""
         rollout = choose(self.model.before_verification(), pick)
@@ -120,7 +133,10 @@ class CheckpointMachine(
         self._advance(model, f"prepare() -> {checkpoint_id}; prepare(other{model.checkpoint_seq}) refused")
 
     @action(
-        lambda self: self.ledgers.cuts and self.model.can_prepare() and bool(self.model.waiting()), family=CHECKPOINTS
+        lambda self: self.ledgers.cuts and self.model.can_prepare() and bool(self.model.waiting()),
+        family=CHECKPOINTS,
+        needs=(checkable.GATE, checkable.TOKEN_CAPTURE, checkable.GENERATION_CUTS),
+        applies=goals.cuts_generations,
     )
     def prepare_with_hung_cut(self) -> None:
         """A short prepare while the cut endpoint hangs: prepared in time (P10), nothing cut (P12); then renew."""
@@ -135,7 +151,12 @@ class CheckpointMachine(
         self._prepared(checkpoint_id, outcome.replies)
         self._advance(model, f"prepare_with_hung_cut() -> {checkpoint_id}, its cut hung; renewed")
 
-    @action(lambda self: self.model.can_prepare_blocked(), family=CHECKPOINTS)
+    @action(
+        lambda self: self.model.can_prepare_blocked(),
+        family=CHECKPOINTS,
+        needs=(checkable.GATE, checkable.JUDGE, checkable.VERIFY_WAIT),
+        applies=goals.waits_for_a_judge,
+    )
     def prepare_blocked(self) -> None:
         """A short prepare meets `wait` verifications, blocked by exactly them (P11); resume, retire them, again."""
         blockers = self.model.blockers()
@@ -147,7 +168,12 @@ class CheckpointMachine(
         for key in blockers:
             self._retire(self.model.attempt(key).rollout, again=True)
 
-    @action(lambda self: self.model.can_prepare_blocked(), family=CHECKPOINTS)
+    @action(
+        lambda self: self.model.can_prepare_blocked(),
+        family=CHECKPOINTS,
+        needs=(checkable.GATE, checkable.JUDGE, checkable.VERIFY_WAIT),
+        applies=goals.waits_for_a_judge,
+    )
     def prepare_waiting(self) -> None:
         """A prepare left waiting on `wait` verifications whose episodes finish during it (Gym's scenario 10)."""
         blockers = self.model.blockers()
@@ -186,7 +212,7 @@ class CheckpointMachine(
 
     # -- restores ---------------------------------------------------------------------------------------------
 
-    @action(lambda self: self.model.can_restore(), family=RESTORES, pick=PICK)
+    @action(lambda self: self.model.can_restore(), family=RESTORES, needs=(checkable.FRESH,), pick=PICK)
     def restore(self, pick: int) -> None:
         """Restore the latest or an earlier checkpoint into the fresh processes, then resume (P9, P6)."""
         checkpoint = choose(list(self.model.committed), pick)
@@ -217,6 +243,7 @@ class CheckpointMachine(
     @action(
         lambda self: not self.model.checkpoint_open and bool(self.model.with_status("pending")),
         family=ROLLOUTS,
+        needs=(checkable.GATE, checkable.CRASHES),
         pick=PICK,
         worker=WORKER,
     )
@@ -230,6 +257,7 @@ class CheckpointMachine(
         pick=PICK,
         worker=WORKER,
         family=ROLLOUTS,
+        needs=(checkable.GATE, checkable.CRASHES),
     )
     def start_over(self, pick: int, worker: int = 0) -> None:
         """Start a rollout lost in a crash over from its input as attempt + 1."""
@@ -245,6 +273,8 @@ class CheckpointMachine(
     @action(
         lambda self: not self.model.checkpoint_open and bool(self.model.live()),
         family=ROLLOUTS,
+        needs=(checkable.GATE,),
+        judges=("P7",),
         pick=PICK,
         again=st.booleans(),
         worker=WORKER,
@@ -266,7 +296,12 @@ class CheckpointMachine(
             label += f", then start_over as {model.current()[rollout].key}{placed}"
         self._advance(model, label, violation=props.P7Violation, counts_final=True)
 
-    @action(lambda self: not self.model.checkpoint_open and bool(self.model.retired_marks), family=ROLLOUTS)
+    @action(
+        lambda self: not self.model.checkpoint_open and bool(self.model.retired_marks),
+        family=ROLLOUTS,
+        needs=(checkable.GATE,),
+        judges=("P7",),
+    )
     def forget(self) -> None:
         """Forget every retired rollout: the marks go everywhere."""
         self._forget(list(self.model.marked_rollouts()))

@@ -18,11 +18,13 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
+import attrs
 from hypothesis import currently_in_test_context, event
 from hypothesis.stateful import precondition, rule
 from hypothesis.strategies import SearchStrategy
 
 from ckpt_model import goals, timing
+from ckpt_model.checkable import Need
 from ckpt_model.contract import Model
 from ckpt_model.deployment import Harness
 from ckpt_model.errors import CoordinationError, HarnessError, PropertyViolation
@@ -30,16 +32,31 @@ from ckpt_model.families import Family
 from ckpt_model.history import History
 from ckpt_model.quiescence import observe
 from ckpt_model.report import annotate
+from ckpt_model.spec import DeploymentSpec
 from ckpt_model.stats import SearchStats
 from ckpt_model.swarm import EVERYTHING, Swarm
 
 F = TypeVar("F", bound=Callable[..., Any])
 # What a rule may raise that ends the example with a report: a verdict, the harness, or a refusal.
 REPORTED = (PropertyViolation, HarnessError, CoordinationError)
-# The attributes `action` puts on a rule: its precondition as the model states it, without the swarm; its family.
-GATE = "ckpt_model_gate"
-FAMILY = "ckpt_model_family"
+# The attribute `action` puts on a rule: its declaration.
+DECLARATION = "ckpt_model_declaration"
 Gate = Callable[[Any], bool]
+
+
+@attrs.frozen
+class Declaration:
+    """What a rule says of itself beside its arguments, the one source of what the checker derives about it:
+    `enabled`, its precondition as the model states it (without the swarm, for the coverage); its `family` (what
+    the draw picks first); `needs`, what a deployment must have for the rule ever to be enabled (`checkable`, held
+    to the precondition by tests/unit/checker/test_checkable.py); `judges`, the properties the rule itself judges
+    (beside the settle's and the audits'); `applies`, the deployments whose coverage counts it (`goals`)."""
+
+    enabled: Gate
+    family: Family
+    needs: tuple[Need, ...] = ()
+    judges: tuple[str, ...] = ()
+    applies: Callable[[DeploymentSpec], bool] = goals.everywhere
 
 
 class StepLog:
@@ -130,21 +147,33 @@ def _event(text: str) -> None:
 
 
 @functools.cache
-def gates(machine_type: type) -> Mapping[str, Gate]:
-    """Every rule of the machine class and its precondition, by name (the attribute `action` sets)."""
-    found: dict[str, Gate] = {}
+def declarations(machine_type: type) -> Mapping[str, Declaration]:
+    """Every rule of the machine class and its declaration, by name (the attribute `action` sets), over its bases
+    too (each nemesis family is one)."""
+    found: dict[str, Declaration] = {}
     for klass in reversed(machine_type.__mro__):
-        found.update((name, gate) for name, value in vars(klass).items() if (gate := getattr(value, GATE, None)))
+        found.update(
+            (name, declared) for name, value in vars(klass).items() if (declared := getattr(value, DECLARATION, None))
+        )
     return dict(sorted(found.items()))
 
 
 @functools.cache
+def gates(machine_type: type) -> Mapping[str, Gate]:
+    """Every rule of the machine class and its precondition, by name."""
+    return {name: declared.enabled for name, declared in declarations(machine_type).items()}
+
+
+@functools.cache
 def families_of(machine_type: type) -> Mapping[str, Family]:
-    """Every rule of the machine class and its family, by name (the attribute `action` sets)."""
-    found: dict[str, Family] = {}
-    for klass in reversed(machine_type.__mro__):
-        found.update((name, family) for name, value in vars(klass).items() if (family := getattr(value, FAMILY, None)))
-    return dict(sorted(found.items()))
+    """Every rule of the machine class and its family, by name."""
+    return {name: declared.family for name, declared in declarations(machine_type).items()}
+
+
+@functools.cache
+def scopes(machine_type: type) -> goals.Scopes:
+    """Every rule of the machine class and the deployments it applies to, by name."""
+    return {name: declared.applies for name, declared in declarations(machine_type).items()}
 
 
 def rule_names(machine_type: type) -> list[str]:
@@ -187,10 +216,18 @@ def step(method: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def action(enabled: Callable[[Any], bool], *, family: Family, **arguments: SearchStrategy[Any]) -> Callable[[F], F]:
-    """A rule of the machine in `family` (what the search draws first, `ckpt_model.draw`): `precondition(enabled)`,
-    `rule(**arguments)` and `step`, applied in that order (outermost first), as three decorators would be. The
-    precondition also asks the example's swarm; `enabled` alone is kept on the rule (`GATE`) for the coverage."""
+def action(
+    enabled: Callable[[Any], bool],
+    *,
+    family: Family,
+    needs: tuple[Need, ...] = (),
+    judges: tuple[str, ...] = (),
+    applies: Callable[[DeploymentSpec], bool] = goals.everywhere,
+    **arguments: SearchStrategy[Any],
+) -> Callable[[F], F]:
+    """A rule of the machine: `precondition(enabled)`, `rule(**arguments)` and `step`, applied in that order
+    (outermost first), as three decorators would be. The precondition also asks the example's swarm; `enabled`
+    alone, the family, needs, judges and applies are kept on the rule as its `Declaration`."""
 
     def decorate(method: F) -> F:
         name = method.__name__
@@ -200,8 +237,7 @@ def action(enabled: Callable[[Any], bool], *, family: Family, **arguments: Searc
 
         gate.__doc__ = enabled.__doc__
         decorated = precondition(gate)(rule(**arguments)(step(method)))  # type: ignore[call-overload]
-        setattr(decorated, GATE, enabled)
-        setattr(decorated, FAMILY, family)
+        setattr(decorated, DECLARATION, Declaration(enabled, family, needs, judges, applies))
         return decorated
 
     return decorate

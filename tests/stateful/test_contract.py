@@ -15,7 +15,7 @@ from ckpt_model.deployment import Harness
 from ckpt_model.machine import CheckpointMachine, machine_for
 from ckpt_model.spec import FAULT_FREE, DeploymentSpec
 from ckpt_model.stats import SearchStats
-from ckpt_model.steplog import rule_names
+from ckpt_model.steplog import scopes
 from tests.stateful.conftest import ACTIVE_SETTINGS, DEEP, GOALS_REQUIRED
 
 # Deployments another fault-free deployment includes (it draws every rule and coverage goal of the smaller one, and
@@ -52,7 +52,7 @@ def test_the_fault_free_stack_keeps_the_contract(
 ) -> None:
     stats = SearchStats()
     run_state_machine_as_test(machine_for(harness_of(spec), stats), settings=ACTIVE_SETTINGS)
-    rules = rule_names(CheckpointMachine)
+    rules = scopes(CheckpointMachine)
     record_property("coverage", goals.table(stats, spec, rules))
     if GOALS_REQUIRED:
         goals.require(stats, spec, rules)
@@ -68,10 +68,10 @@ def test_included_deployments_draw_every_rule_and_goal_of_theirs() -> None:
     """A deployment left to the nightly loses the default run nothing its includer cannot draw, but what the table
     above names, and that some deployment of the default run draws."""
     default_run = [spec for spec in FAULT_FREE if spec not in INCLUDED]
-    rules = rule_names(CheckpointMachine)
+    rules = scopes(CheckpointMachine)
 
     def draws(spec: DeploymentSpec) -> set[str]:
-        drawn = {rule for rule in rules if goals.rule_applies(rule, spec)}
+        drawn = {rule for rule, applies in rules.items() if applies(spec)}
         return drawn | {goal.name for goal in goals.GOALS if goal.applies(spec)}
 
     for included, includer in INCLUDED.items():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
+from ckpt_model import checkable, goals
 from ckpt_model import properties as props
 from ckpt_model.contract import Model
 from ckpt_model.errors import CoordinationError
@@ -38,6 +39,9 @@ class Clocks(MachineBase):
             and self._may_checkpoint()
         ),
         family=CLOCKS,
+        needs=(checkable.SKEW_CLOCKS, checkable.LEASE_LAPSES),
+        judges=("P18",),
+        applies=goals.skews_clocks,
         victim=PICK,
         behind=st.booleans(),
     )
@@ -107,6 +111,8 @@ class Clocks(MachineBase):
             and self._may_checkpoint()
         ),
         family=CLOCKS,
+        needs=(checkable.JUMP_CLOCKS,),
+        applies=goals.time_jumps,
     )
     def time_passes(self) -> None:
         """The controller prepares and goes quiet while TIME_PASSES_S pass for the whole system (every server's

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ckpt_model import checkable, goals
 from ckpt_model import properties as props
 from ckpt_model.contract import Attempt
 from ckpt_model.families import Family
@@ -20,7 +21,9 @@ LATE_OPERATIONS = ("prepare", "renew", "commit", "restore", "retire", "forget")
 class MisbehavingController(MachineBase):
     """The rules of the controller family (`CONTROLLER`)."""
 
-    @action(lambda self: bool(self.model.late_runs()), family=CONTROLLER, pick=PICK)
+    @action(
+        lambda self: bool(self.model.late_runs()), family=CONTROLLER, needs=(checkable.GATE,), judges=("P7",), pick=PICK
+    )
     def late_run(self, pick: int) -> None:
         """A late `/run` of a retired attempt is refused with stale_attempt until forget (P7); with no checkpoint
         open, so are its calls straight to each callee that holds the mark (a tool call and a verify to the
@@ -53,7 +56,12 @@ class MisbehavingController(MachineBase):
         self.controller.run_refused(attempt)
         self._advance(model, f"run_while_open() -> {attempt.rollout} refused", violation=props.P10Violation)
 
-    @action(lambda self: self.ledgers.enabled and self.model.may_remove_ledgers_while_open(), family=CONTROLLER)
+    @action(
+        lambda self: self.ledgers.enabled and self.model.may_remove_ledgers_while_open(),
+        family=CONTROLLER,
+        needs=(checkable.GATE, checkable.TOKEN_CAPTURE),
+        applies=goals.captures_tokens,
+    )
     def remove_ledgers_while_open(self) -> None:
         """A ledger retire and delete while a checkpoint is open are refused (P10); the ledgers stay (P5)."""
         checkpoint_id, keys = self.model.opened, sorted(a.key for a in self.model.live()) or ["probe"]
@@ -83,6 +91,7 @@ class MisbehavingController(MachineBase):
     @action(
         lambda self: not self.model.tried.lease_lapse and self._may_checkpoint() and self.controller.may_lapse,
         family=CONTROLLER,
+        needs=(checkable.LEASE_LAPSES,),
     )
     def quiet_controller(self) -> None:
         """The controller prepares and goes quiet: the lease lapses, and its late commit is refused (P10)."""

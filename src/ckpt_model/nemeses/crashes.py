@@ -8,6 +8,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from ckpt_model import checkable, goals
 from ckpt_model import properties as props
 from ckpt_model.contract import Model
 from ckpt_model.errors import CoordinationError
@@ -21,7 +22,7 @@ CRASHES = Family("crashes", "processes killed: all, one, a worker, inside an ope
 class Crashes(MachineBase):
     """The rules of the crashes family (`CRASHES`)."""
 
-    @action(lambda self: self.harness.can_crash and not self.model.fresh, family=CRASHES)
+    @action(lambda self: self.harness.can_crash and not self.model.fresh, family=CRASHES, needs=(checkable.CRASHES,))
     def crash(self) -> None:
         """SIGKILL every Gym process group and start fresh processes; the backend and the disk survive."""
         self.nemesis.crash()
@@ -35,6 +36,7 @@ class Crashes(MachineBase):
             and bool(self.model.committed)
         ),
         family=CRASHES,
+        needs=(checkable.CRASHES, checkable.LOSE_UNSYNCED),
     )
     def power_loss(self) -> None:
         """As `crash`, with a power cut: the disk keeps only what was fsynced; every checkpoint must verify (P9)."""
@@ -46,6 +48,7 @@ class Crashes(MachineBase):
         committed=PICK,
         inside=st.booleans(),
         family=CRASHES,
+        needs=(checkable.CRASHES,),
     )
     def crash_in_commit(self, committed: int, inside: bool) -> None:
         """Gym crashes inside a commit reached by `committed` participants (one more held inside with `inside`)."""
@@ -68,6 +71,7 @@ class Crashes(MachineBase):
     @action(
         lambda self: self.harness.can_crash and bool(self.model.interruptible()),
         family=CRASHES,
+        needs=(checkable.CRASHES,),
         pick=PICK,
         reached=PICK,
     )
@@ -91,6 +95,9 @@ class Crashes(MachineBase):
     @action(
         lambda self: self.harness.can_crash and self.model.worth_crashing_alone() and bool(self._crashable_alone()),
         family=CRASHES,
+        needs=(checkable.CRASHES, checkable.RESTART_ONE, checkable.ONE_PER_KIND),
+        judges=("P7",),
+        applies=goals.one_per_kind,
         pick=PICK,
     )
     def crash_participant(self, pick: int) -> None:
@@ -109,7 +116,15 @@ class Crashes(MachineBase):
             label += f"; retire({sorted(a.key for a in running)})"
         self._advance(model, label, violation=props.P7Violation, counts_final=bool(running))
 
-    @action(lambda self: bool(self.nemesis.killable_workers(self.model)), family=CRASHES, pick=PICK, worker=WORKER)
+    @action(
+        lambda self: bool(self.nemesis.killable_workers(self.model)),
+        family=CRASHES,
+        needs=(checkable.GATE, checkable.KILL_WORKERS, checkable.ONE_PER_KIND),
+        judges=("P7",),
+        applies=goals.kills_workers_alone,
+        pick=PICK,
+        worker=WORKER,
+    )
     def kill_worker(self, pick: int, worker: int) -> None:
         """SIGKILL one worker of a multi-worker server alone: what lived on it dies with it, every other attempt runs
         on; the controller retires the running attempts it may have broken (P7). Those are the attempts placed on
@@ -152,6 +167,8 @@ class Crashes(MachineBase):
     @action(
         lambda self: self.harness.can_crash and self.model.can_restore() and bool(self.nemesis.can_die_in_restore()),
         family=CRASHES,
+        needs=(checkable.CRASHES, checkable.FAILPOINTS, checkable.RESTART_ONE),
+        judges=("P8",),
         pick=PICK,
         victim=PICK,
     )
@@ -174,6 +191,7 @@ class Crashes(MachineBase):
     @action(
         lambda self: self.harness.can_crash and not self.model.fresh and bool(self.model.committed),
         family=CRASHES,
+        needs=(checkable.CRASHES,),
         pick=PICK,
     )
     def recover(self, pick: int) -> None:

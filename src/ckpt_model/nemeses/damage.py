@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
+from ckpt_model import checkable
 from ckpt_model import properties as props
 from ckpt_model.families import Family
 from ckpt_model.pipeline import PICK, MachineBase, choose
@@ -15,7 +16,15 @@ DAMAGE = Family("damage", "restores that must fail: a damaged copy or an incompl
 class Damage(MachineBase):
     """The rules of the damage family (`DAMAGE`)."""
 
-    @action(lambda self: self.model.can_restore(), family=DAMAGE, pick=PICK, victim=PICK, rejected_record=st.booleans())
+    @action(
+        lambda self: self.model.can_restore(),
+        family=DAMAGE,
+        needs=(checkable.FRESH,),
+        judges=("P8",),
+        pick=PICK,
+        victim=PICK,
+        rejected_record=st.booleans(),
+    )
     def failed_restore(self, pick: int, victim: int, rejected_record: bool) -> None:
         """Restore a copy of a committed checkpoint with one participant's share damaged: it alone refuses (P8)."""
         checkpoint = choose(list(self.model.committed), pick)
@@ -26,7 +35,13 @@ class Damage(MachineBase):
         label = f"failed_restore({checkpoint.checkpoint_id}) as {restore_id}, {member} damaged ({how}) refused it"
         self._advance(model, label, violation=props.P8Violation, counts_final=True)
 
-    @action(lambda self: self.model.can_restore_incomplete(), family=DAMAGE, pick=PICK)
+    @action(
+        lambda self: self.model.can_restore_incomplete(),
+        family=DAMAGE,
+        needs=(checkable.FRESH,),
+        judges=("P8",),
+        pick=PICK,
+    )
     def restore_incomplete(self, pick: int) -> None:
         """Restore a checkpoint whose commit a crash cut short: those without a share refuse it (P8)."""
         checkpoint = choose(list(self.model.incomplete), pick)

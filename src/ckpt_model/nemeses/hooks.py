@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
+from ckpt_model import checkable
 from ckpt_model import properties as props
 from ckpt_model.deployment import (
     EXPORT_HOOK,
@@ -22,6 +23,8 @@ class Hooks(MachineBase):
     @action(
         lambda self: self._may_commit() and self.harness.can_fail_hooks,
         family=HOOKS,
+        needs=(checkable.FAIL_HOOKS,),
+        judges=("P16",),
         victim=PICK,
         then_retry=st.booleans(),
     )
@@ -33,6 +36,7 @@ class Hooks(MachineBase):
     @action(
         lambda self: self.harness.can_fail_hooks and self._may_checkpoint() and not self.ledgers.cuts,
         family=HOOKS,
+        needs=(checkable.FAIL_HOOKS, checkable.NO_CUTS),
         victim=PICK,
         then_retry=st.booleans(),
     )
@@ -57,7 +61,14 @@ class Hooks(MachineBase):
         if then_retry:
             self.prepare()
 
-    @action(lambda self: self.model.can_restore() and self.harness.can_fail_hooks, family=HOOKS, pick=PICK, victim=PICK)
+    @action(
+        lambda self: self.model.can_restore() and self.harness.can_fail_hooks,
+        family=HOOKS,
+        needs=(checkable.FAIL_HOOKS, checkable.FRESH),
+        judges=("P8",),
+        pick=PICK,
+        victim=PICK,
+    )
     def failing_install(self, pick: int, victim: int) -> None:
         """Restore a committed checkpoint while one participant's install hook fails having installed nothing: it
         alone refuses (500 checkpoint_error), and the cleanup leaves nothing behind (P8)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
+from ckpt_model import checkable
 from ckpt_model import properties as props
 from ckpt_model.errors import CoordinationError
 from ckpt_model.families import Family
@@ -19,6 +20,8 @@ class LostReplies(MachineBase):
     @action(
         lambda self: self.harness.can_lose_replies and bool(self._one_sided()),
         family=LOST_REPLIES,
+        needs=(checkable.LOSE_REPLIES,),
+        judges=("P17",),
         victim=PICK,
         operation=PICK,
         then_retry=st.booleans(),

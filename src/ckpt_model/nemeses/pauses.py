@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
+from ckpt_model import checkable, goals
 from ckpt_model import properties as props
 from ckpt_model.deployment import (
     PAUSE,
@@ -25,7 +26,12 @@ class Pauses(MachineBase):
     """The rules of the pauses family (`PAUSES`)."""
 
     @action(
-        lambda self: self._may_commit() and self.harness.can_pause, family=PAUSES, victim=PICK, then_retry=st.booleans()
+        lambda self: self._may_commit() and self.harness.can_pause,
+        family=PAUSES,
+        needs=(checkable.PAUSE,),
+        judges=("P16",),
+        victim=PICK,
+        then_retry=st.booleans(),
     )
     def paused_commit(self, victim: int, then_retry: bool) -> None:
         """One participant is frozen (SIGSTOP) while the others commit and its own commit's deadline passes; woken
@@ -35,6 +41,9 @@ class Pauses(MachineBase):
     @action(
         lambda self: self.harness.can_pause and self._may_checkpoint() and not self.ledgers.cuts,
         family=PAUSES,
+        needs=(checkable.PAUSE, checkable.NO_CUTS),
+        judges=("P21",),
+        applies=goals.without_cuts,
         victim=PICK,
         then_retry=st.booleans(),
     )
@@ -67,6 +76,8 @@ class Pauses(MachineBase):
             and self._may_checkpoint()
         ),
         family=PAUSES,
+        needs=(checkable.PAUSE, checkable.LEASE_LAPSES),
+        judges=("P21",),
         victim=PICK,
     )
     def paused_lease(self, victim: int) -> None:

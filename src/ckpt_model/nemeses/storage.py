@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
+from ckpt_model import checkable
 from ckpt_model.deployment import (
     STALL,
     STALL_POINTS,
@@ -23,6 +24,8 @@ class Storage(MachineBase):
     @action(
         lambda self: self._may_commit() and self.harness.can_break_storage,
         family=STORAGE,
+        needs=(checkable.BREAK_STORAGE,),
+        judges=("P16",),
         victim=PICK,
         point=PICK,
         errno=st.sampled_from(STORAGE_FAILURES),
@@ -36,6 +39,8 @@ class Storage(MachineBase):
     @action(
         lambda self: self._may_commit() and self.harness.can_break_storage,
         family=STORAGE,
+        needs=(checkable.BREAK_STORAGE,),
+        judges=("P16",),
         victim=PICK,
         point=PICK,
         then_retry=st.booleans(),

@@ -20,7 +20,12 @@ class Unreachable(MachineBase):
     """The rules of the unreachable family (`UNREACHABLE`)."""
 
     @action(
-        lambda self: bool(self._one_sided()), family=UNREACHABLE, victim=PICK, operation=PICK, then_retry=st.booleans()
+        lambda self: bool(self._one_sided()),
+        family=UNREACHABLE,
+        judges=("P19",),
+        victim=PICK,
+        operation=PICK,
+        then_retry=st.booleans(),
     )
     def unreachable(self, victim: int, operation: int, then_retry: bool) -> None:
         """One participant is cut off from the controller (its connections refused) while the controller sends a

@@ -4,8 +4,8 @@ preconditions, and the unchecked properties of hand-built capabilities are exact
 The machine's preconditions are evaluated as they are (`steplog.gates`), on a machine whose harness, controller
 and ledger watch are stand-ins with chosen capabilities, over every model state the pure model reaches in a few
 steps when each rule that is enabled takes its model transition (`DEPTH` steps reach every rule the tables allow;
-one the tables allow and no state enables fails too). A rule is enabled somewhere exactly when `RULE_NEEDS` says
-this deployment has what it needs."""
+one the rules' needs allow and no state enables fails too). A rule is enabled somewhere exactly when what it
+declares it needs (`steplog.Declaration.needs`) says this deployment has it."""
 
 from __future__ import annotations
 
@@ -17,15 +17,16 @@ import attrs
 import pytest
 
 from ckpt_model import checkable
-from ckpt_model.checkable import RULE_NEEDS, Capabilities
+from ckpt_model.checkable import Capabilities
 from ckpt_model.contract import Model
 from ckpt_model.coordination import Participant
 from ckpt_model.machine import CheckpointMachine
 from ckpt_model.nemesis import Nemesis
 from ckpt_model.properties import REGISTRY
-from ckpt_model.steplog import gates, rule_names
+from ckpt_model.steplog import declarations, gates
 
 DEPTH = 5
+RULES = declarations(CheckpointMachine)
 # Every harness capability on, as the look-alike stack with every option has it (each topology adds its traits).
 EVERYTHING = Capabilities(
     gate=True,
@@ -210,19 +211,20 @@ def test_a_rule_is_ever_enabled_exactly_when_the_deployment_has_what_rule_needs_
 
     enabled = ever_enabled(capabilities)
 
-    drawable = {rule for rule in rule_names(CheckpointMachine) if not checkable.missing(RULE_NEEDS[rule], capabilities)}
+    drawable = {rule for rule, declared in RULES.items() if not checkable.missing(declared.needs, capabilities)}
     assert enabled == drawable, (
         f"enabled but not in the table: {sorted(enabled - drawable)}; "
         f"in the table but never enabled: {sorted(drawable - enabled)}"
     )
 
 
-def test_the_tables_name_every_rule_site_and_property() -> None:
-    assert set(RULE_NEEDS) == set(rule_names(CheckpointMachine))
-    assert set(checkable.JUDGED_BY) == set(REGISTRY)
-    judges = {judge for judged in checkable.JUDGED_BY.values() for judge in judged}
-    assert judges <= set(RULE_NEEDS) | set(checkable.SITES)
-    assert set(checkable.SITES) <= judges  # no site that judges nothing
+def test_every_property_is_judged_somewhere_and_every_site_judges_one() -> None:
+    judged_by = checkable.judged_by(RULES)
+    assert all(judged_by.values())
+    assert {property_id for declared in RULES.values() for property_id in declared.judges} <= set(REGISTRY)
+    assert set(checkable.JUDGED_AT) <= set(REGISTRY)
+    assert set(checkable.SITES) <= {site for sites in checkable.JUDGED_AT.values() for site in sites}
+    assert {site for sites in checkable.JUDGED_AT.values() for site in sites} <= set(checkable.SITES)
 
 
 def ids(found: list[checkable.Unchecked]) -> list[str]:
@@ -230,14 +232,14 @@ def ids(found: list[checkable.Unchecked]) -> list[str]:
 
 
 def test_a_real_gym_with_a_gate_and_crashes_checks_all_but_the_look_alikes_nemeses() -> None:
-    unchecked = checkable.unchecked_properties(REAL_GYM)
+    unchecked = checkable.unchecked_properties(REAL_GYM, RULES)
 
     assert ids(unchecked) == ["P5", "P11", "P12", "P16", "P17", "P18", "P20", "P21", "P26"]
     why = {item.name: item.why for item in unchecked}
     assert why["P16"] == (
-        "judged only in storage_fault and stalled_write (which need storage faults (break_storage)), paused_commit "
-        "(which needs servers frozen and let go (pause_server)) or failing_export (which needs hooks that raise "
-        "(fail_hook))"
+        "judged only in failing_export (which needs hooks that raise (fail_hook)), paused_commit (which needs "
+        "servers frozen and let go (pause_server)) or stalled_write and storage_fault (which need storage faults "
+        "(break_storage))"
     )
     assert why["P11"] == (
         "judged only on the judge calls (which need a topology whose verification asks a judge (slow))"
@@ -245,7 +247,7 @@ def test_a_real_gym_with_a_gate_and_crashes_checks_all_but_the_look_alikes_nemes
 
 
 def test_without_a_gated_backend_nothing_a_rollout_makes_is_judged() -> None:
-    unchecked = checkable.unchecked_properties(without(REAL_GYM, "gate"))
+    unchecked = checkable.unchecked_properties(without(REAL_GYM, "gate"), RULES)
 
     assert ids(unchecked) == [
         "P2",
@@ -266,16 +268,16 @@ def test_without_a_gated_backend_nothing_a_rollout_makes_is_judged() -> None:
     ]
     why = {item.name: item.why for item in unchecked}
     assert why["P3"] == ("judged only on the rollouts (which need a gated backend to hold model calls (backend_url))")
-    assert why["P7"].startswith("judged only in retire, late_run and forget (which need a gated backend")
-    assert "crash_participant (which needs one server restarted alone (restart_server))" in why["P7"]
+    assert why["P7"].startswith("judged only in crash_participant (which needs one server restarted alone")
+    assert "forget, late_run and retire (which need a gated backend" in why["P7"]
 
 
 def test_without_crashes_and_with_a_gate_no_restore_can_be_judged() -> None:
     """Every checkpoint then holds a rollout, and only a crash gives a restore processes that served nothing."""
     capabilities = without(REAL_GYM, "crashes")
 
-    unchecked = ids(checkable.unchecked_properties(capabilities))
-    rules = ids(checkable.undrawable_rules(capabilities))
+    unchecked = ids(checkable.unchecked_properties(capabilities, RULES))
+    rules = ids(checkable.undrawable_rules(capabilities, RULES))
 
     assert "P8" in unchecked
     assert "P9" not in unchecked
@@ -287,8 +289,8 @@ def test_without_crashes_and_with_a_gate_no_restore_can_be_judged() -> None:
 def test_without_crashes_and_without_a_gate_restores_of_empty_checkpoints_remain() -> None:
     capabilities = Capabilities(gate=False, crashes=False)
 
-    unchecked = ids(checkable.unchecked_properties(capabilities))
-    rules = ids(checkable.undrawable_rules(capabilities))
+    unchecked = ids(checkable.unchecked_properties(capabilities, RULES))
+    rules = ids(checkable.undrawable_rules(capabilities, RULES))
 
     assert "P8" not in unchecked
     assert {"restore", "failed_restore", "restore_incomplete"}.isdisjoint(rules)
@@ -296,23 +298,23 @@ def test_without_crashes_and_without_a_gate_restores_of_empty_checkpoints_remain
 
 
 def test_the_look_alike_with_every_capability_checks_everything_its_topology_has() -> None:
-    assert ids(checkable.unchecked_properties(EVERYTHING)) == ["P5", "P11", "P12"]
+    assert ids(checkable.unchecked_properties(EVERYTHING, RULES)) == ["P5", "P11", "P12"]
     everything = attrs.evolve(EVERYTHING, judge=True, token_capture=True, generation_cuts=True)
-    assert checkable.unchecked_properties(everything) == []
-    assert checkable.verdict_scope(everything) == "checked: P1-P21, P26"
+    assert checkable.unchecked_properties(everything, RULES) == []
+    assert checkable.verdict_scope(everything, RULES) == "checked: P1-P21, P26"
 
 
 def test_the_summary_lists_what_is_not_checked_and_the_verdict_says_it() -> None:
     capabilities = Capabilities(gate=False, crashes=False)
 
-    lines = checkable.summary(capabilities, rule_shown=lambda rule: rule != "dispatch_restart")
+    lines = checkable.summary(capabilities, RULES, rule_shown=lambda rule: rule != "dispatch_restart")
 
     assert lines[0] == "not checked on this deployment:"
     assert any(line.startswith("  P3 continuations complete: judged only on the rollouts") for line in lines)
     assert "rules never drawn on this deployment:" in lines
     assert not any("dispatch_restart" in line for line in lines)
     assert any(line.startswith("  crash: needs crashes") for line in lines)
-    assert checkable.verdict_scope(capabilities) == (
+    assert checkable.verdict_scope(capabilities, RULES) == (
         "checked: P1, P8-P10, P13, P15, P19; not checked: P2-P7, P11-P12, P14, P16-P18, P20-P21, P26 (listed above)"
     )
 

@@ -9,13 +9,17 @@ import pytest
 from ckpt_model import goals
 from ckpt_model.contract import Model
 from ckpt_model.goals import GoalsUnmet, Step
+from ckpt_model.machine import CheckpointMachine
 from ckpt_model.spec import DeploymentSpec
 from ckpt_model.stats import SearchStats
+from ckpt_model.steplog import scopes
 
 NATIVE = DeploymentSpec("native")
 CUTS = DeploymentSpec("native", token_capture=True, generation_cuts=True)
 MIXED = DeploymentSpec("mixed")
-RULES = ["dispatch", "dispatch_restart", "commit"]
+# Each rule and the deployments it applies to, as the machine declares them.
+SCOPES = scopes(CheckpointMachine)
+RULES = {rule: SCOPES[rule] for rule in ("dispatch", "dispatch_restart", "commit")}
 
 
 def prepared(release: bool) -> Model:
@@ -144,17 +148,17 @@ def test_a_goal_of_generation_cuts_applies_only_where_generations_are_cut() -> N
 
 
 def test_a_rule_of_the_restart_environment_applies_only_where_there_is_one() -> None:
-    assert goals.rule_applies("dispatch_restart", MIXED)
-    assert not goals.rule_applies("dispatch_restart", NATIVE)
-    assert goals.rule_applies("commit", NATIVE)
+    assert SCOPES["dispatch_restart"](MIXED)
+    assert not SCOPES["dispatch_restart"](NATIVE)
+    assert SCOPES["commit"](NATIVE)
 
 
 def test_time_passing_applies_only_where_time_can_pass_and_a_skew_only_where_it_cannot() -> None:
     jumps = DeploymentSpec("slow", "replay", time_jumps=True)
-    assert goals.rule_applies("time_passes", jumps)
-    assert not goals.rule_applies("time_passes", NATIVE)
-    assert goals.rule_applies("skewed_clock", NATIVE)
-    assert not goals.rule_applies("skewed_clock", jumps)
+    assert SCOPES["time_passes"](jumps)
+    assert not SCOPES["time_passes"](NATIVE)
+    assert SCOPES["skewed_clock"](NATIVE)
+    assert not SCOPES["skewed_clock"](jumps)
     (goal,) = [goal for goal in goals.GOALS if goal.name == "time_passed_while_parked"]
     assert goal.applies(jumps)
     assert not goal.applies(NATIVE)
@@ -185,8 +189,8 @@ def test_a_paused_prepare_goal_is_reached_by_its_rule_and_ending_and_never_with_
         reached = Step("paused_prepare", {"victim": 0, "then_retry": retried}, model, model, ("...",))
         assert goals.paused_prepare(retried)(reached)
         assert not goals.paused_prepare(not retried)(reached)
-    assert not goals.rule_applies("paused_prepare", CUTS)
-    assert goals.rule_applies("paused_prepare", NATIVE)
+    assert not SCOPES["paused_prepare"](CUTS)
+    assert SCOPES["paused_prepare"](NATIVE)
 
 
 def test_a_paused_lease_is_reached_only_once_judged_to_the_end() -> None:
