@@ -39,7 +39,7 @@ from ckpt_model.nemesis import Nemesis
 from ckpt_model.pipeline import PICK, WORKER, choose
 from ckpt_model.quiescence import SETTLE_TIMEOUT_S, Quiescence
 from ckpt_model.stats import SearchStats
-from ckpt_model.steplog import StepLog, action, rule_names
+from ckpt_model.steplog import StepLog, action, mechanisms_of, rule_names
 from ckpt_model.swarm import Swarm, swarms
 
 
@@ -230,7 +230,13 @@ class CheckpointMachine(
     # -- the controller's routines as single steps: a bug that needs a checkpoint, a crash and a restore in a row
     # is then four steps deep instead of seven, so a random search reaches it far more often.
 
-    @action(lambda self: self._may_checkpoint(), family=CHECKPOINTS, then_resume=st.booleans(), hold_one=st.booleans())
+    @action(
+        lambda self: self._may_checkpoint(),
+        family=CHECKPOINTS,
+        mechanisms=("hold_one", "then_resume"),
+        then_resume=st.booleans(),
+        hold_one=st.booleans(),
+    )
     def checkpoint(self, then_resume: bool, hold_one: bool = False) -> None:
         """Prepare and commit, then resume or not; `hold_one` holds a reply across the commit (Gym's scenario 8)."""
         self.prepare()
@@ -275,6 +281,7 @@ class CheckpointMachine(
         family=ROLLOUTS,
         needs=(checkable.GATE,),
         judges=("P7",),
+        mechanisms=("again",),
         pick=PICK,
         again=st.booleans(),
         worker=WORKER,
@@ -336,7 +343,7 @@ class CheckpointMachine(
 class SwarmMachine(CheckpointMachine):
     """The same machine, whose every example first draws the rules and mechanisms it leaves out (`swarm`)."""
 
-    @initialize(chosen=swarms(rule_names(CheckpointMachine)))
+    @initialize(chosen=swarms(rule_names(CheckpointMachine), mechanisms_of(CheckpointMachine)))
     def choose_swarm(self, chosen: Swarm) -> None:
         self.log.swarm = chosen
 

@@ -50,13 +50,15 @@ class Declaration:
     `enabled`, its precondition as the model states it (without the swarm, for the coverage); its `family` (what
     the draw picks first); `needs`, what a deployment must have for the rule ever to be enabled (`checkable`, held
     to the precondition by tests/unit/checker/test_checkable.py); `judges`, the properties the rule itself judges
-    (beside the settle's and the audits'); `applies`, the deployments whose coverage counts it (`goals`)."""
+    (beside the settle's and the audits'); `applies`, the deployments whose coverage counts it (`goals`);
+    `mechanisms`, its boolean arguments an example's swarm may switch off (`swarm`)."""
 
     enabled: Gate
     family: Family
     needs: tuple[Need, ...] = ()
     judges: tuple[str, ...] = ()
     applies: Callable[[DeploymentSpec], bool] = goals.everywhere
+    mechanisms: tuple[str, ...] = ()
 
 
 class StepLog:
@@ -176,6 +178,14 @@ def scopes(machine_type: type) -> goals.Scopes:
     return {name: declared.applies for name, declared in declarations(machine_type).items()}
 
 
+@functools.cache
+def mechanisms_of(machine_type: type) -> tuple[tuple[str, str], ...]:
+    """Every optional mechanism the machine's rules draw, as (rule, its boolean argument), in name order."""
+    return tuple(
+        (name, mechanism) for name, declared in declarations(machine_type).items() for mechanism in declared.mechanisms
+    )
+
+
 def rule_names(machine_type: type) -> list[str]:
     """The machine's rules, sorted by name."""
     return list(gates(machine_type))
@@ -223,11 +233,12 @@ def action(
     needs: tuple[Need, ...] = (),
     judges: tuple[str, ...] = (),
     applies: Callable[[DeploymentSpec], bool] = goals.everywhere,
+    mechanisms: tuple[str, ...] = (),
     **arguments: SearchStrategy[Any],
 ) -> Callable[[F], F]:
     """A rule of the machine: `precondition(enabled)`, `rule(**arguments)` and `step`, applied in that order
     (outermost first), as three decorators would be. The precondition also asks the example's swarm; `enabled`
-    alone, the family, needs, judges and applies are kept on the rule as its `Declaration`."""
+    alone, the family, needs, judges, applies and mechanisms are kept on the rule as its `Declaration`."""
 
     def decorate(method: F) -> F:
         name = method.__name__
@@ -237,7 +248,7 @@ def action(
 
         gate.__doc__ = enabled.__doc__
         decorated = precondition(gate)(rule(**arguments)(step(method)))  # type: ignore[call-overload]
-        setattr(decorated, DECLARATION, Declaration(enabled, family, needs, judges, applies))
+        setattr(decorated, DECLARATION, Declaration(enabled, family, needs, judges, applies, mechanisms))
         return decorated
 
     return decorate

@@ -24,14 +24,6 @@ from hypothesis import strategies as st
 
 # Rules no example leaves out: every situation starts with a rollout and most need its calls released.
 ALWAYS_KEPT = frozenset({"dispatch", "dispatch_restart", "release"})
-# The optional mechanisms rules draw, as (rule, its boolean argument): left out, the argument is always False.
-MECHANISMS: tuple[tuple[str, str], ...] = (
-    ("checkpoint", "hold_one"),
-    ("checkpoint", "then_resume"),
-    ("crash_in_commit", "inside"),
-    ("failed_restore", "rejected_record"),
-    ("retire", "again"),
-)
 # Each feature is left out with probability 1 / LEAVE_OUT_ONE_IN (a draw of 0 keeps it, so it shrinks to kept).
 LEAVE_OUT_ONE_IN = 2
 
@@ -63,14 +55,15 @@ def left_out() -> st.SearchStrategy[bool]:
     return st.integers(min_value=0, max_value=LEAVE_OUT_ONE_IN - 1).map(lambda draw: draw == LEAVE_OUT_ONE_IN - 1)
 
 
-def swarms(rules: Sequence[str]) -> st.SearchStrategy[Swarm]:
-    """Swarms over `rules` (the machine's) and `MECHANISMS`: each optional one left out independently."""
+def swarms(rules: Sequence[str], mechanisms: Sequence[tuple[str, str]]) -> st.SearchStrategy[Swarm]:
+    """Swarms over `rules` and `mechanisms` (the machine's: the optional mechanisms its rules draw, as (rule, its
+    boolean argument), `steplog.mechanisms_of`): each optional one left out independently."""
     optional = sorted(set(rules) - ALWAYS_KEPT)
-    features = len(optional) + len(MECHANISMS)
+    features = len(optional) + len(mechanisms)
 
     def build(flags: list[bool]) -> Swarm:
         rules_out = frozenset(rule for rule, out in zip(optional, flags, strict=False) if out)
-        mechanisms_out = frozenset(m for m, out in zip(MECHANISMS, flags[len(optional) :], strict=True) if out)
+        mechanisms_out = frozenset(m for m, out in zip(mechanisms, flags[len(optional) :], strict=True) if out)
         return Swarm(rules_out, mechanisms_out)
 
     return st.lists(left_out(), min_size=features, max_size=features).map(build)

@@ -49,6 +49,7 @@ class Crashes(MachineBase):
         inside=st.booleans(),
         family=CRASHES,
         needs=(checkable.CRASHES,),
+        mechanisms=("inside",),
     )
     def crash_in_commit(self, committed: int, inside: bool) -> None:
         """Gym crashes inside a commit reached by `committed` participants (one more held inside with `inside`)."""

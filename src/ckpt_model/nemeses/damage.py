@@ -21,6 +21,7 @@ class Damage(MachineBase):
         family=DAMAGE,
         needs=(checkable.FRESH,),
         judges=("P8",),
+        mechanisms=("rejected_record",),
         pick=PICK,
         victim=PICK,
         rejected_record=st.booleans(),

@@ -7,16 +7,18 @@ from typing import Any
 
 from hypothesis import Phase, find, given, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, run_state_machine_as_test
+from hypothesis.stateful import RULE_MARKER, RuleBasedStateMachine, initialize, run_state_machine_as_test
 
 from ckpt_model.contract import Model
 from ckpt_model.families import ROLLOUTS
 from ckpt_model.history import History
+from ckpt_model.machine import CheckpointMachine
 from ckpt_model.stats import SearchStats
-from ckpt_model.steplog import StepLog, action, gates, rule_names
-from ckpt_model.swarm import ALWAYS_KEPT, EVERYTHING, MECHANISMS, Swarm, swarms
+from ckpt_model.steplog import StepLog, action, gates, mechanisms_of, rule_names
+from ckpt_model.swarm import ALWAYS_KEPT, EVERYTHING, Swarm, swarms
 
 RULES = ["checkpoint", "commit", "dispatch", "release", "retry"]
+MECHANISMS = (("checkpoint", "hold_one"), ("checkpoint", "then_resume"))
 SMALL = settings(max_examples=30, derandomize=True, database=None, deadline=None, phases=(Phase.generate,))
 
 
@@ -37,15 +39,15 @@ def test_a_swarm_refuses_the_rules_it_leaves_out_and_switches_off_its_mechanisms
     assert swarm.describe() == "swarm leaves out retry, checkpoint(hold_one)"
 
 
-@given(swarms(RULES))
+@given(swarms(RULES, MECHANISMS))
 def test_no_swarm_leaves_out_a_rule_every_situation_starts_from(swarm: Swarm) -> None:
     assert not swarm.rules_out & ALWAYS_KEPT
     assert swarm.mechanisms_out <= set(MECHANISMS)
 
 
 def test_a_swarm_shrinks_to_leaving_out_nothing() -> None:
-    assert find(swarms(RULES), lambda swarm: True) == EVERYTHING
-    left_out = find(swarms(RULES), lambda swarm: "retry" in swarm.rules_out)
+    assert find(swarms(RULES, MECHANISMS), lambda swarm: True) == EVERYTHING
+    left_out = find(swarms(RULES, MECHANISMS), lambda swarm: "retry" in swarm.rules_out)
     assert left_out.rules_out == {"retry"}
     assert not left_out.mechanisms_out
 
@@ -129,3 +131,12 @@ def test_a_swarm_that_keeps_no_enabled_rule_lets_every_enabled_rule_be_drawn() -
     stats, calls = run_tiny(frozenset({"grow"}))  # only `shrink` is kept, and it needs something grown first
     assert calls[0][0] == "grow"
     assert stats.drawn["grow"] > 0
+
+
+def test_the_machines_mechanisms_are_boolean_arguments_its_rules_declare() -> None:
+    mechanisms = mechanisms_of(CheckpointMachine)
+    assert ("checkpoint", "hold_one") in mechanisms
+    assert list(mechanisms) == sorted(mechanisms)
+    for rule, argument in mechanisms:
+        strategy = getattr(getattr(CheckpointMachine, rule), RULE_MARKER).arguments[argument]
+        assert repr(strategy) == "booleans()", (rule, argument)
