@@ -11,7 +11,7 @@ found and made minimal.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from hypothesis import Phase, settings
@@ -38,20 +38,22 @@ def search(
     stats: SearchStats,
     *,
     swarm: bool = False,
+    weights: Mapping[str, int] | None = None,
     seed: int | None = None,
     minimise: bool = True,
     replays: int = REPLAYS,
     progress: Progress | None = None,
     searched: Any = None,
 ) -> None:
-    """Run the machine on `harness` with `chosen`; on a failure, call `searched()` (if given), then measure each
-    failure's rate and (with `minimise`) make it 1-minimal, and re-raise what the run raised. `chosen` is used as
+    """Run the machine on `harness` with `chosen` (and the families' `weights`); on a failure, call `searched()`
+    (if given), then measure each failure's rate and (with `minimise`) make it 1-minimal, and re-raise what the run
+    raised. `chosen` is used as
     given: `without_shrink` is the caller's choice (the CLI keeps Hypothesis's shrink with `--no-minimise`)."""
     from hypothesis.stateful import run_state_machine_as_test
 
     from ckpt_model.machine import machine_for
 
-    factory = machine_for(harness, stats, swarm=swarm)
+    factory = machine_for(harness, stats, swarm=swarm, weights=weights)
     try:
         run_state_machine_as_test(factory if seed is None else seeded(factory, seed), settings=chosen)
     except Exception as error:

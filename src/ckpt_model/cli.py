@@ -148,6 +148,13 @@ def build_parser() -> Parser:
         help=f"check a real Gym deployment described in this JSON file instead of the embedded stack ({REAL_GYM_DOC})",
     )
     check.add_argument(
+        "--weights",
+        metavar="FAMILY=N,...",
+        help="the families' weights in the draw (each step draws a family by weight, then one of its rules; "
+        "0 leaves a family out while another can move): for example crashes=2,pauses=0; `ckpt-model check "
+        "--help` lists the families in its banner, docs/how-it-works.md#the-draw says why each weighs what it does",
+    )
+    check.add_argument(
         "--swarm",
         action="store_true",
         help="swarm testing: each example leaves out a random subset of the rules and mechanisms (ckpt_model.swarm)",
@@ -343,6 +350,7 @@ def banner(
         f"  profile:     {args.profile} ({profile_description(chosen, seeded_run=args.seed is not None)})",
         f"  seed:        {seed_line}",
         f"  examples:    {chosen.max_examples}, each of up to {chosen.stateful_step_count} steps",
+        f"  draw:        {draw_line(args)}",
         "  swarm:       "
         + ("yes: each example leaves out some rules and mechanisms" if getattr(args, "swarm", False) else "no"),
         "  minimise:    "
@@ -368,6 +376,16 @@ def banner(
     return "\n".join(lines)
 
 
+def draw_line(args: argparse.Namespace) -> str:
+    """The banner's words for the draw: the families' weights, and whether `--weights` changed them."""
+    from ckpt_model.draw import describe
+
+    weights = getattr(args, "family_weights", None)
+    if weights is None:  # a controller whose machine draws as Hypothesis does
+        return "a rule among those enabled, uniformly (Hypothesis's draw)"
+    return describe(weights) + (" (--weights)" if args.weights else " (the default weights)")
+
+
 def artifacts_dir(args: argparse.Namespace) -> Path | None:
     """`--keep-artifacts DIR`, made ready before any server starts (`artifacts.prepare`): a DIR that is not empty
     or cannot be created is a usage error. The absolute path is kept on `args`, for the banner."""
@@ -387,14 +405,15 @@ def profile_description(chosen: settings, *, seeded_run: bool) -> str:
 
 def run_check(args: argparse.Namespace) -> int:
     # Imported here, not at the top: `--help` and usage errors need none of the stack.
-    from ckpt_model import goals
+    from ckpt_model import draw, goals
     from ckpt_model.checking import statistics_line
     from ckpt_model.deployment import Harness
     from ckpt_model.machine import CheckpointMachine
     from ckpt_model.progress import Progress
     from ckpt_model.stats import SearchStats
-    from ckpt_model.steplog import rule_names
+    from ckpt_model.steplog import families_of, rule_names
 
+    families = families_of(CheckpointMachine).values()
     if args.controller == "collection":
         from ckpt_model import collection_check
 
@@ -418,6 +437,10 @@ def run_check(args: argparse.Namespace) -> int:
             args.examples = min(args.examples or gym.examples_max, gym.examples_max)
     else:
         spec = chosen_spec(args, faults)
+    try:
+        args.family_weights = draw.weights_of(CheckpointMachine, draw.parse_weights(args.weights or "", families))
+    except ValueError as error:
+        raise UsageError(f"--weights: {error}") from None
     chosen = run_settings(args)
     seed = chosen_seed(args, chosen)
     kept = artifacts_dir(args)
@@ -443,6 +466,7 @@ def run_check(args: argparse.Namespace) -> int:
                     chosen,
                     stats,
                     swarm=args.swarm,
+                    weights=args.family_weights,
                     seed=seed,
                     minimise=args.minimise,
                     replays=args.replays,
@@ -462,7 +486,8 @@ def run_check(args: argparse.Namespace) -> int:
 
     capabilities = Capabilities.of(harness)
     undrawable = [rule.name for rule in undrawable_rules(capabilities)]
-    print(goals.table(stats, spec, rule_names(CheckpointMachine), undrawable), flush=True)
+    family_of = draw.family_by_rule(CheckpointMachine)
+    print(goals.table(stats, spec, rule_names(CheckpointMachine), undrawable, family_of), flush=True)
     for line in summary(capabilities, rule_shown=lambda rule: goals.rule_applies(rule, spec)):
         print(line, flush=True)
     print(statistics_line(stats), flush=True)

@@ -16,8 +16,8 @@ from typing import Any, cast
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize
 
+from ckpt_model import draw, twin
 from ckpt_model import properties as props
-from ckpt_model import twin
 from ckpt_model.audits import Audits
 from ckpt_model.callees import Callees
 from ckpt_model.contract import Attempt, Checkpoint, Model
@@ -32,6 +32,7 @@ from ckpt_model.deployment import (
     STORAGE_POINTS,
     Harness,
 )
+from ckpt_model.draw import Weights
 from ckpt_model.errors import CoordinationError, HarnessError, PropertyViolation
 from ckpt_model.families import (
     CALLS,
@@ -96,9 +97,14 @@ class CheckpointMachine(RuleBasedStateMachine):
     """Plays the controller against the deployment `harness` wraps (bound by `machine_for`, one per deployment)."""
 
     def __init__(
-        self, harness: Harness, stats: SearchStats | None = None, settle_timeout_s: float = SETTLE_TIMEOUT_S
+        self,
+        harness: Harness,
+        stats: SearchStats | None = None,
+        settle_timeout_s: float = SETTLE_TIMEOUT_S,
+        weights: Weights | None = None,
     ) -> None:
         super().__init__()
+        draw.install(self, weights)  # a family first, then its rule (`ckpt_model.draw`)
         self.harness = harness
         if stats is not None:
             stats.example_started()
@@ -1181,17 +1187,20 @@ class SwarmMachine(CheckpointMachine):
         self.log.swarm = chosen
 
 
-def machine_for(harness: Harness, stats: SearchStats | None = None, swarm: bool = False) -> type[CheckpointMachine]:
-    """A factory of machines bound to `harness`, for `run_state_machine_as_test`; with `swarm`, of swarm machines.
+def machine_for(
+    harness: Harness, stats: SearchStats | None = None, swarm: bool = False, weights: Weights | None = None
+) -> type[CheckpointMachine]:
+    """A factory of machines bound to `harness`, for `run_state_machine_as_test`; with `swarm`, of swarm machines;
+    `weights` changes the families' weights in the draw.
     Hypothesis keys its example database (and, derandomized, its draws) on the factory's source plus this digest,
     so each deployment (and each draw) keeps its own examples: a failure saved by one is not replayed against
     another. The plain factory's source is left as it was, so its derandomized draws stay the same."""
 
     def factory() -> CheckpointMachine:
-        return CheckpointMachine(harness, stats)
+        return CheckpointMachine(harness, stats, weights=weights)
 
     def swarm_factory() -> CheckpointMachine:
-        return SwarmMachine(harness, stats)
+        return SwarmMachine(harness, stats, weights=weights)
 
     chosen = swarm_factory if swarm else factory
     chosen._hypothesis_internal_add_digest = harness.spec.key.encode()  # type: ignore[attr-defined]
