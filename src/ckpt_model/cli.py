@@ -71,6 +71,8 @@ if TYPE_CHECKING:  # the stateful module is imported only when a check runs
 
 REAL_GYM_DOC = "docs/real-gym.md"
 SEED_BITS = 32
+# The examples a search with --max-time and no --examples may run: more than any time limit lets it.
+UNTIL_THE_TIME_LIMIT = 10**9
 
 
 class Parser(argparse.ArgumentParser):
@@ -97,6 +99,19 @@ def int_at_least(minimum: int, what: str) -> typing.Callable[[str], int]:
         return value
 
     return parse
+
+
+def duration(text: str) -> float:
+    """An argparse type: a duration in seconds, or with a unit (90, 90s, 2m, 1h), more than zero."""
+    units = {"s": 1.0, "m": 60.0, "h": 3600.0}
+    number, unit = (text[:-1], units[text[-1]]) if text and text[-1] in units else (text, 1.0)
+    try:
+        seconds = float(number) * unit
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0 or seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a duration such as 90, 90s, 2m or 1h (got {text!r})")
+    return seconds
 
 
 positive_int = int_at_least(1, "positive")
@@ -138,6 +153,13 @@ def build_parser() -> Parser:
     check.add_argument("--profile", choices=sorted(profiles.PROFILES), default="default", help="default: default")
     check.add_argument("--examples", type=positive_int, help="override the profile's max_examples")
     check.add_argument("--steps", type=positive_int, help="override the profile's stateful_step_count")
+    check.add_argument(
+        "--max-time",
+        type=duration,
+        metavar="DURATION",
+        help="stop the search cleanly at the first example boundary after DURATION (90, 90s, 2m, 1h) and report "
+        "what it covered; without --examples the search runs examples until then",
+    )
     check.add_argument(
         "--seed", type=seed_int, help="draw the examples from this seed, with no example database (reproducible)"
     )
@@ -305,6 +327,8 @@ def profile_settings(args: argparse.Namespace) -> settings:
     overrides: dict[str, Any] = {}
     if args.examples is not None:
         overrides["max_examples"] = args.examples
+    elif getattr(args, "max_time", None) is not None:
+        overrides["max_examples"] = UNTIL_THE_TIME_LIMIT
     if args.steps is not None:
         overrides["stateful_step_count"] = args.steps
     if args.seed is not None:
@@ -349,7 +373,7 @@ def banner(
         f"  options:     {spec.options_text}",
         f"  profile:     {args.profile} ({profile_description(chosen, seeded_run=args.seed is not None)})",
         f"  seed:        {seed_line}",
-        f"  examples:    {chosen.max_examples}, each of up to {chosen.stateful_step_count} steps",
+        f"  examples:    {examples_line(args, chosen)}",
         f"  draw:        {draw_line(args)}",
         "  swarm:       "
         + ("yes: each example leaves out some rules and mechanisms" if getattr(args, "swarm", False) else "no"),
@@ -374,6 +398,18 @@ def banner(
                 f"on {spec.topology}/{spec.verify_mode} it may never show"
             )
     return "\n".join(lines)
+
+
+def examples_line(args: argparse.Namespace, chosen: settings) -> str:
+    """The banner's words for how many examples, how long each, and the time limit."""
+    steps = f"each of up to {chosen.stateful_step_count} steps"
+    max_time = getattr(args, "max_time", None)
+    if max_time is None:
+        return f"{chosen.max_examples}, {steps}"
+    limit = f"the search stops at the first example boundary after {max_time:g} s (--max-time)"
+    if chosen.max_examples == UNTIL_THE_TIME_LIMIT:
+        return f"until the time limit, {steps}; {limit}"
+    return f"{chosen.max_examples} at most, {steps}; {limit}"
 
 
 def draw_line(args: argparse.Namespace) -> str:
@@ -468,6 +504,7 @@ def run_check(args: argparse.Namespace) -> int:
                     swarm=args.swarm,
                     weights=args.family_weights,
                     seed=seed,
+                    max_time_s=args.max_time,
                     minimise=args.minimise,
                     replays=args.replays,
                     progress=progress,
@@ -493,8 +530,9 @@ def run_check(args: argparse.Namespace) -> int:
     print(statistics_line(stats), flush=True)
     if kept is not None:
         print(f"kept in {kept}: {artifacts.LOGS}/ (every server's full log)", flush=True)
+    note = asked_note(len(stats.finished), chosen.max_examples, stats.stopped_by_time)
     print(
-        f"PASSED: {len(stats.finished)} examples{asked_note(len(stats.finished), chosen.max_examples)} in "
+        f"PASSED: {len(stats.finished)} examples{note} in "
         f"{time.monotonic() - stats.started_s:.1f} s, no property violated; {verdict_scope(capabilities)}",
         flush=True,
     )
@@ -565,8 +603,14 @@ class RunRecord:
                 write_output(path, text())
 
 
-def asked_note(ran: int, asked: int) -> str:
+def asked_note(ran: int, asked: int, stopped_by_time: bool = False) -> str:
     """Why a run's count of examples differs from the count asked for, when it does."""
+    if stopped_by_time:
+        return (
+            " (as many as its time allowed: --max-time)"
+            if asked == UNTIL_THE_TIME_LIMIT
+            else f" ({asked} asked; its time ran out first: --max-time)"
+        )
     if ran > asked:
         return f" ({asked} asked; Hypothesis also runs examples it then discards as incomplete)"
     if ran < asked:
