@@ -564,6 +564,14 @@ class RunRecord:
         if self.search_s is None:
             self.search_s = time.monotonic() - self.stats.started_s
 
+    def unmet(self) -> list[str]:
+        """Every goal and rule that applies to this deployment and no example reached."""
+        from ckpt_model import goals
+        from ckpt_model.machine import CheckpointMachine
+        from ckpt_model.steplog import rule_names
+
+        return goals.unmet(self.stats, self.spec, rule_names(CheckpointMachine))
+
     def finish(self, code: int, failures: Sequence[BaseException]) -> None:
         """Write the files asked for; a file that cannot be written is said, and never changes the verdict."""
         if self.args.json is None and self.args.junit is None:
@@ -594,7 +602,7 @@ class RunRecord:
                 "first_failure": self.stats.first_failure_s,
                 "measuring": None if self.search_s is None or not failures else total_s - self.search_s,
             },
-            statistics=Statistics.of(self.stats),
+            statistics=Statistics.of(self.stats, self.unmet()),
             skipped=self.unchecked(),
             version=package_version(),
         )
