@@ -177,3 +177,16 @@ def test_every_example_reports_how_rare_its_goals_were(monkeypatch: pytest.Monke
     drawn_by({})
     assert reported
     assert {label for _score, label in reported} == {steplog.RARE_GOALS}
+
+
+def test_every_rule_of_the_machine_has_a_family_and_the_protocol_weighs_more_than_half() -> None:
+    from ckpt_model.machine import CheckpointMachine
+    from ckpt_model.steplog import families_of, rule_names
+
+    family_of = families_of(CheckpointMachine)
+    assert sorted(family_of) == rule_names(CheckpointMachine)
+    families = set(family_of.values())
+    protocol = sum(family.weight for family in families if family.protocol)
+    assert protocol > sum(family.weight for family in families) / 2
+    assert len({family.name for family in families}) == len(families)  # one declaration per name
+    assert list(draw.weights_of(CheckpointMachine))[:4] == ["rollouts", "calls", "checkpoints", "restores"]
