@@ -174,6 +174,7 @@ def test_check_passes_on_the_fault_free_stack_after_its_banner(tmp_path: Path) -
         "swarm:       no",
         "draw:        a family by weight, then one of its rules: rollouts 20, calls 15,",
         f"artifacts:   kept in {tmp_path / 'kept'} (--keep-artifacts)",
+        "time:        owned by the checker (clock jumps",
     ]:
         assert line in banner
     assert "PASSED" in result.stdout
