@@ -957,11 +957,14 @@ class Harness:
             self.pass_time(passed_s - self.time_passed_s)
 
     def _catch_up(self, servers: Mapping[str, str]) -> None:
-        """Move freshly started servers to the time that passed in this example (a new process starts on the true
-        time)."""
-        if self.time_passed_s:
+        """Move freshly started participants to the time that passed in this example (a new process starts on the
+        true time). Only participants, whose clocks `pass_time` moves: a server that is none (a relay) may have no
+        clock to move."""
+        if self.time_passed_s and self._control is not None:
+            participants = {member.name for member in self._control.participants}
             for name in servers:
-                self._set_offset(name)
+                if name in participants:
+                    self._set_offset(name)
 
     def _fresh(self, names: Iterable[str]) -> None:
         """Fresh processes of `names`: none is frozen or skewed any more."""

@@ -233,3 +233,26 @@ def test_the_harness_jumps_every_clock_and_a_frozen_server_s_as_it_goes_on() -> 
     assert now > lapses_at
     assert skewed - time.time() == pytest.approx(30.0, abs=5.0)
     assert reads - now == pytest.approx(30.0, abs=5.0)  # the skew on top of the time passed
+
+
+@pytest.mark.skipif(clock.library() is None, reason="Debian's faketime is not installed (.ci/run installs it)")
+def test_a_crash_after_time_passed_moves_the_fresh_participants_and_no_relay() -> None:
+    """A fresh process starts on the true time: after a crash the harness moves each participant to the time that
+    passed (its deadlines and lease agree with the controller's), and leaves a relay, which has no clock route."""
+    with Harness.embedded("counter") as harness:
+        harness.begin_example()
+        assert harness.jump_to(harness.now() + 100.0)
+        harness.crash()
+        assert harness.control is not None
+        offsets = [look_alike(harness, member.name) - harness.now() for member in harness.control.participants]
+
+    assert len(offsets) == 3  # the agent, the resources server, the policy model: not the relay
+    assert offsets == pytest.approx([0.0] * 3, abs=5.0)
+
+
+def look_alike(harness: Harness, name: str) -> float:
+    """The time server `name`'s clock reads now (`GET /_ctl/clock`)."""
+    url, headers = f"{harness.servers[name]}/_ctl/clock", {"Authorization": bearer(harness.deployment.token)}
+    response = httpx.get(url, headers=headers)
+    response.raise_for_status()
+    return float(response.json()["time"])
