@@ -67,7 +67,7 @@ from ckpt_model.topologies import EPISODE_OWNERS, TOPOLOGIES, VERIFY_MODES
 from ckpt_model.verdicts import Exit, exception_text, kind_of, leaves, report_failure
 
 if TYPE_CHECKING:  # the stateful module is imported only when a check runs
-    from ckpt_model.deployment import PlantedFault
+    from ckpt_model.deployment import Harness, PlantedFault
 
 REAL_GYM_DOC = "docs/real-gym.md"
 SEED_BITS = 32
@@ -350,6 +350,17 @@ CLOCKS_NOTE = (
 )
 
 
+def time_line(harness: Harness) -> str:
+    """The banner's line on time: whether a rule's wait for a deadline, a lease or a frozen participant's outlasted
+    deadline is a jump of the clocks the checker owns (milliseconds), or a real wait (seconds), and why."""
+    if harness.owns_time:
+        return "  time:        owned by the checker (clock jumps: a wait for a deadline or a lease takes no time)"
+    return (
+        f"  time:        real waits (the {harness.spec.label} deployment cannot move its servers' clocks: "
+        "a wait for a deadline or a lease takes its seconds)"
+    )
+
+
 def banner(
     args: argparse.Namespace,
     spec: DeploymentSpec,
@@ -488,6 +499,7 @@ def run_check(args: argparse.Namespace) -> int:
         try:
             harness = Harness(gym, spec=spec, artifacts=kept) if gym else Harness.embedded(spec, artifacts=kept)
             run.harness = harness
+            print(time_line(harness), flush=True)
             if gym is None and not harness.can_skew_clocks:
                 print(f"  note: {CLOCKS_NOTE}", flush=True)
             try:

@@ -174,6 +174,7 @@ def test_check_passes_on_the_fault_free_stack_after_its_banner(tmp_path: Path) -
         "swarm:       no",
         "draw:        a family by weight, then one of its rules: rollouts 20, calls 15,",
         f"artifacts:   kept in {tmp_path / 'kept'} (--keep-artifacts)",
+        "time:        owned by the checker (clock jumps",
     ]:
         assert line in banner
     assert "PASSED" in result.stdout
@@ -186,6 +187,18 @@ def test_check_passes_on_the_fault_free_stack_after_its_banner(tmp_path: Path) -
     assert sorted(path.name for path in (tmp_path / "kept").iterdir()) == ["logs"]
     assert '"POST /run HTTP/1.1" 200' in (tmp_path / "kept" / "logs" / "environment.log").read_text()
     assert left_behind(tmp_path) == []
+
+
+def test_check_says_its_waits_are_real_where_no_clock_can_be_moved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without libfaketime the look-alike's clocks are not the checker's: a rule's wait for a deadline or a lease
+    takes its seconds, and the banner says so (with it, the line says the clocks jump: the test above)."""
+    monkeypatch.setenv("CKPT_MODEL_LIBFAKETIME", "/nonexistent/libfaketime.so.1")
+    result = ckpt_model(tmp_path, "check", "--topology", "native", "--examples", "1", "--steps", "2", developer=True)
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "time:        real waits (the native deployment cannot move its servers' clocks" in result.stdout
 
 
 def test_check_stops_at_its_time_limit_between_examples_and_reports_what_it_covered(tmp_path: Path) -> None:
