@@ -136,22 +136,24 @@ def _event(text: str) -> None:
         event(text)
 
 
+def _rule_attribute(machine_type: type, attribute: str) -> dict[str, Any]:
+    """Every rule of the machine class and the value `action` set on it as `attribute`, by name, over its bases."""
+    found: dict[str, Any] = {}
+    for klass in reversed(machine_type.__mro__):
+        found.update((name, got) for name, value in vars(klass).items() if (got := getattr(value, attribute, None)))
+    return dict(sorted(found.items()))
+
+
 @functools.cache
 def gates(machine_type: type) -> Mapping[str, Gate]:
     """Every rule of the machine class and its precondition, by name (the attribute `action` sets)."""
-    found: dict[str, Gate] = {}
-    for klass in reversed(machine_type.__mro__):
-        found.update((name, gate) for name, value in vars(klass).items() if (gate := getattr(value, GATE, None)))
-    return dict(sorted(found.items()))
+    return _rule_attribute(machine_type, GATE)
 
 
 @functools.cache
 def families_of(machine_type: type) -> Mapping[str, Family]:
     """Every rule of the machine class and its family, by name (the attribute `action` sets)."""
-    found: dict[str, Family] = {}
-    for klass in reversed(machine_type.__mro__):
-        found.update((name, family) for name, value in vars(klass).items() if (family := getattr(value, FAMILY, None)))
-    return dict(sorted(found.items()))
+    return _rule_attribute(machine_type, FAMILY)
 
 
 def rule_names(machine_type: type) -> list[str]:
