@@ -195,7 +195,9 @@ class EmbeddedDeployment:
     @property
     def skews_clocks(self) -> bool:
         """Whether one server's wall clock can be moved alone (`fakes.clock`): Debian's `faketime` is installed, and
-        the monotonic clocks do not follow the offsets (no `time_jumps`)."""
+        the monotonic clocks do not follow the offsets (no `time_jumps`). The checker then also owns the time of
+        every server: it moves their wall clocks together where it would wait for a deadline or a lease (each offset
+        the time passed plus the server's skew, `ckpt_model.deployment.Harness.jump_to`)."""
         return clock.library() is not None and not self.stack.time_jumps
 
     @property

@@ -552,7 +552,14 @@ class ControlPlane:
                 f"{self._name} runs without libfaketime, so its clock cannot be skewed; install Debian's faketime"
             )
         clock.set_offset(request.offset_s)
-        # A clock that jumped (monotonic too, `fakes.clock`) makes timers due: idle keep-alive connections close,
+        # The lease's timer and the deadlines requests wait under run on the monotonic clock, which a move of the
+        # wall clock alone leaves behind: time them again from the wall clock, so a lease or a deadline it jumped
+        # past falls due now, as after that much real time; and wake every wait on this server's state (a prepare
+        # waiting for readiness re-reads its deadline).
+        self.lease.rearm()
+        self.runner.clock_moved()
+        self.notify()
+        # A clock that jumped makes timers due: idle keep-alive connections close (monotonic too, `fakes.clock`),
         # leases lapse. Let the loop run them before answering, so the caller's next request on a pooled connection
         # never meets one this server is closing at that moment.
         for _ in range(TIMER_TURNS):

@@ -47,6 +47,13 @@ class Lease:
         self._holder = checkpoint_id
         self._arm()
 
+    def rearm(self) -> None:
+        """Arm the timer again from the wall clock as it reads now. The timer runs on the loop's monotonic clock,
+        which a skew or a jump of the wall clock alone leaves where it was: without this, a lease the wall clock
+        jumped past would lapse only once its old delay ran out in real time (`POST /_ctl/clock` calls it)."""
+        if self.expires_at is not None and self._timer is not None:
+            self._arm()
+
     def clear(self) -> None:
         """No lease: the checkpoint ended (or the server shuts down)."""
         if self._timer is not None:

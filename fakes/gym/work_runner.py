@@ -96,6 +96,8 @@ class WorkRunner:
         self._clock = clock
         self._results: dict[tuple[str, str], Result] = {}
         self._background: set[asyncio.Task[Any]] = set()
+        # Every deadline a request waits under now (`bounded`), with the wall time it falls at.
+        self._bounds: dict[asyncio.Timeout, float] = {}
 
     async def run(self, op: str, operation: Callable[[], Awaitable[Reply]]) -> Reply:
         """Run the operation; an unexpected exception becomes 500 checkpoint_error."""
@@ -145,13 +147,26 @@ class WorkRunner:
         timeout = asyncio.timeout(remaining_s)
         try:
             async with timeout:
-                yield
+                self._bounds[timeout] = self._clock() + remaining_s
+                try:
+                    yield
+                finally:
+                    del self._bounds[timeout]
         except TimeoutError as exc:
             if not timeout.expired():
                 raise
             raise DeadlineExceededError(
                 f"{what} did not finish by its deadline on {self.name}; retry with a later deadline"
             ) from exc
+
+    def clock_moved(self) -> None:
+        """The wall clock moved (a skew, or time passing, `POST /_ctl/clock`): each deadline waited under is timed
+        again from it. Its timer runs on the loop's monotonic clock, which a move of the wall clock alone leaves
+        where it was, so a request whose deadline the wall clock jumped past would wait out the old delay."""
+        now, loop_now = self._clock(), asyncio.get_running_loop().time()
+        for timeout, wall_deadline in self._bounds.items():
+            if not timeout.expired():
+                timeout.reschedule(loop_now + max(wall_deadline - now, 0.0))
 
     # -- recorded replies -----------------------------------------------------------------------------------
 

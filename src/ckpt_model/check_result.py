@@ -55,9 +55,14 @@ class Statistics:
     crashes_inside_operations: int
     goals: Mapping[str, int]
     rules_drawn: Mapping[str, int]
+    # Each drawn rule's seconds over its draws (its settle and audits included).
+    rule_seconds: Mapping[str, float] = attrs.field(factory=dict)
+    # Every applicable goal and rule no example reached, in words (`goals.unmet`).
+    unmet: tuple[str, ...] = ()
+    stopped_by_time: bool = False
 
     @classmethod
-    def of(cls, stats: SearchStats) -> Statistics:
+    def of(cls, stats: SearchStats, unmet: Sequence[str] = ()) -> Statistics:
         return cls(
             examples=stats.examples,
             examples_finished=len(stats.finished),
@@ -66,10 +71,18 @@ class Statistics:
             crashes_inside_operations=sum(example.crashes_inside for example in stats.finished),
             goals=dict(sorted(stats.goals.items())),
             rules_drawn=dict(sorted(stats.drawn.items())),
+            rule_seconds={rule: round(seconds, 4) for rule, seconds in sorted(stats.rule_seconds.items())},
+            unmet=tuple(unmet),
+            stopped_by_time=stats.stopped_by_time,
         )
 
     def document(self) -> dict[str, Any]:
-        return attrs.asdict(self, recurse=False) | {"goals": dict(self.goals), "rules_drawn": dict(self.rules_drawn)}
+        return attrs.asdict(self, recurse=False) | {
+            "goals": dict(self.goals),
+            "rules_drawn": dict(self.rules_drawn),
+            "rule_seconds": dict(self.rule_seconds),
+            "unmet": list(self.unmet),
+        }
 
 
 @attrs.frozen

@@ -11,7 +11,7 @@ found and made minimal.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from hypothesis import Phase, settings
@@ -38,27 +38,72 @@ def search(
     stats: SearchStats,
     *,
     swarm: bool = False,
+    weights: Mapping[str, int] | None = None,
     seed: int | None = None,
+    max_time_s: float | None = None,
     minimise: bool = True,
     replays: int = REPLAYS,
     progress: Progress | None = None,
     searched: Any = None,
 ) -> None:
-    """Run the machine on `harness` with `chosen`; on a failure, call `searched()` (if given), then measure each
-    failure's rate and (with `minimise`) make it 1-minimal, and re-raise what the run raised. `chosen` is used as
+    """Run the machine on `harness` with `chosen` (and the families' `weights`); on a failure, call `searched()`
+    (if given), then measure each failure's rate and (with `minimise`) make it 1-minimal, and re-raise what the run
+    raised. `chosen` is used as
     given: `without_shrink` is the caller's choice (the CLI keeps Hypothesis's shrink with `--no-minimise`)."""
     from hypothesis.stateful import run_state_machine_as_test
 
     from ckpt_model.machine import machine_for
 
-    factory = machine_for(harness, stats, swarm=swarm)
+    factory: type[RuleBasedStateMachine] = machine_for(harness, stats, swarm=swarm, weights=weights)
+    if max_time_s is not None:
+        factory = within(factory, stats, max_time_s)
     try:
         run_state_machine_as_test(factory if seed is None else seeded(factory, seed), settings=chosen)
+    except TimeLimitReached:
+        stats.stopped_by_time = True
+        return
     except Exception as error:
+        if time_limit_behind(error):
+            stats.stopped_by_time = True
+            return
         if searched is not None:
             searched()
         measure_failures(harness, error, stats.seen, minimise=minimise, replays=replays, progress=progress)
         raise
+
+
+class TimeLimitReached(BaseException):
+    """The search's time ran out (`--max-time`), between two examples. A BaseException, as KeyboardInterrupt is:
+    Hypothesis hands it straight back instead of taking it for a failure to shrink."""
+
+
+def time_limit_behind(error: BaseException) -> bool:
+    """Whether `error` was raised while Hypothesis handled `TimeLimitReached`: an example that stops before its
+    first draw, where an earlier one with the same start drew on, is one Hypothesis calls inconsistent
+    (`FlakyStrategyDefinition`), the time limit in its context."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, TimeLimitReached):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def within(factory: type[RuleBasedStateMachine], stats: SearchStats, max_time_s: float) -> type[RuleBasedStateMachine]:
+    """The machine factory, stopping the search once `max_time_s` passed since `stats` started: the next example
+    raises `TimeLimitReached` before it starts anything, so no example is cut short and the examples run so far
+    keep their statistics. Never once a failure was seen: Hypothesis may still be replaying or shrinking it."""
+
+    def machine() -> Any:
+        if stats.first_failure_s is None and time.monotonic() - stats.started_s >= max_time_s:
+            raise TimeLimitReached
+        return factory()
+
+    machine.__wrapped__ = factory  # type: ignore[attr-defined]  # as in `seeded`: the same database key
+    digest = getattr(factory, "_hypothesis_internal_add_digest", None)
+    if digest is not None:
+        machine._hypothesis_internal_add_digest = digest  # type: ignore[attr-defined]
+    return cast("type[RuleBasedStateMachine]", machine)
 
 
 def seeded(factory: type[RuleBasedStateMachine], seed: int) -> type[RuleBasedStateMachine]:
@@ -132,7 +177,8 @@ def describe_failure(error: BaseException) -> str:
 
 
 def statistics_line(stats: SearchStats) -> str:
-    """The run's figures in one line: examples run and finished, steps, crashes, examples per second."""
+    """The run's figures in one line: examples run and finished, steps, crashes, examples per second, milliseconds
+    per step (all of the search's time over all steps, the drains included), and whether the time limit ended it."""
     finished = stats.finished
     elapsed_s = max(time.monotonic() - stats.started_s, 1e-9)
     steps = sum(example.steps for example in finished)
@@ -140,7 +186,9 @@ def statistics_line(stats: SearchStats) -> str:
     inside = sum(example.crashes_inside for example in finished)
     cut = stats.examples - len(finished)
     cut_text = f" ({cut} more cut short: a failure, or Hypothesis's own replays)" if cut > 0 else ""
+    per_step = f", {1000 * elapsed_s / steps:.0f} ms/step" if steps else ""
+    limit = "; stopped at its time limit (--max-time)" if stats.stopped_by_time else ""
     return (
         f"statistics: {len(finished)} examples finished{cut_text}, {steps} steps, {crashes} crashes "
-        f"({inside} inside an operation), {len(finished) / elapsed_s:.2f} examples/s"
+        f"({inside} inside an operation), {len(finished) / elapsed_s:.2f} examples/s{per_step}{limit}"
     )

@@ -67,10 +67,12 @@ from ckpt_model.topologies import EPISODE_OWNERS, TOPOLOGIES, VERIFY_MODES
 from ckpt_model.verdicts import Exit, exception_text, kind_of, leaves, report_failure
 
 if TYPE_CHECKING:  # the stateful module is imported only when a check runs
-    from ckpt_model.deployment import PlantedFault
+    from ckpt_model.deployment import Harness, PlantedFault
 
 REAL_GYM_DOC = "docs/real-gym.md"
 SEED_BITS = 32
+# The examples a search with --max-time and no --examples may run: more than any time limit lets it.
+UNTIL_THE_TIME_LIMIT = 10**9
 
 
 class Parser(argparse.ArgumentParser):
@@ -97,6 +99,19 @@ def int_at_least(minimum: int, what: str) -> typing.Callable[[str], int]:
         return value
 
     return parse
+
+
+def duration(text: str) -> float:
+    """An argparse type: a duration in seconds, or with a unit (90, 90s, 2m, 1h), more than zero."""
+    units = {"s": 1.0, "m": 60.0, "h": 3600.0}
+    number, unit = (text[:-1], units[text[-1]]) if text and text[-1] in units else (text, 1.0)
+    try:
+        seconds = float(number) * unit
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0 or seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a duration such as 90, 90s, 2m or 1h (got {text!r})")
+    return seconds
 
 
 positive_int = int_at_least(1, "positive")
@@ -139,6 +154,13 @@ def build_parser() -> Parser:
     check.add_argument("--examples", type=positive_int, help="override the profile's max_examples")
     check.add_argument("--steps", type=positive_int, help="override the profile's stateful_step_count")
     check.add_argument(
+        "--max-time",
+        type=duration,
+        metavar="DURATION",
+        help="stop the search cleanly at the first example boundary after DURATION (90, 90s, 2m, 1h) and report "
+        "what it covered; without --examples the search runs examples until then",
+    )
+    check.add_argument(
         "--seed", type=seed_int, help="draw the examples from this seed, with no example database (reproducible)"
     )
     check.add_argument(
@@ -146,6 +168,13 @@ def build_parser() -> Parser:
         type=Path,
         metavar="FILE",
         help=f"check a real Gym deployment described in this JSON file instead of the embedded stack ({REAL_GYM_DOC})",
+    )
+    check.add_argument(
+        "--weights",
+        metavar="FAMILY=N,...",
+        help="the families' weights in the draw (each step draws a family by weight, then one of its rules; "
+        "0 leaves a family out while another can move): for example crashes=2,pauses=0; `ckpt-model check "
+        "--help` lists the families in its banner, docs/how-it-works.md#the-draw says why each weighs what it does",
     )
     check.add_argument(
         "--swarm",
@@ -298,6 +327,8 @@ def profile_settings(args: argparse.Namespace) -> settings:
     overrides: dict[str, Any] = {}
     if args.examples is not None:
         overrides["max_examples"] = args.examples
+    elif getattr(args, "max_time", None) is not None:
+        overrides["max_examples"] = UNTIL_THE_TIME_LIMIT
     if args.steps is not None:
         overrides["stateful_step_count"] = args.steps
     if args.seed is not None:
@@ -317,6 +348,17 @@ CLOCKS_NOTE = (
     "this deployment cannot skew a server's clock, so skewed_clock (P18) is never drawn; for the embedded stack, "
     "install Debian's faketime (apt-get install faketime)"
 )
+
+
+def time_line(harness: Harness) -> str:
+    """The banner's line on time: whether a rule's wait for a deadline, a lease or a frozen participant's outlasted
+    deadline is a jump of the clocks the checker owns (milliseconds), or a real wait (seconds), and why."""
+    if harness.owns_time:
+        return "  time:        owned by the checker (clock jumps: a wait for a deadline or a lease takes no time)"
+    return (
+        f"  time:        real waits (the {harness.spec.label} deployment cannot move its servers' clocks: "
+        "a wait for a deadline or a lease takes its seconds)"
+    )
 
 
 def banner(
@@ -342,7 +384,8 @@ def banner(
         f"  options:     {spec.options_text}",
         f"  profile:     {args.profile} ({profile_description(chosen, seeded_run=args.seed is not None)})",
         f"  seed:        {seed_line}",
-        f"  examples:    {chosen.max_examples}, each of up to {chosen.stateful_step_count} steps",
+        f"  examples:    {examples_line(args, chosen)}",
+        f"  draw:        {draw_line(args)}",
         "  swarm:       "
         + ("yes: each example leaves out some rules and mechanisms" if getattr(args, "swarm", False) else "no"),
         "  minimise:    "
@@ -368,6 +411,28 @@ def banner(
     return "\n".join(lines)
 
 
+def examples_line(args: argparse.Namespace, chosen: settings) -> str:
+    """The banner's words for how many examples, how long each, and the time limit."""
+    steps = f"each of up to {chosen.stateful_step_count} steps"
+    max_time = getattr(args, "max_time", None)
+    if max_time is None:
+        return f"{chosen.max_examples}, {steps}"
+    limit = f"the search stops at the first example boundary after {max_time:g} s (--max-time)"
+    if chosen.max_examples == UNTIL_THE_TIME_LIMIT:
+        return f"until the time limit, {steps}; {limit}"
+    return f"{chosen.max_examples} at most, {steps}; {limit}"
+
+
+def draw_line(args: argparse.Namespace) -> str:
+    """The banner's words for the draw: the families' weights, and whether `--weights` changed them."""
+    from ckpt_model.draw import describe
+
+    weights = getattr(args, "family_weights", None)
+    if weights is None:  # a controller whose machine draws as Hypothesis does
+        return "a rule among those enabled, uniformly (Hypothesis's draw)"
+    return describe(weights) + (" (--weights)" if args.weights else " (the default weights)")
+
+
 def artifacts_dir(args: argparse.Namespace) -> Path | None:
     """`--keep-artifacts DIR`, made ready before any server starts (`artifacts.prepare`): a DIR that is not empty
     or cannot be created is a usage error. The absolute path is kept on `args`, for the banner."""
@@ -387,14 +452,15 @@ def profile_description(chosen: settings, *, seeded_run: bool) -> str:
 
 def run_check(args: argparse.Namespace) -> int:
     # Imported here, not at the top: `--help` and usage errors need none of the stack.
-    from ckpt_model import goals
+    from ckpt_model import draw, goals
     from ckpt_model.checking import statistics_line
     from ckpt_model.deployment import Harness
     from ckpt_model.machine import CheckpointMachine
     from ckpt_model.progress import Progress
     from ckpt_model.stats import SearchStats
-    from ckpt_model.steplog import declarations, scopes
+    from ckpt_model.steplog import declarations, families_of, scopes
 
+    families = families_of(CheckpointMachine).values()
     if args.controller == "collection":
         from ckpt_model import collection_check
 
@@ -418,6 +484,10 @@ def run_check(args: argparse.Namespace) -> int:
             args.examples = min(args.examples or gym.examples_max, gym.examples_max)
     else:
         spec = chosen_spec(args, faults)
+    try:
+        args.family_weights = draw.weights_of(CheckpointMachine, draw.parse_weights(args.weights or "", families))
+    except ValueError as error:
+        raise UsageError(f"--weights: {error}") from None
     chosen = run_settings(args)
     seed = chosen_seed(args, chosen)
     kept = artifacts_dir(args)
@@ -429,6 +499,7 @@ def run_check(args: argparse.Namespace) -> int:
         try:
             harness = Harness(gym, spec=spec, artifacts=kept) if gym else Harness.embedded(spec, artifacts=kept)
             run.harness = harness
+            print(time_line(harness), flush=True)
             if gym is None and not harness.can_skew_clocks:
                 print(f"  note: {CLOCKS_NOTE}", flush=True)
             try:
@@ -443,7 +514,9 @@ def run_check(args: argparse.Namespace) -> int:
                     chosen,
                     stats,
                     swarm=args.swarm,
+                    weights=args.family_weights,
                     seed=seed,
+                    max_time_s=args.max_time,
                     minimise=args.minimise,
                     replays=args.replays,
                     progress=progress,
@@ -463,14 +536,16 @@ def run_check(args: argparse.Namespace) -> int:
     capabilities = Capabilities.of(harness)
     rules = declarations(CheckpointMachine)
     undrawable = [rule.name for rule in undrawable_rules(capabilities, rules)]
-    print(goals.table(stats, spec, scopes(CheckpointMachine), undrawable), flush=True)
+    family_of = draw.family_by_rule(CheckpointMachine)
+    print(goals.table(stats, spec, scopes(CheckpointMachine), undrawable, family_of), flush=True)
     for line in summary(capabilities, rules, rule_shown=lambda rule: rules[rule].applies(spec)):
         print(line, flush=True)
     print(statistics_line(stats), flush=True)
     if kept is not None:
         print(f"kept in {kept}: {artifacts.LOGS}/ (every server's full log)", flush=True)
+    note = asked_note(len(stats.finished), chosen.max_examples, stats.stopped_by_time)
     print(
-        f"PASSED: {len(stats.finished)} examples{asked_note(len(stats.finished), chosen.max_examples)} in "
+        f"PASSED: {len(stats.finished)} examples{note} in "
         f"{time.monotonic() - stats.started_s:.1f} s, no property violated; {verdict_scope(capabilities, rules)}",
         flush=True,
     )
@@ -505,6 +580,14 @@ class RunRecord:
         if self.search_s is None:
             self.search_s = time.monotonic() - self.stats.started_s
 
+    def unmet(self) -> list[str]:
+        """Every goal and rule that applies to this deployment and no example reached."""
+        from ckpt_model import goals
+        from ckpt_model.machine import CheckpointMachine
+        from ckpt_model.steplog import scopes
+
+        return goals.unmet(self.stats, self.spec, scopes(CheckpointMachine))
+
     def finish(self, code: int, failures: Sequence[BaseException]) -> None:
         """Write the files asked for; a file that cannot be written is said, and never changes the verdict."""
         if self.args.json is None and self.args.junit is None:
@@ -535,7 +618,7 @@ class RunRecord:
                 "first_failure": self.stats.first_failure_s,
                 "measuring": None if self.search_s is None or not failures else total_s - self.search_s,
             },
-            statistics=Statistics.of(self.stats),
+            statistics=Statistics.of(self.stats, self.unmet()),
             skipped=self.unchecked(),
             version=package_version(),
         )
@@ -544,8 +627,14 @@ class RunRecord:
                 write_output(path, text())
 
 
-def asked_note(ran: int, asked: int) -> str:
+def asked_note(ran: int, asked: int, stopped_by_time: bool = False) -> str:
     """Why a run's count of examples differs from the count asked for, when it does."""
+    if stopped_by_time:
+        return (
+            " (as many as its time allowed: --max-time)"
+            if asked == UNTIL_THE_TIME_LIMIT
+            else f" ({asked} asked; its time ran out first: --max-time)"
+        )
     if ran > asked:
         return f" ({asked} asked; Hypothesis also runs examples it then discards as incomplete)"
     if ran < asked:

@@ -28,6 +28,8 @@ TRAINER_ONLY = {
     "junit": "--junit",
     "verify_mode": "--verify-mode",
     "keep_artifacts": "--keep-artifacts",
+    "weights": "--weights (the collection machine draws as Hypothesis does)",
+    "max_time": "--max-time",
 }
 PROPERTIES = "P22 LATEST, P23 stops and saves, P24 continued, P25 every row once"
 # The servers' properties judged on the collection runs' own calls (`ckpt_model.collector_calls`, docs/collection.md).

@@ -271,11 +271,12 @@ class Controller:
         deadline_s: float = QUIET_PREPARE_DEADLINE_S,
         meanwhile: Callable[[], None] | None = None,
     ) -> bool:
-        """Prepare with a short deadline and say nothing more until the lease lapsed (waited for); `meanwhile` runs
-        once the participants are prepared (time passing, say). On a loaded machine the prepare can miss its
+        """Prepare with a short deadline (generous where the checker owns time: `Harness.room`) and say nothing more
+        until the lease lapsed (waited for, or jumped to); `meanwhile` runs once the participants are prepared (time
+        passing, say). On a loaded machine the prepare can miss its
         deadline; the controller then resumes, which leaves the participants where a lapse does, and `meanwhile`
         never runs. Nothing of it is retried. Whether the participants were prepared."""
-        deadline_ts = self._ahead(deadline_s)
+        deadline_ts = self._ahead(self.harness.room(deadline_s))
         invocation = self._invoke("prepare", checkpoint_id, checkpoint_id=checkpoint_id)
         try:
             prepared = self.control.prepare(checkpoint_id, deadline_ts).prepared

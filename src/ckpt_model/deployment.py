@@ -22,7 +22,11 @@ with `isinstance`; without one the machine never draws the rules that need it:
   them a crash inside a commit only lands between participants, and no participant dies in its restore.
 - `JumpsClocks`: `jump_clock(name, offset_s)` moves one server's wall and monotonic clocks forward together: time
   passes for it. The harness moves every server at once and its own clock with them (`Harness.pass_time`, read with
-  `Harness.now()`), and moves a fresh server to the time that passed; without it time never passes in an example.
+  `Harness.now()`), and moves a fresh server to the time that passed; without it no episode's budget sees time pass.
+- Owned time: a deployment that skews clocks (`SkewsClocks`) or jumps them owns its servers' time, and every wait
+  for a deadline or a lease becomes a jump of every clock to it (`Harness.jump_to`): the wall clocks alone on a
+  skewing deployment (each server's offset is the time that passed plus its skew), wall and monotonic on a jumping
+  one; without either, such waits are real waits.
 - `LosesUnsynced`: `lose_unsynced()`, after `crash_gym`, cuts the power: the checkpoint directories keep only what
   the writers made durable (fsynced); without it the machine never cuts the power.
 - `RestartEnvironment`: `restart_run_url()`, where the `/run`s of restarts go (a topology with a restart
@@ -57,7 +61,7 @@ import logging
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -88,6 +92,12 @@ STORAGE_POINTS = ("records.write", "records.fsync", "manifest.write", "manifest.
 STALL_POINTS = STORAGE_POINTS[:3]
 STORAGE_FAILURES = ("ENOSPC", "EIO")
 STALL = "stall"
+# A jump of the clocks to a deadline or a lease takes them this far past it: beyond the millisecond an offset is
+# rounded to, so what falls due at that instant is due on every clock (`Harness.jump_to`).
+CLOCK_STEP_S = 0.002
+# Where the checker owns time, a deadline it jumps past instead of waiting for leaves at least this much room: never
+# waited out, so it costs nothing, and a request on a loaded machine still arrives before it (`Harness.room`).
+OWNED_ROOM_S = 5.0
 # A commit can also meet a pause: its participant frozen (`Pauses`) until the commit's deadline passed.
 PAUSE = "pause"
 # The participant hooks a deployment can make fail once (`FailsHooks`): closing admission (after it closed), the
@@ -521,8 +531,13 @@ class Harness:
         self.backend: Gate | None = None
         self._ledger: LedgerClient | None = None
         self.example = 0
-        # How far every clock of the system has moved ahead of the true time in this example (`pass_time`).
+        # How far every clock of the system has moved ahead of the true time in this example (`pass_time`,
+        # `jump_to`); each server's own skew from the controller's clock (`skew_clock`) comes on top.
         self.time_passed_s = 0.0
+        self._skews: dict[str, float] = {}
+        # Frozen servers (`pause_server`), and those among them a jump passed by while they could not take it.
+        self._frozen: set[str] = set()
+        self._left_behind: set[str] = set()
         self.checkpoint_dir = self.root / "example-0" / "checkpoints"
         atexit.register(self.close)
         try:
@@ -735,6 +750,7 @@ class Harness:
             self._begin_traces()
             reset = self._chore(self._reset_backend) if self.backend is not None else None
             self.time_passed_s = 0.0  # fresh servers: the new example starts on the true time
+            self._skews.clear()
             with timing.span("directories"):
                 self.example += 1
                 if self.checkpoint_dir.parent != self.kept_example:
@@ -767,6 +783,7 @@ class Harness:
         with timing.span("restart.start"):
             servers = self._started(self.deployment.start_gym)
             self.dead_workers.clear()
+            self._fresh(servers)
             self._catch_up(servers)
         self._learn(servers)
 
@@ -805,6 +822,7 @@ class Harness:
             with timing.span("restart.one"):
                 servers = self._started(lambda: deployment.restart_server(name))
                 self.dead_workers.pop(name, None)
+                self._fresh([name])
                 self._catch_up({name: servers[name]})
             self._discover(servers)
 
@@ -837,9 +855,16 @@ class Harness:
 
     def pause_server(self, name: str) -> None:
         self._pausing().pause_server(name)
+        self._frozen.add(name)
 
     def continue_server(self, name: str) -> None:
+        """SIGCONT `name`; if time jumped while it was frozen, its clock jumps too before this returns, and its
+        timers fall due as after a real pause that long (`jump_to`)."""
         self._pausing().continue_server(name)
+        self._frozen.discard(name)
+        if name in self._left_behind:
+            self._left_behind.discard(name)
+            self._set_offset(name)
 
     @property
     def can_lose_replies(self) -> bool:
@@ -857,11 +882,12 @@ class Harness:
         return isinstance(deployment, SkewsClocks) and bool(deployment.skews_clocks)
 
     def skew_clock(self, name: str, offset_s: float) -> float:
-        """Move `name`'s clock `offset_s` from the true time; the time its clock reads right after."""
-        deployment = self.deployment
-        if not isinstance(deployment, SkewsClocks):
+        """Move `name`'s clock `offset_s` from the controller's (`now`; 0 puts it back); the time its clock reads
+        right after."""
+        if not self.can_skew_clocks:
             raise HarnessError(self._lacks("skews_clocks and skew_clock(name, offset_s)"))
-        return float(deployment.skew_clock(name, offset_s))
+        self._skews[name] = offset_s
+        return self._set_offset(name)
 
     @property
     def can_jump_clocks(self) -> bool:
@@ -873,29 +899,89 @@ class Harness:
         Every deadline the checker sends is reckoned on it."""
         return time.time() + self.time_passed_s
 
+    @property
+    def owns_time(self) -> bool:
+        """Whether the checker moves every clock of the system, so a wait for a deadline or a lease is a jump
+        (`jump_to`), not a wait."""
+        return self.can_skew_clocks or self.can_jump_clocks
+
     def pass_time(self, seconds: float) -> dict[str, float]:
         """Let `seconds` pass for the whole system at once: every server's clocks jump that far forward, and so does
-        the controller's (`now`). Returns the wall time each server's clock reads right after."""
+        the controller's (`now`). Returns the wall time each server's clock reads right after (a frozen server's
+        clock jumps once it goes on)."""
         if seconds <= 0:
             raise ValueError(f"time only passes forward (got {seconds!r} s)")
         control = self.control
         if control is None:
             raise HarnessError("no Gym is running: time can only pass for servers the controller knows")
+        if not self.owns_time:
+            raise HarnessError(self._lacks("jumps_clocks and jump_clock(name, offset_s)"))
         self.time_passed_s += seconds
-        return {member.name: self._jump(member.name) for member in control.participants}
+        self._left_behind |= self._frozen
+        return {m.name: self._set_offset(m.name) for m in control.participants if m.name not in self._frozen}
+
+    def room(self, seconds: float) -> float:
+        """The seconds a deadline that is to pass is placed ahead: `seconds` where waits are real (each one is
+        waited out), at least `OWNED_ROOM_S` where the checker owns time (it jumps past it)."""
+        return max(seconds, OWNED_ROOM_S) if self.owns_time else seconds
+
+    def jump_to(self, when_ts: float) -> bool:
+        """Where the checker owns time (`owns_time`), let it pass until the controller's clock is past `when_ts`
+        (nothing passes if it already is), every server's clock with it: what was due by then falls due now (a
+        lease lapses, a request's deadline passes; the servers time their timers again from their clocks), as after
+        a real wait that long. Whether the clocks are owned: if not, the caller waits in real time."""
+        if not self.owns_time:
+            return False
+        self.pass_until(self.passed_at(when_ts))
+        return True
+
+    def passed_at(self, when_ts: float) -> float:
+        """The time passed (`time_passed_s`) at which the controller's clock is past `when_ts` (`jump_to`)."""
+        return max(self.time_passed_s, when_ts + CLOCK_STEP_S - time.time())
+
+    def jump_one(self, name: str, passed_s: float) -> None:
+        """Give server `name` alone the clock it has once `passed_s` passed (`passed_at`), before the rest of the
+        system (`pass_until`): a server about to freeze, so that it wakes to it (a frozen process reads no clock,
+        so its clock moved before it froze is the clock it wakes to after a real pause that long)."""
+        if not self.owns_time or passed_s < self.time_passed_s:
+            raise HarnessError(f"{name}'s clock can only jump ahead of the time passed ({self.time_passed_s:g} s)")
+        passed_before, self.time_passed_s = self.time_passed_s, passed_s
+        try:
+            self._set_offset(name)
+        finally:
+            self.time_passed_s = passed_before
+
+    def pass_until(self, passed_s: float) -> None:
+        """Let time pass until `passed_s` passed in this example (`passed_at`); nothing if it already has."""
+        if passed_s > self.time_passed_s:
+            self.pass_time(passed_s - self.time_passed_s)
 
     def _catch_up(self, servers: Mapping[str, str]) -> None:
-        """Move freshly started servers to the time that passed in this example (a new process starts on the true
-        time)."""
-        if self.time_passed_s:
+        """Move freshly started participants to the time that passed in this example (a new process starts on the
+        true time). Only participants, whose clocks `pass_time` moves: a server that is none (a relay) may have no
+        clock to move."""
+        if self.time_passed_s and self._control is not None:
+            participants = {member.name for member in self._control.participants}
             for name in servers:
-                self._jump(name)
+                if name in participants:
+                    self._set_offset(name)
 
-    def _jump(self, name: str) -> float:
+    def _fresh(self, names: Iterable[str]) -> None:
+        """Fresh processes of `names`: none is frozen or skewed any more."""
+        for name in names:
+            self._skews.pop(name, None)
+            self._frozen.discard(name)
+            self._left_behind.discard(name)
+
+    def _set_offset(self, name: str) -> float:
+        """Give `name` its clock: the time that passed plus its skew, ahead of the true time. The time it reads."""
         deployment = self.deployment
-        if not isinstance(deployment, JumpsClocks):
-            raise HarnessError(self._lacks("jumps_clocks and jump_clock(name, offset_s)"))
-        return float(deployment.jump_clock(name, self.time_passed_s))
+        offset_s = self.time_passed_s + self._skews.get(name, 0.0)
+        if isinstance(deployment, JumpsClocks) and deployment.jumps_clocks:
+            return float(deployment.jump_clock(name, offset_s))
+        if isinstance(deployment, SkewsClocks) and deployment.skews_clocks:
+            return float(deployment.skew_clock(name, offset_s))
+        raise HarnessError(self._lacks("skews_clocks and skew_clock(name, offset_s), or jump_clock(name, offset_s)"))
 
     @property
     def can_fail_hooks(self) -> bool:

@@ -328,6 +328,13 @@ GOALS: tuple[Goal, ...] = (
 )
 
 
+def rarity(reached: Iterable[str], examples_before: Mapping[str, int]) -> float:
+    """How much an example that reached the goals `reached` adds to a search whose earlier examples reached each
+    goal in `examples_before` of them: each distinct goal counts 1 / (1 + those examples), so a goal no example
+    reached yet counts 1 and one reached a hundred times next to nothing. The search aims at it (`target`)."""
+    return sum(1 / (1 + examples_before.get(name, 0)) for name in set(reached))
+
+
 def reached(step: Step) -> list[str]:
     """The goals this step reached, by name."""
     return [goal.name for goal in GOALS if goal.reached(step)]
@@ -363,12 +370,22 @@ def require(stats: SearchStats, spec: DeploymentSpec, rules: Scopes) -> None:
         )
 
 
-def table(stats: SearchStats, spec: DeploymentSpec, rules: Scopes, undrawable: Collection[str] = ()) -> str:
+def table(
+    stats: SearchStats,
+    spec: DeploymentSpec,
+    rules: Scopes,
+    undrawable: Collection[str] = (),
+    family_of: Mapping[str, str] | None = None,
+) -> str:
     """How often each goal and each rule was reached: goals by steps and examples, rules by the examples that
     enabled them and the times and examples they were drawn; NEVER marks an applicable one never reached, `n/a`
     one the deployment cannot reach: by its spec, or (`undrawable`, `checkable.undrawable_rules`) because it
-    lacks what the rule needs, which the run's summary lists with why."""
-    lines = [f"coverage over {stats.examples} examples ({spec.label}):", f"  {'goal':<40} {'steps':>6} {'examples':>8}"]
+    lacks what the rule needs, which the run's summary lists with why. With `family_of` (each rule's family, by
+    name) it first splits the drawn steps by family."""
+    lines = [f"coverage over {stats.examples} examples ({spec.label}):"]
+    if family_of is not None:
+        lines += family_lines(stats, family_of)
+    lines.append(f"  {'goal':<40} {'steps':>6} {'examples':>8}")
     for goal in GOALS:
         note = "" if not goal.applies(spec) or stats.goals[goal.name] else "  NEVER"
         counts = f"{stats.goals[goal.name]:>6} {stats.goal_examples[goal.name]:>8}" if goal.applies(spec) else "n/a"
@@ -387,3 +404,20 @@ def table(stats: SearchStats, spec: DeploymentSpec, rules: Scopes, undrawable: C
             counts += f" {1000 * stats.rule_seconds[rule] / stats.drawn[rule]:>8.0f}"
         lines.append(f"  {rule:<40} {counts}{note}")
     return "\n".join(lines)
+
+
+def family_lines(stats: SearchStats, family_of: Mapping[str, str]) -> list[str]:
+    """The drawn steps split by family (in `family_of`'s order of first appearance): each family's steps, share
+    of all drawn steps and milliseconds per step."""
+    steps: dict[str, int] = {}
+    seconds: dict[str, float] = {}
+    for rule, family in family_of.items():
+        steps[family] = steps.get(family, 0) + stats.drawn[rule]
+        seconds[family] = seconds.get(family, 0.0) + stats.rule_seconds[rule]
+    total = sum(steps.values())
+    lines = [f"  {'family':<40} {'steps':>6} {'share':>8} {'ms/step':>8}"]
+    for family, count in steps.items():
+        share = f"{100 * count / total:.0f}%" if total else "-"
+        per_step = f"{1000 * seconds[family] / count:.0f}" if count else "-"
+        lines.append(f"  {family:<40} {count:>6} {share:>8} {per_step:>8}")
+    return lines

@@ -13,7 +13,7 @@ from typing import Any, cast
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize
 
-from ckpt_model import checkable, goals, twin
+from ckpt_model import checkable, draw, goals, twin
 from ckpt_model import properties as props
 from ckpt_model.audits import Audits
 from ckpt_model.callees import Callees
@@ -22,6 +22,7 @@ from ckpt_model.controller import HUNG_CUT_PREPARE_DEADLINE_S, Controller, episo
 from ckpt_model.deployment import (
     Harness,
 )
+from ckpt_model.draw import Weights
 from ckpt_model.errors import CoordinationError
 from ckpt_model.families import CALLS, CHECKPOINTS, RESTORES, ROLLOUTS
 from ckpt_model.history import History
@@ -52,9 +53,14 @@ class CheckpointMachine(
     end, as these do, in the one pipeline of `MachineBase._advance`: the model's next value, settle, audit."""
 
     def __init__(
-        self, harness: Harness, stats: SearchStats | None = None, settle_timeout_s: float = SETTLE_TIMEOUT_S
+        self,
+        harness: Harness,
+        stats: SearchStats | None = None,
+        settle_timeout_s: float = SETTLE_TIMEOUT_S,
+        weights: Weights | None = None,
     ) -> None:
         super().__init__()
+        draw.install(self, weights)  # a family first, then its rule (`ckpt_model.draw`)
         self.harness = harness
         if stats is not None:
             stats.example_started()
@@ -348,17 +354,20 @@ class SwarmMachine(CheckpointMachine):
         self.log.swarm = chosen
 
 
-def machine_for(harness: Harness, stats: SearchStats | None = None, swarm: bool = False) -> type[CheckpointMachine]:
-    """A factory of machines bound to `harness`, for `run_state_machine_as_test`; with `swarm`, of swarm machines.
+def machine_for(
+    harness: Harness, stats: SearchStats | None = None, swarm: bool = False, weights: Weights | None = None
+) -> type[CheckpointMachine]:
+    """A factory of machines bound to `harness`, for `run_state_machine_as_test`; with `swarm`, of swarm machines;
+    `weights` changes the families' weights in the draw.
     Hypothesis keys its example database (and, derandomized, its draws) on the factory's source plus this digest,
     so each deployment (and each draw) keeps its own examples: a failure saved by one is not replayed against
     another. The plain factory's source is left as it was, so its derandomized draws stay the same."""
 
     def factory() -> CheckpointMachine:
-        return CheckpointMachine(harness, stats)
+        return CheckpointMachine(harness, stats, weights=weights)
 
     def swarm_factory() -> CheckpointMachine:
-        return SwarmMachine(harness, stats)
+        return SwarmMachine(harness, stats, weights=weights)
 
     chosen = swarm_factory if swarm else factory
     chosen._hypothesis_internal_add_digest = harness.spec.key.encode()  # type: ignore[attr-defined]

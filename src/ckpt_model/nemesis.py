@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import socket
-import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from pathlib import Path
@@ -204,9 +203,9 @@ class Nemesis:
         self, fault: WriteFault, checkpoint_id: str, scope: Sequence[Attempt]
     ) -> ParticipantFailure | None:
         """The victim's commit of `scope` while `fault` waits in its write: a failure (ENOSPC, EIO) meets the write
-        once; a stall holds it until `release_write`, and the commit is sent with a deadline a second ahead, which
-        lapses while it stalls. Returns the victim's refusal (None if it committed), once a stalled write stands at
-        the stall."""
+        once; a stall holds it until `release_write`, and the commit's deadline passes while it stalls
+        (`_commit_stalled`). Returns the victim's refusal (None if it committed), once a stalled write stands at the
+        stall."""
         if fault.how == PAUSE:
             return self._commit_paused(fault, checkpoint_id, scope)
         if fault.how == EXPORT_HOOK:
@@ -215,13 +214,27 @@ class Nemesis:
         self.harness.break_storage(fault.victim, fault.point, fault.how)
         invocation = self.controller.invoke("storage fault", f"{fault.victim}: {fault.label}")
         self.controller.complete(invocation, "ok")
-        deadline_s = STALLED_COMMIT_DEADLINE_S if fault.how == STALL else CONTROL_DEADLINE_S
-        refusal = self._refusal(fault.victim, checkpoint_id, scope, deadline_s)
         if fault.how == STALL:
-            self._wait_storage(fault, lambda state: state["stalled_at"] == fault.point, "its write stands at the stall")
-        else:
-            self.harness.release_storage(fault.victim)  # a fault no write met must not meet a later one
+            return self._commit_stalled(fault, checkpoint_id, scope)
+        refusal = self._refusal(fault.victim, checkpoint_id, scope, CONTROL_DEADLINE_S)
+        self.harness.release_storage(fault.victim)  # a fault no write met must not meet a later one
         return refusal
+
+    def _commit_stalled(
+        self, fault: WriteFault, checkpoint_id: str, scope: Sequence[Attempt]
+    ) -> ParticipantFailure | None:
+        """The victim's commit, sent with a deadline `STALLED_COMMIT_DEADLINE_S` ahead (`Harness.room`), whose write
+        stalls: once it
+        stands at the stall, the clocks pass the deadline (`Harness.jump_to`; in real time where they are not the
+        checker's), and the commit's answer comes."""
+        deadline_ts = self.harness.now() + self.harness.room(STALLED_COMMIT_DEADLINE_S)
+        refusal = self.controller.runs.submit(self._refusal, fault.victim, checkpoint_id, scope, 0.0, deadline_ts)
+        stalled = "its write stands at the stall"
+        self._wait_storage(fault, lambda state: state["stalled_at"] == fault.point or refusal.done(), stalled)
+        self.harness.jump_to(deadline_ts)
+        answer = refusal.result(timeout=CONTROL_DEADLINE_S)
+        self._wait_storage(fault, lambda state: state["stalled_at"] == fault.point, stalled)
+        return answer
 
     def _commit_paused(
         self, fault: WriteFault, checkpoint_id: str, scope: Sequence[Attempt]
@@ -253,22 +266,48 @@ class Nemesis:
         return future.result(timeout=CONTROL_DEADLINE_S)
 
     def frozen_past(self, victim: str, send: Callable[[float], Future[T]]) -> Future[T]:
-        """Freeze `victim` (SIGSTOP), `send` a call whose deadline is `PAUSED_DEADLINE_S` ahead, wait until the
-        controller's clock passed it, and let the victim go on (SIGCONT): it reads the call only then. The deadline
-        is fixed here, not in the thread that sends the call: the victim must go on only once this very deadline
-        passed (a deadline taken later in a slow thread once let a commit start with time left)."""
+        """Freeze `victim` (SIGSTOP), `send` a call whose deadline is `PAUSED_DEADLINE_S` ahead (`Harness.room`), wait
+        until the controller's clock passed it, and let the victim go on (SIGCONT): it reads the call only then. The
+        deadline is fixed here, not in the thread that sends the call: the victim must go on only once this very
+        deadline passed (a deadline taken later in a slow thread once let a commit start with time left).
+
+        Where the checker owns time, the wait is a jump (`Harness.jump_to`): the victim's clock jumps past the
+        deadline just before it freezes (the clock a frozen process wakes to; it can take no jump while stopped,
+        and one given after SIGCONT could come after the call), and the rest of the system's once the call was sent
+        to it (a staged prepare reaches the participants before it with their clocks where they were)."""
+        deadline_ts = self.harness.now() + self.harness.room(PAUSED_DEADLINE_S)
+        passed_s = self.harness.passed_at(deadline_ts)
+        if self.harness.owns_time:
+            self.harness.jump_one(victim, passed_s)
         self.freeze(victim)
         try:
-            deadline_ts = self.harness.now() + PAUSED_DEADLINE_S
+            sent_before = self._calls_to(victim)
             future = send(deadline_ts)
+            if self.harness.owns_time:
+                self._wait_sent(victim, sent_before, future)
+                self.harness.pass_until(passed_s)
             self._wait_clock_past(deadline_ts, f"the deadline of the call {victim} reads once it goes on", victim)
         finally:
             self.go_on(victim)
         return future
 
+    def _calls_to(self, victim: str) -> int:
+        return sum(call.participant == victim for call in self.controller.control.control_calls())
+
+    def _wait_sent(self, victim: str, sent_before: int, future: Future[Any]) -> None:
+        """Until the controller sent `victim` a call more than `sent_before`, or the call ended without it."""
+        if not poll(lambda: self._calls_to(victim) > sent_before or future.done(), self.timeout_s):
+            raise QuiescenceTimeout(
+                prediction=f"the controller sends {victim} its call while it is frozen",
+                observed="it never did",
+                pending=[f"{victim} frozen"],
+                timeout_s=self.timeout_s,
+            )
+
     def frozen_until(self, victim: str, until_ts: float) -> None:
         """Freeze `victim` (SIGSTOP) until the controller's clock passed `until_ts`, then let it go on (SIGCONT):
-        whatever timer of its fell due meanwhile fires as it wakes."""
+        whatever timer of its fell due meanwhile fires as it wakes (where the checker owns time, the clocks jump to
+        `until_ts`, and the victim's as it goes on: `Harness.continue_server`)."""
         self.freeze(victim)
         try:
             self._wait_clock_past(until_ts, "the end of its lease", victim)
@@ -289,6 +328,9 @@ class Nemesis:
         self.harness.continue_server(victim)
 
     def _wait_clock_past(self, when_ts: float, what: str, victim: str) -> None:
+        """Until the controller's clock passed `when_ts`: at once where the checker owns time (its clocks jump
+        there), else in real time."""
+        self.harness.jump_to(when_ts)
         if not poll(lambda: self.harness.now() > when_ts, self.timeout_s):
             raise QuiescenceTimeout(
                 prediction=f"the clock passes {what} while {victim} is frozen",
@@ -298,11 +340,17 @@ class Nemesis:
             )
 
     def _refusal(
-        self, victim: str, checkpoint_id: str, scope: Sequence[Attempt], deadline_s: float
+        self,
+        victim: str,
+        checkpoint_id: str,
+        scope: Sequence[Attempt],
+        deadline_s: float,
+        deadline_ts: float | None = None,
     ) -> ParticipantFailure | None:
-        """The victim's commit of `scope`: its refusal, or None if it committed."""
+        """The victim's commit of `scope` (due in `deadline_s`, or at `deadline_ts`): its refusal, or None if it
+        committed."""
         try:
-            self.controller.commit_on([victim], checkpoint_id, scope, deadline_s)
+            self.controller.commit_on([victim], checkpoint_id, scope, deadline_s, deadline_ts)
         except CoordinationError as error:
             return error.failures.get(victim)
         return None
@@ -310,15 +358,16 @@ class Nemesis:
     # -- clocks -------------------------------------------------------------------------------------------------
 
     def skew(self, victim: str, offset_s: float) -> None:
-        """Move `victim`'s wall clock `offset_s` from the true time (0 puts it back); journaled, and confirmed by
+        """Move `victim`'s wall clock `offset_s` from the controller's (0 puts it back); journaled, and confirmed by
         the time its clock reads right after."""
         invocation = self.controller.invoke("skew clock", f"{victim}: {offset_s:+g} s")
-        before = time.time()
+        before = self.harness.now()
         reads = self.harness.skew_clock(victim, offset_s)
         self.controller.complete(invocation, "ok")
-        if not before + offset_s - SKEW_TOLERANCE_S <= reads <= time.time() + offset_s + SKEW_TOLERANCE_S:
+        if not before + offset_s - SKEW_TOLERANCE_S <= reads <= self.harness.now() + offset_s + SKEW_TOLERANCE_S:
             raise HarnessError(
-                f"{victim}'s clock was to run {offset_s:+g} s from the true time ({before:.3f}) and reads {reads:.3f}"
+                f"{victim}'s clock was to run {offset_s:+g} s from the controller's ({before:.3f}) and reads "
+                f"{reads:.3f}"
             )
 
     def pass_time(self, seconds: float) -> None:

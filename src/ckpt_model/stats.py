@@ -38,6 +38,8 @@ class SearchStats:
     drawn: Counter[str] = attrs.field(factory=Counter)
     drawn_examples: Counter[str] = attrs.field(factory=Counter)
     # Each rule's seconds over the steps it was drawn (its nested rules, settles and audits included).
+    # Whether the search stopped at its time limit (`--max-time`) rather than after its examples.
+    stopped_by_time: bool = False
     rule_seconds: defaultdict[str, float] = attrs.field(factory=lambda: defaultdict(float))
 
     def example_started(self) -> None:

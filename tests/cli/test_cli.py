@@ -121,6 +121,8 @@ def test_faults_lists_every_planted_fault(tmp_path: Path) -> None:
         (["minimise", "unknown-rule.json"], "step 1 (dispatch) has arguments its rule does not take"),
         (["check", "--keep-artifacts", "."], "--keep-artifacts: "),
         (["check", "--keep-artifacts", "unknown-rule.json/kept"], "cannot be created"),
+        (["check", "--weights", "crashes=2,teleports=1"], "--weights: 'teleports=1': expected FAMILY=WEIGHT"),
+        (["check", "--max-time", "soon"], "must be a duration such as 90, 90s, 2m or 1h (got 'soon')"),
     ],
     ids=[
         "unknown-subcommand",
@@ -134,6 +136,8 @@ def test_faults_lists_every_planted_fault(tmp_path: Path) -> None:
         "unknown-argument",
         "artifacts-not-empty",
         "artifacts-not-creatable",
+        "unknown-family",
+        "bad-duration",
     ],
 )
 def test_usage_errors_exit_3(tmp_path: Path, arguments: list[str], message: str) -> None:
@@ -168,7 +172,9 @@ def test_check_passes_on_the_fault_free_stack_after_its_banner(tmp_path: Path) -
         "seed:",
         "examples:    2, each of up to 6 steps",
         "swarm:       no",
+        "draw:        a family by weight, then one of its rules: rollouts 20, calls 15,",
         f"artifacts:   kept in {tmp_path / 'kept'} (--keep-artifacts)",
+        "time:        owned by the checker (clock jumps",
     ]:
         assert line in banner
     assert "PASSED" in result.stdout
@@ -176,9 +182,41 @@ def test_check_passes_on_the_fault_free_stack_after_its_banner(tmp_path: Path) -
     assert re.match(r"\d+ examples \(native\):", table)  # every example started, those Hypothesis rejected too
     assert "a reply held across a commit" in table
     assert "dispatch_restart" in table
+    assert table.splitlines()[1].split() == ["family", "steps", "share", "ms/step"]
     # A passing run keeps every server's full log, with the requests the servers served, and nothing else.
     assert sorted(path.name for path in (tmp_path / "kept").iterdir()) == ["logs"]
     assert '"POST /run HTTP/1.1" 200' in (tmp_path / "kept" / "logs" / "environment.log").read_text()
+    assert left_behind(tmp_path) == []
+
+
+def test_check_says_its_waits_are_real_where_no_clock_can_be_moved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without libfaketime the look-alike's clocks are not the checker's: a rule's wait for a deadline or a lease
+    takes its seconds, and the banner says so (with it, the line says the clocks jump: the test above)."""
+    monkeypatch.setenv("CKPT_MODEL_LIBFAKETIME", "/nonexistent/libfaketime.so.1")
+    result = ckpt_model(tmp_path, "check", "--topology", "native", "--examples", "1", "--steps", "2", developer=True)
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "time:        real waits (the native deployment cannot move its servers' clocks" in result.stdout
+
+
+def test_check_stops_at_its_time_limit_between_examples_and_reports_what_it_covered(tmp_path: Path) -> None:
+    """With --max-time and no --examples the search runs examples until the limit (counted from the command's
+    start), then ends as a passing run: no example cut short, the coverage and the statistics of those that ran."""
+    result = ckpt_model(
+        tmp_path, "check", "--seed", "3", "--steps", "4", "--max-time", "1s", "--weights", "pauses=0", developer=True
+    )
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "until the time limit, each of up to 4 steps; the search stops at the first example" in result.stdout
+    assert "pauses 0" in result.stdout
+    assert "(--weights)" in result.stdout
+    (statistics,) = [line for line in result.stdout.splitlines() if line.startswith("statistics: ")]
+    assert statistics.endswith("; stopped at its time limit (--max-time)")
+    assert "cut short" not in statistics  # however many examples the second allowed (the stack's start counts)
+    assert re.search(r"coverage over \d+ examples \(native\):", result.stdout)
+    assert "examples (as many as its time allowed: --max-time) in " in result.stdout
     assert left_behind(tmp_path) == []
 
 

@@ -9,13 +9,14 @@ from typing import Any
 import httpx
 import pytest
 
+from ckpt_model.deployment import Harness
 from ckpt_model.errors import CoordinationError
 from ckpt_model.gym_tasks import native_run_body
 from ckpt_model.wire import EpisodeId
 from fakes import clock
 from fakes.gym.wire import bearer
 from fakes.process_groups import process_state
-from tests.stack.conftest import Deployment, deadline
+from tests.stack.conftest import Deployment, deadline, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -192,3 +193,66 @@ def test_a_server_without_libfaketime_refuses_a_skew(deploy: Deploy, monkeypatch
 
     assert response.status_code == 409
     assert "cannot be skewed" in response.json()["error"]["detail"]
+
+
+@pytest.mark.skipif(clock.library() is None, reason="Debian's faketime is not installed (.ci/run installs it)")
+def test_a_lease_the_wall_clock_jumped_past_lapses_at_once(deploy: Deploy) -> None:
+    """The lease's timer runs on the true monotonic clock: the clock route times it again, so a jump of the wall
+    clock past the lease lapses it now, not after the minutes of its old delay."""
+    deployment = deploy("native")
+    assert deployment.control.prepare("c1", time.time() + 60.0).prepared
+    lease_expires_at = deployment.status("environment")["lease_expires_at"]
+    skew(deployment, "environment", lease_expires_at - time.time() + 1.0)
+    lapsed = wait_until(lambda: deployment.status("environment")["phase"] == "idle", "the environment lapsed")
+    others = deployment.status("agent")
+
+    assert lapsed
+    assert others["phase"] == "prepared"  # its clock did not move
+
+
+@pytest.mark.skipif(clock.library() is None, reason="Debian's faketime is not installed (.ci/run installs it)")
+def test_the_harness_jumps_every_clock_and_a_frozen_server_s_as_it_goes_on() -> None:
+    """`Harness.jump_to`: the controller's clock and every server's pass the time together (a skew on top); a server
+    frozen meanwhile wakes to it, and so lapses the lease the jump passed."""
+    with Harness.embedded("native") as harness:
+        harness.begin_example()
+        assert harness.owns_time
+        skewed = harness.skew_clock("agent", 30.0)
+        assert harness.control is not None
+        assert harness.control.prepare("c1", harness.now() + 60.0).prepared
+        lapses_at = harness.statuses()["environment"]["lease_expires_at"]
+        harness.pause_server("environment")
+        jumped = harness.jump_to(lapses_at)
+        now = harness.now()
+        reads = harness.skew_clock("agent", 30.0)
+        harness.continue_server("environment")
+        lapsed = wait_until(lambda: harness.statuses()["environment"]["phase"] == "idle", "the environment lapsed")
+
+    assert jumped
+    assert lapsed
+    assert now > lapses_at
+    assert skewed - time.time() == pytest.approx(30.0, abs=5.0)
+    assert reads - now == pytest.approx(30.0, abs=5.0)  # the skew on top of the time passed
+
+
+@pytest.mark.skipif(clock.library() is None, reason="Debian's faketime is not installed (.ci/run installs it)")
+def test_a_crash_after_time_passed_moves_the_fresh_participants_and_no_relay() -> None:
+    """A fresh process starts on the true time: after a crash the harness moves each participant to the time that
+    passed (its deadlines and lease agree with the controller's), and leaves a relay, which has no clock route."""
+    with Harness.embedded("counter") as harness:
+        harness.begin_example()
+        assert harness.jump_to(harness.now() + 100.0)
+        harness.crash()
+        assert harness.control is not None
+        offsets = [look_alike(harness, member.name) - harness.now() for member in harness.control.participants]
+
+    assert len(offsets) == 3  # the agent, the resources server, the policy model: not the relay
+    assert offsets == pytest.approx([0.0] * 3, abs=5.0)
+
+
+def look_alike(harness: Harness, name: str) -> float:
+    """The time server `name`'s clock reads now (`GET /_ctl/clock`)."""
+    url, headers = f"{harness.servers[name]}/_ctl/clock", {"Authorization": bearer(harness.deployment.token)}
+    response = httpx.get(url, headers=headers)
+    response.raise_for_status()
+    return float(response.json()["time"])

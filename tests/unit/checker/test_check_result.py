@@ -16,8 +16,9 @@ def statistics() -> Statistics:
     stats = SearchStats()
     stats.example_started()
     stats.example_finished(steps=5, crashes=2, seconds=1.0, crashes_inside=1)
-    stats.example_covered({"crash_inside_commit": 1}, ["dispatch"], {"dispatch": 3, "crash": 2})
-    return Statistics.of(stats)
+    stats.example_covered({"crash_inside_commit": 1}, ["dispatch"], {"dispatch": 3, "crash": 2}, {"crash": 0.25})
+    stats.stopped_by_time = True
+    return Statistics.of(stats, ["rule commit never drawn"])
 
 
 def result(failures: tuple[FailureResult, ...] = (), skipped: dict[str, str] | None = None) -> CheckResult:
@@ -65,6 +66,9 @@ def test_the_json_names_the_verdict_the_property_the_steps_and_the_statistics() 
     assert document["statistics"]["crashes_inside_operations"] == 1
     assert document["statistics"]["goals"] == {"crash_inside_commit": 1}
     assert document["statistics"]["rules_drawn"] == {"crash": 2, "dispatch": 3}
+    assert document["statistics"]["rule_seconds"] == {"crash": 0.25}
+    assert document["statistics"]["unmet"] == ["rule commit never drawn"]
+    assert document["statistics"]["stopped_by_time"] is True
 
 
 def test_a_passing_run_names_no_property() -> None:

@@ -248,3 +248,21 @@ def test_a_rule_the_deployment_cannot_draw_is_n_a_not_never() -> None:
     (commit_line,) = [line for line in text.splitlines() if line.strip().startswith("commit ")]
     assert commit_line.split()[1:] == ["n/a", "(not", "drawable", "here:", "listed", "below)"]
     assert "NEVER" not in commit_line
+
+
+def test_the_table_splits_the_drawn_steps_by_family() -> None:
+    stats = SearchStats(examples=2)
+    stats.example_covered({}, ["dispatch", "crash"], {"dispatch": 3, "release": 1, "crash": 4}, {"crash": 0.2})
+    family_of = {"dispatch": "rollouts", "release": "rollouts", "crash": "crashes", "commit": "checkpoints"}
+    lines = goals.family_lines(stats, family_of)
+    rows = {line.split()[0]: line.split()[1:] for line in lines[1:]}
+    assert rows == {"rollouts": ["4", "50%", "0"], "crashes": ["4", "50%", "50"], "checkpoints": ["0", "0%", "-"]}
+    assert lines[0].split() == ["family", "steps", "share", "ms/step"]
+    assert "\n".join(lines) in goals.table(stats, NATIVE, RULES, family_of=family_of)
+
+
+def test_a_goal_no_example_reached_counts_most_in_the_target() -> None:
+    assert goals.rarity([], {}) == 0
+    assert goals.rarity(["a", "a"], {}) == 1  # distinct goals: a goal reached twice in one example counts once
+    assert goals.rarity(["a", "b"], {"a": 3}) == 1 + 1 / 4
+    assert goals.rarity(["a"], {"a": 99}) < goals.rarity(["b"], {"a": 99})

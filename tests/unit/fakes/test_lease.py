@@ -143,3 +143,19 @@ async def test_a_lease_that_does_not_act_shows_its_expiry_but_never_fires() -> N
 
     assert inert.expires_at == 110.0
     assert inert_lapses.pending == []
+
+
+async def test_a_lease_the_wall_clock_jumped_past_lapses_once_armed_again() -> None:
+    """The timer runs on the monotonic clock, which a jump of the wall clock alone leaves behind; armed again from
+    the wall clock (`POST /_ctl/clock`), it fires at once. A lease with no timer (none held) stays unarmed."""
+    lapses, clock = Lapses(), Clock(0.0)
+    lease = lease_of(lapses, clock)
+    idle = lease_of(Lapses(), clock)
+    lease.renew("c1", 100.0)  # expires at 110.0, a long way off in real time
+    clock.now = 110.0
+    lease.rearm()
+    idle.rearm()
+    await (await lapses.next_firing())
+
+    assert lapses.ended == ["c1"]
+    assert idle.expires_at is None

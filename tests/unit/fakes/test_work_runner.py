@@ -203,6 +203,28 @@ async def test_a_wait_past_its_deadline_gives_up_while_the_work_runs_on() -> Non
     assert reply == REPLY
 
 
+async def test_a_wait_whose_deadline_the_wall_clock_jumped_past_gives_up_at_once() -> None:
+    """The deadline's timer runs on the monotonic clock, which a jump of the wall clock alone leaves behind: timed
+    again from the wall clock (`POST /_ctl/clock`), it falls due now, not once its old delay ran out."""
+    clock = Clock()
+    runner = WorkRunner(NAME, clock=clock)
+    steps = HeldSteps(runner)
+    work = runner.start(commit_work(), steps)
+    waiting = asyncio.ensure_future(runner.wait(work, FAR_DEADLINE_TS))
+    await steps.wait_entered()
+    runner.clock_moved()  # the clock has not moved yet: the wait goes on
+    await asyncio.sleep(0)
+    still_waiting = not waiting.done()
+    clock.now = FAR_DEADLINE_TS + 1.0
+    runner.clock_moved()
+    with pytest.raises(DeadlineExceededError, match=r"commit of 'c1' \(still running; a retry awaits it\)"):
+        await asyncio.wait_for(waiting, WAIT_TIMEOUT_S)
+    steps.released.set()
+
+    assert still_waiting
+    assert work.running
+
+
 @pytest.mark.parametrize(
     ("stage", "cancelled", "stopped"),
     [

@@ -1,0 +1,192 @@
+"""The fair draw (`ckpt_model.draw`) on a tiny machine of hand-built families: a family's share follows its weight,
+not its number of rules; a weight of 0 keeps a family out unless nothing else can move; shrinking ends in the first
+family; the weights parse or fail with the families named."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
+
+from ckpt_model import draw, steplog
+from ckpt_model.contract import Model
+from ckpt_model.families import Family
+from ckpt_model.history import History
+from ckpt_model.stats import SearchStats
+from ckpt_model.steplog import StepLog, action
+
+PROTOCOL = Family("protocol", "one rule", 3, protocol=True)
+MANY = Family("many", "six rules", 1)
+NEVER_ENABLED = Family("never", "a rule never enabled", 50)
+STEPS = 40
+RUNS = settings(
+    max_examples=60,
+    stateful_step_count=STEPS,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    phases=(Phase.generate,),
+    suppress_health_check=list(HealthCheck),
+)
+
+
+class Families(RuleBasedStateMachine):
+    """One protocol rule of weight 3 against six fault rules sharing a family of weight 1."""
+
+    stats = SearchStats()
+    weights: dict[str, int] = {}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = Model(topology="native")
+        self.log = StepLog(harness=None, history=History(), stats=self.stats)  # type: ignore[arg-type]
+        draw.install(self, self.weights)
+
+    @action(lambda self: True, family=PROTOCOL)
+    def step(self) -> None:
+        self.log.labels.append("step()")
+
+    @action(lambda self: True, family=MANY)
+    def fault_a(self) -> None:
+        self.log.labels.append("fault_a()")
+
+    @action(lambda self: True, family=MANY)
+    def fault_b(self) -> None:
+        self.log.labels.append("fault_b()")
+
+    @action(lambda self: True, family=MANY)
+    def fault_c(self) -> None:
+        self.log.labels.append("fault_c()")
+
+    @action(lambda self: True, family=MANY)
+    def fault_d(self) -> None:
+        self.log.labels.append("fault_d()")
+
+    @action(lambda self: True, family=MANY, pick=st.integers(0, 3))
+    def fault_e(self, pick: int) -> None:
+        self.log.labels.append(f"fault_e({pick})")
+
+    @action(lambda self: True, family=MANY)
+    def fault_f(self) -> None:
+        self.log.labels.append("fault_f()")
+
+    @action(lambda self: False, family=NEVER_ENABLED)
+    def unreachable(self) -> None:
+        raise AssertionError("a rule whose precondition never holds was drawn")
+
+    def teardown(self) -> None:
+        self.log.finished(crashes=0, crashes_inside=0)
+
+
+def drawn_by(weights: dict[str, int]) -> Counter[str]:
+    Families.stats, Families.weights = SearchStats(), weights
+    run_state_machine_as_test(Families, settings=RUNS)
+    return Families.stats.drawn
+
+
+def test_a_family_share_follows_its_weight_not_its_number_of_rules() -> None:
+    drawn = drawn_by({})
+    faults = sum(count for rule, count in drawn.items() if rule.startswith("fault_"))
+    total = drawn["step"] + faults
+    # Weights 3 and 1: the one protocol rule takes about three quarters; Hypothesis's uniform draw over the seven
+    # rules would give it one seventh.
+    assert 0.6 < drawn["step"] / total < 0.9, drawn
+    assert all(drawn[f"fault_{letter}"] for letter in "abcdef"), drawn
+    assert drawn["unreachable"] == 0
+
+
+def test_a_family_of_weight_zero_is_never_drawn_while_another_can_move() -> None:
+    drawn = drawn_by({"many": 0})
+    assert drawn["step"] > 0
+    assert not any(count for rule, count in drawn.items() if rule.startswith("fault_")), drawn
+
+
+def test_the_weights_change_the_shares() -> None:
+    drawn = drawn_by({"protocol": 1, "many": 3})
+    faults = sum(count for rule, count in drawn.items() if rule.startswith("fault_"))
+    assert 0.6 < faults / (drawn["step"] + faults) < 0.9, drawn
+
+
+def test_a_failing_example_shrinks_to_the_first_family() -> None:
+    """Any two steps fail; the shrunk steps are the protocol's rule, the first family on offer."""
+
+    class FailsOnTwoSteps(Families):
+        def teardown(self) -> None:
+            FailsOnTwoSteps.labels = list(self.log.labels)
+            assert len(self.log.labels) < 2
+
+    FailsOnTwoSteps.stats, FailsOnTwoSteps.weights = SearchStats(), {}
+    with pytest.raises(AssertionError):
+        run_state_machine_as_test(
+            FailsOnTwoSteps, settings=settings(RUNS, phases=(Phase.generate, Phase.shrink), max_examples=50)
+        )
+    assert FailsOnTwoSteps.labels == ["step()", "step()"]
+
+
+def test_the_rule_strategy_hypothesis_draws_from_is_the_family_draw() -> None:
+    """Hypothesis reads `_rules_strategy` (a private attribute): should it stop, this fails at once."""
+    machine = Families()
+    assert isinstance(machine._rules_strategy, draw.FamilyDraw)  # type: ignore[attr-defined]
+    offered = machine._rules_strategy.on_offer(machine._rules_strategy.rules)  # type: ignore[attr-defined]
+    assert [name for name, _weight, _rules in offered] == ["protocol", "never", "many"]
+
+
+def test_families_are_ordered_protocol_first_then_by_weight() -> None:
+    assert draw.ordered([MANY, NEVER_ENABLED, PROTOCOL, MANY]) == [PROTOCOL, NEVER_ENABLED, MANY]
+
+
+def test_weights_parse_and_bad_weights_name_the_families() -> None:
+    families = [PROTOCOL, MANY]
+    assert draw.parse_weights("many=0, protocol=7", families) == {"many": 0, "protocol": 7}
+    assert draw.parse_weights("", families) == {}
+    for bad in ("crashes=2", "many", "many=x", "many=-1", "many=1.5"):
+        with pytest.raises(ValueError, match="many") as raised:
+            draw.parse_weights(bad, families)
+        assert bad.split("=")[0] in str(raised.value)
+
+
+def test_shares_are_each_weight_over_the_total() -> None:
+    assert draw.shares({"a": 3, "b": 1}) == {"a": 0.75, "b": 0.25}
+    assert draw.shares({"a": 0}) == {"a": 0.0}
+
+
+class Drawn:
+    """Stands for Hypothesis's data: every draw gives `value`."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def draw(self, _strategy: object) -> int:
+        return self.value
+
+
+def test_the_family_draw_picks_by_weight() -> None:
+    """`_family` on a hand-built offer: draws 0-2 are the first family (weight 3), 3 the second (weight 1)."""
+    strategy = Families()._rules_strategy  # type: ignore[attr-defined]
+    offer = [("protocol", 3, []), ("many", 1, [])]
+    assert [strategy._family(Drawn(value), offer) for value in range(4)] == ["protocol"] * 3 + ["many"]
+
+
+def test_every_example_reports_how_rare_its_goals_were(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`StepLog.finished` hands Hypothesis a target per example, under one label."""
+    reported: list[tuple[float, str]] = []
+    monkeypatch.setattr(steplog, "target", lambda score, label: reported.append((score, label)))
+    drawn_by({})
+    assert reported
+    assert {label for _score, label in reported} == {steplog.RARE_GOALS}
+
+
+def test_every_rule_of_the_machine_has_a_family_and_the_protocol_weighs_more_than_half() -> None:
+    from ckpt_model.machine import CheckpointMachine
+    from ckpt_model.steplog import families_of, rule_names
+
+    family_of = families_of(CheckpointMachine)
+    assert sorted(family_of) == rule_names(CheckpointMachine)
+    families = set(family_of.values())
+    protocol = sum(family.weight for family in families if family.protocol)
+    assert protocol > sum(family.weight for family in families) / 2
+    assert len({family.name for family in families}) == len(families)  # one declaration per name
+    assert list(draw.weights_of(CheckpointMachine))[:4] == ["rollouts", "calls", "checkpoints", "restores"]
