@@ -408,6 +408,16 @@ class Model:
         """The ID the next restore of `checkpoint_id` runs under."""
         return f"{checkpoint_id}-restore{self.checkpoint_seq + 1}"
 
+    def last_restored(self) -> int | None:
+        """The place in `committed` of the checkpoint the latest restore since the processes started named (done,
+        refused or died in), while it is still committed: what a second restore of the same checkpoint picks."""
+        for resumed in reversed(self.resumed):
+            restored, is_restore, _ = resumed.rpartition("-restore")
+            if is_restore:
+                ids = [c.checkpoint_id for c in self.committed]
+                return ids.index(restored) if restored in ids else None
+        return None
+
     def marked_rollouts(self) -> tuple[str, ...]:
         return tuple(rollout for rollout, _ in self.retired_marks)
 

@@ -233,6 +233,30 @@ class CheckpointMachine(
         self.controller.resume(restore_id)
         self._advance(model, f"restore({checkpoint.checkpoint_id}) as {restore_id}")
 
+    @action(
+        lambda self: self._may_crash_first() and bool(self.model.committed),
+        family=RESTORES,
+        needs=(checkable.CRASHES,),
+        pick=PICK,
+    )
+    def recover(self, pick: int) -> None:
+        """The routine recovery: crash, then restore the latest or an earlier checkpoint and resume."""
+        self.crash()
+        self.restore(pick)
+
+    @action(
+        lambda self: self._may_crash_first() and self.model.last_restored() is not None,
+        family=RESTORES,
+        needs=(checkable.CRASHES,),
+    )
+    def recover_again(self) -> None:
+        """Crash, then restore the checkpoint the latest restore named once more (Gym's scenario 3; after a refused
+        restore, the restore that follows its cleanup)."""
+        again = self.model.last_restored()
+        assert again is not None
+        self.crash()
+        self.restore(again)
+
     # -- the controller's routines as single steps: a bug that needs a checkpoint, a crash and a restore in a row
     # is then four steps deep instead of seven, so a random search reaches it far more often.
 

@@ -68,9 +68,21 @@ class MachineBase(RuleBasedStateMachine):
 
     if TYPE_CHECKING:
 
+        def crash(self) -> None: ...
+
         def prepare(self) -> None: ...
 
         def restore(self, pick: int) -> None: ...
+
+    def _may_crash_first(self) -> bool:
+        """Whether a restore-like rule may crash the processes first, to restore into fresh ones: they have served
+        something since they started, and the deployment can crash them. Such a rule, which would otherwise wait for
+        a crash to be drawn just before it, is then enabled whenever there is a checkpoint to restore."""
+        return self.harness.can_crash and not self.model.fresh
+
+    def _crash_unless_fresh(self) -> None:
+        if not self.model.fresh:
+            self.crash()
 
     def _advance(
         self, model: Model, label: str, violation: Violation | None = None, counts_final: bool = False

@@ -166,7 +166,11 @@ class Crashes(MachineBase):
         return f"; prepare({latest}) refused by {remembering}"
 
     @action(
-        lambda self: self.harness.can_crash and self.model.can_restore() and bool(self.nemesis.can_die_in_restore()),
+        lambda self: (
+            self.harness.can_crash
+            and (self.model.can_restore() or (self._may_crash_first() and bool(self.model.committed)))
+            and bool(self.nemesis.can_die_in_restore())
+        ),
         family=CRASHES,
         needs=(checkable.CRASHES, checkable.FAILPOINTS, checkable.RESTART_ONE),
         judges=("P8",),
@@ -175,6 +179,7 @@ class Crashes(MachineBase):
     )
     def dies_in_restore(self, pick: int, victim: int) -> None:
         """One participant dies inside its own restore while the others finish; the cleanup undoes it all (P8)."""
+        self._crash_unless_fresh()
         checkpoint = choose(list(self.model.committed), pick)
         member = choose(self.nemesis.can_die_in_restore(), victim)
         self._forget_covering(checkpoint.checkpoint_id)
@@ -188,14 +193,3 @@ class Crashes(MachineBase):
             raise
         label = f"dies_in_restore({checkpoint.checkpoint_id}) as {restore_id}: {member.name} died before installing"
         self._advance(model, label, violation=props.P8Violation, counts_final=True)
-
-    @action(
-        lambda self: self.harness.can_crash and not self.model.fresh and bool(self.model.committed),
-        family=CRASHES,
-        needs=(checkable.CRASHES,),
-        pick=PICK,
-    )
-    def recover(self, pick: int) -> None:
-        """The routine recovery: crash, then restore the latest or an earlier checkpoint and resume."""
-        self.crash()
-        self.restore(pick)

@@ -17,7 +17,7 @@ class Damage(MachineBase):
     """The rules of the damage family (`DAMAGE`)."""
 
     @action(
-        lambda self: self.model.can_restore(),
+        lambda self: self.model.can_restore() or (self._may_crash_first() and bool(self.model.committed)),
         family=DAMAGE,
         needs=(checkable.FRESH,),
         judges=("P8",),
@@ -27,7 +27,9 @@ class Damage(MachineBase):
         rejected_record=st.booleans(),
     )
     def failed_restore(self, pick: int, victim: int, rejected_record: bool) -> None:
-        """Restore a copy of a committed checkpoint with one participant's share damaged: it alone refuses (P8)."""
+        """Restore a copy of a committed checkpoint with one participant's share damaged: it alone refuses (P8).
+        Processes that served something are crashed first."""
+        self._crash_unless_fresh()
         checkpoint = choose(list(self.model.committed), pick)
         self._forget_covering(checkpoint.checkpoint_id)
         model, restore_id = self.model.failed_restore(checkpoint.checkpoint_id)
@@ -37,14 +39,16 @@ class Damage(MachineBase):
         self._advance(model, label, violation=props.P8Violation, counts_final=True)
 
     @action(
-        lambda self: self.model.can_restore_incomplete(),
+        lambda self: self.model.can_restore_incomplete() or (self._may_crash_first() and bool(self.model.incomplete)),
         family=DAMAGE,
         needs=(checkable.FRESH,),
         judges=("P8",),
         pick=PICK,
     )
     def restore_incomplete(self, pick: int) -> None:
-        """Restore a checkpoint whose commit a crash cut short: those without a share refuse it (P8)."""
+        """Restore a checkpoint whose commit a crash cut short: those without a share refuse it (P8). Processes that
+        served something are crashed first."""
+        self._crash_unless_fresh()
         checkpoint = choose(list(self.model.incomplete), pick)
         missing = [m.name for m in self.controller.control.participants if m.name not in checkpoint.shares]
         self._forget_covering(checkpoint.checkpoint_id, incomplete=True)

@@ -94,6 +94,11 @@ def first(items: list[str]) -> str:
     return sorted(items)[0]
 
 
+def crashed_unless_fresh(model: Model) -> Model:
+    """What a restore-like rule restores into: the processes as they are when fresh, else after a crash."""
+    return model if model.fresh else model.crash()
+
+
 def transitions(model: Model) -> dict[str, Callable[[], Model]]:
     """Each rule's effect on the model, with its first argument (what the rule hands `_advance`)."""
     latest = model.committed[-1].checkpoint_id if model.committed else ""
@@ -125,8 +130,9 @@ def transitions(model: Model) -> dict[str, Callable[[], Model]]:
         "crash_in_operation": model.crash,
         "recover": lambda: model.crash().restore(latest)[0],
         "restore": lambda: model.restore(latest)[0],
-        "failed_restore": lambda: model.failed_restore(latest)[0],
-        "restore_incomplete": lambda: model.failed_restore(model.incomplete[-1].checkpoint_id)[0],
+        "recover_again": lambda: model.crash().restore(model.committed[model.last_restored() or 0].checkpoint_id)[0],
+        "failed_restore": lambda: crashed_unless_fresh(model).failed_restore(latest)[0],
+        "restore_incomplete": lambda: crashed_unless_fresh(model).failed_restore(model.incomplete[-1].checkpoint_id)[0],
         "retire": lambda: model.retire(first([a.rollout for a in model.live()])),
         "start_over": lambda: model.start_over(first([a.rollout for a in model.with_status("dead")])),
         "start_replacement": lambda: model.start_replacement(first([a.rollout for a in model.with_status("pending")])),

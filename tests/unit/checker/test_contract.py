@@ -760,3 +760,15 @@ def test_a_retire_mark_is_held_by_every_kind_until_one_restarts_alone() -> None:
     alone = attrs.evolve(model, restarted=(Restarted("resources", remembers_from=0),))
     assert not alone.holds_mark("resources", "r0", 0)
     assert alone.holds_mark("agent", "r0", 0)
+
+
+def test_the_last_restored_checkpoint_is_the_latest_restore_since_the_processes_started() -> None:
+    model = committed_then_crashed()
+    assert model.last_restored() is None, "nothing restored yet"
+    restored, _ = model.restore("c1")
+    assert restored.last_restored() == 0
+    refused, _ = model.failed_restore("c1")
+    assert refused.last_restored() == 0, "a refused restore names its checkpoint too"
+    assert restored.crash().last_restored() is None, "a crash forgets what the processes restored"
+    gone = attrs.evolve(restored, committed=())
+    assert gone.last_restored() is None, "a checkpoint no longer committed cannot be restored again"
