@@ -83,7 +83,8 @@ def crash_inside(operation: str) -> Callable[[Step], bool]:
     def reached(step: Step) -> bool:
         if operation == "commit":
             return step.rule == "crash_in_commit"
-        return step.rule == "crash_in_operation" and any(f" inside {operation} " in label for label in step.labels)
+        crashed_inside = step.rule in ("crash_in_operation", "crash_in_restore")
+        return crashed_inside and any(f" inside {operation} " in label for label in step.labels)
 
     reached.__doc__ = f"A crash inside a {operation} under way."
     return reached

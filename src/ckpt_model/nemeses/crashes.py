@@ -80,11 +80,9 @@ class Crashes(MachineBase):
         """Gym crashes inside a restore, a retire or a forget that reached its first `reached` stages."""
         operation = choose(self.model.interruptible(), pick)
         if operation == "restore":
-            source = self.model.committed[-1]
-            self._forget_covering(source.checkpoint_id)
-            model, operation_id = self.model, self.model.restore_id(source.checkpoint_id)
-            names = self.nemesis.crash_inside_restore(operation_id, source.checkpoint_id, source.exported, reached)
-        elif operation == "retire":
+            self._crash_inside_restore(reached)
+            return
+        if operation == "retire":
             model, operation_id = self.model.issue_id(operation)
             lost = self.model.with_status("dead", "pending")[0]
             names = self.nemesis.crash_inside_retire(operation_id, lost, reached)
@@ -92,6 +90,30 @@ class Crashes(MachineBase):
             model, operation_id = self.model.issue_id(operation)
             names = self.nemesis.crash_inside_forget(operation_id, self.model.marked_rollouts(), reached)
         self._advance(model.crash(), f"crash_in_operation() inside {operation} {operation_id}, reached {names}")
+
+    @action(
+        lambda self: (
+            self.harness.can_crash
+            and (self.model.can_restore() or self._may_crash_first())
+            and bool(self.model.committed)
+        ),
+        family=CRASHES,
+        needs=(checkable.CRASHES,),
+        reached=PICK,
+    )
+    def crash_in_restore(self, reached: int) -> None:
+        """As `crash_in_operation` inside a restore, crashing first when the processes are not fresh: a restore
+        otherwise waits for a crash drawn just before it."""
+        self._crash_unless_fresh()
+        self._crash_inside_restore(reached)
+
+    def _crash_inside_restore(self, reached: int) -> None:
+        source = self.model.committed[-1]
+        self._forget_covering(source.checkpoint_id)
+        operation_id = self.model.restore_id(source.checkpoint_id)
+        names = self.nemesis.crash_inside_restore(operation_id, source.checkpoint_id, source.exported, reached)
+        label = f"crash_in_operation() inside restore {operation_id}, reached {names}"
+        self._advance(self.model.crash(), label)
 
     @action(
         lambda self: self.harness.can_crash and self.model.worth_crashing_alone() and bool(self._crashable_alone()),

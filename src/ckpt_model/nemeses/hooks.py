@@ -62,7 +62,10 @@ class Hooks(MachineBase):
             self.prepare()
 
     @action(
-        lambda self: self.model.can_restore() and self.harness.can_fail_hooks,
+        lambda self: (
+            self.harness.can_fail_hooks
+            and (self.model.can_restore() or (self._may_crash_first() and bool(self.model.committed)))
+        ),
         family=HOOKS,
         needs=(checkable.FAIL_HOOKS, checkable.FRESH),
         judges=("P8",),
@@ -71,7 +74,9 @@ class Hooks(MachineBase):
     )
     def failing_install(self, pick: int, victim: int) -> None:
         """Restore a committed checkpoint while one participant's install hook fails having installed nothing: it
-        alone refuses (500 checkpoint_error), and the cleanup leaves nothing behind (P8)."""
+        alone refuses (500 checkpoint_error), and the cleanup leaves nothing behind (P8). Processes that served
+        something are crashed first."""
+        self._crash_unless_fresh()
         checkpoint = choose(list(self.model.committed), pick)
         name = choose(self.controller.members(), victim).name
         self._forget_covering(checkpoint.checkpoint_id)

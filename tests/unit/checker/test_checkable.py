@@ -128,6 +128,7 @@ def transitions(model: Model) -> dict[str, Callable[[], Model]]:
         "crash": model.crash,
         "crash_in_commit": model.crash_in_commit,
         "crash_in_operation": model.crash,
+        "crash_in_restore": lambda: crashed_unless_fresh(model).crash(),
         "recover": lambda: model.crash().restore(latest)[0],
         "restore": lambda: model.restore(latest)[0],
         "recover_again": lambda: model.crash().restore(model.committed[model.last_restored() or 0].checkpoint_id)[0],

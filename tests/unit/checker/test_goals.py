@@ -65,6 +65,9 @@ def test_a_crash_inside_an_operation_is_told_by_its_rule_and_label() -> None:
     assert not goals.crash_inside("retire")(inside_forget)
     assert goals.crash_inside("commit")(step("crash_in_commit", model, "crash_in_commit() -> c1 committed by []"))
     assert not goals.crash_inside("commit")(inside_forget)
+    inside_restore = step("crash_in_restore", model, "crash_in_operation() inside restore c1-restore2, reached []")
+    assert goals.crash_inside("restore")(inside_restore)
+    assert not goals.crash_inside("restore")(step("crash", model, "crash_in_operation() inside restore c1-restore2, x"))
 
 
 def test_a_restore_after_a_refused_restore_is_reached_only_with_one_before_it() -> None:
