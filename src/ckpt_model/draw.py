@@ -14,6 +14,16 @@ shrinks to the first. Hypothesis's own feature flags still switch rules off per 
 family only: a family whose every enabled rule they switched off offers those rules all the same, so no family's
 share depends on them. The example's swarm (`ckpt_model.swarm`) still asks each rule's precondition. A regression
 file replays rule calls, not draws, so it replays whatever the weights.
+
+A draw's simplest value is 0, and Hypothesis's first examples of a run (a tenth of the examples asked for, at most
+50) continue a random start with every later draw at its simplest: the first family on offer, its first rule, to
+the example's last step (`dispatch`, `retire`, `forget` over and over). In 30 s on `native` the rollouts took 61%
+of the steps, 37% without those examples. `ZERO_RUN_REJECTED` family draws of 0 in a row among two families or
+more, which a random draw makes about once in 100^8, end such an example as invalid (`hypothesis.reject`; the
+teardown still drains and judges it); after five in a row Hypothesis stops making them. The shrinker meets the same
+limit and uses other values instead (every value below the first family's weight is the first family): of 30
+seeds of a test that fails on any three steps, all 30 shrink to three steps, as without the limit. Making a run of
+zeros a round-robin instead left 12 of the 30 stuck at 6 to 38 steps.
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from hypothesis import reject
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidDefinition
 from hypothesis.stateful import RuleBasedStateMachine, RuleStrategy
@@ -29,6 +40,9 @@ from ckpt_model.families import Family
 from ckpt_model.steplog import families_of
 
 Weights = Mapping[str, int]
+# Family draws of 0 in a row (with two families or more on offer) that end an example as invalid (the module's
+# docstring says why).
+ZERO_RUN_REJECTED = 8
 
 
 class FamilyDraw(RuleStrategy):
@@ -42,6 +56,8 @@ class FamilyDraw(RuleStrategy):
         self.families = ordered(family_of.values())
         self.weights = {family.name: family.weight for family in self.families} | dict(weights or {})
         self.family_of = {rule: family_of[rule.function.__name__].name for rule in self.rules}
+        self.zero_run = 0
+        self.rejected = False
 
     def do_draw(self, data: Any) -> tuple[Any, dict[str, Any]]:
         valid = [rule for rule in self.rules if self.is_valid(rule)]
@@ -73,6 +89,10 @@ class FamilyDraw(RuleStrategy):
     def _family(self, data: Any, on_offer: Sequence[tuple[str, int, list[Any]]]) -> str:
         """One family of `on_offer`, each with the probability of its weight among theirs."""
         drawn = data.draw(st.integers(0, sum(weight for _name, weight, _rules in on_offer) - 1))
+        self.zero_run = self.zero_run + 1 if drawn == 0 else 0
+        if self.zero_run >= ZERO_RUN_REJECTED:
+            self.rejected = True
+            reject()  # Hypothesis's simplest continuation, not a draw: see the module's docstring
         for name, weight, _rules in on_offer:
             if drawn < weight:
                 return name

@@ -44,7 +44,7 @@ class Crashes(MachineBase):
         self._advance(self.model.crash(), "power_loss()")
 
     @action(
-        lambda self: self.harness.can_crash and self.model.phase == "prepared",
+        lambda self: self.harness.can_crash and self._may_commit(),
         committed=PICK,
         inside=st.booleans(),
         family=CRASHES,
@@ -52,7 +52,9 @@ class Crashes(MachineBase):
         mechanisms=("inside",),
     )
     def crash_in_commit(self, committed: int, inside: bool) -> None:
-        """Gym crashes inside a commit reached by `committed` participants (one more held inside with `inside`)."""
+        """Gym crashes inside a commit reached by `committed` participants (one more held inside with `inside`);
+        with no checkpoint open, it prepares one first."""
+        self._prepared_first()
         checkpoint_id, scope = self.model.opened, self.model.scope()
         members = self.controller.members()
         done = [m.name for m in members[: committed % len(members)]]

@@ -126,7 +126,7 @@ def transitions(model: Model) -> dict[str, Callable[[], Model]]:
         "resume": model.resume,
         "quiet_controller": lambda: model.lease_expired()[0],
         "crash": model.crash,
-        "crash_in_commit": model.crash_in_commit,
+        "crash_in_commit": lambda: (model if model.phase == "prepared" else model.prepare()[0]).crash_in_commit(),
         "crash_in_operation": model.crash,
         "crash_in_restore": lambda: crashed_unless_fresh(model).crash(),
         "recover": lambda: model.crash().restore(latest)[0],

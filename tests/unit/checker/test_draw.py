@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from hypothesis import HealthCheck, Phase, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+from hypothesis.errors import UnsatisfiedAssumption
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
 from ckpt_model import draw, steplog
@@ -115,6 +116,8 @@ def test_a_failing_example_shrinks_to_the_first_family() -> None:
 
     class FailsOnTwoSteps(Families):
         def teardown(self) -> None:
+            if self._rules_strategy.rejected:  # type: ignore[attr-defined]
+                return  # Hypothesis's simplest continuation, ended as invalid: not a failure to shrink
             FailsOnTwoSteps.labels = list(self.log.labels)
             assert len(self.log.labels) < 2
 
@@ -168,6 +171,28 @@ def test_the_family_draw_picks_by_weight() -> None:
     strategy = Families()._rules_strategy  # type: ignore[attr-defined]
     offer = [("protocol", 3, []), ("many", 1, [])]
     assert [strategy._family(Drawn(value), offer) for value in range(4)] == ["protocol"] * 3 + ["many"]
+
+
+def test_a_run_of_zero_family_draws_is_rejected_and_a_shorter_one_is_not() -> None:
+    """Hypothesis's simplest continuation draws 0 at every step: the eighth family draw of 0 in a row rejects the
+    example; a draw of another value starts the count again. (Within a test: `reject` is for tests only.)"""
+
+    @settings(max_examples=1, database=None)
+    @given(st.none())
+    def within_a_test(_: None) -> None:
+        strategy = Families()._rules_strategy  # type: ignore[attr-defined]
+        offer = [("protocol", 3, []), ("many", 1, [])]
+        for _ in range(draw.ZERO_RUN_REJECTED - 1):
+            assert strategy._family(Drawn(0), offer) == "protocol"
+        assert strategy._family(Drawn(1), offer) == "protocol"
+        for _ in range(draw.ZERO_RUN_REJECTED - 1):
+            strategy._family(Drawn(0), offer)
+        assert not strategy.rejected
+        with pytest.raises(UnsatisfiedAssumption):
+            strategy._family(Drawn(0), offer)
+        assert strategy.rejected
+
+    within_a_test()
 
 
 def test_every_example_reports_how_rare_its_goals_were(monkeypatch: pytest.MonkeyPatch) -> None:
