@@ -465,6 +465,8 @@ class ControlPlane:
         self._resumed: OrderedDict[str, None] = OrderedDict()
         self._exported: tuple[str, tuple[Any, ...], list[Any]] | None = None
         self._changed = asyncio.Event()
+        # What else keeps this server's clock (`POST /_ctl/clock`): a coordinator's workers (`WorkerPool.move_clock`).
+        self.clock_followers: list[Callable[[float], Awaitable[None]]] = []
 
     @classmethod
     def from_config(cls, participant: Participant, config: ServerConfig) -> ControlPlane:
@@ -552,6 +554,8 @@ class ControlPlane:
                 f"{self._name} runs without libfaketime, so its clock cannot be skewed; install Debian's faketime"
             )
         clock.set_offset(request.offset_s)
+        for follow in self.clock_followers:
+            await follow(request.offset_s)
         # The lease's timer and the deadlines requests wait under run on the monotonic clock, which a move of the
         # wall clock alone leaves behind: time them again from the wall clock, so a lease or a deadline it jumped
         # past falls due now, as after that much real time; and wake every wait on this server's state (a prepare

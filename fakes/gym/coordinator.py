@@ -61,6 +61,9 @@ class WorkerPool:
         self.state: Callable[[], dict[str, Any]] = dict
         self.run_control: Callable[[str, Any, str | None], Awaitable[Any]] | None = None
         self.handlers: dict[str, Handler] = {}
+        # This server's clock offset (`fakes.clock`) as `POST /_ctl/clock` on the coordinator last set it: it is
+        # the whole server's time, so every worker keeps it too, one that registers later included.
+        self.clock_offset_s: float | None = None
 
     # -- registration and loss ------------------------------------------------------------------------------
 
@@ -102,6 +105,7 @@ class WorkerPool:
             "generation": self.generation,
             "workers": len(self.workers),
             "expected_workers": self.expected,
+            "clock_offset_s": self.clock_offset_s,
             **self.state(),
         }
 
@@ -176,6 +180,11 @@ class WorkerPool:
             *(worker.channel.request(kind, body, timeout_s) for worker in workers), return_exceptions=True
         )
         return list(zip(workers, results, strict=True))
+
+    async def move_clock(self, offset_s: float) -> None:
+        """Move every worker's clock with the coordinator's (`POST /_ctl/clock`)."""
+        self.clock_offset_s = offset_s
+        await self.fan_out("clock", {"offset_s": offset_s})
 
     async def fan_out(self, kind: str, body: Any, timeout_s: float | None = LIGHT_TIMEOUT_S) -> list[Any]:
         """`broadcast`, raising the first refusal or failure; a worker that left meanwhile is skipped (what it

@@ -269,6 +269,7 @@ def coordinator_control_plane(config: ServerConfig, pool: WorkerPool) -> Control
     )
     control_plane = ControlPlane.from_config(participant, config)
     pool.on_change = control_plane.notify
+    control_plane.clock_followers.append(pool.move_clock)
     pool.state = lambda: {"retired": control_plane.retired.marks(), **participant.register_state()}
     pool.run_control = control_plane.run_forwarded
     pool.handlers["place"] = lambda body: place_everywhere(pool, body)

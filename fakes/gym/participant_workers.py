@@ -286,6 +286,7 @@ def coordinator_control_plane(config: ServerConfig, pool: WorkerPool) -> Control
     control_plane = ControlPlane.from_config(participant, config)
     plane.target = control_plane
     pool.on_change = control_plane.notify
+    control_plane.clock_followers.append(pool.move_clock)
     pool.state = lambda: {"retired": control_plane.retired.marks(), "held": sorted(participant.held)}
     pool.run_control = control_plane.run_forwarded
     pool.handlers["claim"] = participant.claim

@@ -14,6 +14,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from fakes import clock
 from fakes.gym.config import ServerConfig
 from fakes.gym.control_plane import RetiredAttempts, check_bearer, forwarded_body
 from fakes.gym.errors import ControlError, CoordinatorUnavailableError
@@ -42,6 +43,7 @@ class WorkerLink:
             "open": self._open,
             "mark": self._mark,
             "forget": self._forget,
+            "clock": self._clock,
         }
         # Called with the close's body (`checkpoint_id`, and a prepare's `deadline_ts`; empty on joining).
         self.close_admission: Callable[[dict[str, Any]], Awaitable[None]] = _nothing_with
@@ -77,6 +79,8 @@ class WorkerLink:
             writer.close()
             raise RuntimeError(f"the coordinator at {path} refused to register this worker: {reply!r}")
         state: dict[str, Any] = reply["body"]
+        if state.get("clock_offset_s") is not None:
+            clock.set_offset(float(state["clock_offset_s"]))
         handlers = {kind: self._reporting(handler) for kind, handler in self.handlers.items()}
         self.channel = Channel(reader, writer, name="coordinator", handlers=handlers)
         self.channel.on_close(on_lost)
@@ -122,6 +126,11 @@ class WorkerLink:
 
     async def _forget(self, body: Any) -> None:
         self.retired.forget(body["rollout_ids"])
+
+    async def _clock(self, body: Any) -> None:
+        """The coordinator's clock moved (`POST /_ctl/clock`): this process is the same server, so its clock
+        moves too. (A wait this worker is already in keeps the length it was given when it began.)"""
+        clock.set_offset(float(body["offset_s"]))
 
     # -- reports --------------------------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from typing import Any
 import attrs
 import pytest
 
+from fakes import clock
 from fakes.gym import runtime
 from fakes.gym.config import ServerConfig
 from fakes.gym.control_plane import ControlPlane
@@ -510,6 +511,22 @@ async def test_a_worker_lost_while_closed_blocks_commit_until_resume(monkeypatch
         await coordination.control_plane.resume(request())
         assert coordination.participant.report().ready
         assert coordination.pool.left
+
+
+@pytest.mark.anyio
+async def test_the_clock_moves_on_every_worker_and_a_joining_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`POST /_ctl/clock` on the coordinator moves the server's time: every worker's clock with it (each worker
+    sets its own process's offset; here all run in this process, so the offset is read back from it)."""
+    monkeypatch.setenv(clock.OFFSET_ENV, "+0")
+    async with coordinated(monkeypatch) as coordination:
+        assert coordination.control_plane.clock_followers == [coordination.pool.move_clock]
+        await coordination.join()
+        await coordination.join()
+        await coordination.pool.move_clock(7.5)
+        assert clock.offset() == 7.5
+        monkeypatch.setenv(clock.OFFSET_ENV, "+0")
+        await coordination.join()
+        assert clock.offset() == 7.5, "a worker that registers later takes the server's offset"
 
 
 @pytest.mark.anyio
