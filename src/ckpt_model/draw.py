@@ -150,9 +150,3 @@ def parse_weights(text: str, families: Iterable[Family]) -> dict[str, int]:
             raise ValueError(f"{item!r}: the weight must be a whole number from 0")
         weights[name] = weight
     return weights
-
-
-def shares(weights: Mapping[str, int]) -> dict[str, float]:
-    """Each family's share of the draw when every family has a rule enabled."""
-    total = sum(weights.values())
-    return {name: (weight / total if total else 0.0) for name, weight in weights.items()}

@@ -151,11 +151,6 @@ def test_weights_parse_and_bad_weights_name_the_families() -> None:
         assert bad.split("=")[0] in str(raised.value)
 
 
-def test_shares_are_each_weight_over_the_total() -> None:
-    assert draw.shares({"a": 3, "b": 1}) == {"a": 0.75, "b": 0.25}
-    assert draw.shares({"a": 0}) == {"a": 0.0}
-
-
 class Drawn:
     """Stands for Hypothesis's data: every draw gives `value`."""
 
