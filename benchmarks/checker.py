@@ -40,7 +40,7 @@ from restart import measure_harness  # benchmarks/restart.py, beside this script
 
 from ckpt_model import profiles
 from ckpt_model.deployment import Harness, fault_catalogue
-from ckpt_model.faultsearch import FAULT_SEARCH, FAULT_SEARCH_WITH_SHRINK, Finding, harness_for, search
+from ckpt_model.faultsearch import FAULT_SEARCH, FAULT_SEARCH_WITH_SHRINK, REPLAYS, Finding, harness_for, search
 from ckpt_model.interrupts import sigterm_unwinds
 from ckpt_model.machine import machine_for
 from ckpt_model.spec import FAULT_FREE, DeploymentSpec
@@ -139,7 +139,9 @@ HEADER = (
 )
 
 
-def faults(names: list[str], *, hypothesis_shrink: bool, minimise: bool, swarm: str = "off") -> None:
+def faults(
+    names: list[str], *, hypothesis_shrink: bool, minimise: bool, swarm: str = "off", replays: int = REPLAYS
+) -> None:
     """One line per fault and draw (the first failure, as the fault tests read it), then one line per failure it
     met; with both draws, the side-by-side table last."""
     chosen = FAULT_SEARCH_WITH_SHRINK if hypothesis_shrink else FAULT_SEARCH
@@ -149,7 +151,7 @@ def faults(names: list[str], *, hypothesis_shrink: bool, minimise: bool, swarm: 
     for name in names:
         for swarmed in DRAWS[swarm]:
             with harness_for(name) as harness:
-                finding = search(harness, chosen, minimise=minimise, swarm=swarmed)
+                finding = search(harness, chosen, minimise=minimise, swarm=swarmed, replays=replays)
             findings[name, swarmed] = finding
             print(fault_line(name, finding, swarmed), flush=True)
             for number, failure in enumerate(finding.failures, start=1):
@@ -219,6 +221,13 @@ def main(argv: list[str] | None = None) -> int:
         help="search each fault with the plain draw (off), the swarm draw (on) or both, side by side (default off)",
     )
     parser.add_argument(
+        "--replays",
+        type=int,
+        default=REPLAYS,
+        help=f"replays of each failure for its reproduction rate (default {REPLAYS}); 0, with --no-minimise, "
+        "measures none: the search's own figures alone, as benchmarks/search.py faults reads them",
+    )
+    parser.add_argument(
         "--policy-workers",
         type=int,
         default=2,
@@ -237,7 +246,18 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             print(f"unknown faults {unknown}; known: {sorted(known)}", file=sys.stderr)
             return 2
-        faults(names, hypothesis_shrink=args.hypothesis_shrink, minimise=not args.no_minimise, swarm=args.swarm)
+        if args.replays < 0 or (args.replays == 0 and not args.no_minimise):
+            print(
+                "--replays must be at least 1, or 0 with --no-minimise (the minimiser needs the rate)", file=sys.stderr
+            )
+            return 2
+        faults(
+            names,
+            hypothesis_shrink=args.hypothesis_shrink,
+            minimise=not args.no_minimise,
+            swarm=args.swarm,
+            replays=args.replays,
+        )
     return 0
 
 

@@ -156,14 +156,16 @@ def search(
 ) -> Finding:
     """Run the machine (the swarm machine with `swarm`) against the harness until it fails or runs out of
     examples; then replay every failure `replays` times for its reproduction rate and minimise it by that rate on
-    the same harness (unless `minimise` is False: then only the rate)."""
+    the same harness (unless `minimise` is False: then only the rate, and with `replays` 0 not even that)."""
     stats = SearchStats()
     failures = run_search(machine_for(harness, stats, swarm=swarm), search_settings, stats.seen)
     search_s = time.monotonic() - stats.started_s
     if minimise:
         failures, minimised = minimised_failures(failures, lambda error: minimise_error(harness, error, replays))
-    else:
+    elif replays:
         failures, minimised = minimised_failures(failures, lambda error: _rate_only(harness, error, replays))
+    else:
+        minimised = None
     return Finding(
         fault=",".join(harness.faults) or "(none)",
         failures=failures,

@@ -120,6 +120,13 @@ class MachineBase(RuleBasedStateMachine):
         if self.model.phase != "prepared":
             self.prepare()
 
+    def _prepare_given_up(self, model: Model, checkpoint_id: str, label: str) -> None:
+        """The controller resumes a prepare it gave up on (`model`, as the prepare left it): every participant then
+        refuses a prepare of its ID (P10)."""
+        self.controller.resume(checkpoint_id)
+        self._refused("prepare", checkpoint_id, "stale_checkpoint")
+        self._advance(model.resume(), f"{label}; resume({checkpoint_id}); prepare({checkpoint_id}) refused")
+
     def _prepared(self, checkpoint_id: str, replies: dict[str, Any]) -> None:
         """P1: the restarts are reported; P10: every participant refuses a prepare of another ID."""
         props.p1_restarts_reported(checkpoint_id, self.model.restarts(), replies)

@@ -42,9 +42,7 @@ class LostReplies(MachineBase):
         props.p17_took_effect("prepare", checkpoint_id, name, self.harness.statuses()[name])
         label = f"prepare({checkpoint_id}), {name}'s reply lost"
         if not then_retry:
-            self.controller.resume(checkpoint_id)
-            self._refused("prepare", checkpoint_id, "stale_checkpoint")
-            self._advance(model.resume(), f"{label}; resume({checkpoint_id})")
+            self._prepare_given_up(model, checkpoint_id, label)
             return
         self._prepare_again(checkpoint_id, lambda error: props.p17_retry_answered("prepare", checkpoint_id, error))
         self._advance(model, f"{label}; prepare retried")

@@ -53,9 +53,7 @@ class Unreachable(MachineBase):
         label = f"prepare({checkpoint_id}), {name} unreachable"
         if not then_retry:
             # Some participants never saw this prepare: the resume must fence the ID on them too.
-            self.controller.resume(checkpoint_id)
-            self._refused("prepare", checkpoint_id, "stale_checkpoint")
-            self._advance(model.resume(), f"{label}; resume({checkpoint_id}); prepare({checkpoint_id}) refused")
+            self._prepare_given_up(model, checkpoint_id, label)
             return
         outcome = self._prepare_again(
             checkpoint_id, lambda error: props.p19_retry_completes("prepare", checkpoint_id, error)
