@@ -68,6 +68,9 @@ CATALOGUE: tuple[Fault, ...] = (
         "P8",
         "a retire while a restore is installed and not yet resumed only marks the attempts, leaving the episodes "
         "that restore installed (so a restore another participant refused leaves them behind)",
+        # The episode left behind stays in the environment's restored_pending, which its status shows (P10) when
+        # the cleanup's resume comes before any restore of it is judged (a dies_in_restore that crashes first).
+        also_shows_as=("P10",),
     ),
     Fault(
         "model_restore_accepts_missing_share",

@@ -226,13 +226,16 @@ class Nemesis:
         """The victim's commit, sent with a deadline `STALLED_COMMIT_DEADLINE_S` ahead (`Harness.room`), whose write
         stalls: once it
         stands at the stall, the clocks pass the deadline (`Harness.jump_to`; in real time where they are not the
-        checker's), and the commit's answer comes."""
+        checker's), and the commit's answer comes. A commit that answers without its write ever reaching the stall
+        (a writer that skips the stalled step) is returned as it is, for P16 to judge."""
         deadline_ts = self.harness.now() + self.harness.room(STALLED_COMMIT_DEADLINE_S)
         refusal = self.controller.runs.submit(self._refusal, fault.victim, checkpoint_id, scope, 0.0, deadline_ts)
         stalled = "its write stands at the stall"
         self._wait_storage(fault, lambda state: state["stalled_at"] == fault.point or refusal.done(), stalled)
         self.harness.jump_to(deadline_ts)
         answer = refusal.result(timeout=CONTROL_DEADLINE_S)
+        if answer is None:  # it committed, so its write never stood at the stall: P16 judges that, not a wait
+            return answer
         self._wait_storage(fault, lambda state: state["stalled_at"] == fault.point, stalled)
         return answer
 

@@ -77,7 +77,7 @@ class Pauses(MachineBase):
         ),
         family=PAUSES,
         needs=(checkable.PAUSE, checkable.LEASE_LAPSES),
-        judges=("P21",),
+        judges=("P10", "P21"),
         victim=PICK,
     )
     def paused_lease(self, victim: int) -> None:
@@ -88,14 +88,18 @@ class Pauses(MachineBase):
         others = [m.name for m in self.controller.members() if m.name != name]
         model, checkpoint_id = self.model.having_tried(pause_lapse=True).prepare()
         deadline_ts = self.harness.now() + PAUSED_LEASE_DEADLINE_S
+        verifying = [a.key for a in self.model.with_status("running") if a.verifying]
         try:
-            self.controller.prepare_by(checkpoint_id, deadline_ts)
+            outcome = self.controller.prepare_by(checkpoint_id, deadline_ts)
         except CoordinationError as error:
             if only_deadline_missed(error, [name, *others]):  # a slow machine: the short deadline passed first
                 self.controller.resume(checkpoint_id)
                 self._advance(model.resume(), f"prepare({checkpoint_id}) reached some past its deadline; resumed")
                 return
             raise
+        # As `prepare`: every rollout is at a boundary, so nothing may block (a prepare left unready until its
+        # deadline would otherwise surface as the renewal's refusal once the leases lapsed).
+        props.p10_prepared_everywhere(checkpoint_id, outcome.prepared, outcome.blockers, verifying, outcome.waited_s)
         self.controller.renew_on(others, checkpoint_id)
         lapses_at_ts = deadline_ts + self.harness.lease_grace_s
         self.nemesis.frozen_until(name, lapses_at_ts + PAUSED_PAST_LEASE_S)
