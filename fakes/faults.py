@@ -182,6 +182,8 @@ CATALOGUE: tuple[Fault, ...] = (
         "P10",
         "idempotent replay that compares the whole request, deadline included, so a retried commit is refused with"
         " checkpoint_conflict instead of returning the first result",
+        # The controller's retry after an unreachable participant's commit meets it too (P19: the retry completes).
+        also_shows_as=("P19",),
     ),
     Fault(
         "agent_stays_closed_after_commit",
