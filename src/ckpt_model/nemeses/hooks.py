@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from ckpt_model import checkable
+from ckpt_model import checkable, goals
 from ckpt_model import properties as props
 from ckpt_model.deployment import (
     EXPORT_HOOK,
@@ -37,6 +37,7 @@ class Hooks(MachineBase):
         lambda self: self.harness.can_fail_hooks and self._may_checkpoint() and not self.ledgers.cuts,
         family=HOOKS,
         needs=(checkable.FAIL_HOOKS, checkable.NO_CUTS),
+        applies=goals.without_cuts,
         victim=PICK,
         then_retry=st.booleans(),
     )
