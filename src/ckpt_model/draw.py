@@ -20,7 +20,9 @@ A draw's simplest value is 0, and Hypothesis's first examples of a run (a tenth 
 the example's last step (`dispatch`, `retire`, `forget` over and over). In 30 s on `native` the rollouts took 61%
 of the steps, 37% without those examples. `ZERO_RUN_REJECTED` family draws of 0 in a row among two families or
 more, which a random draw makes about once in 100^8, end such an example as invalid (`hypothesis.reject`; the
-teardown still drains and judges it); after five in a row Hypothesis stops making them. The shrinker meets the same
+teardown still drains and judges it); after five in a row Hypothesis stops making them. Hypothesis's very first
+example is all zeros too, and so ends early: where the deployment allows one example only (a real Gym attached
+without crashes) nothing is rejected (`rejects_zero_runs`). The shrinker meets the same
 limit and uses other values instead (every value below the first family's weight is the first family): of 30
 seeds of a test that fails on any three steps, all 30 shrink to three steps, as without the limit. Making a run of
 zeros a round-robin instead left 12 of the 30 stuck at 6 to 38 steps.
@@ -50,13 +52,16 @@ class FamilyDraw(RuleStrategy):
     named keeps its declared weight). A family of weight 0 is drawn only when no other family has a rule enabled,
     so a machine never stops for want of a step."""
 
-    def __init__(self, machine: RuleBasedStateMachine, weights: Weights | None = None) -> None:
+    def __init__(
+        self, machine: RuleBasedStateMachine, weights: Weights | None = None, rejects_zero_runs: bool = True
+    ) -> None:
         super().__init__(machine)
         family_of = families_of(type(machine))
         self.families = ordered(family_of.values())
         self.weights = {family.name: family.weight for family in self.families} | dict(weights or {})
         self.family_of = {rule: family_of[rule.function.__name__].name for rule in self.rules}
         self.zero_run = 0
+        self.rejects_zero_runs = rejects_zero_runs
         self.rejected = False
 
     def do_draw(self, data: Any) -> tuple[Any, dict[str, Any]]:
@@ -90,7 +95,7 @@ class FamilyDraw(RuleStrategy):
         """One family of `on_offer`, each with the probability of its weight among theirs."""
         drawn = data.draw(st.integers(0, sum(weight for _name, weight, _rules in on_offer) - 1))
         self.zero_run = self.zero_run + 1 if drawn == 0 else 0
-        if self.zero_run >= ZERO_RUN_REJECTED:
+        if self.rejects_zero_runs and self.zero_run >= ZERO_RUN_REJECTED:
             self.rejected = True
             reject()  # Hypothesis's simplest continuation, not a draw: see the module's docstring
         for name, weight, _rules in on_offer:
@@ -125,11 +130,11 @@ def describe(weights: Mapping[str, int]) -> str:
     return "a family by weight, then one of its rules: " + ", ".join(f"{n} {w}" for n, w in weights.items())
 
 
-def install(machine: RuleBasedStateMachine, weights: Weights | None = None) -> None:
+def install(machine: RuleBasedStateMachine, weights: Weights | None = None, rejects_zero_runs: bool = True) -> None:
     """Make `machine` draw its steps family first. Hypothesis reads a machine's rule strategy from the attribute
     its constructor sets (`_rules_strategy`, Hypothesis 6.100 on); `tests/unit/checker/test_draw.py` fails at once
     should that change."""
-    machine._rules_strategy = FamilyDraw(machine, weights)
+    machine._rules_strategy = FamilyDraw(machine, weights, rejects_zero_runs)
 
 
 def parse_weights(text: str, families: Iterable[Family]) -> dict[str, int]:

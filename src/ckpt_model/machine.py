@@ -60,7 +60,9 @@ class CheckpointMachine(
         weights: Weights | None = None,
     ) -> None:
         super().__init__()
-        draw.install(self, weights)  # a family first, then its rule (`ckpt_model.draw`)
+        # A family first, then its rule (`ckpt_model.draw`). A deployment that may not be restarted runs one example
+        # only, the all-zero one Hypothesis makes first: there a run of zeros must not end it.
+        draw.install(self, weights, rejects_zero_runs=harness.can_crash)
         self.harness = harness
         if stats is not None:
             stats.example_started()

@@ -190,6 +190,15 @@ def test_a_run_of_zero_family_draws_is_rejected_and_a_shorter_one_is_not() -> No
     within_a_test()
 
 
+def test_a_run_of_zeros_is_kept_where_the_deployment_allows_one_example_only() -> None:
+    machine = Families()
+    draw.install(machine, rejects_zero_runs=False)
+    strategy = machine._rules_strategy  # type: ignore[attr-defined]
+    offer = [("protocol", 3, []), ("many", 1, [])]
+    assert {strategy._family(Drawn(0), offer) for _ in range(3 * draw.ZERO_RUN_REJECTED)} == {"protocol"}
+    assert not strategy.rejected
+
+
 def test_every_example_reports_how_rare_its_goals_were(monkeypatch: pytest.MonkeyPatch) -> None:
     """`StepLog.finished` hands Hypothesis a target per example, under one label."""
     reported: list[tuple[float, str]] = []
