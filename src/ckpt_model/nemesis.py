@@ -36,7 +36,7 @@ from ckpt_model.deployment import (
     STALL,
     Harness,
 )
-from ckpt_model.errors import CoordinationError, HarnessError, ParticipantFailure, QuiescenceTimeout
+from ckpt_model.errors import CoordinationError, ParticipantFailure, QuiescenceTimeout
 from ckpt_model.history import Event
 from ckpt_model.quiescence import poll
 from ckpt_model.topologies import SERVER_WORKER_KINDS
@@ -49,8 +49,6 @@ T = TypeVar("T")
 STALLED_COMMIT_DEADLINE_S = 1.0
 # A call sent to a frozen participant (a commit, a prepare) carries a deadline this close; it wakes once it passed.
 PAUSED_DEADLINE_S = 0.5
-# A skewed clock must read its offset from the true time within this much (the call that reads it takes time).
-SKEW_TOLERANCE_S = 5.0
 
 
 @attrs.frozen
@@ -354,35 +352,6 @@ class Nemesis:
         except CoordinationError as error:
             return error.failures.get(victim)
         return None
-
-    # -- clocks -------------------------------------------------------------------------------------------------
-
-    def skew(self, victim: str, offset_s: float) -> None:
-        """Move `victim`'s wall clock `offset_s` from the controller's (0 puts it back); journaled, and confirmed by
-        the time its clock reads right after."""
-        invocation = self.controller.invoke("skew clock", f"{victim}: {offset_s:+g} s")
-        before = self.harness.now()
-        reads = self.harness.skew_clock(victim, offset_s)
-        self.controller.complete(invocation, "ok")
-        if not before + offset_s - SKEW_TOLERANCE_S <= reads <= self.harness.now() + offset_s + SKEW_TOLERANCE_S:
-            raise HarnessError(
-                f"{victim}'s clock was to run {offset_s:+g} s from the controller's ({before:.3f}) and reads "
-                f"{reads:.3f}"
-            )
-
-    def pass_time(self, seconds: float) -> None:
-        """Let `seconds` pass for the whole system at once (every server's clocks and the controller's); journaled,
-        and confirmed by the time each server's clock reads right after."""
-        invocation = self.controller.invoke("time passes", f"{seconds:g} s")
-        before = self.harness.now() + seconds
-        reads = self.harness.pass_time(seconds)
-        self.controller.complete(invocation, "ok")
-        after = self.harness.now()
-        for name, read in sorted(reads.items()):
-            if not before - SKEW_TOLERANCE_S <= read <= after + SKEW_TOLERANCE_S:
-                raise HarnessError(
-                    f"{seconds:g} s were to pass for {name}, whose clock reads {read:.3f} at {after:.3f}"
-                )
 
     # -- hooks that fail ----------------------------------------------------------------------------------------
 
