@@ -13,10 +13,8 @@ released, and a frozen participant runs again.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import socket
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,7 +22,6 @@ from typing import Any, TypeVar
 import attrs
 
 from ckpt_model import damage
-from ckpt_model import properties as props
 from ckpt_model.contract import Attempt, Checkpoint, Model
 from ckpt_model.controller import CONTROL_DEADLINE_S, Controller, episodes_keyed, episodes_of, outcomes_text
 from ckpt_model.coordination import Participant
@@ -360,49 +357,6 @@ class Nemesis:
         self.harness.fail_hook(victim, hook)
         invocation = self.controller.invoke("hook fault", f"{victim}: {hook}")
         self.controller.complete(invocation, "ok")
-
-    # -- lost replies -------------------------------------------------------------------------------------------
-
-    def reply_lost(
-        self, victim: str, operation: str, checkpoint_id: str, scope: Sequence[Attempt] = ()
-    ) -> CoordinationError:
-        """Send `operation` of `checkpoint_id` as the controller does while `victim` is set to lose its reply after
-        running it; the call's error, in which only the victim's reply is missing (P17)."""
-        self.harness.lose_reply(victim, operation)
-        invocation = self.controller.invoke("lose reply", f"{victim}: {operation}")
-        self.controller.complete(invocation, "ok")
-        error = self.controller.unanswered(operation, checkpoint_id, scope)
-        props.p17_only_reply_lost(operation, checkpoint_id, victim, error)
-        return error
-
-    # -- a participant the controller cannot reach ------------------------------------------------------------
-
-    @contextlib.contextmanager
-    def cut_off(self, victim: str) -> Iterator[None]:
-        """While inside, `victim` is unreachable from the controller: every call to it goes to a loopback port bound
-        with nothing listening, so its connection is refused (ECONNREFUSED), as a firewall's reject or a network
-        partition refuses it. The victim runs on and still serves its peers; both ends are journaled."""
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as closed:
-            closed.bind(("127.0.0.1", 0))  # bound, never listening: the port stays ours and refuses every connection
-            host, port = closed.getsockname()
-            invocation = self.controller.invoke("cut off", victim)
-            self.controller.complete(invocation, "ok")
-            try:
-                with self.controller.routed(victim, f"http://{host}:{port}"):
-                    yield
-            finally:
-                healed = self.controller.invoke("reachable", victim)
-                self.controller.complete(healed, "ok")
-
-    def unreached(
-        self, victim: str, operation: str, checkpoint_id: str, scope: Sequence[Attempt] = ()
-    ) -> CoordinationError:
-        """Send `operation` of `checkpoint_id` as the controller does while `victim` is cut off from it; the call's
-        error, in which only the victim failed, with its connection refused (P19)."""
-        with self.cut_off(victim):
-            error = self.controller.unreached(operation, checkpoint_id, scope)
-        props.p19_only_unreached(operation, checkpoint_id, victim, error)
-        return error
 
     def release_write(self, fault: WriteFault) -> None:
         """Let the stalled write go on, and wait until it ended (published, failed or stopped)."""
