@@ -27,7 +27,6 @@ from ckpt_model.controller import CONTROL_DEADLINE_S, Controller, episodes_keyed
 from ckpt_model.coordination import Participant
 from ckpt_model.deployment import (
     EXPORT_HOOK,
-    FAILPOINT_BEFORE_INSTALL,
     FAILPOINT_BETWEEN_FILES,
     PAUSE,
     STALL,
@@ -371,50 +370,3 @@ class Nemesis:
                 pending=[f"{fault.victim} storage"],
                 timeout_s=self.timeout_s,
             )
-
-    # -- who can be killed alone ------------------------------------------------------------------------------
-
-    def crashable_alone(self, model: Model) -> list[Participant]:
-        """The participants the model lets crash alone, where the deployment restarts one server."""
-        if not self.harness.can_restart_one or self.harness.control is None:
-            return []
-        return [m for m in self.controller.members() if model.can_crash_participant(m.kind)]
-
-    def can_die_in_restore(self) -> list[Participant]:
-        """With failpoints and single restarts: the participants that are the only one of their kind (the model
-        says what one participant forgets by its kind)."""
-        if not (self.harness.can_stop_inside_commit and self.harness.can_restart_one) or self.harness.control is None:
-            return []
-        members = self.controller.members()
-        kinds = [m.kind for m in members]
-        return [m for m in members if kinds.count(m.kind) == 1]
-
-    def die_in_restore(self, member: Participant, restore_id: str, source: str, exported: Iterable[str]) -> Any:
-        """Restore `source` as `restore_id` while a failpoint holds `member` just before it installs; once it
-        stands there and every other participant restored, kill it and start it again alone. Returns every
-        participant's answer to the restore (the dead one's is a transport failure)."""
-        scope = episodes_keyed(exported)
-        directory = str(self.controller.directory(source))
-        body = self.controller.body("restore", restore_id, checkpoint_dir=directory, episode_ids=scope)
-        others = [m for m in self.controller.control.participants if m.name != member.name]
-        self.harness.arm_failpoint(member.name, FAILPOINT_BEFORE_INSTALL)
-        invocation = self.controller.invoke("restore", restore_id, checkpoint_id=restore_id)
-        restore = self.controller.runs.submit(self.controller.control.post_each, "restore", body, body["deadline_ts"])
-
-        def others_restored() -> bool:
-            statuses = self.harness.statuses()
-            return self.harness.failpoint_reached(member.name, FAILPOINT_BEFORE_INSTALL) and all(
-                statuses[m.name]["phase"] == "restored" for m in others
-            )
-
-        if not poll(others_restored, self.timeout_s):
-            raise QuiescenceTimeout(
-                prediction=f"{member.name} stands before its install while {[m.name for m in others]} restored",
-                observed=self.harness.statuses(),
-                pending=[f"{member.name} at {FAILPOINT_BEFORE_INSTALL}"],
-                timeout_s=self.timeout_s,
-            )
-        self.restart(member)
-        outcomes = restore.result(timeout=CONTROL_DEADLINE_S)
-        self.controller.complete(invocation, "fail", outcomes_text(outcomes))
-        return outcomes
