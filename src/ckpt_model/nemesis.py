@@ -13,10 +13,8 @@ released, and a frozen participant runs again.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import socket
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,19 +22,17 @@ from typing import Any, TypeVar
 import attrs
 
 from ckpt_model import damage
-from ckpt_model import properties as props
 from ckpt_model.contract import Attempt, Checkpoint, Model
 from ckpt_model.controller import CONTROL_DEADLINE_S, Controller, episodes_keyed, episodes_of, outcomes_text
 from ckpt_model.coordination import Participant
 from ckpt_model.deployment import (
     EXPORT_HOOK,
-    FAILPOINT_BEFORE_INSTALL,
     FAILPOINT_BETWEEN_FILES,
     PAUSE,
     STALL,
     Harness,
 )
-from ckpt_model.errors import CoordinationError, HarnessError, ParticipantFailure, QuiescenceTimeout
+from ckpt_model.errors import CoordinationError, ParticipantFailure, QuiescenceTimeout
 from ckpt_model.history import Event
 from ckpt_model.quiescence import poll
 from ckpt_model.topologies import SERVER_WORKER_KINDS
@@ -49,8 +45,6 @@ T = TypeVar("T")
 STALLED_COMMIT_DEADLINE_S = 1.0
 # A call sent to a frozen participant (a commit, a prepare) carries a deadline this close; it wakes once it passed.
 PAUSED_DEADLINE_S = 0.5
-# A skewed clock must read its offset from the true time within this much (the call that reads it takes time).
-SKEW_TOLERANCE_S = 5.0
 
 
 @attrs.frozen
@@ -371,35 +365,6 @@ class Nemesis:
             return error.failures.get(victim)
         return None
 
-    # -- clocks -------------------------------------------------------------------------------------------------
-
-    def skew(self, victim: str, offset_s: float) -> None:
-        """Move `victim`'s wall clock `offset_s` from the controller's (0 puts it back); journaled, and confirmed by
-        the time its clock reads right after."""
-        invocation = self.controller.invoke("skew clock", f"{victim}: {offset_s:+g} s")
-        before = self.harness.now()
-        reads = self.harness.skew_clock(victim, offset_s)
-        self.controller.complete(invocation, "ok")
-        if not before + offset_s - SKEW_TOLERANCE_S <= reads <= self.harness.now() + offset_s + SKEW_TOLERANCE_S:
-            raise HarnessError(
-                f"{victim}'s clock was to run {offset_s:+g} s from the controller's ({before:.3f}) and reads "
-                f"{reads:.3f}"
-            )
-
-    def pass_time(self, seconds: float) -> None:
-        """Let `seconds` pass for the whole system at once (every server's clocks and the controller's); journaled,
-        and confirmed by the time each server's clock reads right after."""
-        invocation = self.controller.invoke("time passes", f"{seconds:g} s")
-        before = self.harness.now() + seconds
-        reads = self.harness.pass_time(seconds)
-        self.controller.complete(invocation, "ok")
-        after = self.harness.now()
-        for name, read in sorted(reads.items()):
-            if not before - SKEW_TOLERANCE_S <= read <= after + SKEW_TOLERANCE_S:
-                raise HarnessError(
-                    f"{seconds:g} s were to pass for {name}, whose clock reads {read:.3f} at {after:.3f}"
-                )
-
     # -- hooks that fail ----------------------------------------------------------------------------------------
 
     def fail_hook(self, victim: str, hook: str) -> None:
@@ -407,49 +372,6 @@ class Nemesis:
         self.harness.fail_hook(victim, hook)
         invocation = self.controller.invoke("hook fault", f"{victim}: {hook}")
         self.controller.complete(invocation, "ok")
-
-    # -- lost replies -------------------------------------------------------------------------------------------
-
-    def reply_lost(
-        self, victim: str, operation: str, checkpoint_id: str, scope: Sequence[Attempt] = ()
-    ) -> CoordinationError:
-        """Send `operation` of `checkpoint_id` as the controller does while `victim` is set to lose its reply after
-        running it; the call's error, in which only the victim's reply is missing (P17)."""
-        self.harness.lose_reply(victim, operation)
-        invocation = self.controller.invoke("lose reply", f"{victim}: {operation}")
-        self.controller.complete(invocation, "ok")
-        error = self.controller.unanswered(operation, checkpoint_id, scope)
-        props.p17_only_reply_lost(operation, checkpoint_id, victim, error)
-        return error
-
-    # -- a participant the controller cannot reach ------------------------------------------------------------
-
-    @contextlib.contextmanager
-    def cut_off(self, victim: str) -> Iterator[None]:
-        """While inside, `victim` is unreachable from the controller: every call to it goes to a loopback port bound
-        with nothing listening, so its connection is refused (ECONNREFUSED), as a firewall's reject or a network
-        partition refuses it. The victim runs on and still serves its peers; both ends are journaled."""
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as closed:
-            closed.bind(("127.0.0.1", 0))  # bound, never listening: the port stays ours and refuses every connection
-            host, port = closed.getsockname()
-            invocation = self.controller.invoke("cut off", victim)
-            self.controller.complete(invocation, "ok")
-            try:
-                with self.controller.routed(victim, f"http://{host}:{port}"):
-                    yield
-            finally:
-                healed = self.controller.invoke("reachable", victim)
-                self.controller.complete(healed, "ok")
-
-    def unreached(
-        self, victim: str, operation: str, checkpoint_id: str, scope: Sequence[Attempt] = ()
-    ) -> CoordinationError:
-        """Send `operation` of `checkpoint_id` as the controller does while `victim` is cut off from it; the call's
-        error, in which only the victim failed, with its connection refused (P19)."""
-        with self.cut_off(victim):
-            error = self.controller.unreached(operation, checkpoint_id, scope)
-        props.p19_only_unreached(operation, checkpoint_id, victim, error)
-        return error
 
     def release_write(self, fault: WriteFault) -> None:
         """Let the stalled write go on, and wait until it ended (published, failed or stopped)."""
@@ -464,50 +386,3 @@ class Nemesis:
                 pending=[f"{fault.victim} storage"],
                 timeout_s=self.timeout_s,
             )
-
-    # -- who can be killed alone ------------------------------------------------------------------------------
-
-    def crashable_alone(self, model: Model) -> list[Participant]:
-        """The participants the model lets crash alone, where the deployment restarts one server."""
-        if not self.harness.can_restart_one or self.harness.control is None:
-            return []
-        return [m for m in self.controller.members() if model.can_crash_participant(m.kind)]
-
-    def can_die_in_restore(self) -> list[Participant]:
-        """With failpoints and single restarts: the participants that are the only one of their kind (the model
-        says what one participant forgets by its kind)."""
-        if not (self.harness.can_stop_inside_commit and self.harness.can_restart_one) or self.harness.control is None:
-            return []
-        members = self.controller.members()
-        kinds = [m.kind for m in members]
-        return [m for m in members if kinds.count(m.kind) == 1]
-
-    def die_in_restore(self, member: Participant, restore_id: str, source: str, exported: Iterable[str]) -> Any:
-        """Restore `source` as `restore_id` while a failpoint holds `member` just before it installs; once it
-        stands there and every other participant restored, kill it and start it again alone. Returns every
-        participant's answer to the restore (the dead one's is a transport failure)."""
-        scope = episodes_keyed(exported)
-        directory = str(self.controller.directory(source))
-        body = self.controller.body("restore", restore_id, checkpoint_dir=directory, episode_ids=scope)
-        others = [m for m in self.controller.control.participants if m.name != member.name]
-        self.harness.arm_failpoint(member.name, FAILPOINT_BEFORE_INSTALL)
-        invocation = self.controller.invoke("restore", restore_id, checkpoint_id=restore_id)
-        restore = self.controller.runs.submit(self.controller.control.post_each, "restore", body, body["deadline_ts"])
-
-        def others_restored() -> bool:
-            statuses = self.harness.statuses()
-            return self.harness.failpoint_reached(member.name, FAILPOINT_BEFORE_INSTALL) and all(
-                statuses[m.name]["phase"] == "restored" for m in others
-            )
-
-        if not poll(others_restored, self.timeout_s):
-            raise QuiescenceTimeout(
-                prediction=f"{member.name} stands before its install while {[m.name for m in others]} restored",
-                observed=self.harness.statuses(),
-                pending=[f"{member.name} at {FAILPOINT_BEFORE_INSTALL}"],
-                timeout_s=self.timeout_s,
-            )
-        self.restart(member)
-        outcomes = restore.result(timeout=CONTROL_DEADLINE_S)
-        self.controller.complete(invocation, "fail", outcomes_text(outcomes))
-        return outcomes

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from ckpt_model import checkable, goals
 from ckpt_model import properties as props
 from ckpt_model.contract import Model
-from ckpt_model.errors import CoordinationError
+from ckpt_model.errors import CoordinationError, HarnessError
 from ckpt_model.families import Family
 from ckpt_model.pipeline import PICK, MachineBase, choose, only_deadline_missed
 from ckpt_model.steplog import action
@@ -26,6 +26,8 @@ SKEWED_QUIET_DEADLINE_S = 0.25
 # While a quiet controller's checkpoint is open this much time passes for the whole system: twice Gym's episode
 # budget (600 s), so an episode whose parked time counted would time out whatever it used before.
 TIME_PASSES_S = 1200.0
+# A skewed clock must read its offset from the true time within this much (the call that reads it takes time).
+SKEW_TOLERANCE_S = 5.0
 
 
 class Clocks(MachineBase):
@@ -53,14 +55,14 @@ class Clocks(MachineBase):
         name = choose(self.controller.members(), victim).name
         model, checkpoint_id = self.model.having_tried(clock_skew=True).prepare()
         offset_s = -SKEW_BEHIND_S if behind else SKEW_AHEAD_S
-        self.nemesis.skew(name, offset_s)
+        self._skew_clock(name, offset_s)
         try:
             if behind:
                 model, label = self._outholds_the_others(name, model, checkpoint_id)
             else:
                 model, label = self._lapses_first(name, model, checkpoint_id)
         finally:
-            self.nemesis.skew(name, 0.0)
+            self._skew_clock(name, 0.0)
         self._advance(model, f"skewed_clock({name} {offset_s:+g} s): {label}")
 
     def _lapses_first(self, name: str, model: Model, checkpoint_id: str) -> tuple[Model, str]:
@@ -122,10 +124,37 @@ class Clocks(MachineBase):
         never parked, so their time runs out.)"""
         model, checkpoint_id = self.model.lease_expired(time_passed=True)
         parked = [attempt.key for attempt in self.model.with_status("running")]
-        if self.controller.go_quiet(checkpoint_id, meanwhile=lambda: self.nemesis.pass_time(TIME_PASSES_S)):
+        if self.controller.go_quiet(checkpoint_id, meanwhile=lambda: self._pass_time(TIME_PASSES_S)):
             self.quiescence.outlasted.update(dict.fromkeys(parked, TIME_PASSES_S))
             label = f"{TIME_PASSES_S:g} s passed; {checkpoint_id} lapsed"
         else:
             label = "the prepare missed its deadline; resumed, and no time passed"
         self._refused("commit", checkpoint_id, "stale_checkpoint")
         self._advance(model, f"time_passes() -> {checkpoint_id}: {label}; commit({checkpoint_id}) refused")
+
+    def _skew_clock(self, victim: str, offset_s: float) -> None:
+        """Move `victim`'s wall clock `offset_s` from the controller's (0 puts it back); journaled, and confirmed by
+        the time its clock reads right after."""
+        invocation = self.controller.invoke("skew clock", f"{victim}: {offset_s:+g} s")
+        before = self.harness.now()
+        reads = self.harness.skew_clock(victim, offset_s)
+        self.controller.complete(invocation, "ok")
+        if not before + offset_s - SKEW_TOLERANCE_S <= reads <= self.harness.now() + offset_s + SKEW_TOLERANCE_S:
+            raise HarnessError(
+                f"{victim}'s clock was to run {offset_s:+g} s from the controller's ({before:.3f}) and reads "
+                f"{reads:.3f}"
+            )
+
+    def _pass_time(self, seconds: float) -> None:
+        """Let `seconds` pass for the whole system at once (every server's clocks and the controller's); journaled,
+        and confirmed by the time each server's clock reads right after."""
+        invocation = self.controller.invoke("time passes", f"{seconds:g} s")
+        before = self.harness.now() + seconds
+        reads = self.harness.pass_time(seconds)
+        self.controller.complete(invocation, "ok")
+        after = self.harness.now()
+        for name, read in sorted(reads.items()):
+            if not before - SKEW_TOLERANCE_S <= read <= after + SKEW_TOLERANCE_S:
+                raise HarnessError(
+                    f"{seconds:g} s were to pass for {name}, whose clock reads {read:.3f} at {after:.3f}"
+                )

@@ -4,6 +4,7 @@ retire or a forget, or with a power cut; and the controller's recovery, a crash 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from hypothesis import strategies as st
@@ -11,9 +12,13 @@ from hypothesis import strategies as st
 from ckpt_model import checkable, goals
 from ckpt_model import properties as props
 from ckpt_model.contract import Model
-from ckpt_model.errors import CoordinationError
+from ckpt_model.controller import CONTROL_DEADLINE_S, episodes_keyed, outcomes_text
+from ckpt_model.coordination import Participant
+from ckpt_model.deployment import FAILPOINT_BEFORE_INSTALL
+from ckpt_model.errors import CoordinationError, QuiescenceTimeout
 from ckpt_model.families import Family
 from ckpt_model.pipeline import PICK, WORKER, MachineBase, choose
+from ckpt_model.quiescence import poll
 from ckpt_model.steplog import action
 
 CRASHES = Family("crashes", "every Gym process killed: at once, inside an operation, with a power cut", 8)
@@ -180,8 +185,11 @@ class Crashes(MachineBase):
             label += f"; retire({sorted(a.key for a in lost)})"
         self._advance(model, label, violation=props.P7Violation, counts_final=bool(lost))
 
-    def _crashable_alone(self) -> list[Any]:
-        return self.nemesis.crashable_alone(self.model)
+    def _crashable_alone(self) -> list[Participant]:
+        """The participants the model lets crash alone, where the deployment restarts one server."""
+        if not self.harness.can_restart_one or self.harness.control is None:
+            return []
+        return [m for m in self.controller.members() if self.model.can_crash_participant(m.kind)]
 
     def _still_fenced(self, model: Model) -> str:
         """Each participant that remembers the latest resumed ID still refuses it (P10)."""
@@ -196,7 +204,7 @@ class Crashes(MachineBase):
         lambda self: (
             self.harness.can_crash
             and (self.model.can_restore() or (self._may_crash_first() and bool(self.model.committed)))
-            and bool(self.nemesis.can_die_in_restore())
+            and bool(self._can_die_in_restore())
         ),
         family=CRASHES,
         needs=(checkable.CRASHES, checkable.FAILPOINTS, checkable.RESTART_ONE),
@@ -208,10 +216,10 @@ class Crashes(MachineBase):
         """One participant dies inside its own restore while the others finish; the cleanup undoes it all (P8)."""
         self._crash_unless_fresh()
         checkpoint = choose(list(self.model.committed), pick)
-        member = choose(self.nemesis.can_die_in_restore(), victim)
+        member = choose(self._can_die_in_restore(), victim)
         self._forget_covering(checkpoint.checkpoint_id)
         model, restore_id = self.model.died_in_restore(checkpoint.checkpoint_id, member.kind)
-        outcomes = self.nemesis.die_in_restore(member, restore_id, checkpoint.checkpoint_id, checkpoint.exported)
+        outcomes = self._die_in_restore(member, restore_id, checkpoint.checkpoint_id, checkpoint.exported)
         props.p8_died_in_restore(restore_id, member.name, outcomes)
         try:
             self.controller.undo_restore(restore_id, checkpoint.exported)
@@ -220,3 +228,42 @@ class Crashes(MachineBase):
             raise
         label = f"dies_in_restore({checkpoint.checkpoint_id}) as {restore_id}: {member.name} died before installing"
         self._advance(model, label, violation=props.P8Violation, counts_final=True)
+
+    def _can_die_in_restore(self) -> list[Participant]:
+        """With failpoints and single restarts: the participants that are the only one of their kind (the model
+        says what one participant forgets by its kind)."""
+        if not (self.harness.can_stop_inside_commit and self.harness.can_restart_one) or self.harness.control is None:
+            return []
+        members = self.controller.members()
+        kinds = [m.kind for m in members]
+        return [m for m in members if kinds.count(m.kind) == 1]
+
+    def _die_in_restore(self, member: Participant, restore_id: str, source: str, exported: Iterable[str]) -> Any:
+        """Restore `source` as `restore_id` while a failpoint holds `member` just before it installs; once it
+        stands there and every other participant restored, kill it and start it again alone. Returns every
+        participant's answer to the restore (the dead one's is a transport failure)."""
+        scope = episodes_keyed(exported)
+        directory = str(self.controller.directory(source))
+        body = self.controller.body("restore", restore_id, checkpoint_dir=directory, episode_ids=scope)
+        others = [m for m in self.controller.control.participants if m.name != member.name]
+        self.harness.arm_failpoint(member.name, FAILPOINT_BEFORE_INSTALL)
+        invocation = self.controller.invoke("restore", restore_id, checkpoint_id=restore_id)
+        restore = self.controller.runs.submit(self.controller.control.post_each, "restore", body, body["deadline_ts"])
+
+        def others_restored() -> bool:
+            statuses = self.harness.statuses()
+            return self.harness.failpoint_reached(member.name, FAILPOINT_BEFORE_INSTALL) and all(
+                statuses[m.name]["phase"] == "restored" for m in others
+            )
+
+        if not poll(others_restored, self.quiescence.timeout_s):
+            raise QuiescenceTimeout(
+                prediction=f"{member.name} stands before its install while {[m.name for m in others]} restored",
+                observed=self.harness.statuses(),
+                pending=[f"{member.name} at {FAILPOINT_BEFORE_INSTALL}"],
+                timeout_s=self.quiescence.timeout_s,
+            )
+        self.nemesis.restart(member)
+        outcomes = restore.result(timeout=CONTROL_DEADLINE_S)
+        self.controller.complete(invocation, "fail", outcomes_text(outcomes))
+        return outcomes

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from hypothesis import strategies as st
 
 from ckpt_model import checkable
 from ckpt_model import properties as props
+from ckpt_model.contract import Attempt
 from ckpt_model.errors import CoordinationError
 from ckpt_model.families import Family
 from ckpt_model.pipeline import PICK, MachineBase, choose
@@ -38,7 +41,7 @@ class LostReplies(MachineBase):
 
     def _lost_prepare(self, name: str, then_retry: bool) -> None:
         model, checkpoint_id = self.model.prepare()
-        self.nemesis.reply_lost(name, "prepare", checkpoint_id)
+        self._reply_lost(name, "prepare", checkpoint_id)
         props.p17_took_effect("prepare", checkpoint_id, name, self.harness.statuses()[name])
         label = f"prepare({checkpoint_id}), {name}'s reply lost"
         if not then_retry:
@@ -50,7 +53,7 @@ class LostReplies(MachineBase):
     def _lost_commit(self, name: str, then_retry: bool) -> None:
         self._prepared_first()
         checkpoint_id, scope = self.model.opened, self.model.scope()
-        self.nemesis.reply_lost(name, "commit", checkpoint_id, scope)
+        self._reply_lost(name, "commit", checkpoint_id, scope)
         published = self.audits.has_manifest(checkpoint_id, name)
         props.p17_took_effect("commit", checkpoint_id, name, self.harness.statuses()[name], published)
         label = f"commit({checkpoint_id}), {name}'s reply lost"
@@ -76,7 +79,7 @@ class LostReplies(MachineBase):
         if not self.model.checkpoint_open:
             self.prepare()
         checkpoint_id = self.model.opened
-        self.nemesis.reply_lost(name, "resume", checkpoint_id)
+        self._reply_lost(name, "resume", checkpoint_id)
         props.p17_took_effect("resume", checkpoint_id, name, self.harness.statuses()[name])
         label = f"resume({checkpoint_id}), {name}'s reply lost"
         if then_retry:
@@ -85,3 +88,15 @@ class LostReplies(MachineBase):
             label += "; resume retried"
         self._refused("prepare", checkpoint_id, "stale_checkpoint")
         self._advance(self.model.resume(), f"{label}; prepare({checkpoint_id}) refused")
+
+    def _reply_lost(
+        self, victim: str, operation: str, checkpoint_id: str, scope: Sequence[Attempt] = ()
+    ) -> CoordinationError:
+        """Send `operation` of `checkpoint_id` as the controller does while `victim` is set to lose its reply after
+        running it; the call's error, in which only the victim's reply is missing (P17)."""
+        self.harness.lose_reply(victim, operation)
+        invocation = self.controller.invoke("lose reply", f"{victim}: {operation}")
+        self.controller.complete(invocation, "ok")
+        error = self.controller.unanswered(operation, checkpoint_id, scope)
+        props.p17_only_reply_lost(operation, checkpoint_id, victim, error)
+        return error

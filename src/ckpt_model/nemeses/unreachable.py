@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import socket
+from collections.abc import Iterator, Sequence
 
 from hypothesis import strategies as st
 
@@ -42,7 +44,7 @@ class Unreachable(MachineBase):
     ) -> CoordinationError:
         """`operation` sent while `name` is cut off; its error, once `name` showed it never saw the call (P19)."""
         before = self.harness.statuses()[name]
-        error = self.nemesis.unreached(name, operation, checkpoint_id, scope)
+        error = self._sent_while_cut_off(name, operation, checkpoint_id, scope)
         published = operation == "commit" and self.audits.has_manifest(checkpoint_id, name)
         props.p19_untouched(operation, checkpoint_id, name, before, self.harness.statuses()[name], published)
         return error
@@ -88,3 +90,30 @@ class Unreachable(MachineBase):
         self._refused("prepare", checkpoint_id, "stale_checkpoint")
         label = f"resume({checkpoint_id}), {name} unreachable; resume retried once it was back"
         self._advance(self.model.resume(), f"{label}; prepare({checkpoint_id}) refused")
+
+    @contextlib.contextmanager
+    def _cut_off(self, victim: str) -> Iterator[None]:
+        """While inside, `victim` is unreachable from the controller: every call to it goes to a loopback port bound
+        with nothing listening, so its connection is refused (ECONNREFUSED), as a firewall's reject or a network
+        partition refuses it. The victim runs on and still serves its peers; both ends are journaled."""
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as closed:
+            closed.bind(("127.0.0.1", 0))  # bound, never listening: the port stays ours and refuses every connection
+            host, port = closed.getsockname()
+            invocation = self.controller.invoke("cut off", victim)
+            self.controller.complete(invocation, "ok")
+            try:
+                with self.controller.routed(victim, f"http://{host}:{port}"):
+                    yield
+            finally:
+                healed = self.controller.invoke("reachable", victim)
+                self.controller.complete(healed, "ok")
+
+    def _sent_while_cut_off(
+        self, victim: str, operation: str, checkpoint_id: str, scope: Sequence[Attempt] = ()
+    ) -> CoordinationError:
+        """Send `operation` of `checkpoint_id` as the controller does while `victim` is cut off from it; the call's
+        error, in which only the victim failed, with its connection refused (P19)."""
+        with self._cut_off(victim):
+            error = self.controller.unreached(operation, checkpoint_id, scope)
+        props.p19_only_unreached(operation, checkpoint_id, victim, error)
+        return error
