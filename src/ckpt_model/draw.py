@@ -22,10 +22,10 @@ of the steps, 37% without those examples. `ZERO_RUN_REJECTED` family draws of 0 
 more, which a random draw makes about once in 100^8, end such an example as invalid (`hypothesis.reject`; the
 teardown still drains and judges it); after five in a row Hypothesis stops making them. Hypothesis's very first
 example is all zeros too, and so ends early: where the deployment allows one example only (a real Gym attached
-without crashes) nothing is rejected (`rejects_zero_runs`). The shrinker meets the same
-limit and uses other values instead (every value below the first family's weight is the first family): of 30
-seeds of a test that fails on any three steps, all 30 shrink to three steps, as without the limit. Making a run of
-zeros a round-robin instead left 12 of the 30 stuck at 6 to 38 steps.
+without crashes) nothing is rejected (`rejects_zero_runs`). The shrinker meets the same limit and uses other values
+instead (every value below the first family's weight is the first family): of 30 seeds of a test that fails on any
+three steps, all 30 shrink to three steps, as without the limit. Making a run of zeros a round-robin instead left 12
+of the 30 stuck at 6 to 38 steps.
 """
 
 from __future__ import annotations

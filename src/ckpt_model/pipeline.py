@@ -80,6 +80,11 @@ class MachineBase(RuleBasedStateMachine):
         a crash to be drawn just before it, is then enabled whenever there is a checkpoint to restore."""
         return self.harness.can_crash and not self.model.fresh
 
+    def _may_restore(self) -> bool:
+        """Whether a rule that restores a committed checkpoint may be drawn: into fresh processes now, or after
+        crashing them first (`_may_crash_first`, `_crash_unless_fresh`)."""
+        return self.model.can_restore() or (self._may_crash_first() and bool(self.model.committed))
+
     def _crash_unless_fresh(self) -> None:
         if not self.model.fresh:
             self.crash()

@@ -102,11 +102,7 @@ class Crashes(MachineBase):
         self._advance(model.crash(), f"crash_in_operation() inside {operation} {operation_id}, reached {names}")
 
     @action(
-        lambda self: (
-            self.harness.can_crash
-            and (self.model.can_restore() or self._may_crash_first())
-            and bool(self.model.committed)
-        ),
+        lambda self: self.harness.can_crash and self._may_restore(),
         family=CRASHES,
         needs=(checkable.CRASHES,),
         reached=PICK,
@@ -201,11 +197,7 @@ class Crashes(MachineBase):
         return f"; prepare({latest}) refused by {remembering}"
 
     @action(
-        lambda self: (
-            self.harness.can_crash
-            and (self.model.can_restore() or (self._may_crash_first() and bool(self.model.committed)))
-            and bool(self._can_die_in_restore())
-        ),
+        lambda self: self.harness.can_crash and self._may_restore() and bool(self._can_die_in_restore()),
         family=CRASHES,
         needs=(checkable.CRASHES, checkable.FAILPOINTS, checkable.RESTART_ONE),
         judges=("P8",),

@@ -17,7 +17,7 @@ class Damage(MachineBase):
     """The rules of the damage family (`DAMAGE`)."""
 
     @action(
-        lambda self: self.model.can_restore() or (self._may_crash_first() and bool(self.model.committed)),
+        lambda self: self._may_restore(),
         family=DAMAGE,
         needs=(checkable.FRESH,),
         judges=("P8",),

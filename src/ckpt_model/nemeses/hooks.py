@@ -63,10 +63,7 @@ class Hooks(MachineBase):
             self.prepare()
 
     @action(
-        lambda self: (
-            self.harness.can_fail_hooks
-            and (self.model.can_restore() or (self._may_crash_first() and bool(self.model.committed)))
-        ),
+        lambda self: self.harness.can_fail_hooks and self._may_restore(),
         family=HOOKS,
         needs=(checkable.FAIL_HOOKS, checkable.FRESH),
         judges=("P8",),
