@@ -181,7 +181,7 @@ class WorkerLink:
         # A bulky operation's request and reply (`BULKY_OPERATIONS`) go through with the collector paused: the
         # worker's routes pause it for the whole request (`fakes.gym.worker_routes`).
         try:
-            return await channel.request("control", body, control_timeout_s(argument))
+            return await channel.request("control", body, control_timeout_s(op, argument))
         except (ChannelClosed, TimeoutError) as exc:
             raise CoordinatorUnavailableError(
                 f"the coordinator of {self.config.name} did not answer {op} ({exc!r}); see the server log"
@@ -220,8 +220,14 @@ async def _nothing_with(state: dict[str, Any]) -> None:
     return None
 
 
-def control_timeout_s(argument: Any) -> float:
-    """How long a worker waits for a forwarded control call: the call's own deadline plus 10 s, else 30 s."""
+def control_timeout_s(op: str, argument: Any) -> float | None:
+    """How long a worker waits for a forwarded control call: the call's own deadline plus 10 s, else 30 s.
+
+    A clock move waits for as long as it takes: the coordinator moves this worker's clock too before it answers
+    (`WorkerPool.move_clock`), and where time passes for the monotonic clock as well (`fakes.clock`) a jump past
+    the timer would fire it, a timeout of the worker's own making. A coordinator that dies closes the channel."""
+    if op == "skew clock":
+        return None
     deadline_ts = getattr(argument, "deadline_ts", None)
     if deadline_ts is None:
         return LIGHT_TIMEOUT_S

@@ -116,4 +116,8 @@ slow_replay_harness = deployment_fixture(DeploymentSpec("slow", "replay"))
 slow_replay_jumps_harness = deployment_fixture(
     DeploymentSpec("slow", "replay", time_jumps=True), "slow/replay whose servers' time can pass (the default suite's)."
 )
+slow_replay_jumps_two_workers_harness = deployment_fixture(
+    DeploymentSpec("slow", "replay", policy_workers=2, time_jumps=True),
+    "slow/replay whose time can pass, with two policy-model workers: a jump moves every worker's clock.",
+)
 mixed_harness = deployment_fixture(DeploymentSpec("mixed"))

@@ -131,6 +131,13 @@ def test_time_scenario(slow_replay_jumps_harness: Harness, name: str) -> None:
     run(slow_replay_jumps_harness, TIME_SCENARIOS[name])
 
 
+@pytest.mark.parametrize("name", sorted(TIME_SCENARIOS))
+def test_time_scenario_with_two_policy_workers(slow_replay_jumps_two_workers_harness: Harness, name: str) -> None:
+    """The jump reaches the policy model through one of its workers, which waits while the coordinator moves every
+    worker's clock, its own too (a timed wait there fired on the jump: 503 on `POST /_ctl/clock`)."""
+    run(slow_replay_jumps_two_workers_harness, TIME_SCENARIOS[name])
+
+
 @pytest.fixture(scope="module")
 def faulty_harnesses() -> Iterator[dict[DeploymentSpec, Harness]]:
     """One harness per deployment the planted faults show in (ten here, 61 faults), replanted for each fault."""

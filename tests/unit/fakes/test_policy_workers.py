@@ -248,9 +248,13 @@ async def test_a_request_without_a_reply_times_out() -> None:
 def test_a_forwarded_control_call_waits_for_its_deadline_plus_ten_seconds() -> None:
     soon = CheckpointRequest(checkpoint_id="c1", deadline_ts=time.time() + 5)
     passed = CheckpointRequest(checkpoint_id="c1", deadline_ts=time.time() - 5)
-    assert 5 + CONTROL_EXTRA_S - 1 < control_timeout_s(soon) <= 5 + CONTROL_EXTRA_S
-    assert control_timeout_s(passed) == CONTROL_EXTRA_S
-    assert control_timeout_s(None) == LIGHT_TIMEOUT_S
+    assert 5 + CONTROL_EXTRA_S - 1 < control_timeout_s("prepare", soon) <= 5 + CONTROL_EXTRA_S
+    assert control_timeout_s("commit", passed) == CONTROL_EXTRA_S
+    assert control_timeout_s("status", None) == LIGHT_TIMEOUT_S
+
+
+def test_a_forwarded_clock_move_waits_without_a_timer_its_own_jump_would_fire() -> None:
+    assert control_timeout_s("skew clock", None) is None
 
 
 # --- policy-specific functions ------------------------------------------------------------------------------------
