@@ -3,6 +3,8 @@ and finding faults.
 
     python benchmarks/checker.py                 # all three: default profile, restart, then every planted fault
     python benchmarks/checker.py --no-faults     # only the default profile against the fault-free stack
+    python benchmarks/checker.py --no-faults --restart-rounds 0 --examples 30 --seed 1   # the same examples
+                                                 # on every run: a figure two commits can be compared by
     python benchmarks/checker.py --no-faults --restart-rounds 0 --policy-workers 2   # the fault-free matrix, and
                                                  # its deployments with options with 1 and 2 policy model workers
     python benchmarks/checker.py --faults model_delivers_held,resume_deletes_records
@@ -39,6 +41,7 @@ from hypothesis.stateful import run_state_machine_as_test
 from restart import measure_harness  # benchmarks/restart.py, beside this script
 
 from ckpt_model import profiles
+from ckpt_model.checking import seeded
 from ckpt_model.deployment import Harness, fault_catalogue
 from ckpt_model.faultsearch import FAULT_SEARCH, FAULT_SEARCH_WITH_SHRINK, REPLAYS, Finding, harness_for, search
 from ckpt_model.interrupts import sigterm_unwinds
@@ -75,16 +78,22 @@ class ProfileFigures:
         return 1000 * sum(self.seconds) / steps if steps else float("nan")
 
 
-def measure_profile(spec: DeploymentSpec, chosen: settings = profiles.DEFAULT) -> ProfileFigures:
-    """Run the machine with `chosen` settings on a fresh deployment; every example's steps, crashes and time."""
+def measure_profile(
+    spec: DeploymentSpec, chosen: settings = profiles.DEFAULT, seed: int | None = None
+) -> ProfileFigures:
+    """Run the machine with `chosen` settings on a fresh deployment (its examples drawn from `seed` if given);
+    every example's steps, crashes and time."""
     stats = SearchStats()
     with Harness.embedded(spec) as harness:
-        run_state_machine_as_test(machine_for(harness, stats), settings=chosen)
+        factory = machine_for(harness, stats)
+        run_state_machine_as_test(factory if seed is None else seeded(factory, seed), settings=chosen)
     return ProfileFigures(spec.label, tuple(stats.finished), time.monotonic() - stats.started_s)
 
 
-def default_profile(spec: DeploymentSpec) -> None:
-    figures = measure_profile(spec)
+def default_profile(spec: DeploymentSpec, examples: int | None = None, seed: int | None = None) -> None:
+    chosen = profiles.DEFAULT if examples is None else settings(profiles.DEFAULT, max_examples=examples)
+    # A seeded run reads no example database: examples saved by an earlier run would be replayed first.
+    figures = measure_profile(spec, chosen if seed is None else settings(chosen, database=None), seed)
     done, seconds = list(figures.examples), figures.seconds
     print(
         f"{figures.label:<28} examples {len(done):>3} ({sum(e.steps == 0 for e in done)} without a step)"
@@ -212,6 +221,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--hypothesis-shrink", action="store_true", help="let Hypothesis shrink before the minimiser (to compare)"
     )
+    parser.add_argument(
+        "--examples", type=int, help="the default profile's examples per deployment (default: the profile's, 8)"
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        help="draw the default profile's examples from this seed, so two commits with the same rules play the same "
+        "examples (default: fresh draws each run, which move a 9-example figure by up to a third)",
+    )
     parser.add_argument("--restart-rounds", type=int, default=30, help="harness restarts to time (0: skip; default 30)")
     parser.add_argument("--no-minimise", action="store_true", help="report the search's example as it is")
     parser.add_argument(
@@ -236,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.no_default:
         for spec in profiled_deployments(args.policy_workers):
-            default_profile(spec)
+            default_profile(spec, args.examples, args.seed)
     if args.restart_rounds:
         restart(args.restart_rounds)
     if not args.no_faults:
