@@ -81,19 +81,22 @@ class ProfileFigures:
 def measure_profile(
     spec: DeploymentSpec, chosen: settings = profiles.DEFAULT, seed: int | None = None
 ) -> ProfileFigures:
-    """Run the machine with `chosen` settings on a fresh deployment (its examples drawn from `seed` if given);
-    every example's steps, crashes and time."""
+    """Run the machine with `chosen` settings on a fresh deployment (its examples drawn from `seed` if given, with
+    no example database: examples saved by an earlier run would be replayed first); every example's steps, crashes
+    and time."""
     stats = SearchStats()
     with Harness.embedded(spec) as harness:
         factory = machine_for(harness, stats)
-        run_state_machine_as_test(factory if seed is None else seeded(factory, seed), settings=chosen)
+        if seed is None:
+            run_state_machine_as_test(factory, settings=chosen)
+        else:
+            run_state_machine_as_test(seeded(factory, seed), settings=settings(chosen, database=None))
     return ProfileFigures(spec.label, tuple(stats.finished), time.monotonic() - stats.started_s)
 
 
 def default_profile(spec: DeploymentSpec, examples: int | None = None, seed: int | None = None) -> None:
     chosen = profiles.DEFAULT if examples is None else settings(profiles.DEFAULT, max_examples=examples)
-    # A seeded run reads no example database: examples saved by an earlier run would be replayed first.
-    figures = measure_profile(spec, chosen if seed is None else settings(chosen, database=None), seed)
+    figures = measure_profile(spec, chosen, seed)
     done, seconds = list(figures.examples), figures.seconds
     print(
         f"{figures.label:<28} examples {len(done):>3} ({sum(e.steps == 0 for e in done)} without a step)"

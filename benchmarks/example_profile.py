@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]  # run from a checkout without installing
 
 from ckpt_model import profiles, timing  # noqa: E402 - after the path set-up above
+from ckpt_model.checking import seeded  # noqa: E402
 from ckpt_model.deployment import Harness  # noqa: E402
 from ckpt_model.interrupts import sigterm_unwinds  # noqa: E402
 from ckpt_model.machine import machine_for  # noqa: E402
@@ -93,10 +94,8 @@ def measure(label: str, examples: int, seed: int | None) -> Profile:
         harness.begin_example()
         started_s = time.perf_counter()
         factory = machine_for(harness, clock)
-        # How Hypothesis's `@seed` reaches a state machine: the factory's attribute, copied onto its test.
-        factory._hypothesis_internal_use_seed = seed  # type: ignore[attr-defined]
         with timing.collecting(timings):
-            run_state_machine_as_test(factory, settings=chosen)
+            run_state_machine_as_test(factory if seed is None else seeded(factory, seed), settings=chosen)
         wall_s = time.perf_counter() - started_s
     recorded = timings.snapshot()
     return Profile(
