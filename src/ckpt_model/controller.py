@@ -5,8 +5,9 @@ then ok, fail, or info when a crash cut it short or its answer never came); its 
 are built here; the one retry memory (`last_call`) is kept here; and each journal event is handed to the watchers as
 one `Operation` (the ledger watch keeps the predicted token lineage in step with it). Rules never touch the
 history, the retry memory, wire bodies or the watchers; what an operation answered is judged by the audits and the
-properties. Gym's crashes, failpoints and restarts of one server are the nemesis's (`ckpt_model.nemesis`), which
-journals through the same controller.
+properties. Gym's crashes and restarts of one server are the nemesis's (`ckpt_model.nemesis`), and every other
+fault is its family's (`ckpt_model.nemeses`: failpoints, storage faults, pauses, ...); each journals through the
+same controller.
 
 The retry memory is the last operation the controller sent to every participant and may send again with the same
 arguments (prepare, commit, resume, retire, forget). A renew, a restore, a send to some participants only, and the

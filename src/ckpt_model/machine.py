@@ -1,9 +1,9 @@
 """The Hypothesis state machine: the training controller, played against real server processes.
 
 It only chooses. Every rule reads: the model's transition (`contract`), the controller's call (`controller`, or the
-`nemesis`'s fault), the audit (`audits`, the properties' named checks); then it waits for the quiet state the model
-predicts. Model calls wait at the backend until `release` lets one go, so every example replays the same way.
-docs/how-it-works.md describes each rule in full.
+fault: a kill of the `nemesis`'s, or its family's own effect in `nemeses`), the audit (`audits`, the properties'
+named checks); then it waits for the quiet state the model predicts. Model calls wait at the backend until
+`release` lets one go, so every example replays the same way. docs/how-it-works.md describes each rule in full.
 """
 
 from __future__ import annotations

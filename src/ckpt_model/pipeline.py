@@ -1,6 +1,7 @@
 """What every rule of the machine shares: the pipeline a step ends in (adopt the model's next value, then settle
-and audit: `MachineBase._advance`), the probes and retries the protocol's rules and the nemeses both play, and the
-draws they share (`PICK`, `WORKER`).
+and audit: `MachineBase._advance`), the probes and retries the protocol's rules and the nemeses both play, the
+commit that meets a fault on one participant (`MachineBase._write_fault`, which three families play, each making
+its own fault), and the draws they share (`PICK`, `WORKER`).
 
 `MachineBase` is the base of every nemesis family (`ckpt_model.nemeses`) and so of `machine.CheckpointMachine`,
 which mounts them; it imports no family and not the machine, so none of them imports the other.
@@ -9,10 +10,11 @@ which mounts them; it imports no family and not the machine, so none of them imp
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import attrs
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine
 
@@ -21,11 +23,11 @@ from ckpt_model.audits import Audits
 from ckpt_model.callees import Callees
 from ckpt_model.contract import Attempt, Checkpoint, Model
 from ckpt_model.controller import Controller, Prepared
-from ckpt_model.deployment import LOSABLE_OPERATIONS, STALL, Harness
-from ckpt_model.errors import CoordinationError, HarnessError, PropertyViolation
+from ckpt_model.deployment import LOSABLE_OPERATIONS, Harness
+from ckpt_model.errors import CoordinationError, HarnessError, ParticipantFailure, PropertyViolation
 from ckpt_model.history import History
 from ckpt_model.ledger_watch import LedgerWatch
-from ckpt_model.nemesis import Nemesis, WriteFault
+from ckpt_model.nemesis import Nemesis
 from ckpt_model.quiescence import Quiescence
 from ckpt_model.steplog import StepLog
 
@@ -33,6 +35,23 @@ from ckpt_model.steplog import StepLog
 Refused = tuple[list[str], str]
 Violation = type[PropertyViolation]
 PICK = st.integers(min_value=0, max_value=7)
+
+
+@attrs.frozen
+class WriteFault:
+    """A fault one participant's commit meets (`MachineBase._write_fault`), as its family makes it: `how` the victim
+    must refuse the commit (a key of P16's `WRITE_REFUSAL`), at `point` of its write, said in words as `label`."""
+
+    victim: str
+    point: str
+    how: str
+    label: str
+
+
+# How a family sends the victim's commit of a scope into its fault: the victim's refusal, or None if it committed.
+Meeting = Callable[[WriteFault, str, Sequence[Attempt]], ParticipantFailure | None]
+# How a family lets a write its fault holds (a stall) go on, returning once the write ended.
+Release = Callable[[WriteFault], None]
 
 
 def _worker_choice(machine: MachineBase) -> st.SearchStrategy[int]:
@@ -137,41 +156,72 @@ class MachineBase(RuleBasedStateMachine):
         props.p1_restarts_reported(checkpoint_id, self.model.restarts(), replies)
         self._refused("prepare", f"other{self.model.checkpoint_seq + 1}", "checkpoint_conflict")
 
-    def _write_fault(self, victim: int, points: tuple[str, ...], point: int, how: str, then_retry: bool) -> None:
+    def _write_fault(
+        self,
+        victim: int,
+        point: str,
+        how: str,
+        says: str,
+        then_retry: bool,
+        meet: Meeting,
+        release: Release | None = None,
+    ) -> None:
+        """The commit meets a fault (`how`, at `point`; `says` it in words) on one participant (by `victim`, in name
+        order) while the others commit it: the family's `meet` sends the victim's commit into its fault, which the
+        victim must refuse, staying prepared (P16); the controller then retries the commit in the same process, or
+        resumes and leaves the checkpoint incomplete. A fault that holds the write (a stall) is let go by `release`:
+        before the retry, after the resume, and before a verdict ends the step (a write left stalled would hold up
+        the teardown's resume)."""
         self._prepared_first()
         checkpoint_id, scope = self.model.opened, self.model.scope()
         members = self.controller.members()
         name = choose(members, victim).name
         others = [m.name for m in members if m.name != name]
-        fault = WriteFault(name, choose(list(points), point), how)
+        fault = WriteFault(name, point, how, says)
         replies = self.controller.commit_on(others, checkpoint_id, scope) if others else {}
         self.audits.partial_commit(self.model, checkpoint_id, others, replies)
-        refusal = self.nemesis.commit_meeting(fault, checkpoint_id, scope)
+        refusal = meet(fault, checkpoint_id, scope)
         try:
             props.p16_write_refused(checkpoint_id, name, fault.label, how, {} if refusal is None else {name: refusal})
             when = f"after its write met {fault.label}"
             props.p16_no_manifest(checkpoint_id, name, when, self.audits.has_manifest(checkpoint_id, name))
             props.p16_still_prepared(checkpoint_id, name, self.harness.statuses()[name])
         except PropertyViolation:
-            if how == STALL:  # a write left stalled would hold up the teardown's resume: the violation is the verdict
+            if release is not None:  # the violation is the verdict, whatever the release meets
                 with contextlib.suppress(HarnessError):
-                    self.nemesis.release_write(fault)
+                    release(fault)
             raise
         label = f"{name} meets a {fault.label} in commit {checkpoint_id}"
         if then_retry:
-            if how == STALL:
-                self.nemesis.release_write(fault)
+            if release is not None:
+                release(fault)
             self._commit_again(
                 checkpoint_id, scope, lambda error: props.p16_retry_commits(checkpoint_id, fault.label, error)
             )
             self._advance(self.model.commit()[0], label + "; commit retried")
             return
         self.controller.resume(checkpoint_id)
-        if how == STALL:
-            self.nemesis.release_write(fault)
+        if release is not None:
+            release(fault)
             when = "after a resume stopped its stalled write"
             props.p16_no_manifest(checkpoint_id, name, when, self.audits.has_manifest(checkpoint_id, name))
         self._left_incomplete(checkpoint_id, label)
+
+    def _commit_refusal(
+        self,
+        victim: str,
+        checkpoint_id: str,
+        scope: Sequence[Attempt],
+        deadline_s: float,
+        deadline_ts: float | None = None,
+    ) -> ParticipantFailure | None:
+        """The victim's commit of `scope` (due in `deadline_s`, or at `deadline_ts`): its refusal, or None if it
+        committed."""
+        try:
+            self.controller.commit_on([victim], checkpoint_id, scope, deadline_s, deadline_ts)
+        except CoordinationError as error:
+            return error.failures.get(victim)
+        return None
 
     def _commit_again(
         self, checkpoint_id: str, scope: list[Attempt], failed: Callable[[CoordinationError], None]

@@ -1,30 +1,48 @@
 """Crashes: processes killed (all of Gym, one participant, one worker), inside a commit, a restore, a
 retire or a forget, or with a power cut; and the controller's recovery, a crash and a restore in one step.
+
+The kills themselves are the shared nemesis's (`ckpt_model.nemesis`: every process, one server, one worker); what
+only this family does is here: a commit held by a failpoint between its files, an operation that reaches some
+participants before the crash cuts it short, a participant that dies inside its own restore, and who may die alone.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Future
 from typing import Any
 
+import attrs
 from hypothesis import strategies as st
 
 from ckpt_model import checkable, goals
 from ckpt_model import properties as props
-from ckpt_model.contract import Model
-from ckpt_model.controller import CONTROL_DEADLINE_S, episodes_keyed, outcomes_text
+from ckpt_model.contract import Attempt, Model
+from ckpt_model.controller import CONTROL_DEADLINE_S, episodes_keyed, episodes_of, outcomes_text
 from ckpt_model.coordination import Participant
-from ckpt_model.deployment import FAILPOINT_BEFORE_INSTALL
+from ckpt_model.deployment import FAILPOINT_BEFORE_INSTALL, FAILPOINT_BETWEEN_FILES
 from ckpt_model.errors import CoordinationError, QuiescenceTimeout
 from ckpt_model.families import Family
+from ckpt_model.history import Event
 from ckpt_model.pipeline import PICK, WORKER, MachineBase, choose
 from ckpt_model.quiescence import poll
 from ckpt_model.steplog import action
+from ckpt_model.topologies import SERVER_WORKER_KINDS
+from ckpt_model.wire import RETIRE_ORDER
 
 CRASHES = Family("crashes", "every Gym process killed: at once, inside an operation, with a power cut", 8)
 # Its own family: among the eight rules that kill everything, the two that kill one process alone were drawn once
 # in a hundred steps, and a fault behind a participant crashed alone went unfound in 200 examples.
 RESTARTS = Family("restarts", "one process killed alone: a participant, or one worker of a server", 4)
+
+
+@attrs.frozen
+class HeldCommit:
+    """A commit sent to one participant that a failpoint holds between its records file and its manifest."""
+
+    name: str
+    invocation: Event
+    answer: Future[Any]
 
 
 class Crashes(MachineBase):
@@ -70,10 +88,10 @@ class Crashes(MachineBase):
         if done:
             replies = self.controller.commit_on(done, checkpoint_id, scope)
             self.audits.partial_commit(self.model, checkpoint_id, done, replies)
-        held = None if stopped is None else self.nemesis.hold_inside_commit(stopped, checkpoint_id, scope)
+        held = None if stopped is None else self._hold_inside_commit(stopped, checkpoint_id, scope)
         self.nemesis.crash(inside=True)
         if held is not None:
-            self.nemesis.ended_by_crash(held)
+            self._ended_by_crash(held)
         published = self.audits.published_after_crash(checkpoint_id)
         where = f", {stopped} stopped between its files" if stopped is not None else ""
         label = f"crash_in_commit() -> {checkpoint_id} committed by {sorted(published)}{where}"
@@ -95,10 +113,10 @@ class Crashes(MachineBase):
         if operation == "retire":
             model, operation_id = self.model.issue_id(operation)
             lost = self.model.with_status("dead", "pending")[0]
-            names = self.nemesis.crash_inside_retire(operation_id, lost, reached)
+            names = self._retire_cut_by_crash(operation_id, lost, reached)
         else:
             model, operation_id = self.model.issue_id(operation)
-            names = self.nemesis.crash_inside_forget(operation_id, self.model.marked_rollouts(), reached)
+            names = self._forget_cut_by_crash(operation_id, self.model.marked_rollouts(), reached)
         self._advance(model.crash(), f"crash_in_operation() inside {operation} {operation_id}, reached {names}")
 
     @action(
@@ -117,7 +135,7 @@ class Crashes(MachineBase):
         source = self.model.committed[-1]
         self._forget_covering(source.checkpoint_id)
         operation_id = self.model.restore_id(source.checkpoint_id)
-        names = self.nemesis.crash_inside_restore(operation_id, source.checkpoint_id, source.exported, reached)
+        names = self._restore_cut_by_crash(operation_id, source.checkpoint_id, source.exported, reached)
         label = f"crash_in_operation() inside restore {operation_id}, reached {names}"
         self._advance(self.model.crash(), label)
 
@@ -146,7 +164,7 @@ class Crashes(MachineBase):
         self._advance(model, label, violation=props.P7Violation, counts_final=bool(running))
 
     @action(
-        lambda self: bool(self.nemesis.killable_workers(self.model)),
+        lambda self: bool(self._killable_workers()),
         family=RESTARTS,
         needs=(checkable.GATE, checkable.KILL_WORKERS, checkable.ONE_PER_KIND),
         judges=("P7",),
@@ -160,7 +178,7 @@ class Crashes(MachineBase):
         it, and every attempt with a request in flight through that server (`Model.ends_alone`): the kernel chose
         which worker accepted each connection, and a worker relaying a request to its sibling takes the request
         with it, so the checker cannot say which of those were cut, only that none of them may complete."""
-        member = choose(self.nemesis.killable_workers(self.model), pick)
+        member = choose(self._killable_workers(), pick)
         workers = self.harness.server_workers
         index = worker % workers
         through = {a.key for a in self.model.ends_alone(member.kind)}
@@ -186,6 +204,14 @@ class Crashes(MachineBase):
         if not self.harness.can_restart_one or self.harness.control is None:
             return []
         return [m for m in self.controller.members() if self.model.can_crash_participant(m.kind)]
+
+    def _killable_workers(self) -> list[Participant]:
+        """The participants whose server runs several workers (the environment, agent and resources servers), when
+        the model lets one worker die now."""
+        harness = self.harness
+        if not harness.can_kill_workers or harness.control is None or not self.model.worth_killing_a_worker():
+            return []
+        return [m for m in self.controller.members() if m.kind in SERVER_WORKER_KINDS]
 
     def _still_fenced(self, model: Model) -> str:
         """Each participant that remembers the latest resumed ID still refuses it (P10)."""
@@ -259,3 +285,67 @@ class Crashes(MachineBase):
         outcomes = restore.result(timeout=CONTROL_DEADLINE_S)
         self.controller.complete(invocation, "fail", outcomes_text(outcomes))
         return outcomes
+
+    # -- a crash inside an operation: what it sends before the crash ---------------------------------------------
+
+    def _hold_inside_commit(self, name: str, checkpoint_id: str, scope: Sequence[Attempt]) -> HeldCommit:
+        """Send `name` its commit with a failpoint armed between its two files; return once its work stands there."""
+        self.harness.arm_failpoint(name, FAILPOINT_BETWEEN_FILES)
+        directory = str(self.controller.directory(checkpoint_id))
+        episodes = episodes_of(scope)
+        body = self.controller.body("commit", checkpoint_id, checkpoint_dir=directory, episode_ids=episodes)
+        invocation = self.controller.invoke("commit", checkpoint_id, checkpoint_id=checkpoint_id)
+        post = self.controller.control.post_each
+        answer = self.controller.runs.submit(post, "commit", body, body["deadline_ts"], [name])
+        timeout_s = self.quiescence.timeout_s
+        if not poll(lambda: self.harness.failpoint_reached(name, FAILPOINT_BETWEEN_FILES), timeout_s):
+            raise QuiescenceTimeout(
+                prediction=f"{name}'s commit stops between its records file and its manifest",
+                observed="it never got there" + (f": {answer.result()}" if answer.done() else ""),
+                pending=[f"{name} at {FAILPOINT_BETWEEN_FILES}"],
+                timeout_s=timeout_s,
+            )
+        return HeldCommit(name, invocation, answer)
+
+    def _ended_by_crash(self, held: HeldCommit) -> None:
+        """The held commit's answer once the crash ended it: indeterminate (`info`)."""
+        outcomes = held.answer.result(timeout=CONTROL_DEADLINE_S)
+        self.controller.complete(held.invocation, "info", outcomes_text(outcomes))
+
+    def _restore_cut_by_crash(self, restore_id: str, source: str, exported: Iterable[str], reached: int) -> list[str]:
+        """A restore of `source` reaches its first `reached` participants (modulo their number, in name order,
+        each alone), each of which must answer it; then everything crashes. Returns the names reached."""
+        scope = episodes_keyed(exported)
+        directory = str(self.controller.directory(source))
+        body = self.controller.body("restore", restore_id, checkpoint_dir=directory, episode_ids=scope)
+        members = self.controller.members()
+        stages = [[m.name] for m in members[: reached % len(members)]]
+        return self._cut_by_crash("restore", restore_id, body, stages, source=source, episodes=tuple(scope))
+
+    def _retire_cut_by_crash(self, retire_id: str, lost: Attempt, reached: int) -> list[str]:
+        """A retire of `lost` reaches the first `reached` stages of the retire order (callers before callees)."""
+        episodes = episodes_of([lost])
+        body = self.controller.body("retire", retire_id, episode_ids=episodes)
+        stages = self._retire_stages(reached)
+        return self._cut_by_crash("retire", retire_id, body, stages, episodes=tuple(episodes))
+
+    def _forget_cut_by_crash(self, forget_id: str, rollouts: Sequence[str], reached: int) -> list[str]:
+        """A forget of `rollouts` reaches the first `reached` stages of the retire order."""
+        body = self.controller.body("forget", forget_id, rollout_ids=rollouts)
+        return self._cut_by_crash("forget", forget_id, body, self._retire_stages(reached))
+
+    def _cut_by_crash(
+        self, operation: str, operation_id: str, body: dict[str, Any], stages: list[list[str]], **event: Any
+    ) -> list[str]:
+        """Send `operation` to each of `stages` in turn (each must answer it), then crash everything."""
+        reached: list[str] = []
+        for names in stages:
+            self.controller.send_each(operation, operation_id, body, names, **event)
+            reached += names
+        self.nemesis.crash(inside=True)
+        return reached
+
+    def _retire_stages(self, reached: int) -> list[list[str]]:
+        participants = self.controller.control.participants
+        order = [[m.name for m in participants.of_kinds(kinds)] for kinds in RETIRE_ORDER]
+        return order[: reached % len(order)]

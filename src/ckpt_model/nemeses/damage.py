@@ -1,12 +1,19 @@
-"""Damage: restores that must fail, of a copy with one share damaged or of a checkpoint a crash left incomplete."""
+"""Damage: restores that must fail, of a copy with one share damaged or of a checkpoint a crash left incomplete.
+
+How a share is damaged, in a copy beside the committed checkpoint, is `damaged_copies`.
+"""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from hypothesis import strategies as st
 
 from ckpt_model import checkable
 from ckpt_model import properties as props
+from ckpt_model.contract import Checkpoint
 from ckpt_model.families import Family
+from ckpt_model.nemeses import damaged_copies
 from ckpt_model.pipeline import PICK, MachineBase, choose
 from ckpt_model.steplog import action
 
@@ -33,10 +40,22 @@ class Damage(MachineBase):
         checkpoint = choose(list(self.model.committed), pick)
         self._forget_covering(checkpoint.checkpoint_id)
         model, restore_id = self.model.failed_restore(checkpoint.checkpoint_id)
-        member, how, copy = self.nemesis.damaged_copy(checkpoint, restore_id, rejected_record, victim)
+        member, how, copy = self._damaged_copy(checkpoint, restore_id, rejected_record, victim)
         self._refused_restore(restore_id, checkpoint, ([member], f"damaged: {how}"), copy)
         label = f"failed_restore({checkpoint.checkpoint_id}) as {restore_id}, {member} damaged ({how}) refused it"
         self._advance(model, label, violation=props.P8Violation, counts_final=True)
+
+    def _damaged_copy(
+        self, checkpoint: Checkpoint, restore_id: str, rejected_record: bool, victim: int
+    ) -> tuple[str, damaged_copies.Damage, Path]:
+        """A copy of `checkpoint` beside it with one participant's share damaged (`damaged_copies`): whose (by
+        `victim`, in name order) and how (`rejected_record`); returns the participant, the damage, the copy."""
+        source = self.controller.directory(checkpoint.checkpoint_id)
+        members = self.controller.members()
+        member, how = damaged_copies.choose(source, members, checkpoint.exported, rejected_record, victim)
+        destination = self.controller.directory(f"{restore_id}-damaged")
+        copy = damaged_copies.damaged_copy(source, destination, member.kind, member.name, how, checkpoint.exported)
+        return member.name, how, copy
 
     @action(
         lambda self: self.model.can_restore_incomplete() or (self._may_crash_first() and bool(self.model.incomplete)),

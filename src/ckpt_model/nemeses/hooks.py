@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from hypothesis import strategies as st
 
 from ckpt_model import checkable, goals
 from ckpt_model import properties as props
+from ckpt_model.contract import Attempt
+from ckpt_model.controller import CONTROL_DEADLINE_S
 from ckpt_model.deployment import (
     EXPORT_HOOK,
 )
-from ckpt_model.errors import CoordinationError
+from ckpt_model.errors import CoordinationError, ParticipantFailure
 from ckpt_model.families import Family
-from ckpt_model.pipeline import PICK, MachineBase, choose
+from ckpt_model.pipeline import PICK, MachineBase, WriteFault, choose
 from ckpt_model.steplog import action
 
 HOOKS = Family("hooks", "a participant's close, export or install hook raises", 4)
@@ -31,7 +35,7 @@ class Hooks(MachineBase):
     def failing_export(self, victim: int, then_retry: bool) -> None:
         """As `storage_fault`, with the victim's export hook raising instead (P16: 500 checkpoint_error); the
         retry must export afresh, since the first export never returned."""
-        self._write_fault(victim, (EXPORT_HOOK,), 0, EXPORT_HOOK, then_retry)
+        self._write_fault(victim, EXPORT_HOOK, EXPORT_HOOK, "failing export hook", then_retry, self._export_failing)
 
     @action(
         lambda self: self.harness.can_fail_hooks and self._may_checkpoint() and not self.ledgers.cuts,
@@ -48,7 +52,7 @@ class Hooks(MachineBase):
         next one's.)"""
         name = choose(self.controller.members(), victim).name
         model, checkpoint_id = self.model.prepare()
-        self.nemesis.fail_hook(name, "close")
+        self._fail_hook(name, "close")
         try:
             self.controller.prepare(checkpoint_id)
             refused = None
@@ -79,7 +83,22 @@ class Hooks(MachineBase):
         name = choose(self.controller.members(), victim).name
         self._forget_covering(checkpoint.checkpoint_id)
         model, restore_id = self.model.failed_restore(checkpoint.checkpoint_id)
-        self.nemesis.fail_hook(name, "install")
+        self._fail_hook(name, "install")
         self._refused_restore(restore_id, checkpoint, ([name], "its install hook failed"), code="checkpoint_error")
         label = f"failing_install({checkpoint.checkpoint_id}) as {restore_id}, {name}'s install hook failed"
         self._advance(model, label, violation=props.P8Violation, counts_final=True)
+
+    # -- a hook that raises -------------------------------------------------------------------------------------
+
+    def _fail_hook(self, victim: str, hook: str) -> None:
+        """Make `victim`'s next call of its `hook` (close, export, install) raise; journaled."""
+        self.harness.fail_hook(victim, hook)
+        invocation = self.controller.invoke("hook fault", f"{victim}: {hook}")
+        self.controller.complete(invocation, "ok")
+
+    def _export_failing(
+        self, fault: WriteFault, checkpoint_id: str, scope: Sequence[Attempt]
+    ) -> ParticipantFailure | None:
+        """The victim's commit of `scope`, its export hook set to raise: its refusal, or None if it committed."""
+        self._fail_hook(fault.victim, "export")
+        return self._commit_refusal(fault.victim, checkpoint_id, scope, CONTROL_DEADLINE_S)

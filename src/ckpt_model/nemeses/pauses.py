@@ -1,20 +1,33 @@
-"""Pauses: one participant frozen (SIGSTOP) across a commit's deadline, a prepare's deadline or its lease."""
+"""Pauses: one participant frozen (SIGSTOP) across a commit's deadline, a prepare's deadline or its lease, and let
+go on (SIGCONT) once the clock passed it."""
 
 from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import Any, TypeVar
 
 from hypothesis import strategies as st
 
 from ckpt_model import checkable, goals
 from ckpt_model import properties as props
+from ckpt_model.contract import Attempt
+from ckpt_model.controller import CONTROL_DEADLINE_S
 from ckpt_model.deployment import (
     PAUSE,
 )
-from ckpt_model.errors import CoordinationError
+from ckpt_model.errors import CoordinationError, ParticipantFailure, QuiescenceTimeout
 from ckpt_model.families import Family
-from ckpt_model.pipeline import PICK, MachineBase, choose, only_deadline_missed
+from ckpt_model.pipeline import PICK, MachineBase, WriteFault, choose, only_deadline_missed
+from ckpt_model.quiescence import poll
 from ckpt_model.steplog import action
 
+T = TypeVar("T")
+
 PAUSES = Family("pauses", "a participant frozen (SIGSTOP) across a deadline or its lease", 4)
+# A call sent to a frozen participant (a commit, a prepare) carries a deadline this close; it wakes once it passed.
+PAUSED_DEADLINE_S = 0.5
 # A prepare whose lease a frozen participant outsleeps is due this soon (its lease then lapses a grace later): room
 # for the prepare and the renewal of the others' leases that follows it, on a loaded machine too.
 PAUSED_LEASE_DEADLINE_S = 2.0
@@ -36,7 +49,7 @@ class Pauses(MachineBase):
     def paused_commit(self, victim: int, then_retry: bool) -> None:
         """One participant is frozen (SIGSTOP) while the others commit and its own commit's deadline passes; woken
         (SIGCONT), it must refuse that commit and stay prepared (P16); the controller retries or resumes."""
-        self._write_fault(victim, (PAUSE,), 0, PAUSE, then_retry)
+        self._write_fault(victim, PAUSE, PAUSE, "pause across its deadline", then_retry, self._commit_paused)
 
     @action(
         lambda self: self.harness.can_pause and self._may_checkpoint() and not self.ledgers.cuts,
@@ -55,7 +68,7 @@ class Pauses(MachineBase):
         anew under a new ID, as after a failed close. (Never with generation cuts, as for a failed close.)"""
         name = choose(self.controller.members(), victim).name
         model, checkpoint_id = self.model.prepare()
-        first = self.nemesis.prepare_paused(name, checkpoint_id)
+        first = self._prepare_paused(name, checkpoint_id)
         props.p21_refused_on_waking(checkpoint_id, name, first)
         props.p21_still_idle(checkpoint_id, name, self.harness.statuses()[name])
         self.controller.resume(checkpoint_id)
@@ -102,7 +115,7 @@ class Pauses(MachineBase):
         props.p10_prepared_everywhere(checkpoint_id, outcome.prepared, outcome.blockers, verifying, outcome.waited_s)
         self.controller.renew_on(others, checkpoint_id)
         lapses_at_ts = deadline_ts + self.harness.lease_grace_s
-        self.nemesis.frozen_until(name, lapses_at_ts + PAUSED_PAST_LEASE_S)
+        self._frozen_until(name, lapses_at_ts + PAUSED_PAST_LEASE_S)
         self.quiescence.wait_lapsed(name, checkpoint_id, lapses_at_ts)
         model = self._stale_commit(name, others, model, checkpoint_id, props.p21_lapsed_on_waking)
         self._advance(
@@ -110,3 +123,123 @@ class Pauses(MachineBase):
             f"prepare({checkpoint_id}); {name} frozen past its lease, lapsed on waking; commit "
             "refused by it; resume, incomplete",
         )
+
+    # -- a participant frozen past a deadline -------------------------------------------------------------------
+
+    def _commit_paused(
+        self, fault: WriteFault, checkpoint_id: str, scope: Sequence[Attempt]
+    ) -> ParticipantFailure | None:
+        """The victim's commit, read by it only once frozen past the commit's deadline (`_frozen_past`)."""
+
+        def send(deadline_ts: float) -> Future[Any]:
+            commit = functools.partial(self.controller.commit_on, deadline_ts=deadline_ts)
+            return self.controller.runs.submit(commit, [fault.victim], checkpoint_id, scope)
+
+        try:
+            self._frozen_past(fault.victim, send).result(timeout=CONTROL_DEADLINE_S)
+        except CoordinationError as error:
+            return error.failures.get(fault.victim)
+        return None
+
+    def _prepare_paused(self, victim: str, checkpoint_id: str) -> CoordinationError | None:
+        """A prepare of `checkpoint_id` as the controller sends it, which `victim` reads only once frozen past the
+        prepare's deadline (`_frozen_past`): its error, or None if every participant prepared."""
+
+        def attempt(deadline_ts: float) -> CoordinationError | None:
+            try:
+                self.controller.prepare_by(checkpoint_id, deadline_ts)
+            except CoordinationError as error:
+                return error
+            return None
+
+        future = self._frozen_past(victim, lambda deadline_ts: self.controller.runs.submit(attempt, deadline_ts))
+        return future.result(timeout=CONTROL_DEADLINE_S)
+
+    def _frozen_past(self, victim: str, send: Callable[[float], Future[T]]) -> Future[T]:
+        """Freeze `victim` (SIGSTOP), `send` a call whose deadline is `PAUSED_DEADLINE_S` ahead (`Harness.room`), wait
+        until the controller's clock passed it, and let the victim go on (SIGCONT): it reads the call only then. The
+        deadline is fixed here, not in the thread that sends the call: the victim must go on only once this very
+        deadline passed (a deadline taken later in a slow thread once let a commit start with time left).
+
+        Where the checker owns time, the wait is a jump (`Harness.jump_to`): the victim's clock jumps past the
+        deadline just before it freezes (the clock a frozen process wakes to; it can take no jump while stopped,
+        and one given after SIGCONT could come after the call), and the rest of the system's once the call was sent
+        to it (a staged prepare reaches the participants before it with their clocks where they were)."""
+        deadline_ts = self.harness.now() + self.harness.room(PAUSED_DEADLINE_S)
+        passed_s = self.harness.passed_at(deadline_ts)
+        if self.harness.owns_time:
+            self.harness.jump_one(victim, passed_s)
+        self._freeze(victim)
+        try:
+            sent_before, calls_before = self._calls_to(victim), len(self.controller.control.control_calls())
+            future = send(deadline_ts)
+            if self.harness.owns_time:
+                self._wait_sent(victim, sent_before, future)
+                self._wait_others_answered(victim, calls_before)
+                self.harness.pass_until(passed_s)
+            self._wait_clock_past(deadline_ts, f"the deadline of the call {victim} reads once it goes on", victim)
+        finally:
+            self._go_on(victim)
+        return future
+
+    def _calls_to(self, victim: str) -> int:
+        return sum(call.participant == victim for call in self.controller.control.control_calls())
+
+    def _wait_sent(self, victim: str, sent_before: int, future: Future[Any]) -> None:
+        """Until the controller sent `victim` a call more than `sent_before`, or the call ended without it."""
+        timeout_s = self.quiescence.timeout_s
+        if not poll(lambda: self._calls_to(victim) > sent_before or future.done(), timeout_s):
+            raise QuiescenceTimeout(
+                prediction=f"the controller sends {victim} its call while it is frozen",
+                observed="it never did",
+                pending=[f"{victim} frozen"],
+                timeout_s=timeout_s,
+            )
+
+    def _wait_others_answered(self, victim: str, calls_before: int) -> None:
+        """Until every call sent with the victim's (the participants of its stage) was answered: the jump that
+        follows must find none of them still reading its clock against the deadline (on `mixed`, a participant
+        of the victim's kind then refused the prepare too, in 1 to 2 of 10 runs). A call that never answers (its
+        connection failed) ends the wait at the timeout, and the jump comes all the same."""
+
+        def answered() -> bool:
+            sent = self.controller.control.control_calls()[calls_before:]
+            return all(call.answered for call in sent if call.participant != victim)
+
+        poll(answered, self.quiescence.timeout_s)
+
+    def _frozen_until(self, victim: str, until_ts: float) -> None:
+        """Freeze `victim` (SIGSTOP) until the controller's clock passed `until_ts`, then let it go on (SIGCONT):
+        whatever timer of its fell due meanwhile fires as it wakes (where the checker owns time, the clocks jump to
+        `until_ts`, and the victim's as it goes on: `Harness.continue_server`)."""
+        self._freeze(victim)
+        try:
+            self._wait_clock_past(until_ts, "the end of its lease", victim)
+        finally:
+            self._go_on(victim)
+
+    def _freeze(self, victim: str) -> None:
+        """SIGSTOP `victim`'s process group (returns once every process of it is stopped); journaled."""
+        self.harness.pause_server(victim)
+        invocation = self.controller.invoke("pause", victim)
+        self.controller.complete(invocation, "ok")
+
+    def _go_on(self, victim: str) -> None:
+        """SIGCONT `victim`'s process group. Journaled first: once it goes on, the answer of a call it holds is
+        journaled from the thread that waits for it."""
+        invocation = self.controller.invoke("continue", victim)
+        self.controller.complete(invocation, "ok")
+        self.harness.continue_server(victim)
+
+    def _wait_clock_past(self, when_ts: float, what: str, victim: str) -> None:
+        """Until the controller's clock passed `when_ts`: at once where the checker owns time (its clocks jump
+        there), else in real time."""
+        self.harness.jump_to(when_ts)
+        timeout_s = self.quiescence.timeout_s
+        if not poll(lambda: self.harness.now() > when_ts, timeout_s):
+            raise QuiescenceTimeout(
+                prediction=f"the clock passes {what} while {victim} is frozen",
+                observed=f"the controller's clock {self.harness.now():.3f}, then {when_ts:.3f}",
+                pending=[f"{victim} frozen"],
+                timeout_s=timeout_s,
+            )

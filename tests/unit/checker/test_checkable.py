@@ -21,7 +21,6 @@ from ckpt_model.checkable import Capabilities
 from ckpt_model.contract import Model
 from ckpt_model.coordination import Participant
 from ckpt_model.machine import CheckpointMachine
-from ckpt_model.nemesis import Nemesis
 from ckpt_model.properties import REGISTRY
 from ckpt_model.steplog import declarations, gates
 
@@ -85,7 +84,6 @@ def stand_in(capabilities: Capabilities, model: Model) -> CheckpointMachine:
     machine.harness = harness  # type: ignore[assignment]
     machine.controller = controller  # type: ignore[assignment]
     machine.ledgers = types.SimpleNamespace(enabled=ledgers_on, cuts=ledgers_on and capabilities.generation_cuts)  # type: ignore[assignment]
-    machine.nemesis = Nemesis(harness, controller)  # type: ignore[arg-type]
     machine.model = model
     return machine
 

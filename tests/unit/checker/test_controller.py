@@ -1,4 +1,4 @@
-"""The controller and the nemesis without processes: what they journal, what they remember for a retry, and what
+"""The controller and the nemesis's kills without processes: what they journal, what they remember for a retry, and what
 they hand the watchers.
 
 A scripted control client stands in for the participants (it answers each call and records it), and a recording
@@ -23,6 +23,7 @@ from ckpt_model.errors import CoordinationError, ParticipantFailure
 from ckpt_model.history import History
 from ckpt_model.ledger_watch import LedgerWatch
 from ckpt_model.lineage import Lineage
+from ckpt_model.nemeses.crashes import Crashes
 from ckpt_model.nemesis import Nemesis
 from ckpt_model.wire import EpisodeId
 
@@ -276,8 +277,10 @@ def test_false_alarm_61659e9_a_restore_cut_short_after_it_reached_the_policy_mod
     """What a restore that a crash cut short did to the policy model's ledgers is on disk and outlives the crash:
     the watchers hear of every stage it reached, with what it restored."""
     controller, harness, _, recorder = parts
-    nemesis = Nemesis(harness, controller)  # type: ignore[arg-type]
-    reached = nemesis.crash_inside_restore("c1-restore2", "c1", ["r0"], reached=3)
+    crashes = object.__new__(Crashes)  # the crashes family's rules, nothing else built
+    crashes.controller = controller
+    crashes.nemesis = Nemesis(harness, controller)  # type: ignore[arg-type]
+    reached = crashes._restore_cut_by_crash("c1-restore2", "c1", ["r0"], reached=3)
     assert reached == ["agent", "env", "policy"]
     restores = recorder.of("restore", "ok")
     assert [[m.name for m in e.reached] for e in restores] == [["agent"], ["env"], ["policy"]]

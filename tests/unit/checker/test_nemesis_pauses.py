@@ -1,4 +1,4 @@
-"""The pause nemesis's jump waits for the victim's stage peers (hand-built stand-ins): on `mixed`, two participants
+"""The pauses family's jump waits for the victim's stage peers (hand-built stand-ins): on `mixed`, two participants
 of one kind take a staged prepare together, and a jump of the clocks while the peer still checked its deadline had it
 refuse the prepare too (P21 in 1 to 2 of 10 runs)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import types
 
-from ckpt_model.nemesis import Nemesis
+from ckpt_model.nemeses.pauses import Pauses
 from ckpt_model.telemetry import ControlCall
 
 
@@ -14,30 +14,31 @@ def call(participant: str, answered: bool) -> ControlCall:
     return ControlCall(participant, "prepare", "c1", "trace", f"span-{participant}", answered=answered)
 
 
-def nemesis_over(*rounds: list[ControlCall]) -> tuple[Nemesis, list[int]]:
-    """A nemesis whose controller shows each of `rounds` of calls in turn (the last one repeats); and how many
-    times they were read."""
+def pauses_over(*rounds: list[ControlCall]) -> tuple[Pauses, list[int]]:
+    """The pauses family's rules, nothing else built, whose controller shows each of `rounds` of calls in turn (the
+    last one repeats); and how many times they were read."""
     reads = [0]
 
     def control_calls() -> list[ControlCall]:
         reads[0] += 1
         return rounds[min(reads[0], len(rounds)) - 1]
 
-    control = types.SimpleNamespace(control_calls=control_calls)
-    controller = types.SimpleNamespace(control=control, quiescence=types.SimpleNamespace(timeout_s=2.0))
-    return Nemesis(types.SimpleNamespace(), controller), reads  # type: ignore[arg-type]
+    machine = object.__new__(Pauses)
+    machine.controller = types.SimpleNamespace(control=types.SimpleNamespace(control_calls=control_calls))  # type: ignore[assignment]
+    machine.quiescence = types.SimpleNamespace(timeout_s=2.0)  # type: ignore[assignment]
+    return machine, reads
 
 
 def test_the_jump_waits_until_the_victims_stage_peer_answered() -> None:
     earlier = call("agent", answered=False)  # a call before this one that never answered: not waited for
     in_flight = [earlier, call("environment", False), call("restart_environment", False)]
     answered = [earlier, call("environment", False), call("restart_environment", True)]
-    nemesis, reads = nemesis_over(in_flight, in_flight, answered)
-    nemesis._wait_others_answered("environment", calls_before=1)
+    pauses, reads = pauses_over(in_flight, in_flight, answered)
+    pauses._wait_others_answered("environment", calls_before=1)
     assert reads[0] == 3, "it read the calls until the peer's was answered, not the frozen victim's"
 
 
 def test_the_jump_does_not_wait_for_the_frozen_victim() -> None:
-    nemesis, reads = nemesis_over([call("environment", False)])
-    nemesis._wait_others_answered("environment", calls_before=0)
+    pauses, reads = pauses_over([call("environment", False)])
+    pauses._wait_others_answered("environment", calls_before=0)
     assert reads[0] == 1

@@ -1,4 +1,4 @@
-"""The storage nemesis's stalled commit on hand-built stand-ins: a commit whose write stands at the stall is
+"""The storage family's stalled commit on hand-built stand-ins: a commit whose write stands at the stall is
 answered once the deadline passed; one that answers without its write ever reaching the stall (a writer that skips
 the stalled step) is returned at once for P16 to judge, never waited on until the settle times out."""
 
@@ -10,12 +10,13 @@ from typing import Any
 
 from ckpt_model.deployment import STALL
 from ckpt_model.errors import ParticipantFailure
-from ckpt_model.nemesis import Nemesis, WriteFault
+from ckpt_model.nemeses.storage import Storage
+from ckpt_model.pipeline import WriteFault
 
-FAULT = WriteFault("agent", "records.fsync", STALL)
+FAULT = WriteFault("agent", "records.fsync", STALL, "stall at records.fsync")
 
 
-class Storage:
+class StorageState:
     """A harness that reads the victim's storage state from a list (the last value repeats) and owns time."""
 
     def __init__(self, *states: dict[str, Any]) -> None:
@@ -36,22 +37,25 @@ class Storage:
         return True
 
 
-def nemesis_answering(answer: ParticipantFailure | None, harness: Storage) -> Nemesis:
+def storage_answering(answer: ParticipantFailure | None, harness: StorageState) -> Storage:
+    """The storage family's rules on `harness`, nothing else built, whose commit answers `answer`."""
     answered: Future[ParticipantFailure | None] = Future()
     answered.set_result(answer)
-    runs = types.SimpleNamespace(submit=lambda *_args: answered)
-    quiescence = types.SimpleNamespace(timeout_s=0.2)
-    return Nemesis(harness, types.SimpleNamespace(runs=runs, quiescence=quiescence))  # type: ignore[arg-type]
+    machine = object.__new__(Storage)
+    machine.harness = harness  # type: ignore[assignment]
+    machine.controller = types.SimpleNamespace(runs=types.SimpleNamespace(submit=lambda *_args: answered))  # type: ignore[assignment]
+    machine.quiescence = types.SimpleNamespace(timeout_s=0.2)  # type: ignore[assignment]
+    return machine
 
 
 def test_a_commit_that_answers_without_reaching_the_stall_is_returned_for_p16() -> None:
-    harness = Storage({"stalled_at": None})
-    assert nemesis_answering(None, harness)._commit_stalled(FAULT, "c1", []) is None
+    harness = StorageState({"stalled_at": None})
+    assert storage_answering(None, harness)._commit_stalled(FAULT, "c1", []) is None
     assert harness.jumped, "the deadline was passed before the answer was read"
 
 
 def test_a_refused_commit_waits_until_its_write_stands_at_the_stall() -> None:
     refusal = ParticipantFailure("agent", 409, "deadline_exceeded", "still writing")
-    harness = Storage({"stalled_at": None}, {"stalled_at": None}, {"stalled_at": "records.fsync"})
-    assert nemesis_answering(refusal, harness)._commit_stalled(FAULT, "c1", []) is refusal
+    harness = StorageState({"stalled_at": None}, {"stalled_at": None}, {"stalled_at": "records.fsync"})
+    assert storage_answering(refusal, harness)._commit_stalled(FAULT, "c1", []) is refusal
     assert harness.states == [{"stalled_at": "records.fsync"}]
