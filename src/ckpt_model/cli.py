@@ -458,7 +458,7 @@ def run_check(args: argparse.Namespace) -> int:
     from ckpt_model.machine import CheckpointMachine
     from ckpt_model.progress import Progress
     from ckpt_model.stats import SearchStats
-    from ckpt_model.steplog import declarations, families_of, scopes
+    from ckpt_model.steplog import coverage, declarations, families_of
 
     families = families_of(CheckpointMachine).values()
     if args.controller == "collection":
@@ -537,7 +537,7 @@ def run_check(args: argparse.Namespace) -> int:
     rules = declarations(CheckpointMachine)
     undrawable = [rule.name for rule in undrawable_rules(capabilities, rules)]
     family_of = draw.family_by_rule(CheckpointMachine)
-    print(goals.table(stats, spec, scopes(CheckpointMachine), undrawable, family_of), flush=True)
+    print(goals.table(stats, spec, coverage(CheckpointMachine), undrawable, family_of), flush=True)
     for line in summary(capabilities, rules, rule_shown=lambda rule: rules[rule].applies(spec)):
         print(line, flush=True)
     print(statistics_line(stats), flush=True)
@@ -584,9 +584,9 @@ class RunRecord:
         """Every goal and rule that applies to this deployment and no example reached."""
         from ckpt_model import goals
         from ckpt_model.machine import CheckpointMachine
-        from ckpt_model.steplog import scopes
+        from ckpt_model.steplog import coverage
 
-        return goals.unmet(self.stats, self.spec, scopes(CheckpointMachine))
+        return goals.unmet(self.stats, self.spec, coverage(CheckpointMachine))
 
     def finish(self, code: int, failures: Sequence[BaseException]) -> None:
         """Write the files asked for; a file that cannot be written is said, and never changes the verdict."""

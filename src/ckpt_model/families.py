@@ -8,21 +8,31 @@ half; each fault family is declared in its own module of `ckpt_model.nemeses`, w
 
 Each rule names its family where it is declared (`steplog.action(..., family=...)`); the weights below are the
 defaults, chosen by measurement (docs/how-it-works.md, "The draw") and changed with `ckpt-model check --weights`.
+A fault family also declares its coverage goals, the situations its rules must reach (`ckpt_model.goals`); a
+machine's goals are collected from the families of its rules (`steplog.coverage`). The protocol's own goals span
+its families (a restore after a failed one), so they are `goals.PROTOCOL_GOALS`, not these four's.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import attrs
+
+if TYPE_CHECKING:
+    from ckpt_model.goals import Goal
 
 
 @attrs.frozen
 class Family:
-    """A family of rules: its name, what it does in words, and its default weight in the draw."""
+    """A family of rules: its name, what it does in words, its default weight in the draw, and the coverage goals
+    its rules must reach, in report order."""
 
     name: str
     says: str
     weight: int
     protocol: bool = False  # the protocol's own operations, not a fault
+    goals: tuple[Goal, ...] = attrs.field(default=(), repr=False)
 
 
 ROLLOUTS = Family("rollouts", "rollouts start, start over, continue, retire and are forgotten", 20, protocol=True)

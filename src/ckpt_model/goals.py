@@ -7,9 +7,11 @@ crashes inside a forget, checks nothing there, however many examples pass. The m
 nightly fails when a goal that applies to its deployment was never reached (`require`). Beside the situations,
 every rule is a goal twice: enabled (its precondition held before some drawn step) and drawn (Hypothesis chose it).
 
-A goal or a rule that only some deployments can reach says so by the deployment's traits (a goal's `applies`; a
-rule's `applies`, declared on the rule: `steplog.action`), never by a topology's name. `table` is the short report
-every run ends with (`ckpt-model check`, the nightly).
+The protocol's own goals are here (`PROTOCOL_GOALS`); each fault family declares its own with its rules, on its
+`Family` (`ckpt_model.nemeses`), and a machine's goals are collected from the families of its rules
+(`steplog.coverage`, which also gives each rule's scope). A goal or a rule that only some deployments can reach says
+so by the deployment's traits (a goal's `applies`; a rule's `applies`, declared on the rule: `steplog.action`),
+never by a topology's name. `table` is the short report every run ends with (`ckpt-model check`, the nightly).
 """
 
 from __future__ import annotations
@@ -77,19 +79,6 @@ def same_checkpoint_restored_twice(step: Step) -> bool:
     return step.rule == "restore" and any(c in earlier for c in restored_checkpoints(step.labels))
 
 
-def crash_inside(operation: str) -> Callable[[Step], bool]:
-    """A crash that landed inside `operation` (commit, restore, retire or forget) while it was under way."""
-
-    def reached(step: Step) -> bool:
-        if operation == "commit":
-            return step.rule == "crash_in_commit"
-        crashed_inside = step.rule in ("crash_in_operation", "crash_in_restore")
-        return crashed_inside and any(f" inside {operation} " in label for label in step.labels)
-
-    reached.__doc__ = f"A crash inside a {operation} under way."
-    return reached
-
-
 def restore_after_failed_restore(step: Step) -> bool:
     """A successful restore after a restore that was refused or died in the same example (P8's cleanup held)."""
     return step.rule == "restore" and any(label.startswith(FAILED_RESTORES) for label in step.earlier)
@@ -108,109 +97,6 @@ def cut_continued_again(step: Step) -> bool:
     return False
 
 
-def storage_fault(stalled: bool, retried: bool) -> Callable[[Step], bool]:
-    """A commit whose write failed (or, `stalled`, stalled past its deadline), then retried in the same process
-    (`retried`) or given up with a resume."""
-
-    rule = "stalled_write" if stalled else "storage_fault"
-
-    def reached(step: Step) -> bool:
-        return step.rule == rule and bool(step.arguments.get("then_retry")) == retried
-
-    reached.__doc__ = f"A {'stalled' if stalled else 'failed'} write, then {'retried' if retried else 'resumed'}."
-    return reached
-
-
-def paused_commit(retried: bool) -> Callable[[Step], bool]:
-    """A participant frozen across its commit's deadline, then the commit retried (`retried`) or given up."""
-
-    def reached(step: Step) -> bool:
-        return step.rule == "paused_commit" and bool(step.arguments.get("then_retry")) == retried
-
-    reached.__doc__ = f"A paused commit, then {'retried' if retried else 'resumed'}."
-    return reached
-
-
-def paused_prepare(retried: bool) -> Callable[[Step], bool]:
-    """A participant frozen while a prepare reaches it past its deadline, resumed, then prepared anew (`retried`)
-    or not."""
-
-    def reached(step: Step) -> bool:
-        return step.rule == "paused_prepare" and bool(step.arguments.get("then_retry")) == retried
-
-    reached.__doc__ = f"A paused prepare, resumed{', then prepared anew' if retried else ''}."
-    return reached
-
-
-def paused_lease(step: Step) -> bool:
-    """A participant frozen past its lease, judged to the end: it lapsed on waking and refused the commit (a
-    prepare that missed its short deadline judges neither)."""
-    return step.rule == "paused_lease" and any("lapsed on waking" in label for label in step.labels)
-
-
-def lost_reply(operation: str, retried: bool) -> Callable[[Step], bool]:
-    """A reply to `operation` lost, then the same call sent again (`retried`) or a resume instead; the step's
-    label names the call whose reply was lost (the rule's `operation` argument only picks among those allowed)."""
-
-    def reached(step: Step) -> bool:
-        if step.rule != "lost_reply" or bool(step.arguments.get("then_retry")) != retried:
-            return False
-        return any(label.startswith(f"{operation}(") and "reply lost" in label for label in step.labels)
-
-    reached.__doc__ = f"A lost {operation} reply, then {'retried' if retried else 'resumed'}."
-    return reached
-
-
-def unreachable(operation: str, retried: bool) -> Callable[[Step], bool]:
-    """A call that could not reach one participant, then sent again once it is back (`retried`) or given up by a
-    resume; the label names the call (the rule's `operation` argument only picks among those allowed)."""
-
-    def reached(step: Step) -> bool:
-        if step.rule != "unreachable":
-            return False
-        told = [label for label in step.labels if label.startswith(f"{operation}(") and "unreachable" in label]
-        return any(("retried" in label) == retried for label in told)
-
-    reached.__doc__ = f"An unreachable {operation}, then {'retried' if retried else 'given up'}."
-    return reached
-
-
-def failing_hook(rule: str, retried: bool) -> Callable[[Step], bool]:
-    """A hook that failed (`failing_close`, `failing_export`), then the call made again (`retried`) or given up."""
-
-    def reached(step: Step) -> bool:
-        return step.rule == rule and bool(step.arguments.get("then_retry")) == retried
-
-    reached.__doc__ = f"A {rule}, then {'retried' if retried else 'given up'}."
-    return reached
-
-
-def skewed_clock(ahead: bool) -> Callable[[Step], bool]:
-    """A clock ahead that lapsed first, or one behind that outheld the others, to the end of the rule (a prepare
-    that reached a participant past its deadline judges neither)."""
-    told = "lapsed first" if ahead else "the others lapsed"
-
-    def reached(step: Step) -> bool:
-        return step.rule == "skewed_clock" and any(told in label for label in step.labels)
-
-    reached.__doc__ = f"A clock {'ahead' if ahead else 'behind'}, judged to the end."
-    return reached
-
-
-def time_passed(step: Step) -> bool:
-    """Time passed while a checkpoint held rollouts parked (a prepare that missed its deadline lets none pass)."""
-    return step.rule == "time_passes" and any(" s passed" in label for label in step.labels)
-
-
-def time_jumps(spec: DeploymentSpec) -> bool:
-    return spec.time_jumps
-
-
-def skews_clocks(spec: DeploymentSpec) -> bool:
-    """A deployment whose time can pass moves the monotonic clock with the wall clock, so it never skews one."""
-    return not spec.time_jumps
-
-
 def without_cuts(spec: DeploymentSpec) -> bool:
     """A prepare never fails on one participant alone where generation cuts are on (the machine's `_one_sided`)."""
     return not spec.generation_cuts
@@ -218,15 +104,6 @@ def without_cuts(spec: DeploymentSpec) -> bool:
 
 def with_restart_environment(spec: DeploymentSpec) -> bool:
     return spec.traits.restart_environment
-
-
-def one_per_kind(spec: DeploymentSpec) -> bool:
-    """One participant per kind: a participant crashed alone is then the only one of its kind (not topology mixed)."""
-    return not spec.traits.restart_environment
-
-
-def kills_workers_alone(spec: DeploymentSpec) -> bool:
-    return spec.server_workers > 1 and not spec.traits.restart_environment
 
 
 def asks_a_judge(spec: DeploymentSpec) -> bool:
@@ -237,89 +114,16 @@ def waits_for_a_judge(spec: DeploymentSpec) -> bool:
     return spec.traits.judge and spec.verify_mode == "wait"
 
 
-def captures_tokens(spec: DeploymentSpec) -> bool:
-    return spec.token_capture
-
-
-# The operations a crash must land inside of, each its own goal.
-CRASHED_OPERATIONS = ("commit", "restore", "retire", "forget")
-
-
 def cuts_generations(spec: DeploymentSpec) -> bool:
     return spec.generation_cuts
 
 
-GOALS: tuple[Goal, ...] = (
+# The protocol's own situations, reached by its own rules (a commit, a restore) whatever faults came before them;
+# each fault family's are on its `Family` (`Family.goals`).
+PROTOCOL_GOALS: tuple[Goal, ...] = (
     Goal("held_reply_across_commit", "a reply held across a commit", held_reply_across_commit),
     Goal("same_checkpoint_restored_twice", "the same checkpoint restored twice", same_checkpoint_restored_twice),
-    *(Goal(f"crash_inside_{op}", f"a crash inside a {op}", crash_inside(op)) for op in CRASHED_OPERATIONS),
     Goal("restore_after_failed_restore", "a restore after a failed restore", restore_after_failed_restore),
-    Goal("failed_write_retried", "a failed write retried in its process", storage_fault(False, True)),
-    Goal("failed_write_given_up", "a failed write given up by a resume", storage_fault(False, False)),
-    Goal("stalled_write_retried", "a stalled write retried once it ended", storage_fault(True, True)),
-    Goal("stalled_write_stopped", "a stalled write stopped by a resume", storage_fault(True, False)),
-    Goal("paused_commit_retried", "a commit paused past its deadline, retried", paused_commit(True)),
-    Goal("paused_commit_given_up", "a commit paused past its deadline, given up", paused_commit(False)),
-    *(
-        Goal(
-            f"paused_prepare_{outcome}",
-            f"a prepare a frozen participant read past its deadline, {'then a new one' if retried else 'given up'}",
-            paused_prepare(retried),
-            applies=without_cuts,
-        )
-        for outcome, retried in (("retried", True), ("given_up", False))
-    ),
-    Goal("paused_lease_lapsed", "a participant frozen past its lease, lapsed on waking", paused_lease),
-    *(
-        Goal(
-            f"lost_{op}_{outcome}",
-            f"a lost {op} reply, {'retried' if retried else 'given up by a resume'}",
-            lost_reply(op, retried),
-            applies=without_cuts if op == "prepare" else everywhere,
-        )
-        for op in ("prepare", "commit", "resume")
-        for outcome, retried in (("retried", True), ("given_up", False))
-    ),
-    *(
-        Goal(
-            f"unreachable_{op}_{outcome}",
-            f"an unreachable participant's {op}, {'retried once it is back' if retried else 'given up by a resume'}",
-            unreachable(op, retried),
-            applies=without_cuts if op == "prepare" else everywhere,
-        )
-        for op, outcome, retried in (
-            ("prepare", "retried", True),
-            ("prepare", "given_up", False),
-            ("commit", "retried", True),
-            ("commit", "given_up", False),
-            ("resume", "retried", True),  # a resume is always sent again
-        )
-    ),
-    Goal(
-        "failed_close_retried",
-        "a close that failed after closing, then a new prepare",
-        failing_hook("failing_close", True),
-        applies=without_cuts,
-    ),
-    Goal(
-        "failed_export_retried",
-        "an export hook that raised, then the commit retried",
-        failing_hook("failing_export", True),
-    ),
-    Goal("failed_export_given_up", "an export hook that raised, then a resume", failing_hook("failing_export", False)),
-    Goal(
-        "skewed_ahead_lapsed_first",
-        "a clock ahead that lapsed first, its commit refused",
-        skewed_clock(True),
-        applies=skews_clocks,
-    ),
-    Goal(
-        "skewed_behind_outheld",
-        "a clock behind that outheld the others, the stale commit refused",
-        skewed_clock(False),
-        applies=skews_clocks,
-    ),
-    Goal("time_passed_while_parked", "time passed while rollouts were parked", time_passed, applies=time_jumps),
     Goal(
         "cut_continued_again",
         "a cut continued after a second crash",
@@ -329,6 +133,15 @@ GOALS: tuple[Goal, ...] = (
 )
 
 
+@attrs.frozen
+class Coverage:
+    """What a machine's search must reach (`steplog.coverage`): its goals, the protocol's and each of its
+    families', in report order, and each of its rules with the deployments it applies to."""
+
+    goals: tuple[Goal, ...]
+    rules: Scopes
+
+
 def rarity(reached: Iterable[str], examples_before: Mapping[str, int]) -> float:
     """How much an example that reached the goals `reached` adds to a search whose earlier examples reached each
     goal in `examples_before` of them: each distinct goal counts 1 / (1 + those examples), so a goal no example
@@ -336,15 +149,18 @@ def rarity(reached: Iterable[str], examples_before: Mapping[str, int]) -> float:
     return sum(1 / (1 + examples_before.get(name, 0)) for name in set(reached))
 
 
-def reached(step: Step) -> list[str]:
-    """The goals this step reached, by name."""
-    return [goal.name for goal in GOALS if goal.reached(step)]
+def reached(step: Step, goals: Iterable[Goal]) -> list[str]:
+    """The `goals` this step reached, by name."""
+    return [goal.name for goal in goals if goal.reached(step)]
 
 
-def unmet(stats: SearchStats, spec: DeploymentSpec, rules: Scopes) -> list[str]:
-    """Every goal and rule that applies to `spec` and no example of `stats` reached, each said in words."""
-    missing = [f"{goal.says} ({goal.name})" for goal in GOALS if goal.applies(spec) and not stats.goals[goal.name]]
-    for rule, applies in rules.items():
+def unmet(stats: SearchStats, spec: DeploymentSpec, coverage: Coverage) -> list[str]:
+    """Every goal and rule of `coverage` that applies to `spec` and no example of `stats` reached, each said in
+    words."""
+    missing = [
+        f"{goal.says} ({goal.name})" for goal in coverage.goals if goal.applies(spec) and not stats.goals[goal.name]
+    ]
+    for rule, applies in coverage.rules.items():
         if applies(spec):
             missing += [f"rule {rule} never {how}" for how, counts in rule_counts(stats) if not counts[rule]]
     return missing
@@ -358,9 +174,9 @@ class GoalsUnmet(AssertionError):
     """The search never reached a situation it must reach: what it checks there went unchecked."""
 
 
-def require(stats: SearchStats, spec: DeploymentSpec, rules: Scopes) -> None:
-    """Raise `GoalsUnmet` naming every applicable goal and rule no example reached."""
-    missing = unmet(stats, spec, rules)
+def require(stats: SearchStats, spec: DeploymentSpec, coverage: Coverage) -> None:
+    """Raise `GoalsUnmet` naming every applicable goal and rule of `coverage` no example reached."""
+    missing = unmet(stats, spec, coverage)
     if missing:
         raise GoalsUnmet(
             f"coverage: {len(missing)} goal(s) never reached on {spec.label} in {stats.examples} examples, so "
@@ -374,25 +190,25 @@ def require(stats: SearchStats, spec: DeploymentSpec, rules: Scopes) -> None:
 def table(
     stats: SearchStats,
     spec: DeploymentSpec,
-    rules: Scopes,
+    coverage: Coverage,
     undrawable: Collection[str] = (),
     family_of: Mapping[str, str] | None = None,
 ) -> str:
-    """How often each goal and each rule was reached: goals by steps and examples, rules by the examples that
-    enabled them and the times and examples they were drawn; NEVER marks an applicable one never reached, `n/a`
-    one the deployment cannot reach: by its spec, or (`undrawable`, `checkable.undrawable_rules`) because it
-    lacks what the rule needs, which the run's summary lists with why. With `family_of` (each rule's family, by
-    name) it first splits the drawn steps by family."""
+    """How often each goal and each rule of `coverage` was reached: goals by steps and examples, rules by the
+    examples that enabled them and the times and examples they were drawn; NEVER marks an applicable one never
+    reached, `n/a` one the deployment cannot reach: by its spec, or (`undrawable`, `checkable.undrawable_rules`)
+    because it lacks what the rule needs, which the run's summary lists with why. With `family_of` (each rule's
+    family, by name) it first splits the drawn steps by family."""
     lines = [f"coverage over {stats.examples} examples ({spec.label}):"]
     if family_of is not None:
         lines += family_lines(stats, family_of)
     lines.append(f"  {'goal':<40} {'steps':>6} {'examples':>8}")
-    for goal in GOALS:
+    for goal in coverage.goals:
         note = "" if not goal.applies(spec) or stats.goals[goal.name] else "  NEVER"
         counts = f"{stats.goals[goal.name]:>6} {stats.goal_examples[goal.name]:>8}" if goal.applies(spec) else "n/a"
         lines.append(f"  {goal.says:<40} {counts}{note}")
     lines.append(f"  {'rule':<40} {'enabled':>7} {'drawn':>6} {'examples':>8} {'ms/draw':>8}")
-    for rule, applies in rules.items():
+    for rule, applies in coverage.rules.items():
         if not applies(spec):
             lines.append(f"  {rule:<40} n/a")
             continue

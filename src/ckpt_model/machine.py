@@ -45,12 +45,14 @@ from ckpt_model.swarm import Swarm, swarms
 
 
 class CheckpointMachine(
-    Crashes, Storage, Pauses, Hooks, LostReplies, Unreachable, Clocks, MisbehavingController, Damage
+    Crashes, Storage, Pauses, LostReplies, Unreachable, Hooks, Clocks, MisbehavingController, Damage
 ):
     """Plays the controller against the deployment `harness` wraps (bound by `machine_for`, one per deployment).
 
     Its own rules are the protocol's; each nemesis family is mounted as one base (`ckpt_model.nemeses`), whose rules
-    end, as these do, in the one pipeline of `MachineBase._advance`: the model's next value, settle, audit."""
+    end, as these do, in the one pipeline of `MachineBase._advance`: the model's next value, settle, audit. The
+    order of the bases is the order of the families' goals in the coverage table (`steplog.goals_of`); rules are
+    collected by name wherever they are declared, so it changes nothing else."""
 
     def __init__(
         self,

@@ -5,9 +5,11 @@ The rule calls (outermost only, with their keyword arguments) are what a regress
 the model's names (`r0`, `c1`), are what the report prints. `step` wraps every rule: it records the call, marks the
 machine broken while the rule runs (a broken machine is not drained at teardown), and attaches the report once.
 Around each rule it also keeps the coverage (`ckpt_model.goals`): before a drawn rule, which rules were enabled;
-after every rule (nested ones too, the drain's not), which goals it reached. Each reached goal and drawn rule is
-also a Hypothesis `event()` (its statistics and observability output), and the example's counts go to the
-`SearchStats`. A drawn rule's arguments first pass the example's swarm (`ckpt_model.swarm`).
+after every rule (nested ones too, the drain's not), which of the machine's goals (`goals_of`) it reached. Each
+reached goal and drawn rule is also a Hypothesis `event()` (its statistics and observability output), and the
+example's counts go to the `SearchStats`. A drawn rule's arguments first pass the example's swarm
+(`ckpt_model.swarm`). A machine's goals and rule scopes (`coverage`) are derived from its rules' declarations, as
+everything else the checker knows of a rule is.
 """
 
 from __future__ import annotations
@@ -137,14 +139,23 @@ class StepLog:
         self.enabled.update(rule for rule, gate in gates(machine.__class__).items() if gate(machine))
         _event(f"rule drawn: {name}")
 
-    def stepped(self, rule: str, arguments: Mapping[str, Any], before: Model, after: Model, first_label: int) -> None:
-        """Rule `rule` finished (its labels start at `first_label`): count the goals it reached (a drain step
-        reaches none: the search did not draw it). Nothing is built when coverage is not kept."""
+    def stepped(
+        self,
+        machine_type: type,
+        rule: str,
+        arguments: Mapping[str, Any],
+        before: Model,
+        after: Model,
+        first_label: int,
+    ) -> None:
+        """Rule `rule` of `machine_type` finished (its labels start at `first_label`): count the machine's goals it
+        reached (a drain step reaches none: the search did not draw it). Nothing is built when coverage is not
+        kept."""
         if self.draining or not self.counting:
             return
         labels = tuple(self.labels)
         step = goals.Step(rule, arguments, before, after, labels[first_label:], labels[:first_label])
-        for name in goals.reached(step):
+        for name in goals.reached(step, goals_of(machine_type)):
             self.goals[name] += 1
             _event(f"goal reached: {name}")
 
@@ -183,6 +194,32 @@ def families_of(machine_type: type) -> Mapping[str, Family]:
 def scopes(machine_type: type) -> goals.Scopes:
     """Every rule of the machine class and the deployments it applies to, by name."""
     return {name: declared.applies for name, declared in declarations(machine_type).items()}
+
+
+@functools.cache
+def families_in_order(machine_type: type) -> tuple[Family, ...]:
+    """The families of the machine's rules, each once, in the order its classes declare rules: the machine's own
+    (the protocol's), then each base in the order the machine mounts it (one nemesis family each)."""
+    found: dict[Family, None] = {}
+    for klass in machine_type.__mro__:
+        for value in vars(klass).values():
+            declared = getattr(value, DECLARATION, None)
+            if declared is not None:
+                found.setdefault(declared.family)
+    return tuple(found)
+
+
+@functools.cache
+def goals_of(machine_type: type) -> tuple[goals.Goal, ...]:
+    """The machine's coverage goals: the protocol's own (`goals.PROTOCOL_GOALS`), then each family's
+    (`Family.goals`), in the order the machine mounts its families."""
+    return goals.PROTOCOL_GOALS + tuple(goal for family in families_in_order(machine_type) for goal in family.goals)
+
+
+@functools.cache
+def coverage(machine_type: type) -> goals.Coverage:
+    """What a search of the machine must reach: its goals and its rules, each rule with its scope."""
+    return goals.Coverage(goals_of(machine_type), scopes(machine_type))
 
 
 @functools.cache
@@ -227,7 +264,7 @@ def step(method: F) -> F:
             if drawn and log.counting:
                 log.seconds[name] += time.monotonic() - started_s
         log.broken = False
-        log.stepped(name, kwargs, before, self.model, first_label)
+        log.stepped(type(self), name, kwargs, before, self.model, first_label)
         return result
 
     return wrapper  # type: ignore[return-value]

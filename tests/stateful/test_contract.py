@@ -15,7 +15,7 @@ from ckpt_model.deployment import Harness
 from ckpt_model.machine import CheckpointMachine, machine_for
 from ckpt_model.spec import FAULT_FREE, DeploymentSpec
 from ckpt_model.stats import SearchStats
-from ckpt_model.steplog import scopes
+from ckpt_model.steplog import coverage
 from tests.stateful.conftest import ACTIVE_SETTINGS, DEEP, GOALS_REQUIRED
 
 # Deployments another fault-free deployment includes (it draws every rule and coverage goal of the smaller one, and
@@ -52,10 +52,10 @@ def test_the_fault_free_stack_keeps_the_contract(
 ) -> None:
     stats = SearchStats()
     run_state_machine_as_test(machine_for(harness_of(spec), stats), settings=ACTIVE_SETTINGS)
-    rules = scopes(CheckpointMachine)
-    record_property("coverage", goals.table(stats, spec, rules))
+    reachable = coverage(CheckpointMachine)
+    record_property("coverage", goals.table(stats, spec, reachable))
     if GOALS_REQUIRED:
-        goals.require(stats, spec, rules)
+        goals.require(stats, spec, reachable)
 
 
 # What each included deployment draws that its includer cannot, each drawn in the default run elsewhere.
@@ -68,11 +68,11 @@ def test_included_deployments_draw_every_rule_and_goal_of_theirs() -> None:
     """A deployment left to the nightly loses the default run nothing its includer cannot draw, but what the table
     above names, and that some deployment of the default run draws."""
     default_run = [spec for spec in FAULT_FREE if spec not in INCLUDED]
-    rules = scopes(CheckpointMachine)
+    reachable = coverage(CheckpointMachine)
 
     def draws(spec: DeploymentSpec) -> set[str]:
-        drawn = {rule for rule, applies in rules.items() if applies(spec)}
-        return drawn | {goal.name for goal in goals.GOALS if goal.applies(spec)}
+        drawn = {rule for rule, applies in reachable.rules.items() if applies(spec)}
+        return drawn | {goal.name for goal in reachable.goals if goal.applies(spec)}
 
     for included, includer in INCLUDED.items():
         assert includer in default_run, f"{included.label} is left to {includer.label}, which the default run leaves"

@@ -4,6 +4,8 @@ while the controller is quiet.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from hypothesis import strategies as st
 
 from ckpt_model import checkable, goals
@@ -12,9 +14,58 @@ from ckpt_model.contract import Model
 from ckpt_model.errors import CoordinationError, HarnessError
 from ckpt_model.families import Family
 from ckpt_model.pipeline import PICK, MachineBase, choose, only_deadline_missed
+from ckpt_model.spec import DeploymentSpec
 from ckpt_model.steplog import action
 
-CLOCKS = Family("clocks", "a participant's clock skewed, or time passing for every server", 3)
+
+def skewed_clock_reached(ahead: bool) -> Callable[[goals.Step], bool]:
+    """A clock ahead that lapsed first, or one behind that outheld the others, to the end of the rule (a prepare
+    that reached a participant past its deadline judges neither)."""
+    told = "lapsed first" if ahead else "the others lapsed"
+
+    def reached(step: goals.Step) -> bool:
+        return step.rule == "skewed_clock" and any(told in label for label in step.labels)
+
+    reached.__doc__ = f"A clock {'ahead' if ahead else 'behind'}, judged to the end."
+    return reached
+
+
+def time_passed(step: goals.Step) -> bool:
+    """Time passed while a checkpoint held rollouts parked (a prepare that missed its deadline lets none pass)."""
+    return step.rule == "time_passes" and any(" s passed" in label for label in step.labels)
+
+
+def time_jumps(spec: DeploymentSpec) -> bool:
+    return spec.time_jumps
+
+
+def skews_clocks(spec: DeploymentSpec) -> bool:
+    """A deployment whose time can pass moves the monotonic clock with the wall clock, so it never skews one."""
+    return not spec.time_jumps
+
+
+CLOCKS = Family(
+    "clocks",
+    "a participant's clock skewed, or time passing for every server",
+    3,
+    goals=(
+        goals.Goal(
+            "skewed_ahead_lapsed_first",
+            "a clock ahead that lapsed first, its commit refused",
+            skewed_clock_reached(True),
+            applies=skews_clocks,
+        ),
+        goals.Goal(
+            "skewed_behind_outheld",
+            "a clock behind that outheld the others, the stale commit refused",
+            skewed_clock_reached(False),
+            applies=skews_clocks,
+        ),
+        goals.Goal(
+            "time_passed_while_parked", "time passed while rollouts were parked", time_passed, applies=time_jumps
+        ),
+    ),
+)
 # A skewed clock runs this far ahead of the controller's (its lease lapses that much earlier), or behind (far longer
 # than any step, so it still holds its lease when the stale commit comes); a prepare under a clock ahead leaves it
 # this margin of its own before the deadline; a prepare under a clock behind is due this soon, so the others'
@@ -43,7 +94,7 @@ class Clocks(MachineBase):
         family=CLOCKS,
         needs=(checkable.SKEW_CLOCKS, checkable.LEASE_LAPSES),
         judges=("P18",),
-        applies=goals.skews_clocks,
+        applies=skews_clocks,
         victim=PICK,
         behind=st.booleans(),
     )
@@ -114,7 +165,7 @@ class Clocks(MachineBase):
         ),
         family=CLOCKS,
         needs=(checkable.JUMP_CLOCKS,),
-        applies=goals.time_jumps,
+        applies=time_jumps,
     )
     def time_passes(self) -> None:
         """The controller prepares and goes quiet while TIME_PASSES_S pass for the whole system (every server's

@@ -6,12 +6,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from ckpt_model import checkable, goals
+from ckpt_model import checkable
 from ckpt_model import properties as props
 from ckpt_model.contract import Attempt
 from ckpt_model.families import Family
 from ckpt_model.pipeline import PICK, MachineBase, choose
+from ckpt_model.spec import DeploymentSpec
 from ckpt_model.steplog import action
+
+
+def captures_tokens(spec: DeploymentSpec) -> bool:
+    return spec.token_capture
+
 
 CONTROLLER = Family("controller", "a misbehaving controller: late, repeated, quiet or out-of-turn calls", 6)
 # Operations a delayed call of an older controller can carry (resume of a resumed ID is idempotent instead).
@@ -60,7 +66,7 @@ class MisbehavingController(MachineBase):
         lambda self: self.ledgers.enabled and self.model.may_remove_ledgers_while_open(),
         family=CONTROLLER,
         needs=(checkable.GATE, checkable.TOKEN_CAPTURE),
-        applies=goals.captures_tokens,
+        applies=captures_tokens,
     )
     def remove_ledgers_while_open(self) -> None:
         """A ledger retire and delete while a checkpoint is open are refused (P10); the ledgers stay (P5)."""

@@ -8,7 +8,7 @@ participants before the crash cuts it short, a participant that dies inside its 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -26,11 +26,45 @@ from ckpt_model.families import Family
 from ckpt_model.history import Event
 from ckpt_model.pipeline import PICK, WORKER, MachineBase, choose
 from ckpt_model.quiescence import poll
+from ckpt_model.spec import DeploymentSpec
 from ckpt_model.steplog import action
 from ckpt_model.topologies import SERVER_WORKER_KINDS
 from ckpt_model.wire import RETIRE_ORDER
 
-CRASHES = Family("crashes", "every Gym process killed: at once, inside an operation, with a power cut", 8)
+# The operations a crash must land inside of, each its own goal.
+CRASHED_OPERATIONS = ("commit", "restore", "retire", "forget")
+
+
+def crash_inside(operation: str) -> Callable[[goals.Step], bool]:
+    """A crash that landed inside `operation` (commit, restore, retire or forget) while it was under way."""
+
+    def reached(step: goals.Step) -> bool:
+        if operation == "commit":
+            return step.rule == "crash_in_commit"
+        crashed_inside = step.rule in ("crash_in_operation", "crash_in_restore")
+        return crashed_inside and any(f" inside {operation} " in label for label in step.labels)
+
+    reached.__doc__ = f"A crash inside a {operation} under way."
+    return reached
+
+
+def one_per_kind(spec: DeploymentSpec) -> bool:
+    """One participant per kind: a participant crashed alone is then the only one of its kind (not topology mixed)."""
+    return not spec.traits.restart_environment
+
+
+def kills_workers_alone(spec: DeploymentSpec) -> bool:
+    return spec.server_workers > 1 and not spec.traits.restart_environment
+
+
+CRASHES = Family(
+    "crashes",
+    "every Gym process killed: at once, inside an operation, with a power cut",
+    8,
+    goals=tuple(
+        goals.Goal(f"crash_inside_{op}", f"a crash inside a {op}", crash_inside(op)) for op in CRASHED_OPERATIONS
+    ),
+)
 # Its own family: among the eight rules that kill everything, the two that kill one process alone were drawn once
 # in a hundred steps, and a fault behind a participant crashed alone went unfound in 200 examples.
 RESTARTS = Family("restarts", "one process killed alone: a participant, or one worker of a server", 4)
@@ -144,7 +178,7 @@ class Crashes(MachineBase):
         family=RESTARTS,
         needs=(checkable.CRASHES, checkable.RESTART_ONE, checkable.ONE_PER_KIND),
         judges=("P7",),
-        applies=goals.one_per_kind,
+        applies=one_per_kind,
         pick=PICK,
     )
     def crash_participant(self, pick: int) -> None:
@@ -168,7 +202,7 @@ class Crashes(MachineBase):
         family=RESTARTS,
         needs=(checkable.GATE, checkable.KILL_WORKERS, checkable.ONE_PER_KIND),
         judges=("P7",),
-        applies=goals.kills_workers_alone,
+        applies=kills_workers_alone,
         pick=PICK,
         worker=WORKER,
     )

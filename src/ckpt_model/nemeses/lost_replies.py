@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from hypothesis import strategies as st
 
-from ckpt_model import checkable
+from ckpt_model import checkable, goals
 from ckpt_model import properties as props
 from ckpt_model.contract import Attempt
 from ckpt_model.errors import CoordinationError
@@ -14,7 +14,35 @@ from ckpt_model.families import Family
 from ckpt_model.pipeline import PICK, MachineBase, choose
 from ckpt_model.steplog import action
 
-LOST_REPLIES = Family("lost_replies", "a control call's reply lost after it ran", 4)
+
+def lost_reply_reached(operation: str, retried: bool) -> Callable[[goals.Step], bool]:
+    """A reply to `operation` lost, then the same call sent again (`retried`) or a resume instead; the step's
+    label names the call whose reply was lost (the rule's `operation` argument only picks among those allowed)."""
+
+    def reached(step: goals.Step) -> bool:
+        if step.rule != "lost_reply" or bool(step.arguments.get("then_retry")) != retried:
+            return False
+        return any(label.startswith(f"{operation}(") and "reply lost" in label for label in step.labels)
+
+    reached.__doc__ = f"A lost {operation} reply, then {'retried' if retried else 'resumed'}."
+    return reached
+
+
+LOST_REPLIES = Family(
+    "lost_replies",
+    "a control call's reply lost after it ran",
+    4,
+    goals=tuple(
+        goals.Goal(
+            f"lost_{op}_{outcome}",
+            f"a lost {op} reply, {'retried' if retried else 'given up by a resume'}",
+            lost_reply_reached(op, retried),
+            applies=goals.without_cuts if op == "prepare" else goals.everywhere,
+        )
+        for op in ("prepare", "commit", "resume")
+        for outcome, retried in (("retried", True), ("given_up", False))
+    ),
+)
 
 
 class LostReplies(MachineBase):

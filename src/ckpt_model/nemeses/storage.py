@@ -7,7 +7,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from ckpt_model import checkable
+from ckpt_model import checkable, goals
 from ckpt_model.contract import Attempt
 from ckpt_model.controller import CONTROL_DEADLINE_S
 from ckpt_model.deployment import (
@@ -22,7 +22,31 @@ from ckpt_model.pipeline import PICK, MachineBase, WriteFault, choose
 from ckpt_model.quiescence import poll
 from ckpt_model.steplog import action
 
-STORAGE = Family("storage", "a commit's write fails or stalls", 4)
+
+def storage_fault_reached(stalled: bool, retried: bool) -> Callable[[goals.Step], bool]:
+    """A commit whose write failed (or, `stalled`, stalled past its deadline), then retried in the same process
+    (`retried`) or given up with a resume."""
+
+    rule = "stalled_write" if stalled else "storage_fault"
+
+    def reached(step: goals.Step) -> bool:
+        return step.rule == rule and bool(step.arguments.get("then_retry")) == retried
+
+    reached.__doc__ = f"A {'stalled' if stalled else 'failed'} write, then {'retried' if retried else 'resumed'}."
+    return reached
+
+
+STORAGE = Family(
+    "storage",
+    "a commit's write fails or stalls",
+    4,
+    goals=(
+        goals.Goal("failed_write_retried", "a failed write retried in its process", storage_fault_reached(False, True)),
+        goals.Goal("failed_write_given_up", "a failed write given up by a resume", storage_fault_reached(False, False)),
+        goals.Goal("stalled_write_retried", "a stalled write retried once it ended", storage_fault_reached(True, True)),
+        goals.Goal("stalled_write_stopped", "a stalled write stopped by a resume", storage_fault_reached(True, False)),
+    ),
+)
 # A commit sent into a stalled write carries a deadline this close: it lapses while the write stands still, in
 # about a second of the example's time, and far enough ahead that the request starts its write before it.
 STALLED_COMMIT_DEADLINE_S = 1.0

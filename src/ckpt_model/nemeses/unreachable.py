@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import socket
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from hypothesis import strategies as st
 
+from ckpt_model import goals
 from ckpt_model import properties as props
 from ckpt_model.contract import Attempt
 from ckpt_model.errors import CoordinationError
@@ -15,7 +16,41 @@ from ckpt_model.families import Family
 from ckpt_model.pipeline import PICK, MachineBase, choose
 from ckpt_model.steplog import action
 
-UNREACHABLE = Family("unreachable", "a participant the controller cannot reach for one call", 4)
+
+def unreachable_reached(operation: str, retried: bool) -> Callable[[goals.Step], bool]:
+    """A call that could not reach one participant, then sent again once it is back (`retried`) or given up by a
+    resume; the label names the call (the rule's `operation` argument only picks among those allowed)."""
+
+    def reached(step: goals.Step) -> bool:
+        if step.rule != "unreachable":
+            return False
+        told = [label for label in step.labels if label.startswith(f"{operation}(") and "unreachable" in label]
+        return any(("retried" in label) == retried for label in told)
+
+    reached.__doc__ = f"An unreachable {operation}, then {'retried' if retried else 'given up'}."
+    return reached
+
+
+UNREACHABLE = Family(
+    "unreachable",
+    "a participant the controller cannot reach for one call",
+    4,
+    goals=tuple(
+        goals.Goal(
+            f"unreachable_{op}_{outcome}",
+            f"an unreachable participant's {op}, {'retried once it is back' if retried else 'given up by a resume'}",
+            unreachable_reached(op, retried),
+            applies=goals.without_cuts if op == "prepare" else goals.everywhere,
+        )
+        for op, outcome, retried in (
+            ("prepare", "retried", True),
+            ("prepare", "given_up", False),
+            ("commit", "retried", True),
+            ("commit", "given_up", False),
+            ("resume", "retried", True),  # a resume is always sent again
+        )
+    ),
+)
 
 
 class Unreachable(MachineBase):

@@ -1,25 +1,31 @@
-"""Coverage goals on hand-built steps, and the nightly's goal check on hand-built statistics."""
+"""Coverage goals on hand-built steps, the goals a machine collects from its families, and the nightly's goal
+check on hand-built statistics."""
 
 from __future__ import annotations
 
 from collections import Counter
 
 import pytest
+from hypothesis.stateful import RuleBasedStateMachine
 
 from ckpt_model import goals
 from ckpt_model.contract import Model
-from ckpt_model.goals import GoalsUnmet, Step
+from ckpt_model.families import Family
+from ckpt_model.goals import Coverage, Goal, GoalsUnmet, Step
 from ckpt_model.machine import CheckpointMachine
+from ckpt_model.nemeses import clocks, crashes, lost_replies, pauses, storage, unreachable
 from ckpt_model.spec import DeploymentSpec
 from ckpt_model.stats import SearchStats
-from ckpt_model.steplog import scopes
+from ckpt_model.steplog import action, families_in_order, goals_of, scopes
 
 NATIVE = DeploymentSpec("native")
 CUTS = DeploymentSpec("native", token_capture=True, generation_cuts=True)
 MIXED = DeploymentSpec("mixed")
-# Each rule and the deployments it applies to, as the machine declares them.
+# Each rule and the deployments it applies to, as the machine declares them; and the machine's goals.
 SCOPES = scopes(CheckpointMachine)
 RULES = {rule: SCOPES[rule] for rule in ("dispatch", "dispatch_restart", "commit")}
+GOALS = goals_of(CheckpointMachine)
+COVERAGE = Coverage(GOALS, RULES)
 
 
 def prepared(release: bool) -> Model:
@@ -61,13 +67,15 @@ def test_a_restore_of_a_checkpoint_restored_before_restores_it_twice() -> None:
 def test_a_crash_inside_an_operation_is_told_by_its_rule_and_label() -> None:
     model = committed()
     inside_forget = step("crash_in_operation", model, "crash_in_operation() inside forget forget4, reached []")
-    assert goals.crash_inside("forget")(inside_forget)
-    assert not goals.crash_inside("retire")(inside_forget)
-    assert goals.crash_inside("commit")(step("crash_in_commit", model, "crash_in_commit() -> c1 committed by []"))
-    assert not goals.crash_inside("commit")(inside_forget)
+    assert crashes.crash_inside("forget")(inside_forget)
+    assert not crashes.crash_inside("retire")(inside_forget)
+    assert crashes.crash_inside("commit")(step("crash_in_commit", model, "crash_in_commit() -> c1 committed by []"))
+    assert not crashes.crash_inside("commit")(inside_forget)
     inside_restore = step("crash_in_restore", model, "crash_in_operation() inside restore c1-restore2, reached []")
-    assert goals.crash_inside("restore")(inside_restore)
-    assert not goals.crash_inside("restore")(step("crash", model, "crash_in_operation() inside restore c1-restore2, x"))
+    assert crashes.crash_inside("restore")(inside_restore)
+    assert not crashes.crash_inside("restore")(
+        step("crash", model, "crash_in_operation() inside restore c1-restore2, x")
+    )
 
 
 def test_a_restore_after_a_refused_restore_is_reached_only_with_one_before_it() -> None:
@@ -86,9 +94,9 @@ def test_each_storage_fault_goal_is_reached_by_its_own_kind_and_ending(stalled: 
         for then_retry in (False, True):
             drawn = Step(rule, {"victim": 0, "point": 0, "then_retry": then_retry}, model, model, ("...",))
             expected = (rule == "stalled_write") == stalled and then_retry == retried
-            assert goals.storage_fault(stalled, retried)(drawn) is expected
+            assert storage.storage_fault_reached(stalled, retried)(drawn) is expected
     commit = Step("commit", {"then_retry": retried}, model, model, ("commit() -> c1",))
-    assert not goals.storage_fault(stalled, retried)(commit)
+    assert not storage.storage_fault_reached(stalled, retried)(commit)
 
 
 @pytest.mark.parametrize("retried", [False, True])
@@ -96,8 +104,8 @@ def test_a_paused_commit_goal_is_reached_by_its_rule_and_ending(retried: bool) -
     model = prepared(release=False)
     for then_retry in (False, True):
         drawn = Step("paused_commit", {"victim": 1, "then_retry": then_retry}, model, model, ("...",))
-        assert goals.paused_commit(retried)(drawn) is (then_retry == retried)
-    assert not goals.paused_commit(retried)(Step("stalled_write", {"then_retry": retried}, model, model, ()))
+        assert pauses.paused_commit_reached(retried)(drawn) is (then_retry == retried)
+    assert not pauses.paused_commit_reached(retried)(Step("stalled_write", {"then_retry": retried}, model, model, ()))
 
 
 @pytest.mark.parametrize("operation", ["prepare", "commit", "resume"])
@@ -107,10 +115,10 @@ def test_a_lost_reply_goal_is_told_by_the_call_its_label_names(operation: str) -
         for then_retry in (False, True):
             label = f"{lost}(c1), agent's reply lost" + ("; retried" if then_retry else "")
             drawn = Step("lost_reply", {"victim": 1, "operation": 0, "then_retry": then_retry}, model, model, (label,))
-            assert goals.lost_reply(operation, then_retry)(drawn) is (lost == operation)
-            assert not goals.lost_reply(operation, not then_retry)(drawn)
+            assert lost_replies.lost_reply_reached(operation, then_retry)(drawn) is (lost == operation)
+            assert not lost_replies.lost_reply_reached(operation, not then_retry)(drawn)
     plain = Step("lost_reply", {"then_retry": True}, model, model, (f"{operation}(c1)",))
-    assert not goals.lost_reply(operation, True)(plain)
+    assert not lost_replies.lost_reply_reached(operation, True)(plain)
 
 
 @pytest.mark.parametrize("operation", ["prepare", "commit", "resume"])
@@ -124,14 +132,14 @@ def test_an_unreachable_goal_is_told_by_the_call_and_its_ending_its_label_names(
             drawn = Step(
                 "unreachable", {"victim": 0, "operation": 0, "then_retry": not retried}, model, model, (label,)
             )
-            assert goals.unreachable(operation, retried)(drawn) is (cut_off == operation)
-            assert not goals.unreachable(operation, not retried)(drawn)
+            assert unreachable.unreachable_reached(operation, retried)(drawn) is (cut_off == operation)
+            assert not unreachable.unreachable_reached(operation, not retried)(drawn)
     lost = Step("lost_reply", {"then_retry": True}, model, model, (f"{operation}(c1), agent unreachable; retried",))
-    assert not goals.unreachable(operation, True)(lost)
+    assert not unreachable.unreachable_reached(operation, True)(lost)
 
 
 def test_a_lost_prepare_reply_applies_only_without_generation_cuts() -> None:
-    by_name = {goal.name: goal for goal in goals.GOALS}
+    by_name = {goal.name: goal for goal in GOALS}
     assert by_name["lost_prepare_retried"].applies(NATIVE)
     assert not by_name["lost_prepare_retried"].applies(CUTS)
     assert by_name["lost_commit_given_up"].applies(CUTS)
@@ -145,7 +153,7 @@ def test_a_cut_is_continued_again_by_a_second_restore_of_its_checkpoint() -> Non
 
 
 def test_a_goal_of_generation_cuts_applies_only_where_generations_are_cut() -> None:
-    (cut_goal,) = [goal for goal in goals.GOALS if goal.name == "cut_continued_again"]
+    (cut_goal,) = [goal for goal in GOALS if goal.name == "cut_continued_again"]
     assert cut_goal.applies(CUTS)
     assert not cut_goal.applies(NATIVE)
 
@@ -162,7 +170,7 @@ def test_time_passing_applies_only_where_time_can_pass_and_a_skew_only_where_it_
     assert not SCOPES["time_passes"](NATIVE)
     assert SCOPES["skewed_clock"](NATIVE)
     assert not SCOPES["skewed_clock"](jumps)
-    (goal,) = [goal for goal in goals.GOALS if goal.name == "time_passed_while_parked"]
+    (goal,) = [goal for goal in GOALS if goal.name == "time_passed_while_parked"]
     assert goal.applies(jumps)
     assert not goal.applies(NATIVE)
 
@@ -171,7 +179,7 @@ def test_time_passing_applies_only_where_time_can_pass_and_a_skew_only_where_it_
 def test_a_skewed_clock_goal_is_reached_only_when_judged_to_the_end(ahead: bool, told: str) -> None:
     model = prepared(release=False)
     name = "skewed_ahead_lapsed_first" if ahead else "skewed_behind_outheld"
-    (goal,) = [goal for goal in goals.GOALS if goal.name == name]
+    (goal,) = [goal for goal in GOALS if goal.name == name]
     assert goal.reached(step("skewed_clock", model, f"prepare(c1); agent {told}; ..."))
     assert not goal.reached(step("skewed_clock", model, "prepare(c1) reached agent past its deadline; resumed"))
     assert goal.applies(NATIVE)
@@ -180,18 +188,18 @@ def test_a_skewed_clock_goal_is_reached_only_when_judged_to_the_end(ahead: bool,
 
 def test_time_passing_is_reached_only_when_time_passed() -> None:
     model = prepared(release=False)
-    assert goals.time_passed(step("time_passes", model, "time_passes() -> c1: 1200 s passed; c1 lapsed; ..."))
+    assert clocks.time_passed(step("time_passes", model, "time_passes() -> c1: 1200 s passed; c1 lapsed; ..."))
     missed = step("time_passes", model, "time_passes() -> c1: the prepare missed its deadline; resumed, ...")
-    assert not goals.time_passed(missed)
-    assert not goals.time_passed(step("quiet_controller", model, "quiet_controller() -> c1 lapsed"))
+    assert not clocks.time_passed(missed)
+    assert not clocks.time_passed(step("quiet_controller", model, "quiet_controller() -> c1 lapsed"))
 
 
 def test_a_paused_prepare_goal_is_reached_by_its_rule_and_ending_and_never_with_cuts() -> None:
     model = Model(topology="native")
     for retried in (True, False):
         reached = Step("paused_prepare", {"victim": 0, "then_retry": retried}, model, model, ("...",))
-        assert goals.paused_prepare(retried)(reached)
-        assert not goals.paused_prepare(not retried)(reached)
+        assert pauses.paused_prepare_reached(retried)(reached)
+        assert not pauses.paused_prepare_reached(not retried)(reached)
     assert not SCOPES["paused_prepare"](CUTS)
     assert SCOPES["paused_prepare"](NATIVE)
 
@@ -199,30 +207,71 @@ def test_a_paused_prepare_goal_is_reached_by_its_rule_and_ending_and_never_with_
 def test_a_paused_lease_is_reached_only_once_judged_to_the_end() -> None:
     model = Model(topology="native")
     judged = "prepare(c1); agent frozen past its lease, lapsed on waking; commit refused by it; resume, incomplete"
-    assert goals.paused_lease(Step("paused_lease", {"victim": 0}, model, model, (judged,)))
+    assert pauses.paused_lease_reached(Step("paused_lease", {"victim": 0}, model, model, (judged,)))
     missed = "prepare(c1) reached some past its deadline; resumed"
-    assert not goals.paused_lease(Step("paused_lease", {"victim": 0}, model, model, (missed,)))
+    assert not pauses.paused_lease_reached(Step("paused_lease", {"victim": 0}, model, model, (missed,)))
+
+
+FIRST = Family("first", "a fault family", 1, goals=(Goal("first_goal", "the first family's goal", lambda _step: True),))
+SECOND = Family(
+    "second",
+    "another fault family",
+    1,
+    goals=(
+        Goal("second_goal", "the second family's goal", lambda _step: True),
+        Goal("second_goal_again", "the second family's other goal", lambda _step: True),
+    ),
+)
+
+
+class First(RuleBasedStateMachine):
+    @action(lambda self: True, family=FIRST)
+    def first(self) -> None: ...
+
+
+class Second(RuleBasedStateMachine):
+    @action(lambda self: True, family=SECOND)
+    def another(self) -> None: ...  # sorts before `first`: the mounting orders the families, not the rule names
+
+
+class Mounted(Second, First):
+    @action(lambda self: True, family=Family("protocol", "the protocol's rules", 2, protocol=True))
+    def step(self) -> None: ...
+
+
+def test_a_machine_collects_the_protocol_goals_then_each_familys_in_the_order_it_mounts_them() -> None:
+    assert [family.name for family in families_in_order(Mounted)] == ["protocol", "second", "first"]
+    assert goals_of(Mounted) == goals.PROTOCOL_GOALS + SECOND.goals + FIRST.goals
+
+
+def test_the_machines_goals_are_the_protocols_then_its_families_each_name_once() -> None:
+    """Statistics count goals by name: two goals of one name would be counted as one."""
+    names = [goal.name for goal in GOALS]
+    assert len(names) == len(set(names)), sorted(name for name in names if names.count(name) > 1)
+    assert GOALS[: len(goals.PROTOCOL_GOALS)] == goals.PROTOCOL_GOALS
+    families = families_in_order(CheckpointMachine)
+    assert GOALS[len(goals.PROTOCOL_GOALS) :] == tuple(goal for family in families for goal in family.goals)
 
 
 def covered_everywhere(rules: list[str]) -> SearchStats:
     """Statistics of a search that reached every goal and drew every rule once."""
     stats = SearchStats(examples=3)
-    names = {goal.name: 1 for goal in goals.GOALS}
+    names = {goal.name: 1 for goal in GOALS}
     stats.example_covered(names, rules, Counter(rules))
     return stats
 
 
 def test_the_nightly_goal_check_passes_when_every_applicable_goal_was_reached() -> None:
     stats = covered_everywhere(["dispatch", "commit"])
-    goals.require(stats, NATIVE, RULES)  # dispatch_restart does not apply to native: never drawn, not missing
-    assert goals.unmet(stats, NATIVE, RULES) == []
+    goals.require(stats, NATIVE, COVERAGE)  # dispatch_restart does not apply to native: never drawn, not missing
+    assert goals.unmet(stats, NATIVE, COVERAGE) == []
 
 
 def test_the_nightly_goal_check_fails_naming_a_goal_never_reached() -> None:
     stats = covered_everywhere(["dispatch", "commit"])
     stats.goals["crash_inside_forget"] = 0
     with pytest.raises(GoalsUnmet) as raised:
-        goals.require(stats, NATIVE, RULES)
+        goals.require(stats, NATIVE, COVERAGE)
     assert "a crash inside a forget (crash_inside_forget)" in str(raised.value)
     assert "1 goal(s) never reached on native in 3 examples" in str(raised.value)
 
@@ -230,12 +279,12 @@ def test_the_nightly_goal_check_fails_naming_a_goal_never_reached() -> None:
 def test_the_nightly_goal_check_fails_naming_a_rule_never_enabled_or_drawn() -> None:
     stats = covered_everywhere(["dispatch", "commit"])
     with pytest.raises(GoalsUnmet, match="rule dispatch_restart never enabled; rule dispatch_restart never drawn"):
-        goals.require(stats, MIXED, RULES)
+        goals.require(stats, MIXED, COVERAGE)
 
 
 def test_the_table_marks_what_was_never_reached_and_what_cannot_be() -> None:
     stats = covered_everywhere(["dispatch"])
-    text = goals.table(stats, NATIVE, RULES)
+    text = goals.table(stats, NATIVE, COVERAGE)
     assert "coverage over 3 examples (native):" in text
     assert "a cut continued after a second crash" in text
     assert "n/a" in text
@@ -247,7 +296,7 @@ def test_the_table_marks_what_was_never_reached_and_what_cannot_be() -> None:
 
 def test_a_rule_the_deployment_cannot_draw_is_n_a_not_never() -> None:
     stats = covered_everywhere(["dispatch"])  # `commit` never drawn
-    text = goals.table(stats, NATIVE, RULES, undrawable=["commit"])
+    text = goals.table(stats, NATIVE, COVERAGE, undrawable=["commit"])
     (commit_line,) = [line for line in text.splitlines() if line.strip().startswith("commit ")]
     assert commit_line.split()[1:] == ["n/a", "(not", "drawable", "here:", "listed", "below)"]
     assert "NEVER" not in commit_line
@@ -261,7 +310,7 @@ def test_the_table_splits_the_drawn_steps_by_family() -> None:
     rows = {line.split()[0]: line.split()[1:] for line in lines[1:]}
     assert rows == {"rollouts": ["4", "50%", "0"], "crashes": ["4", "50%", "50"], "checkpoints": ["0", "0%", "-"]}
     assert lines[0].split() == ["family", "steps", "share", "ms/step"]
-    assert "\n".join(lines) in goals.table(stats, NATIVE, RULES, family_of=family_of)
+    assert "\n".join(lines) in goals.table(stats, NATIVE, COVERAGE, family_of=family_of)
 
 
 def test_a_goal_no_example_reached_counts_most_in_the_target() -> None:
