@@ -147,29 +147,6 @@ ONE_PER_KIND = Need(
     "one_per_kind", "one participant per kind (not topology mixed)", lambda c: not c.restart_environment
 )
 
-NEEDS: tuple[Need, ...] = (
-    GATE,
-    CRASHES,
-    FRESH,
-    RESTART_ONE,
-    KILL_WORKERS,
-    FAILPOINTS,
-    LOSE_UNSYNCED,
-    BREAK_STORAGE,
-    PAUSE,
-    LOSE_REPLIES,
-    FAIL_HOOKS,
-    SKEW_CLOCKS,
-    JUMP_CLOCKS,
-    LEASE_LAPSES,
-    TOKEN_CAPTURE,
-    GENERATION_CUTS,
-    NO_CUTS,
-    JUDGE,
-    VERIFY_WAIT,
-    RESTART_ENVIRONMENT,
-    ONE_PER_KIND,
-)
 
 # Where the audits and settles judge, whatever rule ran, and what each needs to judge anything.
 SITES: Mapping[str, tuple[Need, ...]] = {
