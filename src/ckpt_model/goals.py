@@ -97,9 +97,26 @@ def cut_continued_again(step: Step) -> bool:
     return False
 
 
+def rule_then_retry(rule: str, retried: bool) -> Callable[[Step], bool]:
+    """A step of `rule` (a fault rule with a `then_retry` argument) that then retried what its fault failed
+    (`retried`) or gave it up."""
+
+    def reached(step: Step) -> bool:
+        return step.rule == rule and bool(step.arguments.get("then_retry")) == retried
+
+    reached.__doc__ = f"A {rule}, then {'retried' if retried else 'given up'}."
+    return reached
+
+
 def without_cuts(spec: DeploymentSpec) -> bool:
     """A prepare never fails on one participant alone where generation cuts are on (the machine's `_one_sided`)."""
     return not spec.generation_cuts
+
+
+def one_sided(operation: str) -> Callable[[DeploymentSpec], bool]:
+    """Where `operation` can fail on one participant alone (a lost reply, a partition): a prepare only without
+    generation cuts (`without_cuts`), any other call everywhere."""
+    return without_cuts if operation == "prepare" else everywhere
 
 
 def with_restart_environment(spec: DeploymentSpec) -> bool:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from hypothesis import strategies as st
 
@@ -18,17 +18,6 @@ from ckpt_model.families import Family
 from ckpt_model.pipeline import PICK, MachineBase, WriteFault, choose
 from ckpt_model.steplog import action
 
-
-def failing_hook(rule: str, retried: bool) -> Callable[[goals.Step], bool]:
-    """A hook that failed (`failing_close`, `failing_export`), then the call made again (`retried`) or given up."""
-
-    def reached(step: goals.Step) -> bool:
-        return step.rule == rule and bool(step.arguments.get("then_retry")) == retried
-
-    reached.__doc__ = f"A {rule}, then {'retried' if retried else 'given up'}."
-    return reached
-
-
 HOOKS = Family(
     "hooks",
     "a participant's close, export or install hook raises",
@@ -37,16 +26,18 @@ HOOKS = Family(
         goals.Goal(
             "failed_close_retried",
             "a close that failed after closing, then a new prepare",
-            failing_hook("failing_close", True),
+            goals.rule_then_retry("failing_close", True),
             applies=goals.without_cuts,
         ),
         goals.Goal(
             "failed_export_retried",
             "an export hook that raised, then the commit retried",
-            failing_hook("failing_export", True),
+            goals.rule_then_retry("failing_export", True),
         ),
         goals.Goal(
-            "failed_export_given_up", "an export hook that raised, then a resume", failing_hook("failing_export", False)
+            "failed_export_given_up",
+            "an export hook that raised, then a resume",
+            goals.rule_then_retry("failing_export", False),
         ),
     ),
 )

@@ -37,7 +37,7 @@ LOST_REPLIES = Family(
             f"lost_{op}_{outcome}",
             f"a lost {op} reply, {'retried' if retried else 'given up by a resume'}",
             lost_reply_reached(op, retried),
-            applies=goals.without_cuts if op == "prepare" else goals.everywhere,
+            applies=goals.one_sided(op),
         )
         for op in ("prepare", "commit", "resume")
         for outcome, retried in (("retried", True), ("given_up", False))

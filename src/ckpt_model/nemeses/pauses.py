@@ -26,27 +26,6 @@ from ckpt_model.steplog import action
 T = TypeVar("T")
 
 
-def paused_commit_reached(retried: bool) -> Callable[[goals.Step], bool]:
-    """A participant frozen across its commit's deadline, then the commit retried (`retried`) or given up."""
-
-    def reached(step: goals.Step) -> bool:
-        return step.rule == "paused_commit" and bool(step.arguments.get("then_retry")) == retried
-
-    reached.__doc__ = f"A paused commit, then {'retried' if retried else 'resumed'}."
-    return reached
-
-
-def paused_prepare_reached(retried: bool) -> Callable[[goals.Step], bool]:
-    """A participant frozen while a prepare reaches it past its deadline, resumed, then prepared anew (`retried`)
-    or not."""
-
-    def reached(step: goals.Step) -> bool:
-        return step.rule == "paused_prepare" and bool(step.arguments.get("then_retry")) == retried
-
-    reached.__doc__ = f"A paused prepare, resumed{', then prepared anew' if retried else ''}."
-    return reached
-
-
 def paused_lease_reached(step: goals.Step) -> bool:
     """A participant frozen past its lease, judged to the end: it lapsed on waking and refused the commit (a
     prepare that missed its short deadline judges neither)."""
@@ -58,15 +37,21 @@ PAUSES = Family(
     "a participant frozen (SIGSTOP) across a deadline or its lease",
     4,
     goals=(
-        goals.Goal("paused_commit_retried", "a commit paused past its deadline, retried", paused_commit_reached(True)),
         goals.Goal(
-            "paused_commit_given_up", "a commit paused past its deadline, given up", paused_commit_reached(False)
+            "paused_commit_retried",
+            "a commit paused past its deadline, retried",
+            goals.rule_then_retry("paused_commit", True),
+        ),
+        goals.Goal(
+            "paused_commit_given_up",
+            "a commit paused past its deadline, given up",
+            goals.rule_then_retry("paused_commit", False),
         ),
         *(
             goals.Goal(
                 f"paused_prepare_{outcome}",
                 f"a prepare a frozen participant read past its deadline, {'then a new one' if retried else 'given up'}",
-                paused_prepare_reached(retried),
+                goals.rule_then_retry("paused_prepare", retried),
                 applies=goals.without_cuts,
             )
             for outcome, retried in (("retried", True), ("given_up", False))

@@ -22,31 +22,34 @@ from ckpt_model.pipeline import PICK, MachineBase, WriteFault, choose
 from ckpt_model.quiescence import poll
 from ckpt_model.steplog import action
 
-
-def storage_fault_reached(stalled: bool, retried: bool) -> Callable[[goals.Step], bool]:
-    """A commit whose write failed (or, `stalled`, stalled past its deadline), then retried in the same process
-    (`retried`) or given up with a resume."""
-
-    rule = "stalled_write" if stalled else "storage_fault"
-
-    def reached(step: goals.Step) -> bool:
-        return step.rule == rule and bool(step.arguments.get("then_retry")) == retried
-
-    reached.__doc__ = f"A {'stalled' if stalled else 'failed'} write, then {'retried' if retried else 'resumed'}."
-    return reached
-
-
 STORAGE = Family(
     "storage",
     "a commit's write fails or stalls",
     4,
     goals=(
-        goals.Goal("failed_write_retried", "a failed write retried in its process", storage_fault_reached(False, True)),
-        goals.Goal("failed_write_given_up", "a failed write given up by a resume", storage_fault_reached(False, False)),
-        goals.Goal("stalled_write_retried", "a stalled write retried once it ended", storage_fault_reached(True, True)),
-        goals.Goal("stalled_write_stopped", "a stalled write stopped by a resume", storage_fault_reached(True, False)),
+        goals.Goal(
+            "failed_write_retried",
+            "a failed write retried in its process",
+            goals.rule_then_retry("storage_fault", True),
+        ),
+        goals.Goal(
+            "failed_write_given_up",
+            "a failed write given up by a resume",
+            goals.rule_then_retry("storage_fault", False),
+        ),
+        goals.Goal(
+            "stalled_write_retried",
+            "a stalled write retried once it ended",
+            goals.rule_then_retry("stalled_write", True),
+        ),
+        goals.Goal(
+            "stalled_write_stopped",
+            "a stalled write stopped by a resume",
+            goals.rule_then_retry("stalled_write", False),
+        ),
     ),
 )
+
 # A commit sent into a stalled write carries a deadline this close: it lapses while the write stands still, in
 # about a second of the example's time, and far enough ahead that the request starts its write before it.
 STALLED_COMMIT_DEADLINE_S = 1.0

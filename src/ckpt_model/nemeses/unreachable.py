@@ -40,7 +40,7 @@ UNREACHABLE = Family(
             f"unreachable_{op}_{outcome}",
             f"an unreachable participant's {op}, {'retried once it is back' if retried else 'given up by a resume'}",
             unreachable_reached(op, retried),
-            applies=goals.without_cuts if op == "prepare" else goals.everywhere,
+            applies=goals.one_sided(op),
         )
         for op, outcome, retried in (
             ("prepare", "retried", True),

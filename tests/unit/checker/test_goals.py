@@ -13,7 +13,7 @@ from ckpt_model.contract import Model
 from ckpt_model.families import Family
 from ckpt_model.goals import Coverage, Goal, GoalsUnmet, Step
 from ckpt_model.machine import CheckpointMachine
-from ckpt_model.nemeses import clocks, crashes, lost_replies, pauses, storage, unreachable
+from ckpt_model.nemeses import clocks, crashes, lost_replies, pauses, unreachable
 from ckpt_model.spec import DeploymentSpec
 from ckpt_model.stats import SearchStats
 from ckpt_model.steplog import action, families_in_order, goals_of, scopes
@@ -25,6 +25,7 @@ MIXED = DeploymentSpec("mixed")
 SCOPES = scopes(CheckpointMachine)
 RULES = {rule: SCOPES[rule] for rule in ("dispatch", "dispatch_restart", "commit")}
 GOALS = goals_of(CheckpointMachine)
+BY_NAME = {goal.name: goal for goal in GOALS}
 COVERAGE = Coverage(GOALS, RULES)
 
 
@@ -86,26 +87,37 @@ def test_a_restore_after_a_refused_restore_is_reached_only_with_one_before_it() 
     assert not goals.restore_after_failed_restore(step("recover", model, "crash()", earlier=(failed,)))
 
 
+# Each storage goal, by whether its write stalled and whether the commit was retried.
+STORAGE_GOALS = {
+    (False, True): "failed_write_retried",
+    (False, False): "failed_write_given_up",
+    (True, True): "stalled_write_retried",
+    (True, False): "stalled_write_stopped",
+}
+
+
 @pytest.mark.parametrize("stalled", [False, True])
 @pytest.mark.parametrize("retried", [False, True])
 def test_each_storage_fault_goal_is_reached_by_its_own_kind_and_ending(stalled: bool, retried: bool) -> None:
     model = prepared(release=False)
+    goal = BY_NAME[STORAGE_GOALS[stalled, retried]]
     for rule in ("storage_fault", "stalled_write"):
         for then_retry in (False, True):
             drawn = Step(rule, {"victim": 0, "point": 0, "then_retry": then_retry}, model, model, ("...",))
             expected = (rule == "stalled_write") == stalled and then_retry == retried
-            assert storage.storage_fault_reached(stalled, retried)(drawn) is expected
+            assert goal.reached(drawn) is expected
     commit = Step("commit", {"then_retry": retried}, model, model, ("commit() -> c1",))
-    assert not storage.storage_fault_reached(stalled, retried)(commit)
+    assert not goal.reached(commit)
 
 
 @pytest.mark.parametrize("retried", [False, True])
 def test_a_paused_commit_goal_is_reached_by_its_rule_and_ending(retried: bool) -> None:
     model = prepared(release=False)
+    goal = BY_NAME["paused_commit_retried" if retried else "paused_commit_given_up"]
     for then_retry in (False, True):
         drawn = Step("paused_commit", {"victim": 1, "then_retry": then_retry}, model, model, ("...",))
-        assert pauses.paused_commit_reached(retried)(drawn) is (then_retry == retried)
-    assert not pauses.paused_commit_reached(retried)(Step("stalled_write", {"then_retry": retried}, model, model, ()))
+        assert goal.reached(drawn) is (then_retry == retried)
+    assert not goal.reached(Step("stalled_write", {"then_retry": retried}, model, model, ()))
 
 
 @pytest.mark.parametrize("operation", ["prepare", "commit", "resume"])
@@ -139,10 +151,9 @@ def test_an_unreachable_goal_is_told_by_the_call_and_its_ending_its_label_names(
 
 
 def test_a_lost_prepare_reply_applies_only_without_generation_cuts() -> None:
-    by_name = {goal.name: goal for goal in GOALS}
-    assert by_name["lost_prepare_retried"].applies(NATIVE)
-    assert not by_name["lost_prepare_retried"].applies(CUTS)
-    assert by_name["lost_commit_given_up"].applies(CUTS)
+    assert BY_NAME["lost_prepare_retried"].applies(NATIVE)
+    assert not BY_NAME["lost_prepare_retried"].applies(CUTS)
+    assert BY_NAME["lost_commit_given_up"].applies(CUTS)
 
 
 def test_a_cut_is_continued_again_by_a_second_restore_of_its_checkpoint() -> None:
@@ -198,8 +209,8 @@ def test_a_paused_prepare_goal_is_reached_by_its_rule_and_ending_and_never_with_
     model = Model(topology="native")
     for retried in (True, False):
         reached = Step("paused_prepare", {"victim": 0, "then_retry": retried}, model, model, ("...",))
-        assert pauses.paused_prepare_reached(retried)(reached)
-        assert not pauses.paused_prepare_reached(not retried)(reached)
+        assert BY_NAME["paused_prepare_retried"].reached(reached) is retried
+        assert BY_NAME["paused_prepare_given_up"].reached(reached) is not retried
     assert not SCOPES["paused_prepare"](CUTS)
     assert SCOPES["paused_prepare"](NATIVE)
 
