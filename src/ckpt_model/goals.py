@@ -159,13 +159,6 @@ class Coverage:
     rules: Scopes
 
 
-def rarity(reached: Iterable[str], examples_before: Mapping[str, int]) -> float:
-    """How much an example that reached the goals `reached` adds to a search whose earlier examples reached each
-    goal in `examples_before` of them: each distinct goal counts 1 / (1 + those examples), so a goal no example
-    reached yet counts 1 and one reached a hundred times next to nothing. The search aims at it (`target`)."""
-    return sum(1 / (1 + examples_before.get(name, 0)) for name in set(reached))
-
-
 def reached(step: Step, goals: Iterable[Goal]) -> list[str]:
     """The `goals` this step reached, by name."""
     return [goal.name for goal in goals if goal.reached(step)]

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
 import attrs
-from hypothesis import currently_in_test_context, event, target
+from hypothesis import currently_in_test_context, event
 from hypothesis.stateful import precondition, rule
 from hypothesis.strategies import SearchStrategy
 
@@ -44,8 +44,6 @@ REPORTED = (PropertyViolation, HarnessError, CoordinationError)
 # The attribute `action` puts on a rule: its declaration.
 DECLARATION = "ckpt_model_declaration"
 Gate = Callable[[Any], bool]
-# The label of the target every example reports (`StepLog.finished`).
-RARE_GOALS = "rarely reached goals"
 
 
 @attrs.frozen
@@ -112,12 +110,7 @@ class StepLog:
         self.broken = False
 
     def finished(self, crashes: int, crashes_inside: int) -> None:
-        """The example ended: its rules (drain steps not counted), crashes and time go to the statistics, and in a
-        search, how rare the goals it reached were is its Hypothesis `target`: Hypothesis's targeting phase then
-        mutates the examples that reached rarely reached goals, so the search spends its budget near them."""
-        if self.counting and currently_in_test_context():
-            before = self.stats.goal_examples if self.stats is not None else {}
-            target(goals.rarity([name for name, count in self.goals.items() if count], before), label=RARE_GOALS)
+        """The example ended: its rules (drain steps not counted), crashes and time go to the statistics."""
         if self.stats is not None:
             rules = sum(1 for label in self.labels if not label.startswith("-- "))
             elapsed_s = time.monotonic() - self.started_s

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import UnsatisfiedAssumption
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
-from ckpt_model import draw, steplog
+from ckpt_model import draw
 from ckpt_model.contract import Model
 from ckpt_model.families import Family
 from ckpt_model.history import History
@@ -197,15 +197,6 @@ def test_a_run_of_zeros_is_kept_where_the_deployment_allows_one_example_only() -
     offer = [("protocol", 3, []), ("many", 1, [])]
     assert {strategy._family(Drawn(0), offer) for _ in range(3 * draw.ZERO_RUN_REJECTED)} == {"protocol"}
     assert not strategy.rejected
-
-
-def test_every_example_reports_how_rare_its_goals_were(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`StepLog.finished` hands Hypothesis a target per example, under one label."""
-    reported: list[tuple[float, str]] = []
-    monkeypatch.setattr(steplog, "target", lambda score, label: reported.append((score, label)))
-    drawn_by({})
-    assert reported
-    assert {label for _score, label in reported} == {steplog.RARE_GOALS}
 
 
 def test_every_rule_of_the_machine_has_a_family_and_the_protocol_weighs_more_than_half() -> None:

@@ -322,10 +322,3 @@ def test_the_table_splits_the_drawn_steps_by_family() -> None:
     assert rows == {"rollouts": ["4", "50%", "0"], "crashes": ["4", "50%", "50"], "checkpoints": ["0", "0%", "-"]}
     assert lines[0].split() == ["family", "steps", "share", "ms/step"]
     assert "\n".join(lines) in goals.table(stats, NATIVE, COVERAGE, family_of=family_of)
-
-
-def test_a_goal_no_example_reached_counts_most_in_the_target() -> None:
-    assert goals.rarity([], {}) == 0
-    assert goals.rarity(["a", "a"], {}) == 1  # distinct goals: a goal reached twice in one example counts once
-    assert goals.rarity(["a", "b"], {"a": 3}) == 1 + 1 / 4
-    assert goals.rarity(["a"], {"a": 99}) < goals.rarity(["b"], {"a": 99})
