@@ -20,7 +20,7 @@ the functions here take those declarations (`Rules`):
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import attrs
 
@@ -28,10 +28,20 @@ from ckpt_model.properties import REGISTRY
 
 if TYPE_CHECKING:
     from ckpt_model.deployment import Harness
-    from ckpt_model.steplog import Declaration
 
-    # Each rule of a machine and its declaration (`steplog.declarations`).
-    Rules = Mapping[str, Declaration]
+
+class Declared(Protocol):
+    """What these tables read of a rule's declaration (`steplog.Declaration`, which imports this module)."""
+
+    @property
+    def needs(self) -> tuple[Need, ...]: ...
+
+    @property
+    def judges(self) -> tuple[str, ...]: ...
+
+
+# Each rule of a machine and its declaration (`steplog.declarations`).
+Rules = Mapping[str, Declared]
 
 # The longest lease grace with which the checker waits for a lease to lapse (`controller.QUIET_LEASE_GRACE_MAX_S`).
 LEASE_GRACE_WAITED_MAX_S = 1.0
