@@ -318,6 +318,7 @@ def _publish_in_place(
         if (directory / MANIFEST_NAME).exists():
             return _existing_manifest(directory / MANIFEST_NAME, None, manifest, what)
         os.replace(temp_records, records_path)
+        publish.between_files()  # the failpoint a crash inside a commit waits at, as on the writer's own path
         publish.fault("manifest.link")
         with open(directory / MANIFEST_NAME, "xb") as file:
             half = len(manifest_bytes) // 2

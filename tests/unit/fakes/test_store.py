@@ -13,6 +13,7 @@ from fakes.gym.errors import CheckpointStateError
 from fakes.gym.store import (
     MANIFEST_NAME,
     StopFlag,
+    WriterFaults,
     WriteStoppedError,
     encode_record,
     participant_dir,
@@ -324,10 +325,15 @@ def test_stop_waits_for_a_publication_under_way(tmp_path: Path) -> None:
     assert flag.stopped
 
 
-@pytest.mark.parametrize(("manifest_first", "published"), [(False, ["records"]), (True, ["manifest"])])
+@pytest.mark.parametrize(
+    ("manifest_first", "in_place", "published"),
+    [(False, False, ["records"]), (True, False, ["manifest"]), (False, True, ["records"])],
+)
 def test_between_files_runs_after_the_first_publication_and_before_the_second(
-    tmp_path: Path, manifest_first: bool, published: list[str]
+    tmp_path: Path, manifest_first: bool, in_place: bool, published: list[str]
 ) -> None:
+    """Also where the planted `store_failed_write_leaves_manifest` writes the manifest in place: a crash inside a
+    commit waits at this failpoint, and without it waited out the settle timeout on that deployment."""
     seen: list[list[str]] = []
 
     def between_files() -> None:
@@ -335,7 +341,14 @@ def test_between_files_runs_after_the_first_publication_and_before_the_second(
         seen.append(sorted("manifest" if name == MANIFEST_NAME else "records" for name in names))
 
     write_participant_state(
-        tmp_path, KIND, INSTANCE, "c1", _records(), between_files=between_files, manifest_first=manifest_first
+        tmp_path,
+        KIND,
+        INSTANCE,
+        "c1",
+        _records(),
+        between_files=between_files,
+        manifest_first=manifest_first,
+        faults=WriterFaults(manifest_in_place=in_place),
     )
 
     assert seen == [published]
