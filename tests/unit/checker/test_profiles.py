@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import Phase
 
 from ckpt_model import profiles
 
@@ -128,7 +129,5 @@ def test_a_redis_database_is_described_by_its_address() -> None:
 @pytest.mark.parametrize("name", sorted(profiles.PROFILES))
 def test_no_profile_runs_hypothesis_targeting_phase(name: str) -> None:
     """Its hill-climb on near-copies of one example left more goals and rules unreached (docs/how-it-works.md)."""
-    from hypothesis import Phase
-
     assert Phase.target not in profiles.PROFILES[name].phases
     assert Phase.generate in profiles.PROFILES[name].phases
