@@ -234,6 +234,8 @@ class Backend:
     hold_after_calls: int | None = None
     gated: bool = False
     cut_stall: bool = False
+    # Cut requests hanging now (`cut_stall`): each ends when its sender gives up.
+    hanging_cuts: int = 0
     script: tuple[ScriptedToolCall, ...] = DEFAULT_SCRIPT
 
     def arrive(
@@ -559,6 +561,11 @@ def _add_control_routes(app: FastAPI, backend: Backend) -> None:
         backend.cut_stall = body.stall
         return {"stall": body.stall}
 
+    @app.get("/_ctl/cut_stall")
+    async def cut_stall_state() -> dict[str, Any]:
+        # `hanging`: how many cut requests hang now, so the checker knows when their senders' budgets run.
+        return {"stall": backend.cut_stall, "hanging": backend.hanging_cuts}
+
     @app.post(GENERATION_CUT_ROUTE, response_model=None)
     async def generation_cut(
         body: GenerationCutInventory, request: Request, authorization: str | None = Header(default=None)
@@ -574,8 +581,12 @@ def _add_control_routes(app: FastAPI, backend: Backend) -> None:
             return JSONResponse(error_body("invalid_inventory", detail), status_code=422)
         if backend.cut_stall:
             # A hung cut: it answers nothing, and ends only when its caller gives up.
-            with contextlib.suppress(ClientGone):
-                await unless_client_gone(request, asyncio.Event().wait())
+            backend.hanging_cuts += 1
+            try:
+                with contextlib.suppress(ClientGone):
+                    await unless_client_gone(request, asyncio.Event().wait())
+            finally:
+                backend.hanging_cuts -= 1
             return Response(status_code=CLIENT_GONE_STATUS)
         return backend.cut(body, await request.json())
 

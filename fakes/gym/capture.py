@@ -31,6 +31,7 @@ from fakes.gym.generation_cut import (
     validated_acks,
 )
 from fakes.gym.ledger import FileLedger, Row
+from fakes.gym.wall_timeouts import WallTimeouts
 from fakes.gym.wire import EpisodeId, bearer
 
 if TYPE_CHECKING:
@@ -164,12 +165,20 @@ class GenerationCutter:
         server_name: str,
         checkpoint_id: Callable[[], str | None],
         faults: frozenset[str],
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.send = send
+        self._clock = clock
         self.server_name = server_name
         self.checkpoint_id = checkpoint_id
         # Planted `cut_without_timeout`: the cut waits for the backend however long it takes.
         self._bounded = "cut_without_timeout" not in faults
+        # The cut's budget falls at a wall time: a jump of this server's clock past it ends the cut at once.
+        self.timeouts = WallTimeouts(clock)
+
+    async def follow_clock(self, offset_s: float) -> None:
+        """This server's clock moved (`POST /_ctl/clock`): a cut whose budget it jumped past gives up now."""
+        self.timeouts.clock_moved()
 
     async def cut(self, gate: PolicyGate, deadline_ts: float) -> None:
         """Cut every captured call still generating; constrained ones are skipped and will regenerate."""
@@ -195,11 +204,11 @@ class GenerationCutter:
 
     async def _acks(self, inventory: GenerationCutInventory, deadline_ts: float) -> dict[int, GenerationCutPrefixAck]:
         """The receipt's acks, or none at all when it is late, refused or does not answer the inventory."""
-        timeout_s = (deadline_ts - time.time()) / 2 if self._bounded else None
+        timeout_s = (deadline_ts - self._clock()) / 2 if self._bounded else None
         try:
             if timeout_s is not None and timeout_s <= 0:
                 raise TimeoutError("no prepare time left for a cut")
-            async with asyncio.timeout(timeout_s):
+            async with self.timeouts.within(timeout_s):
                 response = await self.send(inventory.model_dump())
             response.raise_for_status()
             return validated_acks(inventory, response.json())

@@ -235,6 +235,8 @@ def build_app(config: ServerConfig) -> FastAPI:
     if config.generation_cuts:
         cutter = GenerationCutter(forwarder.post_cut, config.name, lambda: control_plane.checkpoint_id, faults)
     control_plane = ControlPlane.from_config(PolicyParticipant(gate, capture, cutter, faults), config)
+    if cutter is not None:
+        control_plane.clock_followers.append(cutter.follow_clock)
     app = generation_app(gate, forwarder, capture)
     add_health(app)
     app.include_router(control_plane.router())

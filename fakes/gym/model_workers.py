@@ -297,6 +297,7 @@ class PolicyWorker:
         cutter = None
         if config.generation_cuts:
             cutter = GenerationCutter(self.forwarder.post_cut, config.name, lambda: self.checkpoint_id, faults)
+            link.clock_followers.append(cutter.follow_clock)
         self.participant = PolicyParticipant(self.gate, self.capture, cutter, faults)
         link.close_admission = self._close_admission
         link.open_admission = self.participant.open_admission

@@ -27,6 +27,7 @@ from fakes.gym.errors import (
     StaleCheckpointError,
 )
 from fakes.gym.store import StopFlag, WriteStoppedError
+from fakes.gym.wall_timeouts import WallTimeouts
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +97,8 @@ class WorkRunner:
         self._clock = clock
         self._results: dict[tuple[str, str], Result] = {}
         self._background: set[asyncio.Task[Any]] = set()
-        # Every deadline a request waits under now (`bounded`), with the wall time it falls at.
-        self._bounds: dict[asyncio.Timeout, float] = {}
+        # Every deadline a request waits under now (`bounded`), each falling at its wall time.
+        self.timeouts = WallTimeouts(clock)
 
     async def run(self, op: str, operation: Callable[[], Awaitable[Reply]]) -> Reply:
         """Run the operation; an unexpected exception becomes 500 checkpoint_error."""
@@ -144,16 +145,12 @@ class WorkRunner:
     @contextlib.asynccontextmanager
     async def bounded(self, remaining_s: float, what: str) -> AsyncIterator[None]:
         """Run the body under the request's deadline; its expiry becomes 409 deadline_exceeded."""
-        timeout = asyncio.timeout(remaining_s)
+        timeout: asyncio.Timeout | None = None
         try:
-            async with timeout:
-                self._bounds[timeout] = self._clock() + remaining_s
-                try:
-                    yield
-                finally:
-                    del self._bounds[timeout]
+            async with self.timeouts.within(remaining_s) as timeout:
+                yield
         except TimeoutError as exc:
-            if not timeout.expired():
+            if timeout is None or not timeout.expired():
                 raise
             raise DeadlineExceededError(
                 f"{what} did not finish by its deadline on {self.name}; retry with a later deadline"
@@ -161,12 +158,8 @@ class WorkRunner:
 
     def clock_moved(self) -> None:
         """The wall clock moved (a skew, or time passing, `POST /_ctl/clock`): each deadline waited under is timed
-        again from it. Its timer runs on the loop's monotonic clock, which a move of the wall clock alone leaves
-        where it was, so a request whose deadline the wall clock jumped past would wait out the old delay."""
-        now, loop_now = self._clock(), asyncio.get_running_loop().time()
-        for timeout, wall_deadline in self._bounds.items():
-            if not timeout.expired():
-                timeout.reschedule(loop_now + max(wall_deadline - now, 0.0))
+        again from it (`WallTimeouts`)."""
+        self.timeouts.clock_moved()
 
     # -- recorded replies -----------------------------------------------------------------------------------
 

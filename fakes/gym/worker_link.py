@@ -50,6 +50,8 @@ class WorkerLink:
         self.open_admission: Callable[[], Awaitable[None]] = _nothing
         self.report: Callable[[], Any] = lambda: None
         self.on_register: Callable[[dict[str, Any]], Awaitable[None]] = _nothing_with
+        # Called with the offset once this worker's clock moved (`_clock`): what it times on the wall clock.
+        self.clock_followers: list[Callable[[float], Awaitable[None]]] = []
         self._bearer = bearer(config.token).encode()
         self._starting = False
         self._registered = asyncio.Event()
@@ -129,8 +131,11 @@ class WorkerLink:
 
     async def _clock(self, body: Any) -> None:
         """The coordinator's clock moved (`POST /_ctl/clock`): this process is the same server, so its clock
-        moves too. (A wait this worker is already in keeps the length it was given when it began.)"""
-        clock.set_offset(float(body["offset_s"]))
+        moves too, and what it times on the wall clock follows (`clock_followers`)."""
+        offset_s = float(body["offset_s"])
+        clock.set_offset(offset_s)
+        for follow in self.clock_followers:
+            await follow(offset_s)
 
     # -- reports --------------------------------------------------------------------------------------------
 

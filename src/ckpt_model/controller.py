@@ -35,7 +35,7 @@ from ckpt_model.deployment import Harness
 from ckpt_model.errors import CoordinationError, HarnessError, ParticipantFailure, QuiescenceTimeout
 from ckpt_model.history import Event, EventType, History
 from ckpt_model.placement import Placement
-from ckpt_model.quiescence import Quiescence, backend_calls
+from ckpt_model.quiescence import Quiescence, backend_calls, poll
 from ckpt_model.runs import RunOutcome, RunPool
 from ckpt_model.wire import EpisodeId
 
@@ -253,10 +253,39 @@ class Controller:
         try:
             invocation = self._invoke("prepare", checkpoint_id, checkpoint_id=checkpoint_id)
             deadline_ts = self._ahead(deadline_s)
-            result = self._answer(invocation, lambda: self.control.prepare(checkpoint_id, deadline_ts))
+            if not self.harness.owns_time:
+                result = self._answer(invocation, lambda: self.control.prepare(checkpoint_id, deadline_ts))
+                return self._prepared(invocation, Prepared.from_result(result), cut="hung")
+            future = self.runs.submit(self.control.prepare, checkpoint_id, deadline_ts)
+            self._outlast_hung_cuts(gate, future, deadline_ts)
+            result = self._answer(invocation, lambda: future.result(timeout=CONTROL_DEADLINE_S))
             return self._prepared(invocation, Prepared.from_result(result), cut="hung")
         finally:
             gate.stall_cuts(False)
+
+    def _outlast_hung_cuts(self, gate: Any, prepare: Future[Any], deadline_ts: float) -> None:
+        """Where the checker owns time: each time a cut request hangs at the backend, the clocks jump past the
+        most its sender may spend on it (half the prepare time left when it began, reference 7.3) instead of that
+        being waited out; returns once the prepare answered. A sender that spends longer still answers once the
+        deadline passes in real time, for P10 to judge."""
+
+        def until(condition: Callable[[int], bool], prediction: str) -> None:
+            timeout_s = self.quiescence.timeout_s
+            if not poll(lambda: prepare.done() or condition(gate.hanging_cuts()), timeout_s):
+                observed = f"{gate.hanging_cuts()} cut request(s) hanging, the prepare unanswered"
+                raise QuiescenceTimeout(
+                    prediction=prediction, observed=observed, pending=["prepare"], timeout_s=timeout_s
+                )
+
+        while True:
+            until(lambda hanging: hanging > 0, "a cut request hangs at the backend, or the prepare answered")
+            if prepare.done():
+                return
+            began_ts = self.harness.now()  # its sender took its budget before the request reached the backend
+            self.harness.jump_to((began_ts + deadline_ts) / 2)
+            until(
+                lambda hanging: hanging == 0, "every hung cut given up once its budget passed, or the prepare answered"
+            )
 
     def prepare_waiting(self, checkpoint_id: str, wait: Callable[[Future[Any]], None]) -> Prepared:
         """A prepare left waiting: `wait` runs while it is in flight (the caller releases what blocks it)."""

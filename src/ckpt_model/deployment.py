@@ -77,6 +77,7 @@ from ckpt_model.coordination import ControlClient, new_http_client
 from ckpt_model.errors import CoordinationError, HarnessError, ServerStartError
 from ckpt_model.ledger import LedgerClient
 from ckpt_model.spec import DeploymentSpec, FaultNeeds
+from ckpt_model.wire import BackendCutStallWire
 
 log = logging.getLogger(__name__)
 
@@ -341,6 +342,8 @@ class Gate(Protocol):
 
     def stall_cuts(self, stall: bool) -> Any: ...
 
+    def hanging_cuts(self) -> int: ...
+
 
 class PlantedFault(FaultNeeds, Protocol):
     """A catalogued fault of a system under test, as the checker reads it: what it is, which property catches it,
@@ -404,6 +407,12 @@ class BackendGate:
     def stall_cuts(self, stall: bool) -> Any:
         """While on, a cut request hangs until its sender gives up (a hung cut must not eat a prepare)."""
         return self._post("/_ctl/cut_stall", {"stall": stall})
+
+    def hanging_cuts(self) -> int:
+        """How many cut requests hang at the stalled endpoint now (each ends when its sender gives up)."""
+        response = self._http.get(self.url + "/_ctl/cut_stall")
+        response.raise_for_status()
+        return BackendCutStallWire.model_validate_json(response.content).hanging
 
 
 def system(name: str = EMBEDDED) -> Any:

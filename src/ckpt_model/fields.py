@@ -304,6 +304,18 @@ FIELDS: dict[str, Body] = {
         },
         sender="the fake inference backend",
     ),
+    "backend cut stall": Body(
+        "GET /_ctl/cut_stall",
+        wire.BackendCutStallWire,
+        {
+            "stall": NotCompared("the checker set it and lifts it after the prepare; only the count is read"),
+            "hanging": NotCompared(
+                "read to know when a hung cut's sender took its budget, to jump the clocks past it (owned time); "
+                "the prepare's answer is P10's, its cuts P12's"
+            ),
+        },
+        sender="the fake inference backend",
+    ),
 }
 
 # `report.counts` by participant kind (`wire.REPORT_COUNT_KEYS`).

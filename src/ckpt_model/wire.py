@@ -393,6 +393,13 @@ class BackendStepReply(_Reply):
     waiting: int
 
 
+class BackendCutStallWire(_Reply):
+    """`GET /_ctl/cut_stall`: whether the cut endpoint hangs, and how many cut requests hang at it now."""
+
+    stall: bool
+    hanging: int
+
+
 class ErrorDetailWire(_Reply):
     code: str | None
     detail: str

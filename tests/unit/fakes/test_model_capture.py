@@ -337,8 +337,8 @@ def generating(gate: PolicyGate) -> tuple[Ticket, Ticket]:
     return free, constrained
 
 
-def cutter(send: Send, *faults: str) -> GenerationCutter:
-    return GenerationCutter(send, "policy_model", lambda: "c1", frozenset(faults))
+def cutter(send: Send, *faults: str, clock: Callable[[], float] = time.time) -> GenerationCutter:
+    return GenerationCutter(send, "policy_model", lambda: "c1", frozenset(faults), clock)
 
 
 @pytest.mark.anyio
@@ -413,6 +413,48 @@ async def test_a_hung_cut_waits_at_most_half_the_remaining_prepare_time(tmp_path
     waited_s = time.monotonic() - started
     assert 0.45 * budget_s <= waited_s < 0.9 * budget_s
     assert model.gate.cut_counts["cut_failed"] == 1
+
+
+class MovableClock:
+    """A wall clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def _turns(count: int = 20) -> None:
+    """Let the loop run what is due now (a timer due at once, the cancellation it starts)."""
+    for _ in range(count):
+        await asyncio.sleep(0)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("moved_s", [60.0, 40.0])
+async def test_a_hung_cut_gives_up_once_its_servers_clock_jumps_past_its_budget(tmp_path: Path, moved_s: float) -> None:
+    model = policy(tmp_path)
+    generating(model.gate)
+    clock = MovableClock()
+    hanging = asyncio.Event()
+
+    async def hung(inventory: dict[str, Any]) -> httpx.Response:
+        hanging.set()
+        return await _hung(inventory)
+
+    the_cutter = cutter(hung, clock=clock)
+    cut = asyncio.ensure_future(the_cutter.cut(model.gate, clock() + 100.0))  # a budget of 50 s
+    await hanging.wait()
+    clock.now += moved_s
+    await the_cutter.follow_clock(moved_s)
+    await _turns()
+
+    assert cut.done() == (moved_s >= 50.0)
+    if cut.done():
+        assert model.gate.cut_counts["cut_failed"] == 1
+    cut.cancel()
+    await asyncio.gather(cut, return_exceptions=True)
 
 
 @pytest.mark.anyio
