@@ -269,10 +269,21 @@ def main(argv: list[str] | None = None) -> int:
         default=2,
         help="also run the deployments with options with 1 and with this many policy model workers (default 2)",
     )
+    parser.add_argument(
+        "--deployments",
+        default="",
+        help="comma-separated deployment labels for the default-profile run (default: the whole matrix), "
+        "to time one deployment over several runs",
+    )
     args = parser.parse_args(argv)
     if not args.no_default:
-        for spec in profiled_deployments(args.policy_workers):
-            default_profile(spec, args.examples, args.seed)
+        matrix = {spec.label: spec for spec in profiled_deployments(args.policy_workers)}
+        labels = [label for label in args.deployments.split(",") if label] or list(matrix)
+        unknown = [label for label in labels if label not in matrix]
+        if unknown:
+            parser.error(f"'--deployments' must be among {list(matrix)} (got {unknown})")
+        for label in labels:
+            default_profile(matrix[label], args.examples, args.seed)
     if args.restart_rounds:
         restart(args.restart_rounds)
     if not args.no_faults:

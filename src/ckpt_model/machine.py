@@ -311,7 +311,7 @@ class CheckpointMachine(
     # -- retire and forget ------------------------------------------------------------------------------------
 
     @action(
-        lambda self: not self.model.checkpoint_open and bool(self.model.live()),
+        lambda self: self._may_retire(),
         family=ROLLOUTS,
         needs=(checkable.GATE,),
         judges=("P7",),

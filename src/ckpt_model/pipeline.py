@@ -93,6 +93,8 @@ class MachineBase(RuleBasedStateMachine):
 
         def restore(self, pick: int) -> None: ...
 
+        def _retire(self, rollout: str, again: bool, worker: int = 0) -> None: ...
+
     def _may_crash_first(self) -> bool:
         """Whether a restore-like rule may crash the processes first, to restore into fresh ones: they have served
         something since they started, and the deployment can crash them. Such a rule, which would otherwise wait for
@@ -143,6 +145,16 @@ class MachineBase(RuleBasedStateMachine):
     def _prepared_first(self) -> None:
         if self.model.phase != "prepared":
             self.prepare()
+
+    def _opened_first(self) -> None:
+        """A rule that needs an open checkpoint prepares one first when none is (enabled then by `_may_checkpoint`),
+        so it is one step deep instead of waiting for a prepare drawn before it."""
+        if not self.model.checkpoint_open:
+            self.prepare()
+
+    def _may_retire(self) -> bool:
+        """A live rollout may be retired: no checkpoint is open."""
+        return not self.model.checkpoint_open and bool(self.model.live())
 
     def _prepare_given_up(self, model: Model, checkpoint_id: str, label: str) -> None:
         """The controller resumes a prepare it gave up on (`model`, as the prepare left it): every participant then

@@ -28,12 +28,20 @@ class MisbehavingController(MachineBase):
     """The rules of the controller family (`CONTROLLER`)."""
 
     @action(
-        lambda self: bool(self.model.late_runs()), family=CONTROLLER, needs=(checkable.GATE,), judges=("P7",), pick=PICK
+        lambda self: bool(self.model.late_runs()) or self._may_retire(),
+        family=CONTROLLER,
+        needs=(checkable.GATE,),
+        judges=("P7",),
+        pick=PICK,
     )
     def late_run(self, pick: int) -> None:
         """A late `/run` of a retired attempt is refused with stale_attempt until forget (P7); with no checkpoint
         open, so are its calls straight to each callee that holds the mark (a tool call and a verify to the
-        resources servers, a generation call to the policy model)."""
+        resources servers, a generation call to the policy model). With no such attempt, the controller retires
+        a live rollout first (given up, as `retire` does): otherwise the rule waits for a retire drawn before it
+        and no forget drawn between."""
+        if not self.model.late_runs():
+            self._retire(choose(sorted(a.rollout for a in self.model.live()), pick), again=False)
         attempt = self.model.retired_attempt(choose(self.model.late_runs(), pick))
         outcome = self.controller.late_run(attempt)
         props.p7_refused(attempt.key, outcome.status_code, outcome.body)
@@ -55,21 +63,28 @@ class MisbehavingController(MachineBase):
         calls = self.callees.resources_calls(attempt, resources, tool) if resources else {}
         return {**calls, **self.callees.generation_calls(attempt, [m for m in marked if m.kind == "model"])}
 
-    @action(lambda self: self.model.may_run_while_open(), family=CONTROLLER)
+    @action(
+        lambda self: self.model.may_run_while_open() or self._may_checkpoint(),
+        family=CONTROLLER,
+    )
     def run_while_open(self) -> None:
-        """A new `/run` while a checkpoint is open is refused with admission_closed and owns nothing (P10)."""
+        """A new `/run` while a checkpoint is open is refused with admission_closed and owns nothing (P10); with
+        none open, the controller prepares one first."""
+        self._opened_first()
         model, attempt = self.model.refused_dispatch()
         self.controller.run_refused(attempt)
         self._advance(model, f"run_while_open() -> {attempt.rollout} refused", violation=props.P10Violation)
 
     @action(
-        lambda self: self.ledgers.enabled and self.model.may_remove_ledgers_while_open(),
+        lambda self: self.ledgers.enabled and (self.model.may_remove_ledgers_while_open() or self._may_checkpoint()),
         family=CONTROLLER,
         needs=(checkable.GATE, checkable.TOKEN_CAPTURE),
         applies=captures_tokens,
     )
     def remove_ledgers_while_open(self) -> None:
-        """A ledger retire and delete while a checkpoint is open are refused (P10); the ledgers stay (P5)."""
+        """A ledger retire and delete while a checkpoint is open are refused (P10); the ledgers stay (P5). With none
+        open, the controller prepares one first."""
+        self._opened_first()
         checkpoint_id, keys = self.model.opened, sorted(a.key for a in self.model.live()) or ["probe"]
         props.p10_ledger_removal_refused(checkpoint_id, self.controller.remove_ledgers(keys))
         model = self.model.having_tried(ledger_removal_in=checkpoint_id)
