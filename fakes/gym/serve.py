@@ -58,10 +58,16 @@ def listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+# A path no server serves: a request for it walks every router to its end (404), changing nothing.
+UNSERVED_PATH = "/_warm-up/unserved"
+
+
 async def touch_stateless_routes(app: Any) -> None:
-    """Send `app` the two requests that read or change no server state: health, and status without the token
-    (refused with 401 before the control plane looks at anything). Both walk the app's routers, so FastAPI
-    builds its lazy per-route state and Starlette its middleware stack here, not on a child's first request."""
+    """Send `app` the requests that read or change no server state: health, status without the token (refused
+    with 401 before the control plane looks at anything), and a path no route serves. They walk the app's routers,
+    the last one every router, so FastAPI builds its lazy per-route state (each included router's effective
+    routes) and Starlette its middleware stack here, not on a child's first request of each route: a server lives
+    for one example, so each route's first request is most of them."""
     import httpx
 
     from fakes.gym.wire import CHECKPOINT_ROUTE_PREFIX
@@ -69,6 +75,7 @@ async def touch_stateless_routes(app: Any) -> None:
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://warm-up") as client:
         await client.get("/health")
         await client.get(CHECKPOINT_ROUTE_PREFIX + "/status")
+        await client.get(UNSERVED_PATH)
 
 
 def build_config(config_json: str) -> Any:
