@@ -93,6 +93,8 @@ class MachineBase(RuleBasedStateMachine):
 
         def restore(self, pick: int) -> None: ...
 
+        def resume(self) -> None: ...
+
         def _retire(self, rollout: str, again: bool, worker: int = 0) -> None: ...
 
     def _may_crash_first(self) -> bool:
@@ -141,6 +143,21 @@ class MachineBase(RuleBasedStateMachine):
         """A checkpoint is prepared, or one may be: a rule that commits prepares first when none is open, as the
         controller's routine does (`checkpoint`), so its fault is one step deep instead of two."""
         return self.model.phase == "prepared" or self._may_checkpoint()
+
+    def _may_checkpoint_anew(self) -> bool:
+        """A checkpoint may be prepared now, or once the open one is resumed: a rule that must prepare its own
+        checkpoint resumes the open one first (`_resumed_first`), instead of waiting for a resume drawn before it
+        (while a checkpoint is open, the families that need none are not on offer, so it would be drawn rarely)."""
+        if self._may_checkpoint():
+            return True
+        if not self.model.checkpoint_open:
+            return False
+        resumed = self.model.resume()
+        return resumed.can_prepare() and (self.harness.backend is None or bool(resumed.live()))
+
+    def _resumed_first(self) -> None:
+        if self.model.checkpoint_open:
+            self.resume()
 
     def _prepared_first(self) -> None:
         if self.model.phase != "prepared":

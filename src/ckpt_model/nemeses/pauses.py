@@ -87,7 +87,7 @@ class Pauses(MachineBase):
         self._write_fault(victim, PAUSE, PAUSE, "pause across its deadline", then_retry, self._commit_paused)
 
     @action(
-        lambda self: self.harness.can_pause and self._may_checkpoint() and not self.ledgers.cuts,
+        lambda self: self.harness.can_pause and self._may_checkpoint_anew() and not self.ledgers.cuts,
         family=PAUSES,
         needs=(checkable.PAUSE, checkable.NO_CUTS),
         judges=("P21",),
@@ -100,7 +100,9 @@ class Pauses(MachineBase):
         (SIGCONT), it refuses it with deadline_exceeded and stays idle (P21). The participants that took the prepare
         hold a lease of its short deadline, which may lapse before a retry of the same ID could reach them, so the
         controller gives the ID up: it resumes, which fences the ID everywhere (P10), and with `then_retry` prepares
-        anew under a new ID, as after a failed close. (Never with generation cuts, as for a failed close.)"""
+        anew under a new ID, as after a failed close. (Never with generation cuts, as for a failed close.) A
+        checkpoint open before it is resumed first."""
+        self._resumed_first()
         name = choose(self.controller.members(), victim).name
         model, checkpoint_id = self.model.prepare()
         first = self._prepare_paused(name, checkpoint_id)
