@@ -59,6 +59,8 @@ LEASE_SLACK_S = 0.001
 # A late call's deadline passed this long before it is sent (it sat in a controller's queue): every participant
 # must refuse it with deadline_exceeded and change nothing (reference section 2.6).
 PAST_DEADLINE_S = 1.0
+# Judges a prepare that ended not prepared everywhere (raises the property it breaks).
+Judge = Callable[["Prepared"], None]
 # What a prepare's generation cuts can be judged by: cut in full ("durable"), hung ("hung"), or not at all (a
 # deadline too short to judge a cut, or a prepare that did not complete).
 CutJudgement = Literal["durable", "hung"] | None
@@ -577,19 +579,31 @@ class Controller:
 
     # -- calls that fail on one participant by design: a lost reply, a participant cut off ------------------------
 
-    def unanswered(self, operation: str, checkpoint_id: str, scope: Sequence[Attempt] = ()) -> CoordinationError:
+    def unanswered(
+        self, operation: str, checkpoint_id: str, scope: Sequence[Attempt] = (), judge: Judge | None = None
+    ) -> CoordinationError:
         """`operation` (prepare, commit of `scope`, resume) of `checkpoint_id` sent as the controller sends it, while
         some participant is set to lose its reply: journaled as indeterminate (`info`: it may have taken effect,
-        the controller cannot tell), and its error returned. A call that nobody failed is the deployment's fault."""
-        return self._failing(operation, checkpoint_id, scope, "info", "lose a reply to")
+        the controller cannot tell), and its error returned. A prepare that stopped at a stage not prepared, before
+        it reached that participant, is handed to `judge` (P10); any other call that nobody failed is the
+        deployment's fault."""
+        return self._failing(operation, checkpoint_id, scope, "info", "lose a reply to", judge)
 
-    def unreached(self, operation: str, checkpoint_id: str, scope: Sequence[Attempt] = ()) -> CoordinationError:
+    def unreached(
+        self, operation: str, checkpoint_id: str, scope: Sequence[Attempt] = (), judge: Judge | None = None
+    ) -> CoordinationError:
         """As `unanswered`, while some participant is cut off from the controller: its connection refused, so the
         call never reached it, which the controller knows (journaled as `fail`)."""
-        return self._failing(operation, checkpoint_id, scope, "fail", "be unreachable for")
+        return self._failing(operation, checkpoint_id, scope, "fail", "be unreachable for", judge)
 
     def _failing(
-        self, operation: str, checkpoint_id: str, scope: Sequence[Attempt], journaled: EventType, fault: str
+        self,
+        operation: str,
+        checkpoint_id: str,
+        scope: Sequence[Attempt],
+        journaled: EventType,
+        fault: str,
+        judge: Judge | None,
     ) -> CoordinationError:
         committed = self._commit_event(checkpoint_id, scope)
         calls: dict[str, Callable[[float], Any]] = {
@@ -603,12 +617,14 @@ class Controller:
         invocation = self._invoke(operation, checkpoint_id, checkpoint_id=checkpoint_id)
         try:
             with timing.span("control"):
-                calls[operation](self._ahead(CONTROL_DEADLINE_S))
+                answer = calls[operation](self._ahead(CONTROL_DEADLINE_S))
         except CoordinationError as error:
             self._complete(invocation, journaled, str(error), reached=self._took(error), **event)
             self.last_call = None
             return error
         self._complete(invocation, "ok", **event)
+        if judge is not None and isinstance(answer, PrepareResult) and not answer.prepared:
+            judge(Prepared.from_result(answer))
         raise HarnessError(
             f"some participant of the {self.harness.spec.label} deployment was to {fault} {operation} of "
             f"{checkpoint_id}, and every participant's reply arrived"

@@ -180,6 +180,14 @@ class MachineBase(RuleBasedStateMachine):
         self._refused("prepare", checkpoint_id, "stale_checkpoint")
         self._advance(model.resume(), f"{label}; resume({checkpoint_id}); prepare({checkpoint_id}) refused")
 
+    def _judge_prepare(self, checkpoint_id: str) -> Callable[[Prepared], None]:
+        """How a prepare of `checkpoint_id` the model says must succeed is judged when it ends not prepared (P10; an
+        attempt in a `replay` verification never blocks, P11), as the `prepare` rule judges it."""
+        verifying = [a.key for a in self.model.with_status("running") if a.verifying]
+        return lambda outcome: props.p10_prepared_everywhere(
+            checkpoint_id, outcome.prepared, outcome.blockers, verifying
+        )
+
     def _prepared(self, checkpoint_id: str, replies: dict[str, Any]) -> None:
         """P1: the restarts are reported; P10: every participant refuses a prepare of another ID."""
         props.p1_restarts_reported(checkpoint_id, self.model.restarts(), replies)
@@ -350,6 +358,11 @@ class MachineBase(RuleBasedStateMachine):
 
 def choose(items: list[Any], pick: int) -> Any:
     return items[pick % len(items)]
+
+
+def only_unanswered(error: CoordinationError, names: list[str]) -> bool:
+    """Whether every failure is one of `names` whose answer never came (a transport error: no reply at all)."""
+    return all(f.http_status is None and n in names for n, f in error.failures.items())
 
 
 def only_deadline_missed(error: CoordinationError, names: list[str]) -> bool:

@@ -5,6 +5,7 @@ while the controller is quiet.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from hypothesis import strategies as st
 
@@ -13,7 +14,8 @@ from ckpt_model import properties as props
 from ckpt_model.contract import Model
 from ckpt_model.errors import CoordinationError, HarnessError
 from ckpt_model.families import Family
-from ckpt_model.pipeline import PICK, MachineBase, choose, only_deadline_missed
+from ckpt_model.pipeline import PICK, MachineBase, choose, only_deadline_missed, only_unanswered
+from ckpt_model.quiescence import poll
 from ckpt_model.spec import DeploymentSpec
 from ckpt_model.steplog import action
 
@@ -142,7 +144,13 @@ class Clocks(MachineBase):
             if only_deadline_missed(error, others):  # a slow machine: the short deadline passed first
                 self.controller.resume(checkpoint_id)
                 return model.resume(), f"prepare({checkpoint_id}) reached some past its deadline; resumed"
-            raise
+            if not only_unanswered(error, [name]):
+                raise
+            # Behind, the victim may hold a prepare it is not ready for until its own deadline, long after the
+            # controller's: whether it becomes ready decides, not how soon it answered (P10).
+            self._ready_in_time(name, checkpoint_id)
+            self.controller.resume(checkpoint_id)
+            return model.resume(), f"prepare({checkpoint_id}) unanswered by {name} in time, though ready; resumed"
         for other in others:
             self.quiescence.wait_lapsed(other, checkpoint_id, deadline_ts + self.harness.lease_grace_s)
         try:
@@ -155,6 +163,21 @@ class Clocks(MachineBase):
         published = self.audits.published_after_crash(checkpoint_id)
         label = f"prepare({checkpoint_id}); the others lapsed; the stale commit refused; resume"
         return model.commit_failed(published), label
+
+    def _ready_in_time(self, name: str, checkpoint_id: str) -> None:
+        """Participant `name`, whose answer to the prepare of `checkpoint_id` never came, reports itself prepared
+        within the settle time (its answer was only slow); still preparing after it, it is P10 with the blockers
+        its status reports, as for a prepare that never answers (`Controller.prepare`)."""
+        timeout_s = self.quiescence.timeout_s
+        status: dict[str, Any] = {}
+
+        def prepared() -> bool:
+            status.update(self.harness.statuses()[name])
+            return status.get("phase") == "prepared" and status.get("checkpoint_id") == checkpoint_id
+
+        if not poll(prepared, timeout_s):
+            blockers = {name: status.get("report", {}).get("blockers", [])}
+            props.p10_prepared_everywhere(checkpoint_id, False, blockers, [], waited_s=timeout_s)
 
     @action(
         lambda self: (

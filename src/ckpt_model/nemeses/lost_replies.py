@@ -125,6 +125,6 @@ class LostReplies(MachineBase):
         self.harness.lose_reply(victim, operation)
         invocation = self.controller.invoke("lose reply", f"{victim}: {operation}")
         self.controller.complete(invocation, "ok")
-        error = self.controller.unanswered(operation, checkpoint_id, scope)
+        error = self.controller.unanswered(operation, checkpoint_id, scope, self._judge_prepare(checkpoint_id))
         props.p17_only_reply_lost(operation, checkpoint_id, victim, error)
         return error

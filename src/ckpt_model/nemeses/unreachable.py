@@ -149,6 +149,6 @@ class Unreachable(MachineBase):
         """Send `operation` of `checkpoint_id` as the controller does while `victim` is cut off from it; the call's
         error, in which only the victim failed, with its connection refused (P19)."""
         with self._cut_off(victim):
-            error = self.controller.unreached(operation, checkpoint_id, scope)
+            error = self.controller.unreached(operation, checkpoint_id, scope, self._judge_prepare(checkpoint_id))
         props.p19_only_unreached(operation, checkpoint_id, victim, error)
         return error

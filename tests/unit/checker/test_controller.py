@@ -19,12 +19,13 @@ import pytest
 from ckpt_model.contract import Attempt
 from ckpt_model.controller import CONTROL_DEADLINE_S, PAST_DEADLINE_S, Controller, Operation
 from ckpt_model.coordination import Participant, Participants, PrepareResult
-from ckpt_model.errors import CoordinationError, ParticipantFailure
+from ckpt_model.errors import CoordinationError, HarnessError, ParticipantFailure
 from ckpt_model.history import History
 from ckpt_model.ledger_watch import LedgerWatch
 from ckpt_model.lineage import Lineage
 from ckpt_model.nemeses.crashes import Crashes
 from ckpt_model.nemesis import Nemesis
+from ckpt_model.spec import DeploymentSpec
 from ckpt_model.wire import EpisodeId
 
 MEMBERS = Participants(
@@ -112,6 +113,7 @@ class FakeHarness:
         self.lease_grace_s = LEASE_GRACE_S
         self.crashes: list[str] = []
         self.places_calls = False  # one policy worker: nothing to place
+        self.spec = DeploymentSpec("native")
 
     def now(self) -> float:
         return time.time()
@@ -416,3 +418,35 @@ def test_a_stale_ledger_is_deleted_before_its_key_runs(
 
     assert harness.ledger.deleted == deleted  # type: ignore[attr-defined]
     assert watch.lineage.writers["r0-a2"].base == (() if deleted else lineage.rows.get("r0-a2", ()))
+
+
+class BlockedAtTheFirstStage(ScriptedControl):
+    """A prepare that stops at its first stage, not prepared there, so it never reaches the later ones."""
+
+    def prepare(self, checkpoint_id: str, deadline_ts: float) -> PrepareResult:
+        self._replies("prepare")
+        report = {"ready": False, "blockers": ["r1"], "blocker_count": 1, "counts": {}, "restarts": []}
+        return PrepareResult(prepared=False, replies={"env": {"phase": "preparing", "report": report}})
+
+
+@pytest.mark.parametrize("send", ["unanswered", "unreached"])
+def test_a_prepare_that_never_reached_the_faulty_participant_is_judged_not_prepared(parts: Any, send: str) -> None:
+    controller, harness, _, _ = parts
+    harness.control = BlockedAtTheFirstStage()
+    judged: list[Any] = []
+
+    with pytest.raises(HarnessError, match="every participant's reply arrived"):
+        getattr(controller, send)("prepare", "c1", judge=judged.append)
+
+    assert [(outcome.prepared, outcome.blockers) for outcome in judged] == [(False, {"env": ["r1"]})]
+
+
+@pytest.mark.parametrize("send", ["unanswered", "unreached"])
+def test_a_prepare_prepared_everywhere_is_not_judged_and_stays_the_deployments_fault(parts: Any, send: str) -> None:
+    controller, _, _, _ = parts
+    judged: list[Any] = []
+
+    with pytest.raises(HarnessError, match="every participant's reply arrived"):
+        getattr(controller, send)("prepare", "c1", judge=judged.append)
+
+    assert judged == []
