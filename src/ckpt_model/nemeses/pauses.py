@@ -189,10 +189,17 @@ class Pauses(MachineBase):
                 return error
             return None
 
-        future = self._frozen_past(victim, lambda deadline_ts: self.controller.runs.submit(attempt, deadline_ts))
+        members = self.controller.control.participants
+        (kind,) = {member.kind for member in members.members if member.name == victim}
+        stage = [member.name for member in members.of_kind(kind) if member.name != victim]
+        future = self._frozen_past(
+            victim, lambda deadline_ts: self.controller.runs.submit(attempt, deadline_ts), sent_with_it=stage
+        )
         return future.result(timeout=CONTROL_DEADLINE_S)
 
-    def _frozen_past(self, victim: str, send: Callable[[float], Future[T]]) -> Future[T]:
+    def _frozen_past(
+        self, victim: str, send: Callable[[float], Future[T]], sent_with_it: Sequence[str] = ()
+    ) -> Future[T]:
         """Freeze `victim` (SIGSTOP), `send` a call whose deadline is `PAUSED_DEADLINE_S` ahead (`Harness.room`), wait
         until the controller's clock passed it, and let the victim go on (SIGCONT): it reads the call only then. The
         deadline is fixed here, not in the thread that sends the call: the victim must go on only once this very
@@ -212,7 +219,7 @@ class Pauses(MachineBase):
             future = send(deadline_ts)
             if self.harness.owns_time:
                 self._wait_sent(victim, sent_before, future)
-                self._wait_others_answered(victim, calls_before)
+                self._wait_others_answered(victim, calls_before, sent_with_it)
                 self.harness.pass_until(passed_s)
             self._wait_clock_past(deadline_ts, f"the deadline of the call {victim} reads once it goes on", victim)
         finally:
@@ -233,15 +240,18 @@ class Pauses(MachineBase):
                 timeout_s=timeout_s,
             )
 
-    def _wait_others_answered(self, victim: str, calls_before: int) -> None:
-        """Until every call sent with the victim's (the participants of its stage) was answered: the jump that
-        follows must find none of them still reading its clock against the deadline (on `mixed`, a participant
-        of the victim's kind then refused the prepare too, in 1 to 2 of 10 runs). A call that never answers (its
-        connection failed) ends the wait at the timeout, and the jump comes all the same."""
+    def _wait_others_answered(self, victim: str, calls_before: int, sent_with_it: Sequence[str]) -> None:
+        """Until every call sent with the victim's was answered, each of `sent_with_it` (the participants of its
+        stage) among them: the jump that follows must find none of them still reading its clock against the
+        deadline (on `mixed`, a participant of the victim's kind then refused the prepare too, in 1 to 2 of 10
+        runs; and under the nightly's load, once, one whose call was not yet sent when the wait looked). A call
+        that never answers (its connection failed) ends the wait at the timeout, and the jump comes all the same."""
 
         def answered() -> bool:
-            sent = self.controller.control.control_calls()[calls_before:]
-            return all(call.answered for call in sent if call.participant != victim)
+            sent = [
+                call for call in self.controller.control.control_calls()[calls_before:] if call.participant != victim
+            ]
+            return all(call.answered for call in sent) and set(sent_with_it) <= {call.participant for call in sent}
 
         poll(answered, self.quiescence.timeout_s)
 
