@@ -402,7 +402,7 @@ async def _hung(inventory: dict[str, Any]) -> httpx.Response:
 
 
 @pytest.mark.anyio
-async def test_a_hung_cut_waits_at_most_half_the_remaining_prepare_time(tmp_path: Path) -> None:
+async def test_a_hung_cut_gives_up_on_the_real_clock_too(tmp_path: Path) -> None:
     model = policy(tmp_path)
     generating(model.gate)
     budget_s = 1.0
@@ -410,8 +410,9 @@ async def test_a_hung_cut_waits_at_most_half_the_remaining_prepare_time(tmp_path
 
     await cutter(_hung).cut(model.gate, time.time() + budget_s)
 
-    waited_s = time.monotonic() - started
-    assert 0.45 * budget_s <= waited_s < 0.9 * budget_s
+    # Only the lower bound is timed (a timer never fires early); that the cut gives up at half the time left, not
+    # later, is shown on a clock the test moves (the test below, whose clock jumps past the budget).
+    assert time.monotonic() - started >= 0.45 * budget_s
     assert model.gate.cut_counts["cut_failed"] == 1
 
 
@@ -432,7 +433,7 @@ async def _turns(count: int = 20) -> None:
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("moved_s", [60.0, 40.0])
+@pytest.mark.parametrize("moved_s", [51.0, 49.0])
 async def test_a_hung_cut_gives_up_once_its_servers_clock_jumps_past_its_budget(tmp_path: Path, moved_s: float) -> None:
     model = policy(tmp_path)
     generating(model.gate)
