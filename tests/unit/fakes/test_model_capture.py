@@ -24,6 +24,7 @@ from fakes.gym.generation_cut import request_digest
 from fakes.gym.ledger import FileLedger
 from fakes.gym.model import PolicyParticipant
 from fakes.gym.wire import EpisodeId
+from tests.unit.fakes.movable_clock import MovableClock, loop_turns
 
 MESSAGES = [{"role": "user", "content": "Weather in SF?"}]
 DIGEST = request_digest({"messages": MESSAGES})
@@ -416,22 +417,6 @@ async def test_a_hung_cut_gives_up_on_the_real_clock_too(tmp_path: Path) -> None
     assert model.gate.cut_counts["cut_failed"] == 1
 
 
-class MovableClock:
-    """A wall clock the test moves."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-async def _turns(count: int = 20) -> None:
-    """Let the loop run what is due now (a timer due at once, the cancellation it starts)."""
-    for _ in range(count):
-        await asyncio.sleep(0)
-
-
 @pytest.mark.anyio
 @pytest.mark.parametrize("moved_s", [51.0, 49.0])
 async def test_a_hung_cut_gives_up_once_its_servers_clock_jumps_past_its_budget(tmp_path: Path, moved_s: float) -> None:
@@ -449,7 +434,7 @@ async def test_a_hung_cut_gives_up_once_its_servers_clock_jumps_past_its_budget(
     await hanging.wait()
     clock.now += moved_s
     await the_cutter.follow_clock(moved_s)
-    await _turns()
+    await loop_turns()
 
     assert cut.done() == (moved_s >= 50.0)
     if cut.done():

@@ -7,27 +7,12 @@ import asyncio
 import pytest
 
 from fakes.gym.wall_timeouts import WallTimeouts
+from tests.unit.fakes.movable_clock import MovableClock, loop_turns
 
 
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-class Clock:
-    """A wall clock the test moves."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-async def _turns(count: int = 20) -> None:
-    """Let the loop run what is due now (a timer due at once, the cancellation it starts)."""
-    for _ in range(count):
-        await asyncio.sleep(0)
 
 
 async def _waits_within(timeouts: WallTimeouts, remaining_s: float | None) -> str:
@@ -42,15 +27,15 @@ async def _waits_within(timeouts: WallTimeouts, remaining_s: float | None) -> st
 @pytest.mark.anyio
 @pytest.mark.parametrize(("moved_s", "falls_due"), [(30.0, True), (10.0, True), (9.0, False), (0.0, False)])
 async def test_a_timeout_falls_due_once_the_clock_moved_past_its_wall_time(moved_s: float, falls_due: bool) -> None:
-    clock = Clock()
+    clock = MovableClock()
     timeouts = WallTimeouts(clock)
     waiter = asyncio.ensure_future(_waits_within(timeouts, 10.0))
-    await _turns()
+    await loop_turns()
     assert len(timeouts) == 1
 
     clock.now += moved_s
     timeouts.clock_moved()
-    await _turns()
+    await loop_turns()
 
     assert waiter.done() == falls_due
     if falls_due:
@@ -62,13 +47,13 @@ async def test_a_timeout_falls_due_once_the_clock_moved_past_its_wall_time(moved
 
 @pytest.mark.anyio
 async def test_without_a_clock_move_the_loops_timer_keeps_its_old_delay() -> None:
-    clock = Clock()
+    clock = MovableClock()
     timeouts = WallTimeouts(clock)
     waiter = asyncio.ensure_future(_waits_within(timeouts, 10.0))
-    await _turns()
+    await loop_turns()
 
     clock.now += 30.0  # nobody says the clock moved
-    await _turns()
+    await loop_turns()
 
     assert not waiter.done()
     waiter.cancel()
@@ -77,7 +62,7 @@ async def test_without_a_clock_move_the_loops_timer_keeps_its_old_delay() -> Non
 
 @pytest.mark.anyio
 async def test_no_limit_is_never_timed_and_the_body_ends_as_it_likes() -> None:
-    timeouts = WallTimeouts(Clock())
+    timeouts = WallTimeouts(MovableClock())
     async with timeouts.within(None):
         assert len(timeouts) == 0
     async with timeouts.within(5.0):
