@@ -135,10 +135,10 @@ class CheckpointMachine(
     def prepare(self) -> None:
         """Prepare a new checkpoint: everything is at a boundary, so every stage becomes prepared (P10)."""
         model, checkpoint_id = self.model.prepare()
-        verifying = [a.key for a in self.model.with_status("running") if a.verifying]
+        judge = self._judge_prepare(checkpoint_id)
         self._refused_past_deadline("prepare", checkpoint_id)
         outcome = self.controller.prepare(checkpoint_id)
-        props.p10_prepared_everywhere(checkpoint_id, outcome.prepared, outcome.blockers, verifying, outcome.waited_s)
+        judge(outcome)
         self._prepared(checkpoint_id, outcome.replies)
         self._advance(model, f"prepare() -> {checkpoint_id}; prepare(other{model.checkpoint_seq}) refused")
 

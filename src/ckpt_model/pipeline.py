@@ -185,7 +185,7 @@ class MachineBase(RuleBasedStateMachine):
         attempt in a `replay` verification never blocks, P11), as the `prepare` rule judges it."""
         verifying = [a.key for a in self.model.with_status("running") if a.verifying]
         return lambda outcome: props.p10_prepared_everywhere(
-            checkpoint_id, outcome.prepared, outcome.blockers, verifying
+            checkpoint_id, outcome.prepared, outcome.blockers, verifying, outcome.waited_s
         )
 
     def _prepared(self, checkpoint_id: str, replies: dict[str, Any]) -> None:
@@ -280,8 +280,7 @@ class MachineBase(RuleBasedStateMachine):
         except CoordinationError as error:
             failed(error)
             raise
-        verifying = [a.key for a in self.model.with_status("running") if a.verifying]
-        props.p10_prepared_everywhere(checkpoint_id, outcome.prepared, outcome.blockers, verifying, outcome.waited_s)
+        self._judge_prepare(checkpoint_id)(outcome)
         self._prepared(checkpoint_id, outcome.replies)
         return outcome
 

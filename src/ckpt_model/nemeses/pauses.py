@@ -138,7 +138,7 @@ class Pauses(MachineBase):
         others = [m.name for m in self.controller.members() if m.name != name]
         model, checkpoint_id = self.model.having_tried(pause_lapse=True).prepare()
         deadline_ts = self.harness.now() + PAUSED_LEASE_DEADLINE_S
-        verifying = [a.key for a in self.model.with_status("running") if a.verifying]
+        judge = self._judge_prepare(checkpoint_id)
         try:
             outcome = self.controller.prepare_by(checkpoint_id, deadline_ts)
         except CoordinationError as error:
@@ -149,7 +149,7 @@ class Pauses(MachineBase):
             raise
         # As `prepare`: every rollout is at a boundary, so nothing may block (a prepare left unready until its
         # deadline would otherwise surface as the renewal's refusal once the leases lapsed).
-        props.p10_prepared_everywhere(checkpoint_id, outcome.prepared, outcome.blockers, verifying, outcome.waited_s)
+        judge(outcome)
         self.controller.renew_on(others, checkpoint_id)
         lapses_at_ts = deadline_ts + self.harness.lease_grace_s
         self._frozen_until(name, lapses_at_ts + PAUSED_PAST_LEASE_S)
