@@ -41,7 +41,7 @@ class MisbehavingController(MachineBase):
         a live rollout first (given up, as `retire` does): otherwise the rule waits for a retire drawn before it
         and no forget drawn between."""
         if not self.model.late_runs():
-            self._retire(choose(sorted(a.rollout for a in self.model.live()), pick), again=False)
+            self.retire(pick, again=False)
         attempt = self.model.retired_attempt(choose(self.model.late_runs(), pick))
         outcome = self.controller.late_run(attempt)
         props.p7_refused(attempt.key, outcome.status_code, outcome.body)
