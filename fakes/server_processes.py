@@ -172,7 +172,15 @@ def wait_healthy(
 
 def kill_groups(servers: Sequence[ServerProcess], sig: int = signal.SIGKILL, timeout_s: float = STOP_TIMEOUT_S) -> None:
     """Signal every server's process group first (they die in parallel), then wait (bounded) until each group is
-    gone; a group still there after `timeout_s` gets SIGKILL and another `timeout_s`, then the stop fails."""
+    gone; a group still there after `timeout_s` gets SIGKILL and another `timeout_s`, then the stop fails.
+
+    A SIGKILL of several groups is one crash: every group is stopped (SIGSTOP) before any is killed. Killed one
+    after another, a server killed first closes its sockets while a later one still runs, and that one answers
+    its clients about the death (a `/run` replies "Server disconnected" instead of being cut off): a race
+    between the kills that no rule chose."""
+    if sig == signal.SIGKILL and len(servers) > 1:
+        for server in servers:
+            process_groups.kill(server.pgid, signal.SIGSTOP)
     for server in servers:
         process_groups.kill(server.pgid, sig)
     stuck = [server for server in servers if not process_groups.wait_gone(server.pgid, server.reap, timeout_s)]
