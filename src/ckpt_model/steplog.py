@@ -256,7 +256,10 @@ def step(method: F) -> F:
             log.depth -= 1
             if drawn and log.counting:
                 log.seconds[name] += time.monotonic() - started_s
-        log.broken = False
+        # Only the rule drawn mends the machine: a rule it plays inside it (a crash before a restore) finishing
+        # says nothing of the rest of the outer rule, which may still fail and must then not be drained.
+        if drawn:
+            log.broken = False
         log.stepped(type(self), name, kwargs, before, self.model, first_label)
         return result
 

@@ -1,0 +1,66 @@
+"""`steplog.step`: a rule that fails leaves the machine broken, so the teardown does not drain it and the failure
+reported is the rule's own, even when the rule played another rule inside it first."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ckpt_model.contract import Model
+from ckpt_model.history import History
+from ckpt_model.properties import P8Violation, P10Violation
+from ckpt_model.steplog import StepLog, step
+
+
+class Machine:
+    """Two rules as a composite plays them: `restore_after_crash` crashes first (a rule of its own), then fails."""
+
+    def __init__(self) -> None:
+        self.log = StepLog(harness=None, history=History(), stats=None)  # type: ignore[arg-type]
+        self.model = Model(topology="native")
+        self.drained: list[str] = []
+
+    @step
+    def crash(self) -> None:
+        self.log.labels.append("crash()")
+
+    @step
+    def restore_after_crash(self) -> None:
+        self.crash()
+        raise P8Violation(rollout=None, expected="the restore refused", observed="installed")
+
+    @step
+    def plain(self) -> None:
+        self.log.labels.append("plain()")
+
+    def teardown(self) -> None:
+        self.log.drain(self._drain)
+
+    def _drain(self) -> None:
+        self.drained.append("drain")
+        raise P10Violation(rollout=None, expected="a status", observed="another one, of a broken machine")
+
+
+@pytest.fixture(autouse=True)
+def no_reports(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The failure report needs a harness; what is tested here is only whether the drain runs."""
+    monkeypatch.setattr(StepLog, "report", lambda self, error: None)
+
+
+def test_a_rule_that_fails_after_a_rule_it_played_leaves_the_machine_broken_and_undrained() -> None:
+    machine = Machine()
+    with pytest.raises(P8Violation):
+        machine.restore_after_crash()
+    assert machine.log.broken
+    machine.teardown()
+    assert machine.drained == []
+
+
+def test_a_rule_that_finished_is_drained_at_teardown() -> None:
+    machine: Any = Machine()
+    machine.plain()
+    assert not machine.log.broken
+    with pytest.raises(P10Violation):
+        machine.teardown()
+    assert machine.drained == ["drain"]
