@@ -388,9 +388,18 @@ class Controller:
         self.last_call = SentCall("resume", checkpoint_id, {}, replies)
         return replies
 
-    def _resume(self, checkpoint_id: str) -> dict[str, Any]:
-        """Resume everywhere: every participant then answers phase idle (P10)."""
-        replies: dict[str, Any] = self._call("resume", checkpoint_id, lambda d: self.control.resume(checkpoint_id, d))
+    def _resume(
+        self, checkpoint_id: str, refused: Callable[[str, CoordinationError], None] = props.p10_resume_accepted
+    ) -> dict[str, Any]:
+        """Resume everywhere: every participant then answers phase idle (P10). `refused` judges a refusal (by
+        default P10, for a refusal no resume ever gets), before it is raised to the caller."""
+        try:
+            replies: dict[str, Any] = self._call(
+                "resume", checkpoint_id, lambda d: self.control.resume(checkpoint_id, d)
+            )
+        except CoordinationError as error:
+            refused(checkpoint_id, error)
+            raise
         props.p10_reply_phase("resume", checkpoint_id, "idle", replies)
         return replies
 
@@ -415,9 +424,9 @@ class Controller:
 
     def undo_restore(self, restore_id: str, exported: Iterable[str]) -> None:
         """The cleanup of a restore that failed on some participant, as Gym's client runs it: retire the next
-        attempts everywhere, then resume. A cleanup, never retried."""
+        attempts everywhere, then resume (a refused resume is P8, the cleanup failing). A cleanup, never retried."""
         self._retire(restore_id, [episode.next_attempt() for episode in episodes_keyed(exported)])
-        self._resume(restore_id)
+        self._resume(restore_id, refused=props.p8_cleanup_succeeds)
 
     # -- retire and forget ------------------------------------------------------------------------------------
 

@@ -539,6 +539,18 @@ def p10_admission_refused(key: str, status_code: int | None, body: Any) -> None:
     _refused_409(P10Violation, key, "admission_closed", what, "", status_code, body)
 
 
+def p10_refused_runs_made_no_calls(refused: Iterable[str], calls: Mapping[str, tuple[ScriptCall, ...]]) -> None:
+    """A `/run` sent while a checkpoint is open (capture keys `refused`) is refused at admission: it never reaches
+    the backend. Judged before P4, whose "a call the model cannot explain" would otherwise name the consequence."""
+    for key in sorted(set(refused)):
+        if calls.get(key):
+            raise P10Violation(
+                rollout=key,
+                expected="a new /run while a checkpoint is open is refused with 409 admission_closed, calling nothing",
+                observed=f"admitted: backend calls {list(calls[key])}",
+            )
+
+
 def _refused_409(
     violation: type[PropertyViolation], key: str, code: str, what: str, until: str, status_code: int | None, body: Any
 ) -> None:
@@ -1155,6 +1167,30 @@ def p10_reply_phase(operation: str, checkpoint_id: str, expected: str, replies: 
             rollout=None,
             expected=f"{operation} {checkpoint_id} answered with phase {expected!r} by every participant",
             observed=f"phases {wrong}",
+        )
+
+
+# A resume is accepted in every phase (reference 2.6 and 3): with the active ID, idle with nothing active
+# (idempotent, the ID remembered), or an ID already resumed (idempotent). Refusals a resume never gets.
+RESUME_NEVER_REFUSED_WITH = ("invalid_phase", "stale_checkpoint")
+
+
+def p10_resume_accepted(checkpoint_id: str, error: CoordinationError) -> None:
+    """No participant refused the controller's resume with a code the protocol never gives a resume; any other
+    failure (no reply, a deadline passed, a server error) is left to the caller."""
+    refused = {
+        name: failure.describe()
+        for name, failure in error.failures.items()
+        if failure.code in RESUME_NEVER_REFUSED_WITH
+    }
+    if refused:
+        raise P10Violation(
+            rollout=None,
+            expected=(
+                f"resume {checkpoint_id} accepted by every participant: idempotent by one idle with nothing active "
+                "or that resumed the ID already, which remembers it"
+            ),
+            observed="; ".join(f"{name}: {what}" for name, what in sorted(refused.items())),
         )
 
 

@@ -25,6 +25,7 @@ from ckpt_model.ledger_watch import LedgerWatch
 from ckpt_model.lineage import Lineage
 from ckpt_model.nemeses.crashes import Crashes
 from ckpt_model.nemesis import Nemesis
+from ckpt_model.properties import P10Violation
 from ckpt_model.spec import DeploymentSpec
 from ckpt_model.wire import EpisodeId
 
@@ -48,11 +49,12 @@ class ScriptedControl:
         self.participants = MEMBERS
         self.calls: list[tuple[str, Any]] = []
         self.refuse: set[str] = set()
+        self.refused_with = "invalid_checkpoint_state"
 
     def _replies(self, operation: str, names: Any = None) -> dict[str, Any]:
         self.calls.append((operation, names))
         if operation in self.refuse:
-            failure = ParticipantFailure("weather", 409, "invalid_checkpoint_state", "refused")
+            failure = ParticipantFailure("weather", 409, self.refused_with, "refused")
             raise CoordinationError(operation, {"weather": failure})
         chosen = [m.name for m in MEMBERS if names is None or m.name in names]
         return {name: {"phase": operation} for name in sorted(chosen)}
@@ -165,6 +167,24 @@ def test_a_refused_call_is_journaled_as_failed_and_raised(parts: Any) -> None:
     assert [e.type for e in history.events] == ["invoke", "fail"]
     assert "invalid_checkpoint_state" in history.events[1].value
     assert recorder.of("forget", "fail")
+
+
+def test_a_resume_refused_with_a_code_no_resume_gets_is_p10_and_journaled(parts: Any) -> None:
+    """The protocol accepts a resume in every phase (idle: idempotent, the ID remembered); `invalid_phase` there is
+    the participant's bug, judged, not an outcome the checker cannot judge."""
+    controller, harness, history, _ = parts
+    harness.control.refuse.add("resume")
+    harness.control.refused_with = "invalid_phase"
+    with pytest.raises(P10Violation, match=r"weather: HTTP 409 invalid_phase refused"):
+        controller.resume("c3")
+    assert [e.type for e in history.events] == ["invoke", "fail"]
+
+
+def test_a_resume_refused_otherwise_is_raised_for_the_caller(parts: Any) -> None:
+    controller, harness, _, _ = parts
+    harness.control.refuse.add("resume")
+    with pytest.raises(CoordinationError):
+        controller.resume("c3")
 
 
 def test_the_watchers_get_the_commit_as_one_event_with_its_scope(parts: Any, tmp_path: Path) -> None:

@@ -40,6 +40,8 @@ from ckpt_model.properties import (
     p10_each_refused,
     p10_each_replied,
     p10_phase,
+    p10_refused_runs_made_no_calls,
+    p10_resume_accepted,
     p13_clean_end,
     status_mismatches,
 )
@@ -319,6 +321,16 @@ def test_p10_admission_a_409_admission_closed_passes() -> None:
     p10_admission_refused("r3", 409, refusal("admission_closed"))
 
 
+def test_p10_a_run_refused_while_open_that_reached_the_backend_was_admitted() -> None:
+    """Before P4: the call is the consequence, the admission the bug."""
+    with pytest.raises(P10Violation, match=r"\(rollout r3\)[\s\S]*admitted: backend calls \[2\]"):
+        p10_refused_runs_made_no_calls(["r3"], {"r0": (2, 4), "r3": (2,)})
+
+
+def test_p10_runs_refused_while_open_that_called_nothing_pass() -> None:
+    p10_refused_runs_made_no_calls(["r3", "r4"], {"r0": (2, 4), "r3": ()})
+
+
 @pytest.mark.parametrize(
     ("status_code", "body"),
     [(200, {"result": {"reward": 1.0}}), (409, refusal("stale_attempt")), (503, refusal("admission_closed"))],
@@ -413,6 +425,34 @@ def test_p10_each_refused_lists_every_wrong_participant_in_order() -> None:
     with pytest.raises(P10Violation) as caught:
         p10_each_refused("prepare(c1)", "stale_checkpoint", outcomes)
     assert caught.value.observed == "a: accepted: {'ok': True}; z: refused"
+
+
+def test_p10_resume_accepted__a_refusal_the_protocol_never_gives_a_resume_is_p10() -> None:
+    """An idle participant that never saw the ID must answer a resume as idempotent and remember it."""
+    error = CoordinationError(
+        "resume", {"agent": failure("agent", "invalid_phase"), "env": failure("env", "deadline_exceeded")}
+    )
+    with pytest.raises(P10Violation, match=r"resume c3 accepted by every participant") as caught:
+        p10_resume_accepted("c3", error)
+    assert caught.value.observed == "agent: HTTP 409 invalid_phase refused"
+
+
+def test_p10_resume_accepted__stale_checkpoint_is_never_a_resume_answer() -> None:
+    with pytest.raises(P10Violation, match=r"policy: HTTP 409 stale_checkpoint"):
+        p10_resume_accepted("c1", CoordinationError("resume", {"policy": failure("policy", "stale_checkpoint")}))
+
+
+def test_p10_resume_accepted__no_reply_a_passed_deadline_or_a_server_error_is_left_to_the_caller() -> None:
+    """Slowness and lost replies are never this verdict: the caller decides what they mean."""
+    error = CoordinationError(
+        "resume",
+        {
+            "agent": failure("agent", None, None),
+            "env": failure("env", "deadline_exceeded"),
+            "policy": failure("policy", "checkpoint_error", 500),
+        },
+    )
+    p10_resume_accepted("c1", error)
 
 
 def test_p10_each_replied_passes_when_every_reply_is_the_expected_one() -> None:
