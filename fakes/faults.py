@@ -104,6 +104,9 @@ CATALOGUE: tuple[Fault, ...] = (
         "P8",
         "a resume that ends only a checkpoint the participant knows, so one that never saw the restore (it refused "
         "it, or died in it and started again) refuses the controller's cleanup resume instead of remembering the ID",
+        # A prepare stopped short (one participant's close hook failed) never reached the others either, and the
+        # controller's resume of it there is refused too (P10: a resume is accepted idle, the ID remembered).
+        also_shows_as=("P10",),
     ),
     Fault(
         "agent_restore_drops_outputs",
@@ -182,8 +185,9 @@ CATALOGUE: tuple[Fault, ...] = (
         "P10",
         "idempotent replay that compares the whole request, deadline included, so a retried commit is refused with"
         " checkpoint_conflict instead of returning the first result",
-        # The controller's retry after an unreachable participant's commit meets it too (P19: the retry completes).
-        also_shows_as=("P19",),
+        # The controller's retry after an unreachable participant's commit meets it too (P19: the retry completes),
+        # and so does its retry after a participant frozen across the commit's deadline (P16: the retry commits).
+        also_shows_as=("P19", "P16"),
     ),
     Fault(
         "agent_stays_closed_after_commit",
@@ -464,6 +468,10 @@ CATALOGUE: tuple[Fault, ...] = (
         "a participant that reads the wall clock once at start and carries it on with the monotonic clock (to be"
         " immune to clock steps), so once its clock is stepped it judges deadlines and its lease on a time that is"
         " no longer its own: it accepts a call its own clock says is past its deadline",
+        # The checker's own clock steps show it too: where the checker owns time, a deadline waited out is a jump of
+        # every clock, and processes started after it are stepped to it; the controller's probe of a deadline
+        # already passed is then accepted (P10: a call past its deadline is refused with deadline_exceeded).
+        also_shows_as=("P10",),
     ),
     Fault(
         "idle_resume_not_fenced",

@@ -28,7 +28,8 @@ def test_the_checker_finds_the_planted_fault(fault: Fault) -> None:
 
     assert finding.violation is not None, f"{fault.name} ({fault.description}) was not found"
     caught = set(finding.property_ids) & set(fault.shows_as)
-    assert caught, f"caught by {finding.property_ids}:\n{finding.violation}"
+    steps = "\n".join(f"  {number}. {step}" for number, step in enumerate(finding.shrunk_steps, 1))
+    assert caught, f"caught by {finding.property_ids}:\n{finding.violation}\nminimal steps:\n{steps}"
     assert 0 < len(finding.shrunk_steps) <= SHRUNK_STEPS_MAX, finding.shrunk_steps
     assert finding.first is not None
     assert finding.first.kind == "violation"  # an intermittent fault too: never a checker outcome
