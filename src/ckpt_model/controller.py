@@ -31,7 +31,7 @@ from ckpt_model import properties as props
 from ckpt_model import timing
 from ckpt_model.contract import RESTART_SERVERS, Attempt
 from ckpt_model.coordination import Participant, Participants, PrepareResult, request_body
-from ckpt_model.deployment import Harness
+from ckpt_model.deployment import Gate, Harness
 from ckpt_model.errors import CoordinationError, HarnessError, ParticipantFailure, QuiescenceTimeout
 from ckpt_model.history import Event, EventType, History
 from ckpt_model.placement import Placement
@@ -265,7 +265,7 @@ class Controller:
         finally:
             gate.stall_cuts(False)
 
-    def _outlast_hung_cuts(self, gate: Any, prepare: Future[Any], deadline_ts: float) -> None:
+    def _outlast_hung_cuts(self, gate: Gate, prepare: Future[Any], deadline_ts: float) -> None:
         """Where the checker owns time: each time a cut request hangs at the backend, the clocks jump past the
         most its sender may spend on it (half the prepare time left when it began, reference 7.3) instead of that
         being waited out; returns once the prepare answered. A sender that spends longer still answers once the
