@@ -189,9 +189,10 @@ class Pauses(MachineBase):
                 return error
             return None
 
-        members = self.controller.control.participants
-        (kind,) = {member.kind for member in members.members if member.name == victim}
-        stage = [member.name for member in members.of_kind(kind) if member.name != victim]
+        (frozen,) = self.controller.named([victim])
+        stage = [
+            member.name for member in self.controller.control.participants.of_kind(frozen.kind) if member != frozen
+        ]
         future = self._frozen_past(
             victim, lambda deadline_ts: self.controller.runs.submit(attempt, deadline_ts), sent_with_it=stage
         )
