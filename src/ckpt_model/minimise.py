@@ -8,8 +8,9 @@ stops it with 11 or 12 steps where 2 to 4 suffice. This module shrinks the rule 
    first, then smaller ones, keeping the order of the steps;
 2. arguments are simplified where the failure stays (`pick` toward 0, booleans toward False), so the report
    reads simply;
-3. each composite step (`checkpoint`, `recover`) is tried replaced by its primitive steps, and those primitives
-   are minimised (the composite stays when all of its primitives are needed: it reads shorter);
+3. each composite step (`checkpoint`, `recover`, `kill_worker(then_prepare=True)`) is tried replaced by its
+   primitive steps, and those primitives are minimised (the composite stays when all of its primitives are needed:
+   it reads shorter);
 4. a final pass removes contiguous runs of four, three, two, then single steps until none can go: the result
    is 1-minimal (removing any one step no longer fails the same way), and no two to four adjacent steps can go
    together either (steps that are only removable together, like `crash; start_over`, are common here).
@@ -72,11 +73,31 @@ def _recover_primitives(arguments: Mapping[str, Any]) -> Steps:
     return (("crash", {}), ("restore", {"pick": arguments.get("pick", 0)}))
 
 
+# Rules that, with a flag set, play primitive rules after their own step: the flag and what follows. The rule with
+# the flag unset is itself a primitive (`kill_worker(pick=2, worker=1, then_prepare=True)` is `kill_worker(pick=2,
+# worker=1); prepare`).
+THEN_FLAGS: dict[str, tuple[str, Steps]] = {
+    "kill_worker": ("then_prepare", (("prepare", {}),)),
+}
+
+
+def _then_primitives(name: str) -> Callable[[Mapping[str, Any]], Steps]:
+    flag, following = THEN_FLAGS[name]
+
+    def primitives(arguments: Mapping[str, Any]) -> Steps:
+        alone = {key: value for key, value in arguments.items() if key != flag}
+        return ((name, alone), *following) if arguments.get(flag) else ((name, dict(arguments)),)
+
+    return primitives
+
+
 # The machine's composite rules and the primitive rules each one calls, in order (see `CheckpointMachine.checkpoint`
-# and `.recover`): a composite runs exactly its primitives, so replacing it by them keeps the run the same.
+# and `.recover`, and `THEN_FLAGS`): a composite runs exactly its primitives, so replacing it by them keeps the run
+# the same.
 COMPOSITES: dict[str, Callable[[Mapping[str, Any]], Steps]] = {
     "checkpoint": _checkpoint_primitives,
     "recover": _recover_primitives,
+    **{name: _then_primitives(name) for name in THEN_FLAGS},
 }
 
 
@@ -256,8 +277,9 @@ def expand_composites(steps: Steps, fails: Predicate) -> tuple[Steps, tuple[str,
 
 def fold_composites(steps: Steps) -> Steps:
     """Each run of primitives that is exactly a composite's, written as that composite: `prepare; commit` reads
-    `checkpoint(then_resume=False)`, `crash; restore(pick=1)` reads `recover(pick=1)`. The longest expansion is
-    tried first at each position, so `prepare; commit; resume` becomes `checkpoint(then_resume=True)`."""
+    `checkpoint(then_resume=False)`, `crash; restore(pick=1)` reads `recover(pick=1)`, `kill_worker(pick=2,
+    worker=1); prepare` reads `kill_worker(pick=2, worker=1, then_prepare=True)`. The longest expansion is tried
+    first at each position, so `prepare; commit; resume` becomes `checkpoint(then_resume=True)`."""
     forms = sorted(
         ((COMPOSITES[name](arguments), (name, arguments)) for name, arguments in _COMPOSITE_FORMS),
         key=lambda form: -len(form[0]),
@@ -265,7 +287,7 @@ def fold_composites(steps: Steps) -> Steps:
     folded: list[Step] = []
     index = 0
     while index < len(steps):
-        for primitives, composite in forms:
+        for primitives, composite in [*_then_form(steps[index]), *forms]:
             if key_of(steps[index : index + len(primitives)]) == key_of(primitives):
                 folded.append((composite[0], dict(composite[1])))
                 index += len(primitives)
@@ -274,6 +296,15 @@ def fold_composites(steps: Steps) -> Steps:
             folded.append(steps[index])
             index += 1
     return tuple(folded)
+
+
+def _then_form(step: Step) -> list[tuple[Steps, Step]]:
+    """A `THEN_FLAGS` rule with its flag unset, as the composite its flag makes with the steps that follow it."""
+    name, arguments = step
+    if name not in THEN_FLAGS or arguments.get(THEN_FLAGS[name][0]):
+        return []
+    composite = (name, {**arguments, THEN_FLAGS[name][0]: True})
+    return [(COMPOSITES[name](composite[1]), composite)]
 
 
 def _fewest_primitives(steps: Steps, index: int, primitives: Steps, fails: Predicate) -> Steps | None:

@@ -741,8 +741,8 @@ TIME_SCENARIOS: dict[str, Scenario] = {
 
 # The scenario that trips each planted fault (`fakes.faults`).
 # Two workers on every server (`server_workers=2`): each rule's `worker` places the attempt on that worker of each.
-# `kill_worker`'s pick names the member by name (agent 0, environment 1, resources 2).
-KILL_RESOURCES_WORKER_1 = ("kill_worker", {"pick": 2, "worker": 1})
+# `kill_worker`'s pick names the member by name (agent 0, environment 1, resources 2); `then_prepare` prepares next.
+KILL_RESOURCES_WORKER_1_THEN_PREPARE = ("kill_worker", {"pick": 2, "worker": 1, "then_prepare": True})
 SERVER_WORKER_SCENARIOS: dict[str, Scenario] = {
     # Gym's concurrent sessions across workers: one episode held on each worker, both exported and both continued.
     "workers__held_episodes_on_both_workers_are_exported": Scenario(
@@ -759,8 +759,8 @@ SERVER_WORKER_SCENARIOS: dict[str, Scenario] = {
     # Gym's session routing: a killed resources worker takes its episode (retired), the other completes, and a
     # checkpoint after it is ready (a worker lost between checkpoints blocks nothing).
     "workers__killed_worker_loses_only_its_episodes": Scenario(
-        steps(("dispatch", {"worker": 0}), ("dispatch", {"worker": 1}), KILL_RESOURCES_WORKER_1)
-        + steps("prepare", ("release", FIRST), "commit", "resume"),
+        steps(("dispatch", {"worker": 0}), ("dispatch", {"worker": 1}), KILL_RESOURCES_WORKER_1_THEN_PREPARE)
+        + steps(("release", FIRST), "commit", "resume"),
         calls={"r0": (0, 1), "r1": (0,)},
     ),
 }

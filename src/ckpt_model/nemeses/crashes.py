@@ -65,9 +65,28 @@ CRASHES = Family(
         goals.Goal(f"crash_inside_{op}", f"a crash inside a {op}", crash_inside(op)) for op in CRASHED_OPERATIONS
     ),
 )
+
+
+def prepared_short_a_worker(step: goals.Step) -> bool:
+    """A prepare sent right after one worker of a server was killed alone, before anything restarted it."""
+    return step.rule == "kill_worker" and any(label.startswith("prepare() -> ") for label in step.labels)
+
+
 # Its own family: among the eight rules that kill everything, the two that kill one process alone were drawn once
 # in a hundred steps, and a fault behind a participant crashed alone went unfound in 200 examples.
-RESTARTS = Family("restarts", "one process killed alone: a participant, or one worker of a server", 4)
+RESTARTS = Family(
+    "restarts",
+    "one process killed alone: a participant, or one worker of a server",
+    4,
+    goals=(
+        goals.Goal(
+            "prepared_short_a_worker",
+            "a prepare while a server is short a worker",
+            prepared_short_a_worker,
+            applies=kills_workers_alone,
+        ),
+    ),
+)
 
 
 @attrs.frozen
@@ -203,15 +222,21 @@ class Crashes(MachineBase):
         needs=(checkable.GATE, checkable.KILL_WORKERS, checkable.ONE_PER_KIND),
         judges=("P7",),
         applies=kills_workers_alone,
+        mechanisms=("then_prepare",),
         pick=PICK,
         worker=WORKER,
+        then_prepare=st.booleans(),
     )
-    def kill_worker(self, pick: int, worker: int) -> None:
+    def kill_worker(self, pick: int, worker: int, then_prepare: bool = False) -> None:
         """SIGKILL one worker of a multi-worker server alone: what lived on it dies with it, every other attempt runs
         on; the controller retires the running attempts it may have broken (P7). Those are the attempts placed on
         it, and every attempt with a request in flight through that server (`Model.ends_alone`): the kernel chose
         which worker accepted each connection, and a worker relaying a request to its sibling takes the request
-        with it, so the checker cannot say which of those were cut, only that none of them may complete."""
+        with it, so the checker cannot say which of those were cut, only that none of them may complete.
+
+        `then_prepare` prepares next, while the server is short a worker, instead of waiting for a `prepare` drawn
+        before anything restarts it: a worker lost between checkpoints must not keep a prepare from being ready
+        (P10)."""
         member = choose(self._killable_workers(), pick)
         workers = self.harness.server_workers
         index = worker % workers
@@ -232,6 +257,8 @@ class Crashes(MachineBase):
             self.controller.runs.wait_ended(self.quiescence.timeout_s, [a.run for a in lost], why)
             label += f"; retire({sorted(a.key for a in lost)})"
         self._advance(model, label, violation=props.P7Violation, counts_final=bool(lost))
+        if then_prepare and self._may_checkpoint():
+            self.prepare()
 
     def _crashable_alone(self) -> list[Participant]:
         """The participants the model lets crash alone, where the deployment restarts one server."""

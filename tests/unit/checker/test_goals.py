@@ -223,6 +223,18 @@ def test_a_paused_lease_is_reached_only_once_judged_to_the_end() -> None:
     assert not pauses.paused_lease_reached(Step("paused_lease", {"victim": 0}, model, model, (missed,)))
 
 
+def test_a_prepare_short_a_worker_is_reached_only_by_a_kill_worker_that_prepared_next() -> None:
+    model = Model(topology="native")
+    goal = BY_NAME["prepared_short_a_worker"]
+    killed = "kill_worker(resources, worker 1); retire(['r0#0'])"
+    assert goal.reached(step("kill_worker", model, killed, "prepare() -> c1; prepare(other2) refused"))
+    assert not goal.reached(step("kill_worker", model, killed))
+    assert not goal.reached(step("prepare", model, "prepare() -> c1; prepare(other2) refused", earlier=(killed,)))
+    assert goal.applies(DeploymentSpec("native", server_workers=2))
+    assert not goal.applies(NATIVE)
+    assert not goal.applies(DeploymentSpec("mixed", server_workers=2))
+
+
 FIRST = Family("first", "a fault family", 1, goals=(Goal("first_goal", "the first family's goal", lambda _step: True),))
 SECOND = Family(
     "second",

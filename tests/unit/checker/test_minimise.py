@@ -238,6 +238,36 @@ def test_the_primitives_keep_the_composites_arguments() -> None:
     assert names(COMPOSITES["checkpoint"]({"then_resume": True})) == ["prepare", "commit", "resume"]
 
 
+def test_a_rule_with_its_then_flag_set_is_itself_then_what_the_flag_adds() -> None:
+    killed = {"pick": 2, "worker": 1}
+
+    assert COMPOSITES["kill_worker"]({**killed, "then_prepare": True}) == (("kill_worker", killed), ("prepare", {}))
+    assert COMPOSITES["kill_worker"]({**killed, "then_prepare": False}) == (
+        ("kill_worker", {**killed, "then_prepare": False}),
+    )
+
+
+def test_a_rule_followed_by_what_its_then_flag_adds_is_written_with_the_flag() -> None:
+    steps = (("kill_worker", {"pick": 2, "worker": 1}), ("prepare", {}), ("kill_worker", {"pick": 0}), ("dispatch", {}))
+
+    assert mm.fold_composites(steps) == (
+        ("kill_worker", {"pick": 2, "worker": 1, "then_prepare": True}),
+        ("kill_worker", {"pick": 0}),
+        ("dispatch", {}),
+    )
+
+
+def test_a_then_flag_that_is_needed_stays_and_one_that_is_not_goes() -> None:
+    killed = {"pick": 0, "worker": 0, "then_prepare": True}
+    steps = (("dispatch", {}), ("kill_worker", killed), ("commit", {}))
+
+    needed = minimise(steps, contains_in_order(["dispatch", "kill_worker", "prepare"]))
+    not_needed = minimise(steps, contains_in_order(["dispatch", "kill_worker"]))
+
+    assert needed.steps == (("dispatch", {}), ("kill_worker", killed))
+    assert not_needed.steps == (("dispatch", {}), ("kill_worker", {**killed, "then_prepare": False}))
+
+
 # --- arguments ---------------------------------------------------------------------------------------------------
 
 
