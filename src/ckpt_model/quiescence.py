@@ -30,6 +30,11 @@ SETTLE_TIMEOUT_S = 10.0
 # participant's status; a last interval of 100 ms, not 20, cut the CPU of such waits by a third: docs/parallel.md).
 POLL_INTERVAL_MIN_S = 0.001
 POLL_INTERVAL_MAX_S = 0.1
+# While a call or a reply is still to come, the participants' phases are first read after this long: a step that
+# waits for something is over in 12 ms at the median and 48 ms at the 95th percentile (a minute on `native`), and its
+# statuses are read once it is anyway, so reading them at the first poll as well cost a status round per such step.
+# A phase no wait fixes is then reported this much later.
+PHASES_WHILE_PENDING_AFTER_S = 0.05
 
 
 @attrs.frozen
@@ -111,18 +116,20 @@ class Quiescence:
             return self._settle(model, violation, counts_final)
 
     def _settle(self, model: Model, violation: type[PropertyViolation] | None, counts_final: bool) -> Observation:
-        """Poll until the prediction holds. The first poll reads everything, so a wrong phase (which nothing in a
-        settle changes, and no wait fixes) fails at once. While a call or a reply is still to come, later polls
-        read only the backend's calls: statuses are judged only once those are in, and then read after them."""
+        """Poll until the prediction holds. Each poll reads the backend's calls; the statuses are read after them
+        once nothing is pending, or once something was pending for `PHASES_WHILE_PENDING_AFTER_S`, so a wrong phase
+        (which nothing in a settle changes, and no wait fixes) fails then instead of at the timeout."""
         expected = expect(model)
-        deadline = time.monotonic() + self.timeout_s
+        now = time.monotonic()
+        deadline, phases_due = now + self.timeout_s, now + PHASES_WHILE_PENDING_AFTER_S
         interval = POLL_INTERVAL_MIN_S
-        observation, statuses_fresh = observe(self.harness), True
+        observation, statuses_fresh, phases_read = Observation(*backend_calls(self.harness), statuses={}), False, False
         while True:
             timing.count("settle.polls")
             pending = self._pending(model, expected, observation)
-            if not pending and not statuses_fresh:
+            if not statuses_fresh and (not pending or (not phases_read and time.monotonic() > phases_due)):
                 observation, statuses_fresh = attrs.evolve(observation, statuses=_statuses(self.harness)), True
+                phases_read = True
                 pending = self._pending(model, expected, observation)
             if not pending:
                 if not _status_mismatches(expected, observation):
