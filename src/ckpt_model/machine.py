@@ -368,10 +368,21 @@ class CheckpointMachine(
         while self.model.with_status("dead"):
             self.start_over(0)
         while self.model.waiting():
-            self.release(0)
+            self._release_every_waiting_call()
         if self.model.retired_marks:
             self.forget()
         self.audits.at_end(self.model)
+
+    def _release_every_waiting_call(self) -> None:
+        """The drain's releases, every waiting call at once and one settle for them all: no checkpoint is open,
+        so each rollout runs on by itself, and the settle judges each one's next call or reply as `release` does."""
+        rollouts = self.model.waiting()
+        current = self.model.current()
+        self.controller.release([current[rollout].key for rollout in rollouts])
+        model = self.model
+        for rollout in rollouts:
+            model = model.release(rollout)
+        self._advance(model, f"release({', '.join(rollouts)})")
 
 
 class SwarmMachine(CheckpointMachine):
