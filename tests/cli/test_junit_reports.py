@@ -20,9 +20,9 @@ def test_a_recorded_property_reaches_the_junit_report(tmp_path: Path) -> None:
     (tmp_path / "test_records.py").write_text(RECORDS_A_PROPERTY)
     report = tmp_path / "junit.xml"
 
+    configured = ["-c", str(ROOT / "pyproject.toml"), "--rootdir", str(ROOT)]
     ran = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-c", str(ROOT / "pyproject.toml")]
-        + ["--rootdir", str(ROOT), f"--junitxml={report}", str(tmp_path / "test_records.py")],
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *configured, f"--junitxml={report}", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=120,
