@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from ckpt_model import checkable, goals
 from ckpt_model import properties as props
 from ckpt_model.contract import Model
+from ckpt_model.controller import Prepared
 from ckpt_model.errors import CoordinationError, HarnessError
 from ckpt_model.families import Family
 from ckpt_model.pipeline import PICK, MachineBase, choose, only_deadline_missed, only_unanswered
@@ -166,9 +167,11 @@ class Clocks(MachineBase):
 
     def _ready_in_time(self, name: str, checkpoint_id: str) -> None:
         """Participant `name`, whose answer to the prepare of `checkpoint_id` never came, reports itself prepared
-        within the settle time (its answer was only slow); still preparing after it, it is P10 with the blockers
-        its status reports, as for a prepare that never answers (`Controller.prepare`)."""
+        within the settle time (its answer was only slow); still preparing after it, it is judged with the blockers
+        its status reports as a prepare that never answers is (`_judge_prepare`: P10, or P11 while a `replay`
+        verification runs)."""
         timeout_s = self.quiescence.timeout_s
+        judge = self._judge_prepare(checkpoint_id)
         status: dict[str, Any] = {}
 
         def prepared() -> bool:
@@ -177,7 +180,7 @@ class Clocks(MachineBase):
 
         if not poll(prepared, timeout_s):
             blockers = {name: status.get("report", {}).get("blockers", [])}
-            props.p10_prepared_everywhere(checkpoint_id, False, blockers, [], waited_s=timeout_s)
+            judge(Prepared(prepared=False, replies={}, blockers=blockers, waited_s=timeout_s))
 
     @action(
         lambda self: (
