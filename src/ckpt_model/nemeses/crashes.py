@@ -236,7 +236,9 @@ class Crashes(MachineBase):
 
         `then_prepare` prepares next, while the server is short a worker, instead of waiting for a `prepare` drawn
         before anything restarts it: a worker lost between checkpoints must not keep a prepare from being ready
-        (P10)."""
+        (P10). It prepares even when the kill left nothing running (killing an agent or environment worker takes
+        every attempt with it), which the `prepare` rule never does: a readiness the lost worker blocks shows all
+        the same."""
         member = choose(self._killable_workers(), pick)
         workers = self.harness.server_workers
         index = worker % workers
@@ -257,7 +259,7 @@ class Crashes(MachineBase):
             self.controller.runs.wait_ended(self.quiescence.timeout_s, [a.run for a in lost], why)
             label += f"; retire({sorted(a.key for a in lost)})"
         self._advance(model, label, violation=props.P7Violation, counts_final=bool(lost))
-        if then_prepare and self._may_checkpoint():
+        if then_prepare and self.model.can_prepare():
             self.prepare()
 
     def _crashable_alone(self) -> list[Participant]:
