@@ -29,6 +29,7 @@ import pydantic
 import yaml
 
 from ckpt_model.errors import CoordinationError, ParticipantFailure, ProtocolError
+from ckpt_model.get_round import GetRound
 from ckpt_model.telemetry import (
     OUTCOME_OK,
     TRACE_SALT,
@@ -234,7 +235,14 @@ def _validation_detail(errors: list[Any]) -> str:
     return "; ".join(rendered)
 
 
-def _transport_failure(name: str, exc: httpx.HTTPError) -> ParticipantFailure:
+def _status_outcome(name: str, response: httpx.Response) -> Any:
+    """A status reply's body, or the participant's failure."""
+    if response.status_code != 200:
+        return _failure_from_response(name, response)
+    return _json_or_none(response)
+
+
+def _transport_failure(name: str, exc: Exception) -> ParticipantFailure:
     return ParticipantFailure(
         participant=name, http_status=None, code=None, detail=f"transport error {type(exc).__name__}: {exc}"
     )
@@ -355,6 +363,7 @@ class ControlClient:
         timeout_s: float = BASE_TIMEOUT_S,
         clock: Clock = time.time,
         fanout_threads_max: int = FANOUT_THREADS_MAX,
+        status_round: GetRound | None = None,
     ) -> None:
         if http is not None and transport is not None:
             raise ValueError("pass 'http' or 'transport', not both (got both)")
@@ -367,6 +376,8 @@ class ControlClient:
         self._http = http if http is not None else new_http_client(timeout_s, transport=transport)
         self._fanout_threads_max = fanout_threads_max
         self._pool: ThreadPoolExecutor | None = None
+        # Where the caller gives one (real servers; tests use `transport`), status rounds over plain HTTP take it.
+        self._status_round = status_round
         # Every control call sent since `begin_traces`, by its parent span ID, in send order, with what its reply
         # showed (`ckpt_model.telemetry`): what P26 holds the deployment's spans to.
         self.trace_salt = TRACE_SALT
@@ -497,9 +508,12 @@ class ControlClient:
         return outcome
 
     def status_all(self) -> dict[str, Reply]:
-        """Every participant's status reply, keyed by sorted name (one concurrent round)."""
+        """Every participant's status reply, keyed by sorted name (one concurrent round: on the status round the
+        caller gave, else on the fan-out threads)."""
         members = self.participants.members
-        outcomes = self._map(self._get_status, members)
+        outcomes = self._status_round_outcomes(members)
+        if outcomes is None:
+            outcomes = self._map(self._get_status, members)
         replies = {m.name: o for m, o in zip(members, outcomes, strict=True) if not isinstance(o, ParticipantFailure)}
         failures = {m.name: o for m, o in zip(members, outcomes, strict=True) if isinstance(o, ParticipantFailure)}
         _raise_on_problems("status", replies)
@@ -516,9 +530,20 @@ class ControlClient:
             )
         except httpx.HTTPError as exc:
             return _transport_failure(participant.name, exc)
-        if response.status_code != 200:
-            return _failure_from_response(participant.name, response)
-        return _json_or_none(response)
+        return _status_outcome(participant.name, response)
+
+    def _status_round_outcomes(self, members: Sequence[Participant]) -> list[Any] | None:
+        """Each member's status outcome through the status round, or None where it cannot ask them all now."""
+        urls = [f"{m.url}{CHECKPOINT_ROUTE_PREFIX}/status" for m in members]
+        if self._status_round is None or len(urls) <= 1 or not all(GetRound.serves(url) for url in urls):
+            return None
+        answers = self._status_round.get_all(urls, self._headers())
+        if answers is None:
+            return None
+        return [
+            _transport_failure(m.name, answer) if isinstance(answer, Exception) else _status_outcome(m.name, answer)
+            for m, answer in zip(members, answers, strict=True)
+        ]
 
     # --- coordination --------------------------------------------------------------------------------------
 

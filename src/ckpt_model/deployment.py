@@ -73,8 +73,9 @@ import httpx
 from ckpt_model import timing
 from ckpt_model.artifacts import CHECKPOINTS, LOGS, copy_logs
 from ckpt_model.collection_run import CollectionRun
-from ckpt_model.coordination import ControlClient, new_http_client
+from ckpt_model.coordination import BASE_TIMEOUT_S, ControlClient, new_http_client
 from ckpt_model.errors import CoordinationError, HarnessError, ServerStartError
+from ckpt_model.get_round import GetRound
 from ckpt_model.ledger import LedgerClient
 from ckpt_model.spec import DeploymentSpec, FaultNeeds
 from ckpt_model.wire import BackendCutStallWire
@@ -525,6 +526,9 @@ class Harness:
         # `connection: close` on Starlette's 500); a control call that picked it up then would be reset. Each
         # client costs ~42 ms to build, so both are built once.
         self.run_http = new_http_client(httpx.Timeout(30.0, read=None))
+        # The settle's status rounds, over kept-alive connections of their own (`ckpt_model.get_round`), waiting for
+        # a reply as long as the control client's own status call does.
+        self.status_round = GetRound(timeout_s=BASE_TIMEOUT_S)
         # Where a failing run writes its regression file (None: `ckpt_model.regression.directory()`).
         self.regressions_dir: Path | None = artifacts
         # Per server name, the worker index killed alone (`kill_worker`) since the server last started.
@@ -1017,6 +1021,7 @@ class Harness:
             self.http.close()
         with contextlib.suppress(Exception):
             self.run_http.close()
+        self.status_round.close()
         if self._own_root:
             self._remove_root()
         atexit.unregister(self.close)
@@ -1059,7 +1064,9 @@ class Harness:
 
     def _discover(self, servers: Mapping[str, str]) -> None:
         if self._control is None:
-            self._control = ControlClient(self.deployment.token, http=self.http, clock=self.now)
+            self._control = ControlClient(
+                self.deployment.token, http=self.http, clock=self.now, status_round=self.status_round
+            )
         # Forgotten first: after a discovery that failed, the next start discovers again.
         self._unverified, self._discovered = False, None
         with timing.span("restart.discover"):
