@@ -366,9 +366,11 @@ class PlantedFault(FaultNeeds, Protocol):
 class BackendGate:
     """Gym's fake backend's control routes over HTTP: gate, release chosen calls, call list, reset, script."""
 
-    def __init__(self, url: str, http: httpx.Client) -> None:
+    def __init__(self, url: str, http: httpx.Client, calls_round: GetRound | None = None) -> None:
         self.url = url
         self._http = http
+        # The settle polls the call list several times a step: over a kept-alive connection of its own where given.
+        self._calls_round = calls_round if calls_round is not None and GetRound.serves(url) else None
 
     def _post(self, path: str, body: dict[str, Any] | None = None) -> Any:
         response = self._http.post(self.url + path, json=body or {})
@@ -376,9 +378,13 @@ class BackendGate:
         return response.json()
 
     def calls(self) -> list[dict[str, Any]]:
-        response = self._http.get(self.url + "/_ctl/calls")
-        response.raise_for_status()
-        return response.json()
+        url = self.url + "/_ctl/calls"
+        answers = self._calls_round.get_all([url], {}) if self._calls_round is not None else None
+        answer = answers[0] if answers is not None else self._http.get(url)
+        if isinstance(answer, Exception):
+            raise httpx.TransportError(f"GET {url}: {type(answer).__name__}: {answer}") from answer
+        answer.raise_for_status()
+        return answer.json()
 
     def gate(self) -> None:
         self._post("/_ctl/gate")
@@ -529,6 +535,8 @@ class Harness:
         # The settle's status rounds, over kept-alive connections of their own (`ckpt_model.get_round`), waiting for
         # a reply as long as the control client's own status call does.
         self.status_round = GetRound(timeout_s=BASE_TIMEOUT_S)
+        # The backend's call list, which the settle polls several times a step, the same way.
+        self.calls_round = GetRound(timeout_s=BASE_TIMEOUT_S)
         # Where a failing run writes its regression file (None: `ckpt_model.regression.directory()`).
         self.regressions_dir: Path | None = artifacts
         # Per server name, the worker index killed alone (`kill_worker`) since the server last started.
@@ -559,7 +567,7 @@ class Harness:
             self.close()
             raise
         # Without a gated backend no model call can be held, so the machine runs only the rules that need none.
-        self.backend = None if backend_url is None else BackendGate(backend_url, self.http)
+        self.backend = None if backend_url is None else BackendGate(backend_url, self.http, self.calls_round)
 
     @classmethod
     def embedded(cls, spec: DeploymentSpec | str, *, artifacts: Path | None = None) -> Harness:
@@ -1022,6 +1030,7 @@ class Harness:
         with contextlib.suppress(Exception):
             self.run_http.close()
         self.status_round.close()
+        self.calls_round.close()
         if self._own_root:
             self._remove_root()
         atexit.unregister(self.close)

@@ -1,6 +1,7 @@
 """`GetRound` against small local HTTP/1.1 servers (the standard library's): one round asks every server, kept
 connections are reused, a connection the server dropped or a restarted server is asked again afresh, a server that
-is down is a transport error; and the control client's status round reads through it."""
+is down is a transport error; and the control client's status round and the backend gate's call list read through
+it."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 
 from ckpt_model import get_round
 from ckpt_model.coordination import ControlClient, Participant, Participants
+from ckpt_model.deployment import BackendGate
 from ckpt_model.errors import CoordinationError
 from ckpt_model.get_round import GetRound
 
@@ -173,3 +176,18 @@ def test_the_status_round_of_the_control_client_reads_replies_and_failures(serve
     assert (failure.http_status, failure.code) == (401, "unauthorized")
     assert raised.value.replies == {"alpha": STATUS}
     assert servers[0].paths == ["/ng-control/v1/checkpoint/status"]
+
+
+def test_the_backend_gate_reads_its_call_list_through_the_round() -> None:
+    backend = Server((200, [{"index": 0, "capture_key": "r0", "waiting": True}]))
+    calls_round = GetRound(timeout_s=5.0)
+    with httpx.Client() as http:
+        gate = BackendGate(backend.url, http, calls_round)
+        listed = gate.calls()
+        backend.stop()
+        with pytest.raises(httpx.TransportError):
+            gate.calls()
+    calls_round.close()
+
+    assert listed == [{"index": 0, "capture_key": "r0", "waiting": True}]
+    assert backend.paths == ["/_ctl/calls"]
