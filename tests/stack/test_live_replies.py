@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -23,6 +23,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from ckpt_model import coordination, deployment, fields, wire
 from ckpt_model.deployment import Harness
+from ckpt_model.get_round import GetRound
 from ckpt_model.scenarios import named, run
 from ckpt_model.spec import DeploymentSpec
 
@@ -240,11 +241,22 @@ def _entries(name: str, body: Any) -> list[Any]:
 
 @pytest.fixture
 def recorder(monkeypatch: pytest.MonkeyPatch) -> Recorder:
-    """Hooks every client the checker builds, at each module that builds one."""
+    """Hooks every client the checker builds, at each module that builds one, and the rounds that read statuses
+    and the backend's call list over connections of their own (`GetRound`)."""
     recording = Recorder()
     build_hooked = recording.hooked(coordination.new_http_client)
     for module in (coordination, deployment):
         monkeypatch.setattr(module, "new_http_client", build_hooked)
+    get_all = GetRound.get_all
+
+    def recorded_get_all(self: GetRound, urls: Sequence[str], headers: Mapping[str, str]) -> Any:
+        answers = get_all(self, urls, headers)
+        for answer in answers or ():
+            if isinstance(answer, httpx.Response):
+                recording(answer)
+        return answers
+
+    monkeypatch.setattr(GetRound, "get_all", recorded_get_all)
     return recording
 
 
