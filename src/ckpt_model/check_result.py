@@ -60,6 +60,8 @@ class Statistics:
     # Every applicable goal and rule no example reached, in words (`goals.unmet`).
     unmet: tuple[str, ...] = ()
     stopped_by_time: bool = False
+    # The rounds of a search bounded by time (`ckpt_model.aim`), each as `RoundStat` holds it.
+    rounds: tuple[Mapping[str, Any], ...] = ()
 
     @classmethod
     def of(cls, stats: SearchStats, unmet: Sequence[str] = ()) -> Statistics:
@@ -74,6 +76,7 @@ class Statistics:
             rule_seconds={rule: round(seconds, 4) for rule, seconds in sorted(stats.rule_seconds.items())},
             unmet=tuple(unmet),
             stopped_by_time=stats.stopped_by_time,
+            rounds=tuple(attrs.asdict(began) for began in stats.rounds),
         )
 
     def document(self) -> dict[str, Any]:
@@ -82,6 +85,7 @@ class Statistics:
             "rules_drawn": dict(self.rules_drawn),
             "rule_seconds": dict(self.rule_seconds),
             "unmet": list(self.unmet),
+            "rounds": [dict(began) for began in self.rounds],
         }
 
 

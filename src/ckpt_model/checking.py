@@ -11,13 +11,14 @@ found and made minimal.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from hypothesis import Phase, settings
 
+from ckpt_model import aim
 from ckpt_model.reproduction import REPLAYS
-from ckpt_model.stats import SearchStats
+from ckpt_model.stats import RoundStat, SearchStats
 from ckpt_model.verdicts import kind_of, leaves
 
 if TYPE_CHECKING:
@@ -41,35 +42,95 @@ def search(
     weights: Mapping[str, int] | None = None,
     seed: int | None = None,
     max_time_s: float | None = None,
+    rounds: bool = False,
     minimise: bool = True,
     replays: int = REPLAYS,
     progress: Progress | None = None,
     searched: Any = None,
+    round_began: Callable[[RoundStat], None] | None = None,
 ) -> None:
     """Run the machine on `harness` with `chosen` (and the families' `weights`); on a failure, call `searched()`
     (if given), then measure each failure's rate and (with `minimise`) make it 1-minimal, and re-raise what the run
-    raised. `chosen` is used as
-    given: `without_shrink` is the caller's choice (the CLI keeps Hypothesis's shrink with `--no-minimise`)."""
+    raised. `chosen` is used as given: `without_shrink` is the caller's choice (the CLI keeps Hypothesis's shrink
+    with `--no-minimise`). With `rounds` and `max_time_s`, the search runs in rounds, each after the first aimed at
+    what the ones before it left unreached (`ckpt_model.aim`), and tells `round_began` of each."""
     from hypothesis.stateful import run_state_machine_as_test
 
     from ckpt_model.machine import machine_for
 
-    factory: type[RuleBasedStateMachine] = machine_for(harness, stats, swarm=swarm, weights=weights)
-    if max_time_s is not None:
-        factory = within(factory, stats, max_time_s)
-    try:
-        run_state_machine_as_test(factory if seed is None else seeded(factory, seed), settings=chosen)
-    except TimeLimitReached:
-        stats.stopped_by_time = True
-        return
-    except Exception as error:
-        if time_limit_behind(error):
+    deadlines = aim.round_deadlines(max_time_s) if rounds and max_time_s is not None else [max_time_s]
+    for index, deadline in enumerate(deadlines):
+        aimed = _aim_after(harness, stats, weights) if index else None
+        if len(deadlines) > 1:
+            began = _round_began(stats, index, aimed)
+            if round_began is not None:
+                round_began(began)
+        factory: type[RuleBasedStateMachine] = machine_for(
+            harness,
+            stats,
+            swarm=swarm,
+            weights=aimed.weights if aimed else weights,
+            pins=aimed.pins if aimed else None,
+        )
+        if deadline is not None:
+            factory = within(factory, stats, deadline)
+        round_seed = aim.round_seed(seed, index)
+        # A later round's draws mean other rules than the first's: no example database for it.
+        round_settings = settings(chosen, database=None) if index else chosen
+        try:
+            run_state_machine_as_test(
+                factory if round_seed is None else seeded(factory, round_seed), settings=round_settings
+            )
+        except TimeLimitReached:
             stats.stopped_by_time = True
-            return
-        if searched is not None:
-            searched()
-        measure_failures(harness, error, stats.seen, minimise=minimise, replays=replays, progress=progress)
-        raise
+            continue
+        except Exception as error:
+            if time_limit_behind(error):
+                stats.stopped_by_time = True
+                continue
+            if searched is not None:
+                searched()
+            measure_failures(harness, error, stats.seen, minimise=minimise, replays=replays, progress=progress)
+            raise
+        stats.stopped_by_time = False
+
+
+def _aim_after(harness: Harness, stats: SearchStats, weights: Mapping[str, int] | None) -> aim.Aim | None:
+    """The aim of the next round on `harness`, after what `stats` reached (`aim.aim_at`)."""
+    from ckpt_model import draw
+    from ckpt_model.checkable import Capabilities, undrawable_rules
+    from ckpt_model.machine import CheckpointMachine
+    from ckpt_model.steplog import coverage, declarations, goal_families
+
+    rules = declarations(CheckpointMachine)
+    undrawable = {rule.name for rule in undrawable_rules(Capabilities.of(harness), rules)}
+    return aim.aim_at(
+        stats,
+        harness.spec,
+        coverage(CheckpointMachine),
+        draw.family_by_rule(CheckpointMachine),
+        goal_families(CheckpointMachine),
+        draw.weights_of(CheckpointMachine, weights),
+        drawable=[rule for rule in rules if rule not in undrawable],
+    )
+
+
+def _round_began(stats: SearchStats, index: int, aimed: aim.Aim | None) -> RoundStat:
+    """Record round `index` in `stats` as it begins."""
+    if index == 0:
+        says = "the weights' own draw"
+    elif aimed is None:
+        says = "nothing left to aim at: the weights' own draw, from a new seed"
+    else:
+        says = aimed.words()
+    began = RoundStat(
+        started_s=round(time.monotonic() - stats.started_s, 3),
+        examples_before=stats.examples,
+        says=f"round {index + 1}: {says}",
+        aim=aimed.document() if aimed else None,
+    )
+    stats.rounds.append(began)
+    return began
 
 
 class TimeLimitReached(BaseException):

@@ -63,6 +63,7 @@ from ckpt_model.errors import CoordinationError, PropertyViolation, UsageError
 from ckpt_model.interrupts import signal_number, sigterm_unwinds
 from ckpt_model.reproduction import REPLAYS, Rate
 from ckpt_model.spec import OPTIONS, DeploymentSpec, OptionValue, SpecError, flag_keywords
+from ckpt_model.stats import RoundStat
 from ckpt_model.topologies import EPISODE_OWNERS, TOPOLOGIES, VERIFY_MODES
 from ckpt_model.verdicts import Exit, exception_text, kind_of, leaves, report_failure
 
@@ -158,7 +159,9 @@ def build_parser() -> Parser:
         type=duration,
         metavar="DURATION",
         help="stop the search cleanly at the first example boundary after DURATION (90, 90s, 2m, 1h) and report "
-        "what it covered; without --examples the search runs examples until then",
+        "what it covered; without --examples the search runs examples until then, in rounds: the first takes half "
+        "the time, each later one is aimed at the coverage goals and rules the ones before it left unreached "
+        "(docs/how-it-works.md#aiming)",
     )
     check.add_argument(
         "--seed", type=seed_int, help="draw the examples from this seed, with no example database (reproducible)"
@@ -334,6 +337,11 @@ def profile_settings(args: argparse.Namespace) -> settings:
     if args.seed is not None:
         overrides["database"] = None  # a seed's run must not depend on what this machine saved before
     return settings(profiles.profile_for(args.profile, profiles.in_ci()), **overrides)
+
+
+def round_line(began: RoundStat) -> str:
+    """How a round of a search bounded by time is announced (`ckpt_model.aim`)."""
+    return f"{began.says} (at {began.started_s:.0f} s, after {began.examples_before} examples)"
 
 
 def chosen_seed(args: argparse.Namespace, chosen: settings) -> int | None:
@@ -517,10 +525,12 @@ def run_check(args: argparse.Namespace) -> int:
                     weights=args.family_weights,
                     seed=seed,
                     max_time_s=args.max_time,
+                    rounds=args.examples is None,
                     minimise=args.minimise,
                     replays=args.replays,
                     progress=progress,
                     searched=searched,
+                    round_began=lambda began: progress.say(round_line(began)),
                 )
             finally:
                 with sigint_ignored():  # a second Ctrl-C must not cut the teardown short

@@ -42,6 +42,8 @@ from ckpt_model.families import Family
 from ckpt_model.steplog import families_of
 
 Weights = Mapping[str, int]
+# Arguments a round fixes instead of drawing them, by rule name (`ckpt_model.aim`).
+Pins = Mapping[str, Mapping[str, Any]]
 # Family draws of 0 in a row (with two families or more on offer) that end an example as invalid (the module's
 # docstring says why).
 ZERO_RUN_REJECTED = 8
@@ -53,9 +55,14 @@ class FamilyDraw(RuleStrategy):
     so a machine never stops for want of a step."""
 
     def __init__(
-        self, machine: RuleBasedStateMachine, weights: Weights | None = None, rejects_zero_runs: bool = True
+        self,
+        machine: RuleBasedStateMachine,
+        weights: Weights | None = None,
+        rejects_zero_runs: bool = True,
+        pins: Pins | None = None,
     ) -> None:
         super().__init__(machine)
+        self.pins = dict(pins or {})
         family_of = families_of(type(machine))
         self.families = ordered(family_of.values())
         self.weights = {family.name: family.weight for family in self.families} | dict(weights or {})
@@ -78,7 +85,11 @@ class FamilyDraw(RuleStrategy):
         self._feature_flags = data.draw(self.enabled_rules_strategy)
         rules = [rule for rule in rules if self._feature_flags.is_enabled(rule.function.__name__)] or rules
         rule = rules[0] if len(rules) == 1 else data.draw(st.sampled_from(rules))
-        arguments = {name: data.draw(strategy) for name, strategy in rule.arguments_strategies.items()}
+        pinned = self.pins.get(rule.function.__name__, {})
+        arguments = {
+            name: pinned[name] if name in pinned else data.draw(strategy)
+            for name, strategy in rule.arguments_strategies.items()
+        }
         return rule, arguments
 
     def on_offer(self, valid: Sequence[Any]) -> list[tuple[str, int, list[Any]]]:
@@ -130,11 +141,17 @@ def describe(weights: Mapping[str, int]) -> str:
     return "a family by weight, then one of its rules: " + ", ".join(f"{n} {w}" for n, w in weights.items())
 
 
-def install(machine: RuleBasedStateMachine, weights: Weights | None = None, rejects_zero_runs: bool = True) -> None:
-    """Make `machine` draw its steps family first. Hypothesis reads a machine's rule strategy from the attribute
+def install(
+    machine: RuleBasedStateMachine,
+    weights: Weights | None = None,
+    rejects_zero_runs: bool = True,
+    pins: Pins | None = None,
+) -> None:
+    """Make `machine` draw its steps family first (fixing the arguments `pins` names: an aimed round,
+    `ckpt_model.aim`). Hypothesis reads a machine's rule strategy from the attribute
     its constructor sets (`_rules_strategy`, Hypothesis 6.100 on); `tests/unit/checker/test_draw.py` fails at once
     should that change."""
-    machine._rules_strategy = FamilyDraw(machine, weights, rejects_zero_runs)
+    machine._rules_strategy = FamilyDraw(machine, weights, rejects_zero_runs, pins)
 
 
 def parse_weights(text: str, families: Iterable[Family]) -> dict[str, int]:

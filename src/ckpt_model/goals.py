@@ -53,14 +53,22 @@ def everywhere(_spec: DeploymentSpec) -> bool:
 Scopes = Mapping[str, Callable[[DeploymentSpec], bool]]
 
 
+# A rule's arguments an aimed round fixes (`ckpt_model.aim`), as (argument, value) pairs.
+Pins = tuple[tuple[str, Any], ...]
+
+
 @attrs.frozen
 class Goal:
-    """A protocol situation the search must reach, where `applies` says the deployment can reach it."""
+    """A protocol situation the search must reach, where `applies` says the deployment can reach it. `rule`, where
+    one rule reaches it, and `pins`, the arguments that rule needs to, tell an aimed round (`ckpt_model.aim`) what to
+    favour; a goal without `rule` is aimed at through the family that declares it."""
 
     name: str
     says: str
     reached: Callable[[Step], bool]
     applies: Callable[[DeploymentSpec], bool] = everywhere
+    rule: str | None = None
+    pins: Pins = ()
 
 
 def restored_checkpoints(labels: Iterable[str]) -> list[str]:
@@ -108,6 +116,14 @@ def rule_then_retry(rule: str, retried: bool) -> Callable[[Step], bool]:
     return reached
 
 
+def retry_goal(
+    name: str, says: str, rule: str, retried: bool, applies: Callable[[DeploymentSpec], bool] = everywhere
+) -> Goal:
+    """The goal of a step of `rule` (a fault rule with a `then_retry` argument) that then retried what its fault
+    failed (`retried`) or gave it up: reached, and aimed at, by `then_retry` alone."""
+    return Goal(name, says, rule_then_retry(rule, retried), applies, rule=rule, pins=(("then_retry", retried),))
+
+
 def without_cuts(spec: DeploymentSpec) -> bool:
     """A prepare never fails on one participant alone where generation cuts are on (the machine's `_one_sided`)."""
     return not spec.generation_cuts
@@ -138,14 +154,22 @@ def cuts_generations(spec: DeploymentSpec) -> bool:
 # The protocol's own situations, reached by its own rules (a commit, a restore) whatever faults came before them;
 # each fault family's are on its `Family` (`Family.goals`).
 PROTOCOL_GOALS: tuple[Goal, ...] = (
-    Goal("held_reply_across_commit", "a reply held across a commit", held_reply_across_commit),
-    Goal("same_checkpoint_restored_twice", "the same checkpoint restored twice", same_checkpoint_restored_twice),
-    Goal("restore_after_failed_restore", "a restore after a failed restore", restore_after_failed_restore),
+    Goal("held_reply_across_commit", "a reply held across a commit", held_reply_across_commit, rule="commit"),
+    Goal(
+        "same_checkpoint_restored_twice",
+        "the same checkpoint restored twice",
+        same_checkpoint_restored_twice,
+        rule="restore",
+    ),
+    Goal(
+        "restore_after_failed_restore", "a restore after a failed restore", restore_after_failed_restore, rule="restore"
+    ),
     Goal(
         "cut_continued_again",
         "a cut continued after a second crash",
         cut_continued_again,
         applies=cuts_generations,
+        rule="restore",
     ),
 )
 

@@ -22,7 +22,7 @@ from ckpt_model.controller import HUNG_CUT_PREPARE_DEADLINE_S, Controller, episo
 from ckpt_model.deployment import (
     Harness,
 )
-from ckpt_model.draw import Weights
+from ckpt_model.draw import Pins, Weights
 from ckpt_model.errors import CoordinationError
 from ckpt_model.families import CALLS, CHECKPOINTS, RESTORES, ROLLOUTS
 from ckpt_model.history import History
@@ -60,11 +60,12 @@ class CheckpointMachine(
         stats: SearchStats | None = None,
         settle_timeout_s: float = SETTLE_TIMEOUT_S,
         weights: Weights | None = None,
+        pins: Pins | None = None,
     ) -> None:
         super().__init__()
         # A family first, then its rule (`ckpt_model.draw`). A deployment that may not be restarted runs one example
         # only, the all-zero one Hypothesis makes first: there a run of zeros must not end it.
-        draw.install(self, weights, rejects_zero_runs=harness.can_crash)
+        draw.install(self, weights, rejects_zero_runs=harness.can_crash, pins=pins)
         self.harness = harness
         if stats is not None:
             stats.example_started()
@@ -394,13 +395,18 @@ class SwarmMachine(CheckpointMachine):
 
 
 def machine_for(
-    harness: Harness, stats: SearchStats | None = None, swarm: bool = False, weights: Weights | None = None
+    harness: Harness,
+    stats: SearchStats | None = None,
+    swarm: bool = False,
+    weights: Weights | None = None,
+    pins: Pins | None = None,
 ) -> type[CheckpointMachine]:
     """A factory of machines bound to `harness`, for `run_state_machine_as_test`; with `swarm`, of swarm machines;
-    `weights` changes the families' weights in the draw.
+    `weights` changes the families' weights in the draw, `pins` fixes rules' arguments (an aimed round).
     Hypothesis keys its example database (and, derandomized, its draws) on the factory's source plus this digest,
     so each deployment (and each draw) keeps its own examples: a failure saved by one is not replayed against
-    another. The plain factory's source is left as it was, so its derandomized draws stay the same."""
+    another. The plain and swarm factories' sources are left as they were, so their derandomized draws stay the
+    same (an aimed round has a seed of its own: `ckpt_model.aim`)."""
 
     def factory() -> CheckpointMachine:
         return CheckpointMachine(harness, stats, weights=weights)
@@ -408,7 +414,10 @@ def machine_for(
     def swarm_factory() -> CheckpointMachine:
         return SwarmMachine(harness, stats, weights=weights)
 
-    chosen = swarm_factory if swarm else factory
+    def aimed_factory() -> CheckpointMachine:
+        return (SwarmMachine if swarm else CheckpointMachine)(harness, stats, weights=weights, pins=pins)
+
+    chosen = aimed_factory if pins else swarm_factory if swarm else factory
     chosen._hypothesis_internal_add_digest = harness.spec.key.encode()  # type: ignore[attr-defined]
     # `run_state_machine_as_test` is typed for the class but calls what it gets with no arguments; a factory that
     # closes over the harness is how a machine is bound by composition.

@@ -100,6 +100,16 @@ class Progress:
                 self.stream.write(ERASE_LINE)
                 self.stream.flush()
 
+    def say(self, line: str) -> None:
+        """Print `line` on standard output on a line of its own (also when the output is piped); the progress
+        line comes back below it."""
+        with self._lock:
+            if self.enabled:
+                self.stream.write(ERASE_LINE)
+                self.stream.flush()
+            print(line, flush=True)
+        self.draw()
+
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import attrs
 
@@ -17,6 +18,17 @@ class ExampleStat:
     seconds: float
     # Crashes that landed inside an operation (a commit, restore, retire or forget under way).
     crashes_inside: int = 0
+
+
+@attrs.frozen
+class RoundStat:
+    """One round of a search bounded by time (`ckpt_model.aim`): when it began (seconds from the search's start),
+    the examples before it, its aim in words, and its aim as data (None: the weights' own draw)."""
+
+    started_s: float
+    examples_before: int
+    says: str
+    aim: Mapping[str, Any] | None = None
 
 
 @attrs.define
@@ -37,10 +49,12 @@ class SearchStats:
     enabled: Counter[str] = attrs.field(factory=Counter)
     drawn: Counter[str] = attrs.field(factory=Counter)
     drawn_examples: Counter[str] = attrs.field(factory=Counter)
-    # Each rule's seconds over the steps it was drawn (its nested rules, settles and audits included).
     # Whether the search stopped at its time limit (`--max-time`) rather than after its examples.
     stopped_by_time: bool = False
+    # Each rule's seconds over the steps it was drawn (its nested rules, settles and audits included).
     rule_seconds: defaultdict[str, float] = attrs.field(factory=lambda: defaultdict(float))
+    # The rounds of a search bounded by time, in order (none for a search of one round).
+    rounds: list[RoundStat] = attrs.field(factory=list)
 
     def example_started(self) -> None:
         self.examples += 1

@@ -210,6 +210,17 @@ def goals_of(machine_type: type) -> tuple[goals.Goal, ...]:
 
 
 @functools.cache
+def goal_families(machine_type: type) -> Mapping[str, str]:
+    """Each of the machine's goals and the family an aimed round favours for it (`ckpt_model.aim`): the family of
+    the rule that reaches it where it names one (the protocol's goals do), else the family that declares it."""
+    rule_family = {rule: family.name for rule, family in families_of(machine_type).items()}
+    found = {goal.name: rule_family[goal.rule] for goal in goals.PROTOCOL_GOALS if goal.rule in rule_family}
+    for family in families_in_order(machine_type):
+        found.update({goal.name: rule_family.get(goal.rule or "", family.name) for goal in family.goals})
+    return found
+
+
+@functools.cache
 def coverage(machine_type: type) -> goals.Coverage:
     """What a search of the machine must reach: its goals and its rules, each rule with its scope."""
     return goals.Coverage(goals_of(machine_type), scopes(machine_type))

@@ -57,12 +57,16 @@ CLOCKS = Family(
             "a clock ahead that lapsed first, its commit refused",
             skewed_clock_reached(True),
             applies=skews_clocks,
+            rule="skewed_clock",
+            pins=(("behind", False),),
         ),
         goals.Goal(
             "skewed_behind_outheld",
             "a clock behind that outheld the others, the stale commit refused",
             skewed_clock_reached(False),
             applies=skews_clocks,
+            rule="skewed_clock",
+            pins=(("behind", True),),
         ),
         goals.Goal(
             "time_passed_while_parked", "time passed while rollouts were parked", time_passed, applies=time_jumps

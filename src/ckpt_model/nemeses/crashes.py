@@ -84,6 +84,8 @@ RESTARTS = Family(
             "a prepare while a server is short a worker",
             prepared_short_a_worker,
             applies=kills_workers_alone,
+            rule="kill_worker",
+            pins=(("then_prepare", True),),
         ),
     ),
 )

@@ -23,21 +23,24 @@ HOOKS = Family(
     "a participant's close, export or install hook raises",
     4,
     goals=(
-        goals.Goal(
+        goals.retry_goal(
             "failed_close_retried",
             "a close that failed after closing, then a new prepare",
-            goals.rule_then_retry("failing_close", True),
+            "failing_close",
+            True,
             applies=goals.without_cuts,
         ),
-        goals.Goal(
+        goals.retry_goal(
             "failed_export_retried",
             "an export hook that raised, then the commit retried",
-            goals.rule_then_retry("failing_export", True),
+            "failing_export",
+            True,
         ),
-        goals.Goal(
+        goals.retry_goal(
             "failed_export_given_up",
             "an export hook that raised, then a resume",
-            goals.rule_then_retry("failing_export", False),
+            "failing_export",
+            False,
         ),
     ),
 )

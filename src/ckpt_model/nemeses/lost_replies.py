@@ -38,6 +38,8 @@ LOST_REPLIES = Family(
             f"a lost {op} reply, {'retried' if retried else 'given up by a resume'}",
             lost_reply_reached(op, retried),
             applies=goals.one_sided(op),
+            rule="lost_reply",
+            pins=(("then_retry", retried),),
         )
         for op in ("prepare", "commit", "resume")
         for outcome, retried in (("retried", True), ("given_up", False))

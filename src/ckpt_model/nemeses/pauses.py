@@ -37,21 +37,24 @@ PAUSES = Family(
     "a participant frozen (SIGSTOP) across a deadline or its lease",
     4,
     goals=(
-        goals.Goal(
+        goals.retry_goal(
             "paused_commit_retried",
             "a commit paused past its deadline, retried",
-            goals.rule_then_retry("paused_commit", True),
+            "paused_commit",
+            True,
         ),
-        goals.Goal(
+        goals.retry_goal(
             "paused_commit_given_up",
             "a commit paused past its deadline, given up",
-            goals.rule_then_retry("paused_commit", False),
+            "paused_commit",
+            False,
         ),
         *(
-            goals.Goal(
+            goals.retry_goal(
                 f"paused_prepare_{outcome}",
                 f"a prepare a frozen participant read past its deadline, {'then a new one' if retried else 'given up'}",
-                goals.rule_then_retry("paused_prepare", retried),
+                "paused_prepare",
+                retried,
                 applies=goals.without_cuts,
             )
             for outcome, retried in (("retried", True), ("given_up", False))

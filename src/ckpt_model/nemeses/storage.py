@@ -27,25 +27,29 @@ STORAGE = Family(
     "a commit's write fails or stalls",
     4,
     goals=(
-        goals.Goal(
+        goals.retry_goal(
             "failed_write_retried",
             "a failed write retried in its process",
-            goals.rule_then_retry("storage_fault", True),
+            "storage_fault",
+            True,
         ),
-        goals.Goal(
+        goals.retry_goal(
             "failed_write_given_up",
             "a failed write given up by a resume",
-            goals.rule_then_retry("storage_fault", False),
+            "storage_fault",
+            False,
         ),
-        goals.Goal(
+        goals.retry_goal(
             "stalled_write_retried",
             "a stalled write retried once it ended",
-            goals.rule_then_retry("stalled_write", True),
+            "stalled_write",
+            True,
         ),
-        goals.Goal(
+        goals.retry_goal(
             "stalled_write_stopped",
             "a stalled write stopped by a resume",
-            goals.rule_then_retry("stalled_write", False),
+            "stalled_write",
+            False,
         ),
     ),
 )

@@ -9,7 +9,7 @@ from pathlib import Path
 from ckpt_model.check_result import CheckResult, FailureResult, Statistics, failure_results, write
 from ckpt_model.errors import StepNotEnabled
 from ckpt_model.properties import REGISTRY, P9Violation
-from ckpt_model.stats import SearchStats
+from ckpt_model.stats import RoundStat, SearchStats
 
 
 def statistics() -> Statistics:
@@ -18,6 +18,9 @@ def statistics() -> Statistics:
     stats.example_finished(steps=5, crashes=2, seconds=1.0, crashes_inside=1)
     stats.example_covered({"crash_inside_commit": 1}, ["dispatch"], {"dispatch": 3, "crash": 2}, {"crash": 0.25})
     stats.stopped_by_time = True
+    stats.rounds.append(RoundStat(0.5, 0, "round 1: the weights' own draw"))
+    aimed = {"goals": ["stalled_write_retried"], "pins": {"stalled_write": {"then_retry": True}}}
+    stats.rounds.append(RoundStat(60.2, 131, "round 2: aimed at 1 left", aimed))
     return Statistics.of(stats, ["rule commit never drawn"])
 
 
@@ -69,6 +72,10 @@ def test_the_json_names_the_verdict_the_property_the_steps_and_the_statistics() 
     assert document["statistics"]["rule_seconds"] == {"crash": 0.25}
     assert document["statistics"]["unmet"] == ["rule commit never drawn"]
     assert document["statistics"]["stopped_by_time"] is True
+    first, second = document["statistics"]["rounds"]
+    assert first == {"started_s": 0.5, "examples_before": 0, "says": "round 1: the weights' own draw", "aim": None}
+    assert second["examples_before"] == 131
+    assert second["aim"]["pins"] == {"stalled_write": {"then_retry": True}}
 
 
 def test_a_passing_run_names_no_property() -> None:

@@ -39,12 +39,13 @@ class Families(RuleBasedStateMachine):
 
     stats = SearchStats()
     weights: dict[str, int] = {}
+    pins: dict[str, dict[str, int]] = {}
 
     def __init__(self) -> None:
         super().__init__()
         self.model = Model(topology="native")
         self.log = StepLog(harness=None, history=History(), stats=self.stats)  # type: ignore[arg-type]
-        draw.install(self, self.weights)
+        draw.install(self, self.weights, pins=self.pins)
 
     @action(lambda self: True, family=PROTOCOL)
     def step(self) -> None:
@@ -86,6 +87,29 @@ def drawn_by(weights: dict[str, int]) -> Counter[str]:
     Families.stats, Families.weights = SearchStats(), weights
     run_state_machine_as_test(Families, settings=RUNS)
     return Families.stats.drawn
+
+
+class Labelled(Families):
+    """Keeps every label its examples made."""
+
+    labels: list[str] = []
+
+    def teardown(self) -> None:
+        Labelled.labels += self.log.labels
+        super().teardown()
+
+
+def test_a_pinned_argument_is_fixed_and_the_draw_is_otherwise_the_same() -> None:
+    """An aimed round (`ckpt_model.aim`) fixes `fault_e`'s `pick`: every `fault_e` step has it, and the families
+    still share the steps by weight."""
+    Labelled.stats, Labelled.weights, Labelled.labels = SearchStats(), {}, []
+    Labelled.pins = {"fault_e": {"pick": 2}}
+    run_state_machine_as_test(Labelled, settings=RUNS)
+    picks = Counter(label for label in Labelled.labels if label.startswith("fault_e("))
+    assert set(picks) == {"fault_e(2)"}, picks
+    Labelled.stats, Labelled.labels, Labelled.pins = SearchStats(), [], {}
+    run_state_machine_as_test(Labelled, settings=RUNS)
+    assert len({label for label in Labelled.labels if label.startswith("fault_e(")}) > 1  # unpinned: drawn
 
 
 def test_a_family_share_follows_its_weight_not_its_number_of_rules() -> None:

@@ -3,6 +3,7 @@ check on hand-built statistics."""
 
 from __future__ import annotations
 
+import inspect
 from collections import Counter
 
 import pytest
@@ -16,7 +17,7 @@ from ckpt_model.machine import CheckpointMachine
 from ckpt_model.nemeses import clocks, crashes, lost_replies, pauses, unreachable
 from ckpt_model.spec import DeploymentSpec
 from ckpt_model.stats import SearchStats
-from ckpt_model.steplog import action, families_in_order, goals_of, scopes
+from ckpt_model.steplog import action, declarations, families_in_order, goal_families, goals_of, scopes
 
 NATIVE = DeploymentSpec("native")
 CUTS = DeploymentSpec("native", token_capture=True, generation_cuts=True)
@@ -274,6 +275,40 @@ def test_the_machines_goals_are_the_protocols_then_its_families_each_name_once()
     assert GOALS[: len(goals.PROTOCOL_GOALS)] == goals.PROTOCOL_GOALS
     families = families_in_order(CheckpointMachine)
     assert GOALS[len(goals.PROTOCOL_GOALS) :] == tuple(goal for family in families for goal in family.goals)
+
+
+# The fault rules whose goals are reached by how the controller goes on (`goals.retry_goal`).
+RETRY_RULES = ("storage_fault", "stalled_write", "paused_commit", "paused_prepare", "failing_close", "failing_export")
+
+
+def test_a_goals_rule_and_pins_name_a_rule_of_the_machine_and_its_arguments() -> None:
+    """What an aimed round fixes (`ckpt_model.aim`) must be a rule the machine draws and arguments it takes; a goal
+    reached by its arguments alone (`retry_goal`) is reached by a step of its rule with its pins."""
+    rules = declarations(CheckpointMachine)
+    aimed = [goal for goal in GOALS if goal.rule is not None]
+    assert {goal.rule for goal in aimed} >= {"commit", "restore", "stalled_write", "lost_reply", "skewed_clock"}
+    for goal in aimed:
+        assert goal.rule in rules, goal
+        parameters = inspect.signature(getattr(CheckpointMachine, goal.rule)).parameters
+        for argument, value in goal.pins:
+            assert argument in parameters, goal
+            assert isinstance(value, bool), goal
+    retried_or_given_up = [goal for goal in aimed if goal.rule in RETRY_RULES]
+    assert len(retried_or_given_up) == 11
+    for goal in retried_or_given_up:
+        ((argument, value),) = goal.pins
+        assert goal.reached(Step(goal.rule, {argument: value}, prepared(False), prepared(False), ())), goal
+        assert not goal.reached(Step(goal.rule, {argument: not value}, prepared(False), prepared(False), ())), goal
+
+
+def test_every_goal_has_the_family_an_aimed_round_favours() -> None:
+    families = goal_families(CheckpointMachine)
+    assert set(families) == set(BY_NAME)
+    assert families["held_reply_across_commit"] == "checkpoints"
+    assert families["same_checkpoint_restored_twice"] == "restores"
+    assert families["stalled_write_retried"] == "storage"
+    assert families["lost_commit_retried"] == "lost_replies"
+    assert families["crash_inside_forget"] == "crashes"
 
 
 def covered_everywhere(rules: list[str]) -> SearchStats:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 
+import pytest
+
 from ckpt_model.errors import PropertyViolation
 from ckpt_model.progress import ERASE_LINE, Progress, progress_text
 from ckpt_model.stats import SearchStats
@@ -54,3 +56,14 @@ def test_on_a_terminal_the_line_is_drawn_then_erased() -> None:
     written = stream.getvalue()
     assert ERASE_LINE + "  minimising P9 · example 2 of 8 · 6 steps · 0 failures" in written
     assert written.endswith(ERASE_LINE)  # the last thing written leaves a clean line
+
+
+def test_a_line_said_during_the_run_goes_to_the_output_on_a_clean_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """An aimed round's announcement (`checking.search`) is printed whether or not a progress line is drawn."""
+    for on_a_terminal in (True, False):
+        stream = io.StringIO()
+        progress = Progress(SearchStats(), 8, stream=stream, enabled=on_a_terminal)
+        progress.say("round 2: aimed at 1 left")
+        assert capsys.readouterr().out == "round 2: aimed at 1 left\n"
+        drawn = stream.getvalue()
+        assert drawn.startswith(ERASE_LINE) if on_a_terminal else drawn == ""
