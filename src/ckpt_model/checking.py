@@ -60,6 +60,8 @@ def search(
 
     deadlines = aim.round_deadlines(max_time_s) if rounds and max_time_s is not None else [max_time_s]
     for index, deadline in enumerate(deadlines):
+        if index and deadline is not None and time.monotonic() - stats.started_s >= deadline:
+            continue  # the round before ran past this one's end (an example outlasted it)
         aimed = _aim_after(harness, stats, weights) if index else None
         if len(deadlines) > 1:
             began = _round_began(stats, index, aimed)

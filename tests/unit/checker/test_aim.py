@@ -189,3 +189,19 @@ def test_a_search_bounded_by_examples_is_one_round(monkeypatch: pytest.MonkeyPat
     assert len(recorded.rounds) == 1
     assert began == []
     assert stats.rounds == []
+
+
+def test_a_round_whose_time_already_passed_is_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An example that outlasts its round's end leaves the next round no time: it is not begun."""
+    from hypothesis import settings, stateful
+
+    recorded = Recorded()
+    monkeypatch.setattr(stateful, "run_state_machine_as_test", recorded.run)
+    monkeypatch.setattr("ckpt_model.machine.machine_for", lambda *_args, **_kwargs: object)
+    monkeypatch.setattr(checking, "_aim_after", lambda *_args: None)
+    stats, began = SearchStats(), list[RoundStat]()
+    stats.started_s -= 100  # the search began 100 s ago: rounds 1 and 2 (to 60 and 90 s) are past
+    checking.search(None, settings(), stats, max_time_s=120, rounds=True, round_began=began.append)
+    assert [round_.says.split(":")[0] for round_ in began] == ["round 1", "round 3"]
+    assert len(recorded.rounds) == 2
+    assert stats.stopped_by_time
