@@ -11,11 +11,12 @@ So a search bounded by time alone (`--max-time` without `--examples`) runs in ro
 Hypothesis run with a draw fixed for its whole length. The first takes half the time and draws as the weights say.
 Each later one takes half of what is left (the last all of it, once half would be under `SHORTEST_ROUND_S`), and is
 aimed by what the rounds before it left (`aim_at`): the family of every goal and rule not yet reached weighs `BOOST`
-times its weight, and where the goals left of one rule all need the same value of an argument (`Goal.pins`, as
-`then_retry=True`), the round fixes that argument. A round with nothing left to aim at draws as the first did, from
-a new seed (`round_seed`). A failure found in any round is measured and minimised through its rule calls, as any
-other, and its regression file replays it whatever the round's draw. A search bounded by examples is one round:
-`--seed S --examples N` runs the examples it always ran.
+times its weight; within its family, a rule left (or the rule a goal left names, `Goal.rule`) is drawn before the
+family's other rules whenever it is enabled; and where the goals left of one rule all need the same value of an
+argument (`Goal.pins`, as `then_retry=True`), the round fixes that argument (`draw.Focus`). A round with nothing
+left to aim at draws as the first did, from a new seed (`round_seed`). A failure found in any round is measured and
+minimised through its rule calls, as any other, and its regression file replays it whatever the round's draw. A
+search bounded by examples is one round: `--seed S --examples N` runs the examples it always ran.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from typing import Any
 
 import attrs
 
-from ckpt_model.draw import Pins
-from ckpt_model.goals import Coverage
+from ckpt_model.draw import Focus, Pins
+from ckpt_model.goals import Coverage, Goal
 from ckpt_model.spec import DeploymentSpec
 from ckpt_model.stats import SearchStats
 
@@ -40,21 +41,24 @@ SHORTEST_ROUND_S = 30.0
 @attrs.frozen
 class Aim:
     """What one round favours: the goals and rules left unreached when it began, their families (`favoured`),
-    the families' weights in its draw, and the arguments it fixes (`pins`)."""
+    the families' weights in its draw, and its `focus`: the rules it draws first within their families (the rules
+    left, and the rule of each goal left that names one) and the arguments it fixes."""
 
     goals: tuple[str, ...]
     rules: tuple[str, ...]
     favoured: tuple[str, ...]
     weights: Mapping[str, int]
-    pins: Pins
+    focus: Focus
 
     def words(self) -> str:
         """The progress line's words for the round."""
         left = [*self.goals, *(f"rule {rule}" for rule in self.rules)]
-        pinned = [f"{rule}({', '.join(f'{k}={v}' for k, v in args.items())})" for rule, args in self.pins.items()]
+        pins = self.focus.pins
+        pinned = [f"{rule}({', '.join(f'{k}={v}' for k, v in args.items())})" for rule, args in pins.items()]
         favoured = ", ".join(f"{family} x{BOOST}" for family in self.favoured)
-        return f"aimed at {len(left)} left ({', '.join(left)}): {favoured}" + (
-            f"; fixed {', '.join(pinned)}" if pinned else ""
+        return (
+            f"aimed at {len(left)} left ({', '.join(left)}): {favoured}; first {', '.join(sorted(self.focus.rules))}"
+            + (f"; fixed {', '.join(pinned)}" if pinned else "")
         )
 
     def document(self) -> dict[str, Any]:
@@ -63,7 +67,8 @@ class Aim:
             "rules": list(self.rules),
             "favoured": list(self.favoured),
             "weights": dict(self.weights),
-            "pins": {rule: dict(args) for rule, args in self.pins.items()},
+            "first": sorted(self.focus.rules),
+            "pins": {rule: dict(args) for rule, args in self.focus.pins.items()},
         }
 
 
@@ -88,6 +93,21 @@ def aim_at(
         return None
     families = [goal_family[goal.name] for goal in goals_left] + [rule_family[rule] for rule in rules_left]
     favoured = list(dict.fromkeys(families))
+    return Aim(
+        goals=tuple(goal.name for goal in goals_left),
+        rules=tuple(rules_left),
+        favoured=tuple(favoured),
+        weights={name: weight * BOOST if name in favoured else weight for name, weight in weights.items()},
+        focus=Focus(
+            rules=frozenset([goal.rule for goal in goals_left if goal.rule is not None] + rules_left),
+            pins=pins_for(goals_left),
+        ),
+    )
+
+
+def pins_for(goals_left: Sequence[Goal]) -> Pins:
+    """The arguments to fix for `goals_left`: of each rule, every argument its goals left all need the same value
+    of (goals that need both values of an argument fix nothing)."""
     wanted: dict[str, dict[str, set[Any]]] = {}
     for goal in goals_left:
         if goal.rule is not None:
@@ -97,13 +117,7 @@ def aim_at(
         rule: {argument: next(iter(values)) for argument, values in arguments.items() if len(values) == 1}
         for rule, arguments in wanted.items()
     }
-    return Aim(
-        goals=tuple(goal.name for goal in goals_left),
-        rules=tuple(rules_left),
-        favoured=tuple(favoured),
-        weights={name: weight * BOOST if name in favoured else weight for name, weight in weights.items()},
-        pins={rule: arguments for rule, arguments in pins.items() if arguments},
-    )
+    return {rule: arguments for rule, arguments in pins.items() if arguments}
 
 
 def round_deadlines(total_s: float, shortest_s: float = SHORTEST_ROUND_S) -> list[float]:

@@ -72,7 +72,7 @@ def search(
             stats,
             swarm=swarm,
             weights=aimed.weights if aimed else weights,
-            pins=aimed.pins if aimed else None,
+            focus=aimed.focus if aimed else None,
         )
         if deadline is not None:
             factory = within(factory, stats, deadline)

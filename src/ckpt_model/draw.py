@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import attrs
 from hypothesis import reject
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidDefinition
@@ -44,6 +45,17 @@ from ckpt_model.steplog import families_of
 Weights = Mapping[str, int]
 # Arguments a round fixes instead of drawing them, by rule name (`ckpt_model.aim`).
 Pins = Mapping[str, Mapping[str, Any]]
+
+
+@attrs.frozen
+class Focus:
+    """What an aimed round (`ckpt_model.aim`) favours beyond the weights: `rules`, each drawn before the other
+    rules of its family whenever one of them is enabled, and `pins`, arguments fixed instead of drawn."""
+
+    rules: frozenset[str] = frozenset()
+    pins: Pins = attrs.field(factory=dict)
+
+
 # Family draws of 0 in a row (with two families or more on offer) that end an example as invalid (the module's
 # docstring says why).
 ZERO_RUN_REJECTED = 8
@@ -59,10 +71,10 @@ class FamilyDraw(RuleStrategy):
         machine: RuleBasedStateMachine,
         weights: Weights | None = None,
         rejects_zero_runs: bool = True,
-        pins: Pins | None = None,
+        focus: Focus | None = None,
     ) -> None:
         super().__init__(machine)
-        self.pins = dict(pins or {})
+        self.focus = focus or Focus()
         family_of = families_of(type(machine))
         self.families = ordered(family_of.values())
         self.weights = {family.name: family.weight for family in self.families} | dict(weights or {})
@@ -81,11 +93,13 @@ class FamilyDraw(RuleStrategy):
         on_offer = self.on_offer(valid)
         family = on_offer[0][0] if len(on_offer) == 1 else self._family(data, on_offer)
         rules = next(rules for name, _weight, rules in on_offer if name == family)
-        # Hypothesis's feature flags switch rules off per example within a family, never the family itself.
+        # An aimed round's rules come first within their family; Hypothesis's feature flags switch rules off per
+        # example within a family, never the family itself (nor the whole of an aimed round's rules).
+        rules = [rule for rule in rules if rule.function.__name__ in self.focus.rules] or rules
         self._feature_flags = data.draw(self.enabled_rules_strategy)
         rules = [rule for rule in rules if self._feature_flags.is_enabled(rule.function.__name__)] or rules
         rule = rules[0] if len(rules) == 1 else data.draw(st.sampled_from(rules))
-        pinned = self.pins.get(rule.function.__name__, {})
+        pinned = self.focus.pins.get(rule.function.__name__, {})
         arguments = {
             name: pinned[name] if name in pinned else data.draw(strategy)
             for name, strategy in rule.arguments_strategies.items()
@@ -145,13 +159,13 @@ def install(
     machine: RuleBasedStateMachine,
     weights: Weights | None = None,
     rejects_zero_runs: bool = True,
-    pins: Pins | None = None,
+    focus: Focus | None = None,
 ) -> None:
-    """Make `machine` draw its steps family first (fixing the arguments `pins` names: an aimed round,
+    """Make `machine` draw its steps family first (as an aimed round's `focus` says, if given:
     `ckpt_model.aim`). Hypothesis reads a machine's rule strategy from the attribute
     its constructor sets (`_rules_strategy`, Hypothesis 6.100 on); `tests/unit/checker/test_draw.py` fails at once
     should that change."""
-    machine._rules_strategy = FamilyDraw(machine, weights, rejects_zero_runs, pins)
+    machine._rules_strategy = FamilyDraw(machine, weights, rejects_zero_runs, focus)
 
 
 def parse_weights(text: str, families: Iterable[Family]) -> dict[str, int]:

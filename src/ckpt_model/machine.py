@@ -22,7 +22,7 @@ from ckpt_model.controller import HUNG_CUT_PREPARE_DEADLINE_S, Controller, episo
 from ckpt_model.deployment import (
     Harness,
 )
-from ckpt_model.draw import Pins, Weights
+from ckpt_model.draw import Focus, Weights
 from ckpt_model.errors import CoordinationError
 from ckpt_model.families import CALLS, CHECKPOINTS, RESTORES, ROLLOUTS
 from ckpt_model.history import History
@@ -60,12 +60,12 @@ class CheckpointMachine(
         stats: SearchStats | None = None,
         settle_timeout_s: float = SETTLE_TIMEOUT_S,
         weights: Weights | None = None,
-        pins: Pins | None = None,
+        focus: Focus | None = None,
     ) -> None:
         super().__init__()
         # A family first, then its rule (`ckpt_model.draw`). A deployment that may not be restarted runs one example
         # only, the all-zero one Hypothesis makes first: there a run of zeros must not end it.
-        draw.install(self, weights, rejects_zero_runs=harness.can_crash, pins=pins)
+        draw.install(self, weights, rejects_zero_runs=harness.can_crash, focus=focus)
         self.harness = harness
         if stats is not None:
             stats.example_started()
@@ -399,10 +399,10 @@ def machine_for(
     stats: SearchStats | None = None,
     swarm: bool = False,
     weights: Weights | None = None,
-    pins: Pins | None = None,
+    focus: Focus | None = None,
 ) -> type[CheckpointMachine]:
     """A factory of machines bound to `harness`, for `run_state_machine_as_test`; with `swarm`, of swarm machines;
-    `weights` changes the families' weights in the draw, `pins` fixes rules' arguments (an aimed round).
+    `weights` changes the families' weights in the draw, `focus` favours rules and fixes arguments (an aimed round).
     Hypothesis keys its example database (and, derandomized, its draws) on the factory's source plus this digest,
     so each deployment (and each draw) keeps its own examples: a failure saved by one is not replayed against
     another. The plain and swarm factories' sources are left as they were, so their derandomized draws stay the
@@ -415,9 +415,9 @@ def machine_for(
         return SwarmMachine(harness, stats, weights=weights)
 
     def aimed_factory() -> CheckpointMachine:
-        return (SwarmMachine if swarm else CheckpointMachine)(harness, stats, weights=weights, pins=pins)
+        return (SwarmMachine if swarm else CheckpointMachine)(harness, stats, weights=weights, focus=focus)
 
-    chosen = aimed_factory if pins else swarm_factory if swarm else factory
+    chosen = aimed_factory if focus else swarm_factory if swarm else factory
     chosen._hypothesis_internal_add_digest = harness.spec.key.encode()  # type: ignore[attr-defined]
     # `run_state_machine_as_test` is typed for the class but calls what it gets with no arguments; a factory that
     # closes over the harness is how a machine is bound by composition.

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ckpt_model import aim, checking
+from ckpt_model import aim, checking, draw
 from ckpt_model.goals import Coverage, Goal, everywhere, retry_goal
 from ckpt_model.spec import DeploymentSpec
 from ckpt_model.stats import RoundStat, SearchStats
@@ -62,19 +62,22 @@ def test_a_goal_left_favours_its_family_and_pins_the_argument_it_needs() -> None
     assert left.rules == ("stalled_write", "kill_worker")
     assert left.favoured == ("storage", "restarts")
     assert left.weights == WEIGHTS | {"storage": 4 * aim.BOOST, "restarts": 4 * aim.BOOST}
-    assert left.pins == {"stalled_write": {"then_retry": True}}
+    assert left.focus.pins == {"stalled_write": {"then_retry": True}}
+    assert left.focus.rules == {"stalled_write", "kill_worker"}
     assert left.words() == (
         f"aimed at 3 left (stall_retried, rule stalled_write, rule kill_worker): storage x{aim.BOOST}, "
-        f"restarts x{aim.BOOST}; fixed stalled_write(then_retry=True)"
+        f"restarts x{aim.BOOST}; first kill_worker, stalled_write; fixed stalled_write(then_retry=True)"
     )
     assert left.document()["pins"] == {"stalled_write": {"then_retry": True}}
+    assert left.document()["first"] == ["kill_worker", "stalled_write"]
 
 
 def test_goals_left_that_need_both_values_pin_nothing() -> None:
     left = aim_after(reached(["held", "stall_retried", "stall_stopped", "crash_inside"], ["commit", "stalled_write"]))
     assert left is not None
     assert left.goals == ("lost_retried", "lost_given_up")
-    assert left.pins == {}
+    assert left.focus.pins == {}
+    assert left.focus.rules == {"lost_reply", "kill_worker"}
     assert left.favoured == ("lost", "restarts")
 
 
@@ -142,9 +145,8 @@ def test_a_search_bounded_by_time_runs_its_rounds_each_aimed_after_the_last(monk
     import ckpt_model.machine
 
     recorded = Recorded()
-    aims = iter(
-        [aim.Aim(("stall_retried",), (), ("storage",), {"storage": 16}, {"stalled_write": {"then_retry": True}}), None]
-    )
+    focus = draw.Focus(frozenset({"stalled_write"}), {"stalled_write": {"then_retry": True}})
+    aims = iter([aim.Aim(("stall_retried",), (), ("storage",), {"storage": 16}, focus), None])
     built: list[dict[str, Any]] = []
 
     def machine_for(_harness: Any, _stats: Any, **kwargs: Any) -> type[RuleBasedStateMachine]:
@@ -173,7 +175,7 @@ def test_a_search_bounded_by_time_runs_its_rounds_each_aimed_after_the_last(monk
     assert began[2].aim is None
     assert stats.rounds == began
     assert stats.stopped_by_time
-    assert [kwargs["pins"] for kwargs in built] == [None, {"stalled_write": {"then_retry": True}}, None]
+    assert [kwargs["focus"] for kwargs in built] == [None, focus, None]
     assert [kwargs["weights"] for kwargs in built] == [{"storage": 4}, {"storage": 16}, {"storage": 4}]
     assert recorded.rounds == [(database, True), (None, True), (None, True)]
 

@@ -39,13 +39,13 @@ class Families(RuleBasedStateMachine):
 
     stats = SearchStats()
     weights: dict[str, int] = {}
-    pins: dict[str, dict[str, int]] = {}
+    focus = draw.Focus()
 
     def __init__(self) -> None:
         super().__init__()
         self.model = Model(topology="native")
         self.log = StepLog(harness=None, history=History(), stats=self.stats)  # type: ignore[arg-type]
-        draw.install(self, self.weights, pins=self.pins)
+        draw.install(self, self.weights, focus=self.focus)
 
     @action(lambda self: True, family=PROTOCOL)
     def step(self) -> None:
@@ -99,15 +99,23 @@ class Labelled(Families):
         super().teardown()
 
 
-def test_a_pinned_argument_is_fixed_and_the_draw_is_otherwise_the_same() -> None:
-    """An aimed round (`ckpt_model.aim`) fixes `fault_e`'s `pick`: every `fault_e` step has it, and the families
-    still share the steps by weight."""
+def test_a_pinned_argument_is_fixed_and_a_focused_rule_drawn_first_in_its_family() -> None:
+    """An aimed round (`ckpt_model.aim`) fixes `fault_e`'s `pick` and draws `fault_b` first among the family's
+    rules: every `fault_e` step has the pick, the family's steps are all `fault_b`'s (it is always enabled), and the
+    families still share the steps by weight."""
     Labelled.stats, Labelled.weights, Labelled.labels = SearchStats(), {}, []
-    Labelled.pins = {"fault_e": {"pick": 2}}
+    Labelled.focus = draw.Focus(pins={"fault_e": {"pick": 2}})
     run_state_machine_as_test(Labelled, settings=RUNS)
     picks = Counter(label for label in Labelled.labels if label.startswith("fault_e("))
     assert set(picks) == {"fault_e(2)"}, picks
-    Labelled.stats, Labelled.labels, Labelled.pins = SearchStats(), [], {}
+    Labelled.stats, Labelled.labels = SearchStats(), []
+    Labelled.focus = draw.Focus(rules=frozenset({"fault_b"}))
+    run_state_machine_as_test(Labelled, settings=RUNS)
+    drawn = Labelled.stats.drawn
+    faults = {rule: count for rule, count in drawn.items() if rule.startswith("fault_") and count}
+    assert list(faults) == ["fault_b"], drawn
+    assert 0.6 < drawn["step"] / (drawn["step"] + faults["fault_b"]) < 0.9, drawn
+    Labelled.stats, Labelled.labels, Labelled.focus = SearchStats(), [], draw.Focus()
     run_state_machine_as_test(Labelled, settings=RUNS)
     assert len({label for label in Labelled.labels if label.startswith("fault_e(")}) > 1  # unpinned: drawn
 
