@@ -12,7 +12,8 @@ soon each planted fault is found, this checkout beside an earlier one.
 this checkout) and prints, per deployment and time: examples, steps, milliseconds per step (the whole search's
 time over its steps, the drains included), the share of the steps the protocol's own families took, the coverage
 goals that apply and were reached, and every goal and rule that applies and was never reached; then each family's
-share of the steps and each rule's count.
+share of the steps and each rule's count. A run that did not pass keeps its output, its JSON and its artefacts
+under `.ckpt-model/benchmarks/` (its path is printed on its row), so what it met is never lost.
 
 `faults` searches for each catalogue fault as `benchmarks/checker.py --no-default --restart-rounds 0 --no-minimise`
 does (derandomized, 200 examples of up to 24 steps, the search stopping at the first failure) and prints the
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -35,6 +37,8 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent.parent
+# Where a coverage run that did not pass keeps what it met (git ignores `.ckpt-model/`).
+KEPT = HERE / ".ckpt-model" / "benchmarks"
 # The families of the protocol's own operations (`ckpt_model.families`).
 PROTOCOL_FAMILIES = ("rollouts", "calls", "checkpoints", "restores")
 FAULT_TARGET_S = 120.0
@@ -55,6 +59,17 @@ def run_checkout(checkout: Path, arguments: list[str], timeout_s: float) -> subp
             process.communicate()
             raise
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def keep(scratch: Path, label: str, limit_s: float, done: subprocess.CompletedProcess[str]) -> Path:
+    """Move a run's `scratch` directory (its JSON and artefacts) under `KEPT` with its output beside them, in a new
+    directory no earlier run used."""
+    KEPT.mkdir(parents=True, exist_ok=True)
+    kept = Path(tempfile.mkdtemp(prefix=f"coverage-{label.replace('/', '_')}-{limit_s:g}s-", dir=KEPT))
+    for entry in scratch.iterdir():
+        shutil.move(entry, kept / entry.name)
+    (kept / "output.txt").write_text(f"exit {done.returncode}\n{done.stdout}\n--- stderr ---\n{done.stderr}")
+    return kept
 
 
 def spec_flags(label: str) -> list[str]:
@@ -88,13 +103,15 @@ def coverage(labels: list[str], seconds: list[float]) -> None:
     for label in labels:
         for limit_s in seconds:
             with tempfile.TemporaryDirectory() as scratch:
-                result_path = Path(scratch) / "result.json"
+                result_path, artefacts = Path(scratch) / "result.json", Path(scratch) / "artefacts"
                 flags = [*spec_flags(label), "--seed", "1", "--max-time", f"{limit_s:g}", "--json", str(result_path)]
+                flags += ["--keep-artifacts", str(artefacts)]
                 done = run_checkout(HERE, ["-m", "ckpt_model", "check", *flags], limit_s * 4 + 300)
-                if not result_path.exists():
-                    print(f"{label:<40} {limit_s:>4.0f}s  no result (exit {done.returncode}): {done.stderr[-400:]}")
+                document = json.loads(result_path.read_text()) if result_path.exists() else None
+                kept = "" if done.returncode == 0 else f"  kept in {keep(Path(scratch), label, limit_s, done)}"
+                if document is None:
+                    print(f"{label:<40} {limit_s:>4.0f}s  no result (exit {done.returncode}){kept}")
                     continue
-                document = json.loads(result_path.read_text())
             statistics_ = document["statistics"]
             rows.append((label, limit_s, statistics_))
             steps = statistics_["steps"]
@@ -109,7 +126,7 @@ def coverage(labels: list[str], seconds: list[float]) -> None:
             print(
                 f"{label:<40} {limit_s:>4.0f}s {statistics_['examples_finished']:>8} {steps:>6} {per_step:>7.0f}"
                 f" {100 * protocol / total_drawn:>7.0f}% {reached:>3}/{reached + len(goals_unmet):<3}"
-                f"  {'; '.join(unmet) or '-'}  [{document['verdict']}]",
+                f"  {'; '.join(unmet) or '-'}  [{document['verdict']}]{kept}",
                 flush=True,
             )
     print("\neach family's share of the steps drawn:")
