@@ -18,7 +18,6 @@ import contextlib
 import functools
 import json
 import signal
-import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -35,7 +34,7 @@ from ckpt_model.contract import SCRIPTS, capture_key
 from ckpt_model.deployment import STALL_POINTS, STORAGE_FAILURES, STORAGE_POINTS, Harness
 from ckpt_model.errors import HarnessError, PropertyViolation
 from ckpt_model.history import History
-from ckpt_model.quiescence import backend_calls
+from ckpt_model.quiescence import backend_calls, poll
 from ckpt_model.telemetry_watch import raise_violation
 from ckpt_model.topologies import Topology
 from ckpt_model.wire import EpisodeId
@@ -45,8 +44,6 @@ F = TypeVar("F", bound=Callable[..., None])
 ROWS = ("row-0", "row-1", "row-2")
 PICK = st.integers(0, 7)  # an index into a list known only when the rule runs (taken modulo its length)
 SETTLE_TIMEOUT_S = 30.0
-POLL_MIN_S = 0.001
-POLL_MAX_S = 0.1
 
 
 def recorded(method: F) -> F:
@@ -450,16 +447,11 @@ class CollectionMachine(RuleBasedStateMachine):
         verdict(self.harness.statuses())
 
     def _until(self, condition: Callable[[], bool], what: str) -> None:
-        """Poll `condition` (each poll reads the backend's calls and the collection's files), backing off from 1 ms
-        to 100 ms; a state that never comes is a harness error naming `what`."""
-        deadline = time.monotonic() + SETTLE_TIMEOUT_S
-        interval = POLL_MIN_S
-        while not condition():
-            if time.monotonic() > deadline:
-                log = self.run.log()[-2000:] if self.run is not None else ""
-                raise HarnessError(f"timed out after {SETTLE_TIMEOUT_S:g} s waiting for {what}\n{log}")
-            time.sleep(interval)
-            interval = min(interval * 2, POLL_MAX_S)
+        """Poll `condition` (each poll reads the backend's calls and the collection's files) as the trainer's settle
+        does (`quiescence.poll`); a state that never comes is a harness error naming `what`."""
+        if not poll(condition, SETTLE_TIMEOUT_S):
+            log = self.run.log()[-2000:] if self.run is not None else ""
+            raise HarnessError(f"timed out after {SETTLE_TIMEOUT_S:g} s waiting for {what}\n{log}")
 
     def _running(self) -> CollectionRun:
         assert self.run is not None, "a rule's precondition says a run is running"
