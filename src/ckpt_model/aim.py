@@ -28,7 +28,7 @@ from typing import Any
 import attrs
 
 from ckpt_model.draw import Focus, Pins
-from ckpt_model.goals import Coverage, Goal
+from ckpt_model.goals import Coverage, Goal, left
 from ckpt_model.spec import DeploymentSpec
 from ckpt_model.stats import SearchStats
 
@@ -83,12 +83,8 @@ def aim_at(
 ) -> Aim | None:
     """The aim of a round after `stats`: None when every goal and rule of `coverage` that applies to `spec` (and,
     for rules, is in `drawable`, when given) was reached. A family the user weighed 0 stays at 0."""
-    goals_left = [goal for goal in coverage.goals if goal.applies(spec) and not stats.goals[goal.name]]
-    rules_left = [
-        rule
-        for rule, applies in coverage.rules.items()
-        if applies(spec) and (drawable is None or rule in drawable) and not (stats.enabled[rule] and stats.drawn[rule])
-    ]
+    goals_left, rules_left = left(stats, spec, coverage)
+    rules_left = [rule for rule in rules_left if drawable is None or rule in drawable]
     if not goals_left and not rules_left:
         return None
     families = [goal_family[goal.name] for goal in goals_left] + [rule_family[rule] for rule in rules_left]

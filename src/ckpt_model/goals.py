@@ -54,7 +54,7 @@ Scopes = Mapping[str, Callable[[DeploymentSpec], bool]]
 
 
 # A rule's arguments an aimed round fixes (`ckpt_model.aim`), as (argument, value) pairs.
-Pins = tuple[tuple[str, Any], ...]
+FixedArguments = tuple[tuple[str, Any], ...]
 
 
 @attrs.frozen
@@ -68,7 +68,7 @@ class Goal:
     reached: Callable[[Step], bool]
     applies: Callable[[DeploymentSpec], bool] = everywhere
     rule: str | None = None
-    pins: Pins = ()
+    pins: FixedArguments = ()
 
 
 def restored_checkpoints(labels: Iterable[str]) -> list[str]:
@@ -188,15 +188,25 @@ def reached(step: Step, goals: Iterable[Goal]) -> list[str]:
     return [goal.name for goal in goals if goal.reached(step)]
 
 
+def left(stats: SearchStats, spec: DeploymentSpec, coverage: Coverage) -> tuple[list[Goal], list[str]]:
+    """The goals of `coverage` that apply to `spec` and no example of `stats` reached, and its rules that apply and
+    were never enabled or never drawn."""
+    goals = [goal for goal in coverage.goals if goal.applies(spec) and not stats.goals[goal.name]]
+    rules = [
+        rule
+        for rule, applies in coverage.rules.items()
+        if applies(spec) and not all(counts[rule] for _how, counts in rule_counts(stats))
+    ]
+    return goals, rules
+
+
 def unmet(stats: SearchStats, spec: DeploymentSpec, coverage: Coverage) -> list[str]:
     """Every goal and rule of `coverage` that applies to `spec` and no example of `stats` reached, each said in
     words."""
-    missing = [
-        f"{goal.says} ({goal.name})" for goal in coverage.goals if goal.applies(spec) and not stats.goals[goal.name]
-    ]
-    for rule, applies in coverage.rules.items():
-        if applies(spec):
-            missing += [f"rule {rule} never {how}" for how, counts in rule_counts(stats) if not counts[rule]]
+    goals, rules = left(stats, spec, coverage)
+    missing = [f"{goal.says} ({goal.name})" for goal in goals]
+    for rule in rules:
+        missing += [f"rule {rule} never {how}" for how, counts in rule_counts(stats) if not counts[rule]]
     return missing
 
 
