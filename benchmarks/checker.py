@@ -24,7 +24,7 @@ fault judged on a count costs the settle timeout), whether its final 1-minimalit
 ddmin and the other passes had already left nothing removable), and the sequence. Then one line for every
 distinct failure the search met: its property (or exception type), its kind (violation, harness, checker) and its
 steps. With `--swarm both` each fault is searched with the plain draw and then with the swarm draw
-(`ckpt_model.swarm`), a `draw` column says which, and a last table sets the two side by side: examples and seconds
+(`ckpt_model.steps.swarm`), a `draw` column says which, and a last table sets the two side by side: examples and seconds
 to the first failure per fault.
 """
 
@@ -41,15 +41,15 @@ from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 from restart import measure_harness  # benchmarks/restart.py, beside this script
 
-from ckpt_model import profiles
-from ckpt_model.checking import seeded
-from ckpt_model.deployment import Harness, fault_catalogue
-from ckpt_model.faultsearch import FAULT_SEARCH, FAULT_SEARCH_WITH_SHRINK, REPLAYS, Finding, harness_for, search
+from ckpt_model.deployments.harness import Harness, fault_catalogue
 from ckpt_model.interrupts import sigterm_unwinds
-from ckpt_model.machine import machine_for
-from ckpt_model.spec import FAULT_FREE, DeploymentSpec
-from ckpt_model.stats import ExampleStat, SearchStats
-from ckpt_model.verdicts import Failure
+from ckpt_model.model.spec import FAULT_FREE, DeploymentSpec
+from ckpt_model.results.stats import ExampleStat, SearchStats
+from ckpt_model.results.verdicts import Failure
+from ckpt_model.search import profiles
+from ckpt_model.search.checking import seeded
+from ckpt_model.search.faultsearch import FAULT_SEARCH, FAULT_SEARCH_WITH_SHRINK, REPLAYS, Finding, harness_for, search
+from ckpt_model.trainer.machine import machine_for
 
 # Every catalogue fault found and minimised within this, the median within half of it (issue 9's target).
 FAULT_TARGET_S = 120.0

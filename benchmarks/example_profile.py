@@ -3,7 +3,7 @@
     python benchmarks/example_profile.py [--examples 8] [--deployments native,slow/replay,counter+capture]
                                          [--seed 1 | --derandomize]
 
-For each deployment (by label; default: every fault-free one, `ckpt_model.spec.FAULT_FREE`) it runs the default
+For each deployment (by label; default: every fault-free one, `ckpt_model.model.spec.FAULT_FREE`) it runs the default
 profile's machine (`--examples` examples, explored randomly from `--seed`, so two runs of one commit, or of two
 commits with the same rules, play the same examples; Hypothesis's derandomized draws start with the shortest
 examples, most of them empty) with a `ckpt_model.timing.Timings` collector active, and prints seconds per
@@ -36,13 +36,14 @@ from hypothesis.stateful import run_state_machine_as_test
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]  # run from a checkout without installing
 
-from ckpt_model import profiles, timing  # noqa: E402 - after the path set-up above
-from ckpt_model.checking import seeded  # noqa: E402
-from ckpt_model.deployment import Harness  # noqa: E402
+from ckpt_model import timing  # noqa: E402 - after the path set-up above
+from ckpt_model.deployments.harness import Harness  # noqa: E402
 from ckpt_model.interrupts import sigterm_unwinds  # noqa: E402
-from ckpt_model.machine import machine_for  # noqa: E402
-from ckpt_model.spec import FAULT_FREE  # noqa: E402
-from ckpt_model.stats import SearchStats  # noqa: E402
+from ckpt_model.model.spec import FAULT_FREE  # noqa: E402
+from ckpt_model.results.stats import SearchStats  # noqa: E402
+from ckpt_model.search import profiles  # noqa: E402
+from ckpt_model.search.checking import seeded  # noqa: E402
+from ckpt_model.trainer.machine import machine_for  # noqa: E402
 
 DEPLOYMENTS = {spec.label: spec for spec in FAULT_FREE}
 # Counts per step worth reading next to the times.

@@ -12,9 +12,9 @@ standbys and, between rounds, waits until the next standbys are built, as when a
 restarts; `fork-b2b` restarts back to back, so each restart competes with the standbys the previous one asked
 for, or forks its servers itself.
 
-`harness` is the checker's own path, `ckpt_model.deployment.Harness.crash()`: crash, start, and every participant
-serving and known to the client (what the machine's `crash` rule waits for), with standbys built between rounds
-as on `fork`; its second column adds the first status round the machine sends after it (`status_all`).
+`harness` is the checker's own path, `ckpt_model.deployments.harness.Harness.crash()`: crash, start, and every
+participant serving and known to the client (what the machine's `crash` rule waits for), with standbys built between
+rounds as on `fork`; its second column adds the first status round the machine sends after it (`status_all`).
 `harness-begin` is `Harness.begin_example()`, the start of every example: the same, plus the backend's reset and
 a fresh checkpoint directory. The figures are wall clock on a shared machine: the load average is printed too.
 """
@@ -36,9 +36,9 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]  # run from a checkout without installing
 
-from ckpt_model.deployment import Harness  # noqa: E402 - after the path set-up above
+from ckpt_model.deployments.harness import Harness  # noqa: E402 - after the path set-up above
 from ckpt_model.interrupts import sigterm_unwinds  # noqa: E402
-from ckpt_model.wire import CHECKPOINT_ROUTE_PREFIX  # noqa: E402
+from ckpt_model.protocol.wire import CHECKPOINT_ROUTE_PREFIX  # noqa: E402
 from fakes.deployment import EmbeddedDeployment  # noqa: E402
 from fakes.stack import Stack  # noqa: E402
 

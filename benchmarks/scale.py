@@ -8,7 +8,7 @@ flight at a gated fake backend and to get them back, with the servers' peer clie
 and with an httpx client on httpx's own connection pool, which scans every connection whenever a request starts
 or ends (quadratic in the requests in flight).
 
-Runs `ckpt_model.scale.run_scale` on the look-alike stack (native topology) and prints each stage as it ends,
+Runs `ckpt_model.modes.scale.run_scale` on the look-alike stack (native topology) and prints each stage as it ends,
 then the stage table (dispatch, prepare, commit, crash, restore, resume, replacement), the records each
 participant wrote and the contract verdicts. Exit status 0 when every verdict holds, 1 on a violated property,
 2 when the run could not be judged (a harness error). The figures are wall clock on a shared machine: the load
@@ -33,7 +33,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "src")]  # run from a checkout without ins
 
 from ckpt_model.errors import HarnessError, PropertyViolation  # noqa: E402 - after the path set-up above
 from ckpt_model.interrupts import sigterm_unwinds  # noqa: E402
-from ckpt_model.scale import FINISHED_SHARE, raise_fd_limit, run_scale  # noqa: E402
+from ckpt_model.modes.scale import FINISHED_SHARE, raise_fd_limit, run_scale  # noqa: E402
 from fakes.gym.http import new_client  # noqa: E402
 from fakes.ports import free_port  # noqa: E402
 

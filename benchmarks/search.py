@@ -39,7 +39,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent.parent
 # Where a coverage run that did not pass keeps what it met (git ignores `.ckpt-model/`).
 KEPT = HERE / ".ckpt-model" / "benchmarks"
-# The families of the protocol's own operations (`ckpt_model.families`).
+# The families of the protocol's own operations (`ckpt_model.steps.families`).
 PROTOCOL_FAMILIES = ("rollouts", "calls", "checkpoints", "restores")
 FAULT_TARGET_S = 120.0
 
@@ -74,7 +74,7 @@ def keep(scratch: Path, label: str, limit_s: float, done: subprocess.CompletedPr
 
 def spec_flags(label: str) -> list[str]:
     """The `check` flags of a fault-free deployment, from its spec."""
-    from ckpt_model.spec import FAULT_FREE
+    from ckpt_model.model.spec import FAULT_FREE
 
     (spec,) = [spec for spec in FAULT_FREE if spec.label == label]
     flags = ["--topology", spec.topology, "--verify-mode", spec.verify_mode]
@@ -87,8 +87,8 @@ def spec_flags(label: str) -> list[str]:
 
 
 def family_of_rules() -> dict[str, str]:
-    from ckpt_model.draw import family_by_rule
-    from ckpt_model.machine import CheckpointMachine
+    from ckpt_model.steps.draw import family_by_rule
+    from ckpt_model.trainer.machine import CheckpointMachine
 
     return family_by_rule(CheckpointMachine)
 
@@ -243,12 +243,12 @@ def main(argv: list[str] | None = None) -> int:
         print(table(found, columns))
         return 0
     if args.command == "coverage":
-        from ckpt_model.spec import FAULT_FREE
+        from ckpt_model.model.spec import FAULT_FREE
 
         labels = [label for label in args.deployments.split(",") if label] or [spec.label for spec in FAULT_FREE]
         coverage(labels, [float(part) for part in args.seconds.split(",")])
         return 0
-    from ckpt_model.deployment import fault_catalogue
+    from ckpt_model.deployments.harness import fault_catalogue
 
     names = [name for name in args.faults.split(",") if name] or [fault.name for fault in fault_catalogue()]
     checkouts = [] if args.no_after else [("after", HERE)]

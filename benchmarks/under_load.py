@@ -22,9 +22,9 @@ from contextlib import contextmanager
 from checker import ProfileFigures, measure_profile  # benchmarks/checker.py, beside this script
 from hypothesis import settings
 
-from ckpt_model import profiles
 from ckpt_model.interrupts import sigterm_unwinds
-from ckpt_model.spec import FAULT_FREE, DeploymentSpec
+from ckpt_model.model.spec import FAULT_FREE, DeploymentSpec
+from ckpt_model.search import profiles
 
 HOG = (sys.executable, "-c", "while True: pass")
 RATIO_TARGET = 2.0

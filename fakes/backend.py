@@ -17,7 +17,7 @@ Ungated (`--ungated`): the same OpenAI API as a real model server (vLLM) serves 
 route and no cut endpoint, so nothing can hold a call. Every call answers after `--latency-ms` (a model's
 generation time, so rollouts are genuinely in flight when a checkpoint comes), and a request naming a model other
 than the served one (`--served-model-name`) is refused with 404, as vLLM refuses it. What the real-model mode
-(`ckpt_model.real_model`) runs against in CI.
+(`ckpt_model.modes.real_model`) runs against in CI.
 
 Run: `python -m fakes.backend --port N [--host 127.0.0.1] [--ungated [--latency-ms MS] [--served-model-name ID]]`.
 """

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The nightly deep search: the state machine with the `ci` profile over every fault-free deployment (each must also
-# reach every coverage goal that applies to it, `ckpt_model.goals`; the JUnit report holds each one's coverage
+# reach every coverage goal that applies to it, `ckpt_model.steps.goals`; the JUnit report holds each one's coverage
 # table), then the tests the default run leaves to it (`pytest -m deep`), then the full fault search (`pytest -m
 # search`: every planted fault found and shrunk). Installs nothing: run it in the project's environment
 # (`pip install -e '.[test]'` done).
@@ -46,9 +46,9 @@ run_step() {
   fi
 }
 
-# tests/stateful runs the machine against every fault-free deployment (`ckpt_model.spec.FAULT_FREE`, read from the
+# tests/stateful runs the machine against every fault-free deployment (`ckpt_model.model.spec.FAULT_FREE`, read from the
 # package, so this list is never declared twice) and the fixed scenarios.
-deployments="$("$python" -m ckpt_model.spec --fault-free)"
+deployments="$("$python" -m ckpt_model.model.spec --fault-free)"
 echo "=== nightly: fault-free deployments: ${deployments//$'\n'/ }" | tee -a "$artifacts/console.log"
 run_step stateful "$python" -m pytest tests/stateful -p no:cacheprovider -n "$workers" \
   --junitxml="$artifacts/junit-stateful.xml"

@@ -8,7 +8,7 @@
                                       replayed N times (10) for its reproduction rate ("P5 in 3 of 10
                                       replays"), minimised (1-minimal) by that rate and its regression file
                                       rewritten with it; the run ends with the coverage table (goals and rules
-                                      reached, `ckpt_model.goals`)
+                                      reached, `ckpt_model.steps.goals`)
     ckpt-model replay FILE [--keep-artifacts DIR]
                                       replay a regression file the checker wrote, without Hypothesis
     ckpt-model minimise FILE [--keep-artifacts DIR]
@@ -58,17 +58,18 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import attrs
 from hypothesis import settings
 
-from ckpt_model import artifacts, checking, profiles
+from ckpt_model.deployments import artifacts
 from ckpt_model.errors import CoordinationError, PropertyViolation, UsageError
 from ckpt_model.interrupts import signal_number, sigterm_unwinds
-from ckpt_model.reproduction import REPLAYS, Rate
-from ckpt_model.spec import OPTIONS, DeploymentSpec, OptionValue, SpecError, flag_keywords
-from ckpt_model.stats import RoundStat
-from ckpt_model.topologies import EPISODE_OWNERS, TOPOLOGIES, VERIFY_MODES
-from ckpt_model.verdicts import Exit, exception_text, kind_of, leaves, report_failure
+from ckpt_model.model.spec import OPTIONS, DeploymentSpec, OptionValue, SpecError, flag_keywords
+from ckpt_model.model.topologies import EPISODE_OWNERS, TOPOLOGIES, VERIFY_MODES
+from ckpt_model.results.reproduction import REPLAYS, Rate
+from ckpt_model.results.stats import RoundStat
+from ckpt_model.results.verdicts import Exit, exception_text, kind_of, leaves, report_failure
+from ckpt_model.search import checking, profiles
 
 if TYPE_CHECKING:  # the stateful module is imported only when a check runs
-    from ckpt_model.deployment import Harness, PlantedFault
+    from ckpt_model.deployments.harness import Harness, PlantedFault
 
 REAL_GYM_DOC = "docs/real-gym.md"
 SEED_BITS = 32
@@ -182,7 +183,8 @@ def build_parser() -> Parser:
     check.add_argument(
         "--swarm",
         action="store_true",
-        help="swarm testing: each example leaves out a random subset of the rules and mechanisms (ckpt_model.swarm)",
+        help="swarm testing: each example leaves out a random subset of the rules and mechanisms "
+        "(ckpt_model.steps.swarm)",
     )
     check.add_argument(
         "--no-minimise",
@@ -291,7 +293,7 @@ def build_parser() -> Parser:
 
 
 def planted_faults(text: str) -> tuple[PlantedFault, ...]:
-    from ckpt_model.deployment import UnknownFaults, faults_named
+    from ckpt_model.deployments.harness import UnknownFaults, faults_named
 
     try:
         return faults_named(text)
@@ -321,7 +323,8 @@ def chosen_spec(args: argparse.Namespace, planted: Sequence[PlantedFault]) -> De
 def run_settings(args: argparse.Namespace) -> settings:
     """The profile with the command's overrides (`profile_settings`), without Hypothesis's shrink unless asked."""
     chosen = profile_settings(args)
-    # Hypothesis's own shrink only with --no-minimise: the checker's minimiser is quicker (`ckpt_model.checking`).
+    # Hypothesis's own shrink only with --no-minimise: the checker's minimiser is quicker
+    # (`ckpt_model.search.checking`).
     return checking.without_shrink(chosen) if args.minimise else chosen
 
 
@@ -340,7 +343,7 @@ def profile_settings(args: argparse.Namespace) -> settings:
 
 
 def round_line(began: RoundStat) -> str:
-    """How a round of a search bounded by time is announced (`ckpt_model.aim`)."""
+    """How a round of a search bounded by time is announced (`ckpt_model.search.aim`)."""
     return f"{began.says} (at {began.started_s:.0f} s, after {began.examples_before} examples)"
 
 
@@ -433,7 +436,7 @@ def examples_line(args: argparse.Namespace, chosen: settings) -> str:
 
 def draw_line(args: argparse.Namespace) -> str:
     """The banner's words for the draw: the families' weights, and whether `--weights` changed them."""
-    from ckpt_model.draw import describe
+    from ckpt_model.steps.draw import describe
 
     weights = getattr(args, "family_weights", None)
     if weights is None:  # a controller whose machine draws as Hypothesis does
@@ -460,17 +463,17 @@ def profile_description(chosen: settings, *, seeded_run: bool) -> str:
 
 def run_check(args: argparse.Namespace) -> int:
     # Imported here, not at the top: `--help` and usage errors need none of the stack.
-    from ckpt_model import draw, goals
-    from ckpt_model.checking import statistics_line
-    from ckpt_model.deployment import Harness
-    from ckpt_model.machine import CheckpointMachine
-    from ckpt_model.progress import Progress
-    from ckpt_model.stats import SearchStats
-    from ckpt_model.steplog import coverage, declarations, families_of
+    from ckpt_model.deployments.harness import Harness
+    from ckpt_model.results.progress import Progress
+    from ckpt_model.results.stats import SearchStats
+    from ckpt_model.search.checking import statistics_line
+    from ckpt_model.steps import draw, goals
+    from ckpt_model.steps.steplog import coverage, declarations, families_of
+    from ckpt_model.trainer.machine import CheckpointMachine
 
     families = families_of(CheckpointMachine).values()
     if args.controller == "collection":
-        from ckpt_model import collection_check
+        from ckpt_model.search import collection_check
 
         faults = collection_check.checked_options(args)
         chosen = profile_settings(args)  # with Hypothesis's shrink: the minimiser is the trainer machine's
@@ -479,7 +482,7 @@ def run_check(args: argparse.Namespace) -> int:
     gym = None
     faults = planted_faults(args.faults)
     if args.deployment is not None:
-        from ckpt_model.gym_deployment import described
+        from ckpt_model.deployments.gym import described
 
         if faults:
             raise UsageError("--faults plants faults in the embedded stack; a real Gym deployment has none")
@@ -541,7 +544,7 @@ def run_check(args: argparse.Namespace) -> int:
             run.finish(code, leaves(error, stats.seen))
             return code
     run.searched()
-    from ckpt_model.checkable import Capabilities, summary, undrawable_rules, verdict_scope
+    from ckpt_model.steps.checkable import Capabilities, summary, undrawable_rules, verdict_scope
 
     capabilities = Capabilities.of(harness)
     rules = declarations(CheckpointMachine)
@@ -576,12 +579,12 @@ class RunRecord:
     search_s: float | None = None
 
     def unchecked(self) -> dict[str, str]:
-        """The properties this deployment cannot judge, each with why (`ckpt_model.checkable`)."""
+        """The properties this deployment cannot judge, each with why (`ckpt_model.steps.checkable`)."""
         if self.harness is None:
             return {}
-        from ckpt_model.checkable import Capabilities, unchecked_properties
-        from ckpt_model.machine import CheckpointMachine
-        from ckpt_model.steplog import declarations
+        from ckpt_model.steps.checkable import Capabilities, unchecked_properties
+        from ckpt_model.steps.steplog import declarations
+        from ckpt_model.trainer.machine import CheckpointMachine
 
         rules = declarations(CheckpointMachine)
         return {item.name: item.why for item in unchecked_properties(Capabilities.of(self.harness), rules)}
@@ -592,9 +595,9 @@ class RunRecord:
 
     def unmet(self) -> list[str]:
         """Every goal and rule that applies to this deployment and no example reached."""
-        from ckpt_model import goals
-        from ckpt_model.machine import CheckpointMachine
-        from ckpt_model.steplog import coverage
+        from ckpt_model.steps import goals
+        from ckpt_model.steps.steplog import coverage
+        from ckpt_model.trainer.machine import CheckpointMachine
 
         return goals.unmet(self.stats, self.spec, coverage(CheckpointMachine))
 
@@ -602,8 +605,8 @@ class RunRecord:
         """Write the files asked for; a file that cannot be written is said, and never changes the verdict."""
         if self.args.json is None and self.args.junit is None:
             return
-        from ckpt_model import check_result, regression
-        from ckpt_model.check_result import CheckResult, Statistics
+        from ckpt_model.results import check_result, regression
+        from ckpt_model.results.check_result import CheckResult, Statistics
 
         def regression_file(error: BaseException) -> str | None:
             if self.harness is None or kind_of(error) not in ("violation", "harness"):
@@ -671,8 +674,8 @@ def package_version() -> str:
 
 def load_regression(path: Path) -> tuple[dict[str, Any], DeploymentSpec]:
     """The file and its deployment; every problem with it at once, as a usage error."""
-    from ckpt_model import regression
-    from ckpt_model.deployment import fault_catalogue
+    from ckpt_model.deployments.harness import fault_catalogue
+    from ckpt_model.results import regression
 
     try:
         document = regression.load(path)
@@ -701,7 +704,7 @@ def unknown_rules(steps: Any) -> list[str]:
     file: found before any server starts (a replay would start the stack, then stop at it)."""
     import inspect
 
-    from ckpt_model.machine import CheckpointMachine
+    from ckpt_model.trainer.machine import CheckpointMachine
 
     if not isinstance(steps, list):
         return []  # `regression.load` already refused a file without a list of steps
@@ -719,8 +722,8 @@ def unknown_rules(steps: Any) -> list[str]:
 
 
 def run_replay(args: argparse.Namespace) -> int:
-    from ckpt_model import regression
-    from ckpt_model.scenarios import replay
+    from ckpt_model.results import regression
+    from ckpt_model.search.scenarios import replay
 
     document, _ = load_regression(args.file)
     kept = artifacts_dir(args)
@@ -747,8 +750,8 @@ def run_replay(args: argparse.Namespace) -> int:
 def run_minimise(args: argparse.Namespace) -> int:
     """Replay the file; only if it fails as recorded, minimise it and rewrite it with the minimal steps, once
     they failed as recorded on their final replay. Anything else leaves the file as it was."""
-    from ckpt_model import regression
-    from ckpt_model.minimise import describe, minimise_on, provenance, replay_once, signature
+    from ckpt_model.results import regression
+    from ckpt_model.search.minimise import describe, minimise_on, provenance, replay_once, signature
 
     document, spec = load_regression(args.file)
     kept = artifacts_dir(args)
@@ -785,7 +788,7 @@ def run_minimise(args: argparse.Namespace) -> int:
 def regression_harness(spec: DeploymentSpec, kept: Path | None = None) -> Iterator[Any]:
     """A fresh embedded deployment of the file's deployment, whose failures write their regression files under
     its own root, or in the artefacts' directory `kept` (never over the file being minimised)."""
-    from ckpt_model.deployment import Harness
+    from ckpt_model.deployments.harness import Harness
 
     harness = Harness.embedded(spec, artifacts=kept)
     if kept is None:
@@ -817,7 +820,7 @@ def not_minimised(path: Path, error: BaseException | None, recorded: tuple[str, 
 
 
 def run_stack(argv: list[str]) -> int:
-    from ckpt_model.deployment import system
+    from ckpt_model.deployments.harness import system
 
     try:
         return system().launch(argv, prog="ckpt-model stack")
@@ -828,8 +831,8 @@ def run_stack(argv: list[str]) -> int:
 
 def run_scale(args: argparse.Namespace) -> int:
     """Scale mode: the stage table, then the verdict (exit 0, 1 on a violated property, 2 if not judged)."""
-    from ckpt_model.scale import FINISHED_SHARE
-    from ckpt_model.scale import run_scale as scale_run
+    from ckpt_model.modes.scale import FINISHED_SHARE
+    from ckpt_model.modes.scale import run_scale as scale_run
 
     if args.model_url is not None:
         return run_real_model(args)
@@ -864,8 +867,8 @@ def _stage_table_run(run: Callable[[], Any], passed: Callable[[Any], str]) -> in
 
 def run_real_model(args: argparse.Namespace) -> int:
     """Scale mode with a real model: the seed's real-model test, its table, what was and was not checked."""
-    from ckpt_model.real_model import model_base_url, model_name_from_env
-    from ckpt_model.real_model import run_real_model as real_run
+    from ckpt_model.modes.real_model import model_base_url, model_name_from_env
+    from ckpt_model.modes.real_model import run_real_model as real_run
 
     if args.finished_share is not None:
         raise UsageError("'--finished-share' does not apply with '--model-url': a real model finishes what it finishes")
@@ -887,7 +890,7 @@ def run_real_model(args: argparse.Namespace) -> int:
 
 
 def run_faults() -> int:
-    from ckpt_model.deployment import collection_fault_catalogue, fault_catalogue
+    from ckpt_model.deployments.harness import collection_fault_catalogue, fault_catalogue
 
     rows = [
         (
@@ -928,8 +931,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     if arguments[:1] == ["stack"]:  # everything after it belongs to the stack's own parser
         return run_stack(arguments[1:])
-    if arguments[:1] == ["fuzz"]:  # everything after it belongs to ckpt_model.fuzz's own parser
-        from ckpt_model.fuzz import main as fuzz_main
+    if arguments[:1] == ["fuzz"]:  # everything after it belongs to ckpt_model.search.fuzz's own parser
+        from ckpt_model.search.fuzz import main as fuzz_main
 
         return fuzz_main(arguments[1:], prog="ckpt-model fuzz")
     parser = build_parser()
@@ -962,8 +965,8 @@ def run_command(args: argparse.Namespace) -> int:
 
 def run_audit(args: argparse.Namespace) -> int:
     """Every finding, then the verdict; a ROOT with no checkpoint is a usage error."""
-    from ckpt_model.audit import NothingToAudit, audit
-    from ckpt_model.audit_telemetry import NoTelemetry
+    from ckpt_model.modes.audit import NothingToAudit, audit
+    from ckpt_model.modes.audit_telemetry import NoTelemetry
 
     try:
         result = audit(args.root, args.episode_owner, args.telemetry)
@@ -977,7 +980,7 @@ def run_audit(args: argparse.Namespace) -> int:
 
 def write_output(path: Path, text: str) -> None:
     """A result file written whole; one that cannot be written is a note, never a change of verdict."""
-    from ckpt_model import check_result
+    from ckpt_model.results import check_result
 
     try:
         check_result.write(path, text)

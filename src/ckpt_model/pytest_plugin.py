@@ -4,14 +4,14 @@ Gym), chosen on the command line, as the session fixture `ckpt_harness`, and `ck
 
     pytest --ckpt-topology slow --ckpt-verify-mode replay --ckpt-faults resume_deletes_records my_tests/
 
-    def test_my_machine(ckpt_harness):            # a `ckpt_model.deployment.Harness`, started once per session
+    def test_my_machine(ckpt_harness):            # a `ckpt_model.deployments.harness.Harness`, started once per session
         run_state_machine_as_test(machine_for(ckpt_harness))
 
     def test_the_contract(ckpt_check):            # the check's search on ckpt_harness: a failure fails the test
         ckpt_check(examples=20, steps=8, seed=2)   # with the report `ckpt-model check` prints
 
-`ckpt_check` searches as `ckpt-model check` does (`ckpt_model.checking.search` without Hypothesis's shrink): it stops
-at the first failing example, measures its reproduction rate and makes it 1-minimal with the checker's minimiser,
+`ckpt_check` searches as `ckpt-model check` does (`ckpt_model.search.checking.search` without Hypothesis's shrink): it
+stops at the first failing example, measures its reproduction rate and makes it 1-minimal with the checker's minimiser,
 then fails the test with the failure report (property, rollout, expected, observed, steps, how to replay).
 `--ckpt-deployment FILE` checks a real Gym described in FILE (`ckpt-model check --deployment FILE`,
 docs/real-gym.md) instead of the embedded stack; `--ckpt-keep-artifacts DIR` keeps the run's artefacts in DIR, a new
@@ -25,7 +25,7 @@ a usage error naming the known ones.
 
 The plugin is inert unless used: it imports nothing heavy at load time (the stack is imported when the fixture is
 first requested), starts nothing unless a test requests `ckpt_harness`, loads no Hypothesis profile (the suites do
-that themselves, `ckpt_model.profiles`), and adds its report header line only when one of its options is given
+that themselves, `ckpt_model.search.profiles`), and adds its report header line only when one of its options is given
 (the header is printed before collection, so it cannot know whether a test will use the fixture).
 """
 
@@ -37,13 +37,13 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from ckpt_model.reproduction import REPLAYS
-from ckpt_model.spec import OPTIONS, DeploymentSpec, Option, OptionValue, SpecError, flag_keywords
-from ckpt_model.topologies import TOPOLOGIES, VERIFY_MODES
+from ckpt_model.model.spec import OPTIONS, DeploymentSpec, Option, OptionValue, SpecError, flag_keywords
+from ckpt_model.model.topologies import TOPOLOGIES, VERIFY_MODES
+from ckpt_model.results.reproduction import REPLAYS
 
 if TYPE_CHECKING:
-    from ckpt_model.deployment import Harness, PlantedFault
-    from ckpt_model.gym_deployment import GymDeployment
+    from ckpt_model.deployments.gym import GymDeployment
+    from ckpt_model.deployments.harness import Harness, PlantedFault
 
 CHOICES = ("ckpt_topology", "ckpt_verify_mode", "ckpt_faults", "ckpt_deployment", "ckpt_keep_artifacts")
 # What `ckpt_check` runs: the check's search, with these keywords (None: the profile's).
@@ -104,7 +104,7 @@ def chosen(config: pytest.Config) -> DeploymentSpec:
     faults_text = config.getoption("ckpt_faults") or ""
     planted: tuple[PlantedFault, ...] = ()
     if faults_text.strip():
-        from ckpt_model.deployment import faults_named
+        from ckpt_model.deployments.harness import faults_named
 
         planted = faults_named(faults_text)
     return DeploymentSpec.for_faults(
@@ -123,7 +123,7 @@ def used(config: pytest.Config) -> bool:
 
 def described_gym(config: pytest.Config) -> tuple[GymDeployment, DeploymentSpec]:
     """The real Gym `--ckpt-deployment` describes, and its spec; a bad file is a usage error."""
-    from ckpt_model.gym_deployment import described
+    from ckpt_model.deployments.gym import described
 
     try:
         return described(config.getoption("ckpt_deployment"))
@@ -144,8 +144,8 @@ def kept_dir(config: pytest.Config) -> Path | None:
 def pytest_configure(config: pytest.Config) -> None:
     if not used(config):
         return
-    from ckpt_model.artifacts import ArtifactsError, prepare
-    from ckpt_model.deployment import UnknownFaults
+    from ckpt_model.deployments.artifacts import ArtifactsError, prepare
+    from ckpt_model.deployments.harness import UnknownFaults
 
     if config.getoption("ckpt_deployment") is not None and (config.getoption("ckpt_faults") or "").strip():
         raise pytest.UsageError("--ckpt-faults plants faults in the embedded stack; a real Gym deployment has none")
@@ -181,7 +181,7 @@ def pytest_report_header(config: pytest.Config) -> str | None:
 def ckpt_harness(pytestconfig: pytest.Config) -> Iterator[Harness]:
     """A harness over the embedded stack in the deployment the `--ckpt-*` options name, or over the real Gym
     `--ckpt-deployment` describes; closed at session end."""
-    from ckpt_model.deployment import Harness
+    from ckpt_model.deployments.harness import Harness
 
     kept = kept_dir(pytestconfig)
     if pytestconfig.getoption("ckpt_deployment") is None:
@@ -199,10 +199,10 @@ def ckpt_check(ckpt_harness: Harness) -> Check:
     replays=10, profile="default")`. A failure fails the test with the report the command prints."""
     from hypothesis import settings
 
-    from ckpt_model import checking, profiles
-    from ckpt_model.gym_deployment import GymDeployment
-    from ckpt_model.stats import SearchStats
-    from ckpt_model.verdicts import failure_report
+    from ckpt_model.deployments.gym import GymDeployment
+    from ckpt_model.results.stats import SearchStats
+    from ckpt_model.results.verdicts import failure_report
+    from ckpt_model.search import checking, profiles
 
     def check(
         *,

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from ckpt_model import regression
-from ckpt_model.deployment import fault_catalogue
+from ckpt_model.deployments.harness import fault_catalogue
+from ckpt_model.results import regression
 from tests.stack.conftest import wait_until
 from tests.stacks_dump import default_sigint, stacks_of
 from tests.ungated_backend import SERVED_MODEL, ungated_backend
@@ -241,7 +241,7 @@ def test_check_finds_a_planted_fault_and_names_its_property(tmp_path: Path) -> N
     assert "P9Violation: P9 checkpoints are durable and immutable" in result.stdout
     # The minimal failing steps are printed (which ones depends on the first failing example: the drain
     # checkpoints and resumes, so the fault can show without a committing step among them).
-    assert "Minimal failing sequence (ckpt_model.minimise:" in result.stdout
+    assert "Minimal failing sequence (ckpt_model.search.minimise:" in result.stdout
     assert "FAILED: property violation (P9 in 10 of 10 replays)\nwrote result.json\nwrote result.xml" in result.stdout
     kept = tmp_path / "kept"
     assert not (tmp_path / "regressions").exists()  # with --keep-artifacts the regression file is kept with the rest

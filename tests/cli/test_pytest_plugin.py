@@ -19,7 +19,7 @@ def test_deployment(ckpt_harness):
 
 DEFAULTS = """
 from ckpt_model.pytest_plugin import chosen
-from ckpt_model.spec import DeploymentSpec
+from ckpt_model.model.spec import DeploymentSpec
 
 def test_defaults(pytestconfig):
     assert chosen(pytestconfig) == DeploymentSpec("native")
@@ -90,7 +90,7 @@ def test_ckpt_check_fails_the_test_with_the_check_s_report_and_keeps_its_artifac
         "P9Violation: P9 checkpoints are durable and immutable",
         "  expected: ",
         f"  observed: {kept / 'checkpoints'}",
-        "Minimal failing sequence (ckpt_model.minimise:",
+        "Minimal failing sequence (ckpt_model.search.minimise:",
         f"ckpt-model replay {kept / 'P9-native-resume_deletes_records.json'}",
         "FAILED: property violation (P9 in 1 of 1 replays)",
     ]:

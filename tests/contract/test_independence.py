@@ -48,7 +48,7 @@ def _imports_of(package: Path, forbidden: str) -> list[str]:
 
 def test_the_tree_is_where_this_test_expects_it() -> None:
     assert (FAKES / "gym" / "wire.py").is_file()
-    assert (SRC / "wire.py").is_file()
+    assert (SRC / "protocol" / "wire.py").is_file()
 
 
 def test_fakes_import_nothing_from_the_checker() -> None:
@@ -62,20 +62,20 @@ def test_the_checker_imports_nothing_from_fakes() -> None:
 def test_the_import_scan_sees_every_kind_of_import() -> None:
     source = (
         "import ckpt_model\n"
-        "import ckpt_model.wire as w\n"
-        "from ckpt_model.wire import EpisodeId\n"
+        "import ckpt_model.protocol.wire as w\n"
+        "from ckpt_model.protocol.wire import EpisodeId\n"
         "def f():\n"
         "    from ckpt_model import coordination\n"
-        "    importlib.import_module('ckpt_model.storage')\n"
+        "    importlib.import_module('ckpt_model.protocol.storage')\n"
         "from . import ckpt_model\n"
         "import ckpt_model_other\n"
     )
     found = sorted(_imported_modules(ast.parse(source)))
     assert found == [
         (1, "ckpt_model"),
-        (2, "ckpt_model.wire"),
-        (3, "ckpt_model.wire"),
+        (2, "ckpt_model.protocol.wire"),
+        (3, "ckpt_model.protocol.wire"),
         (5, "ckpt_model"),
-        (6, "ckpt_model.storage"),
+        (6, "ckpt_model.protocol.storage"),
         (8, "ckpt_model_other"),
     ]

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from ckpt_model import profiles
-from ckpt_model.fuzz import redis_server
+from ckpt_model.search import profiles
+from ckpt_model.search.fuzz import redis_server
 
 
 def require_redis_server() -> None:

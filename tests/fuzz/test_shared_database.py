@@ -1,5 +1,5 @@
 """`CKPT_MODEL_REDIS_URL` points every profile that keeps a database at one Redis server, and the throwaway server
-the tests (and `python -m ckpt_model.fuzz redis`) start leaves nothing behind."""
+the tests (and `python -m ckpt_model.search.fuzz redis`) start leaves nothing behind."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from pathlib import Path
 import psutil
 import redis
 
-from ckpt_model import profiles
-from ckpt_model.fuzz import redis_server
+from ckpt_model.search import profiles
+from ckpt_model.search.fuzz import redis_server
 from tests.fuzz.conftest import require_redis_server
 
-SHOW = "from ckpt_model import profiles; profiles.load(); print(profiles.describe())"
+SHOW = "from ckpt_model.search import profiles; profiles.load(); print(profiles.describe())"
 
 
 def described(**env: str) -> str:
@@ -37,7 +37,7 @@ def test_examples_saved_through_one_process_are_read_by_another(redis_url: str) 
     database = profiles.redis_database(redis_url)
     database.save(b"key", b"example")
     code = (
-        "import sys; from ckpt_model import profiles; print(list(profiles.redis_database(sys.argv[1]).fetch(b'key')))"
+        "import sys; from ckpt_model.search import profiles; print(list(profiles.redis_database(sys.argv[1]).fetch(b'key')))"
     )
     done = subprocess.run([sys.executable, "-c", code, redis_url], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[b'example']"

@@ -10,10 +10,10 @@ import pytest
 from hypothesis.internal.reflection import function_digest
 from hypothesis.stateful import get_state_machine_test
 
-from ckpt_model import fuzz, profiles
-from ckpt_model.deployment import Harness
-from ckpt_model.machine import machine_for
-from ckpt_model.spec import FAULT_FREE, DeploymentSpec
+from ckpt_model.deployments.harness import Harness
+from ckpt_model.model.spec import FAULT_FREE, DeploymentSpec
+from ckpt_model.search import fuzz, profiles
+from ckpt_model.trainer.machine import machine_for
 
 SLOW_WAIT_WITH_FAULT = DeploymentSpec("slow", "wait", ("environment_verify_never_waits",))
 

@@ -1,10 +1,10 @@
 """Many machines, one example database: a HypoFuzz worker finds a planted fault and saves it to a shared Redis
 database; another process, generating nothing, replays it from there and fails by the same property.
 
-Worker A is `python -m ckpt_model.fuzz worker`: HypoFuzz over the state machine against a stack with
+Worker A is `python -m ckpt_model.search.fuzz worker`: HypoFuzz over the state machine against a stack with
 `agent_retire_keeps_sessions` planted (P7; found in seconds). As soon as the failure is in Redis under the key plain
 Hypothesis uses for `machine_for(harness)` (HypoFuzz saves it there unshrunk at once, shrunk later), A is stopped
-with SIGTERM and leaves no process and no directory behind. Worker B is `python -m ckpt_model.fuzz replay`:
+with SIGTERM and leaves no process and no directory behind. Worker B is `python -m ckpt_model.search.fuzz replay`:
 `run_state_machine_as_test(machine_for(harness))` with only the reuse phase, on a fresh deployment.
 """
 
@@ -26,9 +26,9 @@ import redis
 from hypothesis.internal.reflection import function_digest
 from hypothesis.stateful import get_state_machine_test
 
-from ckpt_model.deployment import Harness
-from ckpt_model.machine import machine_for
-from ckpt_model.spec import DeploymentSpec
+from ckpt_model.deployments.harness import Harness
+from ckpt_model.model.spec import DeploymentSpec
+from ckpt_model.trainer.machine import machine_for
 from fakes.faults import BY_NAME
 
 # End to end, what the default run checks in parts (the database key against a real harness in test_targets.py,
@@ -41,7 +41,7 @@ PREFIX = b"hypothesis-example:"
 # Guards against a hang, not a speed requirement: A finds this fault in well under a minute on 2 busy cores.
 FOUND_GUARD_S = 600.0
 GONE_GUARD_S = 60.0
-WORKER = [sys.executable, "-m", "ckpt_model.fuzz"]
+WORKER = [sys.executable, "-m", "ckpt_model.search.fuzz"]
 
 
 def plain_hypothesis_key(target: DeploymentSpec) -> bytes:

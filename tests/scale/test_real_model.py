@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ckpt_model.properties import P2Violation, P3Violation, P15Violation
-from ckpt_model.real_model import (
+from ckpt_model.modes.real_model import (
     MODEL_NAME_ENV,
     MODEL_URL_ENV,
     NOT_CHECKED,
@@ -26,7 +25,8 @@ from ckpt_model.real_model import (
     rollout_ids,
     run_real_model,
 )
-from ckpt_model.scale import RunOutcome
+from ckpt_model.modes.scale import RunOutcome
+from ckpt_model.properties import P2Violation, P3Violation, P15Violation
 from tests.ungated_backend import SERVED_MODEL
 from tests.ungated_backend import ungated_backend as running_ungated_backend
 

@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from ckpt_model.deployment import Harness
-from ckpt_model.properties import P1Violation, P2Violation, P3Violation, P4Violation
-from ckpt_model.scale import (
+from ckpt_model.deployments.harness import Harness
+from ckpt_model.model.spec import DeploymentSpec
+from ckpt_model.modes.scale import (
     SCALE_ENV,
     RunOutcome,
     ScalePlan,
@@ -25,7 +25,7 @@ from ckpt_model.scale import (
     run_scale,
     workers_for,
 )
-from ckpt_model.spec import DeploymentSpec
+from ckpt_model.properties import P1Violation, P2Violation, P3Violation, P4Violation
 
 SMALL_ROLLOUTS = 50
 STAGES = ("dispatch", "prepare", "commit", "crash", "restore", "resume", "replacement")

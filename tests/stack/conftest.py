@@ -12,8 +12,8 @@ import attrs
 import httpx
 import pytest
 
-from ckpt_model.coordination import ControlClient, PrepareResult
-from ckpt_model.gym_tasks import native_run_body
+from ckpt_model.protocol.client import ControlClient, PrepareResult
+from ckpt_model.protocol.gym_tasks import native_run_body
 from fakes import process_groups
 from fakes.process_groups import process_state
 from fakes.stack import Stack

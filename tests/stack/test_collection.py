@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from ckpt_model import collection_files as files
-from ckpt_model.collection_machine import input_row
-from ckpt_model.collection_run import CollectionAudit, CollectionRun
-from ckpt_model.deployment import Harness
-from ckpt_model.topologies import TOPOLOGIES
+from ckpt_model.collection.machine import input_row
+from ckpt_model.deployments.collection_run import CollectionAudit, CollectionRun
+from ckpt_model.deployments.harness import Harness
+from ckpt_model.model.topologies import TOPOLOGIES
+from ckpt_model.protocol import collection_files as files
 from tests.stack.conftest import Deployment, wait_until
 
 pytestmark = pytest.mark.processes

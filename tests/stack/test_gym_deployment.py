@@ -19,11 +19,11 @@ import pytest
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from ckpt_model.deployment import Harness
-from ckpt_model.gym_deployment import GymDeployment, described_pgids
-from ckpt_model.machine import machine_for
-from ckpt_model.profiles import BASE
-from ckpt_model.scenarios import named, run
+from ckpt_model.deployments.gym import GymDeployment, described_pgids
+from ckpt_model.deployments.harness import Harness
+from ckpt_model.search.profiles import BASE
+from ckpt_model.search.scenarios import named, run
+from ckpt_model.trainer.machine import machine_for
 from fakes.ports import free_port
 from tests.stack.conftest import process_gone, wait_until
 

@@ -33,7 +33,7 @@ INNER_TEST = textwrap.dedent(
     import json, os, threading
     from pathlib import Path
 
-    from ckpt_model.deployment import Harness
+    from ckpt_model.deployments.harness import Harness
 
 
     def test_started_then_interrupted():

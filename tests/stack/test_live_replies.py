@@ -1,7 +1,7 @@
-"""The look-alike stack's live replies against the strict reply models of `ckpt_model.wire`.
+"""The look-alike stack's live replies against the strict reply models of `ckpt_model.protocol.wire`.
 
 The checker reads replies tolerantly (extras pass, so it can drive a real Gym), and the field table
-(`ckpt_model.fields`) is held to the reply models and to golden replies; nothing else would notice a field the
+(`ckpt_model.protocol.fields`) is held to the reply models and to golden replies; nothing else would notice a field the
 fakes start sending. Here a few fixed scenarios run on deployments that between them reach every body of the table,
 every JSON reply the checker's HTTP clients receive is recorded (a response hook on the clients
 `new_http_client` builds), mapped by method and route to its body in `fields.FIELDS`, and validated with the body's
@@ -21,11 +21,13 @@ import httpx
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from ckpt_model import coordination, deployment, fields, wire
-from ckpt_model.deployment import Harness
-from ckpt_model.get_round import GetRound
-from ckpt_model.scenarios import named, run
-from ckpt_model.spec import DeploymentSpec
+from ckpt_model.deployments import harness as deployment
+from ckpt_model.deployments.harness import Harness
+from ckpt_model.model.spec import DeploymentSpec
+from ckpt_model.protocol import client as coordination
+from ckpt_model.protocol import fields, wire
+from ckpt_model.protocol.get_round import GetRound
+from ckpt_model.search.scenarios import named, run
 
 # Each deployment with the short scenarios that reach its bodies and fields.
 DEPLOYMENTS: tuple[tuple[DeploymentSpec, tuple[str, ...]], ...] = (

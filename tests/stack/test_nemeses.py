@@ -9,10 +9,10 @@ from typing import Any
 import httpx
 import pytest
 
-from ckpt_model.deployment import Harness
+from ckpt_model.deployments.harness import Harness
 from ckpt_model.errors import CoordinationError
-from ckpt_model.gym_tasks import native_run_body
-from ckpt_model.wire import EpisodeId
+from ckpt_model.protocol.gym_tasks import native_run_body
+from ckpt_model.protocol.wire import EpisodeId
 from fakes import clock
 from fakes.gym.wire import bearer
 from fakes.process_groups import process_state

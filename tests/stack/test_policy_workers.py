@@ -19,8 +19,8 @@ import attrs
 import httpx
 import pytest
 
-from ckpt_model.gym_tasks import native_run_body
-from ckpt_model.wire import CHECKPOINT_ROUTE_PREFIX, EpisodeId
+from ckpt_model.protocol.gym_tasks import native_run_body
+from ckpt_model.protocol.wire import CHECKPOINT_ROUTE_PREFIX, EpisodeId
 from fakes.gym.runtime import runtime_dir
 from fakes.gym.wire import PLACEMENT_ROUTE
 from fakes.process_groups import process_state

@@ -10,9 +10,9 @@ from typing import Any
 import attrs
 import pytest
 
-from ckpt_model.coordination import Participants
-from ckpt_model.deployment import Harness
-from ckpt_model.gym_tasks import legacy_run_body
+from ckpt_model.deployments.harness import Harness
+from ckpt_model.protocol.client import Participants
+from ckpt_model.protocol.gym_tasks import legacy_run_body
 from fakes import stack as stack_module
 from fakes.deployment import EmbeddedDeployment
 from fakes.server_processes import ServerProcess

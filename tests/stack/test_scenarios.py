@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from ckpt_model.gym_tasks import COUNTER_SCRIPT, counter_run_body, legacy_run_body, native_run_body
-from ckpt_model.storage import participant_dir, read_records
-from ckpt_model.wire import EpisodeId
+from ckpt_model.protocol.gym_tasks import COUNTER_SCRIPT, counter_run_body, legacy_run_body, native_run_body
+from ckpt_model.protocol.storage import participant_dir, read_records
+from ckpt_model.protocol.wire import EpisodeId
 from tests.stack.conftest import Deployment, deadline, wait_until
 
 pytestmark = pytest.mark.processes

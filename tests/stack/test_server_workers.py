@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from ckpt_model.gym_tasks import native_run_body
-from ckpt_model.wire import EpisodeId
+from ckpt_model.protocol.gym_tasks import native_run_body
+from ckpt_model.protocol.wire import EpisodeId
 from fakes.gym.wire import PLACEMENT_ROUTE, WORKERS_ROUTE, bearer
 from tests.stack import test_scenarios as scenarios
 from tests.stack.conftest import Deployment, process_gone, wait_until

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from ckpt_model.gym_tasks import native_run_body
-from ckpt_model.wire import EpisodeId
+from ckpt_model.protocol.gym_tasks import native_run_body
+from ckpt_model.protocol.wire import EpisodeId
 from fakes.stack import Stack
 from fakes.topologies import TOPOLOGIES
 from tests.stack.conftest import Deployment, StackOptions, StackPool, deadline, process_gone

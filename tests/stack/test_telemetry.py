@@ -10,8 +10,8 @@ import pytest
 
 from ckpt_model import properties
 from ckpt_model.errors import CoordinationError
-from ckpt_model.telemetry import trace_id_of
-from ckpt_model.telemetry_watch import TelemetryReader
+from ckpt_model.protocol.telemetry import trace_id_of
+from ckpt_model.trainer.telemetry_watch import TelemetryReader
 from tests.stack.conftest import Deployment, deadline
 
 pytestmark = pytest.mark.processes

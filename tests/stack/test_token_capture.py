@@ -15,11 +15,11 @@ from typing import Any
 import httpx
 import pytest
 
-from ckpt_model.coordination import PrepareResult
 from ckpt_model.errors import CoordinationError
-from ckpt_model.gym_tasks import COUNTER_SCRIPT, counter_run_body, native_run_body
-from ckpt_model.storage import participant_dir, read_records
-from ckpt_model.wire import EpisodeId
+from ckpt_model.protocol.client import PrepareResult
+from ckpt_model.protocol.gym_tasks import COUNTER_SCRIPT, counter_run_body, native_run_body
+from ckpt_model.protocol.storage import participant_dir, read_records
+from ckpt_model.protocol.wire import EpisodeId
 from fakes.backend import FINAL_TEXT, tokens_from_text
 from tests.stack.conftest import Deployment, deadline, wait_until
 

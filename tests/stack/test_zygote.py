@@ -23,8 +23,8 @@ import attrs
 import httpx
 import pytest
 
-from ckpt_model.coordination import ControlClient
-from ckpt_model.wire import CHECKPOINT_ROUTE_PREFIX
+from ckpt_model.protocol.client import ControlClient
+from ckpt_model.protocol.wire import CHECKPOINT_ROUTE_PREFIX
 from fakes.gym.config import ServerConfig
 from fakes.server_processes import StackStartError
 from fakes.stack import Stack

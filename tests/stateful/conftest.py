@@ -3,7 +3,7 @@
 `CKPT_MODEL_EXAMPLES=N` runs N examples per machine test instead of the profile's number, with everything else of
 the profile: how the nightly's search is sized to a time budget, and how its throughput is measured
 (docs/parallel.md). Under the nightly's profile (`ci`) each fault-free deployment's search must also reach every
-coverage goal that applies to it (`GOALS_REQUIRED`, `ckpt_model.goals.require`); a few default examples cannot.
+coverage goal that applies to it (`GOALS_REQUIRED`, `ckpt_model.steps.goals.require`); a few default examples cannot.
 Under pytest-xdist each worker process builds its own harnesses; the example database is shared.
 """
 
@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
-from ckpt_model import profiles
-from ckpt_model.deployment import Harness
-from ckpt_model.spec import DeploymentSpec
+from ckpt_model.deployments.harness import Harness
+from ckpt_model.model.spec import DeploymentSpec
+from ckpt_model.search import profiles
 
 EXAMPLES_ENV = "CKPT_MODEL_EXAMPLES"
 

@@ -1,7 +1,8 @@
 """`ckpt-model audit` on checkpoint directories our stack wrote: a rollout collection's root (a SIGUSR1 checkpoint,
 then a SIGTERM one, so `LATEST`, two published checkpoints and their participants' shares) passes,
 and each damaged copy fails naming the damage, by the property it breaks. The damage covers every defect the
-checker's reader (`ckpt_model.storage`) and the collection reader (`ckpt_model.collection_files`) name."""
+checker's reader (`ckpt_model.protocol.storage`) and the collection reader (`ckpt_model.protocol.collection_files`)
+name."""
 
 from __future__ import annotations
 
@@ -16,13 +17,13 @@ from typing import Any
 
 import pytest
 
-from ckpt_model import scenarios
-from ckpt_model.audit import NothingToAudit, audit
-from ckpt_model.collection_files import LATEST, MANIFEST, latest_id
-from ckpt_model.collection_machine import collection_machine_for
-from ckpt_model.deployment import Harness
-from ckpt_model.spec import DeploymentSpec
-from ckpt_model.storage import MANIFEST_NAME
+from ckpt_model.collection.machine import collection_machine_for
+from ckpt_model.deployments.harness import Harness
+from ckpt_model.model.spec import DeploymentSpec
+from ckpt_model.modes.audit import NothingToAudit, audit
+from ckpt_model.protocol.collection_files import LATEST, MANIFEST, latest_id
+from ckpt_model.protocol.storage import MANIFEST_NAME
+from ckpt_model.search import scenarios
 
 NATIVE = DeploymentSpec("native")
 

@@ -1,7 +1,7 @@
 """Every planted fault of the look-alike collector (`fakes.collection.config.COLLECTION_FAULTS`) is caught by the
 collection property it names: in the default run through fixed steps of the collection machine (which pass on the
 fault-free collector), and in the nightly's `pytest -m search` by a derandomized random search of the machine
-that stops at the first failure, minimised by the domain minimiser (`ckpt_model.collection_search`)."""
+that stops at the first failure, minimised by the domain minimiser (`ckpt_model.search.collection_search`)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,15 @@ from collections.abc import Callable, Iterator
 import pytest
 from hypothesis import settings
 
-from ckpt_model import collection_files as files
-from ckpt_model import collection_properties as props
-from ckpt_model import profiles, properties
-from ckpt_model.collection_machine import CollectionMachine, collection_machine_for
-from ckpt_model.collection_search import search
-from ckpt_model.deployment import Harness
+from ckpt_model import properties
+from ckpt_model.collection.machine import CollectionMachine, collection_machine_for
+from ckpt_model.deployments.harness import Harness
 from ckpt_model.errors import PropertyViolation
-from ckpt_model.spec import DeploymentSpec
+from ckpt_model.model.spec import DeploymentSpec
+from ckpt_model.properties import collection as props
+from ckpt_model.protocol import collection_files as files
+from ckpt_model.search import profiles
+from ckpt_model.search.collection_search import search
 from fakes.collection.config import COLLECTION_FAULTS
 
 pytestmark = pytest.mark.processes
@@ -124,8 +125,8 @@ def test_the_same_steps_pass_on_the_fault_free_collector(machine_of: MachineOf, 
     assert sorted(machine.finished_as) == ["row-0", "row-1", "row-2"]
 
 
-# Planted faults of the servers that the collector's own calls show (`ckpt_model.collector_calls`, docs/collection.md):
-# the steps, the property, and a phrase of what it says the servers did.
+# Planted faults of the servers that the collector's own calls show (`ckpt_model.properties.collection_calls`,
+# docs/collection.md): the steps, the property, and a phrase of what it says the servers did.
 SERVER_FAULTS: dict[str, tuple[Steps, type[PropertyViolation], str]] = {
     "agent_stays_closed_after_commit": (
         lambda m: (m.start_run(), m.request_checkpoint()),

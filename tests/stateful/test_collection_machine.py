@@ -1,4 +1,4 @@
-"""The state machine as rollout collection's environment (`ckpt_model.collection_machine`) against the look-alike
+"""The state machine as rollout collection's environment (`ckpt_model.collection.machine`) against the look-alike
 collector: the fault-free collector keeps P22-P25 through random runs, preemptions, kills and reruns, and a
 planted collector fault is caught by its property."""
 
@@ -9,9 +9,9 @@ from collections.abc import Callable
 import pytest
 from hypothesis.stateful import run_state_machine_as_test
 
-from ckpt_model.collection_machine import collection_machine_for
-from ckpt_model.deployment import Harness
-from ckpt_model.spec import DeploymentSpec
+from ckpt_model.collection.machine import collection_machine_for
+from ckpt_model.deployments.harness import Harness
+from ckpt_model.model.spec import DeploymentSpec
 from tests.stateful.conftest import ACTIVE_SETTINGS, DEEP
 
 pytestmark = pytest.mark.processes

@@ -1,5 +1,5 @@
 """The controller contract, checked by the state machine against the fault-free stack, in every fault-free
-deployment (`ckpt_model.spec.FAULT_FREE`). Each run's coverage table goes to the JUnit report; in the nightly
+deployment (`ckpt_model.model.spec.FAULT_FREE`). Each run's coverage table goes to the JUnit report; in the nightly
 (`GOALS_REQUIRED`) every coverage goal and rule that applies to the deployment must have been reached."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import attrs
 import pytest
 from hypothesis.stateful import run_state_machine_as_test
 
-from ckpt_model import goals
-from ckpt_model.deployment import Harness
-from ckpt_model.machine import CheckpointMachine, machine_for
-from ckpt_model.spec import FAULT_FREE, DeploymentSpec
-from ckpt_model.stats import SearchStats
-from ckpt_model.steplog import coverage
+from ckpt_model.deployments.harness import Harness
+from ckpt_model.model.spec import FAULT_FREE, DeploymentSpec
+from ckpt_model.results.stats import SearchStats
+from ckpt_model.steps import goals
+from ckpt_model.steps.steplog import coverage
+from ckpt_model.trainer.machine import CheckpointMachine, machine_for
 from tests.stateful.conftest import ACTIVE_SETTINGS, DEEP, GOALS_REQUIRED
 
 # Deployments another fault-free deployment includes (it draws every rule and coverage goal of the smaller one, and

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from ckpt_model.faultsearch import harness_for, search
+from ckpt_model.search.faultsearch import harness_for, search
 from fakes.faults import CATALOGUE, Fault
 
 SHRUNK_STEPS_MAX = 10

@@ -8,13 +8,14 @@ from collections.abc import Iterator
 import attrs
 import pytest
 
-from ckpt_model import properties, regression
-from ckpt_model.deployment import Harness, planted
+from ckpt_model import properties
+from ckpt_model.deployments.harness import Harness, planted
 from ckpt_model.errors import PropertyViolation, QuiescenceTimeout, StepNotEnabled
-from ckpt_model.faultsearch import harness_for
-from ckpt_model.minimise import CANDIDATE_SETTLE_TIMEOUT_S
-from ckpt_model.quiescence import SETTLE_TIMEOUT_S
-from ckpt_model.scenarios import (
+from ckpt_model.model.spec import DeploymentSpec
+from ckpt_model.results import regression
+from ckpt_model.search.faultsearch import harness_for
+from ckpt_model.search.minimise import CANDIDATE_SETTLE_TIMEOUT_S
+from ckpt_model.search.scenarios import (
     CAPTURE_SCENARIOS,
     COUNTER_SCENARIOS,
     CUT_SCENARIOS,
@@ -33,7 +34,7 @@ from ckpt_model.scenarios import (
     run,
     steps,
 )
-from ckpt_model.spec import DeploymentSpec
+from ckpt_model.trainer.quiescence import SETTLE_TIMEOUT_S
 from fakes.faults import BY_NAME, CATALOGUE
 from tests.stateful.conftest import scenario_params
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 
-from ckpt_model import regression
-from ckpt_model.faultsearch import harness_for
-from ckpt_model.minimise import minimise_error, replay_once
 from ckpt_model.properties import P7Violation, P14Violation
-from ckpt_model.report import rule_calls_of
-from ckpt_model.verdicts import shrunk_steps
+from ckpt_model.results import regression
+from ckpt_model.results.report import rule_calls_of
+from ckpt_model.results.verdicts import shrunk_steps
+from ckpt_model.search.faultsearch import harness_for
+from ckpt_model.search.minimise import minimise_error, replay_once
 from tests.stateful.conftest import DEEP
 
 FAULT = "agent_retire_keeps_sessions"

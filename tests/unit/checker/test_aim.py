@@ -1,4 +1,4 @@
-"""Aimed rounds (`ckpt_model.aim`) on hand-built statistics: what a round aims at, the weights and pins it draws
+"""Aimed rounds (`ckpt_model.search.aim`) on hand-built statistics: what a round aims at, the weights and pins it draws
 with, when each round ends, and each round's seed; and the search's rounds (`checking.search`) with Hypothesis's
 run replaced by a recorder."""
 
@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
-from ckpt_model import aim, checking, draw
-from ckpt_model.goals import Coverage, Goal, everywhere, retry_goal
-from ckpt_model.spec import DeploymentSpec
-from ckpt_model.stats import RoundStat, SearchStats
+from ckpt_model.model.spec import DeploymentSpec
+from ckpt_model.results.stats import RoundStat, SearchStats
+from ckpt_model.search import aim, checking
+from ckpt_model.steps import draw
+from ckpt_model.steps.goals import Coverage, Goal, everywhere, retry_goal
 
 NATIVE = DeploymentSpec("native")
 CUTS = DeploymentSpec("native", token_capture=True, generation_cuts=True)
@@ -142,7 +143,7 @@ def test_a_search_bounded_by_time_runs_its_rounds_each_aimed_after_the_last(monk
     from hypothesis.database import InMemoryExampleDatabase
     from hypothesis.stateful import RuleBasedStateMachine
 
-    import ckpt_model.machine
+    import ckpt_model.trainer.machine
 
     recorded = Recorded()
     focus = draw.Focus(frozenset({"stalled_write"}), {"stalled_write": {"then_retry": True}})
@@ -154,7 +155,7 @@ def test_a_search_bounded_by_time_runs_its_rounds_each_aimed_after_the_last(monk
         return RuleBasedStateMachine
 
     monkeypatch.setattr(stateful, "run_state_machine_as_test", recorded.run)
-    monkeypatch.setattr(ckpt_model.machine, "machine_for", machine_for)
+    monkeypatch.setattr(ckpt_model.trainer.machine, "machine_for", machine_for)
     monkeypatch.setattr(checking, "_aim_after", lambda *_args: next(aims))
     stats, began = SearchStats(), list[RoundStat]()
     database = InMemoryExampleDatabase()
@@ -185,7 +186,7 @@ def test_a_search_bounded_by_examples_is_one_round(monkeypatch: pytest.MonkeyPat
 
     recorded = Recorded()
     monkeypatch.setattr(stateful, "run_state_machine_as_test", recorded.run)
-    monkeypatch.setattr("ckpt_model.machine.machine_for", lambda *_args, **_kwargs: object)
+    monkeypatch.setattr("ckpt_model.trainer.machine.machine_for", lambda *_args, **_kwargs: object)
     stats, began = SearchStats(), list[RoundStat]()
     checking.search(None, settings(), stats, max_time_s=120, rounds=False, round_began=began.append)
     assert len(recorded.rounds) == 1
@@ -199,7 +200,7 @@ def test_a_round_whose_time_already_passed_is_skipped(monkeypatch: pytest.Monkey
 
     recorded = Recorded()
     monkeypatch.setattr(stateful, "run_state_machine_as_test", recorded.run)
-    monkeypatch.setattr("ckpt_model.machine.machine_for", lambda *_args, **_kwargs: object)
+    monkeypatch.setattr("ckpt_model.trainer.machine.machine_for", lambda *_args, **_kwargs: object)
     monkeypatch.setattr(checking, "_aim_after", lambda *_args: None)
     stats, began = SearchStats(), list[RoundStat]()
     stats.started_s -= 100  # the search began 100 s ago: rounds 1 and 2 (to 60 and 90 s) are past

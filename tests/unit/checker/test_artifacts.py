@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from ckpt_model import artifacts
-from ckpt_model.artifacts import ArtifactsError, copy_logs, prepare, write_history
-from ckpt_model.history import History
-from ckpt_model.report import keep_artifacts
+from ckpt_model.deployments import artifacts
+from ckpt_model.deployments.artifacts import ArtifactsError, copy_logs, prepare, write_history
+from ckpt_model.protocol.history import History
+from ckpt_model.results.report import keep_artifacts
 
 
 def test_prepare_creates_a_missing_directory_and_returns_it_absolute(tmp_path: Path, monkeypatch: Any) -> None:

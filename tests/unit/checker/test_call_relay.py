@@ -1,4 +1,4 @@
-"""The checker's relay (`ckpt_model.call_relay`) against a real HTTP/1.1 server on loopback: it relays every
+"""The checker's relay (`ckpt_model.collection.relay`) against a real HTTP/1.1 server on loopback: it relays every
 request and reply unchanged, journals control calls and `/run`s only, and passes on a dropped connection in both
 directions without making up a reply."""
 
@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from ckpt_model.call_relay import CallRelay, operation_of
-from ckpt_model.history import History
+from ckpt_model.collection.relay import CallRelay, operation_of
+from ckpt_model.protocol.history import History
 from tests.stack.conftest import wait_until
 
 COMMIT = "/ng-control/v1/checkpoint/commit"

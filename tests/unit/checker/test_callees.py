@@ -10,10 +10,10 @@ from typing import Any
 import httpx
 import pytest
 
-from ckpt_model.callees import GENERATION_ROUTE, Callees
-from ckpt_model.contract import Attempt
-from ckpt_model.coordination import Participant
-from ckpt_model.history import History
+from ckpt_model.model.contract import Attempt
+from ckpt_model.protocol.client import Participant
+from ckpt_model.protocol.history import History
+from ckpt_model.trainer.callees import GENERATION_ROUTE, Callees
 
 RETIRED = Attempt(rollout="r0", attempt=1, status="retired", script=(2, 4), run=1)
 RESOURCES = Participant(name="resources", kind="resources", url="http://resources")

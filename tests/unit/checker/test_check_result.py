@@ -6,10 +6,10 @@ import json
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
-from ckpt_model.check_result import CheckResult, FailureResult, Statistics, failure_results, write
 from ckpt_model.errors import StepNotEnabled
 from ckpt_model.properties import REGISTRY, P9Violation
-from ckpt_model.stats import RoundStat, SearchStats
+from ckpt_model.results.check_result import CheckResult, FailureResult, Statistics, failure_results, write
+from ckpt_model.results.stats import RoundStat, SearchStats
 
 
 def statistics() -> Statistics:

@@ -1,4 +1,4 @@
-"""What a deployment lets the checker check (`ckpt_model.checkable`): its tables agree with the machine's own
+"""What a deployment lets the checker check (`ckpt_model.steps.checkable`): its tables agree with the machine's own
 preconditions, and the unchecked properties of hand-built capabilities are exactly those no rule or site judges.
 
 The machine's preconditions are evaluated as they are (`steplog.gates`), on a machine whose harness, controller
@@ -16,13 +16,13 @@ from typing import Any
 import attrs
 import pytest
 
-from ckpt_model import checkable
-from ckpt_model.checkable import Capabilities
-from ckpt_model.contract import Model
-from ckpt_model.coordination import Participant
-from ckpt_model.machine import CheckpointMachine
+from ckpt_model.model.contract import Model
 from ckpt_model.properties import REGISTRY
-from ckpt_model.steplog import declarations, gates
+from ckpt_model.protocol.client import Participant
+from ckpt_model.steps import checkable
+from ckpt_model.steps.checkable import Capabilities
+from ckpt_model.steps.steplog import declarations, gates
+from ckpt_model.trainer.machine import CheckpointMachine
 
 DEPTH = 5
 RULES = declarations(CheckpointMachine)

@@ -8,13 +8,13 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
-from ckpt_model import collection_check
-from ckpt_model.collection_check import replay_command
-from ckpt_model.collection_properties import P23Violation
-from ckpt_model.collection_search import CollectionFinding
-from ckpt_model.deployment import collection_fault_catalogue
-from ckpt_model.minimise import Minimised
-from ckpt_model.verdicts import Exit
+from ckpt_model.deployments.harness import collection_fault_catalogue
+from ckpt_model.properties.collection import P23Violation
+from ckpt_model.results.verdicts import Exit
+from ckpt_model.search import collection_check
+from ckpt_model.search.collection_check import replay_command
+from ckpt_model.search.collection_search import CollectionFinding
+from ckpt_model.search.minimise import Minimised
 
 
 def test_the_replay_command_names_the_search_it_repeats() -> None:

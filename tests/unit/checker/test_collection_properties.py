@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from ckpt_model import collection_files as files
-from ckpt_model import collection_properties as props
-from ckpt_model.collection_files import CollectionCheckpoint, CollectionUnreadable, OutputRow
-from ckpt_model.collection_properties import (
+from ckpt_model.deployments.collection_run import CollectionAudit
+from ckpt_model.errors import PropertyViolation
+from ckpt_model.properties import collection as props
+from ckpt_model.properties.collection import (
     P22Violation,
     P23Violation,
     P24Violation,
@@ -26,9 +26,9 @@ from ckpt_model.collection_properties import (
     p24_continued_exported,
     p25_rows,
 )
-from ckpt_model.collection_run import CollectionAudit
-from ckpt_model.errors import PropertyViolation
-from ckpt_model.wire import EpisodeId
+from ckpt_model.protocol import collection_files as files
+from ckpt_model.protocol.collection_files import CollectionCheckpoint, CollectionUnreadable, OutputRow
+from ckpt_model.protocol.wire import EpisodeId
 from tests.unit.checker.participant_dirs import write_participant
 
 IDS = [f"ckpt-20261204T1200{second:02d}-0000000{second}" for second in range(5)]
@@ -278,7 +278,7 @@ def test_published_and_partial_checkpoints_are_told_apart(tmp_path: Path) -> Non
 
 def test_the_docs_collection_table_names_every_collection_property() -> None:
     """docs/how-it-works.md's table of the collection machine's properties has a row for exactly the violation
-    classes `ckpt_model.collection_properties` defines, titled by their names."""
+    classes `ckpt_model.properties.collection` defines, titled by their names."""
     docs = (Path(__file__).parents[3] / "docs" / "how-it-works.md").read_text()
     table = docs[docs.index("| id | checked by |") :].split("\n\n")[0]
     rows = [line.split("|")[1].strip() for line in table.splitlines()[2:]]

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from ckpt_model.collection_properties import P22Violation, P23Violation
-from ckpt_model.collection_run import CollectionAudit, CollectionRun, CollectionRunError
+from ckpt_model.deployments.collection_run import CollectionAudit, CollectionRun, CollectionRunError
+from ckpt_model.properties.collection import P22Violation, P23Violation
 from tests.unit.checker.test_collection_properties import IDS, KINDS, checkpoint
 
 # Echoes its config's `say` on SIGUSR1 and exits 75 on SIGTERM, or waits for ever.

@@ -1,5 +1,5 @@
-"""The collection minimiser's predicate (`ckpt_model.collection_search.CollectionReplayer`): what it learns from a
-replay answers later candidates without replaying them, on scripted outcomes (no processes)."""
+"""The collection minimiser's predicate (`ckpt_model.search.collection_search.CollectionReplayer`): what it learns from
+a replay answers later candidates without replaying them, on scripted outcomes (no processes)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from typing import Any, cast
 
 import pytest
 
-from ckpt_model import collection_search
-from ckpt_model.collection_properties import P24Violation, P25Violation
-from ckpt_model.collection_search import CollectionReplayer, Replayed
-from ckpt_model.deployment import Harness
+from ckpt_model.deployments.harness import Harness
 from ckpt_model.errors import StepNotEnabled
-from ckpt_model.minimise import Step, minimise
+from ckpt_model.properties.collection import P24Violation, P25Violation
+from ckpt_model.search import collection_search
+from ckpt_model.search.collection_search import CollectionReplayer, Replayed
+from ckpt_model.search.minimise import Step, minimise
 
 START: Step = ("start_run", {})
 CHECKPOINT: Step = ("request_checkpoint", {})

@@ -1,4 +1,4 @@
-"""The servers' properties on a collection run's journaled calls (`ckpt_model.collector_calls`), judged on
+"""The servers' properties on a collection run's journaled calls (`ckpt_model.properties.collection_calls`), judged on
 hand-built journals: a clean one passes, and each check fails on the reply it exists for."""
 
 from __future__ import annotations
@@ -7,16 +7,7 @@ from typing import Any
 
 import pytest
 
-from ckpt_model.collector_calls import (
-    CallAudit,
-    completed_calls,
-    prepared_spans,
-    reported_restarts,
-    run_key,
-    scope_keys,
-)
 from ckpt_model.errors import HarnessError
-from ckpt_model.history import History
 from ckpt_model.properties import (
     P1Violation,
     P2Violation,
@@ -28,7 +19,16 @@ from ckpt_model.properties import (
     p2_no_reply_within,
     p10_open_after_resume,
 )
-from ckpt_model.storage import CheckpointUnreadable, Fingerprint
+from ckpt_model.properties.collection_calls import (
+    CallAudit,
+    completed_calls,
+    prepared_spans,
+    reported_restarts,
+    run_key,
+    scope_keys,
+)
+from ckpt_model.protocol.history import History
+from ckpt_model.protocol.storage import CheckpointUnreadable, Fingerprint
 
 KINDS = {"environment": "environment", "agent": "agent"}
 CKPT = "ckpt-1"

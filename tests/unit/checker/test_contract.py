@@ -5,7 +5,7 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from ckpt_model.contract import VERIFY, Model, Restarted, expect
+from ckpt_model.model.contract import VERIFY, Model, Restarted, expect
 
 
 def native() -> Model:

@@ -16,18 +16,18 @@ from typing import Any
 
 import pytest
 
-from ckpt_model.contract import Attempt
-from ckpt_model.controller import CONTROL_DEADLINE_S, PAST_DEADLINE_S, Controller, Operation
-from ckpt_model.coordination import Participant, Participants, PrepareResult
 from ckpt_model.errors import CoordinationError, HarnessError, ParticipantFailure
-from ckpt_model.history import History
-from ckpt_model.ledger_watch import LedgerWatch
-from ckpt_model.lineage import Lineage
-from ckpt_model.nemeses.crashes import Crashes
-from ckpt_model.nemesis import Nemesis
+from ckpt_model.model.contract import Attempt
+from ckpt_model.model.lineage import Lineage
+from ckpt_model.model.spec import DeploymentSpec
 from ckpt_model.properties import P10Violation
-from ckpt_model.spec import DeploymentSpec
-from ckpt_model.wire import EpisodeId
+from ckpt_model.protocol.client import Participant, Participants, PrepareResult
+from ckpt_model.protocol.history import History
+from ckpt_model.protocol.wire import EpisodeId
+from ckpt_model.trainer.controller import CONTROL_DEADLINE_S, PAST_DEADLINE_S, Controller, Operation
+from ckpt_model.trainer.kills import Nemesis
+from ckpt_model.trainer.ledger_watch import LedgerWatch
+from ckpt_model.trainer.nemeses.crashes import Crashes
 
 MEMBERS = Participants(
     members=(

@@ -15,7 +15,8 @@ import attrs
 import httpx
 import pytest
 
-from ckpt_model.coordination import (
+from ckpt_model.errors import CoordinationError, ParticipantFailure, ProtocolError
+from ckpt_model.protocol.client import (
     ControlClient,
     Participant,
     Participants,
@@ -24,8 +25,7 @@ from ckpt_model.coordination import (
     new_http_client,
     shared_tls_context,
 )
-from ckpt_model.errors import CoordinationError, ParticipantFailure, ProtocolError
-from ckpt_model.wire import EpisodeId
+from ckpt_model.protocol.wire import EpisodeId
 
 TOKEN = "test-token"
 NOW_TS = 1_000.0

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ckpt_model.nemeses.damaged_copies import damaged_copy, holds_records
-from ckpt_model.storage import CheckpointUnreadable, fingerprint, participant_dir, read_records
+from ckpt_model.protocol.storage import CheckpointUnreadable, fingerprint, participant_dir, read_records
+from ckpt_model.trainer.nemeses.damaged_copies import damaged_copy, holds_records
 from tests.unit.checker.test_storage_reader import INSTANCE, KIND, RECORDS, _participant
 
 

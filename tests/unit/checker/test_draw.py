@@ -1,6 +1,6 @@
-"""The fair draw (`ckpt_model.draw`) on a tiny machine of hand-built families: a family's share follows its weight,
-not its number of rules; a weight of 0 keeps a family out unless nothing else can move; shrinking ends in the first
-family; the weights parse or fail with the families named."""
+"""The fair draw (`ckpt_model.steps.draw`) on a tiny machine of hand-built families: a family's share follows its
+weight, not its number of rules; a weight of 0 keeps a family out unless nothing else can move; shrinking ends in the
+first family; the weights parse or fail with the families named."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from hypothesis import strategies as st
 from hypothesis.errors import UnsatisfiedAssumption
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
-from ckpt_model import draw
-from ckpt_model.contract import Model
-from ckpt_model.families import Family
-from ckpt_model.history import History
-from ckpt_model.stats import SearchStats
-from ckpt_model.steplog import StepLog, action
+from ckpt_model.model.contract import Model
+from ckpt_model.protocol.history import History
+from ckpt_model.results.stats import SearchStats
+from ckpt_model.steps import draw
+from ckpt_model.steps.families import Family
+from ckpt_model.steps.steplog import StepLog, action
 
 PROTOCOL = Family("protocol", "one rule", 3, protocol=True)
 MANY = Family("many", "six rules", 1)
@@ -100,7 +100,7 @@ class Labelled(Families):
 
 
 def test_a_pinned_argument_is_fixed_and_a_focused_rule_drawn_first_in_its_family() -> None:
-    """An aimed round (`ckpt_model.aim`) fixes `fault_e`'s `pick` and draws `fault_b` first among the family's
+    """An aimed round (`ckpt_model.search.aim`) fixes `fault_e`'s `pick` and draws `fault_b` first among the family's
     rules: every `fault_e` step has the pick, the family's steps are all `fault_b`'s (it is always enabled), and the
     families still share the steps by weight."""
     Labelled.stats, Labelled.weights, Labelled.labels = SearchStats(), {}, []
@@ -232,8 +232,8 @@ def test_a_run_of_zeros_is_kept_where_the_deployment_allows_one_example_only() -
 
 
 def test_every_rule_of_the_machine_has_a_family_and_the_protocol_weighs_more_than_half() -> None:
-    from ckpt_model.machine import CheckpointMachine
-    from ckpt_model.steplog import families_of, rule_names
+    from ckpt_model.steps.steplog import families_of, rule_names
+    from ckpt_model.trainer.machine import CheckpointMachine
 
     family_of = families_of(CheckpointMachine)
     assert sorted(family_of) == rule_names(CheckpointMachine)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ckpt_model.errors import CoordinationError, ParticipantFailure
-from ckpt_model.pipeline import only_deadline_missed, only_unanswered
+from ckpt_model.trainer.pipeline import only_deadline_missed, only_unanswered
 
 NO_REPLY = ParticipantFailure("environment", None, None, "transport error ReadTimeout: timed out")
 MISSED = ParticipantFailure("agent", 409, "deadline_exceeded", "deadline passed")

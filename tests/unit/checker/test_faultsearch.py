@@ -18,16 +18,16 @@ from hypothesis import Phase, settings
 from hypothesis.errors import InvalidDefinition
 from hypothesis.stateful import RuleBasedStateMachine, rule
 
-from ckpt_model import minimise as mm
-from ckpt_model import regression
 from ckpt_model.errors import QuiescenceTimeout
-from ckpt_model.faultsearch import Finding, minimised_failures, run_search
-from ckpt_model.minimise import Minimised, Steps, minimise_error
+from ckpt_model.model.spec import DeploymentSpec
 from ckpt_model.properties import P1Violation, P9Violation
-from ckpt_model.report import RULE_CALLS
-from ckpt_model.reproduction import Rate
-from ckpt_model.spec import DeploymentSpec
-from ckpt_model.verdicts import Failure, classify
+from ckpt_model.results import regression
+from ckpt_model.results.report import RULE_CALLS
+from ckpt_model.results.reproduction import Rate
+from ckpt_model.results.verdicts import Failure, classify
+from ckpt_model.search import minimise as mm
+from ckpt_model.search.faultsearch import Finding, minimised_failures, run_search
+from ckpt_model.search.minimise import Minimised, Steps, minimise_error
 
 SMALL = settings(
     max_examples=100,

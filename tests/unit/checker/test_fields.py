@@ -1,5 +1,6 @@
-"""The field table (`ckpt_model.fields`) against the wire schema, the checks it names, and docs/fields.md: a field
-added to a reply model cannot go unlisted, a check the table names exists, and the docs say what the table says."""
+"""The field table (`ckpt_model.protocol.fields`) against the wire schema, the checks it names, and docs/fields.md: a
+field added to a reply model cannot go unlisted, a check the table names exists, and the docs say what the table
+says."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ from typing import Any
 
 import pytest
 
-from ckpt_model import fields, lineage, placement, properties, wire
-from ckpt_model.fields import Compared, NotCompared
+from ckpt_model import properties
+from ckpt_model.model import lineage
+from ckpt_model.protocol import fields, wire
+from ckpt_model.protocol.fields import Compared, NotCompared
+from ckpt_model.trainer import placement
 
 ROOT = Path(__file__).parents[3]
 GOLDEN = ROOT / "tests" / "contract" / "golden"
@@ -45,7 +49,7 @@ def test_every_reason_says_something() -> None:
 
 
 def test_the_docs_are_the_rendered_table() -> None:
-    """`python -m ckpt_model.fields > docs/fields.md` regenerates it."""
+    """`python -m ckpt_model.protocol.fields > docs/fields.md` regenerates it."""
     assert (ROOT / "docs" / "fields.md").read_text() == fields.render()
 
 

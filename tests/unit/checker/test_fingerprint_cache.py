@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ckpt_model.storage import CheckpointUnreadable, FingerprintCache, fingerprint
+from ckpt_model.protocol.storage import CheckpointUnreadable, FingerprintCache, fingerprint
 from tests.unit.checker.participant_dirs import write_participant
 
 KIND = "environment"

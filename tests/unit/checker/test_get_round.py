@@ -16,11 +16,11 @@ from typing import Any
 import httpx
 import pytest
 
-from ckpt_model import get_round
-from ckpt_model.coordination import ControlClient, Participant, Participants
-from ckpt_model.deployment import BackendGate
+from ckpt_model.deployments.harness import BackendGate
 from ckpt_model.errors import CoordinationError
-from ckpt_model.get_round import GetRound
+from ckpt_model.protocol import get_round
+from ckpt_model.protocol.client import ControlClient, Participant, Participants
+from ckpt_model.protocol.get_round import GetRound
 
 
 class Server:

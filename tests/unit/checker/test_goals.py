@@ -9,15 +9,15 @@ from collections import Counter
 import pytest
 from hypothesis.stateful import RuleBasedStateMachine
 
-from ckpt_model import goals
-from ckpt_model.contract import Model
-from ckpt_model.families import Family
-from ckpt_model.goals import Coverage, Goal, GoalsUnmet, Step
-from ckpt_model.machine import CheckpointMachine
-from ckpt_model.nemeses import clocks, crashes, lost_replies, pauses, unreachable
-from ckpt_model.spec import DeploymentSpec
-from ckpt_model.stats import SearchStats
-from ckpt_model.steplog import action, declarations, families_in_order, goal_families, goals_of, scopes
+from ckpt_model.model.contract import Model
+from ckpt_model.model.spec import DeploymentSpec
+from ckpt_model.results.stats import SearchStats
+from ckpt_model.steps import goals
+from ckpt_model.steps.families import Family
+from ckpt_model.steps.goals import Coverage, Goal, GoalsUnmet, Step
+from ckpt_model.steps.steplog import action, declarations, families_in_order, goal_families, goals_of, scopes
+from ckpt_model.trainer.machine import CheckpointMachine
+from ckpt_model.trainer.nemeses import clocks, crashes, lost_replies, pauses, unreachable
 
 NATIVE = DeploymentSpec("native")
 CUTS = DeploymentSpec("native", token_capture=True, generation_cuts=True)
@@ -282,8 +282,8 @@ RETRY_RULES = ("storage_fault", "stalled_write", "paused_commit", "paused_prepar
 
 
 def test_a_goals_rule_and_pins_name_a_rule_of_the_machine_and_its_arguments() -> None:
-    """What an aimed round fixes (`ckpt_model.aim`) must be a rule the machine draws and arguments it takes; a goal
-    reached by its arguments alone (`retry_goal`) is reached by a step of its rule with its pins."""
+    """What an aimed round fixes (`ckpt_model.search.aim`) must be a rule the machine draws and arguments it takes; a
+    goal reached by its arguments alone (`retry_goal`) is reached by a step of its rule with its pins."""
     rules = declarations(CheckpointMachine)
     aimed = [goal for goal in GOALS if goal.rule is not None]
     assert {goal.rule for goal in aimed} >= {"commit", "restore", "stalled_write", "lost_reply", "skewed_clock"}

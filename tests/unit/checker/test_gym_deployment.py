@@ -21,9 +21,8 @@ from typing import Any
 import attrs
 import pytest
 
-from ckpt_model import preflight
-from ckpt_model.coordination import new_http_client
-from ckpt_model.gym_deployment import (
+from ckpt_model.deployments import preflight
+from ckpt_model.deployments.gym import (
     GymCommandError,
     GymDeployment,
     ProcessInfo,
@@ -32,7 +31,8 @@ from ckpt_model.gym_deployment import (
     process_table,
     system_label,
 )
-from ckpt_model.preflight import PreflightError
+from ckpt_model.deployments.preflight import PreflightError
+from ckpt_model.protocol.client import new_http_client
 from fakes.ports import free_port
 
 TOKEN = "preflight-token"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ckpt_model.history import Event, History
+from ckpt_model.protocol.history import Event, History
 
 
 class FakeClock:

@@ -9,7 +9,7 @@ import pytest
 
 from ckpt_model import properties
 from ckpt_model.properties import P10Violation, P15Violation
-from ckpt_model.storage import Fingerprint
+from ckpt_model.protocol.storage import Fingerprint
 
 STATUS = {"kind": "environment", "instance": "environment", "phase": "idle", "lease_expires_at": None}
 

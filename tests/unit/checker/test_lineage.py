@@ -7,8 +7,7 @@ from typing import Any
 import attrs
 import pytest
 
-from ckpt_model.ledger import LedgerRow, Manifest, RetiredLedger
-from ckpt_model.lineage import (
+from ckpt_model.model.lineage import (
     CapturedCall,
     Lineage,
     P5Violation,
@@ -29,6 +28,7 @@ from ckpt_model.lineage import (
     p12_one_cut_per_record,
     p12_tokens,
 )
+from ckpt_model.protocol.ledger import LedgerRow, Manifest, RetiredLedger
 
 
 def call(index: int, key: str, model_call_id: str, parent: str | None, returned: bool = True) -> dict[str, Any]:

@@ -15,12 +15,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ckpt_model import minimise as mm
 from ckpt_model.errors import StepNotEnabled
-from ckpt_model.minimise import COMPOSITES, CachedPredicate, Steps, ddmin, key_of, minimise
 from ckpt_model.properties import P4Violation, P7Violation
-from ckpt_model.quiescence import SETTLE_TIMEOUT_S
-from ckpt_model.reproduction import Rate
+from ckpt_model.results.reproduction import Rate
+from ckpt_model.search import minimise as mm
+from ckpt_model.search.minimise import COMPOSITES, CachedPredicate, Steps, ddmin, key_of, minimise
+from ckpt_model.trainer.quiescence import SETTLE_TIMEOUT_S
 
 
 def named(*names: str) -> Steps:

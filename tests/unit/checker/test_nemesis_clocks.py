@@ -8,9 +8,9 @@ import types
 
 import pytest
 
-from ckpt_model.contract import Model
-from ckpt_model.nemeses.clocks import Clocks
+from ckpt_model.model.contract import Model
 from ckpt_model.properties import P10Violation, P11Violation
+from ckpt_model.trainer.nemeses.clocks import Clocks
 
 
 def clocks_over(model: Model, phase: str, reads: list[str] | None = None) -> Clocks:

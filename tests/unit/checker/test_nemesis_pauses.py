@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import types
 
-from ckpt_model.nemeses.pauses import Pauses
-from ckpt_model.telemetry import ControlCall
+from ckpt_model.protocol.telemetry import ControlCall
+from ckpt_model.trainer.nemeses.pauses import Pauses
 
 
 def call(participant: str, answered: bool) -> ControlCall:

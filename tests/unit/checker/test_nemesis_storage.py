@@ -8,10 +8,10 @@ import types
 from concurrent.futures import Future
 from typing import Any
 
-from ckpt_model.deployment import STALL
+from ckpt_model.deployments.harness import STALL
 from ckpt_model.errors import ParticipantFailure
-from ckpt_model.nemeses.storage import Storage
-from ckpt_model.pipeline import WriteFault
+from ckpt_model.trainer.nemeses.storage import Storage
+from ckpt_model.trainer.pipeline import WriteFault
 
 FAULT = WriteFault("agent", "records.fsync", STALL, "stall at records.fsync")
 

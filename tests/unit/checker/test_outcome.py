@@ -8,9 +8,19 @@ from typing import Any
 
 import pytest
 
-from ckpt_model.ledger import LedgerRow
-from ckpt_model.outcome import ATTEMPT, KEY, ROLLOUT, SESSION, TIMESTAMP, Identity, Outcome, ledger_chain, normalised
+from ckpt_model.model.outcome import (
+    ATTEMPT,
+    KEY,
+    ROLLOUT,
+    SESSION,
+    TIMESTAMP,
+    Identity,
+    Outcome,
+    ledger_chain,
+    normalised,
+)
 from ckpt_model.properties import P14Violation, p14_resumed_equals_uninterrupted
+from ckpt_model.protocol.ledger import LedgerRow
 
 TWIN = Identity("twin", 0, "twin")
 RESUMED = Identity("r0", 1, "r0-a1")

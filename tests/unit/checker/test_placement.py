@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from ckpt_model.errors import HarnessError
-from ckpt_model.placement import PlacementMismatch, placement_mismatches, served_calls
+from ckpt_model.trainer.placement import PlacementMismatch, placement_mismatches, served_calls
 
 
 def call(index: int, key: str | None, worker: int | None, kind: str = "policy") -> dict[str, Any]:

@@ -13,10 +13,10 @@ import sys
 import pytest
 from hypothesis import Phase
 
-from ckpt_model import profiles
+from ckpt_model.search import profiles
 
 SHOW = (
-    "from ckpt_model import profiles; name = profiles.load(); from hypothesis import settings; "
+    "from ckpt_model.search import profiles; name = profiles.load(); from hypothesis import settings; "
     "s = settings.default; "
     "print(name, s.max_examples, s.stateful_step_count, s.derandomize, getattr(s.database, 'path', None)); "
     "print(profiles.describe())"

@@ -7,8 +7,8 @@ import io
 import pytest
 
 from ckpt_model.errors import PropertyViolation
-from ckpt_model.progress import ERASE_LINE, Progress, progress_text
-from ckpt_model.stats import SearchStats
+from ckpt_model.results.progress import ERASE_LINE, Progress, progress_text
+from ckpt_model.results.stats import SearchStats
 
 
 class Terminal(io.StringIO):

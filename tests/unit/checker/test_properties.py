@@ -10,9 +10,8 @@ import attrs
 import pytest
 
 from ckpt_model import properties
-from ckpt_model.contract import VERIFY, Expectation, Model, expect
 from ckpt_model.errors import CoordinationError, ParticipantFailure
-from ckpt_model.history import Event, EventType, History
+from ckpt_model.model.contract import VERIFY, Expectation, Model, expect
 from ckpt_model.properties import (
     P1Violation,
     P2Violation,
@@ -45,7 +44,8 @@ from ckpt_model.properties import (
     p13_clean_end,
     status_mismatches,
 )
-from ckpt_model.storage import CheckpointUnreadable, Fingerprint
+from ckpt_model.protocol.history import Event, EventType, History
+from ckpt_model.protocol.storage import CheckpointUnreadable, Fingerprint
 
 # -- P4 and P11: backend calls (kept from the first version of this file) ----------------------------------------
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ckpt_model import regression
-from ckpt_model.spec import DeploymentSpec
+from ckpt_model.model.spec import DeploymentSpec
+from ckpt_model.results import regression
 
 
 def test_a_file_that_is_not_json_is_refused(tmp_path: Path) -> None:

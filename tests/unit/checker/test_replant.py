@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from ckpt_model.deployment import Harness
+from ckpt_model.deployments.harness import Harness
 from ckpt_model.errors import HarnessError
-from ckpt_model.spec import DeploymentSpec
+from ckpt_model.model.spec import DeploymentSpec
 
 
 class StartsNothing:

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from ckpt_model.reproduction import (
+from ckpt_model.results.reproduction import (
     ATTEMPTS_MAX,
     WRONGLY_REFUSED_CHANCE,
     Rate,

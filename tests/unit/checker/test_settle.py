@@ -8,10 +8,10 @@ from typing import Any
 import attrs
 import pytest
 
-from ckpt_model.contract import Model
+from ckpt_model.model.contract import Model
+from ckpt_model.model.spec import DeploymentSpec
 from ckpt_model.properties import P10Violation
-from ckpt_model.quiescence import Quiescence
-from ckpt_model.spec import DeploymentSpec
+from ckpt_model.trainer.quiescence import Quiescence
 
 # Long enough that a verdict reached at the settle timeout would need hundreds of backend polls.
 TIMEOUT_S = 30.0

@@ -11,10 +11,10 @@ from typing import Any
 import attrs
 import pytest
 
-from ckpt_model import regression
-from ckpt_model.deployment import Harness, PlantedFault, fault_catalogue
-from ckpt_model.machine import machine_for
-from ckpt_model.spec import FAULT_FREE, OPTIONS, DeploymentSpec, SpecError, main, option_words, options_of_words
+from ckpt_model.deployments.harness import Harness, PlantedFault, fault_catalogue
+from ckpt_model.model.spec import FAULT_FREE, OPTIONS, DeploymentSpec, SpecError, main, option_words, options_of_words
+from ckpt_model.results import regression
+from ckpt_model.trainer.machine import machine_for
 
 # --- the key: what main's `machine.deployment_key` computed, written out literally ------------------------------
 

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from ckpt_model.contract import Model
-from ckpt_model.history import History
+from ckpt_model.model.contract import Model
 from ckpt_model.properties import P8Violation, P10Violation
-from ckpt_model.steplog import StepLog, step
+from ckpt_model.protocol.history import History
+from ckpt_model.steps.steplog import StepLog, step
 
 
 class Machine:

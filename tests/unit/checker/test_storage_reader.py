@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from ckpt_model.storage import (
+from ckpt_model.protocol.storage import (
     CheckpointUnreadable,
     fingerprint,
     participant_dir,

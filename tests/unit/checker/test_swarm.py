@@ -9,13 +9,13 @@ from hypothesis import Phase, find, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RULE_MARKER, RuleBasedStateMachine, initialize, run_state_machine_as_test
 
-from ckpt_model.contract import Model
-from ckpt_model.families import ROLLOUTS
-from ckpt_model.history import History
-from ckpt_model.machine import CheckpointMachine
-from ckpt_model.stats import SearchStats
-from ckpt_model.steplog import StepLog, action, gates, mechanisms_of, rule_names
-from ckpt_model.swarm import ALWAYS_KEPT, EVERYTHING, Swarm, swarms
+from ckpt_model.model.contract import Model
+from ckpt_model.protocol.history import History
+from ckpt_model.results.stats import SearchStats
+from ckpt_model.steps.families import ROLLOUTS
+from ckpt_model.steps.steplog import StepLog, action, gates, mechanisms_of, rule_names
+from ckpt_model.steps.swarm import ALWAYS_KEPT, EVERYTHING, Swarm, swarms
+from ckpt_model.trainer.machine import CheckpointMachine
 
 RULES = ["checkpoint", "commit", "dispatch", "release", "retry"]
 MECHANISMS = (("checkpoint", "hold_one"), ("checkpoint", "then_resume"))

@@ -3,8 +3,8 @@ the topology table as the checker reads them."""
 
 from __future__ import annotations
 
-from ckpt_model.gym_tasks import COUNTER_SCRIPT, WEATHER_SCRIPT, counter_after, counter_run_body
-from ckpt_model.topologies import TOPOLOGIES
+from ckpt_model.model.topologies import TOPOLOGIES
+from ckpt_model.protocol.gym_tasks import COUNTER_SCRIPT, WEATHER_SCRIPT, counter_after, counter_run_body
 
 
 def script_for(topology: str) -> tuple:

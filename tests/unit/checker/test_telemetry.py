@@ -11,9 +11,9 @@ import httpx
 import pytest
 
 from ckpt_model import properties
-from ckpt_model.coordination import ControlClient, Participant, Participants
 from ckpt_model.properties import P26Violation
-from ckpt_model.telemetry import (
+from ckpt_model.protocol.client import ControlClient, Participant, Participants
+from ckpt_model.protocol.telemetry import (
     ControlCall,
     MetricsSnapshot,
     Span,
@@ -22,7 +22,7 @@ from ckpt_model.telemetry import (
     trace_id_of,
     traceparent,
 )
-from ckpt_model.telemetry_watch import TelemetryReader
+from ckpt_model.trainer.telemetry_watch import TelemetryReader
 
 TRACE = trace_id_of("c1")
 

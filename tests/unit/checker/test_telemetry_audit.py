@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from ckpt_model import properties
-from ckpt_model.audit_telemetry import NoTelemetry, audit_telemetry
 from ckpt_model.errors import PropertyViolation
+from ckpt_model.modes.audit_telemetry import NoTelemetry, audit_telemetry
 from ckpt_model.properties import P26Violation
-from ckpt_model.telemetry import Span, spans_from_otlp, trace_id_of
-from ckpt_model.telemetry_watch import TelemetryReader
+from ckpt_model.protocol.telemetry import Span, spans_from_otlp, trace_id_of
+from ckpt_model.trainer.telemetry_watch import TelemetryReader
 
 CHECKPOINT = "ckpt-20261205T010203-0a0b0c0d"
 TRACE = trace_id_of(CHECKPOINT)

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from ckpt_model import report, timeline
 from ckpt_model.errors import PropertyViolation, QuiescenceTimeout
-from ckpt_model.history import History
-from ckpt_model.spec import DeploymentSpec
-from ckpt_model.timeline import Failure, Scale, render
+from ckpt_model.model.spec import DeploymentSpec
+from ckpt_model.protocol.history import History
+from ckpt_model.results import report, timeline
+from ckpt_model.results.timeline import Failure, Scale, render
 
 LEFT_PX = timeline.GUTTER_PX + timeline.LEFT_PAD_PX
 REGRESSION = ".ckpt-model/regressions/P4-native-environment_restore_ignores_boundary.json"

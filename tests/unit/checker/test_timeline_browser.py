@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from ckpt_model import profiles
-from ckpt_model.timeline import render
+from ckpt_model.results.timeline import render
+from ckpt_model.search import profiles
 from tests.unit.checker.test_timeline import DEPLOYMENT, REGRESSION, Page, failing_history
 
 CHROMIUM = shutil.which("chromium")
@@ -47,7 +47,7 @@ FLAGS = (
 TIMEOUT_S = 120.0  # a cold start on two loaded cores takes seconds; a hang is killed with its whole group
 GONE_TIMEOUT_S = 10.0
 WINDOW = (2000, 760)  # wide enough for the whole chart of `failing_history`
-# The CSS colours of what must be painted (`ckpt_model.timeline._css`), as RGB.
+# The CSS colours of what must be painted (`ckpt_model.results.timeline._css`), as RGB.
 PAINTED = {
     "the violation (badge, lane, outline, found marker)": (0xC2, 0x18, 0x5B),
     "an ok box": (0xD6, 0xEE, 0xD1),

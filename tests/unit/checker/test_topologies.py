@@ -7,9 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from ckpt_model.contract import Model
-from ckpt_model.gym_tasks import COUNTER_SCRIPT, WEATHER_SCRIPT, counter_run_body, legacy_run_body, native_run_body
-from ckpt_model.topologies import TOPOLOGIES, Topology
+from ckpt_model.model.contract import Model
+from ckpt_model.model.topologies import TOPOLOGIES, Topology
+from ckpt_model.protocol.gym_tasks import (
+    COUNTER_SCRIPT,
+    WEATHER_SCRIPT,
+    counter_run_body,
+    legacy_run_body,
+    native_run_body,
+)
 
 SRC = Path(__file__).resolve().parents[3] / "src" / "ckpt_model"
 
@@ -89,7 +95,7 @@ def test_no_module_of_the_checker_compares_a_topology_name() -> None:
     comparison = re.compile(r"topology (==|!=|in|not in) ")
     found = [
         f"{path.name}:{number}: {line.strip()}"
-        for path in sorted(SRC.glob("*.py"))
+        for path in sorted(SRC.rglob("*.py"))
         for number, line in enumerate(path.read_text().splitlines(), start=1)
         if comparison.search(line)
     ]

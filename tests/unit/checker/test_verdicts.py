@@ -8,8 +8,8 @@ from hypothesis.errors import FlakyFailure, FlakyStrategyDefinition, InvalidDefi
 
 from ckpt_model.errors import CoordinationError, ParticipantFailure, QuiescenceTimeout
 from ckpt_model.properties import P1Violation, P9Violation
-from ckpt_model.reproduction import Rate, record
-from ckpt_model.verdicts import (
+from ckpt_model.results.reproduction import Rate, record
+from ckpt_model.results.verdicts import (
     Exit,
     classify,
     failure_report,

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from ckpt_model.wire import CHECKPOINT_ROUTE_PREFIX, EpisodeId
+from ckpt_model.protocol.wire import CHECKPOINT_ROUTE_PREFIX, EpisodeId
 from fakes import faults as fault_catalogue
 from fakes.gym import control_plane as control_plane_module
 from fakes.gym import store

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from ckpt_model.wire import CHECKPOINT_ROUTE_PREFIX, EpisodeId
+from ckpt_model.protocol.wire import CHECKPOINT_ROUTE_PREFIX, EpisodeId
 from fakes.gym.config import CONFIG_ENV, ServerConfig
 from fakes.gym.errors import CheckpointStateError, ControlError
 from fakes.gym.gate import PolicyGate

@@ -1,0 +1,411 @@
+"""Gym's partial-rollout checkpoint protocol, described once as schemas.
+
+The controller client (`ckpt_model.protocol.client`) builds and reads these shapes. The look-alike stack in
+`fakes/` has its own description (`fakes.gym.wire`), written separately from the same reference, so a misreading
+cannot hide on both sides at once; `tests/contract` holds both to literal bodies from the reference. Nothing here
+does I/O.
+The facts come from the reference (`shared/reference/gym-checkpoint-protocol.md`, sections 2, 5 and 6).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+CHECKPOINT_ROUTE_PREFIX = "/ng-control/v1/checkpoint"
+GENERATION_CUT_ROUTE = "/ng-control/v1/generation-cut"
+
+ParticipantKind = Literal["environment", "model", "agent", "resources"]
+PREPARE_ORDER: tuple[str, ...] = ("environment", "model", "agent", "resources")
+RETIRE_ORDER: tuple[tuple[str, ...], ...] = (("environment",), ("agent",), ("model", "resources"))
+PHASES: tuple[str, ...] = ("idle", "preparing", "prepared", "committed", "restored")
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+_NAME_RE = re.compile(NAME_PATTERN)
+# `\Z`, not `$`: `$` also matches before a trailing newline, and "r-a1\n" must not read as attempt 1.
+_ATTEMPT_SUFFIX_RE = re.compile(r"-a([1-9][0-9]*)\Z")
+RECORDS_FILE_RE = re.compile(r"^records(-[0-9a-f]{64})?\.jsonl$")
+BLOCKERS_SHOWN_MAX = 100
+# The failure an environment answers a `/run` with once its episode used its whole budget (reference 5.2).
+EPISODE_TIMED_OUT = "Episode timed out"
+MANIFEST_SCHEMA_VERSION = 1
+
+# HTTP status of every error code the control plane and data plane answer with (reference 2.3).
+ERROR_STATUS: dict[str, int] = {
+    "checkpoint_error": 409,
+    "stale_checkpoint": 409,
+    "checkpoint_conflict": 409,
+    "invalid_phase": 409,
+    "deadline_exceeded": 409,
+    "stale_attempt": 409,
+    "admission_closed": 409,
+    "restart_in_scope": 409,
+    "rollout_id_required": 400,
+    "invalid_rollout_id": 400,
+    "unauthorized": 401,
+    "invalid_checkpoint_state": 422,
+    "activation_out_of_order": 409,
+    "checkpoint_coordinator_unavailable": 503,
+    # Not known from Gym's source (reference 2.3: "likely 409"); a guess both sides share, not a fact.
+    "retire_incomplete": 409,
+}
+
+
+def is_valid_name(value: str) -> bool:
+    """A checkpoint ID, instance or kind name: starts alphanumeric, then `[A-Za-z0-9._-]`."""
+    # fullmatch: with `match`, `$` would also accept a trailing newline ("r1\n").
+    return bool(_NAME_RE.fullmatch(value))
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EpisodeId(_Strict):
+    """One attempt of one rollout; its capture key names it everywhere on the wire."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rollout_id: str = Field(min_length=1)
+    attempt: int = Field(default=0, ge=0)
+
+    @field_validator("rollout_id")
+    @classmethod
+    def _rollout_id_shape(cls, value: str) -> str:
+        if not is_valid_name(value):
+            raise ValueError(f"'rollout_id' must match {NAME_PATTERN} (got {value!r})")
+        if _ATTEMPT_SUFFIX_RE.search(value):
+            raise ValueError(f"'rollout_id' must not end in -a<N>, which capture keys reserve (got {value!r})")
+        return value
+
+    @property
+    def capture_key(self) -> str:
+        return self.rollout_id if self.attempt == 0 else f"{self.rollout_id}-a{self.attempt}"
+
+    @classmethod
+    def from_capture_key(cls, key: str) -> EpisodeId:
+        match = _ATTEMPT_SUFFIX_RE.search(key)
+        if match is None:
+            return cls(rollout_id=key, attempt=0)
+        return cls(rollout_id=key[: match.start()], attempt=int(match.group(1)))
+
+    def next_attempt(self) -> EpisodeId:
+        return EpisodeId(rollout_id=self.rollout_id, attempt=self.attempt + 1)
+
+    def wire(self) -> dict[str, Any]:
+        return {"rollout_id": self.rollout_id, "attempt": self.attempt}
+
+
+def capture_key(rollout_id: str, attempt: int) -> str:
+    return EpisodeId(rollout_id=rollout_id, attempt=attempt).capture_key
+
+
+class CheckpointRequest(_Strict):
+    checkpoint_id: str = Field(min_length=1, max_length=128, pattern=NAME_PATTERN)
+    deadline_ts: float
+
+    @field_validator("deadline_ts")
+    @classmethod
+    def _finite(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError(f"'deadline_ts' must be a finite Unix time (got {value!r})")
+        return value
+
+
+class CommitRequest(CheckpointRequest):
+    checkpoint_dir: str = Field(min_length=1)
+    episode_ids: list[EpisodeId] | None = None
+
+
+class RestoreRequest(CheckpointRequest):
+    checkpoint_dir: str = Field(min_length=1)
+    episode_ids: list[EpisodeId]
+
+
+class RetireRequest(CheckpointRequest):
+    episode_ids: list[EpisodeId] = Field(min_length=1)
+
+
+class ForgetRequest(CheckpointRequest):
+    rollout_ids: list[str] = Field(min_length=1)
+
+
+class PrepareReportWire(_Strict):
+    """`report` in status and prepare replies. Strict: the reference says bool and int, so "yes" or "2" is a
+    malformed reply, not a coerced one."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    ready: bool
+    blockers: list[str]
+    blocker_count: int
+    counts: dict[str, int]
+    restarts: list[str]
+
+
+def task_digest(task: Any) -> str:
+    """SHA-256 hex of the task JSON with sorted keys and compact separators (reference 5.2)."""
+    text = json.dumps(task, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def error_body(code: str, detail: str) -> dict[str, Any]:
+    return {"error": {"code": code, "detail": detail}}
+
+
+class TaskId(_Strict):
+    taskset: str
+    task_id: str
+
+
+class Task(_Strict):
+    task_id: TaskId
+    task_input: dict[str, Any]
+
+
+class EpisodeRequest(_Strict):
+    """Body of a native `/run` on an environment server (reference 5.2)."""
+
+    episode_id: EpisodeId
+    task: Task
+
+
+# -- replies: every field of every body the checker reads (reference 2.4, 2.5, 5.2, 7.2, 7.3 and 11) -------------
+#
+# The table `ckpt_model.protocol.fields` says, field by field, which check compares each one or why none does; its unit
+# test holds it to these models, so a field added here cannot go unlisted. The client checks replies for their required
+# fields (`coordination.reply_problems`) and tolerates extras, as Gym's own client does; these models say which
+# fields there are, with the participant extras optional.
+
+
+class _Reply(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# `report.counts` keys by participant kind (reference 2.4); a multi-worker coordinator adds `workers`.
+REPORT_COUNT_KEYS: dict[str, tuple[str, ...]] = {
+    "environment": ("episodes",),
+    "agent": ("sessions", "at_boundary", "inflight"),
+    "resources": ("inflight", "sessions"),
+    "model": ("inflight", "held", "cut", "cut_failed", "cut_skipped"),
+    "coordinator": ("workers",),
+}
+
+
+class StatusReply(_Reply):
+    """`GET .../status`: the common fields, then every participant kind's extras (optional)."""
+
+    kind: str
+    instance: str
+    phase: str
+    checkpoint_id: str | None
+    lease_expires_at: float | None
+    retired_rollouts: int
+    report: PrepareReportWire
+    restored_pending: list[str] | None = None  # environment; server coordinators
+    accepting: bool | None = None  # agent
+    mode: str | None = None  # resources
+    verify: str | None = None  # resources
+    retired_sessions: int | None = None  # resources
+    restored_generation_cuts: list[str] | None = None  # model; the policy coordinator
+    workers: int | None = None  # any multi-worker coordinator
+    expected_workers: int | None = None
+    session_aliases: int | None = None  # server coordinators
+    session_placements: int | None = None
+
+
+class PrepareReply(_Reply):
+    phase: str
+    report: PrepareReportWire
+
+
+class RenewReply(_Reply):
+    lease_expires_at: float
+
+
+class ManifestWire(_Reply):
+    """A participant's `manifest.json`, as written and as a commit reply echoes it (reference 6.2)."""
+
+    schema_version: int
+    kind: str
+    instance: str
+    checkpoint_id: str
+    records_file: str
+    records_sha256: str
+    record_count: int
+    session_owners: dict[str, Any] | None = None  # multi-worker servers (Appendix B)
+    placed_sessions: dict[str, Any] | None = None
+
+
+class CommitReply(_Reply):
+    phase: str
+    manifest: ManifestWire
+    episode_ids: list[str]
+    staging_keys: list[str] | None = None  # model
+    staging_keys_by_episode: dict[str, list[str]] | None = None  # model
+
+
+class RestoreReply(_Reply):
+    phase: str
+    source_checkpoint_id: str
+    restored: list[str]
+
+
+class ResumeReply(_Reply):
+    phase: str
+    idempotent: bool
+
+
+class RetireReply(_Reply):
+    retired: list[str]
+
+
+class ForgetReply(_Reply):
+    forgotten: list[str]
+
+
+class CutPrefixAckWire(_Reply):
+    """One acknowledged prefix of a generation-cut receipt (reference 7.3)."""
+
+    ticket_id: str
+    rollout_id: str
+    attempt: int
+    model_call_id: str
+    admitted_at: float
+    disposition: str
+    cut_kind: str | None = None
+    frozen_buffer_id: str | None = None
+    staging_keys: list[str] | None = None
+    prefix_token_count: int | None = None
+    prefix_digest: str | None = None
+    effective_output_limit: int | None = None
+    terminal_finish_reason: str | None = None
+    terminal_stop_reason: str | None = None
+
+
+class GenerationCutReceiptWire(_Reply):
+    """The backend's answer to `POST /ng-control/v1/generation-cut`, which the policy model reads (7.3)."""
+
+    checkpoint_id: str
+    cut_id: str
+    inventory_digest: str
+    inventory: dict[str, Any]
+    backend_snapshot_id: str
+    prefixes: list[CutPrefixAckWire]
+
+
+class LedgerRowWire(_Reply):
+    model_call_id: str
+    parent_call_id: str | None = None
+    staging_key: str | None = None
+    capture_key: str | None = None  # stamped by a restore: the attempt that staged the row
+
+
+class LedgerManifestReply(_Reply):
+    """`GET /training-token-capture/control/rollouts/<capture_key>/manifest` (reference 7.2)."""
+
+    rollout_id: str
+    records: list[LedgerRowWire]
+    failures: list[Any] | None = None
+
+
+class LedgerRetireReply(_Reply):
+    retired: list[str]
+
+
+class LedgerDeleteReply(_Reply):
+    deleted: list[str]
+
+
+class EpisodeResultWire(_Reply):
+    reward: float
+    ng_agent_observations: list[Any] | None = None
+
+
+class EpisodeFailureWire(_Reply):
+    failure_reason: str
+    terminal: bool
+    failure_kind: str | None = None
+    stage: str | None = None
+
+
+class RunReply(_Reply):
+    """A `/run` reply: native (`episode_id`, `task_id`, `result` or `failure`, reference 5.2) or legacy (the
+    verify response with `reward` at the top, 5.3)."""
+
+    episode_id: EpisodeId | None = None
+    task_id: TaskId | None = None
+    result: EpisodeResultWire | None = None
+    failure: EpisodeFailureWire | None = None
+    reward: float | None = None
+    response: dict[str, Any] | None = None
+
+
+class CaptureAdmissionWire(_Reply):
+    """`ng_capture`, the capture admission the policy model attaches to a call (reference 11)."""
+
+    model_call_id: str
+    parent_call_id: str | None = None
+    rollout_id: str
+    mode: str | None = None
+    generation_cut: dict[str, Any] | None = None
+
+
+class BackendCallWire(_Reply):
+    """One entry of the fake backend's `GET /_ctl/calls` (reference 11, with the look-alike's additions)."""
+
+    index: int
+    n_messages: int
+    admission: CaptureAdmissionWire | None = None
+    capture_key: str | None = None
+    kind: str | None = None
+    t: float
+    returned: bool
+    waiting: bool | None = None
+    cancelled: bool | None = None
+    continued_from: str | None = None
+    reused_prefix_tokens: int | None = None
+    worker: int | None = None  # the policy worker that served the call (several workers behind one port)
+
+
+class StagedEntryWire(_Reply):
+    """One entry of the token store (`GET /_ctl/staged`: staging key -> entry)."""
+
+    rollout_id: str
+    model_call_id: str
+    parent_call_id: str | None = None
+    tokens: list[int]
+    continued_from: str | None = None
+    prefix_staging_key: str | None = None
+    checkpoint_id: str | None = None  # a cut's prefix record
+
+
+class BackendStepReply(_Reply):
+    """`POST /_ctl/step`: the calls released, and how many still wait."""
+
+    released: int
+    released_indices: list[int]
+    waiting: int
+
+
+class BackendCutStallWire(_Reply):
+    """`GET /_ctl/cut_stall`: whether the cut endpoint hangs, and how many cut requests hang at it now."""
+
+    stall: bool
+    hanging: int
+
+
+class ErrorDetailWire(_Reply):
+    code: str | None
+    detail: str
+
+
+class ErrorEnvelopeWire(_Reply):
+    """`{"error": {"code", "detail"}}`, the refusal of every control and data-plane route (reference 2.3)."""
+
+    error: ErrorDetailWire

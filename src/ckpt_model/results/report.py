@@ -1,0 +1,108 @@
+"""The failure report: what a violation or harness error carries besides its own message, in a fixed order.
+
+Notes on the exception (`add_note`): the steps with the model's names, the history of the rollout and the
+controller, the backend's calls, the server log tails, how to reproduce, the regression file written for it, and
+the timeline picture of the whole history beside it (`ckpt_model.results.timeline`), and what `--keep-artifacts` kept
+(or that those paths are temporary).
+The rule calls themselves ride on the exception too (`rule_calls_of`), so whoever catches it after Hypothesis
+(`ckpt_model.search.faultsearch`, `ckpt-model check`) can minimise that very run (`ckpt_model.search.minimise`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from ckpt_model.deployments import artifacts
+from ckpt_model.deployments.harness import Harness
+from ckpt_model.protocol.history import Event, History
+from ckpt_model.results import regression, timeline
+
+HISTORY_EVENTS_SHOWN = 30
+ANNOTATED = "_ckpt_annotated"
+RULE_CALLS = "_ckpt_rule_calls"
+HISTORY = "_ckpt_history"
+
+
+def rule_calls_of(error: BaseException) -> list[tuple[str, dict[str, Any]]] | None:
+    """The outermost rule calls of the run that raised `error` (as `annotate` attached them); None if none."""
+    calls = getattr(error, RULE_CALLS, None)
+    return [(name, dict(arguments)) for name, arguments in calls] if calls is not None else None
+
+
+def annotate(
+    error: BaseException,
+    *,
+    harness: Harness,
+    steps: Sequence[str],
+    history: History,
+    rule_calls: list[tuple[str, dict[str, Any]]],
+    backend_calls: Callable[[], Any],
+) -> bool:
+    """Attach the report to `error` once; returns False if it already carried one."""
+    if getattr(error, ANNOTATED, False):
+        return False
+    setattr(error, ANNOTATED, True)
+    setattr(error, RULE_CALLS, [(name, dict(arguments)) for name, arguments in rule_calls])
+    setattr(error, HISTORY, tuple(history.events))
+    error.add_note("Steps (model names):\n" + "\n".join(f"  {i}. {s}" for i, s in enumerate(steps, 1)))
+    rollout = getattr(error, "rollout", None)
+    events: list[Event] = list(history.events)
+    if rollout:
+        events = [e for e in events if e.process in (rollout, "controller")]
+    error.add_note("History (last events):\n" + history.format(events, last=HISTORY_EVENTS_SHOWN))
+    try:
+        calls = backend_calls()
+    except Exception as observe_error:
+        calls = {"unavailable": str(observe_error)}
+    error.add_note(f"Backend calls (message counts per capture key): {calls}")
+    error.add_note("Server log tails:\n" + harness.log_tails())
+    error.add_note(
+        "Reproduce: `ckpt-model replay FILE` (the regression file named below) replays these steps without "
+        "Hypothesis, and survives edits of the checker. Under pytest, rerunning the test replays this example "
+        "first when the profile keeps an example database (not under CI=true); the @reproduce_failure(...) line "
+        "Hypothesis prints replays it exactly, with this Hypothesis version and this checker's code."
+    )
+    path: Path | None = None
+    try:
+        path = regression.write(harness, rule_calls, error)
+    except OSError as write_error:
+        error.add_note(f"Replay file not written: {write_error}")
+    else:
+        error.add_note(f"Replay without Hypothesis (survives code edits): ckpt-model replay {path}")
+        error.add_note(draw_timeline(error, harness, path))
+    kept = keep_artifacts(harness, history.events, path)
+    if kept is not None:
+        error.add_note(kept)
+    return True
+
+
+def keep_artifacts(harness: Harness, events: Sequence[Event], regression_path: Path | None) -> str | None:
+    """With `--keep-artifacts`, keep the failing example's checkpoints and history: the note that says where. A
+    failure whose regression file went elsewhere (a minimiser's candidate, a replay for the rate) keeps nothing and
+    says nothing. Without it, the note that the paths above are temporary."""
+    if harness.artifacts is None:
+        return artifacts.removed_note()
+    if regression_path is None or regression_path.parent != harness.artifacts:
+        return None
+    example_dir = harness.keep_example()
+    try:
+        artifacts.write_history(harness.artifacts / artifacts.HISTORY, events)
+    except OSError as write_error:
+        return f"History not kept: {write_error}"
+    return artifacts.kept_note(harness.artifacts, example_dir)
+
+
+def draw_timeline(error: BaseException, harness: Harness, regression_path: Path) -> str:
+    """Write the timeline of the history `error` came from beside its regression file; the note that says where,
+    or why not (a picture of the failure must never hide the failure itself)."""
+    events = getattr(error, HISTORY, None)
+    if events is None:
+        return "Timeline not written: the failure carries no history"
+    try:
+        picture = timeline.path_beside(regression_path)
+        timeline.write_timeline(picture, events, timeline.failure_of(error), harness.spec.label, regression_path)
+    except Exception as draw_error:  # any: see the docstring
+        return f"Timeline not written: {type(draw_error).__name__}: {draw_error}"
+    return f"Timeline of the failing history (open in a browser): {picture}"

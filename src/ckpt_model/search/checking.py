@@ -1,0 +1,257 @@
+"""Running the state machine for a user (`ckpt-model check`, the pytest plugin's `ckpt_check`): a search that
+stops at the first failure, then each failure's reproduction rate and its 1-minimal sequence from the checker's
+own minimiser (`ckpt_model.search.minimise`), as the fault search does.
+
+Hypothesis's own shrink of a stateful run replays hundreds of candidates, each with fresh processes: minutes (222 s
+for one planted fault here) for a sequence the minimiser cuts down in seconds anyway. Without the shrink phase
+Hypothesis also stops at the first failure (`should_generate_more`), so a failure is reported as soon as it is
+found and made minimal.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+from hypothesis import Phase, settings
+
+from ckpt_model.results.reproduction import REPLAYS
+from ckpt_model.results.stats import RoundStat, SearchStats
+from ckpt_model.results.verdicts import kind_of, leaves
+from ckpt_model.search import aim
+
+if TYPE_CHECKING:
+    from hypothesis.stateful import RuleBasedStateMachine
+
+    from ckpt_model.deployments.harness import Harness
+    from ckpt_model.results.progress import Progress
+
+
+def without_shrink(chosen: settings) -> settings:
+    """The settings with no shrink phase: the search stops at the first failure, which the minimiser cuts down."""
+    return settings(chosen, phases=tuple(phase for phase in chosen.phases if phase is not Phase.shrink))
+
+
+def search(
+    harness: Harness,
+    chosen: settings,
+    stats: SearchStats,
+    *,
+    swarm: bool = False,
+    weights: Mapping[str, int] | None = None,
+    seed: int | None = None,
+    max_time_s: float | None = None,
+    rounds: bool = False,
+    minimise: bool = True,
+    replays: int = REPLAYS,
+    progress: Progress | None = None,
+    searched: Any = None,
+    round_began: Callable[[RoundStat], None] | None = None,
+) -> None:
+    """Run the machine on `harness` with `chosen` (and the families' `weights`); on a failure, call `searched()`
+    (if given), then measure each failure's rate and (with `minimise`) make it 1-minimal, and re-raise what the run
+    raised. `chosen` is used as given: `without_shrink` is the caller's choice (the CLI keeps Hypothesis's shrink
+    with `--no-minimise`). With `rounds` and `max_time_s`, the search runs in rounds, each after the first aimed at
+    what the ones before it left unreached (`ckpt_model.search.aim`), and tells `round_began` of each."""
+    from hypothesis.stateful import run_state_machine_as_test
+
+    from ckpt_model.trainer.machine import machine_for
+
+    deadlines = aim.round_deadlines(max_time_s) if rounds and max_time_s is not None else [max_time_s]
+    for index, deadline in enumerate(deadlines):
+        if index and deadline is not None and time.monotonic() - stats.started_s >= deadline:
+            continue  # the round before ran past this one's end (an example outlasted it)
+        aimed = _aim_after(harness, stats, weights) if index else None
+        if len(deadlines) > 1:
+            began = _round_began(stats, index, aimed)
+            if round_began is not None:
+                round_began(began)
+        factory: type[RuleBasedStateMachine] = machine_for(
+            harness,
+            stats,
+            swarm=swarm,
+            weights=aimed.weights if aimed else weights,
+            focus=aimed.focus if aimed else None,
+        )
+        if deadline is not None:
+            factory = within(factory, stats, deadline)
+        round_seed = aim.round_seed(seed, index)
+        # A later round's draws mean other rules than the first's: no example database for it.
+        round_settings = settings(chosen, database=None) if index else chosen
+        try:
+            run_state_machine_as_test(
+                factory if round_seed is None else seeded(factory, round_seed), settings=round_settings
+            )
+        except TimeLimitReached:
+            stats.stopped_by_time = True
+            continue
+        except Exception as error:
+            if time_limit_behind(error):
+                stats.stopped_by_time = True
+                continue
+            if searched is not None:
+                searched()
+            measure_failures(harness, error, stats.seen, minimise=minimise, replays=replays, progress=progress)
+            raise
+        stats.stopped_by_time = False
+
+
+def _aim_after(harness: Harness, stats: SearchStats, weights: Mapping[str, int] | None) -> aim.Aim | None:
+    """The aim of the next round on `harness`, after what `stats` reached (`aim.aim_at`)."""
+    from ckpt_model.steps import draw
+    from ckpt_model.steps.checkable import Capabilities, undrawable_rules
+    from ckpt_model.steps.steplog import coverage, declarations, goal_families
+    from ckpt_model.trainer.machine import CheckpointMachine
+
+    rules = declarations(CheckpointMachine)
+    undrawable = {rule.name for rule in undrawable_rules(Capabilities.of(harness), rules)}
+    return aim.aim_at(
+        stats,
+        harness.spec,
+        coverage(CheckpointMachine),
+        draw.family_by_rule(CheckpointMachine),
+        goal_families(CheckpointMachine),
+        draw.weights_of(CheckpointMachine, weights),
+        drawable=[rule for rule in rules if rule not in undrawable],
+    )
+
+
+def _round_began(stats: SearchStats, index: int, aimed: aim.Aim | None) -> RoundStat:
+    """Record round `index` in `stats` as it begins."""
+    if index == 0:
+        says = "the weights' own draw"
+    elif aimed is None:
+        says = "nothing left to aim at: the weights' own draw, from a new seed"
+    else:
+        says = aimed.words()
+    began = RoundStat(
+        started_s=round(time.monotonic() - stats.started_s, 3),
+        examples_before=stats.examples,
+        says=f"round {index + 1}: {says}",
+        aim=aimed.document() if aimed else None,
+    )
+    stats.rounds.append(began)
+    return began
+
+
+class TimeLimitReached(BaseException):
+    """The search's time ran out (`--max-time`), between two examples. A BaseException, as KeyboardInterrupt is:
+    Hypothesis hands it straight back instead of taking it for a failure to shrink."""
+
+
+def time_limit_behind(error: BaseException) -> bool:
+    """Whether `error` was raised while Hypothesis handled `TimeLimitReached`: an example that stops before its
+    first draw, where an earlier one with the same start drew on, is one Hypothesis calls inconsistent
+    (`FlakyStrategyDefinition`), the time limit in its context."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, TimeLimitReached):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def within(factory: type[RuleBasedStateMachine], stats: SearchStats, max_time_s: float) -> type[RuleBasedStateMachine]:
+    """The machine factory, stopping the search once `max_time_s` passed since `stats` started: the next example
+    raises `TimeLimitReached` before it starts anything, so no example is cut short and the examples run so far
+    keep their statistics. Never once a failure was seen: Hypothesis may still be replaying or shrinking it."""
+
+    def machine() -> Any:
+        if stats.first_failure_s is None and time.monotonic() - stats.started_s >= max_time_s:
+            raise TimeLimitReached
+        return factory()
+
+    machine.__wrapped__ = factory  # type: ignore[attr-defined]  # as in `seeded`: the same database key
+    digest = getattr(factory, "_hypothesis_internal_add_digest", None)
+    if digest is not None:
+        machine._hypothesis_internal_add_digest = digest  # type: ignore[attr-defined]
+    return cast("type[RuleBasedStateMachine]", machine)
+
+
+def seeded(factory: type[RuleBasedStateMachine], seed: int) -> type[RuleBasedStateMachine]:
+    """The machine factory, with Hypothesis's `@seed` on a thin wrapper (the factory itself is left untouched).
+
+    `run_state_machine_as_test` reads the seed from the factory. `__wrapped__` keeps the database key and the
+    derandomization digest those of the machine (inspect follows it to the machine's source)."""
+    from hypothesis import seed as hypothesis_seed
+
+    def machine() -> Any:
+        return factory()
+
+    machine.__wrapped__ = factory  # type: ignore[attr-defined]  # see the docstring
+    digest = getattr(factory, "_hypothesis_internal_add_digest", None)
+    if digest is not None:
+        machine._hypothesis_internal_add_digest = digest  # type: ignore[attr-defined]
+    # Typed as the class `run_state_machine_as_test` asks for; like `machine_for`'s factory, it is called bare.
+    return cast("type[RuleBasedStateMachine]", hypothesis_seed(seed)(machine))
+
+
+def measure_failures(
+    harness: Harness,
+    error: BaseException,
+    seen: Sequence[BaseException],
+    *,
+    minimise: bool,
+    replays: int,
+    progress: Progress | None = None,
+) -> None:
+    """Replay each violation's and harness error's failing run `replays` times for its reproduction rate, then
+    (with `minimise`) make it 1-minimal by that rate on the same harness (`ckpt_model.search.minimise` puts the rate and
+    the minimal steps on the error's report and rewrites its regression file). A flaky report from Hypothesis
+    counts as the failures it hid (`verdicts.leaves`). A bug in the minimiser is noted on the error and never
+    hides the failure itself."""
+    from ckpt_model.results.reproduction import rate_of
+    from ckpt_model.search.minimise import minimise_error, reproduce_error
+
+    if not harness.can_crash:  # every replay needs Gym started afresh, which this deployment forbids
+        print("not measured or minimised: the deployment may not be restarted, so the run cannot be replayed")
+        return
+    for leaf in leaves(error, seen):
+        if kind_of(leaf) not in ("violation", "harness"):
+            continue
+        doing = "measuring and minimising" if minimise else "measuring"
+        then = ", then candidates" if minimise else ""
+        print(f"{doing} the failing run of {describe_failure(leaf)} ({replays} replays{then})...", flush=True)
+        if progress is not None:
+            progress.now_doing(f"{doing} {describe_failure(leaf)}")
+        try:
+            if minimise:
+                result = minimise_error(harness, leaf, replays)
+            else:
+                result = None
+                reproduce_error(harness, leaf, replays)
+        except Exception as bug:
+            if progress is not None:
+                progress.clear()
+            leaf.add_note(f"Measuring or minimising failed (the steps above are Hypothesis's): {bug!r}")
+            continue
+        if progress is not None:
+            progress.clear()
+        found = result.found_rate if result is not None else rate_of(leaf)
+        print(f"  found: {found.text if found else 'no rate (no rule calls)'}", flush=True)
+        if result is not None:
+            print(f"  minimised: {result.summary()}", flush=True)
+
+
+def describe_failure(error: BaseException) -> str:
+    property_id = getattr(error, "property_id", None)
+    return f"{type(error).__name__} ({property_id})" if property_id else type(error).__name__
+
+
+def statistics_line(stats: SearchStats) -> str:
+    """The run's figures in one line: examples run and finished, steps, crashes, examples per second, milliseconds
+    per step (all of the search's time over all steps, the drains included), and whether the time limit ended it."""
+    finished = stats.finished
+    elapsed_s = max(time.monotonic() - stats.started_s, 1e-9)
+    steps = sum(example.steps for example in finished)
+    crashes = sum(example.crashes for example in finished)
+    inside = sum(example.crashes_inside for example in finished)
+    cut = stats.examples - len(finished)
+    cut_text = f" ({cut} more cut short: a failure, or Hypothesis's own replays)" if cut > 0 else ""
+    per_step = f", {1000 * elapsed_s / steps:.0f} ms/step" if steps else ""
+    limit = "; stopped at its time limit (--max-time)" if stats.stopped_by_time else ""
+    return (
+        f"statistics: {len(finished)} examples finished{cut_text}, {steps} steps, {crashes} crashes "
+        f"({inside} inside an operation), {len(finished) / elapsed_s:.2f} examples/s{per_step}{limit}"
+    )

@@ -1,0 +1,306 @@
+"""What a machine ran: its steps as labels and as rule calls, the failure report attached to what a rule raised,
+and the example's statistics and coverage.
+
+The rule calls (outermost only, with their keyword arguments) are what a regression file replays; the labels, with
+the model's names (`r0`, `c1`), are what the report prints. `step` wraps every rule: it records the call, marks the
+machine broken while the rule runs (a broken machine is not drained at teardown), and attaches the report once.
+Around each rule it also keeps the coverage (`ckpt_model.steps.goals`): before a drawn rule, which rules were enabled;
+after every rule (nested ones too, the drain's not), which of the machine's goals (`goals_of`) it reached. Each
+reached goal and drawn rule is also a Hypothesis `event()` (its statistics and observability output), and the
+example's counts go to the `SearchStats`. A drawn rule's arguments first pass the example's swarm
+(`ckpt_model.steps.swarm`). A machine's goals and rule scopes (`coverage`) are derived from its rules' declarations, as
+everything else the checker knows of a rule is.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, TypeVar
+
+import attrs
+from hypothesis import currently_in_test_context, event
+from hypothesis.stateful import precondition, rule
+from hypothesis.strategies import SearchStrategy
+
+from ckpt_model import timing
+from ckpt_model.deployments.harness import Harness
+from ckpt_model.deployments.observe import observe
+from ckpt_model.errors import CoordinationError, HarnessError, PropertyViolation
+from ckpt_model.model.contract import Model
+from ckpt_model.model.spec import DeploymentSpec
+from ckpt_model.protocol.history import History
+from ckpt_model.results.report import annotate
+from ckpt_model.results.stats import SearchStats
+from ckpt_model.steps import goals
+from ckpt_model.steps.checkable import Need
+from ckpt_model.steps.families import Family
+from ckpt_model.steps.swarm import EVERYTHING, Swarm
+
+F = TypeVar("F", bound=Callable[..., Any])
+# What a rule may raise that ends the example with a report: a verdict, the harness, or a refusal.
+REPORTED = (PropertyViolation, HarnessError, CoordinationError)
+# The attribute `action` puts on a rule: its declaration.
+DECLARATION = "ckpt_model_declaration"
+Gate = Callable[[Any], bool]
+
+
+@attrs.frozen
+class Declaration:
+    """What a rule says of itself beside its arguments, the one source of what the checker derives about it:
+    `enabled`, its precondition as the model states it (without the swarm, for the coverage); its `family` (what
+    the draw picks first); `needs`, what a deployment must have for the rule ever to be enabled (`checkable`, held
+    to the precondition by tests/unit/checker/test_checkable.py); `judges`, the properties the rule itself judges
+    (beside the settle's and the audits'); `applies`, the deployments whose coverage counts it (`goals`);
+    `mechanisms`, its boolean arguments an example's swarm may switch off (`swarm`)."""
+
+    enabled: Gate
+    family: Family
+    needs: tuple[Need, ...] = ()
+    judges: tuple[str, ...] = ()
+    applies: Callable[[DeploymentSpec], bool] = goals.everywhere
+    mechanisms: tuple[str, ...] = ()
+
+
+class StepLog:
+    """The steps of one example, and whether the one running has finished."""
+
+    def __init__(self, harness: Harness, history: History, stats: SearchStats | None) -> None:
+        self.harness, self.history, self.stats = harness, history, stats
+        self.labels: list[str] = []
+        self.rule_calls: list[tuple[str, dict[str, Any]]] = []
+        self.depth, self.draining, self.broken = 0, False, False
+        self.started_s = time.monotonic()
+        self.swarm: Swarm = EVERYTHING
+        # Coverage is kept in a search (or for statistics), not in a replay, a fixed scenario or the minimiser's runs.
+        self.counting = stats is not None or currently_in_test_context()
+        self.goals: Counter[str] = Counter()
+        self.enabled: set[str] = set()
+        self.drawn: Counter[str] = Counter()
+        # Each drawn rule's time, its settle and audits included.
+        self.seconds: defaultdict[str, float] = defaultdict(float)
+
+    def report(self, error: BaseException) -> None:
+        """Attach the failure report (steps, history, calls, logs, replay file) once."""
+        annotated = annotate(
+            error,
+            harness=self.harness,
+            steps=self.labels,
+            history=self.history,
+            rule_calls=self.rule_calls,
+            backend_calls=lambda: observe(self.harness).calls,
+        )
+        if annotated and self.stats is not None:
+            self.stats.failed(error)
+
+    def drain(self, drain: Callable[[], None]) -> None:
+        """Run the teardown's drain, unless a rule broke the machine (its state is unknown), reporting what the
+        drain raises."""
+        if self.broken:
+            return
+        self.labels.append("-- teardown: drain --")
+        self.broken, self.draining = True, True
+        try:
+            with timing.span("drain"):
+                drain()
+        except REPORTED as error:
+            self.report(error)
+            raise
+        self.broken = False
+
+    def finished(self, crashes: int, crashes_inside: int) -> None:
+        """The example ended: its rules (drain steps not counted), crashes and time go to the statistics."""
+        if self.stats is not None:
+            rules = sum(1 for label in self.labels if not label.startswith("-- "))
+            elapsed_s = time.monotonic() - self.started_s
+            self.stats.example_finished(rules, crashes, elapsed_s, crashes_inside=crashes_inside)
+            self.stats.example_covered(self.goals, self.enabled, self.drawn, self.seconds)
+
+    def allows(self, machine: Any, name: str) -> bool:
+        """Whether the example's swarm lets Hypothesis draw rule `name` (enabled) now: if it keeps the rule, or
+        if it keeps no rule that is enabled now (a swarm must never leave the machine without a step)."""
+        if self.swarm.allows(name):
+            return True
+        return not any(self.swarm.allows(rule) and gate(machine) for rule, gate in gates(machine.__class__).items())
+
+    def drawing(self, machine: Any, name: str) -> None:
+        """Hypothesis drew rule `name`: note it and every rule whose precondition held in the state it drew from."""
+        if not self.counting:
+            return
+        self.drawn[name] += 1
+        self.enabled.update(rule for rule, gate in gates(machine.__class__).items() if gate(machine))
+        _event(f"rule drawn: {name}")
+
+    def stepped(
+        self,
+        machine_type: type,
+        rule: str,
+        arguments: Mapping[str, Any],
+        before: Model,
+        after: Model,
+        first_label: int,
+    ) -> None:
+        """Rule `rule` of `machine_type` finished (its labels start at `first_label`): count the machine's goals it
+        reached (a drain step reaches none: the search did not draw it). Nothing is built when coverage is not
+        kept."""
+        if self.draining or not self.counting:
+            return
+        labels = tuple(self.labels)
+        step = goals.Step(rule, arguments, before, after, labels[first_label:], labels[:first_label])
+        for name in goals.reached(step, goals_of(machine_type)):
+            self.goals[name] += 1
+            _event(f"goal reached: {name}")
+
+
+def _event(text: str) -> None:
+    """A Hypothesis event, when a test runs (a replay or a fixed scenario runs rules outside one)."""
+    if currently_in_test_context():
+        event(text)
+
+
+@functools.cache
+def declarations(machine_type: type) -> Mapping[str, Declaration]:
+    """Every rule of the machine class and its declaration, by name (the attribute `action` sets), over its bases
+    too (each nemesis family is one)."""
+    found: dict[str, Declaration] = {}
+    for klass in reversed(machine_type.__mro__):
+        found.update(
+            (name, declared) for name, value in vars(klass).items() if (declared := getattr(value, DECLARATION, None))
+        )
+    return dict(sorted(found.items()))
+
+
+@functools.cache
+def gates(machine_type: type) -> Mapping[str, Gate]:
+    """Every rule of the machine class and its precondition, by name."""
+    return {name: declared.enabled for name, declared in declarations(machine_type).items()}
+
+
+@functools.cache
+def families_of(machine_type: type) -> Mapping[str, Family]:
+    """Every rule of the machine class and its family, by name."""
+    return {name: declared.family for name, declared in declarations(machine_type).items()}
+
+
+@functools.cache
+def scopes(machine_type: type) -> goals.Scopes:
+    """Every rule of the machine class and the deployments it applies to, by name."""
+    return {name: declared.applies for name, declared in declarations(machine_type).items()}
+
+
+@functools.cache
+def families_in_order(machine_type: type) -> tuple[Family, ...]:
+    """The families of the machine's rules, each once, in the order its classes declare rules: the machine's own
+    (the protocol's), then each base in the order the machine mounts it (one nemesis family each)."""
+    found: dict[Family, None] = {}
+    for klass in machine_type.__mro__:
+        for value in vars(klass).values():
+            declared = getattr(value, DECLARATION, None)
+            if declared is not None:
+                found.setdefault(declared.family)
+    return tuple(found)
+
+
+@functools.cache
+def goals_of(machine_type: type) -> tuple[goals.Goal, ...]:
+    """The machine's coverage goals: the protocol's own (`goals.PROTOCOL_GOALS`), then each family's
+    (`Family.goals`), in the order the machine mounts its families."""
+    return goals.PROTOCOL_GOALS + tuple(goal for family in families_in_order(machine_type) for goal in family.goals)
+
+
+@functools.cache
+def goal_families(machine_type: type) -> Mapping[str, str]:
+    """Each of the machine's goals and the family an aimed round favours for it (`ckpt_model.search.aim`): the family of
+    the rule that reaches it where it names one (the protocol's goals do), else the family that declares it."""
+    rule_family = {rule: family.name for rule, family in families_of(machine_type).items()}
+    found = {goal.name: rule_family[goal.rule] for goal in goals.PROTOCOL_GOALS if goal.rule in rule_family}
+    for family in families_in_order(machine_type):
+        found.update({goal.name: rule_family.get(goal.rule or "", family.name) for goal in family.goals})
+    return found
+
+
+@functools.cache
+def coverage(machine_type: type) -> goals.Coverage:
+    """What a search of the machine must reach: its goals and its rules, each rule with its scope."""
+    return goals.Coverage(goals_of(machine_type), scopes(machine_type))
+
+
+@functools.cache
+def mechanisms_of(machine_type: type) -> tuple[tuple[str, str], ...]:
+    """Every optional mechanism the machine's rules draw, as (rule, its boolean argument), in name order."""
+    return tuple(
+        (name, mechanism) for name, declared in declarations(machine_type).items() for mechanism in declared.mechanisms
+    )
+
+
+def rule_names(machine_type: type) -> list[str]:
+    """The machine's rules, sorted by name."""
+    return list(gates(machine_type))
+
+
+class Logged(Protocol):
+    log: StepLog
+    model: Model
+
+
+def step(method: F) -> F:
+    """Record the rule call, mark the machine broken while it runs, and report whatever it raises."""
+
+    @functools.wraps(method)
+    def wrapper(self: Logged, *args: Any, **kwargs: Any) -> Any:
+        log, name = self.log, method.__name__
+        drawn = log.depth == 0 and not log.draining
+        if drawn:
+            kwargs = log.swarm.constrain(name, kwargs)
+            log.drawing(self, name)
+            log.rule_calls.append((name, dict(kwargs)))
+        before, first_label, started_s = self.model, len(log.labels), time.monotonic()
+        log.broken = True
+        log.depth += 1
+        try:
+            result = method(self, *args, **kwargs)
+        except REPORTED as error:
+            log.report(error)
+            raise
+        finally:
+            log.depth -= 1
+            if drawn and log.counting:
+                log.seconds[name] += time.monotonic() - started_s
+        # Only the rule drawn mends the machine: a rule it plays inside it (a crash before a restore) finishing
+        # says nothing of the rest of the outer rule, which may still fail and must then not be drained.
+        if drawn:
+            log.broken = False
+        log.stepped(type(self), name, kwargs, before, self.model, first_label)
+        return result
+
+    return wrapper  # type: ignore[return-value]
+
+
+def action(
+    enabled: Callable[[Any], bool],
+    *,
+    family: Family,
+    needs: tuple[Need, ...] = (),
+    judges: tuple[str, ...] = (),
+    applies: Callable[[DeploymentSpec], bool] = goals.everywhere,
+    mechanisms: tuple[str, ...] = (),
+    **arguments: SearchStrategy[Any],
+) -> Callable[[F], F]:
+    """A rule of the machine: `precondition(enabled)`, `rule(**arguments)` and `step`, applied in that order
+    (outermost first), as three decorators would be. The precondition also asks the example's swarm; `enabled`
+    alone, the family, needs, judges, applies and mechanisms are kept on the rule as its `Declaration`."""
+
+    def decorate(method: F) -> F:
+        name = method.__name__
+
+        def gate(machine: Any) -> bool:
+            return enabled(machine) and machine.log.allows(machine, name)
+
+        gate.__doc__ = enabled.__doc__
+        decorated = precondition(gate)(rule(**arguments)(step(method)))  # type: ignore[call-overload]
+        setattr(decorated, DECLARATION, Declaration(enabled, family, needs, judges, applies, mechanisms))
+        return decorated
+
+    return decorate

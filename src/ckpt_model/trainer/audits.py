@@ -1,0 +1,251 @@
+"""Audits: the checks of replies and of the disk beside the controller, and what each step re-reads.
+
+After a commit: every participant's reply and records name exactly its share (P1), the checkpoint verifies (P9),
+the resources records hold the state the checker computes (P6). After a restore: the resources participant
+installed its sessions (P6). After every step: the history's P2, the ledgers' P5 and P12, a re-read of every
+committed checkpoint, which must never change (P9; read in full only when a file changed), and the telemetry
+files' new lines against the controller's calls (P26). At the end: P5 over every ledger, P13 and P26. The audits
+judge with the properties' named functions; they hold only what they must compare later (each committed
+checkpoint's fingerprints).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from ckpt_model import properties as props
+from ckpt_model import timing
+from ckpt_model.deployments.harness import Harness
+from ckpt_model.deployments.observe import observe
+from ckpt_model.model.contract import Attempt, Model
+from ckpt_model.model.lineage import next_key
+from ckpt_model.model.outcome import Identity, Outcome, ledger_chain, normalised
+from ckpt_model.protocol.client import Participant
+from ckpt_model.protocol.history import History
+from ckpt_model.protocol.ledger import LedgerRow, Manifest
+from ckpt_model.protocol.storage import (
+    MANIFEST_NAME,
+    CheckpointUnreadable,
+    Fingerprint,
+    FingerprintCache,
+    participant_dir,
+    read_records,
+)
+from ckpt_model.protocol.wire import EpisodeId
+from ckpt_model.trainer.ledger_watch import LedgerWatch
+from ckpt_model.trainer.runs import RunPool
+from ckpt_model.trainer.telemetry_watch import TelemetryWatch
+from ckpt_model.trainer.twin import Twins
+
+
+class Audits:
+    """Judges each operation's replies and what it left on disk; re-reads the committed checkpoints every step."""
+
+    def __init__(self, harness: Harness, ledgers: LedgerWatch, runs: RunPool, twins: Twins) -> None:
+        self.harness = harness
+        self.ledgers = ledgers
+        self.runs = runs
+        self.twins = twins
+        # P14: per `/run` that replied, its ledger's rows when the reply came in (token capture).
+        self.replied_rows: dict[int, tuple[LedgerRow, ...] | None] = {}
+        self.fingerprints: dict[str, dict[str, Any]] = {}
+        # P9 reads every committed directory after every step: in full only when a file changed.
+        self.cache = FingerprintCache(harness.checkpoint_dir.parent)
+        # P26: the deployment's spans and metrics against the controller's calls (a deployment that exports them).
+        self.telemetry = TelemetryWatch(harness)
+
+    @property
+    def members(self) -> list[Participant]:
+        return list(self.harness.control.participants)  # type: ignore[union-attr]
+
+    # -- after an operation -----------------------------------------------------------------------------------
+
+    def commit(self, model: Model, checkpoint_id: str, replies: Mapping[str, Any]) -> None:
+        """P1 on every participant's reply and records, P9 (the checkpoint verifies) and P6 (exported state)."""
+        owner = model.episode_owner
+        replied = [a.key for a in model.with_status("replied")]
+        scope = [a.key for a in model.scope()]
+        props.p1_replied_or_exported(checkpoint_id, scope, replied, replies[owner]["episode_ids"], owner)
+        props.p10_reply_phase("commit", checkpoint_id, "committed", replies)
+        read = self.read(checkpoint_id)
+        props.p9_verifies(checkpoint_id, read)
+        self.shares(model, checkpoint_id, self.members, replies, read)
+        self.exported_state(model, checkpoint_id)
+        self.fingerprints[checkpoint_id] = read
+
+    def partial_commit(self, model: Model, checkpoint_id: str, names: list[str], replies: Mapping[str, Any]) -> None:
+        """A commit that reached only `names` before a crash: each replied with and wrote exactly its share (P1),
+        which verifies (P9)."""
+        read = self.read(checkpoint_id)
+        props.p9_verifies(checkpoint_id, {name: read[name] for name in names})
+        self.shares(model, checkpoint_id, [m for m in self.members if m.name in names], replies, read)
+
+    def published_after_crash(self, checkpoint_id: str) -> frozenset[str]:
+        """After a crash inside a commit, every share whose manifest was published verifies in full (P9: the
+        manifest is the commit point, published only once the records are durable); returns who published."""
+        read = self.read(checkpoint_id)
+        published = [m.name for m in self.members if self.has_manifest(checkpoint_id, m.name)]
+        props.p9_verifies(checkpoint_id, {name: read[name] for name in published})
+        return frozenset(published)
+
+    def has_manifest(self, checkpoint_id: str, name: str) -> bool:
+        """Whether participant `name` published its share of `checkpoint_id` (its manifest is there)."""
+        member = next(m for m in self.members if m.name == name)
+        directory = self.harness.checkpoint_dir / checkpoint_id
+        return (participant_dir(directory, member.kind, member.name) / MANIFEST_NAME).exists()
+
+    def shares(
+        self,
+        model: Model,
+        checkpoint_id: str,
+        members: Iterable[Participant],
+        replies: Mapping[str, Any],
+        read: Mapping[str, Any],
+    ) -> None:
+        """P1: each member's commit reply and records on disk name exactly what the model says it writes. With
+        token capture the policy model writes the scoped attempts with ledger rows or a cut (P5 judged them)."""
+        for member in members:
+            expected = (
+                self.ledgers.exported_keys(checkpoint_id)
+                if member.kind == "model"
+                else model.exports(member.kind, member.name)
+            )
+            props.p1_exports_exact(
+                checkpoint_id,
+                member.name,
+                expected,
+                replies[member.name]["episode_ids"],
+                read[member.name].episode_ids,
+                optional=model.may_also_export(member.kind),
+            )
+            manifest = replies[member.name]["manifest"]
+            props.p15_manifest_names_share(checkpoint_id, member.name, member.kind, manifest, read[member.name])
+
+    def exported_state(self, model: Model, checkpoint_id: str) -> None:
+        """P6 at a commit: each resources record holds the state the checker computes for its attempt."""
+        scoped = {a.key: a for a in model.scope()}
+        for member in self._resources():
+            expected = {
+                key: self.harness.spec.traits.resources_state(scoped[key].tool_rounds)
+                for key in model.exports("resources", member.name)
+            }
+            records = self._resources_records(self.harness.checkpoint_dir / checkpoint_id, checkpoint_id, member.name)
+            props.p6_exported_state(checkpoint_id, member.name, expected, records)
+
+    def restored(self, source: str, restore_id: str, exported: tuple[str, ...], replies: Mapping[str, Any]) -> None:
+        """P6 at a restore: the resources participant installed the sessions of its in-scope records (read with the
+        checker's own reader), under their next attempts: its reply names them, and its status counts them. P10
+        and P15: every reply says restored, names the source, and names the next attempts of its records."""
+        props.p10_reply_phase("restore", restore_id, "restored", replies)
+        props.p15_restore_names_source(restore_id, source, replies)
+        self.restored_keys(source, restore_id, exported, replies)
+        directory = self.harness.checkpoint_dir / source
+        for member in self._resources():
+            records = self._resources_records(directory, source, member.name)
+            keys = [props.record_key(record) for record in records]
+            expected = [EpisodeId.from_capture_key(key).next_attempt().capture_key for key in keys if key in exported]
+            sessions = self.harness.control.status(member)["report"]["counts"].get("sessions")  # type: ignore[union-attr]
+            props.p6_restored(restore_id, member.name, expected, replies[member.name].get("restored"), sessions)
+
+    def restored_keys(
+        self, source: str, restore_id: str, exported: tuple[str, ...], replies: Mapping[str, Any]
+    ) -> None:
+        """P15: the environment and the agent restore the next attempts of their in-scope records on disk. The
+        policy model installs a record, maybe empty, for every scoped attempt (its rows are P5's); the resources
+        participant's restored sessions are P6's (`p6_restored`, which also counts them in its status)."""
+        shares = self.fingerprints.get(source, {})
+        for member in self.members:
+            share = shares.get(member.name)
+            if member.kind in ("model", "resources") or not isinstance(share, Fingerprint):
+                continue
+            expected = [next_key(key) for key in share.episode_ids if key in exported]
+            props.p15_restored_next_attempts(restore_id, member.name, expected, replies[member.name].get("restored"))
+
+    # -- after every step, and at the end ---------------------------------------------------------------------
+
+    def after_step(self, model: Model, history: History) -> None:
+        """P5 and P12 on the ledgers that changed, P2 on the history, P9: every committed checkpoint as it was; and
+        the ledgers of the replies that came in, for P14."""
+        self.ledgers.check(model.checkpoint_open)
+        with timing.span("p2_history"):
+            props.p2_no_reply_while_prepared(history)
+        with timing.span("p9_reread"):
+            for checkpoint_id, before in self.fingerprints.items():
+                props.p9_unchanged(checkpoint_id, before, self.read(checkpoint_id))
+        with timing.span("p14_ledgers"):
+            self.ledgers_of_replies(model)
+        self.telemetry.check()
+
+    def at_end(self, model: Model) -> None:
+        """Drained: P5 over every ledger and the token store, P13 (everything idle and empty), then P14."""
+        self.ledgers.check(model.checkpoint_open, everything=True)
+        props.p13_clean_end(observe(self.harness).statuses)
+        self.telemetry.check()
+        with timing.span("p14_twin"):
+            self.as_uninterrupted(model)
+
+    def as_uninterrupted(self, model: Model) -> None:
+        """P14: every attempt the model says replied ended with the normalised outcome of its task's twin: its
+        `/run` reply body and, with token capture, its ledger chain as it stood when the reply came in."""
+        staged = self._staged() if self.replied_rows else {}
+        for attempt in _replied(model):
+            twin = self.twins.of(attempt.restart)
+            outcome = self.runs.outcomes.get(attempt.run)
+            if twin is None or outcome is None:
+                continue
+            rows = self.replied_rows.get(attempt.run)
+            chain = ledger_chain(rows, staged) if rows is not None and twin.chain is not None else None
+            expected = twin if chain is not None else Outcome(twin.body)
+            identity = Identity(attempt.rollout, attempt.attempt, attempt.key)
+            completed = Outcome(normalised(outcome.body, identity), chain)
+            props.p14_resumed_equals_uninterrupted(attempt.key, expected, completed)
+
+    def ledgers_of_replies(self, model: Model) -> None:
+        """With token capture, the ledger rows of each attempt whose reply came in during this step, read before a
+        later step can rewrite its ledger (a restore of an earlier checkpoint writes the next attempt's ledger
+        again); None for a retired ledger (P5 judges whether it should be)."""
+        if not self.harness.token_capture:
+            return
+        for attempt in _replied(model):
+            if attempt.run in self.replied_rows or attempt.run not in self.runs.outcomes:
+                continue
+            manifest = self.harness.ledger.manifest(attempt.key)
+            self.replied_rows[attempt.run] = manifest.rows if isinstance(manifest, Manifest) else None
+
+    def _staged(self) -> dict[str, Any]:
+        return self.harness.backend.staged() if self.harness.backend is not None else {}
+
+    # -- reading the disk -------------------------------------------------------------------------------------
+
+    def read(self, checkpoint_id: str) -> dict[str, Any]:
+        """Every participant's share of `checkpoint_id`, fingerprinted (or why it cannot be read)."""
+        directory = self.harness.checkpoint_dir / checkpoint_id
+        read: dict[str, Any] = {}
+        with timing.span("fingerprint"):
+            for member in self.members:
+                try:
+                    read[member.name] = self.cache.fingerprint(
+                        participant_dir(directory, member.kind, member.name),
+                        member.kind,
+                        member.name,
+                        checkpoint_id=checkpoint_id,
+                    )
+                except CheckpointUnreadable as error:
+                    read[member.name] = error
+        return read
+
+    def _resources(self) -> list[Participant]:
+        return [m for m in self.members if m.kind == "resources"]
+
+    def _resources_records(self, directory: Path, checkpoint_id: str, name: str) -> list[Any]:
+        with timing.span("fingerprint"):
+            return read_records(
+                participant_dir(directory, "resources", name), "resources", name, checkpoint_id=checkpoint_id
+            )
+
+
+def _replied(model: Model) -> list[Attempt]:
+    """The attempts the model says replied, each with its `/run`."""
+    return [a for a in model.attempts if a.status == "replied" and a.run >= 0]
