@@ -1,0 +1,2 @@
+"""Rollout collection as a controller (reference Appendix C): the state machine that starts collection runs and
+interrupts them, and the recording relay that shows the checker the calls of a controller it does not own."""
