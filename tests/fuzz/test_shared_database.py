@@ -37,7 +37,8 @@ def test_examples_saved_through_one_process_are_read_by_another(redis_url: str) 
     database = profiles.redis_database(redis_url)
     database.save(b"key", b"example")
     code = (
-        "import sys; from ckpt_model.search import profiles; print(list(profiles.redis_database(sys.argv[1]).fetch(b'key')))"
+        "import sys; from ckpt_model.search import profiles; "
+        "print(list(profiles.redis_database(sys.argv[1]).fetch(b'key')))"
     )
     done = subprocess.run([sys.executable, "-c", code, redis_url], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[b'example']"
