@@ -26,7 +26,8 @@ from ckpt_model.modes.real_model import (
     run_real_model,
 )
 from ckpt_model.modes.scale import RunOutcome
-from ckpt_model.properties import P2Violation, P3Violation, P15Violation
+from ckpt_model.properties.continuation import P2Violation, P3Violation
+from ckpt_model.properties.identifiers import P15Violation
 from tests.ungated_backend import SERVED_MODEL
 from tests.ungated_backend import ungated_backend as running_ungated_backend
 

@@ -25,7 +25,8 @@ from ckpt_model.modes.scale import (
     run_scale,
     workers_for,
 )
-from ckpt_model.properties import P1Violation, P2Violation, P3Violation, P4Violation
+from ckpt_model.properties.continuation import P2Violation, P3Violation, P4Violation
+from ckpt_model.properties.scope import P1Violation
 
 SMALL_ROLLOUTS = 50
 STAGES = ("dispatch", "prepare", "commit", "crash", "restore", "resume", "replacement")

@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import pytest
 
-from ckpt_model import properties
 from ckpt_model.errors import CoordinationError
+from ckpt_model.properties.telemetry import P26Violation, p26_one_span_per_call
 from ckpt_model.protocol.telemetry import trace_id_of
 from ckpt_model.trainer.telemetry_watch import TelemetryReader
 from tests.stack.conftest import Deployment, deadline
@@ -39,7 +39,7 @@ def test_one_checkpoint_is_one_trace_with_a_span_per_participant_per_operation(
     assert deployment.stack.telemetry_dir is not None
     reader = TelemetryReader(deployment.stack.telemetry_dir)
     reader.read_new()  # every metrics line is judged against its file's spans (P26) as it is read
-    properties.p26_one_span_per_call(control.control_calls(), reader.spans)
+    p26_one_span_per_call(control.control_calls(), reader.spans)
 
     names = sorted(member.name for member in control.participants)
     spans = [span for span in reader.spans if span.operation is not None]
@@ -65,5 +65,5 @@ def test_a_refused_span_that_says_ok_fails_p26(deploy: Callable[..., Deployment]
     reader = TelemetryReader(deployment.stack.telemetry_dir)
     reader.read_new()
 
-    with pytest.raises(properties.P26Violation, match="stale_checkpoint"):
-        properties.p26_one_span_per_call(control.control_calls(), reader.spans)
+    with pytest.raises(P26Violation, match="stale_checkpoint"):
+        p26_one_span_per_call(control.control_calls(), reader.spans)

@@ -10,12 +10,14 @@ from collections.abc import Callable, Iterator
 import pytest
 from hypothesis import settings
 
-from ckpt_model import properties
 from ckpt_model.collection.machine import CollectionMachine, collection_machine_for
 from ckpt_model.deployments.harness import Harness
 from ckpt_model.errors import PropertyViolation
 from ckpt_model.model.spec import DeploymentSpec
 from ckpt_model.properties import collection as props
+from ckpt_model.properties.continuation import P3Violation, P4Violation
+from ckpt_model.properties.fencing import P10Violation
+from ckpt_model.properties.telemetry import P26Violation
 from ckpt_model.protocol import collection_files as files
 from ckpt_model.search import profiles
 from ckpt_model.search.collection_search import search
@@ -79,12 +81,12 @@ STEPS: dict[str, tuple[Steps, str]] = {
     ),
 }
 VIOLATIONS: dict[str, type[PropertyViolation]] = {
-    "P4": properties.P4Violation,
+    "P4": P4Violation,
     "P22": props.P22Violation,
     "P23": props.P23Violation,
     "P24": props.P24Violation,
     "P25": props.P25Violation,
-    "P26": properties.P26Violation,
+    "P26": P26Violation,
 }
 SHRUNK_STEPS_MAX = 6
 
@@ -130,12 +132,12 @@ def test_the_same_steps_pass_on_the_fault_free_collector(machine_of: MachineOf, 
 SERVER_FAULTS: dict[str, tuple[Steps, type[PropertyViolation], str]] = {
     "agent_stays_closed_after_commit": (
         lambda m: (m.start_run(), m.request_checkpoint()),
-        properties.P10Violation,
+        P10Violation,
         "accepting False",
     ),
     "agent_restore_drops_outputs": (
         lambda m: (m.start_run(), m.release(pick=0), m.preempt(), m.start_run(), m.teardown()),
-        properties.P3Violation,
+        P3Violation,
         "row-0-a1",
     ),
 }

@@ -8,10 +8,11 @@ from collections.abc import Iterator
 import attrs
 import pytest
 
-from ckpt_model import properties
 from ckpt_model.deployments.harness import Harness, planted
 from ckpt_model.errors import PropertyViolation, QuiescenceTimeout, StepNotEnabled
 from ckpt_model.model.spec import DeploymentSpec
+from ckpt_model.properties.durability import P9Violation
+from ckpt_model.properties.registry import REGISTRY
 from ckpt_model.results import regression
 from ckpt_model.search.faultsearch import harness_for
 from ckpt_model.search.minimise import CANDIDATE_SETTLE_TIMEOUT_S
@@ -180,7 +181,7 @@ def test_the_scenario_catches_the_planted_fault(fault: str, faulty_harnesses: di
     catalogue's property (a nemesis waiting out a lease needs more than 2 s) is run again with the full timeout
     before it fails the test, so a short wait never decides the verdict."""
     harness = planted_in(fault, faulty_harnesses)
-    expected = getattr(properties, f"{BY_NAME[fault].caught_by}Violation")
+    expected = REGISTRY[BY_NAME[fault].caught_by].violation
     try:
         caught = caught_in(fault, harness, CANDIDATE_SETTLE_TIMEOUT_S)
     except QuiescenceTimeout:  # a nemesis that waits out a lease needs the full timeout
@@ -233,7 +234,7 @@ def test_a_failure_writes_a_regression_file_that_replays_it(faulty_harnesses: di
     document = regression.load(path)
     assert [tuple(step) for step in document["steps"]] == list(scenario.steps)
     assert (document["topology"], document["faults"], document["failure"]["property"]) == ("native", [fault], "P9")
-    with pytest.raises(properties.P9Violation):
+    with pytest.raises(P9Violation):
         replay(document)
 
 

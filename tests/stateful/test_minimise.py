@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 
-from ckpt_model.properties import P7Violation, P14Violation
+from ckpt_model.properties.continuation import P14Violation
+from ckpt_model.properties.state import P7Violation
 from ckpt_model.results import regression
 from ckpt_model.results.report import rule_calls_of
 from ckpt_model.results.verdicts import shrunk_steps

@@ -24,7 +24,6 @@ from typing import Any, TypeVar
 from hypothesis import strategies as st
 from hypothesis.stateful import RULE_MARKER, RuleBasedStateMachine, precondition, rule
 
-from ckpt_model import properties as props
 from ckpt_model.collection.relay import CallRelay
 from ckpt_model.deployments.collection_run import CollectionAudit, CollectionRun
 from ckpt_model.deployments.harness import STALL_POINTS, STORAGE_FAILURES, STORAGE_POINTS, Harness
@@ -34,6 +33,9 @@ from ckpt_model.model.contract import SCRIPTS, capture_key
 from ckpt_model.model.topologies import Topology
 from ckpt_model.modes.audit_telemetry import NoTelemetry, audit_telemetry
 from ckpt_model.properties.collection_calls import CallAudit
+from ckpt_model.properties.continuation import p4_calls
+from ckpt_model.properties.fencing import p10_open_after_resume
+from ckpt_model.properties.state import p13_clean_end
 from ckpt_model.protocol import collection_files as files
 from ckpt_model.protocol.history import History
 from ckpt_model.protocol.wire import EpisodeId
@@ -165,7 +167,7 @@ class CollectionMachine(RuleBasedStateMachine):
             lambda: files.latest_id(self.checkpoints) != before and self._resumed(),
             "a checkpoint published for SIGUSR1, then the participants resumed",
         )
-        self._judged_once_resumed(functools.partial(props.p10_open_after_resume, "the SIGUSR1 checkpoint"), sent_from)
+        self._judged_once_resumed(functools.partial(p10_open_after_resume, "the SIGUSR1 checkpoint"), sent_from)
         self.audit.published()
         self._note_boundaries()
         self._settle()
@@ -208,7 +210,7 @@ class CollectionMachine(RuleBasedStateMachine):
             self._until(lambda: self._storage_met(name) and self._resumed(), f"the save failed on {name}, resumed")
         finally:
             self.harness.release_storage(name)  # a fault no write met must not meet a later one
-        self._judged_once_resumed(functools.partial(props.p10_open_after_resume, "the failed save"), sent_from)
+        self._judged_once_resumed(functools.partial(p10_open_after_resume, "the failed save"), sent_from)
         if files.latest_id(self.checkpoints) != before:
             self.audit.published()  # a failed save published: P22 says what is wrong with it, then P23 as below
             self._note_boundaries()
@@ -339,7 +341,7 @@ class CollectionMachine(RuleBasedStateMachine):
         script = SCRIPTS[self.harness.spec.topology]
         expected = {key: tuple(script[start:]) for key, start in self.starts.items()}
         made = {key: calls[self.made_before.get(key, 0) :] for key, calls in observed.items() if key in expected}
-        props.p4_calls(expected, made)
+        p4_calls(expected, made)
 
     def _executions(self, starts: dict[str, int]) -> None:
         """The predicted attempts (capture key: the script call each starts from) are sent now (P4); the calls their
@@ -431,7 +433,7 @@ class CollectionMachine(RuleBasedStateMachine):
     def _clean_end(self) -> None:
         """P13 on the collector's own control calls: after a run that said it is done, every participant idle and
         accepting with nothing left (its retire marks forgotten, nothing restored pending)."""
-        self._judged_when_settled(props.p13_clean_end)
+        self._judged_when_settled(p13_clean_end)
 
     def _judged_when_settled(self, verdict: Callable[[dict[str, Any]], None]) -> None:
         """`verdict` on the participants' statuses, waited for up to the settle timeout first (slowness is never a

@@ -34,7 +34,7 @@ import yaml
 
 from ckpt_model.errors import HarnessError
 from ckpt_model.model.topologies import TOPOLOGIES
-from ckpt_model.properties import NOT_LEFTOVERS
+from ckpt_model.properties.state import NOT_LEFTOVERS
 from ckpt_model.protocol.client import servers_from_global_config
 from ckpt_model.protocol.wire import CHECKPOINT_ROUTE_PREFIX, PREPARE_ORDER
 

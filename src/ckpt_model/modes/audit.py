@@ -40,7 +40,6 @@ from typing import Any
 
 import attrs
 
-from ckpt_model import properties as props
 from ckpt_model.errors import PropertyViolation
 from ckpt_model.model.lineage import (
     p5_chain_carried,
@@ -52,6 +51,7 @@ from ckpt_model.model.lineage import (
 from ckpt_model.model.topologies import EPISODE_OWNERS
 from ckpt_model.modes.audit_telemetry import TelemetryRead, audit_telemetry
 from ckpt_model.properties import collection
+from ckpt_model.properties.durability import p9_verifies
 from ckpt_model.protocol.collection_files import (
     CHECKPOINT_ID,
     LATEST,
@@ -228,7 +228,7 @@ def _checkpoint(path: Path, findings: list[Finding]) -> Checkpoint:
             read, records = read_share(directory, kind, directory.name, checkpoint_id=checkpoint_id)
         except CheckpointUnreadable as exc:
             read, records = exc, []
-        _judged(findings, props.p9_verifies, path.name, {f"{kind}/{directory.name}": read})
+        _judged(findings, p9_verifies, path.name, {f"{kind}/{directory.name}": read})
         if not isinstance(read, Fingerprint):
             participants.append(Participant(kind, directory.name, None))
             continue

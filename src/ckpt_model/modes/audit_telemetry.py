@@ -22,8 +22,14 @@ from pathlib import Path
 
 import attrs
 
-from ckpt_model import properties as props
 from ckpt_model.errors import PropertyViolation
+from ckpt_model.properties.telemetry import (
+    P26Violation,
+    p26_one_trace_per_checkpoint,
+    p26_shares_committed,
+    p26_span_consistent,
+    p26_steps_inside,
+)
 from ckpt_model.trainer.telemetry_watch import OnViolation, TelemetryReader
 
 
@@ -85,14 +91,14 @@ def audit_telemetry(
     operations = [span for span in spans if span.operation is not None]
     failed_sources: set[str] = set()
     for span in operations:  # one finding a file: a writer that gets one wrong gets them all wrong
-        if span.source not in failed_sources and not judged(props.p26_span_consistent, span):
+        if span.source not in failed_sources and not judged(p26_span_consistent, span):
             failed_sources.add(span.source)
-    judged(props.p26_steps_inside, spans)
+    judged(p26_steps_inside, spans)
     named = sorted({span.checkpoint_id for span in operations if isinstance(span.checkpoint_id, str)})
     covered = [checkpoint_id for checkpoint_id in named if checkpoint_id in shares_by_checkpoint]
     for checkpoint_id in covered:
-        judged(props.p26_one_trace_per_checkpoint, checkpoint_id, operations)
-        judged(props.p26_shares_committed, checkpoint_id, shares_by_checkpoint[checkpoint_id], operations)
+        judged(p26_one_trace_per_checkpoint, checkpoint_id, operations)
+        judged(p26_shares_committed, checkpoint_id, shares_by_checkpoint[checkpoint_id], operations)
     if shares_by_checkpoint and not covered:
         judged(_nothing_compared, path, sorted(shares_by_checkpoint), named)
     return TelemetryRead(
@@ -109,7 +115,7 @@ def audit_telemetry(
 
 
 def _nothing_compared(path: Path, audited: list[str], named: list[str]) -> None:
-    raise props.P26Violation(
+    raise P26Violation(
         rollout=None,
         expected=f"spans in {path} naming at least one audited checkpoint ({', '.join(audited)})",
         observed=f"spans naming {', '.join(named[:5]) or 'no checkpoint'}",

@@ -30,12 +30,13 @@ from urllib.parse import urlsplit
 import attrs
 import httpx
 
-from ckpt_model import properties as props
 from ckpt_model.deployments.harness import Harness, system
 from ckpt_model.errors import HarnessError
 from ckpt_model.model.contract import capture_key
 from ckpt_model.model.spec import DeploymentSpec
 from ckpt_model.modes.scale import RunOutcome, RunSender, check_cover, wait_for
+from ckpt_model.properties.continuation import P2Violation, p3_every_reply_complete
+from ckpt_model.properties.identifiers import p15_restore_names_source, p15_restored_next_attempts
 from ckpt_model.protocol.client import new_http_client
 from ckpt_model.protocol.gym_tasks import DEVELOPER_MESSAGE, USER_MESSAGE, WEATHER_TOOL, native_run_body
 from ckpt_model.protocol.wire import EpisodeId
@@ -160,7 +161,7 @@ def check_silent(exported: Iterable[str], replied_after_prepare: Iterable[str]) 
     saved, late = set(exported), set(replied_after_prepare)
     both = saved & late
     if both:
-        raise props.P2Violation(
+        raise P2Violation(
             rollout=min(both),
             expected="an exported rollout's /run stays silent from prepare until the crash",
             observed=f"{len(both)} exported rollouts replied after prepare returned: {sorted(both)}",
@@ -175,7 +176,7 @@ def check_well_formed(outcomes: Mapping[str, RunOutcome | None], what: str) -> s
     replies = {
         key: None if outcome is None else (outcome.status_code, outcome.body) for key, outcome in outcomes.items()
     }
-    props.p3_every_reply_complete(what, None, replies)
+    p3_every_reply_complete(what, None, replies)
     return f"ok: {len(outcomes)} {what} /runs replied 200 with a numeric reward and no failure"
 
 
@@ -374,10 +375,10 @@ def _checked_run(run: _RealRun, say: Callable[[str], None]) -> tuple[dict[str, f
 def check_restored(replies: Mapping[str, Any], owners: Sequence[str], exported: Sequence[str]) -> str:
     """Every restore reply names the committed checkpoint as its source, and each episode owner's names exactly
     the next attempts of the exported rollouts (reference 2.5)."""
-    props.p15_restore_names_source(RESTORE_ID, CHECKPOINT_ID, replies)
+    p15_restore_names_source(RESTORE_ID, CHECKPOINT_ID, replies)
     want = [capture_key(key, 1) for key in exported]
     for owner in owners:
-        props.p15_restored_next_attempts(RESTORE_ID, owner, want, replies.get(owner, {}).get("restored"))
+        p15_restored_next_attempts(RESTORE_ID, owner, want, replies.get(owner, {}).get("restored"))
     return f"ok: {len(replies)} participants restored from {CHECKPOINT_ID}; {len(want)} next attempts installed"
 
 

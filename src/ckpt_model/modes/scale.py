@@ -9,7 +9,7 @@ this checker adds:
 - no `/run` in flight replies while the checkpoint is open (P2);
 - every replacement completes with the reward of an uninterrupted run (P3);
 - every rollout made exactly the model calls its script still needed, by message count: a replacement's first
-  backend call is the call after the last delivered one (P4, as `properties.p4_calls` judges it).
+  backend call is the call after the last delivered one (P4, as `properties.continuation.p4_calls` judges it).
 
 Before the checkpoint every rollout is in one of three places, so the continuation check sees every boundary:
 finished (both calls released, replied before prepare), waiting at its first call (restores from the start:
@@ -45,12 +45,13 @@ from urllib.parse import urlsplit
 import attrs
 import httpx
 
-from ckpt_model import properties as props
 from ckpt_model.deployments.harness import BackendGate, Harness
 from ckpt_model.errors import HarnessError, QuiescenceTimeout
 from ckpt_model.model.contract import SCRIPTS, ScriptCall, capture_key
 from ckpt_model.model.spec import DeploymentSpec
 from ckpt_model.model.topologies import TOPOLOGIES
+from ckpt_model.properties.continuation import p2_silent_while_checkpointed, p3_every_reply_complete, p4_calls_complete
+from ckpt_model.properties.scope import p1_finished_or_exported
 from ckpt_model.protocol.client import ControlClient
 from ckpt_model.protocol.gym_tasks import WEATHER_SCRIPT, native_run_body
 from ckpt_model.protocol.wire import EpisodeId
@@ -147,7 +148,7 @@ def expected_calls(plan: ScalePlan) -> dict[str, tuple[ScriptCall, ...]]:
 def check_cover(rollouts: Iterable[str], finished: Iterable[str], exported: Iterable[str]) -> str:
     """Finished and exported are disjoint and together cover every rollout (P1); returns the verdict."""
     everything, done, saved = set(rollouts), set(finished), set(exported)
-    props.p1_finished_or_exported(everything, done, saved)
+    p1_finished_or_exported(everything, done, saved)
     return f"ok: {len(done)} finished + {len(saved)} exported = {len(everything)} rollouts, disjoint"
 
 
@@ -165,7 +166,7 @@ def check_replies(outcomes: Mapping[str, RunOutcome | None], reward: float, what
     replies = {
         key: None if outcome is None else (outcome.status_code, outcome.body) for key, outcome in outcomes.items()
     }
-    props.p3_every_reply_complete(what, reward, replies)
+    p3_every_reply_complete(what, reward, replies)
     return f"ok: {len(outcomes)} {what} /runs replied 200 with reward {reward}"
 
 
@@ -178,7 +179,7 @@ def check_finished(outcomes: Mapping[str, RunOutcome | None], reward: float) -> 
 
 def check_silent(replied: str | None, in_flight: int) -> str:
     """No `/run` in flight at the checkpoint ended before the crash (P2): it waits at the backend, or is held."""
-    props.p2_silent_while_checkpointed(replied)
+    p2_silent_while_checkpointed(replied)
     return f"ok: none of the {in_flight} /runs in flight replied between the dispatch and the crash"
 
 
@@ -186,7 +187,7 @@ def check_continuations(
     expected: Mapping[str, tuple[ScriptCall, ...]], observed: Mapping[str, tuple[ScriptCall, ...]]
 ) -> str:
     """Every capture key made exactly its expected calls, none missing (P4); returns the verdict."""
-    props.p4_calls_complete(expected, observed)
+    p4_calls_complete(expected, observed)
     continued = sum(1 for key in expected if EpisodeId.from_capture_key(key).attempt > 0)
     return f"ok: {len(expected)} capture keys made exactly their calls; {continued} continued from their boundary"
 

@@ -24,9 +24,19 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ckpt_model import properties as props
 from ckpt_model.errors import HarnessError
 from ckpt_model.model.lineage import next_key
+from ckpt_model.properties.continuation import p2_no_reply_within, p3_reply_complete
+from ckpt_model.properties.durability import p9_verifies
+from ckpt_model.properties.fencing import p10_reply_phase
+from ckpt_model.properties.identifiers import (
+    p15_forgotten_echoed,
+    p15_manifest_names_share,
+    p15_restore_names_source,
+    p15_restored_next_attempts,
+    p15_retired_echoed,
+)
+from ckpt_model.properties.scope import p1_commit_is_its_share
 from ckpt_model.protocol.history import Event, History
 from ckpt_model.protocol.storage import MANIFEST_NAME, CheckpointUnreadable, Fingerprint, fingerprint, participant_dir
 from ckpt_model.protocol.wire import EpisodeId
@@ -74,7 +84,7 @@ class CallAudit:
             if completion.index >= self.judged and completion.type == "ok":
                 self._judge(invocation, completion, calls)
         self.judged = len(events)
-        props.p2_no_reply_within(prepared_spans(events, self.kinds), events)
+        p2_no_reply_within(prepared_spans(events, self.kinds), events)
 
     def resumed_since(self, start: int) -> bool:
         """Every participant has answered a resume the program sent after history event `start`: from then on its
@@ -94,7 +104,7 @@ class CallAudit:
             return
         request, reply, name = invocation.value["body"], outcome["body"], invocation.process
         if invocation.f == "run":
-            props.p3_reply_complete(run_key(request), 200, reply, self.reward)
+            p3_reply_complete(run_key(request), 200, reply, self.reward)
             return
         if name not in self.kinds:
             return
@@ -103,26 +113,26 @@ class CallAudit:
         if invocation.f == "commit":
             self._commit(name, checkpoint_id, request, reply, outcome["share"], calls)
         elif invocation.f == "restore":
-            props.p10_reply_phase("restore", checkpoint_id, "restored", replies)
-            props.p15_restore_names_source(checkpoint_id, outcome["source"], replies)
+            p10_reply_phase("restore", checkpoint_id, "restored", replies)
+            p15_restore_names_source(checkpoint_id, outcome["source"], replies)
             share = outcome["share"]
             if self.kinds[name] in RESTORE_CHECKED_KINDS and isinstance(share, Fingerprint):
                 scope = scope_keys(request) or ()
                 expected = [next_key(key) for key in share.episode_ids if key in scope]
-                props.p15_restored_next_attempts(checkpoint_id, name, expected, reply.get("restored"))
+                p15_restored_next_attempts(checkpoint_id, name, expected, reply.get("restored"))
         elif invocation.f == "resume":
-            props.p10_reply_phase("resume", checkpoint_id, "idle", replies)
+            p10_reply_phase("resume", checkpoint_id, "idle", replies)
         elif invocation.f == "retire":
-            props.p15_retired_echoed(checkpoint_id, scope_keys(request) or [], replies)
+            p15_retired_echoed(checkpoint_id, scope_keys(request) or [], replies)
         elif invocation.f == "forget":
-            props.p15_forgotten_echoed(checkpoint_id, request["rollout_ids"], replies)
+            p15_forgotten_echoed(checkpoint_id, request["rollout_ids"], replies)
 
     def _commit(
         self, name: str, checkpoint_id: str, request: Any, reply: Any, share: Any, calls: Sequence[Call]
     ) -> None:
-        props.p10_reply_phase("commit", checkpoint_id, "committed", {name: reply})
-        props.p9_verifies(checkpoint_id, {name: share})
-        props.p1_commit_is_its_share(
+        p10_reply_phase("commit", checkpoint_id, "committed", {name: reply})
+        p9_verifies(checkpoint_id, {name: share})
+        p1_commit_is_its_share(
             checkpoint_id,
             name,
             scope_keys(request),
@@ -130,7 +140,7 @@ class CallAudit:
             reply.get("episode_ids"),
             share.episode_ids,
         )
-        props.p15_manifest_names_share(checkpoint_id, name, self.kinds[name], reply.get("manifest"), share)
+        p15_manifest_names_share(checkpoint_id, name, self.kinds[name], reply.get("manifest"), share)
 
 
 def run_key(body: Any) -> str:

@@ -24,7 +24,7 @@ from ckpt_model.protocol import wire
 
 @attrs.frozen
 class Compared:
-    """Predicted and compared after the step by the function `check` (in `properties` or `lineage`; the
+    """Predicted and compared after the step by the function `check` (in a module of `properties`, or `lineage`; the
     harness's own check of the worker placement is in `placement`); `how` narrows what is compared when it is
     less than the whole value."""
 

@@ -3,7 +3,7 @@ settings, timings and statistics; written as JSON (`--json`) and as JUnit XML (`
 
 The printed report is for a person; these files are for programs (a CI job that keeps a verdict, a dashboard that
 counts failures by property). Both are built from one `CheckResult`, so they never disagree. JUnit has one test
-case per property in the registry (`properties.REGISTRY`): a violated one carries a `<failure>`, one this
+case per property in the registry (`properties.registry.REGISTRY`): a violated one carries a `<failure>`, one this
 deployment cannot check a `<skipped>` with why, the others pass; a run that could not judge adds one errored case.
 Pure: building and rendering do no I/O beyond `write`.
 """
@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import attrs
 
-from ckpt_model.properties import REGISTRY
+from ckpt_model.properties.registry import REGISTRY
 from ckpt_model.results import verdicts
 from ckpt_model.results.stats import SearchStats
 

@@ -24,7 +24,7 @@ from ckpt_model.errors import StepNotEnabled
 from ckpt_model.model.contract import ScriptCall
 from ckpt_model.model.spec import DeploymentSpec
 from ckpt_model.model.topologies import TOPOLOGIES
-from ckpt_model.properties import record_key
+from ckpt_model.properties.state import record_key
 from ckpt_model.protocol.gym_tasks import COUNTER_SCRIPT
 from ckpt_model.protocol.storage import participant_dir, read_records
 from ckpt_model.trainer.machine import CheckpointMachine

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import attrs
 
-from ckpt_model.properties import REGISTRY
+from ckpt_model.properties.registry import REGISTRY
 
 if TYPE_CHECKING:
     from ckpt_model.deployments.harness import Harness

@@ -15,13 +15,22 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ckpt_model import properties as props
 from ckpt_model import timing
 from ckpt_model.deployments.harness import Harness
 from ckpt_model.deployments.observe import observe
 from ckpt_model.model.contract import Attempt, Model
 from ckpt_model.model.lineage import next_key
 from ckpt_model.model.outcome import Identity, Outcome, ledger_chain, normalised
+from ckpt_model.properties.continuation import p2_no_reply_while_prepared, p14_resumed_equals_uninterrupted
+from ckpt_model.properties.durability import p9_unchanged, p9_verifies
+from ckpt_model.properties.fencing import p10_reply_phase
+from ckpt_model.properties.identifiers import (
+    p15_manifest_names_share,
+    p15_restore_names_source,
+    p15_restored_next_attempts,
+)
+from ckpt_model.properties.scope import p1_exports_exact, p1_replied_or_exported
+from ckpt_model.properties.state import p6_exported_state, p6_restored, p13_clean_end, record_key
 from ckpt_model.protocol.client import Participant
 from ckpt_model.protocol.history import History
 from ckpt_model.protocol.ledger import LedgerRow, Manifest
@@ -67,10 +76,10 @@ class Audits:
         owner = model.episode_owner
         replied = [a.key for a in model.with_status("replied")]
         scope = [a.key for a in model.scope()]
-        props.p1_replied_or_exported(checkpoint_id, scope, replied, replies[owner]["episode_ids"], owner)
-        props.p10_reply_phase("commit", checkpoint_id, "committed", replies)
+        p1_replied_or_exported(checkpoint_id, scope, replied, replies[owner]["episode_ids"], owner)
+        p10_reply_phase("commit", checkpoint_id, "committed", replies)
         read = self.read(checkpoint_id)
-        props.p9_verifies(checkpoint_id, read)
+        p9_verifies(checkpoint_id, read)
         self.shares(model, checkpoint_id, self.members, replies, read)
         self.exported_state(model, checkpoint_id)
         self.fingerprints[checkpoint_id] = read
@@ -79,7 +88,7 @@ class Audits:
         """A commit that reached only `names` before a crash: each replied with and wrote exactly its share (P1),
         which verifies (P9)."""
         read = self.read(checkpoint_id)
-        props.p9_verifies(checkpoint_id, {name: read[name] for name in names})
+        p9_verifies(checkpoint_id, {name: read[name] for name in names})
         self.shares(model, checkpoint_id, [m for m in self.members if m.name in names], replies, read)
 
     def published_after_crash(self, checkpoint_id: str) -> frozenset[str]:
@@ -87,7 +96,7 @@ class Audits:
         manifest is the commit point, published only once the records are durable); returns who published."""
         read = self.read(checkpoint_id)
         published = [m.name for m in self.members if self.has_manifest(checkpoint_id, m.name)]
-        props.p9_verifies(checkpoint_id, {name: read[name] for name in published})
+        p9_verifies(checkpoint_id, {name: read[name] for name in published})
         return frozenset(published)
 
     def has_manifest(self, checkpoint_id: str, name: str) -> bool:
@@ -112,7 +121,7 @@ class Audits:
                 if member.kind == "model"
                 else model.exports(member.kind, member.name)
             )
-            props.p1_exports_exact(
+            p1_exports_exact(
                 checkpoint_id,
                 member.name,
                 expected,
@@ -121,7 +130,7 @@ class Audits:
                 optional=model.may_also_export(member.kind),
             )
             manifest = replies[member.name]["manifest"]
-            props.p15_manifest_names_share(checkpoint_id, member.name, member.kind, manifest, read[member.name])
+            p15_manifest_names_share(checkpoint_id, member.name, member.kind, manifest, read[member.name])
 
     def exported_state(self, model: Model, checkpoint_id: str) -> None:
         """P6 at a commit: each resources record holds the state the checker computes for its attempt."""
@@ -132,22 +141,22 @@ class Audits:
                 for key in model.exports("resources", member.name)
             }
             records = self._resources_records(self.harness.checkpoint_dir / checkpoint_id, checkpoint_id, member.name)
-            props.p6_exported_state(checkpoint_id, member.name, expected, records)
+            p6_exported_state(checkpoint_id, member.name, expected, records)
 
     def restored(self, source: str, restore_id: str, exported: tuple[str, ...], replies: Mapping[str, Any]) -> None:
         """P6 at a restore: the resources participant installed the sessions of its in-scope records (read with the
         checker's own reader), under their next attempts: its reply names them, and its status counts them. P10
         and P15: every reply says restored, names the source, and names the next attempts of its records."""
-        props.p10_reply_phase("restore", restore_id, "restored", replies)
-        props.p15_restore_names_source(restore_id, source, replies)
+        p10_reply_phase("restore", restore_id, "restored", replies)
+        p15_restore_names_source(restore_id, source, replies)
         self.restored_keys(source, restore_id, exported, replies)
         directory = self.harness.checkpoint_dir / source
         for member in self._resources():
             records = self._resources_records(directory, source, member.name)
-            keys = [props.record_key(record) for record in records]
+            keys = [record_key(record) for record in records]
             expected = [EpisodeId.from_capture_key(key).next_attempt().capture_key for key in keys if key in exported]
             sessions = self.harness.control.status(member)["report"]["counts"].get("sessions")  # type: ignore[union-attr]
-            props.p6_restored(restore_id, member.name, expected, replies[member.name].get("restored"), sessions)
+            p6_restored(restore_id, member.name, expected, replies[member.name].get("restored"), sessions)
 
     def restored_keys(
         self, source: str, restore_id: str, exported: tuple[str, ...], replies: Mapping[str, Any]
@@ -161,7 +170,7 @@ class Audits:
             if member.kind in ("model", "resources") or not isinstance(share, Fingerprint):
                 continue
             expected = [next_key(key) for key in share.episode_ids if key in exported]
-            props.p15_restored_next_attempts(restore_id, member.name, expected, replies[member.name].get("restored"))
+            p15_restored_next_attempts(restore_id, member.name, expected, replies[member.name].get("restored"))
 
     # -- after every step, and at the end ---------------------------------------------------------------------
 
@@ -170,10 +179,10 @@ class Audits:
         the ledgers of the replies that came in, for P14."""
         self.ledgers.check(model.checkpoint_open)
         with timing.span("p2_history"):
-            props.p2_no_reply_while_prepared(history)
+            p2_no_reply_while_prepared(history)
         with timing.span("p9_reread"):
             for checkpoint_id, before in self.fingerprints.items():
-                props.p9_unchanged(checkpoint_id, before, self.read(checkpoint_id))
+                p9_unchanged(checkpoint_id, before, self.read(checkpoint_id))
         with timing.span("p14_ledgers"):
             self.ledgers_of_replies(model)
         self.telemetry.check()
@@ -181,7 +190,7 @@ class Audits:
     def at_end(self, model: Model) -> None:
         """Drained: P5 over every ledger and the token store, P13 (everything idle and empty), then P14."""
         self.ledgers.check(model.checkpoint_open, everything=True)
-        props.p13_clean_end(observe(self.harness).statuses)
+        p13_clean_end(observe(self.harness).statuses)
         self.telemetry.check()
         with timing.span("p14_twin"):
             self.as_uninterrupted(model)
@@ -200,7 +209,7 @@ class Audits:
             expected = twin if chain is not None else Outcome(twin.body)
             identity = Identity(attempt.rollout, attempt.attempt, attempt.key)
             completed = Outcome(normalised(outcome.body, identity), chain)
-            props.p14_resumed_equals_uninterrupted(attempt.key, expected, completed)
+            p14_resumed_equals_uninterrupted(attempt.key, expected, completed)
 
     def ledgers_of_replies(self, model: Model) -> None:
         """With token capture, the ledger rows of each attempt whose reply came in during this step, read before a

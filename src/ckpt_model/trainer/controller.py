@@ -27,12 +27,14 @@ from typing import Any, Literal, Protocol
 import attrs
 import httpx
 
-from ckpt_model import properties as props
 from ckpt_model import timing
 from ckpt_model.deployments.harness import Gate, Harness
 from ckpt_model.deployments.observe import backend_calls, poll
 from ckpt_model.errors import CoordinationError, HarnessError, ParticipantFailure, QuiescenceTimeout
 from ckpt_model.model.contract import RESTART_SERVERS, Attempt
+from ckpt_model.properties.fencing import p10_lease_renewed, p10_reply_phase, p10_report_consistent, p10_resume_accepted
+from ckpt_model.properties.identifiers import p15_capture_keys, p15_forgotten_echoed, p15_retired_echoed
+from ckpt_model.properties.state import p8_cleanup_succeeds
 from ckpt_model.protocol.client import Participant, Participants, PrepareResult, request_body
 from ckpt_model.protocol.history import Event, EventType, History
 from ckpt_model.protocol.wire import EpisodeId
@@ -243,9 +245,7 @@ class Controller:
         """Extend the leases of the participants `names` only, to the control deadline plus the grace (P10)."""
         body = self.body("renew", checkpoint_id)
         replies = self.send_each("renew", checkpoint_id, body, names)
-        props.p10_lease_renewed(
-            checkpoint_id, body["deadline_ts"] + self.harness.lease_grace_s - LEASE_SLACK_S, replies
-        )
+        p10_lease_renewed(checkpoint_id, body["deadline_ts"] + self.harness.lease_grace_s - LEASE_SLACK_S, replies)
 
     def prepare_with_hung_cut(self, checkpoint_id: str, deadline_s: float = HUNG_CUT_PREPARE_DEADLINE_S) -> Prepared:
         """A prepare with a short deadline while the backend's cut endpoint hangs; the cuts are judged before the
@@ -332,13 +332,13 @@ class Controller:
         """Extend every lease; each must then run at least to the renew's deadline plus the grace (P10)."""
         deadline_ts = self._ahead(CONTROL_DEADLINE_S)
         replies = self._call("renew", checkpoint_id, lambda _: self.control.renew(checkpoint_id, deadline_ts))
-        props.p10_lease_renewed(checkpoint_id, deadline_ts + self.harness.lease_grace_s - LEASE_SLACK_S, replies)
+        p10_lease_renewed(checkpoint_id, deadline_ts + self.harness.lease_grace_s - LEASE_SLACK_S, replies)
 
     def _prepared(self, invocation: Event, outcome: Prepared, cut: CutJudgement) -> Prepared:
         self._complete(invocation, "ok", cut=cut)
         for name, reply in outcome.replies.items():
-            props.p10_report_consistent(f"{name}'s prepare reply", reply["report"], reply["phase"])
-            props.p15_capture_keys(f"{name}'s prepare report.restarts", reply["report"]["restarts"])
+            p10_report_consistent(f"{name}'s prepare reply", reply["report"], reply["phase"])
+            p15_capture_keys(f"{name}'s prepare report.restarts", reply["report"]["restarts"])
         if outcome.prepared:
             assert isinstance(invocation.value, str)
             self.history.note("controller", "prepared", invocation.value)
@@ -390,7 +390,7 @@ class Controller:
         return replies
 
     def _resume(
-        self, checkpoint_id: str, refused: Callable[[str, CoordinationError], None] = props.p10_resume_accepted
+        self, checkpoint_id: str, refused: Callable[[str, CoordinationError], None] = p10_resume_accepted
     ) -> dict[str, Any]:
         """Resume everywhere: every participant then answers phase idle (P10). `refused` judges a refusal (by
         default P10, for a refusal no resume ever gets), before it is raised to the caller."""
@@ -401,7 +401,7 @@ class Controller:
         except CoordinationError as error:
             refused(checkpoint_id, error)
             raise
-        props.p10_reply_phase("resume", checkpoint_id, "idle", replies)
+        p10_reply_phase("resume", checkpoint_id, "idle", replies)
         return replies
 
     def restore(self, restore_id: str, source: str, exported: Iterable[str], directory: Path | None = None) -> Any:
@@ -427,7 +427,7 @@ class Controller:
         """The cleanup of a restore that failed on some participant, as Gym's client runs it: retire the next
         attempts everywhere, then resume (a refused resume is P8, the cleanup failing). A cleanup, never retried."""
         self._retire(restore_id, [episode.next_attempt() for episode in episodes_keyed(exported)])
-        self._resume(restore_id, refused=props.p8_cleanup_succeeds)
+        self._resume(restore_id, refused=p8_cleanup_succeeds)
 
     # -- retire and forget ------------------------------------------------------------------------------------
 
@@ -453,12 +453,12 @@ class Controller:
             lambda d: self.control.retire(retire_id, episodes, d),
             episodes=tuple(episodes),
         )
-        props.p15_retired_echoed(retire_id, [episode.capture_key for episode in episodes], replies)
+        p15_retired_echoed(retire_id, [episode.capture_key for episode in episodes], replies)
         return replies
 
     def forget(self, forget_id: str, rollouts: Sequence[str]) -> dict[str, Any]:
         replies = self._call("forget", forget_id, lambda d: self.control.forget(forget_id, rollouts, d))
-        props.p15_forgotten_echoed(forget_id, rollouts, replies)
+        p15_forgotten_echoed(forget_id, rollouts, replies)
         self.last_call = SentCall("forget", forget_id, {"rollout_ids": tuple(rollouts)}, replies)
         return replies
 

@@ -29,7 +29,11 @@ from ckpt_model.model.lineage import (
     p12_exported_cuts,
     p12_tokens,
 )
-from ckpt_model.properties import p15_admission_names_attempt, p15_ledger_identifiers, p15_model_call_ids_unique
+from ckpt_model.properties.identifiers import (
+    p15_admission_names_attempt,
+    p15_ledger_identifiers,
+    p15_model_call_ids_unique,
+)
 from ckpt_model.protocol.ledger import Manifest
 from ckpt_model.protocol.storage import participant_dir, read_records
 from ckpt_model.protocol.wire import EpisodeId

@@ -17,7 +17,6 @@ from typing import Any
 
 import attrs
 
-from ckpt_model import properties as props
 from ckpt_model import timing
 from ckpt_model.deployments.harness import Harness
 from ckpt_model.deployments.observe import (
@@ -31,6 +30,24 @@ from ckpt_model.deployments.observe import (
 )
 from ckpt_model.errors import PropertyViolation, QuiescenceTimeout
 from ckpt_model.model.contract import Expectation, Model, expect
+from ckpt_model.properties.clocks import p20_budget_kept
+from ckpt_model.properties.continuation import p2_held_responses, p3_reply_complete, p3_still_running, p4_calls
+from ckpt_model.properties.fencing import (
+    REFUSAL_PENDING,
+    p10_admission_agrees,
+    p10_admission_refused,
+    p10_lease_held,
+    p10_lease_lapsed,
+    p10_phase,
+    p10_refusal_came,
+    p10_refused_runs_made_no_calls,
+    p10_report_consistent,
+    p10_status_agrees,
+    status_mismatches,
+)
+from ckpt_model.properties.identifiers import p15_capture_keys, p15_run_names_episode, p15_status_names_participant
+from ckpt_model.properties.state import p7_refused
+from ckpt_model.properties.verification import p11_preparing
 from ckpt_model.trainer.runs import RunPool
 
 SETTLE_TIMEOUT_S = 10.0
@@ -108,7 +125,7 @@ class Quiescence:
 
         with timing.span("wait_preparing"):
             poll(preparing, self.timeout_s)
-        props.p11_preparing(checkpoint_id, owner, blockers, seen, future.done())
+        p11_preparing(checkpoint_id, owner, blockers, seen, future.done())
 
     def wait_lease_lapsed(self, checkpoint_id: str, lapses_at_ts: float) -> None:
         """Until every participant is idle again after the lease of `checkpoint_id` lapsed (P10)."""
@@ -123,7 +140,7 @@ class Quiescence:
 
         with timing.span("wait_lease_lapsed"):
             poll(idle, self._until(lapses_at_ts) + self.timeout_s)
-        props.p10_lease_lapsed(checkpoint_id, phases, self.harness.now() - lapses_at_ts)
+        p10_lease_lapsed(checkpoint_id, phases, self.harness.now() - lapses_at_ts)
 
     def wait_lapsed(self, name: str, checkpoint_id: str, lapses_at_ts: float) -> None:
         """Until participant `name` is idle again after its lease of `checkpoint_id` lapsed (`lapses_at_ts` on the
@@ -140,7 +157,7 @@ class Quiescence:
 
         with timing.span("wait_lease_lapsed"):
             poll(idle, self._until(lapses_at_ts) + self.timeout_s)
-        props.p10_lease_lapsed(checkpoint_id, phases, self.harness.now() - lapses_at_ts)
+        p10_lease_lapsed(checkpoint_id, phases, self.harness.now() - lapses_at_ts)
 
     def _until(self, lapses_at_ts: float) -> float:
         """The seconds of real time left before the lease lapses at `lapses_at_ts`: none where the checker owns
@@ -154,14 +171,14 @@ class Quiescence:
 
     def _pending(self, model: Model, expected: Expectation, observation: Observation) -> list[str]:
         """What has not arrived yet; raises at once on what no amount of waiting can fix."""
-        props.p10_refused_runs_made_no_calls(self.runs.refused_closed.values(), observation.calls)
-        pending = [f"call of {key}" for key in props.p4_calls(expected.calls, observation.calls)]
+        p10_refused_runs_made_no_calls(self.runs.refused_closed.values(), observation.calls)
+        pending = [f"call of {key}" for key in p4_calls(expected.calls, observation.calls)]
         pending += [f"{key} waiting at the backend" for key in expected.waiting if key not in observation.waiting]
         pending += [f"{key} released" for key in observation.waiting if key not in expected.waiting]
         pending += self._pending_runs(model)
         kinds = {member.name: member.kind for member in self.harness.control.participants}  # type: ignore[union-attr]
         for name, status in observation.statuses.items():
-            props.p10_phase(name, (expected.phase, expected.checkpoint_id), status)
+            p10_phase(name, (expected.phase, expected.checkpoint_id), status)
             judge_status_fields(name, kinds[name], status)
         return pending
 
@@ -171,16 +188,16 @@ class Quiescence:
         for attempt in model.attempts:
             outcome = runs.outcomes.get(attempt.run)
             if outcome is not None:
-                props.p20_budget_kept(attempt.key, self.outlasted.get(attempt.key), outcome.status_code, outcome.body)
+                p20_budget_kept(attempt.key, self.outlasted.get(attempt.key), outcome.status_code, outcome.body)
             if attempt.status == "replied" and attempt.run >= 0:
                 if outcome is None:
                     pending.append(f"{attempt.key} reply")
                 else:
-                    props.p3_reply_complete(attempt.key, outcome.status_code, outcome.body, self.reward)
+                    p3_reply_complete(attempt.key, outcome.status_code, outcome.body, self.reward)
                     sent = self.harness.spec.traits.run_body(attempt.rollout, attempt.attempt)
-                    props.p15_run_names_episode(attempt.key, sent, outcome.body)
+                    p15_run_names_episode(attempt.key, sent, outcome.body)
             elif attempt.status == "running" and outcome is not None and attempt.run not in runs.refused_stale:
-                props.p3_still_running(
+                p3_still_running(
                     attempt.key,
                     attempt.calls_made,
                     len(attempt.script),
@@ -192,15 +209,15 @@ class Quiescence:
         for run, key in sorted(runs.refused_stale.items()):
             outcome = runs.outcomes.get(run)
             if outcome is None:
-                pending.append(f"{key} {props.REFUSAL_PENDING} after retire")
+                pending.append(f"{key} {REFUSAL_PENDING} after retire")
             elif outcome.error is None:
-                props.p7_refused(key, outcome.status_code, outcome.body)
+                p7_refused(key, outcome.status_code, outcome.body)
         for run, key in sorted(runs.refused_closed.items()):
             outcome = runs.outcomes.get(run)
             if outcome is None:
-                pending.append(f"{key} {props.REFUSAL_PENDING} while a checkpoint is open")
+                pending.append(f"{key} {REFUSAL_PENDING} while a checkpoint is open")
             else:
-                props.p10_admission_refused(key, outcome.status_code, outcome.body)
+                p10_admission_refused(key, outcome.status_code, outcome.body)
         return pending
 
     def _timed_out(self, model: Model, expected: Expectation, violation: type[PropertyViolation] | None) -> None:
@@ -213,8 +230,8 @@ class Quiescence:
         fresh = observe(self.harness)
         pending = self._pending(model, expected, fresh)
         mismatches = _status_mismatches(expected, fresh)
-        props.p10_admission_agrees(describe(expected), mismatches, pending, self.timeout_s)
-        props.p10_refusal_came(violation, describe(expected), pending, mismatches)
+        p10_admission_agrees(describe(expected), mismatches, pending, self.timeout_s)
+        p10_refusal_came(violation, describe(expected), pending, mismatches)
         raise QuiescenceTimeout(
             prediction=describe(expected),
             observed=fresh.summary(),
@@ -233,28 +250,28 @@ class Quiescence:
         property (P7 after retire and forget) or P10."""
         held = _model_counts(observation.statuses).get("held")
         if model.checkpoint_open and held != expected.held:
-            props.p2_held_responses(model.open_checkpoint or "", expected.held, held)
-        props.p10_status_agrees(violation, describe(expected), _status_mismatches(expected, observation))
+            p2_held_responses(model.open_checkpoint or "", expected.held, held)
+        p10_status_agrees(violation, describe(expected), _status_mismatches(expected, observation))
 
 
 def judge_status_fields(name: str, kind: str, status: Mapping[str, Any]) -> None:
     """What one status must say whatever the model predicts (docs/fields.md): it names its participant, its report
     agrees with itself, an active checkpoint holds a lease, and every key it lists is a capture key (P10, P15)."""
-    props.p15_status_names_participant(name, kind, status)
-    props.p10_report_consistent(f"{name}'s status", status["report"])
-    props.p10_lease_held(name, status)
+    p15_status_names_participant(name, kind, status)
+    p10_report_consistent(f"{name}'s status", status["report"])
+    p10_lease_held(name, status)
     for field in ("blockers", "restarts"):
-        props.p15_capture_keys(f"{name}'s status report.{field}", status["report"][field])
+        p15_capture_keys(f"{name}'s status report.{field}", status["report"][field])
     for field in ("restored_pending", "restored_generation_cuts"):
         if field in status:
-            props.p15_capture_keys(f"{name}'s status {field}", status[field])
+            p15_capture_keys(f"{name}'s status {field}", status[field])
 
 
 def _status_mismatches(expected: Expectation, observation: Observation) -> list[str]:
     return [
         f"status of {name} {problem}"
         for name, status in observation.statuses.items()
-        for problem in props.status_mismatches(expected, status)
+        for problem in status_mismatches(expected, status)
     ]
 
 

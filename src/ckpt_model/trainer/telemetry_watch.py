@@ -19,9 +19,9 @@ from typing import Any
 
 import attrs
 
-from ckpt_model import properties as props
 from ckpt_model import timing
 from ckpt_model.errors import PropertyViolation
+from ckpt_model.properties.telemetry import p26_metrics_agree, p26_one_span_per_call, p26_unreadable
 from ckpt_model.protocol.telemetry import OTLP_METRICS, OTLP_SPANS, MetricsSnapshot, Span, SpanCounts, spans_from_otlp
 
 TELEMETRY_SUFFIXES = (".jsonl", ".json")
@@ -90,7 +90,7 @@ class TelemetryReader:
             read = _read_line(name, line)
             if isinstance(read, MetricsSnapshot):
                 self.metrics_judged += 1
-                props.p26_metrics_agree(state.counts, read)
+                p26_metrics_agree(state.counts, read)
         except PropertyViolation as violation:
             self.on_violation(violation)
             return
@@ -114,19 +114,19 @@ def _read_line(name: str, line: bytes) -> list[Span] | MetricsSnapshot | None:
         if kind == "metrics":
             return MetricsSnapshot.from_record(name, record)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        props.p26_unreadable(name, f"a line lacks or mistypes {exc}", line[:200])
+        p26_unreadable(name, f"a line lacks or mistypes {exc}", line[:200])
     if OTLP_METRICS in record:
         return None
-    props.p26_unreadable(name, f"unknown line type {kind!r}", record)
+    p26_unreadable(name, f"unknown line type {kind!r}", record)
 
 
 def _record(name: str, line: bytes) -> dict[str, Any]:
     try:
         record = json.loads(line)
     except ValueError as exc:
-        props.p26_unreadable(name, f"not JSON ({exc})", line[:200])
+        p26_unreadable(name, f"not JSON ({exc})", line[:200])
     if not isinstance(record, dict):
-        props.p26_unreadable(name, "a line that is not a JSON object", record)
+        p26_unreadable(name, "a line that is not a JSON object", record)
     return record
 
 
@@ -145,4 +145,4 @@ class TelemetryWatch:
         with timing.span("p26_telemetry"):
             calls = control.control_calls()  # first: a call answered by now has its span on disk
             self.reader.read_new()
-            props.p26_one_span_per_call(calls, self.reader.spans)
+            p26_one_span_per_call(calls, self.reader.spans)

@@ -7,7 +7,8 @@ import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 from ckpt_model.errors import StepNotEnabled
-from ckpt_model.properties import REGISTRY, P9Violation
+from ckpt_model.properties.durability import P9Violation
+from ckpt_model.properties.registry import REGISTRY
 from ckpt_model.results.check_result import CheckResult, FailureResult, Statistics, failure_results, write
 from ckpt_model.results.stats import RoundStat, SearchStats
 

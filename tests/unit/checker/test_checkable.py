@@ -17,7 +17,7 @@ import attrs
 import pytest
 
 from ckpt_model.model.contract import Model
-from ckpt_model.properties import REGISTRY
+from ckpt_model.properties.registry import REGISTRY
 from ckpt_model.protocol.client import Participant
 from ckpt_model.steps import checkable
 from ckpt_model.steps.checkable import Capabilities

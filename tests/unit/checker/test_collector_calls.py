@@ -8,17 +8,6 @@ from typing import Any
 import pytest
 
 from ckpt_model.errors import HarnessError
-from ckpt_model.properties import (
-    P1Violation,
-    P2Violation,
-    P3Violation,
-    P9Violation,
-    P10Violation,
-    P15Violation,
-    p1_commit_is_its_share,
-    p2_no_reply_within,
-    p10_open_after_resume,
-)
 from ckpt_model.properties.collection_calls import (
     CallAudit,
     completed_calls,
@@ -27,6 +16,11 @@ from ckpt_model.properties.collection_calls import (
     run_key,
     scope_keys,
 )
+from ckpt_model.properties.continuation import P2Violation, P3Violation, p2_no_reply_within
+from ckpt_model.properties.durability import P9Violation
+from ckpt_model.properties.fencing import P10Violation, p10_open_after_resume
+from ckpt_model.properties.identifiers import P15Violation
+from ckpt_model.properties.scope import P1Violation, p1_commit_is_its_share
 from ckpt_model.protocol.history import History
 from ckpt_model.protocol.storage import CheckpointUnreadable, Fingerprint
 

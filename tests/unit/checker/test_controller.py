@@ -20,7 +20,7 @@ from ckpt_model.errors import CoordinationError, HarnessError, ParticipantFailur
 from ckpt_model.model.contract import Attempt
 from ckpt_model.model.lineage import Lineage
 from ckpt_model.model.spec import DeploymentSpec
-from ckpt_model.properties import P10Violation
+from ckpt_model.properties.fencing import P10Violation
 from ckpt_model.protocol.client import Participant, Participants, PrepareResult
 from ckpt_model.protocol.history import History
 from ckpt_model.protocol.wire import EpisodeId

@@ -20,7 +20,8 @@ from hypothesis.stateful import RuleBasedStateMachine, rule
 
 from ckpt_model.errors import QuiescenceTimeout
 from ckpt_model.model.spec import DeploymentSpec
-from ckpt_model.properties import P1Violation, P9Violation
+from ckpt_model.properties.durability import P9Violation
+from ckpt_model.properties.scope import P1Violation
 from ckpt_model.results import regression
 from ckpt_model.results.report import RULE_CALLS
 from ckpt_model.results.reproduction import Rate

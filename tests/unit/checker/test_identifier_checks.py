@@ -7,26 +7,45 @@ from typing import Any
 
 import pytest
 
-from ckpt_model import properties
-from ckpt_model.properties import P10Violation, P15Violation
+from ckpt_model.properties.fencing import (
+    P10Violation,
+    p10_lease_held,
+    p10_lease_renewed,
+    p10_reply_phase,
+    p10_report_consistent,
+)
+from ckpt_model.properties.identifiers import (
+    P15Violation,
+    p15_admission_names_attempt,
+    p15_capture_keys,
+    p15_forgotten_echoed,
+    p15_ledger_identifiers,
+    p15_manifest_names_share,
+    p15_model_call_ids_unique,
+    p15_restore_names_source,
+    p15_restored_next_attempts,
+    p15_retired_echoed,
+    p15_run_names_episode,
+    p15_status_names_participant,
+)
 from ckpt_model.protocol.storage import Fingerprint
 
 STATUS = {"kind": "environment", "instance": "environment", "phase": "idle", "lease_expires_at": None}
 
 
 def test_a_status_names_its_participant() -> None:
-    properties.p15_status_names_participant("environment", "environment", STATUS)
+    p15_status_names_participant("environment", "environment", STATUS)
     with pytest.raises(P15Violation, match="instance 'agent'"):
-        properties.p15_status_names_participant("environment", "environment", {**STATUS, "instance": "agent"})
+        p15_status_names_participant("environment", "environment", {**STATUS, "instance": "agent"})
     with pytest.raises(P15Violation, match="kind 'model'"):
-        properties.p15_status_names_participant("environment", "environment", {**STATUS, "kind": "model"})
+        p15_status_names_participant("environment", "environment", {**STATUS, "kind": "model"})
 
 
 @pytest.mark.parametrize("bad", [["r0 a1"], ["r0/a1"], ["-r0"], [""], [7], "r0", ["r0\n"]])
 def test_capture_keys_are_capture_keys(bad: Any) -> None:
-    properties.p15_capture_keys("blockers", ["r0", "r0-a1", "counter-1-a12"])
+    p15_capture_keys("blockers", ["r0", "r0-a1", "counter-1-a12"])
     with pytest.raises(P15Violation, match="list of capture keys"):
-        properties.p15_capture_keys("blockers", bad)
+        p15_capture_keys("blockers", bad)
 
 
 FINGERPRINT = Fingerprint("m" * 64, "records-" + "a" * 64 + ".jsonl", "a" * 64, 1, ("r0",))
@@ -53,31 +72,31 @@ MANIFEST = {
     ],
 )
 def test_a_commit_manifest_names_its_share_and_is_the_one_on_disk(wrong: dict[str, Any]) -> None:
-    properties.p15_manifest_names_share("c1", "agent", "agent", MANIFEST, FINGERPRINT)
+    p15_manifest_names_share("c1", "agent", "agent", MANIFEST, FINGERPRINT)
     with pytest.raises(P15Violation, match="manifest of c1"):
-        properties.p15_manifest_names_share("c1", "agent", "agent", MANIFEST | wrong, FINGERPRINT)
+        p15_manifest_names_share("c1", "agent", "agent", MANIFEST | wrong, FINGERPRINT)
 
 
 def test_a_restore_names_its_source() -> None:
-    properties.p15_restore_names_source("r1", "c1", {"agent": {"source_checkpoint_id": "c1"}})
+    p15_restore_names_source("r1", "c1", {"agent": {"source_checkpoint_id": "c1"}})
     with pytest.raises(P15Violation, match=r"source_checkpoint_id \{'agent': 'r1'\}"):
-        properties.p15_restore_names_source("r1", "c1", {"agent": {"source_checkpoint_id": "r1"}})
+        p15_restore_names_source("r1", "c1", {"agent": {"source_checkpoint_id": "r1"}})
 
 
 @pytest.mark.parametrize("bad", [["r0"], ["r0-a1", "r1-a1"], [], ["r0-a2"], "r0-a1"])
 def test_a_restore_names_the_next_attempts_of_its_records(bad: Any) -> None:
-    properties.p15_restored_next_attempts("r1", "agent", ["r0-a1"], ["r0-a1"])
+    p15_restored_next_attempts("r1", "agent", ["r0-a1"], ["r0-a1"])
     with pytest.raises(P15Violation, match=r"restores \['r0-a1'\]"):
-        properties.p15_restored_next_attempts("r1", "agent", ["r0-a1"], bad)
+        p15_restored_next_attempts("r1", "agent", ["r0-a1"], bad)
 
 
 def test_retire_and_forget_echo_what_they_were_given() -> None:
-    properties.p15_retired_echoed("t1", ["r1", "r0-a1"], {"agent": {"retired": ["r1", "r0-a1"]}})
+    p15_retired_echoed("t1", ["r1", "r0-a1"], {"agent": {"retired": ["r1", "r0-a1"]}})
     with pytest.raises(P15Violation, match="retired"):
-        properties.p15_retired_echoed("t1", ["r1", "r0-a1"], {"agent": {"retired": ["r0-a1", "r1"]}})
-    properties.p15_forgotten_echoed("f1", ["r1", "r0", "r1"], {"agent": {"forgotten": ["r0", "r1"]}})
+        p15_retired_echoed("t1", ["r1", "r0-a1"], {"agent": {"retired": ["r0-a1", "r1"]}})
+    p15_forgotten_echoed("f1", ["r1", "r0", "r1"], {"agent": {"forgotten": ["r0", "r1"]}})
     with pytest.raises(P15Violation, match="forgotten"):
-        properties.p15_forgotten_echoed("f1", ["r1", "r0"], {"agent": {"forgotten": ["r1"]}})
+        p15_forgotten_echoed("f1", ["r1", "r0"], {"agent": {"forgotten": ["r1"]}})
 
 
 def _call(index: int, call_id: str | None, key: str = "r0-a1", routed: str | None = "r0-a1") -> dict[str, Any]:
@@ -86,15 +105,15 @@ def _call(index: int, call_id: str | None, key: str = "r0-a1", routed: str | Non
 
 
 def test_a_model_call_id_is_never_reused() -> None:
-    properties.p15_model_call_ids_unique([_call(0, "r0.0"), _call(1, None), _call(2, "r0-a1.0"), _call(3, None)])
+    p15_model_call_ids_unique([_call(0, "r0.0"), _call(1, None), _call(2, "r0-a1.0"), _call(3, None)])
     with pytest.raises(P15Violation, match=r"#2 and #4 both carry it"):
-        properties.p15_model_call_ids_unique([_call(2, "r0-a1.1"), _call(3, "r0-a1.2"), _call(4, "r0-a1.1")])
+        p15_model_call_ids_unique([_call(2, "r0-a1.1"), _call(3, "r0-a1.2"), _call(4, "r0-a1.1")])
 
 
 def test_an_admission_names_the_attempt_it_was_routed_for() -> None:
-    properties.p15_admission_names_attempt([_call(0, "r0.0", "r0", "r0"), _call(1, None, routed=None)])
+    p15_admission_names_attempt([_call(0, "r0.0", "r0", "r0"), _call(1, None, routed=None)])
     with pytest.raises(P15Violation, match="rollout_id 'r0'"):
-        properties.p15_admission_names_attempt([_call(0, "r0.0", key="r0", routed="r0-a1")])
+        p15_admission_names_attempt([_call(0, "r0.0", key="r0", routed="r0-a1")])
 
 
 @pytest.mark.parametrize(
@@ -102,10 +121,10 @@ def test_an_admission_names_the_attempt_it_was_routed_for() -> None:
     [("r0-a1", ["r0-a2"]), ("r0-a1", ["r0-a1"]), ("r0-a1", ["r1"]), ("r0-a1", ["bad key!"]), ("r0", [None])],
 )
 def test_a_ledger_answers_for_its_key_and_stamps_earlier_attempts(answered_for: str, sources: list[Any]) -> None:
-    properties.p15_ledger_identifiers("r0-a2", "r0-a2", [None, "r0", "r0-a1"])
-    properties.p15_ledger_identifiers("r0-a2", None, [])
+    p15_ledger_identifiers("r0-a2", "r0-a2", [None, "r0", "r0-a1"])
+    p15_ledger_identifiers("r0-a2", None, [])
     with pytest.raises(P15Violation):
-        properties.p15_ledger_identifiers("r0-a1", answered_for, sources)
+        p15_ledger_identifiers("r0-a1", answered_for, sources)
 
 
 SENT = {"episode_id": {"rollout_id": "r0", "attempt": 1}, "task": {"task_id": {"taskset": "t", "task_id": "w"}}}
@@ -122,10 +141,10 @@ SENT = {"episode_id": {"rollout_id": "r0", "attempt": 1}, "task": {"task_id": {"
 )
 def test_a_native_run_reply_names_its_attempt_and_task(bad: Any) -> None:
     good = {"episode_id": SENT["episode_id"], "task_id": SENT["task"]["task_id"], "result": {"reward": 1.0}}
-    properties.p15_run_names_episode("r0-a1", SENT, good)
-    properties.p15_run_names_episode("r0-a1", {"_ng_rollout_id": "r0"}, {"reward": 1.0})  # legacy names neither
+    p15_run_names_episode("r0-a1", SENT, good)
+    p15_run_names_episode("r0-a1", {"_ng_rollout_id": "r0"}, {"reward": 1.0})  # legacy names neither
     with pytest.raises(P15Violation, match="the /run reply names"):
-        properties.p15_run_names_episode("r0-a1", SENT, bad)
+        p15_run_names_episode("r0-a1", SENT, bad)
 
 
 REPORT = {"ready": False, "blockers": ["r0"], "blocker_count": 1, "counts": {}, "restarts": []}
@@ -142,31 +161,31 @@ REPORT = {"ready": False, "blockers": ["r0"], "blocker_count": 1, "counts": {}, 
     ],
 )
 def test_a_report_agrees_with_itself(report: dict[str, Any], phase: str | None) -> None:
-    properties.p10_report_consistent("env", REPORT, "preparing")
-    properties.p10_report_consistent("env", REPORT | {"ready": True, "blockers": [], "blocker_count": 0}, "prepared")
+    p10_report_consistent("env", REPORT, "preparing")
+    p10_report_consistent("env", REPORT | {"ready": True, "blockers": [], "blocker_count": 0}, "prepared")
     many = [f"r{i}" for i in range(100)]
-    properties.p10_report_consistent("env", REPORT | {"blockers": many, "blocker_count": 120})
-    properties.p10_report_consistent("resources", REPORT | {"blockers": [], "blocker_count": 0})  # a seed runs
+    p10_report_consistent("env", REPORT | {"blockers": many, "blocker_count": 120})
+    p10_report_consistent("resources", REPORT | {"blockers": [], "blocker_count": 0})  # a seed runs
     with pytest.raises(P10Violation, match="agrees with itself"):
-        properties.p10_report_consistent("env", report, phase)
+        p10_report_consistent("env", report, phase)
 
 
 def test_a_reply_names_the_phase_its_call_leaves() -> None:
-    properties.p10_reply_phase("resume", "c1", "idle", {"agent": {"phase": "idle"}})
+    p10_reply_phase("resume", "c1", "idle", {"agent": {"phase": "idle"}})
     with pytest.raises(P10Violation, match=r"phases \{'agent': 'prepared'\}"):
-        properties.p10_reply_phase("resume", "c1", "idle", {"agent": {"phase": "prepared"}})
+        p10_reply_phase("resume", "c1", "idle", {"agent": {"phase": "prepared"}})
 
 
 def test_a_renewed_lease_runs_to_the_deadline_plus_grace() -> None:
-    properties.p10_lease_renewed("c1", 100.0, {"agent": {"lease_expires_at": 100.0}})
+    p10_lease_renewed("c1", 100.0, {"agent": {"lease_expires_at": 100.0}})
     for bad in (99.9, None, "100"):
         with pytest.raises(P10Violation, match="lease_expires_at"):
-            properties.p10_lease_renewed("c1", 100.0, {"agent": {"lease_expires_at": bad}})
+            p10_lease_renewed("c1", 100.0, {"agent": {"lease_expires_at": bad}})
 
 
 def test_an_active_checkpoint_holds_a_lease() -> None:
-    properties.p10_lease_held("agent", STATUS)
-    properties.p10_lease_held("agent", {**STATUS, "phase": "prepared", "lease_expires_at": 5.0})
+    p10_lease_held("agent", STATUS)
+    p10_lease_held("agent", {**STATUS, "phase": "prepared", "lease_expires_at": 5.0})
     for bad in (None, True, "5"):
         with pytest.raises(P10Violation, match="holds a lease"):
-            properties.p10_lease_held("agent", {**STATUS, "phase": "prepared", "lease_expires_at": bad})
+            p10_lease_held("agent", {**STATUS, "phase": "prepared", "lease_expires_at": bad})

@@ -16,7 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ckpt_model.errors import StepNotEnabled
-from ckpt_model.properties import P4Violation, P7Violation
+from ckpt_model.properties.continuation import P4Violation
+from ckpt_model.properties.state import P7Violation
 from ckpt_model.results.reproduction import Rate
 from ckpt_model.search import minimise as mm
 from ckpt_model.search.minimise import COMPOSITES, CachedPredicate, Steps, ddmin, key_of, minimise

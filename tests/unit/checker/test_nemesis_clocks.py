@@ -9,7 +9,8 @@ import types
 import pytest
 
 from ckpt_model.model.contract import Model
-from ckpt_model.properties import P10Violation, P11Violation
+from ckpt_model.properties.fencing import P10Violation
+from ckpt_model.properties.verification import P11Violation
 from ckpt_model.trainer.nemeses.clocks import Clocks
 
 

@@ -19,7 +19,7 @@ from ckpt_model.model.outcome import (
     ledger_chain,
     normalised,
 )
-from ckpt_model.properties import P14Violation, p14_resumed_equals_uninterrupted
+from ckpt_model.properties.continuation import P14Violation, p14_resumed_equals_uninterrupted
 from ckpt_model.protocol.ledger import LedgerRow
 
 TWIN = Identity("twin", 0, "twin")

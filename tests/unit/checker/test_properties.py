@@ -9,41 +9,96 @@ from typing import Any, Literal
 import attrs
 import pytest
 
-from ckpt_model import properties
 from ckpt_model.errors import CoordinationError, ParticipantFailure
 from ckpt_model.model.contract import VERIFY, Expectation, Model, expect
-from ckpt_model.properties import (
-    P1Violation,
+from ckpt_model.properties.clocks import (
+    P18Violation,
+    P20Violation,
+    P21Violation,
+    p18_lapsed_first,
+    p18_refused_on_its_clock,
+    p18_stale_commit_refused,
+    p20_budget_kept,
+    p21_lapsed_on_waking,
+    p21_refused_on_waking,
+    p21_still_idle,
+)
+from ckpt_model.properties.continuation import (
     P2Violation,
     P3Violation,
     P4Violation,
-    P7Violation,
-    P8Violation,
-    P9Violation,
-    P10Violation,
-    P11Violation,
-    P13Violation,
-    p1_exports_exact,
-    p1_replied_or_exported,
-    p1_restart_in_scope_refused,
-    p1_restarts_reported,
     p2_held_responses,
     p2_no_reply_while_prepared,
+    p2_silent_while_checkpointed,
+    p3_every_reply_complete,
     p3_reply_complete,
+    p3_still_running,
     p4_calls,
-    p7_refused,
-    p8_died_in_restore,
+    p4_calls_complete,
+)
+from ckpt_model.properties.durability import (
+    P9Violation,
+    P16Violation,
     p9_unchanged,
     p9_verifies,
+    p16_no_manifest,
+    p16_retry_commits,
+    p16_still_prepared,
+    p16_write_refused,
+)
+from ckpt_model.properties.fencing import (
+    P10Violation,
+    p10_admission_agrees,
     p10_admission_refused,
     p10_each_refused,
     p10_each_replied,
+    p10_failed_close_refused,
+    p10_lease_lapsed,
     p10_phase,
+    p10_prepared_everywhere,
+    p10_refusal_came,
     p10_refused_runs_made_no_calls,
+    p10_reopened_after_failed_close,
     p10_resume_accepted,
-    p13_clean_end,
+    p10_status_agrees,
     status_mismatches,
 )
+from ckpt_model.properties.network import (
+    P17Violation,
+    P19Violation,
+    p17_only_reply_lost,
+    p17_resume_replayed,
+    p17_retry_answered,
+    p17_took_effect,
+    p19_answered_from_record,
+    p19_first_resume,
+    p19_only_unreached,
+    p19_retry_completes,
+    p19_untouched,
+)
+from ckpt_model.properties.registry import REGISTRY
+from ckpt_model.properties.scope import (
+    P1Violation,
+    p1_exports_exact,
+    p1_finished_or_exported,
+    p1_replied_or_exported,
+    p1_restart_in_scope_refused,
+    p1_restarts_reported,
+)
+from ckpt_model.properties.state import (
+    P6Violation,
+    P7Violation,
+    P8Violation,
+    P13Violation,
+    p6_exported_state,
+    p6_restored,
+    p7_callee_refused,
+    p7_refused,
+    p8_died_in_restore,
+    p8_refused_by,
+    p13_clean_end,
+)
+from ckpt_model.properties.verification import P11Violation, p11_blocked, p11_prepared_once_verified, p11_preparing
 from ckpt_model.protocol.history import Event, EventType, History
 from ckpt_model.protocol.storage import CheckpointUnreadable, Fingerprint
 
@@ -648,39 +703,39 @@ def test_the_docs_property_table_says_what_the_registry_says() -> None:
     table = docs[docs.index("## The properties") :].split("\n\n")[1]
     rows = [line.split("|")[1:3] for line in table.splitlines()[2:]]
     documented = {cell.split()[0]: checked.strip() == "yes" for cell, checked in rows}
-    assert documented == {pid: info.checked for pid, info in properties.REGISTRY.items()}
+    assert documented == {pid: info.checked for pid, info in REGISTRY.items()}
 
 
 def test_p10_prepared_everywhere_passes_when_prepared_and_names_what_blocks() -> None:
-    properties.p10_prepared_everywhere("c1", True, {}, [])
-    with pytest.raises(properties.P10Violation, match=r"(?s)c1 prepared everywhere.*blockers \{'agent': \['r0'\]\}"):
-        properties.p10_prepared_everywhere("c1", False, {"agent": ["r0"]}, [])
+    p10_prepared_everywhere("c1", True, {}, [])
+    with pytest.raises(P10Violation, match=r"(?s)c1 prepared everywhere.*blockers \{'agent': \['r0'\]\}"):
+        p10_prepared_everywhere("c1", False, {"agent": ["r0"]}, [])
 
 
 def test_p10_prepared_everywhere_reports_a_prepare_still_waiting_with_the_status_blockers() -> None:
     with pytest.raises(
-        properties.P10Violation, match=r"still preparing after 10.0 s; the statuses report blockers \{'environment'"
+        P10Violation, match=r"still preparing after 10.0 s; the statuses report blockers \{'environment'"
     ):
-        properties.p10_prepared_everywhere("c1", False, {"environment": ["r1"]}, [], waited_s=10.0)
+        p10_prepared_everywhere("c1", False, {"environment": ["r1"]}, [], waited_s=10.0)
 
 
 def test_p10_prepared_everywhere_blames_verification_when_one_runs() -> None:
-    with pytest.raises(properties.P11Violation, match=r"\['r0'\] verify in mode replay"):
-        properties.p10_prepared_everywhere("c1", False, {"environment": ["r0"]}, ["r0"])
+    with pytest.raises(P11Violation, match=r"\['r0'\] verify in mode replay"):
+        p10_prepared_everywhere("c1", False, {"environment": ["r0"]}, ["r0"])
 
 
 def test_p11_blocked_needs_exactly_the_verifying_keys_as_the_owners_blockers() -> None:
-    properties.p11_blocked("c2", "environment", ["r0"], False, {"environment": ["r0"]})
+    p11_blocked("c2", "environment", ["r0"], False, {"environment": ["r0"]})
     for prepared, blockers in [(True, {}), (False, {"environment": ["r0", "r1"]}), (False, {"agent": ["r0"]})]:
-        with pytest.raises(properties.P11Violation) as caught:
-            properties.p11_blocked("c2", "environment", ["r0"], prepared, blockers)
+        with pytest.raises(P11Violation) as caught:
+            p11_blocked("c2", "environment", ["r0"], prepared, blockers)
         assert caught.value.rollout == "r0"
 
 
 def test_p11_prepared_once_verified_fails_a_prepare_still_blocked() -> None:
-    properties.p11_prepared_once_verified("c3", ["r0"], True, {})
-    with pytest.raises(properties.P11Violation, match=r"prepared once the verifications of \['r0'\] finished"):
-        properties.p11_prepared_once_verified("c3", ["r0"], False, {"environment": ["r0"]})
+    p11_prepared_once_verified("c3", ["r0"], True, {})
+    with pytest.raises(P11Violation, match=r"prepared once the verifications of \['r0'\] finished"):
+        p11_prepared_once_verified("c3", ["r0"], False, {"environment": ["r0"]})
 
 
 def test_status_marks_of_a_participant_restarted_alone_are_its_own() -> None:
@@ -700,19 +755,17 @@ def restore_refusal(name: str, code: str = "invalid_checkpoint_state") -> Partic
 
 
 def test_p8_holds_when_the_damaged_participant_alone_refuses_and_the_cleanup_succeeds() -> None:
-    properties.p8_refused_by("c1-restore2", ["agent"], "damaged", {"agent": restore_refusal("agent")}, [])
+    p8_refused_by("c1-restore2", ["agent"], "damaged", {"agent": restore_refusal("agent")}, [])
 
 
 def test_p8_holds_when_every_participant_missing_its_share_refuses() -> None:
     failures = {"agent": restore_refusal("agent"), "resources": restore_refusal("resources")}
-    properties.p8_refused_by("c1-restore2", ["agent", "resources"], "no share", failures, [])
+    p8_refused_by("c1-restore2", ["agent", "resources"], "no share", failures, [])
 
 
 def test_p8_fails_when_one_of_several_refusers_installs() -> None:
-    with pytest.raises(properties.P8Violation, match="resources installed it"):
-        properties.p8_refused_by(
-            "c1-restore2", ["agent", "resources"], "no share", {"agent": restore_refusal("agent")}, []
-        )
+    with pytest.raises(P8Violation, match="resources installed it"):
+        p8_refused_by("c1-restore2", ["agent", "resources"], "no share", {"agent": restore_refusal("agent")}, [])
 
 
 @pytest.mark.parametrize(
@@ -728,8 +781,8 @@ def test_p8_fails_when_one_of_several_refusers_installs() -> None:
 def test_p8_fails_when_the_refusal_or_the_cleanup_is_not_the_victims_alone(
     failures: dict[str, ParticipantFailure], cleanup: list[str], shown: str
 ) -> None:
-    with pytest.raises(properties.P8Violation, match=shown):
-        properties.p8_refused_by("c1-restore2", ["agent"], "damaged", failures, cleanup)
+    with pytest.raises(P8Violation, match=shown):
+        p8_refused_by("c1-restore2", ["agent"], "damaged", failures, cleanup)
 
 
 def counter_record(rollout: str, attempt: int, count: object) -> dict[str, object]:
@@ -739,44 +792,44 @@ def counter_record(rollout: str, attempt: int, count: object) -> dict[str, objec
 
 def test_p6_exported_state_passes_when_every_record_holds_the_computed_state() -> None:
     expected = {"r0": {"count": 4}, "r1-a1": {"count": 6}}
-    properties.p6_exported_state("c1", "resources", expected, [counter_record("r1", 1, 6), counter_record("r0", 0, 4)])
-    properties.p6_exported_state("c1", "resources", {}, [])
+    p6_exported_state("c1", "resources", expected, [counter_record("r1", 1, 6), counter_record("r0", 0, 4)])
+    p6_exported_state("c1", "resources", {}, [])
 
 
 def test_p6_exported_state_a_count_written_wrong_is_a_violation() -> None:
-    with pytest.raises(properties.P6Violation, match=r"\(rollout r0\)") as caught:
-        properties.p6_exported_state("c1", "resources", {"r0": {"count": 4}}, [counter_record("r0", 0, 3)])
-    assert type(caught.value) is properties.P6Violation
+    with pytest.raises(P6Violation, match=r"\(rollout r0\)") as caught:
+        p6_exported_state("c1", "resources", {"r0": {"count": 4}}, [counter_record("r0", 0, 3)])
+    assert type(caught.value) is P6Violation
     assert "resources writes the states {'r0': {'count': 4}} in c1" in str(caught.value)
     assert "records on disk hold {'r0': {'count': 3}}" in str(caught.value)
 
 
 def test_p6_exported_state_a_session_not_written_is_a_violation() -> None:
-    with pytest.raises(properties.P6Violation, match=r"hold \{\}"):
-        properties.p6_exported_state("c1", "resources", {"r0": {"count": 4}}, [])
+    with pytest.raises(P6Violation, match=r"hold \{\}"):
+        p6_exported_state("c1", "resources", {"r0": {"count": 4}}, [])
 
 
 def test_p6_restored_passes_when_the_reply_and_the_status_show_the_next_attempts_of_the_records() -> None:
-    properties.p6_restored("c1-restore2", "resources", ["r1-a1", "r0-a1"], ["r0-a1", "r1-a1"], 2)
-    properties.p6_restored("c1-restore2", "resources", [], [], 0)
+    p6_restored("c1-restore2", "resources", ["r1-a1", "r0-a1"], ["r0-a1", "r1-a1"], 2)
+    p6_restored("c1-restore2", "resources", [], [], 0)
 
 
 def test_p6_restored_a_skipped_install_is_a_violation() -> None:
     """Gym's negative control: a restore that never installs the resources sessions."""
-    with pytest.raises(properties.P6Violation, match=r"\(rollout r0-a1\)") as caught:
-        properties.p6_restored("c1-restore2", "resources", ["r0-a1"], [], 0)
+    with pytest.raises(P6Violation, match=r"\(rollout r0-a1\)") as caught:
+        p6_restored("c1-restore2", "resources", ["r0-a1"], [], 0)
     assert "resources restores the exported sessions of ['r0-a1'] in c1-restore2" in str(caught.value)
     assert "its restore reply names [] as restored; its status counts 0 session(s)" in str(caught.value)
 
 
 def test_p6_restored_a_reply_that_claims_sessions_the_status_does_not_count_is_a_violation() -> None:
-    with pytest.raises(properties.P6Violation, match=r"names \['r0-a1'\] as restored; its status counts 0"):
-        properties.p6_restored("c1-restore2", "resources", ["r0-a1"], ["r0-a1"], 0)
+    with pytest.raises(P6Violation, match=r"names \['r0-a1'\] as restored; its status counts 0"):
+        p6_restored("c1-restore2", "resources", ["r0-a1"], ["r0-a1"], 0)
 
 
 def test_p6_restored_a_reply_without_a_list_is_a_violation() -> None:
-    with pytest.raises(properties.P6Violation, match="names None"):
-        properties.p6_restored("c1-restore2", "resources", [], None, 0)
+    with pytest.raises(P6Violation, match="names None"):
+        p6_restored("c1-restore2", "resources", [], None, 0)
 
 
 def test_status_the_restart_servers_count_restarts_the_others_the_rest() -> None:
@@ -876,8 +929,8 @@ def test_p8_died_in_restore_another_participant_that_did_not_restore_is_named() 
 
 
 def test_p3_still_running_passes_while_the_run_has_neither_replied_nor_failed() -> None:
-    properties.p3_still_running("r0", 1, 2, None, None, None, None)
-    properties.p3_still_running("r0", 1, 2, "c1", None, None, None)
+    p3_still_running("r0", 1, 2, None, None, None, None)
+    p3_still_running("r0", 1, 2, "c1", None, None, None)
 
 
 @pytest.mark.parametrize(
@@ -895,30 +948,30 @@ def test_p3_still_running_an_ended_run_breaks_the_property_of_how_it_ended(
     open_checkpoint: str | None, status_code: int | None, error: str | None, violation: type[Exception], shown: str
 ) -> None:
     with pytest.raises(violation, match=shown) as caught:
-        properties.p3_still_running("r0", 1, 2, open_checkpoint, status_code, {"result": {}}, error)
+        p3_still_running("r0", 1, 2, open_checkpoint, status_code, {"result": {}}, error)
     assert type(caught.value) is violation
     assert caught.value.rollout == "r0"
 
 
 def test_p10_status_agrees_passes_without_mismatches() -> None:
-    properties.p10_status_agrees(None, "phase idle", [])
+    p10_status_agrees(None, "phase idle", [])
 
 
 def test_p10_status_agrees_a_mismatch_is_the_steps_property_or_p10() -> None:
     with pytest.raises(P10Violation, match="status of agent counts sessions=1"):
-        properties.p10_status_agrees(None, "phase idle", ["status of agent counts sessions=1 (expected 0)"])
+        p10_status_agrees(None, "phase idle", ["status of agent counts sessions=1 (expected 0)"])
     with pytest.raises(P7Violation, match="retired_rollouts=0"):
-        properties.p10_status_agrees(P7Violation, "phase idle", ["status of agent retired_rollouts=0 (expected 1)"])
+        p10_status_agrees(P7Violation, "phase idle", ["status of agent retired_rollouts=0 (expected 1)"])
 
 
 def test_p10_admission_agrees_passes_when_no_mismatch_is_about_admission() -> None:
-    properties.p10_admission_agrees("phase idle", ["status of agent counts sessions=1 (expected 0)"], ["x"], 10.0)
+    p10_admission_agrees("phase idle", ["status of agent counts sessions=1 (expected 0)"], ["x"], 10.0)
 
 
 def test_p10_admission_agrees_a_contradicting_admission_is_p10_with_what_is_pending() -> None:
     mismatches = ["status of agent accepting=False (expected True)", "status of agent counts sessions=1 (expected 0)"]
     with pytest.raises(P10Violation) as caught:
-        properties.p10_admission_agrees("phase idle", mismatches, ["r0 reply"], 10.0)
+        p10_admission_agrees("phase idle", mismatches, ["r0 reply"], 10.0)
     assert caught.value.observed == (
         "status of agent accepting=False (expected True) (still pending after 10 s: ['r0 reply'])"
     )
@@ -926,33 +979,33 @@ def test_p10_admission_agrees_a_contradicting_admission_is_p10_with_what_is_pend
 
 def test_p10_refusal_came_passes_unless_only_refusals_are_pending_beside_a_mismatch() -> None:
     mismatch = ["status of environment counts episodes=1 (expected 0)"]
-    properties.p10_refusal_came(None, "phase idle", ["r0 refusal after retire"], [])
-    properties.p10_refusal_came(None, "phase idle", [], mismatch)
-    properties.p10_refusal_came(None, "phase idle", ["r0 refusal after retire", "r1 reply"], mismatch)
+    p10_refusal_came(None, "phase idle", ["r0 refusal after retire"], [])
+    p10_refusal_came(None, "phase idle", [], mismatch)
+    p10_refusal_came(None, "phase idle", ["r0 refusal after retire", "r1 reply"], mismatch)
 
 
 def test_p10_refusal_came_a_refusal_taken_in_is_the_steps_property_or_p10() -> None:
     mismatch = ["status of environment counts episodes=1 (expected 0)"]
     with pytest.raises(P7Violation) as caught:
-        properties.p10_refusal_came(P7Violation, "phase idle", ["r0 refusal after retire"], mismatch)
+        p10_refusal_came(P7Violation, "phase idle", ["r0 refusal after retire"], mismatch)
     assert caught.value.observed == "r0 refusal after retire; status of environment counts episodes=1 (expected 0)"
     with pytest.raises(P10Violation):
-        properties.p10_refusal_came(None, "phase idle", ["r0 refusal while a checkpoint is open"], mismatch)
+        p10_refusal_came(None, "phase idle", ["r0 refusal while a checkpoint is open"], mismatch)
 
 
 def test_p10_lease_lapsed_passes_when_every_participant_is_idle() -> None:
-    properties.p10_lease_lapsed("c1", {"agent": ("idle", None), "environment": ("idle", None)}, 0.5)
+    p10_lease_lapsed("c1", {"agent": ("idle", None), "environment": ("idle", None)}, 0.5)
 
 
 def test_p10_lease_lapsed_a_participant_still_prepared_is_p10() -> None:
     phases = {"agent": ("idle", None), "environment": ("prepared", "c1")}
     with pytest.raises(P10Violation, match=r"once the lease of c1 lapsed") as caught:
-        properties.p10_lease_lapsed("c1", phases, 10.25)
+        p10_lease_lapsed("c1", phases, 10.25)
     assert caught.value.observed == f"phases {phases} 10.2 s after it lapsed"
 
 
 def test_p11_preparing_passes_on_exactly_the_blockers() -> None:
-    properties.p11_preparing("c1", "environment", ["r0", "r1"], ["preparing", "c1", ["r0", "r1"]], returned=False)
+    p11_preparing("c1", "environment", ["r0", "r1"], ["preparing", "c1", ["r0", "r1"]], returned=False)
 
 
 @pytest.mark.parametrize(
@@ -965,12 +1018,12 @@ def test_p11_preparing_passes_on_exactly_the_blockers() -> None:
 )
 def test_p11_preparing_other_blockers_or_a_returned_prepare_is_p11(seen: list[Any], returned: bool, shown: str) -> None:
     with pytest.raises(P11Violation, match=shown) as caught:
-        properties.p11_preparing("c1", "environment", ["r0", "r1"], seen, returned)
+        p11_preparing("c1", "environment", ["r0", "r1"], seen, returned)
     assert caught.value.rollout == "r0"
 
 
 def test_p1_finished_or_exported_passes_when_disjoint_and_covering() -> None:
-    properties.p1_finished_or_exported(["a", "b", "c"], ["a"], ["b", "c"])
+    p1_finished_or_exported(["a", "b", "c"], ["a"], ["b", "c"])
 
 
 @pytest.mark.parametrize(
@@ -986,28 +1039,28 @@ def test_p1_finished_or_exported_overlap_loss_or_stranger_is_p1(
     finished: list[str], exported: list[str], rollout: str, shown: str
 ) -> None:
     with pytest.raises(P1Violation, match=shown) as caught:
-        properties.p1_finished_or_exported(["a", "b", "c"], finished, exported)
+        p1_finished_or_exported(["a", "b", "c"], finished, exported)
     assert caught.value.rollout == rollout
 
 
 def test_p1_finished_or_exported_names_ten_keys_then_counts_the_rest() -> None:
     rollouts = [f"r{index:02d}" for index in range(12)]
     with pytest.raises(P1Violation, match=r"12 neither replied .*'r09'\] and 2 more$"):
-        properties.p1_finished_or_exported(rollouts, [], [])
+        p1_finished_or_exported(rollouts, [], [])
 
 
 def test_p2_silent_while_checkpointed_passes_when_none_replied() -> None:
-    properties.p2_silent_while_checkpointed(None)
+    p2_silent_while_checkpointed(None)
 
 
 def test_p2_silent_while_checkpointed_a_run_that_ended_is_p2() -> None:
     with pytest.raises(P2Violation, match="observed: 1 /runs that should wait at the backend ended"):
-        properties.p2_silent_while_checkpointed("1 /runs that should wait at the backend ended, r3: ...")
+        p2_silent_while_checkpointed("1 /runs that should wait at the backend ended, r3: ...")
 
 
 def test_p3_every_reply_complete_passes_on_every_reward() -> None:
     replies = {"a": (200, {"result": {"reward": 1.0}}), "b": (200, {"reward": 1.0})}
-    properties.p3_every_reply_complete("replacement", 1.0, replies)
+    p3_every_reply_complete("replacement", 1.0, replies)
 
 
 @pytest.mark.parametrize(
@@ -1025,17 +1078,17 @@ def test_p3_every_reply_complete_a_missing_or_wrong_reply_is_p3(
 ) -> None:
     replies = {"a": (200, {"result": {"reward": 1.0}}), "b": reply}
     with pytest.raises(P3Violation, match=shown) as caught:
-        properties.p3_every_reply_complete("replacement", 1.0, replies)
+        p3_every_reply_complete("replacement", 1.0, replies)
     assert caught.value.rollout == "b"
 
 
 def test_p4_calls_complete_passes_on_exactly_the_expected_calls_of_the_planned_keys() -> None:
-    properties.p4_calls_complete({"b": (2, 4), "b-a1": (4,)}, {"b": (2, 4), "b-a1": (4,), "other": (2,)})
+    p4_calls_complete({"b": (2, 4), "b-a1": (4,)}, {"b": (2, 4), "b-a1": (4,), "other": (2,)})
 
 
 def test_p4_calls_complete_missing_calls_are_p4() -> None:
     with pytest.raises(P4Violation, match=r"1 keys are missing calls once every run replied, b-a1: \[\]") as caught:
-        properties.p4_calls_complete({"b": (2, 4), "b-a1": (4,)}, {"b": (2, 4)})
+        p4_calls_complete({"b": (2, 4), "b-a1": (4,)}, {"b": (2, 4)})
     assert caught.value.rollout == "b-a1"
 
 
@@ -1044,9 +1097,9 @@ def test_p4_calls_complete_missing_calls_are_p4() -> None:
 
 def test_p16_write_refused_passes_for_gyms_code_from_the_victim_alone() -> None:
     failures = {"environment": failure("environment", "invalid_checkpoint_state", 422)}
-    properties.p16_write_refused("c1", "environment", "ENOSPC at records.write", "ENOSPC", failures)
+    p16_write_refused("c1", "environment", "ENOSPC at records.write", "ENOSPC", failures)
     stalled = {"agent": failure("agent", "deadline_exceeded", 409)}
-    properties.p16_write_refused("c1", "agent", "stall at manifest.write", "stall", stalled)
+    p16_write_refused("c1", "agent", "stall at manifest.write", "stall", stalled)
 
 
 @pytest.mark.parametrize(
@@ -1066,85 +1119,83 @@ def test_p16_write_refused_passes_for_gyms_code_from_the_victim_alone() -> None:
     ],
 )
 def test_p16_write_refused_fails_otherwise(fault: str, failures: dict[str, ParticipantFailure], observed: str) -> None:
-    with pytest.raises(properties.P16Violation, match=observed):
-        properties.p16_write_refused("c1", "environment", fault, fault.split(" ", 1)[0], failures)
+    with pytest.raises(P16Violation, match=observed):
+        p16_write_refused("c1", "environment", fault, fault.split(" ", 1)[0], failures)
 
 
 def test_p16_no_manifest() -> None:
-    properties.p16_no_manifest("c1", "environment", "after its write failed", published=False)
-    with pytest.raises(properties.P16Violation, match=r"manifest\.json is there"):
-        properties.p16_no_manifest("c1", "environment", "after its write failed", published=True)
+    p16_no_manifest("c1", "environment", "after its write failed", published=False)
+    with pytest.raises(P16Violation, match=r"manifest\.json is there"):
+        p16_no_manifest("c1", "environment", "after its write failed", published=True)
 
 
 def test_p16_still_prepared() -> None:
-    properties.p16_still_prepared("c1", "environment", {"phase": "prepared", "checkpoint_id": "c1"})
+    p16_still_prepared("c1", "environment", {"phase": "prepared", "checkpoint_id": "c1"})
     for status in ({"phase": "idle", "checkpoint_id": None}, {"phase": "prepared", "checkpoint_id": "c2"}):
-        with pytest.raises(properties.P16Violation, match="ready for a retry"):
-            properties.p16_still_prepared("c1", "environment", status)
+        with pytest.raises(P16Violation, match="ready for a retry"):
+            p16_still_prepared("c1", "environment", status)
 
 
 def test_p16_retry_commits_reports_the_refusal() -> None:
     refused = CoordinationError("commit", {"environment": failure("environment", "invalid_checkpoint_state", 422)})
-    with pytest.raises(properties.P16Violation, match=r"retried commit of c1 after EIO at records\.write"):
-        properties.p16_retry_commits("c1", "EIO at records.write", refused)
+    with pytest.raises(P16Violation, match=r"retried commit of c1 after EIO at records\.write"):
+        p16_retry_commits("c1", "EIO at records.write", refused)
 
 
 def test_p7_callee_refused() -> None:
     stale = {"error": {"code": "stale_attempt", "detail": "retired"}}
-    properties.p7_callee_refused("r0", "resources /get_weather", 409, stale)
+    p7_callee_refused("r0", "resources /get_weather", 409, stale)
     with pytest.raises(P7Violation, match="resources /get_weather straight from a late caller"):
-        properties.p7_callee_refused("r0", "resources /get_weather", 200, {"weather": "cold"})
+        p7_callee_refused("r0", "resources /get_weather", 200, {"weather": "cold"})
     with pytest.raises(P7Violation, match="stale_attempt"):
-        properties.p7_callee_refused("r0", "resources /increment_counter", 409, {"error": {"code": "checkpoint_error"}})
+        p7_callee_refused("r0", "resources /increment_counter", 409, {"error": {"code": "checkpoint_error"}})
 
 
 def test_p16_a_paused_commit_is_refused_with_deadline_exceeded() -> None:
     woke = {"agent": failure("agent", "deadline_exceeded", 409)}
-    properties.p16_write_refused("c1", "agent", "pause across its deadline", "pause", woke)
-    with pytest.raises(properties.P16Violation, match="agent committed it"):
-        properties.p16_write_refused("c1", "agent", "pause across its deadline", "pause", {})
+    p16_write_refused("c1", "agent", "pause across its deadline", "pause", woke)
+    with pytest.raises(P16Violation, match="agent committed it"):
+        p16_write_refused("c1", "agent", "pause across its deadline", "pause", {})
 
 
 def test_p16_a_failed_export_hook_is_an_internal_error() -> None:
     failed = {"resources": failure("resources", "checkpoint_error", 500)}
-    properties.p16_write_refused("c1", "resources", "failing export hook", "export", failed)
+    p16_write_refused("c1", "resources", "failing export hook", "export", failed)
     wrong = {"resources": failure("resources", "invalid_checkpoint_state", 422)}
-    with pytest.raises(properties.P16Violation, match="HTTP 422"):
-        properties.p16_write_refused("c1", "resources", "failing export hook", "export", wrong)
+    with pytest.raises(P16Violation, match="HTTP 422"):
+        p16_write_refused("c1", "resources", "failing export hook", "export", wrong)
 
 
 def test_p10_failed_close_refused() -> None:
     refused = CoordinationError("prepare", {"agent": failure("agent", "checkpoint_error", 500)})
-    properties.p10_failed_close_refused("c1", "agent", refused)
+    p10_failed_close_refused("c1", "agent", refused)
     with pytest.raises(P10Violation, match="every participant prepared"):
-        properties.p10_failed_close_refused("c1", "agent", None)
+        p10_failed_close_refused("c1", "agent", None)
     with pytest.raises(P10Violation, match="agent: HTTP 409"):
-        properties.p10_failed_close_refused(
+        p10_failed_close_refused(
             "c1", "agent", CoordinationError("prepare", {"agent": failure("agent", "invalid_phase")})
         )
     both = {"agent": failure("agent", "checkpoint_error", 500), "environment": failure("environment", "x", 500)}
     with pytest.raises(P10Violation, match="environment: HTTP 500"):
-        properties.p10_failed_close_refused("c1", "agent", CoordinationError("prepare", both))
+        p10_failed_close_refused("c1", "agent", CoordinationError("prepare", both))
 
 
 def test_p10_reopened_after_failed_close() -> None:
-    properties.p10_reopened_after_failed_close(
-        "c1", "agent", {"phase": "idle", "checkpoint_id": None, "accepting": True}
-    )
-    properties.p10_reopened_after_failed_close("c1", "environment", {"phase": "idle", "checkpoint_id": None})
+    p10_reopened_after_failed_close("c1", "agent", {"phase": "idle", "checkpoint_id": None, "accepting": True})
+    p10_reopened_after_failed_close("c1", "environment", {"phase": "idle", "checkpoint_id": None})
     for status in (
         {"phase": "idle", "checkpoint_id": None, "accepting": False},
         {"phase": "preparing", "checkpoint_id": "c1", "accepting": False},
     ):
         with pytest.raises(P10Violation, match="admission open again"):
-            properties.p10_reopened_after_failed_close("c1", "agent", status)
+            p10_reopened_after_failed_close("c1", "agent", status)
 
 
 def test_p8_refused_by_a_failed_install_hook_with_its_own_code() -> None:
     failures = {"agent": failure("agent", "checkpoint_error", 500)}
-    properties.p8_refused_by("c1-restore2", ["agent"], "install hook", failures, [], code="checkpoint_error")
+    p8_refused_by("c1-restore2", ["agent"], "install hook", failures, [], code="checkpoint_error")
     with pytest.raises(P8Violation, match="with checkpoint_error"):
-        properties.p8_refused_by("c1-restore2", ["agent"], "install hook", {}, [], code="checkpoint_error")
+        p8_refused_by("c1-restore2", ["agent"], "install hook", {}, [], code="checkpoint_error")
 
 
 # -- P17: lost replies ---------------------------------------------------------------------------------------------
@@ -1155,7 +1206,7 @@ def lost(name: str) -> ParticipantFailure:
 
 
 def test_p17_only_reply_lost_passes_when_the_victim_alone_gave_no_reply() -> None:
-    properties.p17_only_reply_lost("commit", "c1", "agent", CoordinationError("commit", {"agent": lost("agent")}))
+    p17_only_reply_lost("commit", "c1", "agent", CoordinationError("commit", {"agent": lost("agent")}))
 
 
 @pytest.mark.parametrize(
@@ -1169,68 +1220,68 @@ def test_p17_only_reply_lost_passes_when_the_victim_alone_gave_no_reply() -> Non
 def test_p17_only_reply_lost_fails_on_any_refusal_or_other_silence(
     failures: dict[str, ParticipantFailure], observed: str
 ) -> None:
-    with pytest.raises(properties.P17Violation, match=observed):
-        properties.p17_only_reply_lost("commit", "c1", "agent", CoordinationError("commit", failures))
+    with pytest.raises(P17Violation, match=observed):
+        p17_only_reply_lost("commit", "c1", "agent", CoordinationError("commit", failures))
 
 
 def test_p17_took_effect() -> None:
-    properties.p17_took_effect("prepare", "c1", "agent", {"phase": "prepared", "checkpoint_id": "c1"})
-    properties.p17_took_effect("commit", "c1", "agent", {"phase": "committed", "checkpoint_id": "c1"}, True)
-    properties.p17_took_effect("resume", "c1", "agent", {"phase": "idle", "checkpoint_id": None})
-    with pytest.raises(properties.P17Violation, match="phase 'prepared'"):
-        properties.p17_took_effect("commit", "c1", "agent", {"phase": "prepared", "checkpoint_id": "c1"}, True)
-    with pytest.raises(properties.P17Violation, match="no manifest"):
-        properties.p17_took_effect("commit", "c1", "agent", {"phase": "committed", "checkpoint_id": "c1"}, False)
-    with pytest.raises(properties.P17Violation, match="no checkpoint active"):
-        properties.p17_took_effect("resume", "c1", "agent", {"phase": "idle", "checkpoint_id": "c1"})
+    p17_took_effect("prepare", "c1", "agent", {"phase": "prepared", "checkpoint_id": "c1"})
+    p17_took_effect("commit", "c1", "agent", {"phase": "committed", "checkpoint_id": "c1"}, True)
+    p17_took_effect("resume", "c1", "agent", {"phase": "idle", "checkpoint_id": None})
+    with pytest.raises(P17Violation, match="phase 'prepared'"):
+        p17_took_effect("commit", "c1", "agent", {"phase": "prepared", "checkpoint_id": "c1"}, True)
+    with pytest.raises(P17Violation, match="no manifest"):
+        p17_took_effect("commit", "c1", "agent", {"phase": "committed", "checkpoint_id": "c1"}, False)
+    with pytest.raises(P17Violation, match="no checkpoint active"):
+        p17_took_effect("resume", "c1", "agent", {"phase": "idle", "checkpoint_id": "c1"})
 
 
 def test_p17_retry_answered_reports_the_refusal() -> None:
     refused = CoordinationError("commit", {"agent": failure("agent", "invalid_phase", 409)})
-    with pytest.raises(properties.P17Violation, match=r"retried commit of c1, whose first reply was lost"):
-        properties.p17_retry_answered("commit", "c1", refused)
+    with pytest.raises(P17Violation, match=r"retried commit of c1, whose first reply was lost"):
+        p17_retry_answered("commit", "c1", refused)
 
 
 def test_p17_resume_replayed() -> None:
-    properties.p17_resume_replayed("c1", "agent", {"phase": "idle", "idempotent": True})
-    with pytest.raises(properties.P17Violation, match="idempotent: true"):
-        properties.p17_resume_replayed("c1", "agent", {"phase": "idle", "idempotent": False})
+    p17_resume_replayed("c1", "agent", {"phase": "idle", "idempotent": True})
+    with pytest.raises(P17Violation, match="idempotent: true"):
+        p17_resume_replayed("c1", "agent", {"phase": "idle", "idempotent": False})
 
 
 # -- P18: skewed clocks --------------------------------------------------------------------------------------------
 
 
 def test_p18_refused_on_its_clock() -> None:
-    properties.p18_refused_on_its_clock("a prepare", "resources", 8.0, failure("resources", "deadline_exceeded"))
-    with pytest.raises(properties.P18Violation, match=r"accepted: \{'phase': 'prepared'"):
-        properties.p18_refused_on_its_clock("a prepare", "resources", 8.0, {"phase": "prepared", "report": {}})
-    with pytest.raises(properties.P18Violation, match="invalid_phase"):
-        properties.p18_refused_on_its_clock("a prepare", "resources", 8.0, failure("resources", "invalid_phase"))
+    p18_refused_on_its_clock("a prepare", "resources", 8.0, failure("resources", "deadline_exceeded"))
+    with pytest.raises(P18Violation, match=r"accepted: \{'phase': 'prepared'"):
+        p18_refused_on_its_clock("a prepare", "resources", 8.0, {"phase": "prepared", "report": {}})
+    with pytest.raises(P18Violation, match="invalid_phase"):
+        p18_refused_on_its_clock("a prepare", "resources", 8.0, failure("resources", "invalid_phase"))
 
 
 def test_p18_lapsed_first() -> None:
     stale = CoordinationError("commit", {"agent": failure("agent", "stale_checkpoint")})
-    properties.p18_lapsed_first("c1", "agent", stale)
-    with pytest.raises(properties.P18Violation, match="every participant committed it"):
-        properties.p18_lapsed_first("c1", "agent", None)
+    p18_lapsed_first("c1", "agent", stale)
+    with pytest.raises(P18Violation, match="every participant committed it"):
+        p18_lapsed_first("c1", "agent", None)
     also = CoordinationError(
         "commit", {"agent": failure("agent", "stale_checkpoint"), "resources": failure("resources", "stale_checkpoint")}
     )
-    with pytest.raises(properties.P18Violation, match="resources: HTTP 409 stale_checkpoint"):
-        properties.p18_lapsed_first("c1", "agent", also)
-    with pytest.raises(properties.P18Violation, match="agent: committed it"):
-        properties.p18_lapsed_first("c1", "agent", CoordinationError("commit", {"env": failure("env", "x")}))
+    with pytest.raises(P18Violation, match="resources: HTTP 409 stale_checkpoint"):
+        p18_lapsed_first("c1", "agent", also)
+    with pytest.raises(P18Violation, match="agent: committed it"):
+        p18_lapsed_first("c1", "agent", CoordinationError("commit", {"env": failure("env", "x")}))
 
 
 def test_p18_stale_commit_refused() -> None:
     lapsed = ["agent", "environment"]
     refused = CoordinationError("commit", {name: failure(name, "stale_checkpoint") for name in lapsed})
-    properties.p18_stale_commit_refused("c1", lapsed, refused)
-    with pytest.raises(properties.P18Violation, match="agent: committed it; environment: committed it"):
-        properties.p18_stale_commit_refused("c1", lapsed, None)
+    p18_stale_commit_refused("c1", lapsed, refused)
+    with pytest.raises(P18Violation, match="agent: committed it; environment: committed it"):
+        p18_stale_commit_refused("c1", lapsed, None)
     half = CoordinationError("commit", {"agent": failure("agent", "stale_checkpoint")})
-    with pytest.raises(properties.P18Violation, match="environment: committed it"):
-        properties.p18_stale_commit_refused("c1", lapsed, half)
+    with pytest.raises(P18Violation, match="environment: committed it"):
+        p18_stale_commit_refused("c1", lapsed, half)
 
 
 def refused_on_connect(name: str) -> ParticipantFailure:
@@ -1239,7 +1290,7 @@ def refused_on_connect(name: str) -> ParticipantFailure:
 
 def test_p19_only_unreached_passes_when_the_victim_alone_refused_the_connection() -> None:
     error = CoordinationError("prepare", {"agent": refused_on_connect("agent")}, {"environment": {"phase": "prepared"}})
-    properties.p19_only_unreached("prepare", "c1", "agent", error)
+    p19_only_unreached("prepare", "c1", "agent", error)
 
 
 @pytest.mark.parametrize(
@@ -1254,49 +1305,49 @@ def test_p19_only_unreached_passes_when_the_victim_alone_refused_the_connection(
 def test_p19_only_unreached_fails_on_anything_but_the_victims_refused_connection(
     failures: dict[str, ParticipantFailure], observed: str
 ) -> None:
-    with pytest.raises(properties.P19Violation, match=observed):
-        properties.p19_only_unreached("commit", "c1", "agent", CoordinationError("commit", failures))
+    with pytest.raises(P19Violation, match=observed):
+        p19_only_unreached("commit", "c1", "agent", CoordinationError("commit", failures))
 
 
 def test_p19_untouched() -> None:
     prepared = {"phase": "prepared", "checkpoint_id": "c1", "lease_expires_at": 1.0}
-    properties.p19_untouched("commit", "c1", "agent", prepared, {**prepared, "lease_expires_at": 2.0})
-    properties.p19_untouched("prepare", "c1", "agent", {"phase": "idle"}, {"phase": "idle", "checkpoint_id": None})
-    with pytest.raises(properties.P19Violation, match="phase 'committed', checkpoint 'c1'"):
-        properties.p19_untouched("commit", "c1", "agent", prepared, {"phase": "committed", "checkpoint_id": "c1"})
-    with pytest.raises(properties.P19Violation, match="phase 'prepared', checkpoint 'c1'"):
-        properties.p19_untouched("prepare", "c1", "agent", {"phase": "idle"}, prepared)
-    with pytest.raises(properties.P19Violation, match=r"manifest.json is in its share"):
-        properties.p19_untouched("commit", "c1", "agent", prepared, prepared, published=True)
+    p19_untouched("commit", "c1", "agent", prepared, {**prepared, "lease_expires_at": 2.0})
+    p19_untouched("prepare", "c1", "agent", {"phase": "idle"}, {"phase": "idle", "checkpoint_id": None})
+    with pytest.raises(P19Violation, match="phase 'committed', checkpoint 'c1'"):
+        p19_untouched("commit", "c1", "agent", prepared, {"phase": "committed", "checkpoint_id": "c1"})
+    with pytest.raises(P19Violation, match="phase 'prepared', checkpoint 'c1'"):
+        p19_untouched("prepare", "c1", "agent", {"phase": "idle"}, prepared)
+    with pytest.raises(P19Violation, match=r"manifest.json is in its share"):
+        p19_untouched("commit", "c1", "agent", prepared, prepared, published=True)
 
 
 def test_p19_retry_completes_reports_the_refusal() -> None:
     refused = CoordinationError("prepare", {"agent": failure("agent", "checkpoint_conflict", 409)})
-    with pytest.raises(properties.P19Violation, match=r"retried prepare of c1, once every participant is reachable"):
-        properties.p19_retry_completes("prepare", "c1", refused)
+    with pytest.raises(P19Violation, match=r"retried prepare of c1, once every participant is reachable"):
+        p19_retry_completes("prepare", "c1", refused)
 
 
 def test_p19_answered_from_record() -> None:
     first = {"environment": {"phase": "prepared", "report": {"blockers": []}}}
-    properties.p19_answered_from_record("prepare", "c1", first, {**first, "agent": {"phase": "prepared"}})
-    with pytest.raises(properties.P19Violation, match="environment answers the retried prepare"):
-        properties.p19_answered_from_record("prepare", "c1", first, {"environment": {"phase": "idle"}})
-    with pytest.raises(properties.P19Violation, match="None"):
-        properties.p19_answered_from_record("prepare", "c1", first, {})
+    p19_answered_from_record("prepare", "c1", first, {**first, "agent": {"phase": "prepared"}})
+    with pytest.raises(P19Violation, match="environment answers the retried prepare"):
+        p19_answered_from_record("prepare", "c1", first, {"environment": {"phase": "idle"}})
+    with pytest.raises(P19Violation, match="None"):
+        p19_answered_from_record("prepare", "c1", first, {})
 
 
 def test_p19_first_resume() -> None:
-    properties.p19_first_resume("c1", "agent", {"phase": "idle", "idempotent": False})
-    with pytest.raises(properties.P19Violation, match="idempotent: false"):
-        properties.p19_first_resume("c1", "agent", {"phase": "idle", "idempotent": True})
+    p19_first_resume("c1", "agent", {"phase": "idle", "idempotent": False})
+    with pytest.raises(P19Violation, match="idempotent: false"):
+        p19_first_resume("c1", "agent", {"phase": "idle", "idempotent": True})
 
 
 TIMED_OUT = {"episode_id": {"rollout_id": "r0", "attempt": 0}, "failure": {"failure_reason": "Episode timed out"}}
 
 
 def test_p20_budget_kept_fails_on_a_timeout_after_time_passed_while_parked() -> None:
-    with pytest.raises(properties.P20Violation, match="it timed out: HTTP 200") as caught:
-        properties.p20_budget_kept("r0", 1200.0, 200, TIMED_OUT)
+    with pytest.raises(P20Violation, match="it timed out: HTTP 200") as caught:
+        p20_budget_kept("r0", 1200.0, 200, TIMED_OUT)
     assert caught.value.rollout == "r0"
     assert "as 1200 s passed" in str(caught.value)
 
@@ -1314,40 +1365,36 @@ def test_p20_budget_kept_fails_on_a_timeout_after_time_passed_while_parked() -> 
 def test_p20_budget_kept_passes_on_anything_but_a_timeout_after_time_passed(
     parked_for_s: float | None, status_code: int | None, body: Any
 ) -> None:
-    properties.p20_budget_kept("r0", parked_for_s, status_code, body)
+    p20_budget_kept("r0", parked_for_s, status_code, body)
 
 
 def test_p21_refused_on_waking() -> None:
     late = CoordinationError("prepare", {"agent": failure("agent", "deadline_exceeded")}, {"environment": {}})
-    properties.p21_refused_on_waking("c1", "agent", late)
-    with pytest.raises(properties.P21Violation, match="every participant prepared"):
-        properties.p21_refused_on_waking("c1", "agent", None)
-    with pytest.raises(properties.P21Violation, match="agent: HTTP 409 invalid_phase"):
-        properties.p21_refused_on_waking(
-            "c1", "agent", CoordinationError("prepare", {"agent": failure("agent", "invalid_phase")})
-        )
+    p21_refused_on_waking("c1", "agent", late)
+    with pytest.raises(P21Violation, match="every participant prepared"):
+        p21_refused_on_waking("c1", "agent", None)
+    with pytest.raises(P21Violation, match="agent: HTTP 409 invalid_phase"):
+        p21_refused_on_waking("c1", "agent", CoordinationError("prepare", {"agent": failure("agent", "invalid_phase")}))
     also = CoordinationError(
         "prepare", {"agent": failure("agent", "deadline_exceeded"), "resources": failure("resources", "x", 500)}
     )
-    with pytest.raises(properties.P21Violation, match="resources: HTTP 500 x"):
-        properties.p21_refused_on_waking("c1", "agent", also)
+    with pytest.raises(P21Violation, match="resources: HTTP 500 x"):
+        p21_refused_on_waking("c1", "agent", also)
 
 
 def test_p21_lapsed_on_waking() -> None:
-    properties.p21_lapsed_on_waking(
-        "c1", "agent", CoordinationError("commit", {"agent": failure("agent", "stale_checkpoint")})
-    )
-    with pytest.raises(properties.P21Violation, match="every participant committed it"):
-        properties.p21_lapsed_on_waking("c1", "agent", None)
+    p21_lapsed_on_waking("c1", "agent", CoordinationError("commit", {"agent": failure("agent", "stale_checkpoint")}))
+    with pytest.raises(P21Violation, match="every participant committed it"):
+        p21_lapsed_on_waking("c1", "agent", None)
     forgot = CoordinationError("commit", {"agent": failure("agent", "invalid_phase")})
-    with pytest.raises(properties.P21Violation, match="agent: HTTP 409 invalid_phase"):
-        properties.p21_lapsed_on_waking("c1", "agent", forgot)
+    with pytest.raises(P21Violation, match="agent: HTTP 409 invalid_phase"):
+        p21_lapsed_on_waking("c1", "agent", forgot)
 
 
 def test_p21_still_idle() -> None:
-    properties.p21_still_idle("c1", "agent", {"phase": "idle", "checkpoint_id": None, "accepting": True})
-    properties.p21_still_idle("c1", "environment", {"phase": "idle"})
-    with pytest.raises(properties.P21Violation, match="accepting False"):
-        properties.p21_still_idle("c1", "agent", {"phase": "idle", "checkpoint_id": None, "accepting": False})
-    with pytest.raises(properties.P21Violation, match="phase 'preparing', checkpoint 'c1'"):
-        properties.p21_still_idle("c1", "agent", {"phase": "preparing", "checkpoint_id": "c1"})
+    p21_still_idle("c1", "agent", {"phase": "idle", "checkpoint_id": None, "accepting": True})
+    p21_still_idle("c1", "environment", {"phase": "idle"})
+    with pytest.raises(P21Violation, match="accepting False"):
+        p21_still_idle("c1", "agent", {"phase": "idle", "checkpoint_id": None, "accepting": False})
+    with pytest.raises(P21Violation, match="phase 'preparing', checkpoint 'c1'"):
+        p21_still_idle("c1", "agent", {"phase": "preparing", "checkpoint_id": "c1"})

@@ -10,7 +10,7 @@ import pytest
 
 from ckpt_model.model.contract import Model
 from ckpt_model.model.spec import DeploymentSpec
-from ckpt_model.properties import P10Violation
+from ckpt_model.properties.fencing import P10Violation
 from ckpt_model.trainer.quiescence import Quiescence
 
 # Long enough that a verdict reached at the settle timeout would need hundreds of backend polls.

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from ckpt_model.model.contract import Model
-from ckpt_model.properties import P8Violation, P10Violation
+from ckpt_model.properties.fencing import P10Violation
+from ckpt_model.properties.state import P8Violation
 from ckpt_model.protocol.history import History
 from ckpt_model.steps.steplog import StepLog, step
 

@@ -10,8 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from ckpt_model import properties
-from ckpt_model.properties import P26Violation
+from ckpt_model.properties.telemetry import P26Violation, p26_metrics_agree, p26_one_span_per_call
 from ckpt_model.protocol.client import ControlClient, Participant, Participants
 from ckpt_model.protocol.telemetry import (
     ControlCall,
@@ -114,30 +113,28 @@ def test_how_many_spans_a_call_makes() -> None:
 
 def test_p26_passes_one_span_per_answered_call_and_none_or_one_per_unanswered() -> None:
     ok, lost = call("agent"), call("environment", outcome=None, answered=False)
-    properties.p26_one_span_per_call([ok, lost], [span_of(ok)])
-    properties.p26_one_span_per_call(
-        [ok, lost], [span_of(ok), span_of(lost, attributes={"gym.checkpoint.outcome": "ok"})]
-    )
+    p26_one_span_per_call([ok, lost], [span_of(ok)])
+    p26_one_span_per_call([ok, lost], [span_of(ok), span_of(lost, attributes={"gym.checkpoint.outcome": "ok"})])
 
 
 def test_p26_fails_a_call_without_its_span_and_says_where_it_went() -> None:
     made = call()
     elsewhere = span_of(made, trace_id="f" * 32, parent_span_id=None)
     with pytest.raises(P26Violation, match="outside the controller's trace") as caught:
-        properties.p26_one_span_per_call([made], [elsewhere])
+        p26_one_span_per_call([made], [elsewhere])
     assert type(caught.value) is P26Violation
 
 
 def test_p26_fails_two_spans_for_one_call() -> None:
     made = call()
     with pytest.raises(P26Violation, match="exactly 1 span"):
-        properties.p26_one_span_per_call([made], [span_of(made), span_of(made)])
+        p26_one_span_per_call([made], [span_of(made), span_of(made)])
 
 
 def test_p26_fails_a_span_for_a_call_refused_before_it_ran() -> None:
     made = call(outcome="unauthorized")
     with pytest.raises(P26Violation, match="exactly 0 spans"):
-        properties.p26_one_span_per_call([made], [span_of(made)])
+        p26_one_span_per_call([made], [span_of(made)])
 
 
 @pytest.mark.parametrize(
@@ -153,20 +150,20 @@ def test_p26_fails_a_span_for_a_call_refused_before_it_ran() -> None:
 def test_p26_fails_a_span_that_does_not_tell_its_call(changes: dict[str, Any], field: str) -> None:
     made = call("environment", outcome="stale_checkpoint")
     with pytest.raises(P26Violation, match=field):
-        properties.p26_one_span_per_call([made], [span_of(made, **changes)])
+        p26_one_span_per_call([made], [span_of(made, **changes)])
 
 
 def test_p26_fails_a_span_under_a_call_never_made() -> None:
     made = call()
     with pytest.raises(P26Violation, match="under a call the controller made"):
-        properties.p26_one_span_per_call([], [span_of(made)])
+        p26_one_span_per_call([], [span_of(made)])
 
 
 def test_p26_ignores_steps_and_lapses_for_the_calls() -> None:
     made = call()
     step = span_of(made, name="wait_ready", parent_span_id="00000000000000aa")
     lapse = span_of(made, name="gym.checkpoint.lease_expired", parent_span_id=None)
-    properties.p26_one_span_per_call([made], [span_of(made), step, lapse])
+    p26_one_span_per_call([made], [span_of(made), step, lapse])
 
 
 # --- P26: the metrics ------------------------------------------------------------------------------------------
@@ -190,19 +187,19 @@ def test_p26_metrics_agree_with_the_spans_before_them() -> None:
     refused = span_of(call(outcome="stale_checkpoint"))
     lapse = span_of(call(), name="gym.checkpoint.lease_expired")
     counts = counted(span_of(call()), refused, lapse)
-    properties.p26_metrics_agree(counts, snapshot({("prepare", "ok"): 1, ("prepare", "stale_checkpoint"): 1}, 1))
+    p26_metrics_agree(counts, snapshot({("prepare", "ok"): 1, ("prepare", "stale_checkpoint"): 1}, 1))
 
 
 def test_p26_fails_metrics_that_miss_a_refusal() -> None:
     counts = counted(span_of(call()), span_of(call(outcome="stale_checkpoint")))
     with pytest.raises(P26Violation, match="operations"):
-        properties.p26_metrics_agree(counts, snapshot({("prepare", "ok"): 1}))
+        p26_metrics_agree(counts, snapshot({("prepare", "ok"): 1}))
 
 
 def test_p26_fails_metrics_that_miss_a_lapse() -> None:
     counts = counted(span_of(call(), name="gym.checkpoint.lease_expired"))
     with pytest.raises(P26Violation, match="lease_expired"):
-        properties.p26_metrics_agree(counts, snapshot({}, 0))
+        p26_metrics_agree(counts, snapshot({}, 0))
 
 
 # --- the reader ----------------------------------------------------------------------------------------------

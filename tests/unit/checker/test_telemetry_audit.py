@@ -9,10 +9,15 @@ from typing import Any
 
 import pytest
 
-from ckpt_model import properties
 from ckpt_model.errors import PropertyViolation
 from ckpt_model.modes.audit_telemetry import NoTelemetry, audit_telemetry
-from ckpt_model.properties import P26Violation
+from ckpt_model.properties.telemetry import (
+    P26Violation,
+    p26_one_trace_per_checkpoint,
+    p26_shares_committed,
+    p26_span_consistent,
+    p26_steps_inside,
+)
 from ckpt_model.protocol.telemetry import Span, spans_from_otlp, trace_id_of
 from ckpt_model.trainer.telemetry_watch import TelemetryReader
 
@@ -82,7 +87,7 @@ def test_a_span_naming_its_checkpoint_participant_and_outcome_with_a_status_that
         operation("commit", outcome="stale_checkpoint", status="UNSET"),
         operation("commit", status=None, start_ns=None),
     ):
-        properties.p26_span_consistent(span)
+        p26_span_consistent(span)
 
 
 @pytest.mark.parametrize(
@@ -98,12 +103,12 @@ def test_a_span_naming_its_checkpoint_participant_and_outcome_with_a_status_that
 )
 def test_a_span_that_does_not_say_what_happened_fails(changes: dict[str, Any], shown: str) -> None:
     with pytest.raises(P26Violation, match=shown):
-        properties.p26_span_consistent(operation("commit", **changes))
+        p26_span_consistent(operation("commit", **changes))
 
 
 def test_a_refusal_whose_status_says_ok_fails() -> None:
     with pytest.raises(P26Violation, match="status OK with outcome 'invalid_phase'"):
-        properties.p26_span_consistent(operation("commit", outcome="invalid_phase", status="OK"))
+        p26_span_consistent(operation("commit", outcome="invalid_phase", status="OK"))
 
 
 # --- p26_steps_inside -----------------------------------------------------------------------------------------
@@ -111,16 +116,16 @@ def test_a_refusal_whose_status_says_ok_fails() -> None:
 
 def test_steps_inside_their_operation_pass() -> None:
     commit = operation("commit", at=200)
-    properties.p26_steps_inside([commit, step(commit, 201, 205), step(commit, 205, 210)])
+    p26_steps_inside([commit, step(commit, 201, 205), step(commit, 205, 210)])
     # a span whose parent is not an operation of its file (a lapse, a remote parent) is no step
-    properties.p26_steps_inside([commit, step(commit, 0, 1, source="other-2.jsonl")])
+    p26_steps_inside([commit, step(commit, 0, 1, source="other-2.jsonl")])
 
 
 @pytest.mark.parametrize("changes", [{"start_ns": 150, "end_ns": 205}, {"end_ns": 211}, {"trace_id": "e" * 32}])
 def test_a_step_outside_its_operation_fails(changes: dict[str, Any]) -> None:
     commit = operation("commit", at=200)
     with pytest.raises(P26Violation, match=r"the step write inside gym\.checkpoint\.commit"):
-        properties.p26_steps_inside([commit, step(commit, 201, 205, **changes)])
+        p26_steps_inside([commit, step(commit, 201, 205, **changes)])
 
 
 # --- p26_one_trace_per_checkpoint -----------------------------------------------------------------------------
@@ -128,22 +133,22 @@ def test_a_step_outside_its_operation_fails(changes: dict[str, Any]) -> None:
 
 def test_one_checkpoints_operations_in_one_trace_pass_and_its_restore_may_begin_another() -> None:
     restore = operation("restore", at=900, trace_id="d" * 32)
-    properties.p26_one_trace_per_checkpoint(CHECKPOINT, [*one_checkpoint(), restore])
+    p26_one_trace_per_checkpoint(CHECKPOINT, [*one_checkpoint(), restore])
 
 
 def test_a_commit_in_another_trace_fails() -> None:
     spans = [*one_checkpoint(), operation("commit", AGENT, at=201, trace_id="e" * 32)]
     with pytest.raises(P26Violation, match="2 traces"):
-        properties.p26_one_trace_per_checkpoint(CHECKPOINT, spans)
+        p26_one_trace_per_checkpoint(CHECKPOINT, spans)
 
 
 def test_a_resume_in_a_restores_trace_passes_and_in_any_other_fails() -> None:
     restore = operation("restore", at=900, trace_id="d" * 32)
     after_restore = operation("resume", at=950, trace_id="d" * 32)
-    properties.p26_one_trace_per_checkpoint(CHECKPOINT, [*one_checkpoint(), restore, after_restore])
+    p26_one_trace_per_checkpoint(CHECKPOINT, [*one_checkpoint(), restore, after_restore])
     astray = operation("resume", AGENT, at=301, trace_id="e" * 32)
     with pytest.raises(P26Violation, match=r"each resume of .* in its trace"):
-        properties.p26_one_trace_per_checkpoint(CHECKPOINT, [*one_checkpoint(), restore, astray])
+        p26_one_trace_per_checkpoint(CHECKPOINT, [*one_checkpoint(), restore, astray])
 
 
 # --- p26_shares_committed -------------------------------------------------------------------------------------
@@ -151,25 +156,25 @@ def test_a_resume_in_a_restores_trace_passes_and_in_any_other_fails() -> None:
 
 def test_each_share_written_by_a_commit_that_said_ok_after_a_prepare_that_did_passes() -> None:
     refused_first = operation("commit", AGENT, outcome="lease_expired", at=150)
-    properties.p26_shares_committed(CHECKPOINT, {ENV, AGENT}, [refused_first, *one_checkpoint()])
+    p26_shares_committed(CHECKPOINT, {ENV, AGENT}, [refused_first, *one_checkpoint()])
 
 
 def test_a_share_without_an_ok_commit_fails() -> None:
     spans = [span for span in one_checkpoint() if span.participant != AGENT or span.operation != "commit"]
     with pytest.raises(P26Violation, match=r"the share agent/agent of .* written by a commit"):
-        properties.p26_shares_committed(CHECKPOINT, {ENV, AGENT}, spans)
+        p26_shares_committed(CHECKPOINT, {ENV, AGENT}, spans)
 
 
 def test_a_commit_before_any_prepare_fails() -> None:
     spans = [span for span in one_checkpoint() if span.participant != ENV or span.operation != "prepare"]
     spans.append(operation("prepare", ENV, at=250))  # after its commit
     with pytest.raises(P26Violation, match=r"a prepare of .* on environment/environment that says ok, begun before"):
-        properties.p26_shares_committed(CHECKPOINT, {ENV, AGENT}, spans)
+        p26_shares_committed(CHECKPOINT, {ENV, AGENT}, spans)
 
 
 def test_an_ok_commit_that_left_no_directory_fails() -> None:
     with pytest.raises(P26Violation, match="no gym/<kind>/<instance> for agent/agent"):
-        properties.p26_shares_committed(CHECKPOINT, {ENV}, one_checkpoint())
+        p26_shares_committed(CHECKPOINT, {ENV}, one_checkpoint())
 
 
 # --- the OTLP/JSON reader -------------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ import pytest
 from hypothesis.errors import FlakyFailure, FlakyStrategyDefinition, InvalidDefinition
 
 from ckpt_model.errors import CoordinationError, ParticipantFailure, QuiescenceTimeout
-from ckpt_model.properties import P1Violation, P9Violation
+from ckpt_model.properties.durability import P9Violation
+from ckpt_model.properties.scope import P1Violation
 from ckpt_model.results.reproduction import Rate, record
 from ckpt_model.results.verdicts import (
     Exit,

@@ -9,11 +9,11 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from ckpt_model import properties as props
 from ckpt_model.deployments.observe import poll
 from ckpt_model.errors import CoordinationError, HarnessError
 from ckpt_model.model.contract import Model
 from ckpt_model.model.spec import DeploymentSpec
+from ckpt_model.properties.clocks import p18_lapsed_first, p18_refused_on_its_clock, p18_stale_commit_refused
 from ckpt_model.steps import checkable, goals
 from ckpt_model.steps.families import Family
 from ckpt_model.steps.steplog import action
@@ -126,7 +126,7 @@ class Clocks(MachineBase):
     def _lapses_first(self, name: str, model: Model, checkpoint_id: str) -> tuple[Model, str]:
         others = [m.name for m in self.controller.members() if m.name != name]
         within_skew = self.controller.probe_deadline_ahead("prepare", f"skew-{checkpoint_id}", SKEW_AHEAD_S / 2, [name])
-        props.p18_refused_on_its_clock("a prepare due in half its skew", name, SKEW_AHEAD_S, within_skew[name])
+        p18_refused_on_its_clock("a prepare due in half its skew", name, SKEW_AHEAD_S, within_skew[name])
         deadline_ts = self.harness.now() + SKEW_AHEAD_S + SKEWED_PREPARE_MARGIN_S
         try:
             self.controller.prepare_by(checkpoint_id, deadline_ts)
@@ -137,7 +137,7 @@ class Clocks(MachineBase):
             raise
         self.controller.renew_on(others, checkpoint_id)
         self.quiescence.wait_lapsed(name, checkpoint_id, deadline_ts + self.harness.lease_grace_s - SKEW_AHEAD_S)
-        model = self._stale_commit(name, others, model, checkpoint_id, props.p18_lapsed_first)
+        model = self._stale_commit(name, others, model, checkpoint_id, p18_lapsed_first)
         return model, f"prepare({checkpoint_id}); {name} lapsed first; commit refused by it; resume, incomplete"
 
     def _outholds_the_others(self, name: str, model: Model, checkpoint_id: str) -> tuple[Model, str]:
@@ -163,7 +163,7 @@ class Clocks(MachineBase):
             refused = None
         except CoordinationError as error:
             refused = error
-        props.p18_stale_commit_refused(checkpoint_id, others, refused)
+        p18_stale_commit_refused(checkpoint_id, others, refused)
         self.controller.resume(checkpoint_id)
         published = self.audits.published_after_crash(checkpoint_id)
         label = f"prepare({checkpoint_id}); the others lapsed; the stale commit refused; resume"

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ckpt_model import properties as props
 from ckpt_model.model.contract import Attempt
 from ckpt_model.model.spec import DeploymentSpec
+from ckpt_model.properties.fencing import P10Violation, p10_ledger_removal_refused, p10_retry_answered
+from ckpt_model.properties.state import P7Violation, p7_callee_refused, p7_refused
 from ckpt_model.steps import checkable
 from ckpt_model.steps.families import Family
 from ckpt_model.steps.steplog import action
@@ -44,14 +45,14 @@ class MisbehavingController(MachineBase):
             self.retire(pick, again=False)
         attempt = self.model.retired_attempt(choose(self.model.late_runs(), pick))
         outcome = self.controller.late_run(attempt)
-        props.p7_refused(attempt.key, outcome.status_code, outcome.body)
+        p7_refused(attempt.key, outcome.status_code, outcome.body)
         label = f"late_run({attempt.key}) -> HTTP {outcome.status_code}"
         if not self.model.checkpoint_open:
             callees = self._late_callee_calls(attempt)
             for call, answer in callees.items():
-                props.p7_callee_refused(attempt.key, call, answer.status_code, answer.body)
+                p7_callee_refused(attempt.key, call, answer.status_code, answer.body)
             label += f"; refused straight by {sorted(callees)}" if callees else ""
-        self._advance(self.model, label, violation=props.P7Violation)
+        self._advance(self.model, label, violation=P7Violation)
 
     def _late_callee_calls(self, attempt: Attempt) -> dict[str, Any]:
         """The calls straight to each callee whose kind holds `attempt`'s retire mark (`ckpt_model.trainer.callees`)."""
@@ -73,7 +74,7 @@ class MisbehavingController(MachineBase):
         self._opened_first()
         model, attempt = self.model.refused_dispatch()
         self.controller.run_refused(attempt)
-        self._advance(model, f"run_while_open() -> {attempt.rollout} refused", violation=props.P10Violation)
+        self._advance(model, f"run_while_open() -> {attempt.rollout} refused", violation=P10Violation)
 
     @action(
         lambda self: self.ledgers.enabled and (self.model.may_remove_ledgers_while_open() or self._may_checkpoint()),
@@ -86,9 +87,9 @@ class MisbehavingController(MachineBase):
         open, the controller prepares one first."""
         self._opened_first()
         checkpoint_id, keys = self.model.opened, sorted(a.key for a in self.model.live()) or ["probe"]
-        props.p10_ledger_removal_refused(checkpoint_id, self.controller.remove_ledgers(keys))
+        p10_ledger_removal_refused(checkpoint_id, self.controller.remove_ledgers(keys))
         model = self.model.having_tried(ledger_removal_in=checkpoint_id)
-        self._advance(model, f"remove_ledgers_while_open({keys}) refused", violation=props.P10Violation)
+        self._advance(model, f"remove_ledgers_while_open({keys}) refused", violation=P10Violation)
 
     @action(lambda self: self.model.may_call_late(), family=CONTROLLER, pick=PICK)
     def late_call(self, pick: int) -> None:
@@ -106,7 +107,7 @@ class MisbehavingController(MachineBase):
         """The controller retries its last control call with the same arguments: the same answer (P10)."""
         last, outcomes = self.controller.retry()
         label = f"retry({last.operation} {last.checkpoint_id})"
-        props.p10_retry_answered(label, last.operation, last.after_crash, last.replies, outcomes)
+        p10_retry_answered(label, last.operation, last.after_crash, last.replies, outcomes)
         self._advance(self.model, label)
 
     @action(

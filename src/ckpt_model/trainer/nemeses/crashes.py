@@ -15,13 +15,13 @@ from typing import Any
 import attrs
 from hypothesis import strategies as st
 
-from ckpt_model import properties as props
 from ckpt_model.deployments.harness import FAILPOINT_BEFORE_INSTALL, FAILPOINT_BETWEEN_FILES
 from ckpt_model.deployments.observe import poll
 from ckpt_model.errors import CoordinationError, QuiescenceTimeout
 from ckpt_model.model.contract import Attempt, Model
 from ckpt_model.model.spec import DeploymentSpec
 from ckpt_model.model.topologies import SERVER_WORKER_KINDS
+from ckpt_model.properties.state import P7Violation, P8Violation, p8_cleanup_succeeds, p8_died_in_restore
 from ckpt_model.protocol.client import Participant
 from ckpt_model.protocol.history import Event
 from ckpt_model.protocol.wire import RETIRE_ORDER
@@ -216,7 +216,7 @@ class Crashes(MachineBase):
             self.controller.retire_lost(retire_id, running)
             self.controller.runs.wait_ended(self.quiescence.timeout_s)
             label += f"; retire({sorted(a.key for a in running)})"
-        self._advance(model, label, violation=props.P7Violation, counts_final=bool(running))
+        self._advance(model, label, violation=P7Violation, counts_final=bool(running))
 
     @action(
         lambda self: bool(self._killable_workers()),
@@ -260,7 +260,7 @@ class Crashes(MachineBase):
             why = f"worker {index} of {member.name} is killed and its attempts retired"
             self.controller.runs.wait_ended(self.quiescence.timeout_s, [a.run for a in lost], why)
             label += f"; retire({sorted(a.key for a in lost)})"
-        self._advance(model, label, violation=props.P7Violation, counts_final=bool(lost))
+        self._advance(model, label, violation=P7Violation, counts_final=bool(lost))
         if then_prepare and self.model.can_prepare():
             self.prepare()
 
@@ -303,14 +303,14 @@ class Crashes(MachineBase):
         self._forget_covering(checkpoint.checkpoint_id)
         model, restore_id = self.model.died_in_restore(checkpoint.checkpoint_id, member.kind)
         outcomes = self._die_in_restore(member, restore_id, checkpoint.checkpoint_id, checkpoint.exported)
-        props.p8_died_in_restore(restore_id, member.name, outcomes)
+        p8_died_in_restore(restore_id, member.name, outcomes)
         try:
             self.controller.undo_restore(restore_id, checkpoint.exported)
         except CoordinationError as error:
-            props.p8_cleanup_succeeds(restore_id, error)
+            p8_cleanup_succeeds(restore_id, error)
             raise
         label = f"dies_in_restore({checkpoint.checkpoint_id}) as {restore_id}: {member.name} died before installing"
-        self._advance(model, label, violation=props.P8Violation, counts_final=True)
+        self._advance(model, label, violation=P8Violation, counts_final=True)
 
     def _can_die_in_restore(self) -> list[Participant]:
         """With failpoints and single restarts: the participants that are the only one of their kind (the model

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from hypothesis import strategies as st
 
-from ckpt_model import properties as props
 from ckpt_model.model.contract import Checkpoint
+from ckpt_model.properties.state import P8Violation
 from ckpt_model.steps import checkable
 from ckpt_model.steps.families import Family
 from ckpt_model.steps.steplog import action
@@ -43,7 +43,7 @@ class Damage(MachineBase):
         member, how, copy = self._damaged_copy(checkpoint, restore_id, rejected_record, victim)
         self._refused_restore(restore_id, checkpoint, ([member], f"damaged: {how}"), copy)
         label = f"failed_restore({checkpoint.checkpoint_id}) as {restore_id}, {member} damaged ({how}) refused it"
-        self._advance(model, label, violation=props.P8Violation, counts_final=True)
+        self._advance(model, label, violation=P8Violation, counts_final=True)
 
     def _damaged_copy(
         self, checkpoint: Checkpoint, restore_id: str, rejected_record: bool, victim: int
@@ -74,4 +74,4 @@ class Damage(MachineBase):
         model, restore_id = self.model.failed_restore(checkpoint.checkpoint_id)
         self._refused_restore(restore_id, checkpoint, (missing, "no share: the crash came first"))
         label = f"restore_incomplete({checkpoint.checkpoint_id}) as {restore_id}, refused by {missing}"
-        self._advance(model, label, violation=props.P8Violation, counts_final=True)
+        self._advance(model, label, violation=P8Violation, counts_final=True)

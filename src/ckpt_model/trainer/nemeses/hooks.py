@@ -6,12 +6,13 @@ from collections.abc import Sequence
 
 from hypothesis import strategies as st
 
-from ckpt_model import properties as props
 from ckpt_model.deployments.harness import (
     EXPORT_HOOK,
 )
 from ckpt_model.errors import CoordinationError, ParticipantFailure
 from ckpt_model.model.contract import Attempt
+from ckpt_model.properties.fencing import p10_failed_close_refused, p10_reopened_after_failed_close
+from ckpt_model.properties.state import P8Violation
 from ckpt_model.steps import checkable, goals
 from ckpt_model.steps.families import Family
 from ckpt_model.steps.steplog import action
@@ -83,8 +84,8 @@ class Hooks(MachineBase):
             refused = None
         except CoordinationError as error:
             refused = error
-        props.p10_failed_close_refused(checkpoint_id, name, refused)
-        props.p10_reopened_after_failed_close(checkpoint_id, name, self.harness.statuses()[name])
+        p10_failed_close_refused(checkpoint_id, name, refused)
+        p10_reopened_after_failed_close(checkpoint_id, name, self.harness.statuses()[name])
         self.controller.resume(checkpoint_id)
         self._refused("prepare", checkpoint_id, "stale_checkpoint")
         self._advance(model.resume(), f"prepare({checkpoint_id}), {name}'s close failed; resume({checkpoint_id})")
@@ -111,7 +112,7 @@ class Hooks(MachineBase):
         self._fail_hook(name, "install")
         self._refused_restore(restore_id, checkpoint, ([name], "its install hook failed"), code="checkpoint_error")
         label = f"failing_install({checkpoint.checkpoint_id}) as {restore_id}, {name}'s install hook failed"
-        self._advance(model, label, violation=props.P8Violation, counts_final=True)
+        self._advance(model, label, violation=P8Violation, counts_final=True)
 
     # -- a hook that raises -------------------------------------------------------------------------------------
 

@@ -6,9 +6,9 @@ from collections.abc import Callable, Sequence
 
 from hypothesis import strategies as st
 
-from ckpt_model import properties as props
 from ckpt_model.errors import CoordinationError
 from ckpt_model.model.contract import Attempt
+from ckpt_model.properties.network import p17_only_reply_lost, p17_resume_replayed, p17_retry_answered, p17_took_effect
 from ckpt_model.steps import checkable, goals
 from ckpt_model.steps.families import Family
 from ckpt_model.steps.steplog import action
@@ -72,12 +72,12 @@ class LostReplies(MachineBase):
     def _lost_prepare(self, name: str, then_retry: bool) -> None:
         model, checkpoint_id = self.model.prepare()
         self._reply_lost(name, "prepare", checkpoint_id)
-        props.p17_took_effect("prepare", checkpoint_id, name, self.harness.statuses()[name])
+        p17_took_effect("prepare", checkpoint_id, name, self.harness.statuses()[name])
         label = f"prepare({checkpoint_id}), {name}'s reply lost"
         if not then_retry:
             self._prepare_given_up(model, checkpoint_id, label)
             return
-        self._prepare_again(checkpoint_id, lambda error: props.p17_retry_answered("prepare", checkpoint_id, error))
+        self._prepare_again(checkpoint_id, lambda error: p17_retry_answered("prepare", checkpoint_id, error))
         self._advance(model, f"{label}; prepare retried")
 
     def _lost_commit(self, name: str, then_retry: bool) -> None:
@@ -85,13 +85,13 @@ class LostReplies(MachineBase):
         checkpoint_id, scope = self.model.opened, self.model.scope()
         self._reply_lost(name, "commit", checkpoint_id, scope)
         published = self.audits.has_manifest(checkpoint_id, name)
-        props.p17_took_effect("commit", checkpoint_id, name, self.harness.statuses()[name], published)
+        p17_took_effect("commit", checkpoint_id, name, self.harness.statuses()[name], published)
         label = f"commit({checkpoint_id}), {name}'s reply lost"
         if then_retry:
             try:
                 replies = self.controller.commit(checkpoint_id, scope)
             except CoordinationError as error:
-                props.p17_retry_answered("commit", checkpoint_id, error)
+                p17_retry_answered("commit", checkpoint_id, error)
             self.audits.commit(self.model, checkpoint_id, replies)
             model, _ = self.model.commit()
             label += "; commit retried"
@@ -110,11 +110,11 @@ class LostReplies(MachineBase):
             self.prepare()
         checkpoint_id = self.model.opened
         self._reply_lost(name, "resume", checkpoint_id)
-        props.p17_took_effect("resume", checkpoint_id, name, self.harness.statuses()[name])
+        p17_took_effect("resume", checkpoint_id, name, self.harness.statuses()[name])
         label = f"resume({checkpoint_id}), {name}'s reply lost"
         if then_retry:
             replies = self.controller.resume(checkpoint_id)
-            props.p17_resume_replayed(checkpoint_id, name, replies[name])
+            p17_resume_replayed(checkpoint_id, name, replies[name])
             label += "; resume retried"
         self._refused("prepare", checkpoint_id, "stale_checkpoint")
         self._advance(self.model.resume(), f"{label}; prepare({checkpoint_id}) refused")
@@ -128,5 +128,5 @@ class LostReplies(MachineBase):
         invocation = self.controller.invoke("lose reply", f"{victim}: {operation}")
         self.controller.complete(invocation, "ok")
         error = self.controller.unanswered(operation, checkpoint_id, scope, self._judge_prepare(checkpoint_id))
-        props.p17_only_reply_lost(operation, checkpoint_id, victim, error)
+        p17_only_reply_lost(operation, checkpoint_id, victim, error)
         return error

@@ -10,13 +10,13 @@ from typing import Any, TypeVar
 
 from hypothesis import strategies as st
 
-from ckpt_model import properties as props
 from ckpt_model.deployments.harness import (
     PAUSE,
 )
 from ckpt_model.deployments.observe import poll
 from ckpt_model.errors import CoordinationError, ParticipantFailure, QuiescenceTimeout
 from ckpt_model.model.contract import Attempt
+from ckpt_model.properties.clocks import p21_lapsed_on_waking, p21_refused_on_waking, p21_still_idle
 from ckpt_model.steps import checkable, goals
 from ckpt_model.steps.families import Family
 from ckpt_model.steps.steplog import action
@@ -109,8 +109,8 @@ class Pauses(MachineBase):
         name = choose(self.controller.members(), victim).name
         model, checkpoint_id = self.model.prepare()
         first = self._prepare_paused(name, checkpoint_id)
-        props.p21_refused_on_waking(checkpoint_id, name, first)
-        props.p21_still_idle(checkpoint_id, name, self.harness.statuses()[name])
+        p21_refused_on_waking(checkpoint_id, name, first)
+        p21_still_idle(checkpoint_id, name, self.harness.statuses()[name])
         self.controller.resume(checkpoint_id)
         self._refused("prepare", checkpoint_id, "stale_checkpoint")
         self._advance(
@@ -157,7 +157,7 @@ class Pauses(MachineBase):
         lapses_at_ts = deadline_ts + self.harness.lease_grace_s
         self._frozen_until(name, lapses_at_ts + PAUSED_PAST_LEASE_S)
         self.quiescence.wait_lapsed(name, checkpoint_id, lapses_at_ts)
-        model = self._stale_commit(name, others, model, checkpoint_id, props.p21_lapsed_on_waking)
+        model = self._stale_commit(name, others, model, checkpoint_id, p21_lapsed_on_waking)
         self._advance(
             model,
             f"prepare({checkpoint_id}); {name} frozen past its lease, lapsed on waking; commit "

@@ -8,9 +8,15 @@ from collections.abc import Callable, Iterator, Sequence
 
 from hypothesis import strategies as st
 
-from ckpt_model import properties as props
 from ckpt_model.errors import CoordinationError
 from ckpt_model.model.contract import Attempt
+from ckpt_model.properties.network import (
+    p19_answered_from_record,
+    p19_first_resume,
+    p19_only_unreached,
+    p19_retry_completes,
+    p19_untouched,
+)
 from ckpt_model.steps import goals
 from ckpt_model.steps.families import Family
 from ckpt_model.steps.steplog import action
@@ -81,7 +87,7 @@ class Unreachable(MachineBase):
         before = self.harness.statuses()[name]
         error = self._sent_while_cut_off(name, operation, checkpoint_id, scope)
         published = operation == "commit" and self.audits.has_manifest(checkpoint_id, name)
-        props.p19_untouched(operation, checkpoint_id, name, before, self.harness.statuses()[name], published)
+        p19_untouched(operation, checkpoint_id, name, before, self.harness.statuses()[name], published)
         return error
 
     def _unreached_prepare(self, name: str, then_retry: bool) -> None:
@@ -92,10 +98,8 @@ class Unreachable(MachineBase):
             # Some participants never saw this prepare: the resume must fence the ID on them too.
             self._prepare_given_up(model, checkpoint_id, label)
             return
-        outcome = self._prepare_again(
-            checkpoint_id, lambda error: props.p19_retry_completes("prepare", checkpoint_id, error)
-        )
-        props.p19_answered_from_record("prepare", checkpoint_id, first.replies, outcome.replies)
+        outcome = self._prepare_again(checkpoint_id, lambda error: p19_retry_completes("prepare", checkpoint_id, error))
+        p19_answered_from_record("prepare", checkpoint_id, first.replies, outcome.replies)
         self._advance(model, f"{label}; prepare retried once it was back")
 
     def _unreached_commit(self, name: str, then_retry: bool) -> None:
@@ -106,9 +110,9 @@ class Unreachable(MachineBase):
         label = f"commit({checkpoint_id}), {name} unreachable"
         if then_retry:
             replies = self._commit_again(
-                checkpoint_id, scope, lambda error: props.p19_retry_completes("commit", checkpoint_id, error)
+                checkpoint_id, scope, lambda error: p19_retry_completes("commit", checkpoint_id, error)
             )
-            props.p19_answered_from_record("commit", checkpoint_id, first.replies, replies)
+            p19_answered_from_record("commit", checkpoint_id, first.replies, replies)
             self._advance(self.model.commit()[0], f"{label}; commit retried once it was back")
             return
         self.controller.resume(checkpoint_id)
@@ -121,7 +125,7 @@ class Unreachable(MachineBase):
         checkpoint_id = self.model.opened
         self._unreached(name, "resume", checkpoint_id)
         replies = self.controller.resume(checkpoint_id)
-        props.p19_first_resume(checkpoint_id, name, replies[name])
+        p19_first_resume(checkpoint_id, name, replies[name])
         self._refused("prepare", checkpoint_id, "stale_checkpoint")
         label = f"resume({checkpoint_id}), {name} unreachable; resume retried once it was back"
         self._advance(self.model.resume(), f"{label}; prepare({checkpoint_id}) refused")
@@ -150,5 +154,5 @@ class Unreachable(MachineBase):
         error, in which only the victim failed, with its connection refused (P19)."""
         with self._cut_off(victim):
             error = self.controller.unreached(operation, checkpoint_id, scope, self._judge_prepare(checkpoint_id))
-        props.p19_only_unreached(operation, checkpoint_id, victim, error)
+        p19_only_unreached(operation, checkpoint_id, victim, error)
         return error
