@@ -1,36 +1,66 @@
 """Audits: the checks of replies and of the disk beside the controller, and what each step re-reads.
 
-After a commit: every participant's reply and records name exactly its share (P1), the checkpoint verifies (P9),
-the resources records hold the state the checker computes (P6). After a restore: the resources participant
-installed its sessions (P6). After every step: the history's P2, the ledgers' P5 and P12, a re-read of every
-committed checkpoint, which must never change (P9; read in full only when a file changed), and the telemetry
-files' new lines against the controller's calls (P26). At the end: P5 over every ledger, P13 and P26. The audits
-judge with the properties' named functions; they hold only what they must compare later (each committed
-checkpoint's fingerprints).
+After a prepare: prepared everywhere, or blocked by exactly the `wait` verifications (P10, P11), and the restarts
+reported (P1). After a probe: refused by every participant with the code the protocol gives (P10; a commit naming
+a restart, P1). After a commit: every participant's reply and records name exactly its share (P1), the checkpoint
+verifies (P9), the resources records hold the state the checker computes (P6); a commit whose write failed on one
+participant is refused by it alone and publishes nothing there (P16). After a restore: the resources participant
+installed its sessions (P6); a refused restore is P9, or P8 when the model says who must refuse it. After every
+step: the history's P2, the ledgers' P5 and P12, a re-read of every committed checkpoint, which must never change
+(P9; read in full only when a file changed), and the telemetry files' new lines against the controller's calls
+(P26). At the end: P5 over every ledger, P13 and P26. The audits judge with the properties' named functions; they
+hold only what they must compare later (each committed checkpoint's fingerprints).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ckpt_model import timing
 from ckpt_model.deployments.harness import Harness
 from ckpt_model.deployments.observe import observe
+from ckpt_model.errors import CoordinationError, ParticipantFailure
 from ckpt_model.model.contract import Attempt, Model
 from ckpt_model.model.lineage import next_key
 from ckpt_model.model.outcome import Identity, Outcome, ledger_chain, normalised
 from ckpt_model.properties.continuation import p2_no_reply_while_prepared, p14_resumed_equals_uninterrupted
-from ckpt_model.properties.durability import p9_unchanged, p9_verifies
-from ckpt_model.properties.fencing import p10_reply_phase
+from ckpt_model.properties.durability import (
+    p9_restores,
+    p9_unchanged,
+    p9_verifies,
+    p16_no_manifest,
+    p16_retry_commits,
+    p16_still_prepared,
+    p16_write_refused,
+)
+from ckpt_model.properties.fencing import (
+    p10_each_refused,
+    p10_prepared_despite_hung_cut,
+    p10_prepared_everywhere,
+    p10_reply_phase,
+)
 from ckpt_model.properties.identifiers import (
     p15_manifest_names_share,
     p15_restore_names_source,
     p15_restored_next_attempts,
 )
-from ckpt_model.properties.scope import p1_exports_exact, p1_replied_or_exported
-from ckpt_model.properties.state import p6_exported_state, p6_restored, p13_clean_end, record_key
+from ckpt_model.properties.scope import (
+    p1_exports_exact,
+    p1_replied_or_exported,
+    p1_restart_in_scope_refused,
+    p1_restarts_reported,
+)
+from ckpt_model.properties.state import (
+    p6_exported_state,
+    p6_restored,
+    p8_not_refused,
+    p8_refused_by,
+    p13_clean_end,
+    record_key,
+)
+from ckpt_model.properties.verification import p11_blocked, p11_prepared_once_verified
 from ckpt_model.protocol.client import Participant
 from ckpt_model.protocol.history import History
 from ckpt_model.protocol.ledger import LedgerRow, Manifest
@@ -43,6 +73,7 @@ from ckpt_model.protocol.storage import (
     read_records,
 )
 from ckpt_model.protocol.wire import EpisodeId
+from ckpt_model.trainer.controller import Prepared
 from ckpt_model.trainer.ledger_watch import LedgerWatch
 from ckpt_model.trainer.runs import RunPool
 from ckpt_model.trainer.telemetry_watch import TelemetryWatch
@@ -171,6 +202,79 @@ class Audits:
                 continue
             expected = [next_key(key) for key in share.episode_ids if key in exported]
             p15_restored_next_attempts(restore_id, member.name, expected, replies[member.name].get("restored"))
+
+    # -- a prepare's outcome ----------------------------------------------------------------------------------
+
+    def prepared(self, model: Model, checkpoint_id: str, replies: Mapping[str, Any]) -> None:
+        """P1 at a prepare: the restart servers report exactly the running restarts, and nobody reports another."""
+        p1_restarts_reported(checkpoint_id, model.restarts(), replies)
+
+    def prepared_everywhere(self, checkpoint_id: str, verifying: Sequence[str], outcome: Prepared) -> None:
+        """A prepare the model says must succeed became prepared everywhere (P10; an attempt in a `replay`
+        verification, among `verifying`, never blocks: P11)."""
+        p10_prepared_everywhere(checkpoint_id, outcome.prepared, outcome.blockers, verifying, outcome.waited_s)
+
+    def hung_cut_refused(self, checkpoint_id: str, deadline_s: float, error: CoordinationError) -> None:
+        """A prepare whose generation cut hangs must still be prepared within `deadline_s` (P10): its refusal."""
+        p10_prepared_despite_hung_cut(checkpoint_id, deadline_s, error)
+
+    def blocked(self, model: Model, checkpoint_id: str, blockers: Sequence[str], outcome: Prepared) -> None:
+        """P11: a short prepare meeting `wait` verifications ends blocked by exactly them, at the episode owner."""
+        p11_blocked(checkpoint_id, model.episode_owner, blockers, outcome.prepared, outcome.blockers)
+
+    def prepared_once_verified(self, checkpoint_id: str, verified: Sequence[str], outcome: Prepared) -> None:
+        """P11: a prepare that waited for `wait` verifications is prepared once they finished."""
+        p11_prepared_once_verified(checkpoint_id, verified, outcome.prepared, outcome.blockers)
+
+    # -- probes and refusals ----------------------------------------------------------------------------------
+
+    def refused(self, what: str, code: str, outcomes: Mapping[str, Any]) -> None:
+        """P10: every participant, asked on its own (`what`: the call, in words), refused it with `code`."""
+        p10_each_refused(what, code, outcomes)
+
+    def restart_in_scope_refused(self, checkpoint_id: str, outcomes: Mapping[str, Any]) -> None:
+        """P1: a commit naming a reported restart is refused with restart_in_scope by each participant asked."""
+        p1_restart_in_scope_refused(checkpoint_id, outcomes)
+
+    def restore_refused(self, source: str, restore_id: str, error: CoordinationError) -> None:
+        """P9: a committed checkpoint restores into fresh processes; `error`, its restore's refusal."""
+        p9_restores(source, restore_id, error)
+
+    def refused_restore(
+        self,
+        restore_id: str,
+        refusers: Collection[str],
+        why: str,
+        code: str,
+        error: CoordinationError | None,
+    ) -> None:
+        """P8: a restore that exactly `refusers` cannot install (`why`) is refused by them alone, with `code`, and
+        the controller's cleanup succeeds (`error`: the restore's refusal, None if every participant installed)."""
+        if error is None:
+            p8_not_refused(restore_id, refusers, why)
+            return
+        p8_refused_by(restore_id, refusers, why, error.failures, getattr(error, "__notes__", []), code)
+
+    # -- a write that fails on one participant (P16) ----------------------------------------------------------
+
+    def write_refused(
+        self, checkpoint_id: str, victim: str, fault: str, how: str, refusal: ParticipantFailure | None
+    ) -> None:
+        """The commit of `checkpoint_id` whose write met `fault` on `victim` (`how` it must be refused, a key of
+        `WRITE_REFUSAL`): refused by `victim` alone (`refusal`, None if it committed), its share holds no manifest,
+        and it is still prepared for a retry (its status, read now)."""
+        p16_write_refused(checkpoint_id, victim, fault, how, {} if refusal is None else {victim: refusal})
+        self.unpublished(checkpoint_id, victim, f"after its write met {fault}")
+        p16_still_prepared(checkpoint_id, victim, self.harness.statuses()[victim])
+
+    def unpublished(self, checkpoint_id: str, victim: str, when: str) -> None:
+        """P16: `victim`'s share of `checkpoint_id` holds no manifest `when` its write failed or was stopped."""
+        p16_no_manifest(checkpoint_id, victim, when, self.has_manifest(checkpoint_id, victim))
+
+    def retried_commit_refused(self, checkpoint_id: str, fault: str, error: CoordinationError) -> None:
+        """P16: the controller's retry of a commit whose write met `fault` commits everywhere; `error`, its
+        refusal."""
+        p16_retry_commits(checkpoint_id, fault, error)
 
     # -- after every step, and at the end ---------------------------------------------------------------------
 

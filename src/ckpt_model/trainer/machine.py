@@ -18,11 +18,7 @@ from ckpt_model.deployments.harness import (
 )
 from ckpt_model.errors import CoordinationError
 from ckpt_model.model.contract import Model
-from ckpt_model.properties.durability import p9_restores
-from ckpt_model.properties.fencing import p10_prepared_despite_hung_cut, p10_prepared_everywhere
-from ckpt_model.properties.scope import p1_restart_in_scope_refused
 from ckpt_model.properties.state import P7Violation
-from ckpt_model.properties.verification import p11_blocked, p11_prepared_once_verified
 from ckpt_model.protocol.history import History
 from ckpt_model.results.stats import SearchStats
 from ckpt_model.steps import checkable, draw, goals
@@ -160,9 +156,9 @@ class CheckpointMachine(
         try:
             outcome = self.controller.prepare_with_hung_cut(checkpoint_id)
         except CoordinationError as error:
-            p10_prepared_despite_hung_cut(checkpoint_id, HUNG_CUT_PREPARE_DEADLINE_S, error)
+            self.audits.hung_cut_refused(checkpoint_id, HUNG_CUT_PREPARE_DEADLINE_S, error)
             raise
-        p10_prepared_everywhere(checkpoint_id, outcome.prepared, outcome.blockers, [])
+        self.audits.prepared_everywhere(checkpoint_id, [], outcome)
         self.controller.renew(checkpoint_id)
         self._prepared(checkpoint_id, outcome.replies)
         self._advance(model, f"prepare_with_hung_cut() -> {checkpoint_id}, its cut hung; renewed")
@@ -178,7 +174,7 @@ class CheckpointMachine(
         blockers = self.model.blockers()
         model, checkpoint_id = self.model.prepare_blocked()
         outcome = self.controller.prepare_short(checkpoint_id)
-        p11_blocked(checkpoint_id, self.model.episode_owner, blockers, outcome.prepared, outcome.blockers)
+        self.audits.blocked(self.model, checkpoint_id, blockers, outcome)
         self.controller.resume(checkpoint_id)
         self._advance(model, f"prepare_blocked() -> {checkpoint_id} blocked by {blockers}; resume({checkpoint_id})")
         for key in blockers:
@@ -201,7 +197,7 @@ class CheckpointMachine(
             self.controller.release(blockers)
 
         outcome = self.controller.prepare_waiting(checkpoint_id, release_blockers)
-        p11_prepared_once_verified(checkpoint_id, blockers, outcome.prepared, outcome.blockers)
+        self.audits.prepared_once_verified(checkpoint_id, blockers, outcome)
         self._prepared(checkpoint_id, outcome.replies)
         self._advance(model, f"prepare_waiting() -> {checkpoint_id}; {blockers} finished during it")
 
@@ -210,7 +206,7 @@ class CheckpointMachine(
         """Commit every unfinished attempt; P1 on every reply and share, P9 (it verifies), P6 (exported state)."""
         checkpoint_id, scope = self.model.opened, self.model.scope()
         refusals = self.controller.probe_commit_naming_restarts(checkpoint_id, scope, self.model.restarts())
-        p1_restart_in_scope_refused(checkpoint_id, refusals)
+        self.audits.restart_in_scope_refused(checkpoint_id, refusals)
         directory, episodes = str(self.controller.directory(checkpoint_id)), episodes_of(scope)
         self._refused_past_deadline("commit", checkpoint_id, checkpoint_dir=directory, episode_ids=episodes)
         replies = self.controller.commit(checkpoint_id, scope)
@@ -237,7 +233,7 @@ class CheckpointMachine(
         try:
             replies = self.controller.restore(restore_id, checkpoint.checkpoint_id, checkpoint.exported)
         except CoordinationError as error:
-            p9_restores(checkpoint.checkpoint_id, restore_id, error)
+            self.audits.restore_refused(checkpoint.checkpoint_id, restore_id, error)
             raise
         self.audits.restored(checkpoint.checkpoint_id, restore_id, checkpoint.exported, replies)
         self.controller.resume(restore_id)

@@ -21,10 +21,7 @@ from hypothesis.stateful import RuleBasedStateMachine
 from ckpt_model.deployments.harness import LOSABLE_OPERATIONS, Harness
 from ckpt_model.errors import CoordinationError, HarnessError, ParticipantFailure, PropertyViolation
 from ckpt_model.model.contract import Attempt, Checkpoint, Model
-from ckpt_model.properties.durability import p16_no_manifest, p16_retry_commits, p16_still_prepared, p16_write_refused
-from ckpt_model.properties.fencing import p10_each_refused, p10_prepared_everywhere
-from ckpt_model.properties.scope import p1_restarts_reported
-from ckpt_model.properties.state import P7Violation, p8_not_refused, p8_refused_by
+from ckpt_model.properties.state import P7Violation
 from ckpt_model.protocol.history import History
 from ckpt_model.steps.steplog import StepLog
 from ckpt_model.trainer.audits import Audits
@@ -128,14 +125,14 @@ class MachineBase(RuleBasedStateMachine):
     def _refused(self, operation: str, checkpoint_id: str, code: str, names: list[str] | None = None) -> None:
         """`operation` naming `checkpoint_id`, sent to each participant (or those `names`), is refused with `code`."""
         outcomes = self.controller.probe(operation, checkpoint_id, names)
-        p10_each_refused(f"{operation}({checkpoint_id})", code, outcomes)
+        self.audits.refused(f"{operation}({checkpoint_id})", code, outcomes)
 
     def _refused_past_deadline(self, operation: str, checkpoint_id: str, **arguments: Any) -> None:
         """`operation` of `checkpoint_id` (with the arguments the controller is about to send), its deadline passed
         a second ago, is refused by every participant with `deadline_exceeded` (P10); the call that follows sees
         nothing of it."""
         outcomes = self.controller.probe_past_deadline(operation, checkpoint_id, **arguments)
-        p10_each_refused(f"{operation}({checkpoint_id}) past its deadline", "deadline_exceeded", outcomes)
+        self.audits.refused(f"{operation}({checkpoint_id}) past its deadline", "deadline_exceeded", outcomes)
 
     def _may_checkpoint(self) -> bool:
         """With a gated backend a checkpoint needs some rollout unfinished (one with nothing in flight checks
@@ -187,13 +184,11 @@ class MachineBase(RuleBasedStateMachine):
         """How a prepare of `checkpoint_id` the model says must succeed is judged when it ends not prepared (P10; an
         attempt in a `replay` verification never blocks, P11), as the `prepare` rule judges it."""
         verifying = [a.key for a in self.model.with_status("running") if a.verifying]
-        return lambda outcome: p10_prepared_everywhere(
-            checkpoint_id, outcome.prepared, outcome.blockers, verifying, outcome.waited_s
-        )
+        return lambda outcome: self.audits.prepared_everywhere(checkpoint_id, verifying, outcome)
 
     def _prepared(self, checkpoint_id: str, replies: dict[str, Any]) -> None:
         """P1: the restarts are reported; P10: every participant refuses a prepare of another ID."""
-        p1_restarts_reported(checkpoint_id, self.model.restarts(), replies)
+        self.audits.prepared(self.model, checkpoint_id, replies)
         self._refused("prepare", f"other{self.model.checkpoint_seq + 1}", "checkpoint_conflict")
 
     def _write_fault(
@@ -222,10 +217,7 @@ class MachineBase(RuleBasedStateMachine):
         self.audits.partial_commit(self.model, checkpoint_id, others, replies)
         refusal = meet(fault, checkpoint_id, scope)
         try:
-            p16_write_refused(checkpoint_id, name, fault.label, how, {} if refusal is None else {name: refusal})
-            when = f"after its write met {fault.label}"
-            p16_no_manifest(checkpoint_id, name, when, self.audits.has_manifest(checkpoint_id, name))
-            p16_still_prepared(checkpoint_id, name, self.harness.statuses()[name])
+            self.audits.write_refused(checkpoint_id, name, fault.label, how, refusal)
         except PropertyViolation:
             if release is not None:  # the violation is the verdict, whatever the release meets
                 with contextlib.suppress(HarnessError):
@@ -235,14 +227,17 @@ class MachineBase(RuleBasedStateMachine):
         if then_retry:
             if release is not None:
                 release(fault)
-            self._commit_again(checkpoint_id, scope, lambda error: p16_retry_commits(checkpoint_id, fault.label, error))
+            self._commit_again(
+                checkpoint_id,
+                scope,
+                lambda error: self.audits.retried_commit_refused(checkpoint_id, fault.label, error),
+            )
             self._advance(self.model.commit()[0], label + "; commit retried")
             return
         self.controller.resume(checkpoint_id)
         if release is not None:
             release(fault)
-            when = "after a resume stopped its stalled write"
-            p16_no_manifest(checkpoint_id, name, when, self.audits.has_manifest(checkpoint_id, name))
+            self.audits.unpublished(checkpoint_id, name, "after a resume stopped its stalled write")
         self._left_incomplete(checkpoint_id, label)
 
     def _commit_refusal(
@@ -338,10 +333,9 @@ class MachineBase(RuleBasedStateMachine):
         try:
             self.controller.restore(restore_id, source.checkpoint_id, source.exported, copy)
         except CoordinationError as error:
-            notes = getattr(error, "__notes__", [])
-            p8_refused_by(restore_id, refusers, why, error.failures, notes, code)
+            self.audits.refused_restore(restore_id, refusers, why, code, error)
         else:
-            p8_not_refused(restore_id, refusers, why)
+            self.audits.refused_restore(restore_id, refusers, why, code, None)
 
     def _forget(self, rollouts: list[str]) -> None:
         model, forget_id = self.model.issue_id("forget")

@@ -11,12 +11,13 @@ import pytest
 from ckpt_model.model.contract import Model
 from ckpt_model.properties.fencing import P10Violation
 from ckpt_model.properties.verification import P11Violation
+from ckpt_model.trainer.audits import Audits
 from ckpt_model.trainer.nemeses.clocks import Clocks
 
 
 def clocks_over(model: Model, phase: str, reads: list[str] | None = None) -> Clocks:
-    """The clocks family's rules, nothing else built, on `model`, whose one participant reports `phase` (each
-    status read appended to `reads`)."""
+    """The clocks family's rules and the audits that judge them, nothing else built, on `model`, whose one
+    participant reports `phase` (each status read appended to `reads`)."""
     status = {"phase": phase, "checkpoint_id": "c1", "report": {"blockers": ["r0"]}}
 
     def statuses() -> dict[str, object]:
@@ -27,6 +28,7 @@ def clocks_over(model: Model, phase: str, reads: list[str] | None = None) -> Clo
     machine.model = model
     machine.quiescence = types.SimpleNamespace(timeout_s=0.0)  # type: ignore[assignment]
     machine.harness = types.SimpleNamespace(statuses=statuses)  # type: ignore[assignment]
+    machine.audits = object.__new__(Audits)
     return machine
 
 
