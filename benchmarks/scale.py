@@ -4,9 +4,9 @@
     python benchmarks/scale.py --pool 4000
 
 With `--pool N`, it instead measures one hop of the stack on its own: the CPU a client spends to put N requests in
-flight at a gated fake backend and to get them back, with the servers' peer client (`fakes.gym.http.new_client`)
-and with an httpx client on httpx's own connection pool, which scans every connection whenever a request starts
-or ends (quadratic in the requests in flight).
+flight at a gated fake backend and to get them back, with the servers' peer client
+(`fakes.gym.protocol.http.new_client`) and with an httpx client on httpx's own connection pool, which scans every
+connection whenever a request starts or ends (quadratic in the requests in flight).
 
 Runs `ckpt_model.modes.scale.run_scale` on the look-alike stack (native topology) and prints each stage as it ends,
 then the stage table (dispatch, prepare, commit, crash, restore, resume, replacement), the records each
@@ -34,7 +34,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "src")]  # run from a checkout without ins
 from ckpt_model.errors import HarnessError, PropertyViolation  # noqa: E402 - after the path set-up above
 from ckpt_model.interrupts import sigterm_unwinds  # noqa: E402
 from ckpt_model.modes.scale import FINISHED_SHARE, raise_fd_limit, run_scale  # noqa: E402
-from fakes.gym.http import new_client  # noqa: E402
+from fakes.gym.protocol.http import new_client  # noqa: E402
 from fakes.ports import free_port  # noqa: E402
 
 BACKEND_START_TIMEOUT_S = 30.0

@@ -43,10 +43,10 @@ from fastapi import FastAPI, Header, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from fakes.gym.generation_cut import GenerationCutContinuation, GenerationCutInventory, canonical_digest
-from fakes.gym.http import SERVER_KEEP_ALIVE_S, ClientGone, unless_client_gone
+from fakes.gym.protocol.generation_cut import GenerationCutContinuation, GenerationCutInventory, canonical_digest
+from fakes.gym.protocol.http import SERVER_KEEP_ALIVE_S, ClientGone, unless_client_gone
+from fakes.gym.protocol.wire import BEARER_PREFIX, GENERATION_CUT_ROUTE, error_body
 from fakes.gym.server_logs import uvicorn_logging
-from fakes.gym.wire import BEARER_PREFIX, GENERATION_CUT_ROUTE, error_body
 
 MODEL_NAME = "fake-model"
 CAPTURE_KEY_HEADER = "x-ng-capture-key"
@@ -55,7 +55,7 @@ CAPTURE_KEY_HEADER = "x-ng-capture-key"
 CALL_KIND_HEADER = "x-ng-call-kind"
 CALL_KINDS = ("policy", "judge")
 # The policy worker (its index) that served a call, sent by a worker of a multi-worker model server
-# (`fakes.gym.placement`); recorded as the call's `worker` (None: a single process, or a judge).
+# (`fakes.gym.workers.placement`); recorded as the call's `worker` (None: a single process, or a judge).
 POLICY_WORKER_HEADER = "x-ckpt-policy-worker"
 FINAL_TEXT = "It is cold in SF."
 TOKENS_MAX = 64

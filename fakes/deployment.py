@@ -25,7 +25,7 @@ from fakes import clock
 from fakes.collection.config import COLLECTION_FAULTS, CollectionFault
 from fakes.faults import CATALOGUE, Fault
 from fakes.gym.config import DEFAULT_LEASE_GRACE_S
-from fakes.gym.wire import PLACEMENT_ROUTE, WORKERS_ROUTE, bearer
+from fakes.gym.protocol.wire import PLACEMENT_ROUTE, WORKERS_ROUTE, bearer
 from fakes.process_groups import poll_until
 from fakes.server_processes import StackStartError, health_client
 from fakes.stack import Stack
@@ -83,9 +83,9 @@ class EmbeddedDeployment:
         self.lease_grace_s = self.stack.lease_grace_s
         self.token_capture = token_capture
         self.generation_cuts = generation_cuts
-        # uvicorn workers of the policy model server behind its one port (`fakes.gym.coordinator_process`).
+        # uvicorn workers of the policy model server behind its one port (`fakes.gym.workers.coordinator_process`).
         self.policy_workers = self.stack.policy_workers
-        # ... and of each environment, agent and resources server (`fakes.gym.participant_workers`).
+        # ... and of each environment, agent and resources server (`fakes.gym.servers.participant_workers`).
         self.server_workers = self.stack.server_workers
         # The placement of episodes on those workers (`place_calls`), set again on every fresh server.
         self._placement: dict[str, int] = {}
@@ -155,7 +155,8 @@ class EmbeddedDeployment:
         self.stack.clear_telemetry()
 
     def lose_unsynced(self) -> None:
-        """After `crash_gym`, a power cut: the checkpoints keep only what was fsynced (`fakes.gym.durability`)."""
+        """After `crash_gym`, a power cut: the checkpoints keep only what was fsynced
+        (`fakes.gym.faults.power_cuts`)."""
         self.stack.lose_unsynced()
 
     def restart_server(self, name: str) -> dict[str, str]:
@@ -177,7 +178,7 @@ class EmbeddedDeployment:
         self.stack.continue_server(name)
 
     def lose_reply(self, name: str, operation: str) -> None:
-        """Cut off the reply to one server's next call of `operation` after it ran (`fakes.gym.lost_replies`)."""
+        """Cut off the reply to one server's next call of `operation` after it ran (`fakes.gym.faults.lost_replies`)."""
         self._look_alike_route(name, "/_ctl/lost-replies", post=True, body={"operation": operation})
 
     def lost_replies(self, name: str) -> int:
@@ -185,7 +186,7 @@ class EmbeddedDeployment:
         return int(self._look_alike_route(name, "/_ctl/lost-replies")["lost"])
 
     def fail_hook(self, name: str, hook: str) -> None:
-        """Make one server's next call of its `hook` (close, export, install) fail (`fakes.gym.hook_faults`)."""
+        """Make one server's next call of its `hook` (close, export, install) fail (`fakes.gym.faults.hooks`)."""
         self._look_alike_route(name, "/_ctl/hooks", post=True, body={"hook": hook})
 
     def failed_hooks(self, name: str) -> int:
@@ -224,8 +225,8 @@ class EmbeddedDeployment:
     def place_calls(self, placement: Mapping[str, int]) -> None:
         """From now on every request of capture key K is served by worker `placement[K]` (an index, modulo the
         server's workers) of every multi-worker server, whichever worker accepts its connection: the policy
-        model's generation calls (`fakes.gym.placement`), the other servers' episode and session requests
-        (`fakes.gym.session_routing`); kept, and set again on a fresh server."""
+        model's generation calls (`fakes.gym.workers.placement`), the other servers' episode and session requests
+        (`fakes.gym.workers.session_routing`); kept, and set again on a fresh server."""
         self._placement = dict(placement)
         self._send_placement()
 
@@ -247,8 +248,8 @@ class EmbeddedDeployment:
 
     def kill_worker(self, name: str, index: int) -> int:
         """SIGKILL worker `index` of server `name` (several workers) alone; its pid. The server goes on with the
-        others; what that worker held dies with it (`fakes.gym.session_routing` answers its episodes 410). Returns
-        once the server's coordinator no longer counts it."""
+        others; what that worker held dies with it (`fakes.gym.workers.session_routing` answers its episodes 410).
+        Returns once the server's coordinator no longer counts it."""
         pid = self._live_workers(name).get(index)
         if pid is None:
             raise RuntimeError(f"{name} has no live worker {index} (live: {sorted(self._live_workers(name))})")
@@ -268,7 +269,8 @@ class EmbeddedDeployment:
         return {int(worker["index"]): int(worker["pid"]) for worker in reply.json()["workers"]}
 
     def arm_failpoint(self, name: str, point: str) -> None:
-        """Arm a failpoint in one Gym server (`fakes.gym.failpoints`): its work stops there once it gets there."""
+        """Arm a failpoint in one Gym server (`fakes.gym.faults.failpoints`): its work stops there once it gets
+        there."""
         self._look_alike_route(name, f"/_ctl/failpoints/{point}", post=True)
 
     def failpoint_reached(self, name: str, point: str) -> bool:
@@ -276,7 +278,7 @@ class EmbeddedDeployment:
         return point in self._look_alike_route(name, "/_ctl/failpoints")["reached"]
 
     def break_storage(self, name: str, point: str, how: str) -> None:
-        """Fail or stall one server's next checkpoint write at `point` (`fakes.gym.storage_faults`)."""
+        """Fail or stall one server's next checkpoint write at `point` (`fakes.gym.faults.storage`)."""
         self._look_alike_route(name, "/_ctl/storage", post=True, body={"point": point, "how": how})
 
     def storage_state(self, name: str) -> dict[str, Any]:

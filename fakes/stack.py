@@ -39,8 +39,8 @@ from fakes.gym.config import (
     check_capture,
     lease_grace,
 )
-from fakes.gym.durability import lose_unsynced
-from fakes.gym.runtime import remove_runtime_dir
+from fakes.gym.faults.power_cuts import lose_unsynced
+from fakes.gym.workers.runtime import remove_runtime_dir
 from fakes.ports import free_port
 from fakes.process_groups import all_stopped, kill, members, none_stopped, poll_until
 from fakes.server_processes import (
@@ -120,9 +120,10 @@ class Stack:
         self.verify_mode = ""
         self.token_capture = False
         self.generation_cuts = False
-        # uvicorn workers of the policy model server (`fakes.gym.coordinator_process`); the other servers run one each.
+        # uvicorn workers of the policy model server (`fakes.gym.workers.coordinator_process`); the other servers run
+        # one each.
         self.policy_workers = 1
-        # uvicorn workers of each environment, agent and resources server (`fakes.gym.participant_workers`).
+        # uvicorn workers of each environment, agent and resources server (`fakes.gym.servers.participant_workers`).
         self.server_workers = 1
         self.redeploy(
             topology,
@@ -152,7 +153,7 @@ class Stack:
         self.checkpoint_root = self.state_dir / "checkpoints"
         # Every fsync of the store, so a power cut can be applied to the checkpoints (`lose_unsynced`).
         self.durability_journal = self.state_dir / "durability.jsonl"
-        # Each Gym server process's spans and metrics (`fakes.gym.telemetry`); None records none.
+        # Each Gym server process's spans and metrics (`fakes.gym.control.telemetry`); None records none.
         self.telemetry_dir: Path | None = self.state_dir / "telemetry" if telemetry else None
         self._ports: dict[str, int] = {}
         self._http: httpx.Client | None = None

@@ -17,8 +17,8 @@ start binds the port and passes the standby the listening socket (SCM_RIGHTS); i
 its socket pair, so the start needs no health check over HTTP. A start without a usable standby builds (prepares) a
 new config here first and forks a child that serves it, so the standbys forked after share that one build.
 
-A server with several workers (`ServerConfig.workers`, see `fakes.gym.coordinator_process`) starts the same way: its
-child becomes the coordinator, forks its workers (each starts its loop and lifespan and waits) and hands each the
+A server with several workers (`ServerConfig.workers`, see `fakes.gym.workers.coordinator_process`) starts the same way:
+its child becomes the coordinator, forks its workers (each starts its loop and lifespan and waits) and hands each the
 listening socket; its standby forks and builds them before it reports READY, waits for the socket without an event
 loop (a process that runs one must not fork), and says SERVING only once every worker has registered.
 
@@ -61,10 +61,10 @@ from typing import IO, Any, NoReturn
 import attrs
 
 from fakes import process_groups
-from fakes.fd_passing import receive_fds
-from fakes.gym.runtime import remove_runtime_dir
 from fakes.gym.serve import build_config, listening_socket, touch_stateless_routes
 from fakes.gym.server_logs import uvicorn_logging
+from fakes.gym.workers.fd_passing import receive_fds
+from fakes.gym.workers.runtime import remove_runtime_dir
 from fakes.zygote_protocol import write_message
 
 # How long a ping waits for the standbys to be built; how long stopping waits for the children to be gone.
@@ -98,13 +98,6 @@ HANDLED_SIGNALS = (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 def warm_up() -> float:
     """Import and exercise everything a server runs, so a forked child pays none of it; returns the cost in ms."""
     started_s = time.perf_counter()
-    import fakes.gym.agent
-    import fakes.gym.environment
-    import fakes.gym.model
-    import fakes.gym.model_workers
-    import fakes.gym.participant_workers
-    import fakes.gym.resources
-    import fakes.gym.serve  # noqa: F401 - imported for its side effect: loaded before any fork
 
     with tempfile.TemporaryDirectory(prefix="ckpt-forkserver-warm-up-") as capture_dir:
         # asyncio.run closes its loop and joins the default executor's threads before it returns.
@@ -123,8 +116,8 @@ async def _warm_up_requests(capture_dir: str) -> None:
     import uvicorn
 
     from fakes.gym.config import ROLES, ServerConfig
+    from fakes.gym.protocol.wire import CHECKPOINT_ROUTE_PREFIX
     from fakes.gym.serve import build_app
-    from fakes.gym.wire import CHECKPOINT_ROUTE_PREFIX
 
     peers = dict.fromkeys(("environment", "agent", "resources", "policy_model"), WARM_UP_PEER_URL)
     headers = {"Authorization": f"Bearer {WARM_UP_TOKEN}"}
@@ -608,7 +601,7 @@ def run_standby(config_json: str, config: Any, channel: socket.socket, on_promot
 def run_coordinator_standby(
     config_json: str, config: Any, channel: socket.socket, on_promotion: Callable[[], None]
 ) -> int:
-    """A standby of a server with several workers (`fakes.gym.coordinator_process`): it forks its workers, which
+    """A standby of a server with several workers (`fakes.gym.workers.coordinator_process`): it forks its workers, which
     start their loops and lifespans and wait for the listening socket, then reports READY and waits, without an
     event loop (a process that runs one must not fork), for the socket; it hands it to every worker, becomes their
     coordinator, and says SERVING once every worker has registered."""

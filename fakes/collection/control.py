@@ -17,7 +17,7 @@ import httpx
 
 from fakes.collection.layout import Episode
 from fakes.collection.tracing import ControllerTracing
-from fakes.gym.wire import CHECKPOINT_ROUTE_PREFIX
+from fakes.gym.protocol.wire import CHECKPOINT_ROUTE_PREFIX
 
 PREPARE_ORDER = ("environment", "model", "agent", "resources")
 RETIRE_ORDER = (("environment",), ("agent",), ("model", "resources"))

@@ -20,7 +20,7 @@ from typing import Any
 
 import attrs
 
-from fakes.gym.wire import key_of
+from fakes.gym.protocol.wire import key_of
 
 MANIFEST = "collection.json"
 LATEST = "LATEST"

@@ -25,7 +25,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from fakes.gym.telemetry import JsonLinesSink, JsonLinesSpanExporter
+from fakes.gym.control.telemetry import JsonLinesSink, JsonLinesSpanExporter
 
 ROOT_PREFIX = "gym.checkpoint.collection."
 COORDINATE_PREFIX = "gym.checkpoint.coordinate."

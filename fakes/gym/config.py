@@ -20,9 +20,9 @@ ROLES: tuple[str, ...] = ("environment", "legacy_relay", "agent", "resources", "
 # Reference 8.1; `restart_only` is Gym's default for resources servers nobody audited.
 RESOURCES_MODES: tuple[str, ...] = ("stateless", "exported", "restart_only")
 DEFAULT_LEASE_GRACE_S = 600.0
-# Servers that can run several uvicorn workers behind their port (`fakes.gym.coordinator_process`): the policy
-# model (`fakes.gym.model_workers`) and every other participant (`fakes.gym.participant_workers`); the legacy relay,
-# which keeps nothing, is one process.
+# Servers that can run several uvicorn workers behind their port (`fakes.gym.workers.coordinator_process`): the policy
+# model (`fakes.gym.policy.model_workers`) and every other participant (`fakes.gym.servers.participant_workers`); the
+# legacy relay, which keeps nothing, is one process.
 MULTI_WORKER_ROLES: tuple[str, ...] = ("environment", "agent", "resources", "policy_model")
 PARTICIPANT_WORKER_ROLES: tuple[str, ...] = ("environment", "agent", "resources")
 
@@ -65,7 +65,8 @@ class ServerConfig:
     resources_server: str = "resources"
     verify_mode: str = attrs.field(default="wait", validator=attrs.validators.in_(("wait", "replay")))
     verify_judge: bool = False
-    # Where the store records every fsync (`fakes.gym.durability`), so a power cut can be applied; "" records none.
+    # Where the store records every fsync (`fakes.gym.faults.power_cuts`), so a power cut can be applied; "" records
+    # none.
     durability_journal: str = ""
     # The policy model's token capture (capture ledger under `capture_dir`, its control routes under the bearer
     # `capture_token`) and generation cuts (reference 7.2, 7.3); other roles ignore them.
@@ -75,7 +76,7 @@ class ServerConfig:
     # uvicorn worker processes behind the one port; more than one makes the server a coordinator (reference 1.4).
     workers: int = 1
     # Where each process that runs this server's control plane writes its spans and metrics
-    # (`<telemetry_dir>/<name>-<pid>.jsonl`, `fakes.gym.telemetry`); "" records none.
+    # (`<telemetry_dir>/<name>-<pid>.jsonl`, `fakes.gym.control.telemetry`); "" records none.
     telemetry_dir: str = ""
 
     def __attrs_post_init__(self) -> None:

@@ -1,7 +1,7 @@
 """Entry point of one look-alike server process: `python -m fakes.gym.serve` with `CKPT_FAKES_SERVER` set.
 
 A server configured with several workers (`ServerConfig.workers`) becomes their coordinator
-(`fakes.gym.coordinator_process`): `build_app` then builds the app each worker serves.
+(`fakes.gym.workers.coordinator_process`): `build_app` then builds the app each worker serves.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from fakes.gym.config import ServerConfig
-from fakes.gym.http import SERVER_KEEP_ALIVE_S
+from fakes.gym.protocol.http import SERVER_KEEP_ALIVE_S
 from fakes.gym.server_logs import uvicorn_logging
 
 LISTEN_BACKLOG = 2048  # uvicorn's default
@@ -24,19 +24,19 @@ LISTEN_BACKLOG = 2048  # uvicorn's default
 def build_app(config: ServerConfig) -> FastAPI:
     """The app for the server's role; imports stay local so each process loads only what it serves."""
     if config.workers > 1 and config.role != "policy_model":
-        from fakes.gym.participant_workers import build_worker_app as build
+        from fakes.gym.servers.participant_workers import build_worker_app as build
     elif config.role == "environment":
-        from fakes.gym.environment import build_app as build
+        from fakes.gym.servers.environment import build_app as build
     elif config.role == "legacy_relay":
-        from fakes.gym.environment import build_relay_app as build
+        from fakes.gym.servers.environment import build_relay_app as build
     elif config.role == "agent":
-        from fakes.gym.agent import build_app as build
+        from fakes.gym.servers.agent import build_app as build
     elif config.role == "resources":
-        from fakes.gym.resources import build_app as build
+        from fakes.gym.servers.resources import build_app as build
     elif config.workers > 1:
-        from fakes.gym.model_workers import build_worker_app as build
+        from fakes.gym.policy.model_workers import build_worker_app as build
     else:
-        from fakes.gym.model import build_app as build
+        from fakes.gym.policy.model import build_app as build
     return build(config)
 
 
@@ -70,7 +70,7 @@ async def touch_stateless_routes(app: Any) -> None:
     for one example, so each route's first request is most of them."""
     import httpx
 
-    from fakes.gym.wire import CHECKPOINT_ROUTE_PREFIX
+    from fakes.gym.protocol.wire import CHECKPOINT_ROUTE_PREFIX
 
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://warm-up") as client:
         await client.get("/health")
@@ -96,14 +96,14 @@ def serve_workers(
     """Run a server with several workers in this process, as their coordinator; the exit code. `listening` is its
     listening socket, or what gives it once the workers are built (bound here if None); `app_config` uvicorn's
     config with the worker app (built if None); `on_serving` runs once every worker has registered."""
-    from fakes.gym.coordinator_process import serve_with_workers
+    from fakes.gym.workers.coordinator_process import serve_with_workers
 
     if config.role == "policy_model":
-        from fakes.gym.model_workers import POLICY_SOCKET_ENV as socket_env
-        from fakes.gym.model_workers import coordinator_control_plane
+        from fakes.gym.policy.model_workers import POLICY_SOCKET_ENV as socket_env
+        from fakes.gym.policy.model_workers import coordinator_control_plane
     else:
-        from fakes.gym.participant_workers import COORDINATOR_SOCKET_ENV as socket_env
-        from fakes.gym.participant_workers import coordinator_control_plane
+        from fakes.gym.servers.participant_workers import COORDINATOR_SOCKET_ENV as socket_env
+        from fakes.gym.servers.participant_workers import coordinator_control_plane
 
     if app_config is None:
         app_config = build_config(config.to_json())

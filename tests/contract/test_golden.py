@@ -2,8 +2,8 @@
 
 The files under `golden/` are literal JSON written by hand from `shared/reference/gym-checkpoint-protocol.md`
 (`golden/README.md` names each file's section). Each side has its own description of the protocol (the checker's
-`ckpt_model.protocol.wire`, the stack's `fakes.gym.wire`; STYLE rule 2), so this is where a misreading on either side
-shows:
+`ckpt_model.protocol.wire`, the stack's `fakes.gym.protocol.wire`; STYLE rule 2), so this is where a misreading on
+either side shows:
 
 - request bodies: both sides' models parse every valid body and dump it back exactly (modulo the defaults the
   reference states), and refuse every invalid one; the checker's `request_body` and `ControlClient` build exactly
@@ -37,15 +37,15 @@ import httpx
 import pydantic
 import pytest
 
-import fakes.gym.errors as stack_errors
-import fakes.gym.store as stack_store
-import fakes.gym.wire as stack_wire
+import fakes.gym.control.store as stack_store
+import fakes.gym.protocol.errors as stack_errors
+import fakes.gym.protocol.wire as stack_wire
 from ckpt_model.errors import ParticipantFailure
 from ckpt_model.protocol import storage as checker_storage
 from ckpt_model.protocol import wire as checker_wire
 from ckpt_model.protocol.client import ControlClient, Participant, Participants, reply_problems, request_body
 from fakes.gym.config import ServerConfig
-from fakes.gym.gate import episode_of
+from fakes.gym.policy.gate import episode_of
 from fakes.gym.serve import build_app
 
 GOLDEN = Path(__file__).parent / "golden"

@@ -1,8 +1,8 @@
 """The checker and the system under test share no code (STYLE rule 2; SPEC section 2).
 
-`fakes/` has its own description of the protocol (`fakes.gym.wire`), so it must import nothing from `ckpt_model`:
-a schema both sides import would let a misreading of Gym's protocol hide on both sides at once. And `src/` must
-import nothing from `fakes/`: the checker reaches a deployment only through its deployment seam.
+`fakes/` has its own description of the protocol (`fakes.gym.protocol.wire`), so it must import nothing from
+`ckpt_model`: a schema both sides import would let a misreading of Gym's protocol hide on both sides at once. And `src/`
+must import nothing from `fakes/`: the checker reaches a deployment only through its deployment seam.
 
 Imports are read with `ast`, so nothing here is imported or run; `importlib.import_module("...")` and
 `__import__("...")` calls with a literal module name count as imports too.
@@ -47,7 +47,7 @@ def _imports_of(package: Path, forbidden: str) -> list[str]:
 
 
 def test_the_tree_is_where_this_test_expects_it() -> None:
-    assert (FAKES / "gym" / "wire.py").is_file()
+    assert (FAKES / "gym" / "protocol" / "wire.py").is_file()
     assert (SRC / "protocol" / "wire.py").is_file()
 
 

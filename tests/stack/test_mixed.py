@@ -14,7 +14,7 @@ from ckpt_model.protocol.client import PrepareResult, request_body
 from ckpt_model.protocol.gym_tasks import native_run_body
 from ckpt_model.protocol.storage import participant_dir, read_records
 from ckpt_model.protocol.wire import EpisodeId
-from fakes.gym.resources import SESSION_COOKIE, session_id_for
+from fakes.gym.servers.resources import SESSION_COOKIE, session_id_for
 from tests.stack.conftest import Deployment, InBackground, deadline, wait_until
 
 pytestmark = pytest.mark.processes

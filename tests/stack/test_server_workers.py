@@ -17,7 +17,7 @@ import pytest
 
 from ckpt_model.protocol.gym_tasks import native_run_body
 from ckpt_model.protocol.wire import EpisodeId
-from fakes.gym.wire import PLACEMENT_ROUTE, WORKERS_ROUTE, bearer
+from fakes.gym.protocol.wire import PLACEMENT_ROUTE, WORKERS_ROUTE, bearer
 from tests.stack import test_scenarios as scenarios
 from tests.stack.conftest import Deployment, process_gone, wait_until
 from tests.stack.test_scenarios import CONTINUED_EPISODES, Deploy, checkpoint, crash_and_restore, n_messages

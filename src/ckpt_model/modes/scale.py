@@ -63,7 +63,7 @@ ROLLOUT_PREFIX = "scale-"
 # (Gym's scenario 13); a share above 0 also checks rollouts that replied before it (the default run uses 0.125).
 FINISHED_SHARE = 0.0
 # Descriptors a server needs besides two per rollout: its listening socket and logs, and the idle keep-alive
-# connections it keeps to each peer (up to 256 a peer in fakes.gym.http).
+# connections it keeps to each peer (up to 256 a peer in fakes.gym.protocol.http).
 FDS_RESERVED = 1024
 # Descriptors a rollout in flight costs the processes that cannot be split: the checker's `/run` socket, the
 # backend's side of the waiting call.

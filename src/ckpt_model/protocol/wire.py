@@ -1,9 +1,9 @@
 """Gym's partial-rollout checkpoint protocol, described once as schemas.
 
 The controller client (`ckpt_model.protocol.client`) builds and reads these shapes. The look-alike stack in
-`fakes/` has its own description (`fakes.gym.wire`), written separately from the same reference, so a misreading
-cannot hide on both sides at once; `tests/contract` holds both to literal bodies from the reference. Nothing here
-does I/O.
+`fakes/` has its own description (`fakes.gym.protocol.wire`), written separately from the same reference, so a
+misreading cannot hide on both sides at once; `tests/contract` holds both to literal bodies from the reference. Nothing
+here does I/O.
 The facts come from the reference (`shared/reference/gym-checkpoint-protocol.md`, sections 2, 5 and 6).
 """
 

@@ -12,7 +12,12 @@ import httpx
 import pytest
 
 from fakes.backend import FINAL_TEXT, build_app, tokens_from_text
-from fakes.gym.generation_cut import GenerationCutInventory, GenerationCutPrefix, canonical_digest, validated_acks
+from fakes.gym.protocol.generation_cut import (
+    GenerationCutInventory,
+    GenerationCutPrefix,
+    canonical_digest,
+    validated_acks,
+)
 
 POLL_INTERVAL_S = 0.005
 TIMEOUT_S = 5.0

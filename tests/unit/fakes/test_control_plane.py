@@ -17,12 +17,12 @@ from fastapi import FastAPI
 
 from ckpt_model.protocol.wire import CHECKPOINT_ROUTE_PREFIX, EpisodeId
 from fakes import faults as fault_catalogue
-from fakes.gym import control_plane as control_plane_module
-from fakes.gym import store
 from fakes.gym.config import ServerConfig
-from fakes.gym.control_plane import ControlPlane
-from fakes.gym.errors import CheckpointStateError, ControlError, install_error_handlers
-from fakes.gym.participant import PrepareReport
+from fakes.gym.control import plane as control_plane_module
+from fakes.gym.control import store
+from fakes.gym.control.participant import PrepareReport
+from fakes.gym.control.plane import ControlPlane
+from fakes.gym.protocol.errors import CheckpointStateError, ControlError, install_error_handlers
 
 pytestmark = pytest.mark.anyio
 

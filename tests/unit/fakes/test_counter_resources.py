@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 
 from fakes.gym.config import ServerConfig
-from fakes.gym.control_plane import ControlPlane
-from fakes.gym.errors import CheckpointStateError
-from fakes.gym.resources import ResourcesCore, ResourcesParticipant
-from fakes.gym.wire import EpisodeId
+from fakes.gym.control.plane import ControlPlane
+from fakes.gym.protocol.errors import CheckpointStateError
+from fakes.gym.protocol.wire import EpisodeId
+from fakes.gym.servers.resources import ResourcesCore, ResourcesParticipant
 
 
 def participant(faults: frozenset[str] = frozenset()) -> ResourcesParticipant:

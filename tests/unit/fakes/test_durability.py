@@ -7,8 +7,8 @@ import os
 import shutil
 from pathlib import Path
 
-from fakes.gym.durability import Journal, lose_unsynced
-from fakes.gym.store import participant_dir, write_participant_state
+from fakes.gym.control.store import participant_dir, write_participant_state
+from fakes.gym.faults.power_cuts import Journal, lose_unsynced
 
 RECORDS = [{"episode_id": {"rollout_id": "r0", "attempt": 0}, "boundary": None}]
 

@@ -8,8 +8,8 @@ import asyncio
 import pytest
 
 from fakes import clock
-from fakes.gym.steps import Episode, EpisodeOwner
-from fakes.gym.wire import EpisodeId
+from fakes.gym.protocol.wire import EpisodeId
+from fakes.gym.servers.steps import Episode, EpisodeOwner
 
 
 def owner_with_one_episode(counts_parked_time: bool = False) -> tuple[EpisodeOwner, str, asyncio.Event]:

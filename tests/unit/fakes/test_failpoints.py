@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from fakes.gym import failpoints
-from fakes.gym.failpoints import BEFORE_INSTALL, BETWEEN_FILES, Failpoints
+from fakes.gym.faults import failpoints
+from fakes.gym.faults.failpoints import BEFORE_INSTALL, BETWEEN_FILES, Failpoints
 
 
 def test_an_unarmed_point_returns_at_once() -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from fakes.gym.generation_cut import (
+from fakes.gym.protocol.generation_cut import (
     GenerationCutInventory,
     GenerationCutPrefix,
     canonical_digest,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fakes.gym.hook_faults import HOOKS, HookFailure, HookFaults
+from fakes.gym.faults.hooks import HOOKS, HookFailure, HookFaults
 
 
 @pytest.mark.parametrize("hook", HOOKS)

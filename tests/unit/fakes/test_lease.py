@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from fakes.gym.lease import Lease
+from fakes.gym.control.lease import Lease
 
 pytestmark = pytest.mark.anyio
 

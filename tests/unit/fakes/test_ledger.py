@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from fakes.gym.errors import RolloutRetiredError
-from fakes.gym.ledger import FileLedger
+from fakes.gym.policy.ledger import FileLedger
+from fakes.gym.protocol.errors import RolloutRetiredError
 
 
 def row(call_id: str, parent: str | None = None) -> dict[str, str | None]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fakes.gym.lost_replies import LOSABLE, LostReplies
+from fakes.gym.faults.lost_replies import LOSABLE, LostReplies
 
 
 @pytest.mark.parametrize("operation", LOSABLE)

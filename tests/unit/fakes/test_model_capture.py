@@ -17,13 +17,13 @@ from typing import Any
 import httpx
 import pytest
 
-from fakes.gym.capture import GenerationCutter, TokenCapture, attempts_up_to
-from fakes.gym.errors import CheckpointStateError, ControlError
-from fakes.gym.gate import PolicyGate, Ticket
-from fakes.gym.generation_cut import request_digest
-from fakes.gym.ledger import FileLedger
-from fakes.gym.model import PolicyParticipant
-from fakes.gym.wire import EpisodeId
+from fakes.gym.policy.capture import GenerationCutter, TokenCapture, attempts_up_to
+from fakes.gym.policy.gate import PolicyGate, Ticket
+from fakes.gym.policy.ledger import FileLedger
+from fakes.gym.policy.model import PolicyParticipant
+from fakes.gym.protocol.errors import CheckpointStateError, ControlError
+from fakes.gym.protocol.generation_cut import request_digest
+from fakes.gym.protocol.wire import EpisodeId
 from tests.unit.fakes.movable_clock import MovableClock, loop_turns
 
 MESSAGES = [{"role": "user", "content": "Weather in SF?"}]

@@ -21,9 +21,9 @@ import pytest
 
 from ckpt_model.protocol.wire import CHECKPOINT_ROUTE_PREFIX, EpisodeId
 from fakes.gym.config import CONFIG_ENV, ServerConfig
-from fakes.gym.errors import CheckpointStateError, ControlError
-from fakes.gym.gate import PolicyGate
-from fakes.gym.model import PolicyParticipant
+from fakes.gym.policy.gate import PolicyGate
+from fakes.gym.policy.model import PolicyParticipant
+from fakes.gym.protocol.errors import CheckpointStateError, ControlError
 from fakes.ports import free_port
 
 pytestmark = pytest.mark.processes

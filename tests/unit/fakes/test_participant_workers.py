@@ -11,8 +11,10 @@ from typing import Any
 
 import pytest
 
-from fakes.gym.errors import CheckpointStateError
-from fakes.gym.participant_workers import (
+from fakes.gym.control.store import encode_record, record_line
+from fakes.gym.protocol.errors import CheckpointStateError
+from fakes.gym.protocol.wire import EpisodeId
+from fakes.gym.servers.participant_workers import (
     export_wire,
     keys_from_wire,
     keys_wire,
@@ -20,12 +22,10 @@ from fakes.gym.participant_workers import (
     records_from_wire,
     restore_refusal,
 )
-from fakes.gym.session_routing import SessionRouter, default_worker, key_in_path, key_in_run_body
-from fakes.gym.store import encode_record, record_line
-from fakes.gym.wire import EpisodeId
-from fakes.gym.worker_protocol import Framed
-from fakes.gym.worker_reports import merge_extras
-from fakes.gym.worker_routes import BulkyControlMiddleware
+from fakes.gym.workers.channel import Framed
+from fakes.gym.workers.reports import merge_extras
+from fakes.gym.workers.routes import BulkyControlMiddleware
+from fakes.gym.workers.session_routing import SessionRouter, default_worker, key_in_path, key_in_run_body
 
 
 def test_extras_unite_lists_sum_counts_and_keep_the_coordinators_configuration() -> None:

@@ -18,12 +18,10 @@ import attrs
 import pytest
 
 from fakes import clock
-from fakes.gym import runtime
 from fakes.gym.config import ServerConfig
-from fakes.gym.control_plane import ControlPlane
-from fakes.gym.coordinator import Worker, WorkerPool
-from fakes.gym.errors import ControlError, InvalidPhaseError, StaleAttemptError, UnauthorizedError
-from fakes.gym.model_workers import (
+from fakes.gym.control.participant import PrepareReport
+from fakes.gym.control.plane import ControlPlane
+from fakes.gym.policy.model_workers import (
     POLICY_SOCKET_ENV,
     CoordinatedPolicyParticipant,
     PolicyWorker,
@@ -31,11 +29,10 @@ from fakes.gym.model_workers import (
     export_records,
     install_refusal,
 )
-from fakes.gym.participant import PrepareReport
-from fakes.gym.placement import PLACED_HEADER, CallPlacement, placement_refusal
-from fakes.gym.wire import CheckpointRequest, CommitRequest, EpisodeId, RestoreRequest, RetireRequest
-from fakes.gym.worker_link import CONTROL_EXTRA_S, WorkerLink, control_timeout_s
-from fakes.gym.worker_protocol import (
+from fakes.gym.protocol.errors import ControlError, InvalidPhaseError, StaleAttemptError, UnauthorizedError
+from fakes.gym.protocol.wire import CheckpointRequest, CommitRequest, EpisodeId, RestoreRequest, RetireRequest
+from fakes.gym.workers import runtime
+from fakes.gym.workers.channel import (
     FRAME_BYTES_MAX,
     LIGHT_TIMEOUT_S,
     Channel,
@@ -46,7 +43,10 @@ from fakes.gym.worker_protocol import (
     encode_frame,
     read_frame,
 )
-from fakes.gym.worker_reports import merge_reports
+from fakes.gym.workers.coordinator import Worker, WorkerPool
+from fakes.gym.workers.link import CONTROL_EXTRA_S, WorkerLink, control_timeout_s
+from fakes.gym.workers.placement import PLACED_HEADER, CallPlacement, placement_refusal
+from fakes.gym.workers.reports import merge_reports
 
 TOKEN = "test-token"
 WAIT_TIMEOUT_S = 10.0

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from fakes.gym.agent import tools_server
 from fakes.gym.config import ServerConfig
-from fakes.gym.control_plane import ControlPlane
-from fakes.gym.resources import ResourcesCore, ResourcesParticipant
-from fakes.gym.steps import Episode, EpisodeOwner
-from fakes.gym.wire import EpisodeId
+from fakes.gym.control.plane import ControlPlane
+from fakes.gym.protocol.wire import EpisodeId
+from fakes.gym.servers.agent import tools_server
+from fakes.gym.servers.resources import ResourcesCore, ResourcesParticipant
+from fakes.gym.servers.steps import Episode, EpisodeOwner
 
 pytestmark = pytest.mark.anyio
 

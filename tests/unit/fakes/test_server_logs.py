@@ -52,7 +52,7 @@ def test_the_config_logs_requests_and_the_servers_own_lines_with_their_time(monk
         logging.config.dictConfig(log_config())
         logging.getLogger("uvicorn.access").handle(access_record("POST", "/run", 500))
         logging.getLogger("uvicorn.access").handle(access_record("GET", "/health", 200))
-        logging.getLogger("fakes.gym.work_runner").info("background checkpoint work ended")
+        logging.getLogger("fakes.gym.control.work_runner").info("background checkpoint work ended")
         logging.getLogger("uvicorn.error").info("Started server process")
     finally:
         for name, (handlers, level, propagate) in state.items():
@@ -62,5 +62,5 @@ def test_the_config_logs_requests_and_the_servers_own_lines_with_their_time(monk
     lines = stream.getvalue().splitlines()
     assert len(lines) == 2, lines
     assert lines[0].endswith('INFO 127.0.0.1:5000 "POST /run HTTP/1.1" 500 Internal Server Error')
-    assert lines[1].endswith("INFO fakes.gym.work_runner: background checkpoint work ended")
+    assert lines[1].endswith("INFO fakes.gym.control.work_runner: background checkpoint work ended")
     assert all(line[:4].isdigit() for line in lines)  # each starts with its date and time

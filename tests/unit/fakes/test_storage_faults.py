@@ -9,9 +9,7 @@ from typing import Any
 
 import pytest
 
-from fakes.gym.errors import CheckpointStateError
-from fakes.gym.storage_faults import POINTS, STALL_POINTS, StorageFaultError, StorageFaults
-from fakes.gym.store import (
+from fakes.gym.control.store import (
     MANIFEST_NAME,
     StopFlag,
     WriterFaults,
@@ -20,6 +18,8 @@ from fakes.gym.store import (
     read_participant_state,
     write_participant_state,
 )
+from fakes.gym.faults.storage import POINTS, STALL_POINTS, StorageFaultError, StorageFaults
+from fakes.gym.protocol.errors import CheckpointStateError
 
 KIND = "environment"
 INSTANCE = "environment"

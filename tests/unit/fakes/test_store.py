@@ -9,8 +9,7 @@ from typing import Any
 
 import pytest
 
-from fakes.gym.errors import CheckpointStateError
-from fakes.gym.store import (
+from fakes.gym.control.store import (
     MANIFEST_NAME,
     StopFlag,
     WriterFaults,
@@ -21,6 +20,7 @@ from fakes.gym.store import (
     record_line,
     write_participant_state,
 )
+from fakes.gym.protocol.errors import CheckpointStateError
 
 KIND = "environment"
 INSTANCE = "env-1"

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from fakes.gym.errors import ReplyLost, StaleCheckpointError
-from fakes.gym.telemetry import Telemetry, outcome_of
+from fakes.gym.control.telemetry import Telemetry, outcome_of
+from fakes.gym.protocol.errors import ReplyLost, StaleCheckpointError
 
 TRACE = "ab" * 16
 CALL = "cd" * 8

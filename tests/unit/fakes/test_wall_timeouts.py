@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from fakes.gym.wall_timeouts import WallTimeouts
+from fakes.gym.faults.wall_timeouts import WallTimeouts
 from tests.unit.fakes.movable_clock import MovableClock, loop_turns
 
 

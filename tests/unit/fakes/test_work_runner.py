@@ -6,15 +6,15 @@ import asyncio
 
 import pytest
 
-from fakes.gym.errors import (
+from fakes.gym.control.work_runner import Reply, Result, Work, WorkRunner
+from fakes.gym.protocol.errors import (
     CheckpointConflictError,
     DeadlineExceededError,
     InternalControlError,
     InvalidPhaseError,
     StaleCheckpointError,
 )
-from fakes.gym.wire import CommitRequest
-from fakes.gym.work_runner import Reply, Result, Work, WorkRunner
+from fakes.gym.protocol.wire import CommitRequest
 
 pytestmark = pytest.mark.anyio
 
