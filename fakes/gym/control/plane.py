@@ -5,11 +5,12 @@ a time, idempotent replay of completed operations, deadlines, the lease, storage
 server's `Participant` owns only its live state and is reached through its hooks, so all four servers answer
 the control routes identically.
 
+The routes and their bodies are `fakes.gym.control.routes`; the retired marks are `fakes.gym.control.retired`.
 How operations are serialised, bounded by their deadlines, run in the background and replayed is the
 `WorkRunner`'s (`fakes.gym.control.work_runner`); the lease's time and timer are the `Lease`'s
-(`fakes.gym.control.lease`). The prepare's readiness wait runs outside the lock too. A resume interrupts running work
-(cancels an export or a read, stops a write so it never publishes, waits for a cleanup or an install) before it re-opens
-admission.
+(`fakes.gym.control.lease`). The prepare's readiness wait runs outside the lock too. A resume interrupts running
+work (cancels an export or a read, stops a write so it never publishes, waits for a cleanup or an install) before
+it re-opens admission.
 """
 
 from __future__ import annotations
@@ -17,25 +18,33 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import hmac
 import logging
-import os
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Header
-from pydantic import BaseModel, Field
+from fastapi import APIRouter
 
 from fakes import clock
 from fakes.gym.config import ServerConfig
 from fakes.gym.control.lease import Lease
 from fakes.gym.control.participant import Participant, PrepareReport
+from fakes.gym.control.planted import PlantedFaults, coin_toss
+from fakes.gym.control.retired import RetiredAttempts
+from fakes.gym.control.routes import (
+    BULKY_OPERATIONS,
+    ClockSkewRequest,
+    HookFaultRequest,
+    LostReplyRequest,
+    StorageFaultRequest,
+    check_bearer,
+    control_router,
+    parse_forwarded,
+)
 from fakes.gym.control.store import (
     MANIFEST_NAME,
     EncodedRecord,
-    WriterFaults,
     collector_paused,
     participant_dir,
     read_participant_state,
@@ -44,11 +53,11 @@ from fakes.gym.control.store import (
 )
 from fakes.gym.control.telemetry import Telemetry
 from fakes.gym.control.work_runner import Reply, Result, Work, WorkRunner
-from fakes.gym.faults.failpoints import BEFORE_INSTALL, BETWEEN_FILES, Failpoint, Failpoints
-from fakes.gym.faults.hooks import Hook, HookFaults
-from fakes.gym.faults.lost_replies import LOSABLE, LosableOperation, LostReplies
+from fakes.gym.faults.failpoints import BEFORE_INSTALL, BETWEEN_FILES, Failpoints
+from fakes.gym.faults.hooks import HookFaults
+from fakes.gym.faults.lost_replies import LOSABLE, LostReplies
 from fakes.gym.faults.power_cuts import Journal
-from fakes.gym.faults.storage import StorageFaults, StorageHow, StoragePoint
+from fakes.gym.faults.storage import StorageFaults
 from fakes.gym.protocol.errors import (
     CheckpointConflictError,
     CheckpointStateError,
@@ -57,10 +66,8 @@ from fakes.gym.protocol.errors import (
     ReplyLost,
     RestartInScopeError,
     StaleCheckpointError,
-    UnauthorizedError,
 )
 from fakes.gym.protocol.wire import (
-    CHECKPOINT_ROUTE_PREFIX,
     CheckpointRequest,
     CommitRequest,
     EpisodeId,
@@ -73,9 +80,6 @@ from fakes.gym.protocol.wire import (
 log = logging.getLogger(__name__)
 
 RESUMED_IDS_KEPT = 64
-# Control operations whose bodies and replies name every episode in scope (thousands at scale): a multi-worker
-# server's worker and coordinator handle them with the cycle collector paused (`store.collector_paused`).
-BULKY_OPERATIONS = frozenset({"commit", "restore", "retire"})
 READY_RECHECK_S = 1.0
 
 # "restoring" is internal: a restore holds its ID while it reads and installs, but the wire still shows idle.
@@ -89,40 +93,7 @@ _ALLOWED_PHASES: dict[str, frozenset[str]] = {
     "forget": frozenset({"idle", "restored"}),
 }
 
-Authorization = Annotated[str | None, Header()]
-# W3C trace context (#3903): the caller's trace, which the operation's span joins (`fakes.gym.control.telemetry`).
-Traceparent = Annotated[str | None, Header()]
-
-
-class StorageFaultRequest(BaseModel):
-    """`POST /_ctl/storage`: fail or stall the next checkpoint write at `point` (`fakes.gym.faults.storage`)."""
-
-    point: StoragePoint
-    how: StorageHow
-
-
-class LostReplyRequest(BaseModel):
-    """`POST /_ctl/lost-replies`: lose the reply to the next call of `operation` (`fakes.gym.faults.lost_replies`)."""
-
-    operation: LosableOperation
-
-
-class HookFaultRequest(BaseModel):
-    """`POST /_ctl/hooks`: the next call of `hook` fails (`fakes.gym.faults.hooks`)."""
-
-    hook: Hook
-
-
-class ClockSkewRequest(BaseModel):
-    """`POST /_ctl/clock`: move this server's wall clock `offset_s` seconds from the true time (`fakes.clock`)."""
-
-    offset_s: float = Field(allow_inf_nan=False)
-
-
-# What a control route hands its handler: the operation, the `Authorization` header, and the validated body (a
-# request model), the failpoint's name, or None; a checkpoint route also its `traceparent` header (keyword).
-ControlHandler = Callable[..., Awaitable[Reply]]
-# Per operation: the ControlPlane method that runs it, and how a forwarded body is read back (None: no body).
+# Per operation: the ControlPlane method that runs it (its route and body: `fakes.gym.control.routes`).
 _OPERATIONS: dict[str, str] = {
     "status": "_status_op",
     "prepare": "prepare",
@@ -144,237 +115,10 @@ _OPERATIONS: dict[str, str] = {
     "clock": "_clock_state",
     "skew clock": "_skew_clock",
 }
-_BODIES: dict[str, type[BaseModel] | type[str] | None] = {
-    "status": None,
-    "prepare": CheckpointRequest,
-    "renew": CheckpointRequest,
-    "commit": CommitRequest,
-    "restore": RestoreRequest,
-    "resume": CheckpointRequest,
-    "retire": RetireRequest,
-    "forget": ForgetRequest,
-    "failpoints": None,
-    "arm failpoint": str,
-    "storage": None,
-    "arm storage": StorageFaultRequest,
-    "release storage": None,
-    "lost replies": None,
-    "lose reply": LostReplyRequest,
-    "hooks": None,
-    "fail hook": HookFaultRequest,
-    "clock": None,
-    "skew clock": ClockSkewRequest,
-}
-
 
 # Loop turns a clock's jump is given before its reply: one runs the timers now due, the next the closes they
 # scheduled.
 TIMER_TURNS = 3
-
-
-def clock_read_once() -> Callable[[], float]:
-    """A wall clock read once, now, and carried on by the monotonic clock (the planted `clock_read_once_at_start`)."""
-    wall_at_start, monotonic_at_start = time.time(), time.monotonic()
-    return lambda: wall_at_start + time.monotonic() - monotonic_at_start
-
-
-def coin_toss() -> bool:
-    """Heads half the time, from the OS's randomness: a planted fault that acts on it misbehaves on some runs of
-    the same steps and not on others, whatever the checker does (`environment_resume_deletes_records_sometimes`)."""
-    return os.urandom(1)[0] < 128
-
-
-def check_bearer(authorization: str | None, expected: bytes) -> None:
-    """401 unless the header is exactly `expected` (`"Bearer " + token`), compared in constant time."""
-    given = (authorization or "").encode()
-    if not hmac.compare_digest(given, expected):
-        raise UnauthorizedError("control routes need the header 'Authorization: Bearer <control token>'")
-
-
-def forwarded_body(argument: Any) -> Any:
-    """A route's validated argument as JSON, for a worker to forward to its coordinator (`parse_forwarded` undoes
-    it)."""
-    return argument.model_dump(mode="json") if isinstance(argument, BaseModel) else argument
-
-
-def parse_forwarded(op: str, body: Any) -> Any:
-    """The argument of operation `op` from its forwarded JSON body."""
-    if op not in _OPERATIONS:
-        raise ValueError(f"'operation' must be one of {sorted(_OPERATIONS)} (got {op!r})")
-    model = _BODIES[op]
-    if model is None or model is str:
-        return body
-    return model.model_validate(body)
-
-
-def control_router(handle: ControlHandler) -> APIRouter:
-    """The control routes and the failpoint routes, each answered by `handle(op, authorization, argument)`.
-
-    A single-process server's handler is its `ControlPlane`; a worker of a multi-worker server checks the bearer
-    and forwards to its coordinator's. Either way the routes, their body models and so their 422s are these."""
-    router = APIRouter()
-    router.include_router(_checkpoint_router(handle))
-    router.include_router(_failpoint_router(handle))
-    router.include_router(_storage_router(handle))
-    router.include_router(_lost_reply_router(handle))
-    router.include_router(_hook_router(handle))
-    router.include_router(_clock_router(handle))
-    return router
-
-
-def _storage_router(handle: ControlHandler) -> APIRouter:
-    router = APIRouter(prefix="/_ctl/storage")
-
-    @router.get("")
-    async def storage(authorization: Authorization = None) -> Reply:
-        return await handle("storage", authorization, None)
-
-    @router.post("")
-    async def arm(body: StorageFaultRequest, authorization: Authorization = None) -> Reply:
-        return await handle("arm storage", authorization, body)
-
-    @router.post("/release")
-    async def release(authorization: Authorization = None) -> Reply:
-        return await handle("release storage", authorization, None)
-
-    return router
-
-
-def _lost_reply_router(handle: ControlHandler) -> APIRouter:
-    router = APIRouter(prefix="/_ctl/lost-replies")
-
-    @router.get("")
-    async def lost_replies(authorization: Authorization = None) -> Reply:
-        return await handle("lost replies", authorization, None)
-
-    @router.post("")
-    async def lose(body: LostReplyRequest, authorization: Authorization = None) -> Reply:
-        return await handle("lose reply", authorization, body)
-
-    return router
-
-
-def _clock_router(handle: ControlHandler) -> APIRouter:
-    router = APIRouter(prefix="/_ctl/clock")
-
-    @router.get("")
-    async def clock_state(authorization: Authorization = None) -> Reply:
-        return await handle("clock", authorization, None)
-
-    @router.post("")
-    async def skew(body: ClockSkewRequest, authorization: Authorization = None) -> Reply:
-        return await handle("skew clock", authorization, body)
-
-    return router
-
-
-def _hook_router(handle: ControlHandler) -> APIRouter:
-    router = APIRouter(prefix="/_ctl/hooks")
-
-    @router.get("")
-    async def hooks(authorization: Authorization = None) -> Reply:
-        return await handle("hooks", authorization, None)
-
-    @router.post("")
-    async def fail(body: HookFaultRequest, authorization: Authorization = None) -> Reply:
-        return await handle("fail hook", authorization, body)
-
-    return router
-
-
-def _failpoint_router(handle: ControlHandler) -> APIRouter:
-    router = APIRouter(prefix="/_ctl/failpoints")
-
-    @router.get("")
-    async def failpoints(authorization: Authorization = None) -> Reply:
-        return await handle("failpoints", authorization, None)
-
-    @router.post("/{point}")
-    async def arm(point: Failpoint, authorization: Authorization = None) -> Reply:
-        return await handle("arm failpoint", authorization, point)
-
-    return router
-
-
-def _checkpoint_router(handle: ControlHandler) -> APIRouter:
-    """The control routes; bodies are validated (422) before the bearer is checked (401), as in Gym."""
-    router = APIRouter(prefix=CHECKPOINT_ROUTE_PREFIX)
-
-    @router.get("/status")
-    async def status(authorization: Authorization = None) -> Reply:
-        return await handle("status", authorization, None)
-
-    @router.post("/prepare")
-    async def prepare(
-        body: CheckpointRequest, authorization: Authorization = None, traceparent: Traceparent = None
-    ) -> Reply:
-        return await handle("prepare", authorization, body, traceparent=traceparent)
-
-    @router.post("/renew")
-    async def renew(
-        body: CheckpointRequest, authorization: Authorization = None, traceparent: Traceparent = None
-    ) -> Reply:
-        return await handle("renew", authorization, body, traceparent=traceparent)
-
-    @router.post("/commit")
-    async def commit(
-        body: CommitRequest, authorization: Authorization = None, traceparent: Traceparent = None
-    ) -> Reply:
-        return await handle("commit", authorization, body, traceparent=traceparent)
-
-    @router.post("/restore")
-    async def restore(
-        body: RestoreRequest, authorization: Authorization = None, traceparent: Traceparent = None
-    ) -> Reply:
-        return await handle("restore", authorization, body, traceparent=traceparent)
-
-    @router.post("/resume")
-    async def resume(
-        body: CheckpointRequest, authorization: Authorization = None, traceparent: Traceparent = None
-    ) -> Reply:
-        return await handle("resume", authorization, body, traceparent=traceparent)
-
-    @router.post("/retire")
-    async def retire(
-        body: RetireRequest, authorization: Authorization = None, traceparent: Traceparent = None
-    ) -> Reply:
-        return await handle("retire", authorization, body, traceparent=traceparent)
-
-    @router.post("/forget")
-    async def forget(
-        body: ForgetRequest, authorization: Authorization = None, traceparent: Traceparent = None
-    ) -> Reply:
-        return await handle("forget", authorization, body, traceparent=traceparent)
-
-    return router
-
-
-class RetiredAttempts:
-    """Per rollout, the highest retired attempt: refusal starts before retire stops anything, ends at forget."""
-
-    def __init__(self) -> None:
-        self._marks: dict[str, int] = {}
-
-    def __len__(self) -> int:
-        return len(self._marks)
-
-    def mark(self, episode_ids: Iterable[EpisodeId]) -> None:
-        """Marks only go up, so a retire of an earlier attempt never re-admits a later retired one."""
-        for episode_id in episode_ids:
-            previous = self._marks.get(episode_id.rollout_id, -1)
-            self._marks[episode_id.rollout_id] = max(previous, episode_id.attempt)
-
-    def is_retired(self, episode_id: EpisodeId) -> bool:
-        mark = self._marks.get(episode_id.rollout_id)
-        return mark is not None and episode_id.attempt <= mark
-
-    def forget(self, rollout_ids: Iterable[str]) -> None:
-        for rollout_id in rollout_ids:
-            self._marks.pop(rollout_id, None)
-
-    def marks(self) -> dict[str, int]:
-        """Per rollout, the highest retired attempt: what a joining worker of a multi-worker server starts with."""
-        return dict(self._marks)
 
 
 def _op_args(checkpoint_dir: str, scope: list[EpisodeId] | None) -> tuple[Any, ...]:
@@ -411,55 +155,26 @@ class ControlPlane:
         self.participant = participant
         self.faults = frozenset(faults)
         kind = participant.kind
-        # Planted faults, read once here so each costs nothing when off (fakes/faults.py says what each plants).
-        self._fences_resumed = not (
-            "resumed_id_not_fenced" in self.faults or (kind == "agent" and "agent_forgets_resumed_ids" in self.faults)
-        )
-        self._restore_skips_fence = kind == "resources" and "resources_restore_skips_fence" in self.faults
-        self._retire_frees_restored = kind != "environment" or "environment_retire_leaves_restored" not in self.faults
-        self._missing_share_is_empty = kind == "model" and "model_restore_accepts_missing_share" in self.faults
-        self._resume_needs_known_id = "resume_refuses_unknown_id" in self.faults
-        self._idle_resume_unfenced = "idle_resume_not_fenced" in self.faults
-        self._manifest_first = "store_publishes_manifest_first" in self.faults
-        self._skip_records_fsync = "store_skips_records_fsync" in self.faults
-        self._deletes_records_sometimes = (
-            kind == "environment" and "environment_resume_deletes_records_sometimes" in self.faults
-        )
+        # Planted faults, read once here so each costs nothing when off.
+        self._planted = planted = PlantedFaults.read(kind, self.faults)
         self._journal = Journal(durability_journal) if durability_journal else None
-        self._checks_restart_scope = "restart_in_scope_accepted" not in self.faults
         self.failpoints = Failpoints()
         self.storage = StorageFaults()
         self.lost_replies = LostReplies()
         self.hooks = HookFaults()
-        # Planted: the agent goes back to idle when a hook fails, without re-opening its admission.
-        self._failed_close_stays_closed = kind == "agent" and "failed_close_stays_closed" in self.faults
-        self._failed_install_stays_closed = kind == "agent" and "failed_install_stays_closed" in self.faults
-        self._export_placeholder = "failed_export_retried_empty" in self.faults
-        self._replay_recorded_once_delivered = "replay_recorded_once_delivered" in self.faults
-        self._writer_faults = WriterFaults(
-            os_errors_escape="store_error_is_internal" in self.faults,
-            manifest_in_place="store_failed_write_leaves_manifest" in self.faults,
-            ignores_stop_when_publishing="stalled_write_publishes_after_resume" in self.faults,
-        )
-        self._failed_write_abandons = "failed_write_abandons_checkpoint" in self.faults
-        self._prepare_ignores_past_deadline = kind == "agent" and "prepare_ignores_past_deadline" in self.faults
-        self._closes_before_deadline_check = kind == "agent" and "prepare_closes_before_deadline_check" in self.faults
-        self._lapse_forgets_id = kind == "agent" and "lapse_forgets_id" in self.faults
         self.instance = instance
         self.telemetry = Telemetry(telemetry_dir, instance, kind, self.faults)
         self.retired = RetiredAttempts()
         self.checkpoint_id: str | None = None
-        compares_requests = kind == "environment" and "retried_commit_conflicts" in self.faults
-        # Planted: a wall clock read once at start and carried on by the monotonic clock (immune to clock steps, so
-        # deaf to its own clock's offset), for deadlines and the lease.
-        wall_clock = clock_read_once() if "clock_read_once_at_start" in self.faults else None
-        self.runner = WorkRunner(self._name, compares_requests=compares_requests, clock=wall_clock or time.time)
+        self.runner = WorkRunner(
+            self._name, compares_requests=planted.retried_commit_conflicts, clock=planted.wall_clock
+        )
         self.lease = Lease(
             lease_grace_s,
             on_lapse=self._lapse,
             spawn=self.runner.spawn,
-            acts="lease_never_expires" not in self.faults,
-            clock=wall_clock or time.time,
+            acts=not planted.lease_never_expires,
+            clock=planted.wall_clock,
         )
         self._bearer = bearer(token).encode()
         self._phase = "idle"
@@ -533,7 +248,8 @@ class ControlPlane:
         with self.telemetry.operation(op, checkpoint_id, traceparent, self.instance):
             reply = await self.runner.run(op, lambda: operation() if argument is None else operation(argument))
         if op in LOSABLE and self.lost_replies.take(op):
-            if self._replay_recorded_once_delivered:  # planted: a result counts as recorded once its reply went out
+            # Planted: a result counts as recorded once its reply went out.
+            if self._planted.replay_recorded_once_delivered:
                 self.runner.drop_result(argument.checkpoint_id, op)
             raise ReplyLost(f"the reply to {op} of {argument.checkpoint_id!r} is lost on the wire")
         return reply
@@ -623,10 +339,10 @@ class ControlPlane:
             if replay is not None:
                 return replay
             self._require_phase("prepare", checkpoint_id)
-            if self._closes_before_deadline_check and self._phase == "idle":
+            if self._planted.closes_before_deadline_check and self._phase == "idle":
                 # Planted: admission closes before the deadline is checked, and a refusal leaves it closed.
                 await self.participant.close_admission(request.deadline_ts)
-            if self._prepare_ignores_past_deadline:  # planted: the deadline is only a bound on the wait
+            if self._planted.prepare_ignores_past_deadline:  # planted: the deadline is only a bound on the wait
                 remaining_s = max(request.deadline_ts - time.time(), 0.0)
             else:
                 remaining_s = self.runner.remaining_s(request.deadline_ts, f"prepare of {checkpoint_id!r}")
@@ -672,7 +388,7 @@ class ControlPlane:
         checkpoint_id = request.checkpoint_id
         args = _op_args(request.checkpoint_dir, request.episode_ids)
         async with self.runner.lock:
-            self._admit(checkpoint_id, "restore", fenced=not self._restore_skips_fence)
+            self._admit(checkpoint_id, "restore", fenced=not self._planted.restore_skips_fence)
             replay = self._replay(checkpoint_id, "restore", args, request.deadline_ts)
             if replay is not None:
                 return replay
@@ -700,7 +416,7 @@ class ControlPlane:
                 self._renew_lease(request.deadline_ts)
             self.retired.mark(request.episode_ids)
             self.notify()
-            if self._phase == "restored" and not self._retire_frees_restored:
+            if self._phase == "restored" and self._planted.retire_leaves_restored:
                 return {"retired": [episode.capture_key for episode in request.episode_ids]}
             async with self.runner.bounded(remaining_s, f"retire under {checkpoint_id!r}"):
                 with self.telemetry.step("stop_and_free"):
@@ -785,7 +501,7 @@ class ControlPlane:
         self.telemetry.lease_expired(checkpoint_id)
         with contextlib.suppress(CheckpointConflictError):
             await self._resume(checkpoint_id)
-        if self._lapse_forgets_id:  # planted: the lapse re-opens as a resume would, but leaves the ID unfenced
+        if self._planted.lapse_forgets_id:  # planted: the lapse re-opens as a resume would, but leaves the ID unfenced
             self._resumed.pop(checkpoint_id, None)
 
     # -- prepare --------------------------------------------------------------------------------------------
@@ -802,7 +518,7 @@ class ControlPlane:
                     await self.participant.close_admission(request.deadline_ts)
                 self.hooks.hit("close")  # a close that fails after closing
         except BaseException:
-            await self._abandon(reopen=not self._failed_close_stays_closed)
+            await self._abandon(reopen=not self._planted.failed_close_stays_closed)
             raise
 
     async def _await_ready(self, checkpoint_id: str, deadline_ts: float) -> PrepareReport:
@@ -855,7 +571,7 @@ class ControlPlane:
                 f"{self._name} is no longer ready to commit {checkpoint_id!r} (blockers: "
                 f"{sorted(report.blockers)[:10]}); resume and prepare again"
             )
-        if scope is None or not self._checks_restart_scope:
+        if scope is None or self._planted.restart_in_scope_accepted:
             return
         restarts = set(report.restarts) & {episode.capture_key for episode in scope}
         if restarts:
@@ -883,14 +599,14 @@ class ControlPlane:
                     records,
                     stop=work.stop,
                     between_files=functools.partial(self.failpoints.hit, BETWEEN_FILES),
-                    manifest_first=self._manifest_first,
+                    manifest_first=self._planted.manifest_first,
                     journal=self._journal,
-                    skip_records_fsync=self._skip_records_fsync,
+                    skip_records_fsync=self._planted.skip_records_fsync,
                     storage_fault=self.storage.hit,
-                    faults=self._writer_faults,
+                    faults=self._planted.writer,
                 )
         except CheckpointStateError:
-            if self._failed_write_abandons:  # planted: the checkpoint is given up instead of staying prepared
+            if self._planted.failed_write_abandons:  # planted: the checkpoint is given up instead of staying prepared
                 async with self.runner.lock:
                     if self.runner.current is work:
                         await self._abandon()
@@ -913,7 +629,7 @@ class ControlPlane:
         if exported is not None and exported[0] == work.checkpoint_id:
             return exported[2]
         work.stage = "export"
-        if self._export_placeholder:  # planted: "an export is under way", kept when the export fails
+        if self._planted.export_placeholder:  # planted: "an export is under way", kept when the export fails
             self._exported = (work.checkpoint_id, work.args[1], [])
         self.hooks.hit("export")
         with self.telemetry.step("export"):
@@ -945,7 +661,7 @@ class ControlPlane:
         except BaseException:
             async with self.runner.lock:
                 if self.runner.current is work:
-                    await self._abandon(reopen=not self._failed_install_stays_closed)
+                    await self._abandon(reopen=not self._planted.failed_install_stays_closed)
             raise
 
     async def _restore_steps(self, work: Work, request: RestoreRequest) -> Reply:
@@ -973,7 +689,7 @@ class ControlPlane:
         """This participant's manifest and its records of the episodes in the restore's scope."""
         scope_keys = frozenset(episode.capture_key for episode in request.episode_ids)
         share = participant_dir(request.checkpoint_dir, self.kind, self.instance) / MANIFEST_NAME
-        if self._missing_share_is_empty and not share.exists():
+        if self._planted.missing_share_is_empty and not share.exists():
             return {"checkpoint_id": request.checkpoint_id}, []
         manifest, records = await asyncio.to_thread(
             read_participant_state,
@@ -1011,11 +727,12 @@ class ControlPlane:
         ended = False
         while True:
             async with self.runner.lock:
-                if self.checkpoint_id is None and checkpoint_id not in self._resumed and self._resume_needs_known_id:
+                unknown = self.checkpoint_id is None and checkpoint_id not in self._resumed
+                if unknown and self._planted.resume_needs_known_id:
                     raise InvalidPhaseError(f"{self._name} has no checkpoint {checkpoint_id!r} to resume")
                 if checkpoint_id in self._resumed or self.checkpoint_id is None:
                     # The planted fault forgets an ID it never saw (idle, nothing active).
-                    if not self._idle_resume_unfenced or checkpoint_id in self._resumed:
+                    if not self._planted.idle_resume_unfenced or checkpoint_id in self._resumed:
                         self._remember(checkpoint_id)
                     return not ended
                 self._admit(checkpoint_id, "resume")
@@ -1034,7 +751,7 @@ class ControlPlane:
             await work.ended()
 
     async def _end_checkpoint(self, checkpoint_id: str) -> None:
-        if "resume_deletes_records" in self.faults or (self._deletes_records_sometimes and coin_toss()):
+        if self._planted.resume_deletes_records or (self._planted.resume_deletes_records_sometimes and coin_toss()):
             self._delete_committed_records(checkpoint_id)
         self._remember(checkpoint_id)
         self.runner.forget(checkpoint_id)
@@ -1062,7 +779,7 @@ class ControlPlane:
             records.unlink()
 
     def _remember(self, checkpoint_id: str) -> None:
-        if not self._fences_resumed:
+        if self._planted.resumed_ids_unfenced:
             return  # planted fault `resumed_id_not_fenced` (or `agent_forgets_resumed_ids` on the agent)
         self._resumed[checkpoint_id] = None
         self._resumed.move_to_end(checkpoint_id)

@@ -20,7 +20,7 @@ import httpx
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from fakes.gym.control.plane import Authorization
+from fakes.gym.control.routes import Authorization
 from fakes.gym.faults.wall_timeouts import WallTimeouts
 from fakes.gym.policy.ledger import FileLedger, Row
 from fakes.gym.protocol.errors import ControlError, InvalidPhaseError, InvalidRolloutIdError, UnauthorizedError

@@ -16,9 +16,9 @@ from typing import Any
 import attrs
 from pydantic import ValidationError
 
+from fakes.gym.control.retired import covers
 from fakes.gym.protocol.errors import InvalidRolloutIdError, StaleAttemptError
 from fakes.gym.protocol.wire import EpisodeId
-from fakes.gym.servers.environment import covers
 
 CUT_COUNTS = ("cut", "cut_failed", "cut_skipped")
 

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict
 
 from fakes.gym.config import ServerConfig
 from fakes.gym.control.participant import PrepareReport, ServerPlane
+from fakes.gym.control.retired import covers
 from fakes.gym.protocol.errors import (
     ActivationOutOfOrderError,
     AdmissionClosedError,
@@ -38,7 +39,6 @@ from fakes.gym.protocol.http import (
     post_json,
 )
 from fakes.gym.protocol.wire import EpisodeId, task_digest
-from fakes.gym.servers.environment import covers
 from fakes.gym.servers.single_process import single_process_app
 from fakes.gym.servers.steps import Episode, EpisodeOwner
 

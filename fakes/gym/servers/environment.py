@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse
 
 from fakes.gym.config import ServerConfig
 from fakes.gym.control.participant import PrepareReport, ServerPlane
+from fakes.gym.control.retired import covers
 from fakes.gym.protocol.errors import (
     AdmissionClosedError,
     CheckpointStateError,
@@ -33,14 +34,6 @@ from fakes.gym.servers.steps import Episode, EpisodeOwner
 
 EPISODE_TIMEOUT_S = 600.0
 NEXT_STAGES = ("seed", "invoke_agent", "close_agent", "verify", "return")
-
-
-def covers(retired: list[EpisodeId]) -> Any:
-    """Retiring (r, a) covers every attempt <= a of rollout r."""
-    marks = {}
-    for episode_id in retired:
-        marks[episode_id.rollout_id] = max(marks.get(episode_id.rollout_id, -1), episode_id.attempt)
-    return lambda e: e.attempt <= marks.get(e.rollout_id, -1)
 
 
 class EnvironmentParticipant:

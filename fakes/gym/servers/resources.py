@@ -36,6 +36,7 @@ from fastapi import FastAPI, Request, Response
 from fakes.backend import CALL_KIND_HEADER, CAPTURE_KEY_HEADER, CLIENT_GONE_STATUS
 from fakes.gym.config import ServerConfig
 from fakes.gym.control.participant import PrepareReport, ServerPlane
+from fakes.gym.control.retired import covers
 from fakes.gym.protocol.errors import (
     CheckpointStateError,
     ControlError,
@@ -52,7 +53,6 @@ from fakes.gym.protocol.http import (
     unless_client_gone,
 )
 from fakes.gym.protocol.wire import RESTART_HEADER, EpisodeId
-from fakes.gym.servers.environment import covers
 from fakes.gym.servers.single_process import single_process_app
 
 SESSION_COOKIE = "resources_session_id"

@@ -17,7 +17,8 @@ from typing import Any
 
 from fakes import clock
 from fakes.gym.config import ServerConfig
-from fakes.gym.control.plane import RetiredAttempts, check_bearer, forwarded_body
+from fakes.gym.control.retired import RetiredAttempts
+from fakes.gym.control.routes import check_bearer, forwarded_body
 from fakes.gym.protocol.errors import ControlError, CoordinatorUnavailableError
 from fakes.gym.protocol.wire import EpisodeId, bearer
 from fakes.gym.workers.channel import LIGHT_TIMEOUT_S, Channel, ChannelClosed, Handler, encode_frame, read_frame

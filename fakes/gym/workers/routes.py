@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from fakes.gym.control.plane import BULKY_OPERATIONS, control_router
+from fakes.gym.control.routes import BULKY_OPERATIONS, control_router
 from fakes.gym.control.store import collector_paused
 from fakes.gym.protocol.wire import CHECKPOINT_ROUTE_PREFIX
 from fakes.gym.workers.link import WorkerLink
