@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]  # run from a checkout without installing
 
 from fakes.faults import CATALOGUE  # noqa: E402 - after the path set-up above
-from fakes.stack import Stack  # noqa: E402
+from fakes.stack.launcher import Stack  # noqa: E402
 
 STANDBYS_TIMEOUT_S = 30.0
 MIB = 1024 * 1024

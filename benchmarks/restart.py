@@ -40,7 +40,7 @@ from ckpt_model.deployments.harness import Harness  # noqa: E402 - after the pat
 from ckpt_model.interrupts import sigterm_unwinds  # noqa: E402
 from ckpt_model.protocol.wire import CHECKPOINT_ROUTE_PREFIX  # noqa: E402
 from fakes.deployment import EmbeddedDeployment  # noqa: E402
-from fakes.stack import Stack  # noqa: E402
+from fakes.stack.launcher import Stack  # noqa: E402
 
 SERVING_TIMEOUT_S = 30.0
 POLL_INTERVAL_S = 0.001

@@ -35,7 +35,7 @@ from ckpt_model.errors import HarnessError, PropertyViolation  # noqa: E402 - af
 from ckpt_model.interrupts import sigterm_unwinds  # noqa: E402
 from ckpt_model.modes.scale import FINISHED_SHARE, raise_fd_limit, run_scale  # noqa: E402
 from fakes.gym.protocol.http import new_client  # noqa: E402
-from fakes.ports import free_port  # noqa: E402
+from fakes.processes.ports import free_port  # noqa: E402
 
 BACKEND_START_TIMEOUT_S = 30.0
 CALLS_TIMEOUT_S = 600.0

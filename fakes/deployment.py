@@ -26,11 +26,11 @@ from fakes.collection.config import COLLECTION_FAULTS, CollectionFault
 from fakes.faults import CATALOGUE, Fault
 from fakes.gym.config import DEFAULT_LEASE_GRACE_S
 from fakes.gym.protocol.wire import PLACEMENT_ROUTE, WORKERS_ROUTE, bearer
-from fakes.process_groups import poll_until
-from fakes.server_processes import StackStartError, health_client
-from fakes.stack import Stack
-from fakes.stack_cli import main as launch
-from fakes.topologies import TOPOLOGIES
+from fakes.processes.process_groups import poll_until
+from fakes.processes.server_processes import StackStartError, health_client
+from fakes.stack.cli import main as launch
+from fakes.stack.launcher import Stack
+from fakes.stack.topologies import TOPOLOGIES
 
 FAILPOINT_TIMEOUT_S = 10.0
 POLICY_MODEL = "policy_model"

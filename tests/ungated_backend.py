@@ -9,8 +9,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from fakes.ports import free_port
-from fakes.server_processes import kill_groups, spawn, wait_healthy
+from fakes.processes.ports import free_port
+from fakes.processes.server_processes import kill_groups, spawn, wait_healthy
 
 # Long enough that the second wave is still generating when prepare comes; short enough for a run of seconds.
 LATENCY_MS = 150

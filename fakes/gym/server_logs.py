@@ -1,6 +1,6 @@
 """What a look-alike server writes to its log: uvicorn's warnings and errors (an exception's traceback), one line
 per request, and the servers' own `fakes.*` lines, each with its time, on stderr (the server's log file:
-`fakes.server_processes.spawn` and `fakes.zygote.redirect_stdio` point it there).
+`fakes.processes.server_processes.spawn` and `fakes.processes.zygote.redirect_stdio` point it there).
 
 A failure report shows the last lines of every log; they must say what the server did. uvicorn at level warning
 with no access log wrote nothing of a run but its rare warnings. The checker's polls (health, status, the
@@ -55,7 +55,7 @@ def log_config() -> dict[str, Any]:
         "loggers": {
             "uvicorn": {"handlers": ["default"], "level": "INFO", "propagate": False},
             # Its own lines from warnings up: its start lines would come from every standby forked ahead of a
-            # restart too (`fakes.zygote`), and the log's `--- start` lines mark each start already.
+            # restart too (`fakes.processes.zygote`), and the log's `--- start` lines mark each start already.
             "uvicorn.error": {"level": "WARNING"},
             "uvicorn.access": {"handlers": ["access"], "level": "INFO", "propagate": False},
             "fakes": {"handlers": ["default"], "level": "INFO", "propagate": False},

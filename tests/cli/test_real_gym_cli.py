@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from fakes.ports import free_port
+from fakes.processes.ports import free_port
 from tests.stack.conftest import wait_until
 
 pytestmark = pytest.mark.processes

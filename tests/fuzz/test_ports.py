@@ -6,13 +6,13 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from fakes.ports import PORT_RANGE, free_port
+from fakes.processes.ports import PORT_RANGE, free_port
 
 TAKEN_HERE = 50
 # About a quarter of the range: without the reservation, some of ours would be handed out again (about 12 on
 # average; none at all about once in 100,000 runs).
 ASKED_ELSEWHERE = 3000
-OTHER_PROCESS = "from fakes.ports import free_port; print(*(free_port() for _ in range({})))"
+OTHER_PROCESS = "from fakes.processes.ports import free_port; print(*(free_port() for _ in range({})))"
 
 
 def test_another_process_never_gets_a_port_this_one_holds() -> None:

@@ -14,9 +14,9 @@ import pytest
 
 from ckpt_model.protocol.client import ControlClient, PrepareResult
 from ckpt_model.protocol.gym_tasks import native_run_body
-from fakes import process_groups
-from fakes.process_groups import process_state
-from fakes.stack import Stack
+from fakes.processes import process_groups
+from fakes.processes.process_groups import process_state
+from fakes.stack.launcher import Stack
 
 WAIT_TIMEOUT_S = 30.0
 POLL_S = 0.01

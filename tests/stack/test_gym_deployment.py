@@ -24,7 +24,7 @@ from ckpt_model.deployments.harness import Harness
 from ckpt_model.search.profiles import BASE
 from ckpt_model.search.scenarios import named, run
 from ckpt_model.trainer.machine import machine_for
-from fakes.ports import free_port
+from fakes.processes.ports import free_port
 from tests.stack.conftest import process_gone, wait_until
 
 pytestmark = pytest.mark.processes

@@ -68,7 +68,7 @@ def test_the_launcher_serves_a_described_deployment_and_stops_everything(tmp_pat
 OWNER = """
 import sys, threading
 from pathlib import Path
-from fakes.stack import Stack
+from fakes.stack.launcher import Stack
 stack = Stack("native", Path(sys.argv[1]))
 stack.start_backend()
 print(stack.backend.pid, flush=True)

@@ -15,7 +15,7 @@ from ckpt_model.protocol.gym_tasks import native_run_body
 from ckpt_model.protocol.wire import EpisodeId
 from fakes import clock
 from fakes.gym.protocol.wire import bearer
-from fakes.process_groups import process_state
+from fakes.processes.process_groups import process_state
 from tests.stack.conftest import Deployment, deadline, wait_until
 
 pytestmark = pytest.mark.processes

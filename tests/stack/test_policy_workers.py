@@ -23,7 +23,7 @@ from ckpt_model.protocol.gym_tasks import native_run_body
 from ckpt_model.protocol.wire import CHECKPOINT_ROUTE_PREFIX, EpisodeId
 from fakes.gym.protocol.wire import PLACEMENT_ROUTE
 from fakes.gym.workers.runtime import runtime_dir
-from fakes.process_groups import process_state
+from fakes.processes.process_groups import process_state
 from tests.stack.conftest import Deployment, deadline, group_gone, process_gone, wait_until
 from tests.stack.test_scenarios import Deploy, checkpoint, crash_and_restore, n_messages
 

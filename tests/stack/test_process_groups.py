@@ -1,4 +1,4 @@
-"""`fakes.process_groups`: a killed group is waited for until it is gone, zombie leader included."""
+"""`fakes.processes.process_groups`: a killed group is waited for until it is gone, zombie leader included."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from fakes import process_groups
-from fakes.server_processes import ServerProcess, kill_groups
+from fakes.processes import process_groups
+from fakes.processes.server_processes import ServerProcess, kill_groups
 from tests.stack.conftest import wait_until
 
 processes = pytest.mark.processes

@@ -13,10 +13,10 @@ import pytest
 from ckpt_model.deployments.harness import Harness
 from ckpt_model.protocol.client import Participants
 from ckpt_model.protocol.gym_tasks import legacy_run_body
-from fakes import stack as stack_module
 from fakes.deployment import EmbeddedDeployment
-from fakes.server_processes import ServerProcess
-from fakes.stack import Stack
+from fakes.processes.server_processes import ServerProcess
+from fakes.stack import launcher as stack_module
+from fakes.stack.launcher import Stack
 from tests.stack.conftest import wait_until
 
 processes = pytest.mark.processes

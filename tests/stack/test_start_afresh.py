@@ -11,8 +11,8 @@ import pytest
 
 from ckpt_model.protocol.gym_tasks import native_run_body
 from ckpt_model.protocol.wire import EpisodeId
-from fakes.stack import Stack
-from fakes.topologies import TOPOLOGIES
+from fakes.stack.launcher import Stack
+from fakes.stack.topologies import TOPOLOGIES
 from tests.stack.conftest import Deployment, StackOptions, StackPool, deadline, process_gone
 
 pytestmark = pytest.mark.processes

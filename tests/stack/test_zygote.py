@@ -1,6 +1,6 @@
 """The fork server behind `Stack`: fresh processes on the same ports, clean crashes, clean stops, clear failures.
 
-The fork server is `fakes.zygote`; `Stack` drives it through `fakes.zygote_client`.
+The fork server is `fakes.processes.zygote`; `Stack` drives it through `fakes.processes.zygote_client`.
 
 Most tests share one started native stack (a fork server warms up in seconds) and leave its Gym servers running;
 the ones about stopping and about the owner dying start their own.
@@ -26,9 +26,9 @@ import pytest
 from ckpt_model.protocol.client import ControlClient
 from ckpt_model.protocol.wire import CHECKPOINT_ROUTE_PREFIX
 from fakes.gym.config import ServerConfig
-from fakes.server_processes import StackStartError
-from fakes.stack import Stack
-from fakes.zygote import EXIT_STATUSES_KEPT_MAX, PREPARED_CONFIGS_KEPT, PREPARED_CONFIGS_MAX, listening_socket
+from fakes.processes.server_processes import StackStartError
+from fakes.processes.zygote import EXIT_STATUSES_KEPT_MAX, PREPARED_CONFIGS_KEPT, PREPARED_CONFIGS_MAX, listening_socket
+from fakes.stack.launcher import Stack
 from tests.stack.conftest import WAIT_TIMEOUT_S, group_gone, process_gone, wait_until
 
 processes = pytest.mark.processes
@@ -113,7 +113,7 @@ def test_listening_socket__connections_accepted_by_asyncio_have_tcp_nodelay() ->
 
 REAPER = """
 import json, os
-from fakes.zygote import EXIT_STATUSES_KEPT_MAX, Zygote
+from fakes.processes.zygote import EXIT_STATUSES_KEPT_MAX, Zygote
 
 zygote = Zygote([])
 zygote.exit_statuses.update((-index, 0) for index in range(1, EXIT_STATUSES_KEPT_MAX + 1))
@@ -137,8 +137,8 @@ def test_reap__records_how_a_child_exited_and_keeps_a_bounded_history() -> None:
 
 PREPARER = """
 import gc, json, weakref
-import fakes.zygote
-from fakes.zygote import PREPARED_CONFIGS_KEPT, PREPARED_CONFIGS_MAX, Zygote
+import fakes.processes.zygote
+from fakes.processes.zygote import PREPARED_CONFIGS_KEPT, PREPARED_CONFIGS_MAX, Zygote
 
 class App:
     \"\"\"Stands in for a built app: full of reference cycles, as a FastAPI app is.\"\"\"
@@ -147,7 +147,7 @@ class App:
             raise ValueError("no such role")
         self.config_json, self.me = config_json, self
 
-fakes.zygote.build_config = App
+fakes.processes.zygote.build_config = App
 zygote = Zygote([])
 first = zygote.prepared_for_spawn("config-0")
 again = zygote.prepared_for_spawn("config-0")
@@ -189,19 +189,19 @@ def test_prepare__builds_a_config_once__and_evicts_to_the_kept_freeing_what_it_e
 
 SPAWNER = """
 import json, os, sys
-import fakes.zygote
-from fakes.zygote import Zygote
+import fakes.processes.zygote
+from fakes.processes.zygote import Zygote
 
 out = sys.argv[1]
 built = []
-fakes.zygote.build_config = lambda config_json: built.append(os.getpid()) or {"app of": config_json}
+fakes.processes.zygote.build_config = lambda config_json: built.append(os.getpid()) or {"app of": config_json}
 
 def serve(config_json, sock, prepared):
     with open(os.path.join(out, "child.json"), "w") as child:
         json.dump({"prepared": prepared}, child)
     return 0
 
-fakes.zygote.serve_config = serve
+fakes.processes.zygote.serve_config = serve
 zygote = Zygote([])
 config = json.dumps({"name": "environment", "host": "127.0.0.1", "port": 0})
 pids = {}
@@ -476,7 +476,7 @@ def test_the_cold_path__still_restarts_on_the_same_ports(stack: Stack, tmp_path:
 OWNER = """
 import json, sys
 from pathlib import Path
-from fakes.stack import Stack
+from fakes.stack.launcher import Stack
 
 stack = Stack("native", Path(sys.argv[1]), backend_url=sys.argv[2])
 stack.start_gym()

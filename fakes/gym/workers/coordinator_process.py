@@ -27,7 +27,8 @@ spreads connections over the workers waiting in accept (measured here: 16 concur
 Workers stay in the coordinator's process group, so a crash (SIGKILL of the group) takes them all. A worker asks to
 be killed with its coordinator (PR_SET_PDEATHSIG) and stops when its channel closes; the coordinator exits when no
 worker is left. A SIGKILLed coordinator cannot reap its workers: they are re-parented to the nearest child subreaper,
-which the fork server is (`fakes.zygote`), or else to init, which on these machines reaps orphans only every 1-1.5 s.
+which the fork server is (`fakes.processes.zygote`), or else to init, which on these machines reaps orphans only every
+1-1.5 s.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 Each coordinator gets `/tmp/ckpt-workers-<uid>/<coordinator pid>/` (mode 0700; the socket in it is 0600). The path
 is short on purpose: a Unix socket path has at most 107 bytes, and a state directory under pytest's `tmp_path` can
-be longer than that by itself. It is `/tmp`, not `$TMPDIR`, for the same reason as the port locks in `fakes.ports`:
-the owner and its servers must agree on it whatever their environments say.
+be longer than that by itself. It is `/tmp`, not `$TMPDIR`, for the same reason as the port locks in
+`fakes.processes.ports`: the owner and its servers must agree on it whatever their environments say.
 
 A coordinator removes its directory when it exits; one SIGKILLed cannot, so the owner that killed it removes it by
 pid (`remove_runtime_dir`, called by `fakes.stack` after every kill), and every coordinator sweeps the directories

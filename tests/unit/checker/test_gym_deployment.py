@@ -33,7 +33,7 @@ from ckpt_model.deployments.gym import (
 )
 from ckpt_model.deployments.preflight import PreflightError
 from ckpt_model.protocol.client import new_http_client
-from fakes.ports import free_port
+from fakes.processes.ports import free_port
 
 TOKEN = "preflight-token"
 STATUS = preflight.STATUS_ROUTE

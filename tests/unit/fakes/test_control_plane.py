@@ -918,7 +918,7 @@ async def test_retried_commit_conflicts_on_the_environment_only(
 
 
 def test_the_deployments_lease_grace_reaches_every_control_plane(tmp_path: Path) -> None:
-    from fakes.stack import Stack as Deployment
+    from fakes.stack.launcher import Stack as Deployment
 
     deployment = Deployment("native", tmp_path, backend_url="http://127.0.0.1:1", lease_grace_s=0.25)
     first = deployment.configs()
@@ -940,7 +940,7 @@ def test_the_deployments_lease_grace_reaches_every_control_plane(tmp_path: Path)
 
 @pytest.mark.parametrize("grace", [-1.0, float("nan"), float("inf")])
 def test_a_lease_grace_must_be_finite_and_not_negative(tmp_path: Path, grace: float) -> None:
-    from fakes.stack import Stack as Deployment
+    from fakes.stack.launcher import Stack as Deployment
 
     with pytest.raises(ValueError, match="lease_grace_s"):
         Deployment("native", tmp_path, backend_url="http://127.0.0.1:1", lease_grace_s=grace)

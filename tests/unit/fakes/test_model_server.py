@@ -24,7 +24,7 @@ from fakes.gym.config import CONFIG_ENV, ServerConfig
 from fakes.gym.policy.gate import PolicyGate
 from fakes.gym.policy.model import PolicyParticipant
 from fakes.gym.protocol.errors import CheckpointStateError, ControlError
-from fakes.ports import free_port
+from fakes.processes.ports import free_port
 
 pytestmark = pytest.mark.processes
 

@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from fakes import ports, stack_cli
 from fakes.deployment import EmbeddedDeployment
 from fakes.gym.config import ServerConfig
 from fakes.gym.policy.model import naming_model
-from fakes.stack import Stack, policy_workers_count
+from fakes.processes import ports
+from fakes.stack import cli as stack_cli
+from fakes.stack.launcher import Stack, policy_workers_count
 
 
 def test_ports_are_chosen_once_and_kept_across_restarts(tmp_path: Path) -> None:

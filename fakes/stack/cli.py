@@ -15,10 +15,10 @@ import sys
 from pathlib import Path
 
 from fakes.gym.config import DEFAULT_LEASE_GRACE_S, lease_grace
-from fakes.head import serve_head
-from fakes.server_processes import StackStartError
-from fakes.stack import VERIFY_MODES, Stack, policy_workers_count, server_workers_count
-from fakes.topologies import TOPOLOGIES
+from fakes.processes.server_processes import StackStartError
+from fakes.stack.head import serve_head
+from fakes.stack.launcher import VERIFY_MODES, Stack, policy_workers_count, server_workers_count
+from fakes.stack.topologies import TOPOLOGIES
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m fakes.stack") -> int:
@@ -127,7 +127,3 @@ def main(argv: list[str] | None = None, prog: str = "python -m fakes.stack") -> 
     finally:
         stack.stop()
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,6 +1,6 @@
 """The fork server ("zygote") for the look-alike Gym servers: restarts in milliseconds instead of a cold start.
 
-    python -m fakes.zygote     (started by `fakes.zygote_client.ForkServer.launch`, never by hand)
+    python -m fakes.processes.zygote     (started by `fakes.processes.zygote_client.ForkServer.launch`, never by hand)
 
 A cold `python -m fakes.gym.serve` spends ~380 ms importing and warming up before its first reply, and the
 checker restarts all four Gym servers for every example and every crash. This process pays that once: it
@@ -27,8 +27,8 @@ looks like a real one: connections waiting in the backlog are reset and new ones
 start, which binds the same port again. (A socket kept by the fork server across children would keep accepting
 connections for a dead server and hand them to the next process.) At most one child per server name lives.
 
-The owner (`fakes.stack.Stack`, through `fakes.zygote_client.ForkServer`) talks to this process over its stdin
-and stdout, one JSON line each way (`fakes.zygote_protocol` lists the requests and replies).
+The owner (`fakes.stack.launcher.Stack`, through `fakes.processes.zygote_client.ForkServer`) talks to this process over
+its stdin and stdout, one JSON line each way (`fakes.processes.zygote_protocol` lists the requests and replies).
 
 Reaping: a SIGCHLD handler reaps children as they die and keeps their exit statuses, so a killed server's process
 group disappears at once (`killpg(pgid, 0)` succeeds on zombies) and the owner can still ask how a server exited.
@@ -60,12 +60,12 @@ from typing import IO, Any, NoReturn
 
 import attrs
 
-from fakes import process_groups
 from fakes.gym.serve import build_config, listening_socket, touch_stateless_routes
 from fakes.gym.server_logs import uvicorn_logging
 from fakes.gym.workers.fd_passing import receive_fds
 from fakes.gym.workers.runtime import remove_runtime_dir
-from fakes.zygote_protocol import write_message
+from fakes.processes import process_groups
+from fakes.processes.zygote_protocol import write_message
 
 # How long a ping waits for the standbys to be built; how long stopping waits for the children to be gone.
 STANDBYS_READY_TIMEOUT_S = 30.0
@@ -711,7 +711,7 @@ def _raise_exit(signum: int, frame: FrameType | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fakes.zygote", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m fakes.processes.zygote", description=__doc__.splitlines()[0])
     parser.parse_args(argv)
     # The protocol gets a private copy of stdout; fd 1 then points at the log, so nothing printed by an
     # imported module can corrupt the channel.

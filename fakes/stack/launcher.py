@@ -3,13 +3,13 @@ process group.
 
 `Stack` starts, crashes (SIGKILL of every Gym process group) and restarts the Gym servers against a backend that
 survives, which is what the checker's deployment harness builds on. `python -m fakes.stack` runs one by hand
-(`fakes.stack_cli`).
+(`fakes.stack.cli`).
 
-By default the Gym servers are forked from a warmed fork server (`fakes.zygote`, driven through
-`fakes.zygote_client`), so a restart costs milliseconds; `fork_server=False` cold-starts `python -m
+By default the Gym servers are forked from a warmed fork server (`fakes.processes.zygote`, driven through
+`fakes.processes.zygote_client`), so a restart costs milliseconds; `fork_server=False` cold-starts `python -m
 fakes.gym.serve` per server instead (the fallback, and the baseline of `benchmarks/restart.py`). Either way a
 crashed server's port refuses connections until the next start binds it again, as after a real crash. Servers
-start, answer and die through `fakes.server_processes`; their ports come from `fakes.ports`.
+start, answer and die through `fakes.processes.server_processes`; their ports come from `fakes.processes.ports`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import atexit
 import contextlib
 import logging
 import os
-import runpy
 import secrets
 import shutil
 import signal
@@ -41,9 +40,9 @@ from fakes.gym.config import (
 )
 from fakes.gym.faults.power_cuts import lose_unsynced
 from fakes.gym.workers.runtime import remove_runtime_dir
-from fakes.ports import free_port
-from fakes.process_groups import all_stopped, kill, members, none_stopped, poll_until
-from fakes.server_processes import (
+from fakes.processes.ports import free_port
+from fakes.processes.process_groups import all_stopped, kill, members, none_stopped, poll_until
+from fakes.processes.server_processes import (
     START_TIMEOUT_S,
     STOP_TIMEOUT_S,
     ServerProcess,
@@ -55,8 +54,8 @@ from fakes.server_processes import (
     spawn,
     wait_healthy,
 )
-from fakes.topologies import KIND_OF_ROLE, RESOURCES_SERVER_OF, TOPOLOGIES, peer_names, resources_mode
-from fakes.zygote_client import ForkServer, ForkServerError, SpawnRequest
+from fakes.processes.zygote_client import ForkServer, ForkServerError, SpawnRequest
+from fakes.stack.topologies import KIND_OF_ROLE, RESOURCES_SERVER_OF, TOPOLOGIES, peer_names, resources_mode
 
 log = logging.getLogger(__name__)
 
@@ -506,9 +505,3 @@ class Stack:
                 raise
             # Never let a teardown error hide the exception that ended the block.
             log.exception("stopping the stack after %r", exc)
-
-
-if __name__ == "__main__":
-    # `python -m fakes.stack` is the command line's program: run it as `python -m fakes.stack_cli` would, rather
-    # than import the module that imports this one.
-    runpy.run_module("fakes.stack_cli", run_name="__main__")

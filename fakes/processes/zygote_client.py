@@ -1,8 +1,8 @@
-"""The owner's handle on a fork server (`fakes.zygote`): launch it, ask it for servers and standbys, stop it.
+"""The owner's handle on a fork server (`fakes.processes.zygote`): launch it, ask it for servers and standbys, stop it.
 
-`fakes.stack.Stack` holds one `ForkServer` at a time (a new one if the last died). Each request is one JSON line
-to the fork server's stdin and one reply line from its stdout (`fakes.zygote_protocol`), every reply bounded by a
-timeout: a hung fork server fails a start with its log, never hangs the checker.
+`fakes.stack.launcher.Stack` holds one `ForkServer` at a time (a new one if the last died). Each request is one JSON
+line to the fork server's stdin and one reply line from its stdout (`fakes.processes.zygote_protocol`), every reply
+bounded by a timeout: a hung fork server fails a start with its log, never hangs the checker.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from typing import Any
 
 import attrs
 
-from fakes import process_groups
-from fakes.zygote_protocol import write_message
+from fakes.processes import process_groups
+from fakes.processes.zygote_protocol import write_message
 
 READY_TIMEOUT_S = 60.0
 REPLY_TIMEOUT_S = 30.0
@@ -68,7 +68,7 @@ class ForkServer:
     def launch(cls, log_path: Path, env: Mapping[str, str] | None = None) -> ForkServer:
         """Start a fork server in its own session (with `env`, by default this process's); it warms up in the
         background (see `wait_ready`)."""
-        argv = [sys.executable, "-m", "fakes.zygote"]
+        argv = [sys.executable, "-m", "fakes.processes.zygote"]
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with log_path.open("ab") as log:
             log.write(f"--- start fork server at {time.time():.3f}\n".encode())

@@ -1,7 +1,7 @@
 """The stack's server processes, each the leader of its own process group: start one, wait until servers answer,
 show a log's tail, kill groups and wait until they are gone.
 
-`fakes.process_groups` signals and waits on a bare process group; this module knows the server behind one: its
+`fakes.processes.process_groups` signals and waits on a bare process group; this module knows the server behind one: its
 name, URL and log, and who reaps it (this process, or the fork server).
 """
 
@@ -19,8 +19,8 @@ from typing import Any
 import attrs
 import httpx
 
-from fakes import process_groups
-from fakes.zygote_client import ForkServerError
+from fakes.processes import process_groups
+from fakes.processes.zygote_client import ForkServerError
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0

@@ -1,4 +1,5 @@
-"""The channel between the fork server (`fakes.zygote`) and its owner (`fakes.zygote_client.ForkServer`).
+"""The channel between the fork server (`fakes.processes.zygote`) and its owner
+(`fakes.processes.zygote_client.ForkServer`).
 
 The owner writes one JSON object per line to the fork server's stdin and reads one JSON reply per line from its
 stdout:
