@@ -41,7 +41,8 @@ from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 from restart import measure_harness  # benchmarks/restart.py, beside this script
 
-from ckpt_model.deployments.harness import Harness, fault_catalogue
+from ckpt_model.deployments.catalogue import fault_catalogue
+from ckpt_model.deployments.harness import Harness
 from ckpt_model.interrupts import sigterm_unwinds
 from ckpt_model.model.spec import FAULT_FREE, DeploymentSpec
 from ckpt_model.results.stats import ExampleStat, SearchStats

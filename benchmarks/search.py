@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         labels = [label for label in args.deployments.split(",") if label] or [spec.label for spec in FAULT_FREE]
         coverage(labels, [float(part) for part in args.seconds.split(",")])
         return 0
-    from ckpt_model.deployments.harness import fault_catalogue
+    from ckpt_model.deployments.catalogue import fault_catalogue
 
     names = [name for name in args.faults.split(",") if name] or [fault.name for fault in fault_catalogue()]
     checkouts = [] if args.no_after else [("after", HERE)]

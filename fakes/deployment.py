@@ -1,4 +1,4 @@
-"""The look-alike stack behind the checker's deployment seam (`ckpt_model.deployments.harness.Deployment`).
+"""The look-alike stack behind the checker's deployment seam (`ckpt_model.deployments.seam.Deployment`).
 
 The checker never imports `fakes`: it finds this module through the entry point `ckpt_model.systems` named
 `embedded` (declared in pyproject.toml), so a misreading of the protocol cannot hide on both sides at once and
@@ -97,7 +97,7 @@ class EmbeddedDeployment:
         self._routes_lock = threading.Lock()
 
     def plant_faults(self, faults: Sequence[str]) -> None:
-        """The Gym servers started next run with `faults` planted (`ckpt_model.deployments.harness.PlantsFaults`)."""
+        """The Gym servers started next run with `faults` planted (`ckpt_model.deployments.lifecycle.PlantsFaults`)."""
         self.stack.plant_faults(faults)
 
     @property
@@ -198,7 +198,7 @@ class EmbeddedDeployment:
         """Whether one server's wall clock can be moved alone (`fakes.clock`): Debian's `faketime` is installed, and
         the monotonic clocks do not follow the offsets (no `time_jumps`). The checker then also owns the time of
         every server: it moves their wall clocks together where it would wait for a deadline or a lease (each offset
-        the time passed plus the server's skew, `ckpt_model.deployments.harness.Harness.jump_to`)."""
+        the time passed plus the server's skew, `ckpt_model.deployments.clocks.Clocks.jump_to`)."""
         return clock.library() is not None and not self.stack.time_jumps
 
     @property

@@ -69,7 +69,8 @@ from ckpt_model.results.verdicts import Exit, exception_text, kind_of, leaves, r
 from ckpt_model.search import checking, profiles
 
 if TYPE_CHECKING:  # the stateful module is imported only when a check runs
-    from ckpt_model.deployments.harness import Harness, PlantedFault
+    from ckpt_model.deployments.catalogue import PlantedFault
+    from ckpt_model.deployments.harness import Harness
 
 REAL_GYM_DOC = "docs/real-gym.md"
 SEED_BITS = 32
@@ -293,7 +294,7 @@ def build_parser() -> Parser:
 
 
 def planted_faults(text: str) -> tuple[PlantedFault, ...]:
-    from ckpt_model.deployments.harness import UnknownFaults, faults_named
+    from ckpt_model.deployments.catalogue import UnknownFaults, faults_named
 
     try:
         return faults_named(text)
@@ -364,7 +365,7 @@ CLOCKS_NOTE = (
 def time_line(harness: Harness) -> str:
     """The banner's line on time: whether a rule's wait for a deadline, a lease or a frozen participant's outlasted
     deadline is a jump of the clocks the checker owns (milliseconds), or a real wait (seconds), and why."""
-    if harness.owns_time:
+    if harness.clocks.owns_time:
         return "  time:        owned by the checker (clock jumps: a wait for a deadline or a lease takes no time)"
     return (
         f"  time:        real waits (the {harness.spec.label} deployment cannot move its servers' clocks: "
@@ -511,7 +512,7 @@ def run_check(args: argparse.Namespace) -> int:
             harness = Harness(gym, spec=spec, artifacts=kept) if gym else Harness.embedded(spec, artifacts=kept)
             run.harness = harness
             print(time_line(harness), flush=True)
-            if gym is None and not harness.can_skew_clocks:
+            if gym is None and not harness.clocks.can_skew_clocks:
                 print(f"  note: {CLOCKS_NOTE}", flush=True)
             try:
 
@@ -674,7 +675,7 @@ def package_version() -> str:
 
 def load_regression(path: Path) -> tuple[dict[str, Any], DeploymentSpec]:
     """The file and its deployment; every problem with it at once, as a usage error."""
-    from ckpt_model.deployments.harness import fault_catalogue
+    from ckpt_model.deployments.catalogue import fault_catalogue
     from ckpt_model.results import regression
 
     try:
@@ -820,7 +821,7 @@ def not_minimised(path: Path, error: BaseException | None, recorded: tuple[str, 
 
 
 def run_stack(argv: list[str]) -> int:
-    from ckpt_model.deployments.harness import system
+    from ckpt_model.deployments.seam import system
 
     try:
         return system().launch(argv, prog="ckpt-model stack")
@@ -890,7 +891,7 @@ def run_real_model(args: argparse.Namespace) -> int:
 
 
 def run_faults() -> int:
-    from ckpt_model.deployments.harness import collection_fault_catalogue, fault_catalogue
+    from ckpt_model.deployments.catalogue import collection_fault_catalogue, fault_catalogue
 
     rows = [
         (

@@ -42,8 +42,9 @@ from ckpt_model.model.topologies import TOPOLOGIES, VERIFY_MODES
 from ckpt_model.results.reproduction import REPLAYS
 
 if TYPE_CHECKING:
+    from ckpt_model.deployments.catalogue import PlantedFault
     from ckpt_model.deployments.gym import GymDeployment
-    from ckpt_model.deployments.harness import Harness, PlantedFault
+    from ckpt_model.deployments.harness import Harness
 
 CHOICES = ("ckpt_topology", "ckpt_verify_mode", "ckpt_faults", "ckpt_deployment", "ckpt_keep_artifacts")
 # What `ckpt_check` runs: the check's search, with these keywords (None: the profile's).
@@ -104,7 +105,7 @@ def chosen(config: pytest.Config) -> DeploymentSpec:
     faults_text = config.getoption("ckpt_faults") or ""
     planted: tuple[PlantedFault, ...] = ()
     if faults_text.strip():
-        from ckpt_model.deployments.harness import faults_named
+        from ckpt_model.deployments.catalogue import faults_named
 
         planted = faults_named(faults_text)
     return DeploymentSpec.for_faults(
@@ -145,7 +146,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if not used(config):
         return
     from ckpt_model.deployments.artifacts import ArtifactsError, prepare
-    from ckpt_model.deployments.harness import UnknownFaults
+    from ckpt_model.deployments.catalogue import UnknownFaults
 
     if config.getoption("ckpt_deployment") is not None and (config.getoption("ckpt_faults") or "").strip():
         raise pytest.UsageError("--ckpt-faults plants faults in the embedded stack; a real Gym deployment has none")

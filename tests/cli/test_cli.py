@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from ckpt_model.deployments.harness import fault_catalogue
+from ckpt_model.deployments.catalogue import fault_catalogue
 from ckpt_model.results import regression
 from tests.stack.conftest import wait_until
 from tests.stacks_dump import default_sigint, stacks_of

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ckpt_model.deployments.harness import collection_fault_catalogue
+from ckpt_model.deployments.catalogue import collection_fault_catalogue
 from tests.cli.test_cli import ckpt_model, left_behind
 
 pytestmark = pytest.mark.processes

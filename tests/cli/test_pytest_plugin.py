@@ -14,7 +14,7 @@ pytestmark = pytest.mark.processes
 
 USES_THE_FIXTURE = """
 def test_deployment(ckpt_harness):
-    assert (ckpt_harness.topology, ckpt_harness.verify_mode, ckpt_harness.faults) == {expected!r}
+    assert (ckpt_harness.spec.topology, ckpt_harness.spec.verify_mode, ckpt_harness.spec.faults) == {expected!r}
 """
 
 DEFAULTS = """

@@ -212,20 +212,20 @@ def test_a_lease_the_wall_clock_jumped_past_lapses_at_once(deploy: Deploy) -> No
 
 @pytest.mark.skipif(clock.library() is None, reason="Debian's faketime is not installed (.ci/run installs it)")
 def test_the_harness_jumps_every_clock_and_a_frozen_server_s_as_it_goes_on() -> None:
-    """`Harness.jump_to`: the controller's clock and every server's pass the time together (a skew on top); a server
+    """`Clocks.jump_to`: the controller's clock and every server's pass the time together (a skew on top); a server
     frozen meanwhile wakes to it, and so lapses the lease the jump passed."""
     with Harness.embedded("native") as harness:
         harness.begin_example()
-        assert harness.owns_time
-        skewed = harness.skew_clock("agent", 30.0)
+        assert harness.clocks.owns_time
+        skewed = harness.clocks.skew_clock("agent", 30.0)
         assert harness.control is not None
-        assert harness.control.prepare("c1", harness.now() + 60.0).prepared
+        assert harness.control.prepare("c1", harness.clocks.now() + 60.0).prepared
         lapses_at = harness.statuses()["environment"]["lease_expires_at"]
-        harness.pause_server("environment")
-        jumped = harness.jump_to(lapses_at)
-        now = harness.now()
-        reads = harness.skew_clock("agent", 30.0)
-        harness.continue_server("environment")
+        harness.faults.pause_server("environment")
+        jumped = harness.clocks.jump_to(lapses_at)
+        now = harness.clocks.now()
+        reads = harness.clocks.skew_clock("agent", 30.0)
+        harness.faults.continue_server("environment")
         lapsed = wait_until(lambda: harness.statuses()["environment"]["phase"] == "idle", "the environment lapsed")
 
     assert jumped
@@ -241,10 +241,10 @@ def test_a_crash_after_time_passed_moves_the_fresh_participants_and_no_relay() -
     passed (its deadlines and lease agree with the controller's), and leaves a relay, which has no clock route."""
     with Harness.embedded("counter") as harness:
         harness.begin_example()
-        assert harness.jump_to(harness.now() + 100.0)
+        assert harness.clocks.jump_to(harness.clocks.now() + 100.0)
         harness.crash()
         assert harness.control is not None
-        offsets = [look_alike(harness, member.name) - harness.now() for member in harness.control.participants]
+        offsets = [look_alike(harness, member.name) - harness.clocks.now() for member in harness.control.participants]
 
     assert len(offsets) == 3  # the agent, the resources server, the policy model: not the relay
     assert offsets == pytest.approx([0.0] * 3, abs=5.0)

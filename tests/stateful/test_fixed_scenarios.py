@@ -8,7 +8,8 @@ from collections.abc import Iterator
 import attrs
 import pytest
 
-from ckpt_model.deployments.harness import Harness, planted
+from ckpt_model.deployments.catalogue import planted
+from ckpt_model.deployments.harness import Harness
 from ckpt_model.errors import PropertyViolation, QuiescenceTimeout, StepNotEnabled
 from ckpt_model.model.spec import DeploymentSpec
 from ckpt_model.properties.durability import P9Violation

@@ -26,7 +26,8 @@ from hypothesis.stateful import RULE_MARKER, RuleBasedStateMachine, precondition
 
 from ckpt_model.collection.relay import CallRelay
 from ckpt_model.deployments.collection_run import CollectionAudit, CollectionRun
-from ckpt_model.deployments.harness import STALL_POINTS, STORAGE_FAILURES, STORAGE_POINTS, Harness
+from ckpt_model.deployments.faults import STALL_POINTS, STORAGE_FAILURES, STORAGE_POINTS
+from ckpt_model.deployments.harness import Harness
 from ckpt_model.deployments.observe import backend_calls, poll
 from ckpt_model.errors import HarnessError, PropertyViolation
 from ckpt_model.model.contract import SCRIPTS, capture_key
@@ -190,7 +191,7 @@ class CollectionMachine(RuleBasedStateMachine):
         run.kill()
         self._exited(run.wait())
 
-    @precondition(lambda self: self.run is not None and self.harness.can_break_storage)
+    @precondition(lambda self: self.run is not None and self.harness.faults.can_break_storage)
     @rule(victim=PICK, point=PICK, errno=st.sampled_from(STORAGE_FAILURES), stop=st.booleans())
     @recorded
     def failing_save(self, victim: int, point: int, errno: str, stop: bool) -> None:
@@ -199,7 +200,7 @@ class CollectionMachine(RuleBasedStateMachine):
         not exit 75; a request's run resumes and goes on."""
         run = self._running()
         name = self._victim(victim)
-        self.harness.break_storage(name, STORAGE_POINTS[point % len(STORAGE_POINTS)], errno)
+        self.harness.faults.break_storage(name, STORAGE_POINTS[point % len(STORAGE_POINTS)], errno)
         before = files.latest_id(self.checkpoints)
         sent_from = len(self.calls.events)
         try:
@@ -209,7 +210,7 @@ class CollectionMachine(RuleBasedStateMachine):
                 return
             self._until(lambda: self._storage_met(name) and self._resumed(), f"the save failed on {name}, resumed")
         finally:
-            self.harness.release_storage(name)  # a fault no write met must not meet a later one
+            self.harness.faults.release_storage(name)  # a fault no write met must not meet a later one
         self._judged_once_resumed(functools.partial(p10_open_after_resume, "the failed save"), sent_from)
         if files.latest_id(self.checkpoints) != before:
             self.audit.published()  # a failed save published: P22 says what is wrong with it, then P23 as below
@@ -218,7 +219,7 @@ class CollectionMachine(RuleBasedStateMachine):
             self.audit.intact()
         self._settle()
 
-    @precondition(lambda self: self.run is not None and self.harness.can_break_storage)
+    @precondition(lambda self: self.run is not None and self.harness.faults.can_break_storage)
     @rule(victim=PICK, point=PICK)
     @recorded
     def second_sigterm(self, victim: int, point: int) -> None:
@@ -226,7 +227,7 @@ class CollectionMachine(RuleBasedStateMachine):
         stalls until the second has landed): the run must still publish it and exit 75."""
         self._sigterm_during_write(signal.SIGTERM, victim, point)
 
-    @precondition(lambda self: self.run is not None and self.harness.can_break_storage)
+    @precondition(lambda self: self.run is not None and self.harness.faults.can_break_storage)
     @rule(victim=PICK, point=PICK)
     @recorded
     def sigterm_during_request(self, victim: int, point: int) -> None:
@@ -354,13 +355,13 @@ class CollectionMachine(RuleBasedStateMachine):
         run = self._running()
         name = self._victim(victim)
         stall_point = STALL_POINTS[point % len(STALL_POINTS)]
-        self.harness.break_storage(name, stall_point, "stall")
+        self.harness.faults.break_storage(name, stall_point, "stall")
         try:
             run.signal(first)
             self._until(lambda: self._stalled_at(name, stall_point), f"{name}'s write to stall at {stall_point}")
             run.signal(signal.SIGTERM)
         finally:
-            self.harness.release_storage(name)
+            self.harness.faults.release_storage(name)
         self._exited(run.wait())
 
     def _crash_gym(self) -> None:
@@ -378,11 +379,11 @@ class CollectionMachine(RuleBasedStateMachine):
 
     def _storage_met(self, name: str) -> bool:
         """The write fault armed in `name` was met, and no write runs there."""
-        state = self.harness.storage_state(name)
+        state = self.harness.faults.storage_state(name)
         return state["armed"] is None and state["writes"] == 0
 
     def _stalled_at(self, name: str, point: str) -> bool:
-        return bool(self.harness.storage_state(name)["stalled_at"] == point)
+        return bool(self.harness.faults.storage_state(name)["stalled_at"] == point)
 
     def _unfinished(self) -> list[str]:
         finished = {row.rollout_id for row in files.output_rows(self.output)}

@@ -48,6 +48,7 @@ import httpx
 
 from ckpt_model.deployments import preflight
 from ckpt_model.deployments.preflight import PREFLIGHT_TIMEOUT_S, PreflightError
+from ckpt_model.deployments.seam import spec_of
 from ckpt_model.errors import HarnessError
 from ckpt_model.model.spec import DeploymentSpec
 from ckpt_model.protocol.client import new_http_client
@@ -420,8 +421,6 @@ def described(path: Path) -> tuple[GymDeployment, DeploymentSpec]:
     """The real Gym a description file names, and its spec: what `ckpt-model check --deployment FILE` and the
     pytest plugin's `--ckpt-deployment FILE` check. A bad file is a ValueError that says what is wrong and where the
     format is documented."""
-    from ckpt_model.deployments.harness import spec_of
-
     try:
         gym = GymDeployment.from_file(path)
         return gym, spec_of(gym)

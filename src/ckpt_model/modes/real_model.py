@@ -30,7 +30,8 @@ from urllib.parse import urlsplit
 import attrs
 import httpx
 
-from ckpt_model.deployments.harness import Harness, system
+from ckpt_model.deployments.harness import Harness
+from ckpt_model.deployments.seam import system
 from ckpt_model.errors import HarnessError
 from ckpt_model.model.contract import capture_key
 from ckpt_model.model.spec import DeploymentSpec

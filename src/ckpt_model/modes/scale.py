@@ -45,7 +45,8 @@ from urllib.parse import urlsplit
 import attrs
 import httpx
 
-from ckpt_model.deployments.harness import BackendGate, Harness
+from ckpt_model.deployments.gate import BackendGate
+from ckpt_model.deployments.harness import Harness
 from ckpt_model.errors import HarnessError, QuiescenceTimeout
 from ckpt_model.model.contract import SCRIPTS, ScriptCall, capture_key
 from ckpt_model.model.spec import DeploymentSpec
@@ -688,7 +689,7 @@ def run_scale(
         server_workers, policy_workers = workers_for(len(plan.in_flight), fd_limit)
         spec = DeploymentSpec(TOPOLOGY, server_workers=server_workers, policy_workers=policy_workers)
     else:
-        in_flight_limit = in_flight_bound(fd_limit, harness.server_workers, harness.policy_workers)
+        in_flight_limit = in_flight_bound(fd_limit, harness.spec.server_workers, harness.spec.policy_workers)
         plan = ScalePlan.split(rollouts, in_flight_limit, finished_share)
     stages = _Stages(progress or (lambda _line: None))
     own = harness is None
@@ -739,7 +740,7 @@ def _checked_run(run: _ScaleRun, stages: _Stages, in_flight_limit: int) -> Scale
         stage_cpu_s=dict(stages.cpu_seconds),
         verdicts=verdicts,
         records={name: reply["manifest"]["record_count"] for name, reply in committed.items()},
-        server_workers=run.harness.server_workers,
-        policy_workers=run.harness.policy_workers,
+        server_workers=run.harness.spec.server_workers,
+        policy_workers=run.harness.spec.policy_workers,
         fds_peak=fds_peak,
     )

@@ -14,7 +14,8 @@ from collections.abc import Sequence
 
 from hypothesis import settings
 
-from ckpt_model.deployments.harness import CollectorFault, Harness, UnknownFaults, collection_fault_catalogue, named_in
+from ckpt_model.deployments.catalogue import CollectorFault, UnknownFaults, collection_fault_catalogue, named_in
+from ckpt_model.deployments.harness import Harness
 from ckpt_model.errors import UsageError
 from ckpt_model.model.spec import OPTIONS, DeploymentSpec
 from ckpt_model.results.verdicts import Exit, failure_report

@@ -17,7 +17,8 @@ import attrs
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
-from ckpt_model.deployments.harness import Harness, planted
+from ckpt_model.deployments.catalogue import planted
+from ckpt_model.deployments.harness import Harness
 from ckpt_model.model.spec import DeploymentSpec
 from ckpt_model.results.reproduction import REPLAYS, Rate, rate_of
 from ckpt_model.results.stats import SearchStats
@@ -167,7 +168,7 @@ def search(
     else:
         minimised = None
     return Finding(
-        fault=",".join(harness.faults) or "(none)",
+        fault=",".join(harness.spec.faults) or "(none)",
         failures=failures,
         examples=stats.examples,
         first_failure_s=stats.first_failure_s,

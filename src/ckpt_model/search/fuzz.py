@@ -263,7 +263,7 @@ def stop(process: subprocess.Popen[bytes]) -> None:
 def chosen_targets(args: argparse.Namespace) -> tuple[DeploymentSpec, ...]:
     """The deployment the options name (`DeploymentSpec.for_faults`, as `ckpt-model check` picks), else every
     fault-free deployment."""
-    from ckpt_model.deployments.harness import UnknownFaults, faults_named
+    from ckpt_model.deployments.catalogue import UnknownFaults, faults_named
 
     try:
         faults = faults_named(args.faults)

@@ -864,7 +864,7 @@ def run(harness: Harness, scenario: Scenario | Sequence[Step], settle_timeout_s:
             getattr(machine, rule)(**arguments)
     finally:
         machine.teardown()
-    facts = scenario.facts(harness.topology)
+    facts = scenario.facts(harness.spec.topology)
     if facts is not None:
         check_calls(facts, machine.model.script, observe(harness).calls)
     if scenario.counts is not None:

@@ -19,8 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ckpt_model import timing
-from ckpt_model.deployments.harness import Harness
-from ckpt_model.deployments.observe import observe
+from ckpt_model.deployments.observe import Observes, observe
 from ckpt_model.errors import CoordinationError, ParticipantFailure
 from ckpt_model.model.contract import Attempt, Model
 from ckpt_model.model.lineage import next_key
@@ -83,7 +82,7 @@ from ckpt_model.trainer.twin import Twins
 class Audits:
     """Judges each operation's replies and what it left on disk; re-reads the committed checkpoints every step."""
 
-    def __init__(self, harness: Harness, ledgers: LedgerWatch, runs: RunPool, twins: Twins) -> None:
+    def __init__(self, harness: Observes, ledgers: LedgerWatch, runs: RunPool, twins: Twins) -> None:
         self.harness = harness
         self.ledgers = ledgers
         self.runs = runs
@@ -319,7 +318,7 @@ class Audits:
         """With token capture, the ledger rows of each attempt whose reply came in during this step, read before a
         later step can rewrite its ledger (a restore of an earlier checkpoint writes the next attempt's ledger
         again); None for a retired ledger (P5 judges whether it should be)."""
-        if not self.harness.token_capture:
+        if not self.harness.spec.token_capture:
             return
         for attempt in _replied(model):
             if attempt.run in self.replied_rows or attempt.run not in self.runs.outcomes:

@@ -28,7 +28,8 @@ import attrs
 import httpx
 
 from ckpt_model import timing
-from ckpt_model.deployments.harness import Gate, Harness
+from ckpt_model.deployments.gate import Gate
+from ckpt_model.deployments.harness import Harness
 from ckpt_model.deployments.observe import backend_calls, poll
 from ckpt_model.errors import CoordinationError, HarnessError, ParticipantFailure, QuiescenceTimeout
 from ckpt_model.model.contract import RESTART_SERVERS, Attempt
@@ -166,7 +167,7 @@ class Controller:
     @property
     def may_lapse(self) -> bool:
         """The lease lapses soon enough after a short prepare for the controller to wait for it."""
-        return self.harness.lease_grace_s <= QUIET_LEASE_GRACE_MAX_S
+        return self.harness.spec.lease_grace_s <= QUIET_LEASE_GRACE_MAX_S
 
     @property
     def can_retry(self) -> bool:
@@ -245,7 +246,7 @@ class Controller:
         """Extend the leases of the participants `names` only, to the control deadline plus the grace (P10)."""
         body = self.body("renew", checkpoint_id)
         replies = self.send_each("renew", checkpoint_id, body, names)
-        p10_lease_renewed(checkpoint_id, body["deadline_ts"] + self.harness.lease_grace_s - LEASE_SLACK_S, replies)
+        p10_lease_renewed(checkpoint_id, body["deadline_ts"] + self.harness.spec.lease_grace_s - LEASE_SLACK_S, replies)
 
     def prepare_with_hung_cut(self, checkpoint_id: str, deadline_s: float = HUNG_CUT_PREPARE_DEADLINE_S) -> Prepared:
         """A prepare with a short deadline while the backend's cut endpoint hangs; the cuts are judged before the
@@ -256,7 +257,7 @@ class Controller:
         try:
             invocation = self._invoke("prepare", checkpoint_id, checkpoint_id=checkpoint_id)
             deadline_ts = self._ahead(deadline_s)
-            if not self.harness.owns_time:
+            if not self.harness.clocks.owns_time:
                 result = self._answer(invocation, lambda: self.control.prepare(checkpoint_id, deadline_ts))
                 return self._prepared(invocation, Prepared.from_result(result), cut="hung")
             future = self.runs.submit(self.control.prepare, checkpoint_id, deadline_ts)
@@ -284,8 +285,8 @@ class Controller:
             until(lambda hanging: hanging > 0, "a cut request hangs at the backend, or the prepare answered")
             if prepare.done():
                 return
-            began_ts = self.harness.now()  # its sender took its budget before the request reached the backend
-            self.harness.jump_to((began_ts + deadline_ts) / 2)
+            began_ts = self.harness.clocks.now()  # its sender took its budget before the request reached the backend
+            self.harness.clocks.jump_to((began_ts + deadline_ts) / 2)
             until(
                 lambda hanging: hanging == 0, "every hung cut given up once its budget passed, or the prepare answered"
             )
@@ -304,12 +305,12 @@ class Controller:
         deadline_s: float = QUIET_PREPARE_DEADLINE_S,
         meanwhile: Callable[[], None] | None = None,
     ) -> bool:
-        """Prepare with a short deadline (generous where the checker owns time: `Harness.room`) and say nothing more
+        """Prepare with a short deadline (generous where the checker owns time: `Clocks.room`) and say nothing more
         until the lease lapsed (waited for, or jumped to); `meanwhile` runs once the participants are prepared (time
         passing, say). On a loaded machine the prepare can miss its
         deadline; the controller then resumes, which leaves the participants where a lapse does, and `meanwhile`
         never runs. Nothing of it is retried. Whether the participants were prepared."""
-        deadline_ts = self._ahead(self.harness.room(deadline_s))
+        deadline_ts = self._ahead(self.harness.clocks.room(deadline_s))
         invocation = self._invoke("prepare", checkpoint_id, checkpoint_id=checkpoint_id)
         try:
             prepared = self.control.prepare(checkpoint_id, deadline_ts).prepared
@@ -322,7 +323,7 @@ class Controller:
         if prepared:
             if meanwhile is not None:
                 meanwhile()
-            self.quiescence.wait_lease_lapsed(checkpoint_id, deadline_ts + self.harness.lease_grace_s)
+            self.quiescence.wait_lease_lapsed(checkpoint_id, deadline_ts + self.harness.spec.lease_grace_s)
         else:
             self._resume(checkpoint_id)
         self.last_call = None
@@ -332,7 +333,7 @@ class Controller:
         """Extend every lease; each must then run at least to the renew's deadline plus the grace (P10)."""
         deadline_ts = self._ahead(CONTROL_DEADLINE_S)
         replies = self._call("renew", checkpoint_id, lambda _: self.control.renew(checkpoint_id, deadline_ts))
-        p10_lease_renewed(checkpoint_id, deadline_ts + self.harness.lease_grace_s - LEASE_SLACK_S, replies)
+        p10_lease_renewed(checkpoint_id, deadline_ts + self.harness.spec.lease_grace_s - LEASE_SLACK_S, replies)
 
     def _prepared(self, invocation: Event, outcome: Prepared, cut: CutJudgement) -> Prepared:
         self._complete(invocation, "ok", cut=cut)
@@ -494,7 +495,7 @@ class Controller:
     def probe_past_deadline(self, operation: str, checkpoint_id: str, **arguments: Any) -> dict[str, Any]:
         """`operation` naming `checkpoint_id` with `arguments`, sent to every participant on its own with a
         deadline that passed `PAST_DEADLINE_S` ago; each one's answer, refusals included."""
-        body = request_body(operation, checkpoint_id, self.harness.now() - PAST_DEADLINE_S, **arguments)
+        body = request_body(operation, checkpoint_id, self.harness.clocks.now() - PAST_DEADLINE_S, **arguments)
         return self._probe(f"{operation} past its deadline", operation, checkpoint_id, None, body)
 
     def probe_deadline_ahead(
@@ -673,8 +674,8 @@ class Controller:
             raise
 
     def _ahead(self, seconds: float) -> float:
-        """A deadline `seconds` from now on the controller's clock (`Harness.now`: time may have passed)."""
-        return self.harness.now() + seconds
+        """A deadline `seconds` from now on the controller's clock (`Clocks.now`: time may have passed)."""
+        return self.harness.clocks.now() + seconds
 
     def _took(self, error: CoordinationError) -> tuple[Participant, ...]:
         """The participants that answered a failed call with a reply: they took it (a commit that one participant

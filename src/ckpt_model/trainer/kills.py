@@ -11,7 +11,7 @@ files, a write that fails or stalls, a participant frozen past a deadline, a hoo
 
 from __future__ import annotations
 
-from ckpt_model.deployments.harness import Harness
+from ckpt_model.deployments.lifecycle import Lifecycle
 from ckpt_model.protocol.client import Participant
 from ckpt_model.trainer.controller import Controller
 
@@ -19,7 +19,7 @@ from ckpt_model.trainer.controller import Controller
 class Nemesis:
     """The kills, journaled through the controller; counts the crashes for the search statistics."""
 
-    def __init__(self, harness: Harness, controller: Controller) -> None:
+    def __init__(self, harness: Lifecycle, controller: Controller) -> None:
         self.harness = harness
         self.controller = controller
         self.crashes = 0

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ckpt_model import timing
-from ckpt_model.deployments.harness import Harness
+from ckpt_model.deployments.observe import Observes
 from ckpt_model.model.lineage import (
     Lineage,
     next_key,
@@ -45,10 +45,10 @@ _UNREAD = object()
 class LedgerWatch:
     """The lineage the checker predicts, and what it last verified of each ledger."""
 
-    def __init__(self, harness: Harness) -> None:
+    def __init__(self, harness: Observes) -> None:
         self.harness = harness
-        self.enabled = harness.token_capture and harness.backend is not None
-        self.cuts = self.enabled and harness.generation_cuts
+        self.enabled = harness.spec.token_capture and harness.backend is not None
+        self.cuts = self.enabled and harness.spec.generation_cuts
         self.lineage = Lineage()
         self.verified: dict[str, Any] = {}
         self._cut_rounds_before = 0
@@ -114,7 +114,7 @@ class LedgerWatch:
             return
         in_flight = self.lineage.in_flight() if durable else ()
         rounds = self.harness.backend.cuts()[rounds_before:]  # type: ignore[union-attr]
-        p12_cut_round(checkpoint_id, in_flight, rounds, self.harness.policy_workers)
+        p12_cut_round(checkpoint_id, in_flight, rounds, self.harness.spec.policy_workers)
         self.lineage = self.lineage.cut(durable)
 
     def committed(self, checkpoint_id: str, delivered: Mapping[str, int], directory: Path) -> None:

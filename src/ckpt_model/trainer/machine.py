@@ -13,9 +13,7 @@ from typing import Any, cast
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize
 
-from ckpt_model.deployments.harness import (
-    Harness,
-)
+from ckpt_model.deployments.harness import Harness
 from ckpt_model.errors import CoordinationError
 from ckpt_model.model.contract import Model
 from ckpt_model.properties.state import P7Violation
@@ -71,11 +69,11 @@ class CheckpointMachine(
         if stats is not None:
             stats.example_started()
         twins = twin.begin_example(harness)  # the example starts; P14's baseline is made first if not cached
-        self.model = Model(topology=harness.topology, verify_mode=harness.verify_mode)  # type: ignore[arg-type]
+        self.model = Model(topology=harness.spec.topology, verify_mode=harness.spec.verify_mode)  # type: ignore[arg-type]
         self.history = History()
         runs = run_pool(harness, self.history)
         traits = harness.spec.traits
-        self.quiescence = Quiescence(harness, runs, traits.reward(traits.script), settle_timeout_s)
+        self.quiescence = Quiescence(harness, harness.clocks, runs, traits.reward(traits.script), settle_timeout_s)
         self.ledgers = LedgerWatch(harness)  # P5, P12: the capture ledgers the checker predicts and reads
         self.controller = Controller(harness, self.history, runs, self.quiescence, watchers=[self.ledgers])
         self.nemesis = Nemesis(harness, self.controller)

@@ -18,7 +18,8 @@ import attrs
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine
 
-from ckpt_model.deployments.harness import LOSABLE_OPERATIONS, Harness
+from ckpt_model.deployments.faults import LOSABLE_OPERATIONS
+from ckpt_model.deployments.harness import Harness
 from ckpt_model.errors import CoordinationError, HarnessError, ParticipantFailure, PropertyViolation
 from ckpt_model.model.contract import Attempt, Checkpoint, Model
 from ckpt_model.properties.state import P7Violation

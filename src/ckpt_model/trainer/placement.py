@@ -72,14 +72,14 @@ class Placement:
     @property
     def observed(self) -> bool:
         """Only a deployment with several policy workers has a worker race to own or observe."""
-        return self.harness.policy_workers > 1 and self.harness.backend is not None
+        return self.harness.spec.policy_workers > 1 and self.harness.backend is not None
 
     def place(self, key: str, worker: int) -> str:
         """Serve capture key `key`'s calls on worker `worker` (modulo the workers); a label suffix for the step."""
         if not self.harness.places_calls:
             return ""
         self.chosen[key] = live_worker(
-            worker, self.harness.workers, self.harness.server_workers, self.harness.dead_workers
+            worker, self.harness.workers, self.harness.spec.server_workers, self.harness.dead_workers
         )
         self.harness.place_calls(self.chosen)
         return f" on worker {self.chosen[key]}"
@@ -100,6 +100,6 @@ class Placement:
         for index, key, worker in served:
             self.history.note("backend", "served", f"call {index} of {key} by policy worker {worker}")
         if self.harness.places_calls:
-            policy = {key: index % self.harness.policy_workers for key, index in self.chosen.items()}
+            policy = {key: index % self.harness.spec.policy_workers for key, index in self.chosen.items()}
             for mismatch in placement_mismatches(served, policy):
                 raise PlacementMismatch(*mismatch)

@@ -18,11 +18,12 @@ from typing import Any
 import attrs
 
 from ckpt_model import timing
-from ckpt_model.deployments.harness import Harness
+from ckpt_model.deployments.clocks import Clocks
 from ckpt_model.deployments.observe import (
     POLL_INTERVAL_MAX_S,
     POLL_INTERVAL_MIN_S,
     Observation,
+    Observes,
     backend_calls,
     observe,
     poll,
@@ -61,8 +62,11 @@ PHASES_WHILE_PENDING_AFTER_S = 0.05
 class Quiescence:
     """Settles each step: polls until the system shows the model's prediction, raising what cannot be fixed."""
 
-    def __init__(self, harness: Harness, runs: RunPool, reward: float, timeout_s: float = SETTLE_TIMEOUT_S) -> None:
+    def __init__(
+        self, harness: Observes, clocks: Clocks, runs: RunPool, reward: float, timeout_s: float = SETTLE_TIMEOUT_S
+    ) -> None:
         self.harness = harness
+        self.clocks = clocks
         self.runs = runs
         self.reward = reward
         self.timeout_s = timeout_s
@@ -140,7 +144,7 @@ class Quiescence:
 
         with timing.span("wait_lease_lapsed"):
             poll(idle, self._until(lapses_at_ts) + self.timeout_s)
-        p10_lease_lapsed(checkpoint_id, phases, self.harness.now() - lapses_at_ts)
+        p10_lease_lapsed(checkpoint_id, phases, self.clocks.now() - lapses_at_ts)
 
     def wait_lapsed(self, name: str, checkpoint_id: str, lapses_at_ts: float) -> None:
         """Until participant `name` is idle again after its lease of `checkpoint_id` lapsed (`lapses_at_ts` on the
@@ -157,15 +161,15 @@ class Quiescence:
 
         with timing.span("wait_lease_lapsed"):
             poll(idle, self._until(lapses_at_ts) + self.timeout_s)
-        p10_lease_lapsed(checkpoint_id, phases, self.harness.now() - lapses_at_ts)
+        p10_lease_lapsed(checkpoint_id, phases, self.clocks.now() - lapses_at_ts)
 
     def _until(self, lapses_at_ts: float) -> float:
         """The seconds of real time left before the lease lapses at `lapses_at_ts`: none where the checker owns
-        time, whose clocks jump past it now (`Harness.jump_to`: the servers' lease timers fire at once), else the
+        time, whose clocks jump past it now (`Clocks.jump_to`: the servers' lease timers fire at once), else the
         lease itself (deadline + grace) in real time."""
-        if self.harness.jump_to(lapses_at_ts):
+        if self.clocks.jump_to(lapses_at_ts):
             return 0.0
-        return max(lapses_at_ts - self.harness.now(), 0.0)
+        return max(lapses_at_ts - self.clocks.now(), 0.0)
 
     # -- what is pending, and what is already wrong ------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """The checker's reader of a deployment's telemetry files, and P26 on them after every step.
 
-A deployment that exports telemetry (`ckpt_model.deployments.harness.ExportsTelemetry`: the look-alike stack) writes
+A deployment that exports telemetry (`ckpt_model.deployments.observe.ExportsTelemetry`: the look-alike stack) writes
 JSON lines per server process into one directory (docs/protocol.md): spans, and a metrics line after each operation.
 A participant writes an operation's span and its metrics before it replies, so once the controller holds a reply
 the span is on disk: the watch takes the controller's calls first, then reads what the files gained since the last
@@ -20,6 +20,7 @@ from typing import Any
 import attrs
 
 from ckpt_model import timing
+from ckpt_model.deployments.observe import Observes
 from ckpt_model.errors import PropertyViolation
 from ckpt_model.properties.telemetry import p26_metrics_agree, p26_one_span_per_call, p26_unreadable
 from ckpt_model.protocol.telemetry import OTLP_METRICS, OTLP_SPANS, MetricsSnapshot, Span, SpanCounts, spans_from_otlp
@@ -133,7 +134,7 @@ def _record(name: str, line: bytes) -> dict[str, Any]:
 class TelemetryWatch:
     """P26 after every step of an example on a deployment that exports telemetry; nothing on one that does not."""
 
-    def __init__(self, harness: Any) -> None:
+    def __init__(self, harness: Observes) -> None:
         self.harness = harness
         directory = harness.telemetry_dir
         self.reader = TelemetryReader(directory) if directory is not None else None

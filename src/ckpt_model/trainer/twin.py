@@ -107,7 +107,7 @@ def _released_until_done(harness: Harness, reply: Future[httpx.Response], timeou
 
 def _chain(harness: Harness) -> list[dict[str, Any]] | None:
     """With token capture, the twin's ledger chain (what the trainer reads); None without."""
-    if not harness.token_capture or harness.backend is None:
+    if not harness.spec.token_capture or harness.backend is None:
         return None
     manifest = harness.ledger.manifest(TWIN.key)
     if not isinstance(manifest, Manifest):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import types
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import attrs
 import pytest
@@ -63,14 +62,17 @@ def stand_in(capabilities: Capabilities, model: Model) -> CheckpointMachine:
         can_crash=capabilities.crashes,
         can_restart_one=capabilities.restart_one,
         can_kill_workers=capabilities.kill_workers,
-        can_stop_inside_commit=capabilities.failpoints,
         can_lose_unsynced=capabilities.lose_unsynced,
-        can_break_storage=capabilities.break_storage,
-        can_pause=capabilities.pause,
-        can_lose_replies=capabilities.lose_replies,
-        can_fail_hooks=capabilities.fail_hooks,
-        can_skew_clocks=capabilities.skew_clocks,
-        can_jump_clocks=capabilities.jump_clocks,
+        faults=types.SimpleNamespace(
+            can_stop_inside_commit=capabilities.failpoints,
+            can_break_storage=capabilities.break_storage,
+            can_pause=capabilities.pause,
+            can_lose_replies=capabilities.lose_replies,
+            can_fail_hooks=capabilities.fail_hooks,
+        ),
+        clocks=types.SimpleNamespace(
+            can_skew_clocks=capabilities.skew_clocks, can_jump_clocks=capabilities.jump_clocks
+        ),
         control=types.SimpleNamespace(participants=members),
     )
     controller = types.SimpleNamespace(
@@ -329,24 +331,26 @@ def test_capabilities_of_a_harness_read_its_capabilities() -> None:
         token_capture=False,
         generation_cuts=False,
         verify_mode="replay",
+        lease_grace_s=600.0,
         traits=types.SimpleNamespace(judge=True, restart_environment=False),
     )
-    flags: dict[str, Any] = {
-        name: False
-        for name in (
-            "can_restart_one",
-            "can_kill_workers",
-            "can_stop_inside_commit",
-            "can_lose_unsynced",
-            "can_break_storage",
-            "can_lose_replies",
-            "can_fail_hooks",
-            "can_skew_clocks",
-            "can_jump_clocks",
-        )
-    }
+    faults = types.SimpleNamespace(
+        can_stop_inside_commit=False,
+        can_break_storage=False,
+        can_pause=True,
+        can_lose_replies=False,
+        can_fail_hooks=False,
+    )
     harness = types.SimpleNamespace(
-        backend=None, can_crash=False, can_pause=True, lease_grace_s=600.0, spec=spec, telemetry_dir=None, **flags
+        backend=None,
+        can_crash=False,
+        can_restart_one=False,
+        can_kill_workers=False,
+        can_lose_unsynced=False,
+        faults=faults,
+        clocks=types.SimpleNamespace(can_skew_clocks=False, can_jump_clocks=False),
+        spec=spec,
+        telemetry_dir=None,
     )
 
     capabilities = Capabilities.of(harness)  # type: ignore[arg-type]

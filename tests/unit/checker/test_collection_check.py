@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
-from ckpt_model.deployments.harness import collection_fault_catalogue
+from ckpt_model.deployments.catalogue import collection_fault_catalogue
 from ckpt_model.properties.collection import P23Violation
 from ckpt_model.results.verdicts import Exit
 from ckpt_model.search import collection_check

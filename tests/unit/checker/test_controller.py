@@ -107,18 +107,22 @@ class FakeRuns:
         pass
 
 
+class TrueClocks:
+    """Clocks the checker does not move: the controller's clock is the true time."""
+
+    def now(self) -> float:
+        return time.time()
+
+
 class FakeHarness:
     def __init__(self, root: Path) -> None:
         self.control = ScriptedControl()
         self.checkpoint_dir = root
         self.backend = None
-        self.lease_grace_s = LEASE_GRACE_S
         self.crashes: list[str] = []
         self.places_calls = False  # one policy worker: nothing to place
-        self.spec = DeploymentSpec("native")
-
-    def now(self) -> float:
-        return time.time()
+        self.spec = DeploymentSpec("native", lease_grace_s=LEASE_GRACE_S)
+        self.clocks = TrueClocks()
 
     def crash(self, power_loss: bool = False) -> None:
         self.crashes.append("power loss" if power_loss else "crash")
@@ -330,7 +334,7 @@ def test_the_ledger_watch_moves_the_lineage_for_each_event_it_is_handed(tmp_path
             moved.append(("committed", checkpoint_id))
 
     harness = FakeHarness(tmp_path)
-    harness.token_capture, harness.generation_cuts, harness.backend = True, False, object()  # type: ignore[attr-defined]
+    harness.spec, harness.backend = DeploymentSpec("native", token_capture=True), object()  # type: ignore[assignment]
     watch = Watch(harness)  # type: ignore[arg-type]
     policy, env = MEMBERS.of_kind("model"), MEMBERS.of_kind("environment")
     episode = EpisodeId(rollout_id="r0", attempt=0)
@@ -429,7 +433,7 @@ def test_a_stale_ledger_is_deleted_before_its_key_runs(
     tmp_path: Path, lineage: Lineage, continues: bool, deleted: list[list[str]]
 ) -> None:
     harness = FakeHarness(tmp_path)
-    harness.token_capture, harness.generation_cuts, harness.backend = True, False, object()  # type: ignore[attr-defined]
+    harness.spec, harness.backend = DeploymentSpec("native", token_capture=True), object()  # type: ignore[assignment]
     harness.ledger = LedgerClient()  # type: ignore[attr-defined]
     watch = LedgerWatch(harness)  # type: ignore[arg-type]
     watch.lineage = lineage

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from ckpt_model.deployments.harness import BackendGate
+from ckpt_model.deployments.gate import BackendGate
 from ckpt_model.errors import CoordinationError
 from ckpt_model.protocol import get_round
 from ckpt_model.protocol.client import ControlClient, Participant, Participants

@@ -8,7 +8,7 @@ import types
 from concurrent.futures import Future
 from typing import Any
 
-from ckpt_model.deployments.harness import STALL
+from ckpt_model.deployments.faults import STALL
 from ckpt_model.errors import ParticipantFailure
 from ckpt_model.trainer.nemeses.storage import Storage
 from ckpt_model.trainer.pipeline import WriteFault
@@ -17,11 +17,13 @@ FAULT = WriteFault("agent", "records.fsync", STALL, "stall at records.fsync")
 
 
 class StorageState:
-    """A harness that reads the victim's storage state from a list (the last value repeats) and owns time."""
+    """A harness whose faults role reads the victim's storage state from a list (the last value repeats) and whose
+    clocks role owns time: one stand-in plays both."""
 
     def __init__(self, *states: dict[str, Any]) -> None:
         self.states = list(states)
         self.jumped: list[float] = []
+        self.faults = self.clocks = self
 
     def storage_state(self, _name: str) -> dict[str, Any]:
         return self.states.pop(0) if len(self.states) > 1 else self.states[0]

@@ -50,7 +50,7 @@ def test_the_next_servers_get_the_new_faults_and_the_spec_names_them(harness: Ha
     harness.replant(("agent_export_drops_unstarted",))
     assert harness.deployment.planted == [("agent_export_drops_unstarted",)]  # type: ignore[attr-defined]
     assert harness.spec == DeploymentSpec("native", faults=("agent_export_drops_unstarted",))
-    assert harness.faults == ("agent_export_drops_unstarted",)
+    assert harness.spec.faults == ("agent_export_drops_unstarted",)
     assert harness.spec.file_words == ("native", "agent_export_drops_unstarted")
     harness.replant(())
     assert (harness.deployment.planted[-1], harness.spec) == ((), DeploymentSpec("native"))  # type: ignore[attr-defined]

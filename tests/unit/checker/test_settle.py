@@ -80,7 +80,7 @@ def dispatched() -> Model:
 
 
 def settle(harness: Harness) -> Any:
-    return Quiescence(harness, Runs(), reward=1.0, timeout_s=TIMEOUT_S).settle(dispatched())  # type: ignore[arg-type]
+    return Quiescence(harness, None, Runs(), reward=1.0, timeout_s=TIMEOUT_S).settle(dispatched())  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("arrives_at", [1, 3])

@@ -11,7 +11,8 @@ from typing import Any
 import attrs
 import pytest
 
-from ckpt_model.deployments.harness import Harness, PlantedFault, fault_catalogue
+from ckpt_model.deployments.catalogue import PlantedFault, fault_catalogue
+from ckpt_model.deployments.harness import Harness
 from ckpt_model.model.spec import FAULT_FREE, OPTIONS, DeploymentSpec, SpecError, main, option_words, options_of_words
 from ckpt_model.results import regression
 from ckpt_model.trainer.machine import machine_for

@@ -94,7 +94,7 @@ class Clocks(MachineBase):
     @action(
         lambda self: (
             not self.model.tried.clock_skew
-            and self.harness.can_skew_clocks
+            and self.harness.clocks.can_skew_clocks
             and self.controller.may_lapse
             and self._may_checkpoint()
         ),
@@ -127,7 +127,7 @@ class Clocks(MachineBase):
         others = [m.name for m in self.controller.members() if m.name != name]
         within_skew = self.controller.probe_deadline_ahead("prepare", f"skew-{checkpoint_id}", SKEW_AHEAD_S / 2, [name])
         p18_refused_on_its_clock("a prepare due in half its skew", name, SKEW_AHEAD_S, within_skew[name])
-        deadline_ts = self.harness.now() + SKEW_AHEAD_S + SKEWED_PREPARE_MARGIN_S
+        deadline_ts = self.harness.clocks.now() + SKEW_AHEAD_S + SKEWED_PREPARE_MARGIN_S
         try:
             self.controller.prepare_by(checkpoint_id, deadline_ts)
         except CoordinationError as error:
@@ -136,13 +136,13 @@ class Clocks(MachineBase):
                 return model.resume(), f"prepare({checkpoint_id}) reached {name} past its deadline; resumed"
             raise
         self.controller.renew_on(others, checkpoint_id)
-        self.quiescence.wait_lapsed(name, checkpoint_id, deadline_ts + self.harness.lease_grace_s - SKEW_AHEAD_S)
+        self.quiescence.wait_lapsed(name, checkpoint_id, deadline_ts + self.harness.spec.lease_grace_s - SKEW_AHEAD_S)
         model = self._stale_commit(name, others, model, checkpoint_id, p18_lapsed_first)
         return model, f"prepare({checkpoint_id}); {name} lapsed first; commit refused by it; resume, incomplete"
 
     def _outholds_the_others(self, name: str, model: Model, checkpoint_id: str) -> tuple[Model, str]:
         others = [m.name for m in self.controller.members() if m.name != name]
-        deadline_ts = self.harness.now() + SKEWED_QUIET_DEADLINE_S
+        deadline_ts = self.harness.clocks.now() + SKEWED_QUIET_DEADLINE_S
         try:
             self.controller.prepare_by(checkpoint_id, deadline_ts)
         except CoordinationError as error:
@@ -157,7 +157,7 @@ class Clocks(MachineBase):
             self.controller.resume(checkpoint_id)
             return model.resume(), f"prepare({checkpoint_id}) unanswered by {name} in time, though ready; resumed"
         for other in others:
-            self.quiescence.wait_lapsed(other, checkpoint_id, deadline_ts + self.harness.lease_grace_s)
+            self.quiescence.wait_lapsed(other, checkpoint_id, deadline_ts + self.harness.spec.lease_grace_s)
         try:
             self.controller.commit(checkpoint_id, model.scope())
             refused = None
@@ -189,7 +189,7 @@ class Clocks(MachineBase):
     @action(
         lambda self: (
             not self.model.tried.time_passed
-            and self.harness.can_jump_clocks
+            and self.harness.clocks.can_jump_clocks
             and not self.model.restarts()
             and self._may_checkpoint()
         ),
@@ -217,10 +217,10 @@ class Clocks(MachineBase):
         """Move `victim`'s wall clock `offset_s` from the controller's (0 puts it back); journaled, and confirmed by
         the time its clock reads right after."""
         invocation = self.controller.invoke("skew clock", f"{victim}: {offset_s:+g} s")
-        before = self.harness.now()
-        reads = self.harness.skew_clock(victim, offset_s)
+        before = self.harness.clocks.now()
+        reads = self.harness.clocks.skew_clock(victim, offset_s)
         self.controller.complete(invocation, "ok")
-        if not before + offset_s - SKEW_TOLERANCE_S <= reads <= self.harness.now() + offset_s + SKEW_TOLERANCE_S:
+        if not before + offset_s - SKEW_TOLERANCE_S <= reads <= self.harness.clocks.now() + offset_s + SKEW_TOLERANCE_S:
             raise HarnessError(
                 f"{victim}'s clock was to run {offset_s:+g} s from the controller's ({before:.3f}) and reads "
                 f"{reads:.3f}"
@@ -230,10 +230,10 @@ class Clocks(MachineBase):
         """Let `seconds` pass for the whole system at once (every server's clocks and the controller's); journaled,
         and confirmed by the time each server's clock reads right after."""
         invocation = self.controller.invoke("time passes", f"{seconds:g} s")
-        before = self.harness.now() + seconds
-        reads = self.harness.pass_time(seconds)
+        before = self.harness.clocks.now() + seconds
+        reads = self.harness.clocks.pass_time(seconds)
         self.controller.complete(invocation, "ok")
-        after = self.harness.now()
+        after = self.harness.clocks.now()
         for name, read in sorted(reads.items()):
             if not before - SKEW_TOLERANCE_S <= read <= after + SKEW_TOLERANCE_S:
                 raise HarnessError(

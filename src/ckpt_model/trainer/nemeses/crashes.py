@@ -15,7 +15,7 @@ from typing import Any
 import attrs
 from hypothesis import strategies as st
 
-from ckpt_model.deployments.harness import FAILPOINT_BEFORE_INSTALL, FAILPOINT_BETWEEN_FILES
+from ckpt_model.deployments.faults import FAILPOINT_BEFORE_INSTALL, FAILPOINT_BETWEEN_FILES
 from ckpt_model.deployments.observe import poll
 from ckpt_model.errors import CoordinationError, QuiescenceTimeout
 from ckpt_model.model.contract import Attempt, Model
@@ -139,7 +139,7 @@ class Crashes(MachineBase):
         checkpoint_id, scope = self.model.opened, self.model.scope()
         members = self.controller.members()
         done = [m.name for m in members[: committed % len(members)]]
-        stopped = members[len(done)].name if inside and self.harness.can_stop_inside_commit else None
+        stopped = members[len(done)].name if inside and self.harness.faults.can_stop_inside_commit else None
         if done:
             replies = self.controller.commit_on(done, checkpoint_id, scope)
             self.audits.partial_commit(self.model, checkpoint_id, done, replies)
@@ -242,7 +242,7 @@ class Crashes(MachineBase):
         every attempt with it), which the `prepare` rule never does: a readiness the lost worker blocks shows all
         the same."""
         member = choose(self._killable_workers(), pick)
-        workers = self.harness.server_workers
+        workers = self.harness.spec.server_workers
         index = worker % workers
         through = {a.key for a in self.model.ends_alone(member.kind)}
         placement = self.controller.placement
@@ -315,7 +315,10 @@ class Crashes(MachineBase):
     def _can_die_in_restore(self) -> list[Participant]:
         """With failpoints and single restarts: the participants that are the only one of their kind (the model
         says what one participant forgets by its kind)."""
-        if not (self.harness.can_stop_inside_commit and self.harness.can_restart_one) or self.harness.control is None:
+        if (
+            not (self.harness.faults.can_stop_inside_commit and self.harness.can_restart_one)
+            or self.harness.control is None
+        ):
             return []
         members = self.controller.members()
         kinds = [m.kind for m in members]
@@ -329,13 +332,13 @@ class Crashes(MachineBase):
         directory = str(self.controller.directory(source))
         body = self.controller.body("restore", restore_id, checkpoint_dir=directory, episode_ids=scope)
         others = [m for m in self.controller.control.participants if m.name != member.name]
-        self.harness.arm_failpoint(member.name, FAILPOINT_BEFORE_INSTALL)
+        self.harness.faults.arm_failpoint(member.name, FAILPOINT_BEFORE_INSTALL)
         invocation = self.controller.invoke("restore", restore_id, checkpoint_id=restore_id)
         restore = self.controller.runs.submit(self.controller.control.post_each, "restore", body, body["deadline_ts"])
 
         def others_restored() -> bool:
             statuses = self.harness.statuses()
-            return self.harness.failpoint_reached(member.name, FAILPOINT_BEFORE_INSTALL) and all(
+            return self.harness.faults.failpoint_reached(member.name, FAILPOINT_BEFORE_INSTALL) and all(
                 statuses[m.name]["phase"] == "restored" for m in others
             )
 
@@ -355,7 +358,7 @@ class Crashes(MachineBase):
 
     def _hold_inside_commit(self, name: str, checkpoint_id: str, scope: Sequence[Attempt]) -> HeldCommit:
         """Send `name` its commit with a failpoint armed between its two files; return once its work stands there."""
-        self.harness.arm_failpoint(name, FAILPOINT_BETWEEN_FILES)
+        self.harness.faults.arm_failpoint(name, FAILPOINT_BETWEEN_FILES)
         directory = str(self.controller.directory(checkpoint_id))
         episodes = episodes_of(scope)
         body = self.controller.body("commit", checkpoint_id, checkpoint_dir=directory, episode_ids=episodes)
@@ -363,7 +366,7 @@ class Crashes(MachineBase):
         post = self.controller.control.post_each
         answer = self.controller.runs.submit(post, "commit", body, body["deadline_ts"], [name])
         timeout_s = self.quiescence.timeout_s
-        if not poll(lambda: self.harness.failpoint_reached(name, FAILPOINT_BETWEEN_FILES), timeout_s):
+        if not poll(lambda: self.harness.faults.failpoint_reached(name, FAILPOINT_BETWEEN_FILES), timeout_s):
             raise QuiescenceTimeout(
                 prediction=f"{name}'s commit stops between its records file and its manifest",
                 observed="it never got there" + (f": {answer.result()}" if answer.done() else ""),

@@ -6,9 +6,7 @@ from collections.abc import Sequence
 
 from hypothesis import strategies as st
 
-from ckpt_model.deployments.harness import (
-    EXPORT_HOOK,
-)
+from ckpt_model.deployments.faults import EXPORT_HOOK
 from ckpt_model.errors import CoordinationError, ParticipantFailure
 from ckpt_model.model.contract import Attempt
 from ckpt_model.properties.fencing import p10_failed_close_refused, p10_reopened_after_failed_close
@@ -51,7 +49,7 @@ class Hooks(MachineBase):
     """The rules of the hooks family (`HOOKS`)."""
 
     @action(
-        lambda self: self._may_commit() and self.harness.can_fail_hooks,
+        lambda self: self._may_commit() and self.harness.faults.can_fail_hooks,
         family=HOOKS,
         needs=(checkable.FAIL_HOOKS,),
         judges=("P16",),
@@ -64,7 +62,7 @@ class Hooks(MachineBase):
         self._write_fault(victim, EXPORT_HOOK, EXPORT_HOOK, "failing export hook", then_retry, self._export_failing)
 
     @action(
-        lambda self: self.harness.can_fail_hooks and self._may_checkpoint() and not self.ledgers.cuts,
+        lambda self: self.harness.faults.can_fail_hooks and self._may_checkpoint() and not self.ledgers.cuts,
         family=HOOKS,
         needs=(checkable.FAIL_HOOKS, checkable.NO_CUTS),
         applies=goals.without_cuts,
@@ -93,7 +91,7 @@ class Hooks(MachineBase):
             self.prepare()
 
     @action(
-        lambda self: self.harness.can_fail_hooks and self._may_restore(),
+        lambda self: self.harness.faults.can_fail_hooks and self._may_restore(),
         family=HOOKS,
         needs=(checkable.FAIL_HOOKS, checkable.FRESH),
         judges=("P8",),
@@ -118,7 +116,7 @@ class Hooks(MachineBase):
 
     def _fail_hook(self, victim: str, hook: str) -> None:
         """Make `victim`'s next call of its `hook` (close, export, install) raise; journaled."""
-        self.harness.fail_hook(victim, hook)
+        self.harness.faults.fail_hook(victim, hook)
         invocation = self.controller.invoke("hook fault", f"{victim}: {hook}")
         self.controller.complete(invocation, "ok")
 

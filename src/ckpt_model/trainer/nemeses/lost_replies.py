@@ -51,7 +51,7 @@ class LostReplies(MachineBase):
     """The rules of the lost replies family (`LOST_REPLIES`)."""
 
     @action(
-        lambda self: self.harness.can_lose_replies and bool(self._one_sided()),
+        lambda self: self.harness.faults.can_lose_replies and bool(self._one_sided()),
         family=LOST_REPLIES,
         needs=(checkable.LOSE_REPLIES,),
         judges=("P17",),
@@ -124,7 +124,7 @@ class LostReplies(MachineBase):
     ) -> CoordinationError:
         """Send `operation` of `checkpoint_id` as the controller does while `victim` is set to lose its reply after
         running it; the call's error, in which only the victim's reply is missing (P17)."""
-        self.harness.lose_reply(victim, operation)
+        self.harness.faults.lose_reply(victim, operation)
         invocation = self.controller.invoke("lose reply", f"{victim}: {operation}")
         self.controller.complete(invocation, "ok")
         error = self.controller.unanswered(operation, checkpoint_id, scope, self._judge_prepare(checkpoint_id))

@@ -10,9 +10,7 @@ from typing import Any, TypeVar
 
 from hypothesis import strategies as st
 
-from ckpt_model.deployments.harness import (
-    PAUSE,
-)
+from ckpt_model.deployments.faults import PAUSE
 from ckpt_model.deployments.observe import poll
 from ckpt_model.errors import CoordinationError, ParticipantFailure, QuiescenceTimeout
 from ckpt_model.model.contract import Attempt
@@ -77,7 +75,7 @@ class Pauses(MachineBase):
     """The rules of the pauses family (`PAUSES`)."""
 
     @action(
-        lambda self: self._may_commit() and self.harness.can_pause,
+        lambda self: self._may_commit() and self.harness.faults.can_pause,
         family=PAUSES,
         needs=(checkable.PAUSE,),
         judges=("P16",),
@@ -90,7 +88,7 @@ class Pauses(MachineBase):
         self._write_fault(victim, PAUSE, PAUSE, "pause across its deadline", then_retry, self._commit_paused)
 
     @action(
-        lambda self: self.harness.can_pause and self._may_checkpoint_anew() and not self.ledgers.cuts,
+        lambda self: self.harness.faults.can_pause and self._may_checkpoint_anew() and not self.ledgers.cuts,
         family=PAUSES,
         needs=(checkable.PAUSE, checkable.NO_CUTS),
         judges=("P21",),
@@ -124,7 +122,7 @@ class Pauses(MachineBase):
     @action(
         lambda self: (
             not self.model.tried.pause_lapse
-            and self.harness.can_pause
+            and self.harness.faults.can_pause
             and self.controller.may_lapse
             and self._may_checkpoint()
         ),
@@ -140,7 +138,7 @@ class Pauses(MachineBase):
         name = choose(self.controller.members(), victim).name
         others = [m.name for m in self.controller.members() if m.name != name]
         model, checkpoint_id = self.model.having_tried(pause_lapse=True).prepare()
-        deadline_ts = self.harness.now() + PAUSED_LEASE_DEADLINE_S
+        deadline_ts = self.harness.clocks.now() + PAUSED_LEASE_DEADLINE_S
         judge = self._judge_prepare(checkpoint_id)
         try:
             outcome = self.controller.prepare_by(checkpoint_id, deadline_ts)
@@ -154,7 +152,7 @@ class Pauses(MachineBase):
         # deadline would otherwise surface as the renewal's refusal once the leases lapsed).
         judge(outcome)
         self.controller.renew_on(others, checkpoint_id)
-        lapses_at_ts = deadline_ts + self.harness.lease_grace_s
+        lapses_at_ts = deadline_ts + self.harness.spec.lease_grace_s
         self._frozen_until(name, lapses_at_ts + PAUSED_PAST_LEASE_S)
         self.quiescence.wait_lapsed(name, checkpoint_id, lapses_at_ts)
         model = self._stale_commit(name, others, model, checkpoint_id, p21_lapsed_on_waking)
@@ -204,27 +202,27 @@ class Pauses(MachineBase):
     def _frozen_past(
         self, victim: str, send: Callable[[float], Future[T]], sent_with_it: Sequence[str] = ()
     ) -> Future[T]:
-        """Freeze `victim` (SIGSTOP), `send` a call whose deadline is `PAUSED_DEADLINE_S` ahead (`Harness.room`), wait
+        """Freeze `victim` (SIGSTOP), `send` a call whose deadline is `PAUSED_DEADLINE_S` ahead (`Clocks.room`), wait
         until the controller's clock passed it, and let the victim go on (SIGCONT): it reads the call only then. The
         deadline is fixed here, not in the thread that sends the call: the victim must go on only once this very
         deadline passed (a deadline taken later in a slow thread once let a commit start with time left).
 
-        Where the checker owns time, the wait is a jump (`Harness.jump_to`): the victim's clock jumps past the
+        Where the checker owns time, the wait is a jump (`Clocks.jump_to`): the victim's clock jumps past the
         deadline just before it freezes (the clock a frozen process wakes to; it can take no jump while stopped,
         and one given after SIGCONT could come after the call), and the rest of the system's once the call was sent
         to it (a staged prepare reaches the participants before it with their clocks where they were)."""
-        deadline_ts = self.harness.now() + self.harness.room(PAUSED_DEADLINE_S)
-        passed_s = self.harness.passed_at(deadline_ts)
-        if self.harness.owns_time:
-            self.harness.jump_one(victim, passed_s)
+        deadline_ts = self.harness.clocks.now() + self.harness.clocks.room(PAUSED_DEADLINE_S)
+        passed_s = self.harness.clocks.passed_at(deadline_ts)
+        if self.harness.clocks.owns_time:
+            self.harness.clocks.jump_one(victim, passed_s)
         self._freeze(victim)
         try:
             sent_before, calls_before = self._calls_to(victim), len(self.controller.control.control_calls())
             future = send(deadline_ts)
-            if self.harness.owns_time:
+            if self.harness.clocks.owns_time:
                 self._wait_sent(victim, sent_before, future)
                 self._wait_others_answered(victim, calls_before, sent_with_it)
-                self.harness.pass_until(passed_s)
+                self.harness.clocks.pass_until(passed_s)
             self._wait_clock_past(deadline_ts, f"the deadline of the call {victim} reads once it goes on", victim)
         finally:
             self._go_on(victim)
@@ -262,7 +260,7 @@ class Pauses(MachineBase):
     def _frozen_until(self, victim: str, until_ts: float) -> None:
         """Freeze `victim` (SIGSTOP) until the controller's clock passed `until_ts`, then let it go on (SIGCONT):
         whatever timer of its fell due meanwhile fires as it wakes (where the checker owns time, the clocks jump to
-        `until_ts`, and the victim's as it goes on: `Harness.continue_server`)."""
+        `until_ts`, and the victim's as it goes on: `Faults.continue_server`)."""
         self._freeze(victim)
         try:
             self._wait_clock_past(until_ts, "the end of its lease", victim)
@@ -271,7 +269,7 @@ class Pauses(MachineBase):
 
     def _freeze(self, victim: str) -> None:
         """SIGSTOP `victim`'s process group (returns once every process of it is stopped); journaled."""
-        self.harness.pause_server(victim)
+        self.harness.faults.pause_server(victim)
         invocation = self.controller.invoke("pause", victim)
         self.controller.complete(invocation, "ok")
 
@@ -280,17 +278,17 @@ class Pauses(MachineBase):
         journaled from the thread that waits for it."""
         invocation = self.controller.invoke("continue", victim)
         self.controller.complete(invocation, "ok")
-        self.harness.continue_server(victim)
+        self.harness.faults.continue_server(victim)
 
     def _wait_clock_past(self, when_ts: float, what: str, victim: str) -> None:
         """Until the controller's clock passed `when_ts`: at once where the checker owns time (its clocks jump
         there), else in real time."""
-        self.harness.jump_to(when_ts)
+        self.harness.clocks.jump_to(when_ts)
         timeout_s = self.quiescence.timeout_s
-        if not poll(lambda: self.harness.now() > when_ts, timeout_s):
+        if not poll(lambda: self.harness.clocks.now() > when_ts, timeout_s):
             raise QuiescenceTimeout(
                 prediction=f"the clock passes {what} while {victim} is frozen",
-                observed=f"the controller's clock {self.harness.now():.3f}, then {when_ts:.3f}",
+                observed=f"the controller's clock {self.harness.clocks.now():.3f}, then {when_ts:.3f}",
                 pending=[f"{victim} frozen"],
                 timeout_s=timeout_s,
             )

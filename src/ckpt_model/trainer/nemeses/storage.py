@@ -7,12 +7,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from ckpt_model.deployments.harness import (
-    STALL,
-    STALL_POINTS,
-    STORAGE_FAILURES,
-    STORAGE_POINTS,
-)
+from ckpt_model.deployments.faults import STALL, STALL_POINTS, STORAGE_FAILURES, STORAGE_POINTS
 from ckpt_model.deployments.observe import poll
 from ckpt_model.errors import ParticipantFailure, QuiescenceTimeout
 from ckpt_model.model.contract import Attempt
@@ -63,7 +58,7 @@ class Storage(MachineBase):
     """The rules of the storage family (`STORAGE`)."""
 
     @action(
-        lambda self: self._may_commit() and self.harness.can_break_storage,
+        lambda self: self._may_commit() and self.harness.faults.can_break_storage,
         family=STORAGE,
         needs=(checkable.BREAK_STORAGE,),
         judges=("P16",),
@@ -79,7 +74,7 @@ class Storage(MachineBase):
         self._write_fault(victim, at, errno, f"{errno} at {at}", then_retry, self._commit_meeting_storage)
 
     @action(
-        lambda self: self._may_commit() and self.harness.can_break_storage,
+        lambda self: self._may_commit() and self.harness.faults.can_break_storage,
         family=STORAGE,
         needs=(checkable.BREAK_STORAGE,),
         judges=("P16",),
@@ -103,29 +98,29 @@ class Storage(MachineBase):
         once; a stall holds it until `_release_write`, and the commit's deadline passes while it stalls
         (`_commit_stalled`). Returns the victim's refusal (None if it committed), once a stalled write stands at the
         stall."""
-        self.harness.break_storage(fault.victim, fault.point, fault.how)
+        self.harness.faults.break_storage(fault.victim, fault.point, fault.how)
         invocation = self.controller.invoke("storage fault", f"{fault.victim}: {fault.label}")
         self.controller.complete(invocation, "ok")
         if fault.how == STALL:
             return self._commit_stalled(fault, checkpoint_id, scope)
         refusal = self._commit_refusal(fault.victim, checkpoint_id, scope, CONTROL_DEADLINE_S)
-        self.harness.release_storage(fault.victim)  # a fault no write met must not meet a later one
+        self.harness.faults.release_storage(fault.victim)  # a fault no write met must not meet a later one
         return refusal
 
     def _commit_stalled(
         self, fault: WriteFault, checkpoint_id: str, scope: Sequence[Attempt]
     ) -> ParticipantFailure | None:
-        """The victim's commit, sent with a deadline `STALLED_COMMIT_DEADLINE_S` ahead (`Harness.room`), whose write
-        stalls: once it stands at the stall, the clocks pass the deadline (`Harness.jump_to`; in real time where
+        """The victim's commit, sent with a deadline `STALLED_COMMIT_DEADLINE_S` ahead (`Clocks.room`), whose write
+        stalls: once it stands at the stall, the clocks pass the deadline (`Clocks.jump_to`; in real time where
         they are not the checker's), and the commit's answer comes. A commit that answers without its write ever
         reaching the stall (a writer that skips the stalled step) is returned as it is, for P16 to judge."""
-        deadline_ts = self.harness.now() + self.harness.room(STALLED_COMMIT_DEADLINE_S)
+        deadline_ts = self.harness.clocks.now() + self.harness.clocks.room(STALLED_COMMIT_DEADLINE_S)
         refusal = self.controller.runs.submit(
             self._commit_refusal, fault.victim, checkpoint_id, scope, 0.0, deadline_ts
         )
         stalled = "its write stands at the stall"
         self._wait_storage(fault, lambda state: state["stalled_at"] == fault.point or refusal.done(), stalled)
-        self.harness.jump_to(deadline_ts)
+        self.harness.clocks.jump_to(deadline_ts)
         answer = refusal.result(timeout=CONTROL_DEADLINE_S)
         if answer is None:  # it committed, so its write never stood at the stall: P16 judges that, not a wait
             return answer
@@ -134,16 +129,16 @@ class Storage(MachineBase):
 
     def _release_write(self, fault: WriteFault) -> None:
         """Let the stalled write go on, and wait until it ended (published, failed or stopped)."""
-        self.harness.release_storage(fault.victim)
+        self.harness.faults.release_storage(fault.victim)
         self._wait_storage(fault, lambda state: state["writes"] == 0, "its stalled write ended once released")
 
     def _wait_storage(self, fault: WriteFault, condition: Callable[[dict[str, Any]], bool], prediction: str) -> None:
-        """Until the victim's storage state (`Harness.storage_state`) meets `condition`."""
+        """Until the victim's storage state (`Faults.storage_state`) meets `condition`."""
         timeout_s = self.quiescence.timeout_s
-        if not poll(lambda: condition(self.harness.storage_state(fault.victim)), timeout_s):
+        if not poll(lambda: condition(self.harness.faults.storage_state(fault.victim)), timeout_s):
             raise QuiescenceTimeout(
                 prediction=f"{fault.victim} ({fault.label}): {prediction}",
-                observed=self.harness.storage_state(fault.victim),
+                observed=self.harness.faults.storage_state(fault.victim),
                 pending=[f"{fault.victim} storage"],
                 timeout_s=timeout_s,
             )
