@@ -19,8 +19,9 @@ import pytest
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from ckpt_model.deployments.gym import GymDeployment, described_pgids
+from ckpt_model.deployments.gym import GymDeployment
 from ckpt_model.deployments.harness import Harness
+from ckpt_model.deployments.process_groups import described_pgids
 from ckpt_model.search.profiles import BASE
 from ckpt_model.search.scenarios import named, run
 from ckpt_model.trainer.machine import machine_for

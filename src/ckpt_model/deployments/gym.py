@@ -14,14 +14,15 @@ route, as Gym's own `coordination.discover` does), or `servers`, each server's U
   have run an example (`preflight.check_at_rest`). The checker signals nothing of an attached Gym.
 
 The no-harm rule: **the checker never signals a process it did not start.** It signals only process groups it
-created itself (each command it runs gets a session, and so a process group, of its own) and, in own-start mode,
-the groups a description file lists (`description_file`: `servers.<name>.pgid`, as our launcher writes it) whose
-every process, read from `/proc` before any signal is sent, descends from the checker's own start command and
-started after it. A group of someone else's (a stack started by hand that wrote the same file, a pgid whose
-number came round again) fails that test and is left alone; so is everything after a start that failed (the
-start command's children are orphans then, and nothing descends from it). A process the checker started is never
-reaped before its group has been signalled for the last time, so its pid, and with it the group's ID, cannot pass
-to anyone else's process meanwhile. Where there is no `/proc`, only the checker's own groups are signalled.
+created itself (each command it runs gets a session, and so a process group, of its own) and, in own-start mode, the
+groups a description file lists (`description_file`: `servers.<name>.pgid`, as our launcher writes it) whose every
+process, read from `/proc` before any signal is sent, descends from the checker's own start command and started
+after it (`ckpt_model.deployments.process_groups`). A group of someone else's (a stack started by hand that wrote
+the same file, a pgid whose number came round again) fails that test and is left alone; so is everything after a
+start that failed (the start command's children are orphans then, and nothing descends from it). A process the
+checker started is never reaped before its group has been signalled for the last time, so its pid, and with it the
+group's ID, cannot pass to anyone else's process meanwhile. Where there is no `/proc`, only the checker's own groups
+are signalled.
 
 Before any example runs, the pre-flight (`ckpt_model.deployments.preflight`) asks every URL in seconds: a URL that does
 not answer, a token refused or participants of the wrong kinds end the run with one paragraph naming the URL
@@ -39,15 +40,15 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import attrs
 import httpx
 
 from ckpt_model.deployments import preflight
 from ckpt_model.deployments.preflight import PREFLIGHT_TIMEOUT_S, PreflightError
+from ckpt_model.deployments.process_groups import described_pgids, own_groups, process_table, start_ticks
 from ckpt_model.deployments.seam import spec_of
 from ckpt_model.errors import HarnessError
 from ckpt_model.model.spec import DeploymentSpec
@@ -60,7 +61,6 @@ STOP_TIMEOUT_S = 10.0
 POLL_S = 0.1
 LOG_TAIL_LINES = 15
 EMBEDDED_LABEL = "embedded look-alike stack"
-PROC = Path("/proc")
 
 
 class GymCommandError(HarnessError):
@@ -431,90 +431,6 @@ def described(path: Path) -> tuple[GymDeployment, DeploymentSpec]:
 def system_label(deployment: GymDeployment | None) -> str:
     """The banner's `system:` line: the real Gym and how the checker drives it, or the embedded stack."""
     return EMBEDDED_LABEL if deployment is None else deployment.label
-
-
-# --- processes: which groups are the checker's own -------------------------------------------------------------
-
-
-@attrs.frozen
-class ProcessInfo:
-    """One process as `/proc/<pid>/stat` shows it: its parent, its group, and when it started (clock ticks)."""
-
-    ppid: int
-    pgid: int
-    start_ticks: int
-
-
-def process_table(proc: Path = PROC) -> dict[int, ProcessInfo]:
-    """Every process now (empty where there is no `/proc`); one that ends while it is read is left out."""
-    table: dict[int, ProcessInfo] = {}
-    if not proc.is_dir():
-        return table
-    for entry in proc.iterdir():
-        if entry.name.isdigit():
-            info = read_stat(entry / "stat")
-            if info is not None:
-                table[int(entry.name)] = info
-    return table
-
-
-def read_stat(path: Path) -> ProcessInfo | None:
-    try:
-        text = path.read_text()
-    except OSError:
-        return None
-    # The command name (in parentheses) may hold spaces and parentheses: the fields follow the last ')'.
-    fields = text[text.rfind(")") + 2 :].split()
-    try:
-        return ProcessInfo(ppid=int(fields[1]), pgid=int(fields[2]), start_ticks=int(fields[19]))
-    except (IndexError, ValueError):
-        return None
-
-
-def start_ticks(pid: int, proc: Path = PROC) -> int | None:
-    info = read_stat(proc / str(pid) / "stat")
-    return None if info is None else info.start_ticks
-
-
-def descends_from(pid: int, ancestor: int, table: Mapping[int, ProcessInfo]) -> bool:
-    """Whether `ancestor` is `pid` or one of its ancestors, by the parent links of `table`."""
-    seen: set[int] = set()
-    while pid not in seen and pid in table:
-        if pid == ancestor:
-            return True
-        seen.add(pid)
-        pid = table[pid].ppid
-    return pid == ancestor
-
-
-def own_groups(
-    listed: Sequence[int], root_pid: int, root_ticks: int | None, table: Mapping[int, ProcessInfo]
-) -> list[int]:
-    """The listed process groups the checker may signal: each has some process now, and every process in it
-    descends from the checker's start command (`root_pid`) and started no earlier (`root_ticks`). The start
-    command's own group is left out (it is stopped on its own), and nothing passes without `root_ticks`."""
-    if root_ticks is None:
-        return []
-    mine = []
-    for pgid in dict.fromkeys(listed):
-        members = [pid for pid, info in table.items() if info.pgid == pgid]
-        if pgid == root_pid or not members:
-            continue
-        if all(descends_from(pid, root_pid, table) and table[pid].start_ticks >= root_ticks for pid in members):
-            mine.append(pgid)
-    return mine
-
-
-def described_pgids(description_file: Path | None) -> list[int]:
-    """The `servers.<name>.pgid` a description file lists (none when it is missing or unreadable)."""
-    if description_file is None:
-        return []
-    try:
-        described = json.loads(Path(description_file).read_text())
-        servers: Any = described.get("servers", {})
-        return [int(server["pgid"]) for server in servers.values() if "pgid" in server]
-    except (OSError, ValueError, AttributeError, TypeError, KeyError):
-        return []
 
 
 def exited_within(process: subprocess.Popen[bytes], timeout_s: float) -> bool:
