@@ -22,8 +22,9 @@ from hypothesis.stateful import run_state_machine_as_test
 from ckpt_model.deployments.gym import GymDeployment
 from ckpt_model.deployments.harness import Harness
 from ckpt_model.deployments.process_groups import described_pgids
+from ckpt_model.search.deployment_scenarios import named
 from ckpt_model.search.profiles import BASE
-from ckpt_model.search.scenarios import named, run
+from ckpt_model.search.scenarios import run
 from ckpt_model.trainer.machine import machine_for
 from fakes.processes.ports import free_port
 from tests.stack.conftest import process_gone, wait_until

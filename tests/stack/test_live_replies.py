@@ -27,7 +27,8 @@ from ckpt_model.model.spec import DeploymentSpec
 from ckpt_model.protocol import client as coordination
 from ckpt_model.protocol import fields, wire
 from ckpt_model.protocol.get_round import GetRound
-from ckpt_model.search.scenarios import named, run
+from ckpt_model.search.deployment_scenarios import named
+from ckpt_model.search.scenarios import run
 
 # Each deployment with the short scenarios that reach its bodies and fields.
 DEPLOYMENTS: tuple[tuple[DeploymentSpec, tuple[str, ...]], ...] = (

@@ -15,27 +15,23 @@ from ckpt_model.model.spec import DeploymentSpec
 from ckpt_model.properties.durability import P9Violation
 from ckpt_model.properties.registry import REGISTRY
 from ckpt_model.results import regression
-from ckpt_model.search.faultsearch import harness_for
-from ckpt_model.search.minimise import CANDIDATE_SETTLE_TIMEOUT_S
-from ckpt_model.search.scenarios import (
+from ckpt_model.search.deployment_scenarios import (
     CAPTURE_SCENARIOS,
     COUNTER_SCENARIOS,
     CUT_SCENARIOS,
     FAULT_SCENARIOS,
     MIXED_SCENARIOS,
     NEMESIS_SCENARIOS,
-    SCENARIOS,
     SERVER_WORKER_SCENARIOS,
     SLOW_SCENARIOS,
     STORAGE_SCENARIOS,
     TIME_SCENARIOS,
-    Scenario,
-    ScenarioFactMismatch,
     named,
-    replay,
-    run,
-    steps,
 )
+from ckpt_model.search.faultsearch import harness_for
+from ckpt_model.search.minimise import CANDIDATE_SETTLE_TIMEOUT_S
+from ckpt_model.search.protocol_scenarios import SCENARIOS
+from ckpt_model.search.scenarios import Scenario, ScenarioFactMismatch, replay, run, steps
 from ckpt_model.trainer.quiescence import SETTLE_TIMEOUT_S
 from fakes.faults import BY_NAME, CATALOGUE
 from tests.stateful.conftest import scenario_params
