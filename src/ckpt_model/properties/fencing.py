@@ -9,7 +9,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ckpt_model.errors import CoordinationError, ParticipantFailure, PropertyViolation
-from ckpt_model.model.contract import RESTART_SERVERS, Expectation, ScriptCall
+from ckpt_model.model.contract import RESTART_SERVERS, ScriptCall
+from ckpt_model.model.expectation import Expectation
 from ckpt_model.properties.evidence import not_idle_and_open, refused_409, shortened
 from ckpt_model.properties.verification import P11Violation
 from ckpt_model.protocol.wire import BLOCKERS_SHOWN_MAX

@@ -1,7 +1,7 @@
 """Waiting for the quiet state the model predicts, and deciding what a difference means.
 
 After every rule the machine polls the backend's call list and every participant's status until they show what
-`contract.expect(model)` derives. Calls, replies, refusals and phases are definite: a wrong one is a violation at
+`expectation.expect(model)` derives. Calls, replies, refusals and phases are definite: a wrong one is a violation at
 once, a missing one is waited for. A participant's counts, marks and admission are judged only once nothing else
 is pending, and only when confirmed: by the step's own reply (`counts_final`: retire and forget free everything
 before they reply, reference section 10), or by a mismatch that outlived the whole settle timeout and one fresh
@@ -30,7 +30,8 @@ from ckpt_model.deployments.observe import (
     read_statuses,
 )
 from ckpt_model.errors import PropertyViolation, QuiescenceTimeout
-from ckpt_model.model.contract import Expectation, Model, expect
+from ckpt_model.model.contract import Model
+from ckpt_model.model.expectation import Expectation, expect
 from ckpt_model.properties.clocks import p20_budget_kept
 from ckpt_model.properties.continuation import p2_held_responses, p3_reply_complete, p3_still_running, p4_calls
 from ckpt_model.properties.fencing import (

@@ -5,7 +5,8 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from ckpt_model.model.contract import VERIFY, Model, Restarted, expect
+from ckpt_model.model.contract import VERIFY, Model, Restarted
+from ckpt_model.model.expectation import expect
 
 
 def native() -> Model:

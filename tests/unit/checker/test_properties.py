@@ -10,7 +10,8 @@ import attrs
 import pytest
 
 from ckpt_model.errors import CoordinationError, ParticipantFailure
-from ckpt_model.model.contract import VERIFY, Expectation, Model, expect
+from ckpt_model.model.contract import VERIFY, Model
+from ckpt_model.model.expectation import Expectation, expect
 from ckpt_model.properties.clocks import (
     P18Violation,
     P20Violation,
