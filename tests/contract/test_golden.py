@@ -43,7 +43,8 @@ import fakes.gym.protocol.wire as stack_wire
 from ckpt_model.errors import ParticipantFailure
 from ckpt_model.protocol import storage as checker_storage
 from ckpt_model.protocol import wire as checker_wire
-from ckpt_model.protocol.client import ControlClient, Participant, Participants, reply_problems, request_body
+from ckpt_model.protocol.client import ControlClient, Participant, Participants, request_body
+from ckpt_model.protocol.replies import reply_problems
 from fakes.gym.config import ServerConfig
 from fakes.gym.policy.gate import episode_of
 from fakes.gym.serve import build_app

@@ -52,7 +52,7 @@ from ckpt_model.deployments.process_groups import described_pgids, own_groups, p
 from ckpt_model.deployments.seam import spec_of
 from ckpt_model.errors import HarnessError
 from ckpt_model.model.spec import DeploymentSpec
-from ckpt_model.protocol.client import new_http_client
+from ckpt_model.protocol.http import new_http_client
 
 REAL_GYM_DOC = "docs/real-gym.md"
 START_TIMEOUT_S = 120.0

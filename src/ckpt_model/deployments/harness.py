@@ -41,8 +41,9 @@ from ckpt_model.deployments.observe import ExportsTelemetry
 from ckpt_model.deployments.seam import CapturesTokens, Deployment, RestartEnvironment, lacks, spec_of, system
 from ckpt_model.errors import CoordinationError, HarnessError, ServerStartError
 from ckpt_model.model.spec import DeploymentSpec
-from ckpt_model.protocol.client import BASE_TIMEOUT_S, ControlClient, new_http_client
+from ckpt_model.protocol.client import BASE_TIMEOUT_S, ControlClient
 from ckpt_model.protocol.get_round import GetRound
+from ckpt_model.protocol.http import new_http_client
 from ckpt_model.protocol.ledger import LedgerClient
 
 log = logging.getLogger(__name__)

@@ -38,8 +38,8 @@ from ckpt_model.model.spec import DeploymentSpec
 from ckpt_model.modes.scale import RunOutcome, RunSender, check_cover, wait_for
 from ckpt_model.properties.continuation import P2Violation, p3_every_reply_complete
 from ckpt_model.properties.identifiers import p15_restore_names_source, p15_restored_next_attempts
-from ckpt_model.protocol.client import new_http_client
 from ckpt_model.protocol.gym_tasks import DEVELOPER_MESSAGE, USER_MESSAGE, WEATHER_TOOL, native_run_body
+from ckpt_model.protocol.http import new_http_client
 from ckpt_model.protocol.wire import EpisodeId
 
 MODEL_URL_ENV = "CKPT_MODEL_MODEL_URL"

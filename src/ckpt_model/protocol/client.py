@@ -3,19 +3,18 @@
 Wire-compatible with Gym's `nemo_gym._checkpoint.coordination` (reference section 4): the same routes,
 bodies, bearer header, per-call timeout and coordination orders. Every operation is stateless on the client
 side and may be retried with the same checkpoint ID. Replies are returned as the plain dicts that came off the
-wire (checked for their required fields); the only typed value built here is `PrepareResult`. Wire shapes stay
-in this module and in `ckpt_model.protocol.wire` (STYLE rule 2).
+wire (checked for their required fields, `ckpt_model.protocol.replies`); the only typed value built here is
+`PrepareResult`. Wire shapes stay in this module, `ckpt_model.protocol.replies` and `ckpt_model.protocol.wire`
+(STYLE rule 2).
 
-One `httpx.Client` serves every call: building a client costs about 42 ms here (SPEC section 11), a keep-alive
-round trip under 1 ms. Fan-outs run on a small thread pool that shares that client (httpx clients are safe to
-send from several threads). Tests inject an `httpx.MockTransport`.
+One `httpx.Client` serves every call (`ckpt_model.protocol.http.new_http_client`): building a client costs about
+42 ms here (SPEC section 11), a keep-alive round trip under 1 ms. Fan-outs run on a small thread pool that shares
+that client (httpx clients are safe to send from several threads). Tests inject an `httpx.MockTransport`.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
-import ssl
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
@@ -30,6 +29,15 @@ import yaml
 
 from ckpt_model.errors import CoordinationError, ParticipantFailure, ProtocolError
 from ckpt_model.protocol.get_round import GetRound
+from ckpt_model.protocol.http import new_http_client
+from ckpt_model.protocol.replies import (
+    failure_from_response,
+    json_or_none,
+    raise_on_problems,
+    reply_problems,
+    status_outcome,
+    transport_failure,
+)
 from ckpt_model.protocol.telemetry import (
     OUTCOME_OK,
     TRACE_SALT,
@@ -41,14 +49,12 @@ from ckpt_model.protocol.telemetry import (
 )
 from ckpt_model.protocol.wire import (
     CHECKPOINT_ROUTE_PREFIX,
-    PHASES,
     PREPARE_ORDER,
     RETIRE_ORDER,
     CheckpointRequest,
     CommitRequest,
     EpisodeId,
     ForgetRequest,
-    PrepareReportWire,
     RestoreRequest,
     RetireRequest,
 )
@@ -68,11 +74,6 @@ DISCOVER_TRIES = 3
 # A failed restore's cleanup gets at least this long, even when the restore's own deadline has passed.
 CLEANUP_DEADLINE_MIN_S = 30.0
 FANOUT_THREADS_MAX = 8
-# Idle pooled connections are dropped after this long, well before a uvicorn server closes them (its default
-# keep-alive is 5 s, the same as httpx's default expiry): a request sent on a connection the server is closing
-# fails with "Server disconnected" or a reset, a transport error that is no fault of the deployment.
-KEEPALIVE_EXPIRY_S = 2.0
-ERROR_TEXT_SHOWN_MAX = 300
 
 SERVER_TYPES: tuple[str, ...] = (
     "environment_servers",
@@ -81,18 +82,6 @@ SERVER_TYPES: tuple[str, ...] = (
     "resources_servers",
 )
 NO_MODEL_DETAIL = "no policy model takes part in checkpoints"
-
-# Fields each reply must carry, with their JSON types (reference 2.4 and 2.5). Extras are always allowed.
-_REPLY_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
-    "status": {"kind": (str,), "instance": (str,), "phase": (str,), "report": (dict,)},
-    "prepare": {"phase": (str,), "report": (dict,)},
-    "renew": {"lease_expires_at": (int, float)},
-    "commit": {"phase": (str,), "manifest": (dict,), "episode_ids": (list,)},
-    "restore": {"phase": (str,), "source_checkpoint_id": (str,), "restored": (list,)},
-    "resume": {"phase": (str,), "idempotent": (bool,)},
-    "retire": {"retired": (list,)},
-    "forget": {"forgotten": (list,)},
-}
 
 
 # --- participants ------------------------------------------------------------------------------------------
@@ -178,76 +167,6 @@ class PrepareResult:
         return [episode for episode in episode_ids if episode not in restarts]
 
 
-# --- reply checks ------------------------------------------------------------------------------------------
-
-
-def reply_problems(operation: str, reply: object) -> list[str]:
-    """Every way `reply` misses the shape of `operation`'s reply; empty when it fits."""
-    if not isinstance(reply, dict):
-        return [f"reply must be a JSON object (got {type(reply).__name__})"]
-    problems = []
-    for field, types in _REPLY_FIELDS[operation].items():
-        if field not in reply:
-            problems.append(f"'{field}' is missing")
-        elif not isinstance(reply[field], types) or (bool not in types and isinstance(reply[field], bool)):
-            expected = " or ".join(kind.__name__ for kind in types)
-            problems.append(f"'{field}' must be {expected} (got {reply[field]!r})")
-    if isinstance(reply.get("phase"), str) and reply["phase"] not in PHASES:
-        problems.append(f"'phase' must be one of {', '.join(PHASES)} (got {reply['phase']!r})")
-    if isinstance(reply.get("report"), dict):
-        try:
-            PrepareReportWire.model_validate(reply["report"])
-        except pydantic.ValidationError as exc:
-            for error in exc.errors():
-                where = ".".join(str(part) for part in error["loc"])
-                problems.append(f"'report.{where}' {error['msg'].lower()}")
-    return problems
-
-
-def _failure_from_response(name: str, response: httpx.Response) -> ParticipantFailure:
-    """Reads Gym's `{"error": {"code", "detail"}}` envelope, or FastAPI's own `{"detail": ...}` (422, 404)."""
-    try:
-        body = response.json()
-    except ValueError:
-        body = None
-    code: str | None = None
-    if isinstance(body, dict) and isinstance(body.get("error"), dict):
-        code = body["error"].get("code")
-        detail = str(body["error"].get("detail", ""))
-    elif isinstance(body, dict) and isinstance(body.get("detail"), list):
-        detail = _validation_detail(body["detail"])
-    elif isinstance(body, dict) and "detail" in body:
-        detail = str(body["detail"])
-    else:
-        detail = response.text[:ERROR_TEXT_SHOWN_MAX]
-    return ParticipantFailure(participant=name, http_status=response.status_code, code=code, detail=detail)
-
-
-def _validation_detail(errors: list[Any]) -> str:
-    """FastAPI's 422 list as `body.checkpoint_id: Field required; ...`."""
-    rendered = []
-    for error in errors:
-        if isinstance(error, dict):
-            where = ".".join(str(part) for part in error.get("loc", ()))
-            rendered.append(f"{where}: {error.get('msg', '')}" if where else str(error.get("msg", "")))
-        else:
-            rendered.append(str(error))
-    return "; ".join(rendered)
-
-
-def _status_outcome(name: str, response: httpx.Response) -> Any:
-    """A status reply's body, or the participant's failure."""
-    if response.status_code != 200:
-        return _failure_from_response(name, response)
-    return _json_or_none(response)
-
-
-def _transport_failure(name: str, exc: Exception) -> ParticipantFailure:
-    return ParticipantFailure(
-        participant=name, http_status=None, code=None, detail=f"transport error {type(exc).__name__}: {exc}"
-    )
-
-
 # --- reading a Gym head server's global config -------------------------------------------------------------
 
 
@@ -294,56 +213,6 @@ def _host_port(implementations: object) -> tuple[str, int] | None:
 
 
 # --- the client --------------------------------------------------------------------------------------------
-
-
-def new_http_client(timeout: float | httpx.Timeout, *, transport: httpx.BaseTransport | None = None) -> httpx.Client:
-    """The checker's HTTP client: no proxy from the environment (a proxy must not sit between the controller and
-    the servers, and reading it costs time), idle connections dropped before a server drops them, and one
-    connection pool per thread (`PerThreadTransport`), since the checker calls from many threads at once."""
-    if transport is None:
-        transport = PerThreadTransport(limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S))
-    return httpx.Client(transport=transport, timeout=timeout, trust_env=False)
-
-
-@functools.cache
-def shared_tls_context() -> ssl.SSLContext:
-    """One TLS context for every transport the checker builds. httpx builds a fresh one per transport unless it
-    is given one, loading the CA bundle each time (about 10 ms of CPU): with a transport per calling thread that
-    was a seventh of the checker's CPU in a planted-fault scenario. A context is safe to share between threads."""
-    return httpx.create_ssl_context()
-
-
-class PerThreadTransport(httpx.BaseTransport):
-    """httpx's transport, one per calling thread, so no connection pool is ever shared between threads.
-
-    httpcore's sync pool can close a connection it has just handed to another thread's waiting request (it still
-    looks idle: encode/httpcore#1110); that request then reads a closed socket, `ReadError: [Errno 9] Bad file
-    descriptor`, seen here a few times in a hundred examples beside two CPU hogs. A pool that one thread alone
-    uses has nobody to race with."""
-
-    def __init__(self, **options: Any) -> None:
-        self._options = {"verify": shared_tls_context(), **options}
-        self._local = threading.local()
-        self._lock = threading.Lock()
-        self._transports: list[httpx.HTTPTransport] = []
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        return self._own().handle_request(request)
-
-    def _own(self) -> httpx.HTTPTransport:
-        transport: httpx.HTTPTransport | None = getattr(self._local, "transport", None)
-        if transport is None:
-            transport = httpx.HTTPTransport(**self._options)
-            with self._lock:
-                self._transports.append(transport)
-            self._local.transport = transport
-        return transport
-
-    def close(self) -> None:
-        with self._lock:
-            transports, self._transports = self._transports, []
-        for transport in transports:
-            transport.close()
 
 
 class ControlClient:
@@ -448,7 +317,7 @@ class ControlClient:
         if isinstance(response, ParticipantFailure):
             raise CoordinationError("discover", {"head": response})
         if response.status_code != 200:
-            raise CoordinationError("discover", {"head": _failure_from_response("head", response)})
+            raise CoordinationError("discover", {"head": failure_from_response("head", response)})
         try:
             servers, problems = servers_from_global_config(response.text, head_url)
         except (yaml.YAMLError, ValueError) as exc:
@@ -465,8 +334,8 @@ class ControlClient:
         if response.status_code == 404:
             return None
         if response.status_code != 200:
-            return _failure_from_response(name, response)
-        reply = _json_or_none(response)
+            return failure_from_response(name, response)
+        reply = json_or_none(response)
         problems = reply_problems("status", reply)
         if problems:
             return ParticipantFailure(
@@ -493,9 +362,9 @@ class ControlClient:
             except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError) as exc:
                 error = exc
             except httpx.HTTPError as exc:
-                return _transport_failure(name, exc)
+                return transport_failure(name, exc)
         assert error is not None
-        return _transport_failure(name, error)
+        return transport_failure(name, error)
 
     # --- status --------------------------------------------------------------------------------------------
 
@@ -504,7 +373,7 @@ class ControlClient:
         outcome = self._get_status(participant)
         if isinstance(outcome, ParticipantFailure):
             raise CoordinationError("status", {participant.name: outcome})
-        _raise_on_problems("status", {participant.name: outcome})
+        raise_on_problems("status", {participant.name: outcome})
         return outcome
 
     def status_all(self) -> dict[str, Reply]:
@@ -516,7 +385,7 @@ class ControlClient:
             outcomes = self._map(self._get_status, members)
         replies = {m.name: o for m, o in zip(members, outcomes, strict=True) if not isinstance(o, ParticipantFailure)}
         failures = {m.name: o for m, o in zip(members, outcomes, strict=True) if isinstance(o, ParticipantFailure)}
-        _raise_on_problems("status", replies)
+        raise_on_problems("status", replies)
         if failures:
             raise CoordinationError("status", failures, replies)
         return _sorted_dict(replies.items())
@@ -529,8 +398,8 @@ class ControlClient:
                 timeout=self.timeout_s,
             )
         except httpx.HTTPError as exc:
-            return _transport_failure(participant.name, exc)
-        return _status_outcome(participant.name, response)
+            return transport_failure(participant.name, exc)
+        return status_outcome(participant.name, response)
 
     def _status_round_outcomes(self, members: Sequence[Participant]) -> list[Any] | None:
         """Each member's status outcome through the status round, or None where it cannot ask them all now."""
@@ -541,7 +410,7 @@ class ControlClient:
         if answers is None:
             return None
         return [
-            _transport_failure(m.name, answer) if isinstance(answer, Exception) else _status_outcome(m.name, answer)
+            transport_failure(m.name, answer) if isinstance(answer, Exception) else status_outcome(m.name, answer)
             for m, answer in zip(members, answers, strict=True)
         ]
 
@@ -693,7 +562,7 @@ class ControlClient:
                 failures[member.name] = outcome
             else:
                 replies[member.name] = outcome
-        _raise_on_problems(operation, replies)
+        raise_on_problems(operation, replies)
         if failures:
             raise CoordinationError(operation, failures, {**earlier, **replies})
         return _sorted_dict(replies.items())
@@ -711,13 +580,13 @@ class ControlClient:
                 timeout=timeout_s,
             )
         except httpx.HTTPError as exc:
-            return _transport_failure(member.name, exc)
+            return transport_failure(member.name, exc)
         if response.status_code != 200:
-            failure = _failure_from_response(member.name, response)
+            failure = failure_from_response(member.name, response)
             self._answered(call, failure)
             return failure
         self._answered(call, None)
-        return _json_or_none(response)
+        return json_or_none(response)
 
     # --- trace context --------------------------------------------------------------------------------------
 
@@ -796,20 +665,5 @@ def _body(request: pydantic.BaseModel) -> Reply:
     return request.model_dump(mode="json")
 
 
-def _json_or_none(response: httpx.Response) -> Any:
-    try:
-        return response.json()
-    except ValueError:
-        return None
-
-
 def _sorted_dict(items: Iterable[tuple[str, V]]) -> dict[str, V]:
     return dict(sorted(items, key=lambda item: item[0]))
-
-
-def _raise_on_problems(operation: str, replies: Mapping[str, object]) -> None:
-    problems = [
-        f"{name}: {problem}" for name in sorted(replies) for problem in reply_problems(operation, replies[name])
-    ]
-    if problems:
-        raise ProtocolError(source=f"checkpoint {operation} reply", problems=problems, reply=dict(replies))

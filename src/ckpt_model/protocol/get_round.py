@@ -22,7 +22,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-# As the control client's pool (`coordination.KEEPALIVE_EXPIRY_S`): well before a uvicorn server's 5 s keep-alive.
+# As the control client's pool (`ckpt_model.protocol.http.KEEPALIVE_EXPIRY_S`): well before a uvicorn server's 5 s
+# keep-alive.
 KEEPALIVE_EXPIRY_S = 2.0
 # What a failed request on a connection shows: the peer closed or reset it, or it timed out.
 TRANSPORT_ERRORS = (OSError, http.client.HTTPException)

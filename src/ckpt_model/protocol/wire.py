@@ -179,8 +179,8 @@ class EpisodeRequest(_Strict):
 #
 # The table `ckpt_model.protocol.fields` says, field by field, which check compares each one or why none does; its unit
 # test holds it to these models, so a field added here cannot go unlisted. The client checks replies for their required
-# fields (`coordination.reply_problems`) and tolerates extras, as Gym's own client does; these models say which
-# fields there are, with the participant extras optional.
+# fields (`ckpt_model.protocol.replies.reply_problems`) and tolerates extras, as Gym's own client does; these models
+# say which fields there are, with the participant extras optional.
 
 
 class _Reply(BaseModel):

@@ -16,15 +16,8 @@ import httpx
 import pytest
 
 from ckpt_model.errors import CoordinationError, ParticipantFailure, ProtocolError
-from ckpt_model.protocol.client import (
-    ControlClient,
-    Participant,
-    Participants,
-    PerThreadTransport,
-    PrepareResult,
-    new_http_client,
-    shared_tls_context,
-)
+from ckpt_model.protocol.client import ControlClient, Participant, Participants, PrepareResult
+from ckpt_model.protocol.http import PerThreadTransport, new_http_client, shared_tls_context
 from ckpt_model.protocol.wire import EpisodeId
 
 TOKEN = "test-token"

@@ -25,7 +25,7 @@ from ckpt_model.deployments import preflight
 from ckpt_model.deployments.gym import GymCommandError, GymDeployment, system_label
 from ckpt_model.deployments.preflight import PreflightError
 from ckpt_model.deployments.process_groups import ProcessInfo, descends_from, own_groups, process_table
-from ckpt_model.protocol.client import new_http_client
+from ckpt_model.protocol.http import new_http_client
 from fakes.processes.ports import free_port
 
 TOKEN = "preflight-token"

@@ -36,7 +36,7 @@ def test_only_the_slow_topologys_resources_server_asks_a_judge(tmp_path: Path) -
 def test_every_client_drops_an_idle_connection_long_before_a_server_closes_it() -> None:
     """A request sent on a keep-alive connection the server is closing fails with a transport error that no
     fault caused; clients (the servers' and the checker's) expire idle connections well before the servers."""
-    from ckpt_model.protocol.client import KEEPALIVE_EXPIRY_S
+    from ckpt_model.protocol.http import KEEPALIVE_EXPIRY_S
     from fakes.gym.protocol.http import CLIENT_KEEPALIVE_EXPIRY_S, SERVER_KEEP_ALIVE_S
 
     assert 10 * max(CLIENT_KEEPALIVE_EXPIRY_S, KEEPALIVE_EXPIRY_S) < SERVER_KEEP_ALIVE_S
