@@ -405,7 +405,7 @@ class Harness:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- the participants after a start, and the clocks of fresh ones ------------------------------------------------
+    # -- what a start does: the example's traces and backend, the participants, the clocks of fresh ones -------------
 
     def _learn(self, servers: Mapping[str, str]) -> None:
         """Discover the participants among `servers`, unless every server is back on the URL it had (verified at
@@ -451,8 +451,6 @@ class Harness:
         if self._control is not None:
             participants = {member.name for member in self._control.participants}
             self.clocks.catch_up(name for name in servers if name in participants)
-
-    # -- what every example begins with ------------------------------------------------------------------------------
 
     def _begin_traces(self) -> None:
         """A new example's telemetry: the last example's files removed (no Gym server runs), the controller's calls

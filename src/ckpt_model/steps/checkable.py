@@ -5,10 +5,10 @@ What each rule needs and judges is declared on the rule (`steplog.action`, read 
 the functions here take those declarations (`Rules`):
 
 - a rule's `needs`: what it needs to be drawn at all, from its precondition: a capability of the harness it asks
-  for (`Harness.can_*`, a gated backend, the lease grace), or one it needs through the model (a rule that needs a
-  rollout needs the gate, since only `dispatch` starts one; one that needs a retire mark or a retired attempt
-  needs a rollout; one that needs a pending or dead attempt needs the gate and crashes, since a restore that
-  continues one needs fresh processes, which after a dispatch only a crash gives).
+  for (`can_*` of the harness, its clocks or its faults; a gated backend; the lease grace), or one it needs through
+  the model (a rule that needs a rollout needs the gate, since only `dispatch` starts one; one that needs a retire
+  mark or a retired attempt needs a rollout; one that needs a pending or dead attempt needs the gate and crashes,
+  since a restore that continues one needs fresh processes, which after a dispatch only a crash gives).
   `tests/unit/checker/test_checkable.py` evaluates every precondition on states the model reaches with and
   without each capability, and holds each rule's `needs` to it.
 - where each property is judged: in the rules that declare it (`judges`), or by the audits and settles whatever
