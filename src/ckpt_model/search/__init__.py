@@ -1,2 +1,3 @@
 """Searching and replaying: `check`'s search (with aimed rounds), the fault search over planted faults, fuzzing on
-many cores, the Hypothesis profiles, fixed scenarios and the replay of regression files, and the domain minimiser."""
+many cores, the Hypothesis profiles, fixed scenarios (`protocol_scenarios`, `deployment_scenarios`) run as
+`scenarios` runs them and the replay of regression files, and the domain minimiser."""
