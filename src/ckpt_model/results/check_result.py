@@ -3,7 +3,8 @@ settings, timings and statistics; written as JSON (`--json`) and as JUnit XML (`
 
 The printed report is for a person; these files are for programs (a CI job that keeps a verdict, a dashboard that
 counts failures by property). Both are built from one `CheckResult`, so they never disagree. JUnit has one test
-case per property in the registry (`properties.registry.REGISTRY`): a violated one carries a `<failure>`, one this
+case per property the controller's machine reports on (the registry, `properties.registry.REGISTRY`, for the
+trainer's; with the collection properties for rollout collection's): a violated one carries a `<failure>`, one this
 deployment cannot check a `<skipped>` with why, the others pass; a run that could not judge adds one errored case.
 Pure: building and rendering do no I/O beyond `write`.
 """
@@ -89,10 +90,16 @@ class Statistics:
         }
 
 
+def registry_titles() -> dict[str, str]:
+    """Every property of the registry by ID, with its title: what the trainer's machine reports on."""
+    return {property_id: info.title for property_id, info in REGISTRY.items()}
+
+
 @attrs.frozen
 class CheckResult:
     """A whole run. `timings` holds seconds: `total`, `search`, `first_failure` (from the start, or None) and
-    `measuring` (replays and minimising). `skipped` maps a property this deployment cannot check to why."""
+    `measuring` (replays and minimising). `skipped` maps a property this deployment cannot check to why;
+    `properties` is every property the controller's machine reports on, by ID, with its title."""
 
     verdict: Verdict
     exit_code: int
@@ -107,6 +114,8 @@ class CheckResult:
     statistics: Statistics
     skipped: Mapping[str, str] = attrs.field(factory=dict)
     version: str = ""
+    controller: str = "trainer"
+    properties: Mapping[str, str] = attrs.field(factory=registry_titles)
 
     def document(self) -> dict[str, Any]:
         return {
@@ -115,6 +124,7 @@ class CheckResult:
             "verdict": self.verdict,
             "exit_code": self.exit_code,
             "properties_violated": sorted({f.property_id for f in self.failures if f.property_id}),
+            "controller": self.controller,
             "system": self.system,
             "deployment": self.deployment,
             "seed": self.seed,
@@ -137,14 +147,15 @@ class CheckResult:
         suite = ElementTree.Element(
             "testsuite",
             name=f"ckpt-model check ({self.deployment})",
-            tests=str(len(REGISTRY) + (1 if unjudged else 0)),
+            tests=str(len(self.properties) + (1 if unjudged else 0)),
             failures=str(len(violated)),
             errors=str(1 if unjudged else 0),
-            skipped=str(sum(1 for pid in REGISTRY if pid in self.skipped and pid not in violated)),
+            skipped=str(sum(1 for pid in self.properties if pid in self.skipped and pid not in violated)),
             time=f"{self.timings.get('total') or 0.0:.1f}",
         )
         properties = ElementTree.SubElement(suite, "properties")
         for name, value in (
+            ("controller", self.controller),
             ("system", self.system),
             ("deployment", self.deployment),
             ("seed", "none" if self.seed is None else str(self.seed)),
@@ -152,9 +163,9 @@ class CheckResult:
             ("examples", str(self.statistics.examples)),
         ):
             ElementTree.SubElement(properties, "property", name=name, value=value)
-        for property_id, info in REGISTRY.items():
+        for property_id, title in self.properties.items():
             case = ElementTree.SubElement(
-                suite, "testcase", classname=f"ckpt-model.{self.deployment}", name=f"{property_id} {info.title}"
+                suite, "testcase", classname=f"ckpt-model.{self.deployment}", name=f"{property_id} {title}"
             )
             if property_id in violated:
                 failure = violated[property_id]

@@ -9,15 +9,20 @@ minimise an existing one with `ckpt-model minimise FILE`, or keep it as a fixed 
 
 A file's deployment is `DeploymentSpec.document()` (topology, verify mode, faults, and the options that differ from
 their defaults) and reads back with `DeploymentSpec.from_document`, so a file written before an option existed
-replays with that option at its default, as it ran.
+replays with that option at its default, as it ran. Beside it a file says which controller's machine ran the steps
+(`Origin`: the trainer's, or rollout collection's with the collector's planted faults); a file written before it
+said so is the trainer's.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import attrs
 
 from ckpt_model.model.spec import DeploymentSpec
 
@@ -27,6 +32,46 @@ if TYPE_CHECKING:
 REGRESSIONS_ENV = "CKPT_MODEL_REGRESSIONS"
 DEFAULT_DIR = Path(".ckpt-model") / "regressions"
 FORMAT_VERSION = 1
+# The controllers whose machines the checker plays, as a file names them; a file that names none is the trainer's
+# (written before the collection machine wrote files of its own).
+TRAINER_CONTROLLER = "trainer"
+COLLECTION_CONTROLLER = "collection"
+DEFAULT_CONTROLLER = TRAINER_CONTROLLER
+
+
+@attrs.frozen
+class Origin:
+    """Which controller's state machine ran a failing run's steps, and the planted faults of that controller's own
+    program (the look-alike collector's), as a regression file records them beside the deployment."""
+
+    controller: str = DEFAULT_CONTROLLER
+    faults: tuple[str, ...] = ()
+
+    def document(self) -> dict[str, Any]:
+        return {"controller": self.controller, **({"controller_faults": list(self.faults)} if self.faults else {})}
+
+    @classmethod
+    def from_document(cls, document: Mapping[str, Any]) -> Origin:
+        """The origin a file records; the trainer's for a file that records none."""
+        return cls(document.get("controller", DEFAULT_CONTROLLER), tuple(document.get("controller_faults", ())))
+
+    @property
+    def words(self) -> tuple[str, ...]:
+        """What a file name adds for it: nothing for the default controller (its files keep the names they always
+        had), else the controller and its faults."""
+        return () if self.controller == DEFAULT_CONTROLLER else (self.controller, *self.faults)
+
+    @property
+    def label(self) -> str:
+        """How `describe` names it after the deployment (nothing for the default controller)."""
+        if self.controller == DEFAULT_CONTROLLER:
+            return ""
+        planted = f" with {', '.join(self.faults)}" if self.faults else ""
+        return f", the {self.controller} controller{planted}"
+
+
+# The origin of a file that records none, and of every failing run of the trainer's machine.
+DEFAULT_ORIGIN = Origin()
 
 
 def directory() -> Path:
@@ -34,10 +79,11 @@ def directory() -> Path:
     return Path(os.environ.get(REGRESSIONS_ENV) or DEFAULT_DIR)
 
 
-def path_for(harness: Harness, error: BaseException) -> Path:
-    """Where the file for this failure's property and deployment goes (`write` writes it there)."""
+def path_for(harness: Harness, error: BaseException, origin: Origin = DEFAULT_ORIGIN) -> Path:
+    """Where the file for this failure's property, deployment and controller goes (`write` writes it there)."""
     label = getattr(error, "property_id", None) or type(error).__name__
-    return (harness.regressions_dir or directory()) / f"{label}-{'-'.join(harness.spec.file_words)}.json"
+    words = (*harness.spec.file_words, *origin.words)
+    return (harness.regressions_dir or directory()) / f"{label}-{'-'.join(words)}.json"
 
 
 def write(
@@ -45,17 +91,19 @@ def write(
     rule_calls: list[tuple[str, dict[str, Any]]],
     error: BaseException,
     *,
+    origin: Origin = DEFAULT_ORIGIN,
     minimised: dict[str, Any] | None = None,
     reproduction: dict[str, Any] | None = None,
 ) -> Path:
-    """Write (overwrite) the file for this failure's property and deployment; returns its path. `minimised`
-    records how the steps were minimised (`ckpt_model.search.minimise.provenance`), `reproduction` how often they failed
-    the same way when replayed (`ckpt_model.results.reproduction.Rate.document`)."""
-    path = path_for(harness, error)
+    """Write (overwrite) the file for this failure's property, deployment and controller (`origin`); returns its
+    path. `minimised` records how the steps were minimised (`ckpt_model.search.minimise.provenance`), `reproduction`
+    how often they failed the same way when replayed (`ckpt_model.results.reproduction.Rate.document`)."""
+    path = path_for(harness, error, origin)
     spec = harness.spec
     document = {
         "format": FORMAT_VERSION,
         "failure": {"type": type(error).__name__, "property": getattr(error, "property_id", None)},
+        **origin.document(),
         **spec.document(),
         "steps": [[name, arguments] for name, arguments in rule_calls],
     }
@@ -108,6 +156,9 @@ def load(path: Path) -> dict[str, Any]:
         for step in steps
     ):
         raise ValueError(f"{path}: 'steps' must be a list of [rule name, {{arguments}}]")
+    controller, faults = document.get("controller", DEFAULT_CONTROLLER), document.get("controller_faults", [])
+    if not isinstance(controller, str) or not (isinstance(faults, list) and all(isinstance(f, str) for f in faults)):
+        raise ValueError(f"{path}: 'controller' must be a name and 'controller_faults' a list of fault names")
     return document
 
 
@@ -117,4 +168,5 @@ def describe(document: dict[str, Any]) -> str:
         f"{name}({', '.join(f'{key}={value!r}' for key, value in arguments.items())})"
         for name, arguments in document["steps"]
     ]
-    return f"{DeploymentSpec.from_document(document).label}: " + "; ".join(calls)
+    label = DeploymentSpec.from_document(document).label + Origin.from_document(document).label
+    return f"{label}: " + "; ".join(calls)

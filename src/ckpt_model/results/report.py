@@ -39,8 +39,10 @@ def annotate(
     history: History,
     rule_calls: list[tuple[str, dict[str, Any]]],
     backend_calls: Callable[[], Any],
+    origin: regression.Origin = regression.DEFAULT_ORIGIN,
 ) -> bool:
-    """Attach the report to `error` once; returns False if it already carried one."""
+    """Attach the report to `error` once; returns False if it already carried one. `origin`: the controller whose
+    machine ran, as the regression file records it."""
     if getattr(error, ANNOTATED, False):
         return False
     setattr(error, ANNOTATED, True)
@@ -66,7 +68,7 @@ def annotate(
     )
     path: Path | None = None
     try:
-        path = regression.write(harness, rule_calls, error)
+        path = regression.write(harness, rule_calls, error, origin=origin)
     except OSError as write_error:
         error.add_note(f"Replay file not written: {write_error}")
     else:

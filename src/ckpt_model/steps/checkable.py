@@ -15,6 +15,9 @@ the functions here take those declarations (`Rules`):
   rule ran (`JUDGED_AT`, at the `SITES`: every step, every commit, the teardown, or whatever the rollouts did). A
   property that no rule or site of this deployment reaches is never judged, and a run that passes says so instead
   of claiming it.
+
+The sites, where each property is judged and every property a run reports on are a machine's `Judging`: the
+trainer's machine's is `TRAINER_JUDGING`, the collection machine's its own (`ckpt_model.collection.coverage`).
 """
 
 from __future__ import annotations
@@ -201,6 +204,22 @@ JUDGED_AT: Mapping[str, tuple[str, ...]] = {
 
 
 @attrs.frozen
+class Judging:
+    """Where a machine judges its properties beside its rules' own judgements: its sites and what each needs to judge
+    anything, the sites that judge each property, every property a run of it reports on (by ID, with its title, in
+    report order), and those it never judges, each with why."""
+
+    sites: Mapping[str, tuple[Need, ...]]
+    judged_at: Mapping[str, tuple[str, ...]]
+    titles: Mapping[str, str]
+    never: Mapping[str, str] = attrs.field(factory=dict)
+
+
+# The trainer's machine: it reports on every property of the registry, and judges each somewhere.
+TRAINER_JUDGING = Judging(SITES, JUDGED_AT, {property_id: info.title for property_id, info in REGISTRY.items()})
+
+
+@attrs.frozen
 class Unchecked:
     """A property no rule or site of the deployment judges, or a rule it never draws, and why."""
 
@@ -216,19 +235,20 @@ def missing(needs: Iterable[Need], capabilities: Capabilities) -> list[Need]:
     return [need for need in needs if not need.met(capabilities)]
 
 
-def judged_by(rules: Rules) -> dict[str, tuple[str, ...]]:
-    """Where each property is judged: at its sites (`JUDGED_AT`), or in the rules that declare they judge it (in
-    name order)."""
+def judged_by(rules: Rules, judging: Judging = TRAINER_JUDGING) -> dict[str, tuple[str, ...]]:
+    """Where each property the machine judges is judged: at its sites (`judging.judged_at`), or in the rules that
+    declare they judge it (in name order)."""
     return {
-        property_id: JUDGED_AT.get(property_id, ())
+        property_id: judging.judged_at.get(property_id, ())
         + tuple(rule for rule, declared in rules.items() if property_id in declared.judges)
-        for property_id in REGISTRY
+        for property_id in judging.titles
+        if property_id not in judging.never
     }
 
 
-def needs_of(judge: str, rules: Rules) -> tuple[Need, ...]:
+def needs_of(judge: str, rules: Rules, judging: Judging = TRAINER_JUDGING) -> tuple[Need, ...]:
     """What a rule or a site needs to judge anything."""
-    return SITES[judge] if judge in SITES else rules[judge].needs
+    return judging.sites[judge] if judge in judging.sites else rules[judge].needs
 
 
 def undrawable_rules(capabilities: Capabilities, rules: Rules) -> list[Unchecked]:
@@ -240,17 +260,24 @@ def undrawable_rules(capabilities: Capabilities, rules: Rules) -> list[Unchecked
     ]
 
 
-def unchecked_properties(capabilities: Capabilities, rules: Rules) -> list[Unchecked]:
-    """Every property no rule or site of this deployment judges, with what it lacks, in P order."""
+def unchecked_properties(
+    capabilities: Capabilities, rules: Rules, judging: Judging = TRAINER_JUDGING
+) -> list[Unchecked]:
+    """Every property no rule or site of this deployment judges, with what it lacks (or why the machine never
+    judges it), in report order."""
+    judged = judged_by(rules, judging)
     found: list[Unchecked] = []
-    for property_id, judges in judged_by(rules).items():
-        lacking = {judge: missing(needs_of(judge, rules), capabilities) for judge in judges}
+    for property_id in judging.titles:
+        if property_id in judging.never:
+            found.append(Unchecked(property_id, judging.never[property_id]))
+            continue
+        lacking = {judge: missing(needs_of(judge, rules, judging), capabilities) for judge in judged[property_id]}
         if all(lacking.values()):
-            found.append(Unchecked(property_id, _why(lacking)))
+            found.append(Unchecked(property_id, _why(lacking, judging.sites)))
     return found
 
 
-def _why(lacking: Mapping[str, Sequence[Need]]) -> str:
+def _why(lacking: Mapping[str, Sequence[Need]], sites: Mapping[str, tuple[Need, ...]]) -> str:
     """ "judged only on the rollouts, which need a gated backend ..." or "judged only in a, b (which need ...) and
     c (which needs ...)"."""
     by_needs: dict[tuple[str, ...], list[str]] = {}
@@ -258,9 +285,9 @@ def _why(lacking: Mapping[str, Sequence[Need]]) -> str:
         by_needs.setdefault(tuple(need.says for need in needs), []).append(judge)
     parts = []
     for says, judges in by_needs.items():
-        which = "which need" if len(judges) > 1 or judges[0] in SITES else "which needs"
+        which = "which need" if len(judges) > 1 or judges[0] in sites else "which needs"
         parts.append(f"{_joined(judges)} ({which} {_joined(says)})")
-    where = "on" if all(judge in SITES for judge in lacking) else "in"
+    where = "on" if all(judge in sites for judge in lacking) else "in"
     return f"judged only {where} " + _joined(parts, last=" or ")
 
 
@@ -282,26 +309,29 @@ def ranges(property_ids: Iterable[str]) -> str:
 
 
 def summary(
-    capabilities: Capabilities, rules: Rules, rule_shown: Callable[[str], bool] = lambda _rule: True
+    capabilities: Capabilities,
+    rules: Rules,
+    rule_shown: Callable[[str], bool] = lambda _rule: True,
+    judging: Judging = TRAINER_JUDGING,
 ) -> list[str]:
     """The lines a run ends with: the properties not judged here and why, the rules never drawn here (those
     `rule_shown` keeps: the coverage table marks the others n/a already), and the properties checked."""
-    unchecked = unchecked_properties(capabilities, rules)
+    unchecked = unchecked_properties(capabilities, rules, judging)
     undrawable = [rule for rule in undrawable_rules(capabilities, rules) if rule_shown(rule.name)]
     lines = []
     if unchecked:
         lines.append("not checked on this deployment:")
-        lines += [f"  {item.name} {REGISTRY[item.name].title.split(':')[0]}: {item.why}" for item in unchecked]
+        lines += [f"  {item.name} {judging.titles[item.name].split(':')[0]}: {item.why}" for item in unchecked]
     if undrawable:
         lines.append("rules never drawn on this deployment:")
         lines += [f"  {item.text}" for item in undrawable]
     return lines
 
 
-def verdict_scope(capabilities: Capabilities, rules: Rules) -> str:
+def verdict_scope(capabilities: Capabilities, rules: Rules, judging: Judging = TRAINER_JUDGING) -> str:
     """What a pass covers: "checked: P1, P8-P10, ...; not checked: P2-P7, ... (listed above)"."""
-    unchecked = {item.name for item in unchecked_properties(capabilities, rules)}
-    checked = [property_id for property_id in REGISTRY if property_id not in unchecked]
+    unchecked = {item.name for item in unchecked_properties(capabilities, rules, judging)}
+    checked = [property_id for property_id in judging.titles if property_id not in unchecked]
     if not unchecked:
         return f"checked: {ranges(checked)}"
     return f"checked: {ranges(checked)}; not checked: {ranges(unchecked)} (listed above)"

@@ -8,19 +8,17 @@ half; each fault family is declared in its own module of `ckpt_model.trainer.nem
 
 Each rule names its family where it is declared (`steplog.action(..., family=...)`); the weights below are the
 defaults, chosen by measurement (docs/how-it-works.md, "The draw") and changed with `ckpt-model check --weights`.
-A fault family also declares its coverage goals, the situations its rules must reach (`ckpt_model.steps.goals`); a
-machine's goals are collected from the families of its rules (`steplog.coverage`). The protocol's own goals span
-its families (a restore after a failed one), so they are `goals.PROTOCOL_GOALS`, not these four's.
+Each family also declares its coverage goals, the situations its rules must reach (`ckpt_model.steps.goals`); a
+machine's goals are collected from the families of its rules (`steplog.coverage`). The protocol's own situations
+are reached by a commit or a restore, whatever came before (a restore after a failed one), so they are the goals of
+the checkpoint and restore families.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import attrs
 
-if TYPE_CHECKING:
-    from ckpt_model.steps.goals import Goal
+from ckpt_model.steps.goals import CHECKPOINT_GOALS, RESTORE_GOALS, Goal
 
 
 @attrs.frozen
@@ -37,5 +35,7 @@ class Family:
 
 ROLLOUTS = Family("rollouts", "rollouts start, start over, continue, retire and are forgotten", 20, protocol=True)
 CALLS = Family("calls", "a waiting model (or judge) call returns", 15, protocol=True)
-CHECKPOINTS = Family("checkpoints", "prepare, commit and resume", 15, protocol=True)
-RESTORES = Family("restores", "a committed checkpoint restored into fresh processes", 10, protocol=True)
+CHECKPOINTS = Family("checkpoints", "prepare, commit and resume", 15, protocol=True, goals=CHECKPOINT_GOALS)
+RESTORES = Family(
+    "restores", "a committed checkpoint restored into fresh processes", 10, protocol=True, goals=RESTORE_GOALS
+)

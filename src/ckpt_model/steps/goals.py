@@ -7,9 +7,11 @@ crashes inside a forget, checks nothing there, however many examples pass. The m
 nightly fails when a goal that applies to its deployment was never reached (`require`). Beside the situations,
 every rule is a goal twice: enabled (its precondition held before some drawn step) and drawn (Hypothesis chose it).
 
-The protocol's own goals are here (`PROTOCOL_GOALS`); each fault family declares its own with its rules, on its
-`Family` (`ckpt_model.trainer.nemeses`), and a machine's goals are collected from the families of its rules
-(`steplog.coverage`, which also gives each rule's scope). A goal or a rule that only some deployments can reach says
+Each family of rules declares its goals, on its `Family`: the protocol's checkpoint and restore families the
+protocol's own situations (`CHECKPOINT_GOALS`, `RESTORE_GOALS`, here), each fault family its own with its rules
+(`ckpt_model.trainer.nemeses`), the collection machine's families theirs (`ckpt_model.collection.coverage`); a
+machine's goals are collected from the families of its rules (`steplog.coverage`, which also gives each rule's
+scope). A goal or a rule that only some deployments can reach says
 so by the deployment's traits (a goal's `applies`; a rule's `applies`, declared on the rule: `steplog.action`),
 never by a topology's name. `table` is the short report every run ends with (`ckpt-model check`, the nightly).
 """
@@ -22,7 +24,6 @@ from typing import Any
 
 import attrs
 
-from ckpt_model.model.contract import Model
 from ckpt_model.model.spec import DeploymentSpec
 from ckpt_model.results.stats import SearchStats
 
@@ -34,13 +35,14 @@ FAILED_RESTORES = ("failed_restore(", "restore_incomplete(", "dies_in_restore(")
 
 @attrs.frozen
 class Step:
-    """What one rule did: its name and arguments, the model before and after, the labels it added (its nested
-    rules' included), and every label of the example before it."""
+    """What one rule did: its name and arguments, the machine's model before and after (the trainer's `Model`, the
+    collection machine's `Prediction`), the labels it added (its nested rules' included), and every label of the
+    example before it."""
 
     rule: str
     arguments: Mapping[str, Any]
-    before: Model
-    after: Model
+    before: Any
+    after: Any
     labels: tuple[str, ...]
     earlier: tuple[str, ...] = ()
 
@@ -151,10 +153,12 @@ def cuts_generations(spec: DeploymentSpec) -> bool:
     return spec.generation_cuts
 
 
-# The protocol's own situations, reached by its own rules (a commit, a restore) whatever faults came before them;
-# each fault family's are on its `Family` (`Family.goals`).
-PROTOCOL_GOALS: tuple[Goal, ...] = (
+# The protocol's own situations, each reached by a commit or a restore whatever faults came before it: the goals of
+# the protocol's checkpoint and restore families (`ckpt_model.steps.families`), as each fault family's are its own.
+CHECKPOINT_GOALS: tuple[Goal, ...] = (
     Goal("held_reply_across_commit", "a reply held across a commit", held_reply_across_commit, rule="commit"),
+)
+RESTORE_GOALS: tuple[Goal, ...] = (
     Goal(
         "same_checkpoint_restored_twice",
         "the same checkpoint restored twice",
@@ -176,8 +180,8 @@ PROTOCOL_GOALS: tuple[Goal, ...] = (
 
 @attrs.frozen
 class Coverage:
-    """What a machine's search must reach (`steplog.coverage`): its goals, the protocol's and each of its
-    families', in report order, and each of its rules with the deployments it applies to."""
+    """What a machine's search must reach (`steplog.coverage`): its families' goals, in report order, and each of
+    its rules with the deployments it applies to."""
 
     goals: tuple[Goal, ...]
     rules: Scopes

@@ -29,9 +29,9 @@ from ckpt_model import timing
 from ckpt_model.deployments.harness import Harness
 from ckpt_model.deployments.observe import observe
 from ckpt_model.errors import CoordinationError, HarnessError, PropertyViolation
-from ckpt_model.model.contract import Model
 from ckpt_model.model.spec import DeploymentSpec
 from ckpt_model.protocol.history import History
+from ckpt_model.results.regression import DEFAULT_ORIGIN, Origin
 from ckpt_model.results.report import annotate
 from ckpt_model.results.stats import SearchStats
 from ckpt_model.steps import goals
@@ -65,10 +65,13 @@ class Declaration:
 
 
 class StepLog:
-    """The steps of one example, and whether the one running has finished."""
+    """The steps of one example, and whether the one running has finished. `origin` is the controller whose machine
+    runs them, as its regression files record it."""
 
-    def __init__(self, harness: Harness, history: History, stats: SearchStats | None) -> None:
-        self.harness, self.history, self.stats = harness, history, stats
+    def __init__(
+        self, harness: Harness, history: History, stats: SearchStats | None, origin: Origin = DEFAULT_ORIGIN
+    ) -> None:
+        self.harness, self.history, self.stats, self.origin = harness, history, stats, origin
         self.labels: list[str] = []
         self.rule_calls: list[tuple[str, dict[str, Any]]] = []
         self.depth, self.draining, self.broken = 0, False, False
@@ -91,6 +94,7 @@ class StepLog:
             history=self.history,
             rule_calls=self.rule_calls,
             backend_calls=lambda: observe(self.harness).calls,
+            origin=self.origin,
         )
         if annotated and self.stats is not None:
             self.stats.failed(error)
@@ -138,8 +142,8 @@ class StepLog:
         machine_type: type,
         rule: str,
         arguments: Mapping[str, Any],
-        before: Model,
-        after: Model,
+        before: Any,
+        after: Any,
         first_label: int,
     ) -> None:
         """Rule `rule` of `machine_type` finished (its labels start at `first_label`): count the machine's goals it
@@ -205,20 +209,21 @@ def families_in_order(machine_type: type) -> tuple[Family, ...]:
 
 @functools.cache
 def goals_of(machine_type: type) -> tuple[goals.Goal, ...]:
-    """The machine's coverage goals: the protocol's own (`goals.PROTOCOL_GOALS`), then each family's
-    (`Family.goals`), in the order the machine mounts its families."""
-    return goals.PROTOCOL_GOALS + tuple(goal for family in families_in_order(machine_type) for goal in family.goals)
+    """The machine's coverage goals: each family's (`Family.goals`), in the order the machine mounts its
+    families (its own rules' first)."""
+    return tuple(goal for family in families_in_order(machine_type) for goal in family.goals)
 
 
 @functools.cache
 def goal_families(machine_type: type) -> Mapping[str, str]:
     """Each of the machine's goals and the family an aimed round favours for it (`ckpt_model.search.aim`): the family of
-    the rule that reaches it where it names one (the protocol's goals do), else the family that declares it."""
+    the rule that reaches it where it names one, else the family that declares it."""
     rule_family = {rule: family.name for rule, family in families_of(machine_type).items()}
-    found = {goal.name: rule_family[goal.rule] for goal in goals.PROTOCOL_GOALS if goal.rule in rule_family}
-    for family in families_in_order(machine_type):
-        found.update({goal.name: rule_family.get(goal.rule or "", family.name) for goal in family.goals})
-    return found
+    return {
+        goal.name: rule_family.get(goal.rule or "", family.name)
+        for family in families_in_order(machine_type)
+        for goal in family.goals
+    }
 
 
 @functools.cache
@@ -241,8 +246,10 @@ def rule_names(machine_type: type) -> list[str]:
 
 
 class Logged(Protocol):
+    """What `step` needs of a machine: its step log, and its model (the value its goals compare before and after)."""
+
     log: StepLog
-    model: Model
+    model: Any
 
 
 def step(method: F) -> F:

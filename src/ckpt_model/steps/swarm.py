@@ -2,12 +2,12 @@
 optional mechanisms the rules draw, so some examples go deep into a few rules instead of spreading every example
 over all of them.
 
-The subset is drawn from the example's own data (the swarm machine's `@initialize` rule, `machine.machine_for(...,
-swarm=True)`), so it shrinks and replays with the example; every flag shrinks to "kept", so a shrunk example
-leaves out as little as it can. A rule left out is refused by its precondition (`steplog.action`); a mechanism
-left out is its argument forced to False before the step runs and is recorded (`steplog.step`), so a regression
-file replays what ran. Composite rules, the teardown drain, fixed scenarios and replays call rules directly and
-never ask the swarm.
+The subset is drawn from the example's own data (the swarm machine's `@initialize` rule: `machine.machine_for(...,
+swarm=True)`, the collection machine's `collection_machine_for(..., swarm=True)`), so it shrinks and replays with
+the example; every flag shrinks to "kept", so a shrunk example leaves out as little as it can. A rule left out is
+refused by its precondition (`steplog.action`); a mechanism left out is its argument forced to False before the
+step runs and is recorded (`steplog.step`), so a regression file replays what ran. Composite rules, the teardown
+drain, fixed scenarios and replays call rules directly and never ask the swarm.
 
 Hypothesis already switches rules off per example by itself (its feature flags, drawn lazily as each rule is
 first enabled, with a per-example rate, `dispatch` included); this swarm comes on top: drawn up front, never
@@ -22,7 +22,8 @@ from typing import Any
 import attrs
 from hypothesis import strategies as st
 
-# Rules no example leaves out: every situation starts with a rollout and most need its calls released.
+# The trainer machine's rules no example leaves out: every situation starts with a rollout and most need its calls
+# released.
 ALWAYS_KEPT = frozenset({"dispatch", "dispatch_restart", "release"})
 # Each feature is left out with probability 1 / LEAVE_OUT_ONE_IN (a draw of 0 keeps it, so it shrinks to kept).
 LEAVE_OUT_ONE_IN = 2
@@ -55,10 +56,13 @@ def left_out() -> st.SearchStrategy[bool]:
     return st.integers(min_value=0, max_value=LEAVE_OUT_ONE_IN - 1).map(lambda draw: draw == LEAVE_OUT_ONE_IN - 1)
 
 
-def swarms(rules: Sequence[str], mechanisms: Sequence[tuple[str, str]]) -> st.SearchStrategy[Swarm]:
+def swarms(
+    rules: Sequence[str], mechanisms: Sequence[tuple[str, str]], kept: frozenset[str] = ALWAYS_KEPT
+) -> st.SearchStrategy[Swarm]:
     """Swarms over `rules` and `mechanisms` (the machine's: the optional mechanisms its rules draw, as (rule, its
-    boolean argument), `steplog.mechanisms_of`): each optional one left out independently."""
-    optional = sorted(set(rules) - ALWAYS_KEPT)
+    boolean argument), `steplog.mechanisms_of`): each optional one left out independently, never one of the rules
+    `kept` (those every situation of the machine starts from)."""
+    optional = sorted(set(rules) - kept)
     features = len(optional) + len(mechanisms)
 
     def build(flags: list[bool]) -> Swarm:
