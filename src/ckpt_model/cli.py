@@ -61,16 +61,17 @@ from hypothesis import settings
 from ckpt_model.deployments import artifacts
 from ckpt_model.errors import CoordinationError, PropertyViolation, UsageError
 from ckpt_model.interrupts import signal_number, sigterm_unwinds
-from ckpt_model.model.spec import OPTIONS, DeploymentSpec, OptionValue, SpecError, flag_keywords
+from ckpt_model.model.spec import OPTIONS, DeploymentSpec, SpecError, flag_keywords
 from ckpt_model.model.topologies import EPISODE_OWNERS, TOPOLOGIES, VERIFY_MODES
 from ckpt_model.results.reproduction import REPLAYS, Rate
 from ckpt_model.results.stats import RoundStat
 from ckpt_model.results.verdicts import Exit, exception_text, kind_of, leaves, report_failure
 from ckpt_model.search import checking, profiles
+from ckpt_model.search.controllers import TRAINER, ControllerMachine
 
 if TYPE_CHECKING:  # the stateful module is imported only when a check runs
-    from ckpt_model.deployments.catalogue import PlantedFault
     from ckpt_model.deployments.harness import Harness
+    from ckpt_model.search.targets import NamedFault
 
 REAL_GYM_DOC = "docs/real-gym.md"
 SEED_BITS = 32
@@ -293,34 +294,6 @@ def build_parser() -> Parser:
 # --- check -------------------------------------------------------------------------------------------------
 
 
-def planted_faults(text: str) -> tuple[PlantedFault, ...]:
-    from ckpt_model.deployments.catalogue import UnknownFaults, faults_named
-
-    try:
-        return faults_named(text)
-    except UnknownFaults as error:
-        raise UsageError(
-            f"unknown fault(s) {', '.join(map(repr, error.unknown))}; known faults:\n"
-            + "\n".join(f"  {name}" for name in error.known)
-            + "\n(`ckpt-model faults` describes them)"
-        ) from None
-
-
-def asked_options(args: argparse.Namespace) -> dict[str, OptionValue]:
-    """The option flags given (a count left out is None: the faults' and the default's)."""
-    return {option.name: value for option in OPTIONS if (value := vars(args)[option.name]) is not None}
-
-
-def chosen_spec(args: argparse.Namespace, planted: Sequence[PlantedFault]) -> DeploymentSpec:
-    """The deployment to check: `DeploymentSpec.for_faults` with what the options ask for."""
-    try:
-        return DeploymentSpec.for_faults(
-            planted, topology=args.topology, verify_mode=args.verify_mode, options=asked_options(args)
-        )
-    except SpecError as error:
-        raise UsageError(str(error)) from None
-
-
 def run_settings(args: argparse.Namespace) -> settings:
     """The profile with the command's overrides (`profile_settings`), without Hypothesis's shrink unless asked."""
     chosen = profile_settings(args)
@@ -376,9 +349,10 @@ def time_line(harness: Harness) -> str:
 def banner(
     args: argparse.Namespace,
     spec: DeploymentSpec,
-    faults: Sequence[PlantedFault],
+    faults: Sequence[NamedFault],
     chosen: settings,
     seed: int | None,
+    notes: Sequence[str] = (),
 ) -> str:
     planted = ", ".join(f"{fault.name} (caught by {fault.caught_by})" for fault in faults) or "none"
     if args.seed is not None:
@@ -414,13 +388,7 @@ def banner(
             else "temporary, removed at exit (--keep-artifacts DIR keeps them)"
         ),
     ]
-    for fault in faults:
-        if (fault.topology, fault.verify_mode) != (spec.topology, spec.verify_mode):
-            lines.append(
-                f"  note: {fault.name} shows in topology {fault.topology} (verify mode {fault.verify_mode}); "
-                f"on {spec.topology}/{spec.verify_mode} it may never show"
-            )
-    return "\n".join(lines)
+    return "\n".join([*lines, *(f"  note: {note}" for note in notes)])
 
 
 def examples_line(args: argparse.Namespace, chosen: settings) -> str:
@@ -468,52 +436,23 @@ def run_check(args: argparse.Namespace) -> int:
     from ckpt_model.results.progress import Progress
     from ckpt_model.results.stats import SearchStats
     from ckpt_model.search.checking import statistics_line
-    from ckpt_model.steps import draw, goals
-    from ckpt_model.steps.steplog import coverage, declarations, families_of
-    from ckpt_model.trainer.machine import CheckpointMachine
+    from ckpt_model.search.targets import TARGETS
 
-    families = families_of(CheckpointMachine).values()
-    if args.controller == "collection":
-        from ckpt_model.search import collection_check
-
-        faults = collection_check.checked_options(args)
-        chosen = profile_settings(args)  # with Hypothesis's shrink: the minimiser is the trainer machine's
-        return collection_check.run(args.topology or "native", faults, chosen, chosen_seed(args, chosen))
-
-    gym = None
-    faults = planted_faults(args.faults)
-    if args.deployment is not None:
-        from ckpt_model.deployments.gym import described
-
-        if faults:
-            raise UsageError("--faults plants faults in the embedded stack; a real Gym deployment has none")
-        try:
-            gym, spec = described(args.deployment)
-        except ValueError as error:
-            raise UsageError(f"--deployment: {error}") from None
-        args.system = gym.label  # the banner's system line
-        if gym.examples_max is not None:  # a Gym nothing may restart serves one example (docs/real-gym.md)
-            args.examples = min(args.examples or gym.examples_max, gym.examples_max)
-    else:
-        spec = chosen_spec(args, faults)
-    try:
-        args.family_weights = draw.weights_of(CheckpointMachine, draw.parse_weights(args.weights or "", families))
-    except ValueError as error:
-        raise UsageError(f"--weights: {error}") from None
+    target = TARGETS[args.controller](args)
+    spec, gym, controller = target.spec, target.gym, target.controller
     chosen = run_settings(args)
     seed = chosen_seed(args, chosen)
     kept = artifacts_dir(args)
-    print(banner(args, spec, faults, chosen, seed), flush=True)
+    print(banner(args, spec, target.faults, chosen, seed, target.notes), flush=True)
 
     stats = SearchStats()
-    run = RunRecord(args, spec, chosen, seed, stats)
+    run = RunRecord(args, spec, chosen, seed, stats, controller)
     with Progress(stats, chosen.max_examples) as progress:
         try:
             harness = Harness(gym, spec=spec, artifacts=kept) if gym else Harness.embedded(spec, artifacts=kept)
             run.harness = harness
-            print(time_line(harness), flush=True)
-            if gym is None and not harness.clocks.can_skew_clocks:
-                print(f"  note: {CLOCKS_NOTE}", flush=True)
+            for line in time_lines(harness, controller.machine_type, real_gym=gym is not None):
+                print(line, flush=True)
             try:
 
                 def searched() -> None:
@@ -526,7 +465,7 @@ def run_check(args: argparse.Namespace) -> int:
                     chosen,
                     stats,
                     swarm=args.swarm,
-                    weights=args.family_weights,
+                    weights=getattr(args, "family_weights", None),
                     seed=seed,
                     max_time_s=args.max_time,
                     rounds=args.examples is None,
@@ -535,6 +474,7 @@ def run_check(args: argparse.Namespace) -> int:
                     progress=progress,
                     searched=searched,
                     round_began=lambda began: progress.say(round_line(began)),
+                    controller=controller,
                 )
             finally:
                 with sigint_ignored():  # a second Ctrl-C must not cut the teardown short
@@ -545,26 +485,57 @@ def run_check(args: argparse.Namespace) -> int:
             run.finish(code, leaves(error, stats.seen))
             return code
     run.searched()
-    from ckpt_model.steps.checkable import Capabilities, summary, undrawable_rules, verdict_scope
-
-    capabilities = Capabilities.of(harness)
-    rules = declarations(CheckpointMachine)
-    undrawable = [rule.name for rule in undrawable_rules(capabilities, rules)]
-    family_of = draw.family_by_rule(CheckpointMachine)
-    print(goals.table(stats, spec, coverage(CheckpointMachine), undrawable, family_of), flush=True)
-    for line in summary(capabilities, rules, rule_shown=lambda rule: rules[rule].applies(spec)):
+    for line in passed_lines(harness, controller, stats, spec):
         print(line, flush=True)
-    print(statistics_line(stats), flush=True)
     if kept is not None:
         print(f"kept in {kept}: {artifacts.LOGS}/ (every server's full log)", flush=True)
     note = asked_note(len(stats.finished), chosen.max_examples, stats.stopped_by_time)
     print(
-        f"PASSED: {len(stats.finished)} examples{note} in "
-        f"{time.monotonic() - stats.started_s:.1f} s, no property violated; {verdict_scope(capabilities, rules)}",
+        f"PASSED: {len(stats.finished)} examples{note} in {time.monotonic() - stats.started_s:.1f} s, no property "
+        f"violated; {verdict_scope(harness, controller)}",
         flush=True,
     )
     run.finish(Exit.PASSED, ())
     return Exit.PASSED
+
+
+def time_lines(harness: Harness, machine_type: type, *, real_gym: bool) -> list[str]:
+    """The banner's lines on time, for a machine whose rules wait for deadlines, leases or skewed clocks: whether
+    the clocks are the checker's (`time_line`), and why a skewed clock is never drawn where none can be."""
+    from ckpt_model.steps import checkable
+    from ckpt_model.steps.steplog import declarations
+
+    needs = {need for declared in declarations(machine_type).values() for need in declared.needs}
+    lines = [time_line(harness)] if needs & {checkable.LEASE_LAPSES, checkable.JUMP_CLOCKS} else []
+    if checkable.SKEW_CLOCKS in needs and not real_gym and not harness.clocks.can_skew_clocks:
+        lines.append(f"  note: {CLOCKS_NOTE}")
+    return lines
+
+
+def passed_lines(harness: Harness, controller: ControllerMachine, stats: Any, spec: DeploymentSpec) -> list[str]:
+    """What a passing run ends with: the coverage table, what this deployment does not check or draw, and the
+    statistics."""
+    from ckpt_model.search.checking import statistics_line
+    from ckpt_model.steps import draw, goals
+    from ckpt_model.steps.checkable import Capabilities, summary, undrawable_rules
+    from ckpt_model.steps.steplog import coverage, declarations
+
+    machine = controller.machine_type
+    capabilities = Capabilities.of(harness)
+    rules = declarations(machine)
+    undrawable = [rule.name for rule in undrawable_rules(capabilities, rules)]
+    table = goals.table(stats, spec, coverage(machine), undrawable, draw.family_by_rule(machine))
+    shown = summary(capabilities, rules, lambda rule: rules[rule].applies(spec), controller.judging)
+    return [table, *shown, statistics_line(stats)]
+
+
+def verdict_scope(harness: Harness, controller: ControllerMachine) -> str:
+    """What a pass covers on this deployment (`checkable.verdict_scope`)."""
+    from ckpt_model.steps import checkable
+    from ckpt_model.steps.steplog import declarations
+
+    rules = declarations(controller.machine_type)
+    return checkable.verdict_scope(checkable.Capabilities.of(harness), rules, controller.judging)
 
 
 @attrs.define
@@ -576,6 +547,7 @@ class RunRecord:
     chosen: settings
     seed: int | None
     stats: Any
+    controller: ControllerMachine = TRAINER
     harness: Any = None
     search_s: float | None = None
 
@@ -585,10 +557,10 @@ class RunRecord:
             return {}
         from ckpt_model.steps.checkable import Capabilities, unchecked_properties
         from ckpt_model.steps.steplog import declarations
-        from ckpt_model.trainer.machine import CheckpointMachine
 
-        rules = declarations(CheckpointMachine)
-        return {item.name: item.why for item in unchecked_properties(Capabilities.of(self.harness), rules)}
+        rules = declarations(self.controller.machine_type)
+        capabilities = Capabilities.of(self.harness)
+        return {item.name: item.why for item in unchecked_properties(capabilities, rules, self.controller.judging)}
 
     def searched(self) -> None:
         if self.search_s is None:
@@ -598,9 +570,8 @@ class RunRecord:
         """Every goal and rule that applies to this deployment and no example reached."""
         from ckpt_model.steps import goals
         from ckpt_model.steps.steplog import coverage
-        from ckpt_model.trainer.machine import CheckpointMachine
 
-        return goals.unmet(self.stats, self.spec, coverage(CheckpointMachine))
+        return goals.unmet(self.stats, self.spec, coverage(self.controller.machine_type))
 
     def finish(self, code: int, failures: Sequence[BaseException]) -> None:
         """Write the files asked for; a file that cannot be written is said, and never changes the verdict."""
@@ -612,7 +583,7 @@ class RunRecord:
         def regression_file(error: BaseException) -> str | None:
             if self.harness is None or kind_of(error) not in ("violation", "harness"):
                 return None
-            path = regression.path_for(self.harness, error)
+            path = regression.path_for(self.harness, error, self.controller.origin)
             return str(path) if path.exists() else None
 
         total_s = time.monotonic() - self.stats.started_s
@@ -635,6 +606,8 @@ class RunRecord:
             statistics=Statistics.of(self.stats, self.unmet()),
             skipped=self.unchecked(),
             version=package_version(),
+            controller=self.controller.origin.controller,
+            properties=self.controller.judging.titles,
         )
         for path, text in ((self.args.json, result.json_text), (self.args.junit, result.junit_text)):
             if path is not None:
@@ -673,10 +646,12 @@ def package_version() -> str:
 # --- replay, stack, faults ---------------------------------------------------------------------------------
 
 
-def load_regression(path: Path) -> tuple[dict[str, Any], DeploymentSpec]:
-    """The file and its deployment; every problem with it at once, as a usage error."""
+def load_regression(path: Path) -> tuple[dict[str, Any], DeploymentSpec, ControllerMachine]:
+    """The file, its deployment and the machine of the controller it names; every problem with it at once, as a
+    usage error."""
     from ckpt_model.deployments.catalogue import fault_catalogue
     from ckpt_model.results import regression
+    from ckpt_model.search.controllers import UnknownController, for_origin
 
     try:
         document = regression.load(path)
@@ -694,24 +669,34 @@ def load_regression(path: Path) -> tuple[dict[str, Any], DeploymentSpec]:
             problems.append(f"'faults' must be known fault names (got {document['faults']!r}; see `ckpt-model faults`)")
     if not isinstance(failure, dict) or not isinstance(failure.get("type"), str):
         problems.append(f"'failure' must be {{'type': ..., 'property': ...}} (got {failure!r})")
-    problems += unknown_rules(document.get("steps"))
+    origin = regression.Origin.from_document(document)
+    controller: ControllerMachine = TRAINER
+    try:
+        controller = for_origin(origin)
+    except UnknownController as error:
+        problems.append(str(error))
+    else:
+        if not set(origin.faults) <= controller.program_faults():
+            problems.append(
+                f"'controller_faults' must be faults of the {origin.controller} controller's program "
+                f"(got {list(origin.faults)!r}; see `ckpt-model faults`)"
+            )
+        problems += unknown_rules(document.get("steps"), controller.machine_type)
     if problems:
         raise UsageError(f"{path}: not a replayable regression file:\n" + "\n".join(f"  - {p}" for p in problems))
-    return document, spec
+    return document, spec, controller
 
 
-def unknown_rules(steps: Any) -> list[str]:
+def unknown_rules(steps: Any, machine: type) -> list[str]:
     """Each step that names no rule of the machine, or arguments its rule does not take, said as a problem of the
     file: found before any server starts (a replay would start the stack, then stop at it)."""
     import inspect
-
-    from ckpt_model.trainer.machine import CheckpointMachine
 
     if not isinstance(steps, list):
         return []  # `regression.load` already refused a file without a list of steps
     problems: list[str] = []
     for index, (name, arguments) in enumerate(steps, start=1):
-        function = getattr(CheckpointMachine, name, None)
+        function = getattr(machine, name, None)
         if function is None or getattr(function, "hypothesis_stateful_rule", None) is None:
             problems.append(f"step {index} names {name!r}, which is no rule of the machine")
             continue
@@ -726,7 +711,7 @@ def run_replay(args: argparse.Namespace) -> int:
     from ckpt_model.results import regression
     from ckpt_model.search.scenarios import replay
 
-    document, _ = load_regression(args.file)
+    document, _, _ = load_regression(args.file)
     kept = artifacts_dir(args)
     recorded_type = document["failure"]["type"]
     recorded = document["failure"].get("property") or recorded_type
@@ -752,21 +737,21 @@ def run_minimise(args: argparse.Namespace) -> int:
     """Replay the file; only if it fails as recorded, minimise it and rewrite it with the minimal steps, once
     they failed as recorded on their final replay. Anything else leaves the file as it was."""
     from ckpt_model.results import regression
-    from ckpt_model.search.minimise import describe, minimise_on, provenance, replay_once, signature
+    from ckpt_model.search.minimise import as_state, describe, minimise_on, provenance, replay_once, signature
 
-    document, spec = load_regression(args.file)
+    document, spec, controller = load_regression(args.file)
     kept = artifacts_dir(args)
     recorded = (document["failure"]["type"], document["failure"].get("property"))
     steps = [(name, arguments) for name, arguments in document["steps"]]
     print(f"minimising {args.file} (recorded: {recorded[1] or recorded[0]})\n  {regression.describe(document)}")
     try:
         with regression_harness(spec, kept) as harness:
-            first = replay_once(harness, steps)
+            first = replay_once(harness, steps, controller=controller)
             if signature(first) != recorded:
                 return not_minimised(args.file, first, recorded)
             found = Rate.from_document(document.get("reproduction"))  # judges the candidates, if recorded
             print(f"fails as recorded; minimising {len(steps)} steps (each candidate replays)...", flush=True)
-            result, replayer = minimise_on(harness, steps, recorded, found)
+            result, replayer = minimise_on(harness, steps, recorded, found, controller=controller)
     except Exception as error:  # the deployment did not start, or a bug: nothing was written
         code = report_failure(error)
         print(f"not minimised; {args.file} left as it was", flush=True)
@@ -779,7 +764,7 @@ def run_minimise(args: argparse.Namespace) -> int:
         regression.rewrite(args.file, document, list(result.steps), provenance(result), reproduction)
     except OSError as error:
         raise UsageError(f"{args.file}: could not rewrite it ({error}); it is as it was") from None
-    print("\n".join(["", "state = CheckpointMachine()", *result.code, "state.teardown()"]))
+    print("\n".join(["", as_state(controller), *result.code, "state.teardown()"]))
     print(f"\nMINIMISED ({result.summary()}); {args.file} now holds these steps", flush=True)
     print(f"the minimal run fails with {describe(replayer.last_failure)}: `ckpt-model replay {args.file}` shows it")
     return Exit.PASSED

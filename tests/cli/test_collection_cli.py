@@ -1,18 +1,26 @@
 """`ckpt-model check --controller collection` as a user runs it: the collection machine against the embedded stack's
-collection program, passing on the fault-free collector, failing with the property a planted collector fault
-breaks and the command that replays it, and refusing what only the trainer's check takes before anything starts."""
+collection program, on the same search runner and with the same outputs as the trainer's check (the coverage table,
+`--json`, `--junit`, `--keep-artifacts`, regression files that `replay` and `minimise` take), passing on the
+fault-free collector, failing with the property a planted collector fault breaks, and refusing what only the
+trainer's machine takes before anything starts."""
 
 from __future__ import annotations
 
+import json
 import re
+import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 import pytest
 
 from ckpt_model.deployments.catalogue import collection_fault_catalogue
+from ckpt_model.results import regression
 from tests.cli.test_cli import ckpt_model, left_behind
 
 pytestmark = pytest.mark.processes
+
+FAULT = "manifest_names_next_attempt"  # P24 at the first checkpoint published with rows in flight
+FILE_NAME = f"P24-native-collection-{FAULT}.json"
 
 
 @pytest.mark.parametrize(
@@ -20,11 +28,10 @@ pytestmark = pytest.mark.processes
     [
         (["--faults", "no_such_fault"], "unknown collector fault(s) 'no_such_fault'; the collector's: "),
         (["--faults", "resume_deletes_records"], "unknown collector fault(s) 'resume_deletes_records'"),
-        (["--swarm", "--json", "out.json"], "--controller collection does not take --swarm, --json"),
+        (["--weights", "calls=2", "--max-time", "1m"], "--controller collection does not take --weights"),
         (["--token-capture"], "--controller collection does not take --token-capture"),
-        (["--no-minimise"], "does not take --no-minimise"),
     ],
-    ids=["unknown-fault", "trainer-fault", "trainer-options", "deployment-option", "no-minimise"],
+    ids=["unknown-fault", "trainer-fault", "draw-options", "deployment-option"],
 )
 def test_what_the_collection_machine_cannot_take_is_a_usage_error(
     tmp_path: Path, arguments: list[str], message: str
@@ -38,38 +45,110 @@ def test_what_the_collection_machine_cannot_take_is_a_usage_error(
         assert all(fault.name in result.stderr for fault in collection_fault_catalogue())
 
 
-def test_the_fault_free_collector_passes(tmp_path: Path) -> None:
-    arguments = ["--examples", "2", "--steps", "6", "--seed", "5"]
-    result = ckpt_model(tmp_path, "check", "--controller", "collection", *arguments)
+def test_the_fault_free_collector_passes_with_the_coverage_table_and_every_output(tmp_path: Path) -> None:
+    outputs = ["--json", "result.json", "--junit", "result.xml", "--keep-artifacts", "kept"]
+    result = ckpt_model(
+        tmp_path, "check", "--controller", "collection", "--examples", "2", "--steps", "6", "--seed", "5", *outputs
+    )
 
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "the collection controller on the embedded stack's native topology" in result.stdout
-    assert "collector faults: none" in result.stdout
-    assert "seed 5" in result.stdout
-    assert "PASSED: " in result.stdout
-    assert "no collection property violated (P22 LATEST, P23 stops and saves, P24 continued, P25" in result.stdout
-    assert "no server property (P1, P2, P3, P4, P9, P10, P13 and P15 on the runs' own calls)" in result.stdout
+    banner, table = result.stdout.split("coverage over ")
+    for line in [
+        "system:      embedded look-alike stack: its rollout collection program and servers",
+        "topology:    native",
+        "faults:      none",
+        "seed:        5 (from --seed",
+        "draw:        a rule among those enabled, uniformly (Hypothesis's draw)",
+        f"artifacts:   kept in {tmp_path / 'kept'} (--keep-artifacts)",
+    ]:
+        assert line in banner
+    assert "time:" not in banner  # no rule of the collection machine waits for a deadline or a lease
+    # The coverage table of the collection machine: its families, its goals and its rules.
+    assert re.match(r"\d+ examples \(native\):", table)
+    assert table.splitlines()[1].split() == ["family", "steps", "share", "ms/step"]
+    assert "a rerun that continues LATEST" in table
+    assert re.search(r"\n  start_run +\d+ +\d+ +\d+", table)
+    assert "  P5 token lineage: the collection runs do not turn on token capture" in table
+    scope = "checked: P1-P4, P9-P10, P13, P15, P22-P26; not checked: P5-P8, P11-P12, P14, P16-P21 (listed above)"
+    assert f"no property violated; {scope}\nwrote result.json\nwrote result.xml" in result.stdout
+    written = json.loads((tmp_path / "result.json").read_text())
+    assert (written["verdict"], written["controller"], written["seed"]) == ("passed", "collection", 5)
+    assert written["statistics"]["rules_drawn"]["start_run"] >= 2
+    assert written["properties_skipped"]["P5"] == "the collection runs do not turn on token capture"
+    cases = {
+        case.get("name", "").split()[0]: case for case in ElementTree.parse(tmp_path / "result.xml").iter("testcase")
+    }
+    assert {"P22", "P23", "P24", "P25"} <= set(cases)
+    assert cases["P5"].find("skipped") is not None
+    assert cases["P24"].find("skipped") is None
+    assert sorted(path.name for path in (tmp_path / "kept").iterdir()) == ["logs"]
     assert left_behind(tmp_path) == []
 
 
-# A search through the command (25 s on a loaded run): the nightly's `pytest -m search`. The default run checks the
-# same fault's steps (tests/stateful/test_collection_faults.py) and the report's printing on hand-built findings
-# (tests/unit/checker/test_collection_check.py).
+def noisy_file(workdir: Path) -> Path:
+    """A collection regression file by hand: the planted collector fault, and a step around the one that shows it."""
+    path = workdir / "noisy.json"
+    steps = [["start_run", {}], ["release", {"pick": 1}], ["request_checkpoint", {}]]
+    document = {
+        "format": 1,
+        "failure": {"type": "P24Violation", "property": "P24"},
+        "controller": "collection",
+        "controller_faults": [FAULT],
+        "topology": "native",
+        "steps": steps,
+    }
+    path.write_text(json.dumps(document))
+    return path
+
+
+def test_a_collection_regression_file_written_by_a_failing_run_replays_and_minimises(tmp_path: Path) -> None:
+    # The failing run: a replay of the steps by hand, which writes its own regression file with what it kept.
+    replayed = ckpt_model(tmp_path, "replay", str(noisy_file(tmp_path)), "--keep-artifacts", "kept")
+    assert replayed.returncode == 1, replayed.stdout + replayed.stderr
+    written = tmp_path / "kept" / FILE_NAME
+    assert f"ckpt-model replay {written}" in replayed.stdout
+    document = regression.load(written)
+    assert (document["controller"], document["controller_faults"]) == ("collection", [FAULT])
+    assert [name for name, _ in document["steps"]] == ["start_run", "release", "request_checkpoint"]
+
+    minimised = ckpt_model(tmp_path, "minimise", str(written))
+
+    assert minimised.returncode == 0, minimised.stdout + minimised.stderr
+    assert "native, the collection controller with manifest_names_next_attempt: start_run(); " in minimised.stdout
+    assert "state = CollectionMachine()\nstate.start_run()\nstate.request_checkpoint()\nstate.teardown()" in (
+        minimised.stdout
+    )
+    assert regression.load(written)["steps"] == [["start_run", {}], ["request_checkpoint", {}]]
+    again = ckpt_model(tmp_path, "replay", str(written))
+    assert again.returncode == 1, again.stdout + again.stderr
+    assert "FAILED as recorded: P24" in again.stdout
+    assert left_behind(tmp_path) == []
+
+
+# A search through the command (minutes on a loaded run): the nightly's `pytest -m search`. The default run checks the
+# same fault's steps (tests/stateful/test_collection_faults.py) and its regression file's replay and minimising
+# (above).
 @pytest.mark.search
-def test_a_collector_fault_fails_with_its_property_minimal_steps_and_replay(tmp_path: Path) -> None:
-    arguments = ["check", "--controller", "collection", "--faults", "manifest_names_next_attempt"]
-    result = ckpt_model(tmp_path, *arguments, "--examples", "5", "--steps", "4", "--seed", "3")
+def test_a_collector_fault_fails_with_its_property_minimal_steps_and_its_regression_file(tmp_path: Path) -> None:
+    arguments = ["check", "--controller", "collection", "--faults", FAULT, "--examples", "5", "--steps", "4"]
+    outputs = ["--json", "result.json", "--junit", "result.xml"]
+    result = ckpt_model(tmp_path, *arguments, "--seed", "3", *outputs)
 
     assert result.returncode == 1, result.stdout + result.stderr
     assert "P24 collection.json continues exactly the rollouts the episode owner exported" in result.stdout
-    assert "observed: continued ['row-0-a1', 'row-1-a1', 'row-2-a1']" in result.stdout
-    assert re.search(r"minimised to 2 in [\d.]+ s \(\d+ candidates replayed\):", result.stdout), result.stdout
+    assert "found: P24 in 10 of 10 replays" in result.stdout
     # P24 shows at the first checkpoint published with rows in flight, whichever rule asked for it
-    steps = r"  state\.start_run\(\)\n  state\.\w+\([^)]*\)\nFAILED: property violation \(P24\)\n"
-    assert re.search(steps, result.stdout), result.stdout
-    replay = (
-        "replay: ckpt-model check --controller collection --topology native --examples 5 --steps 4 "
-        "--faults manifest_names_next_attempt --seed 3"
+    assert re.search(
+        r"Minimal failing sequence .*\nstate = CollectionMachine\(\)\nstate\.start_run\(\)\nstate\.\w+", result.stdout
     )
-    assert replay in result.stdout
+    assert "FAILED: property violation (P24 in 10 of 10 replays)\nwrote result.json\nwrote result.xml" in result.stdout
+    path = tmp_path / "regressions" / FILE_NAME
+    assert f"ckpt-model replay {path}" in result.stdout
+    assert len(regression.load(path)["steps"]) == 2
+    written = json.loads((tmp_path / "result.json").read_text())
+    assert (written["controller"], written["properties_violated"]) == ("collection", ["P24"])
+    assert written["failures"][0]["regression_file"] == str(path)
+    suite = ElementTree.parse(tmp_path / "result.xml").getroot()
+    failing = [case.get("name", "") for case in suite.iter("testcase") if case.find("failure") is not None]
+    assert [name.split()[0] for name in failing] == ["P24"]
     assert left_behind(tmp_path) == []

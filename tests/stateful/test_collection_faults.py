@@ -1,7 +1,8 @@
 """Every planted fault of the look-alike collector (`fakes.collection.config.COLLECTION_FAULTS`) is caught by the
 collection property it names: in the default run through fixed steps of the collection machine (which pass on the
 fault-free collector), and in the nightly's `pytest -m search` by a derandomized random search of the machine
-that stops at the first failure, minimised by the domain minimiser (`ckpt_model.search.collection_search`)."""
+that stops at the first failure, measured and minimised as the trainer machine's are (`ckpt_model.search.faultsearch`
+with the collection controller)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ from ckpt_model.properties.fencing import P10Violation
 from ckpt_model.properties.telemetry import P26Violation
 from ckpt_model.protocol import collection_files as files
 from ckpt_model.search import profiles
-from ckpt_model.search.collection_search import search
+from ckpt_model.search.checking import without_shrink
+from ckpt_model.search.controllers import Collection
+from ckpt_model.search.faultsearch import search
 from fakes.collection.config import COLLECTION_FAULTS
 
 pytestmark = pytest.mark.processes
@@ -124,7 +127,7 @@ def test_the_same_steps_pass_on_the_fault_free_collector(machine_of: MachineOf, 
     machine = machine_of(())
     STEPS[fault][0](machine)
     machine.teardown()
-    assert sorted(machine.finished_as) == ["row-0", "row-1", "row-2"]
+    assert sorted(dict(machine.model.finished_as)) == ["row-0", "row-1", "row-2"]
 
 
 # Planted faults of the servers that the collector's own calls show (`ckpt_model.properties.collection_calls`,
@@ -183,18 +186,20 @@ def test_a_derandomized_search_finds_the_fault_by_its_property(
     harness_of: Callable[[DeploymentSpec], Harness], fault: str
 ) -> None:
     violation = VIOLATIONS[COLLECTION_FAULTS[fault].caught_by]
-    chosen = settings(profiles.profile_for("default", ci=True), max_examples=SEARCH_EXAMPLES)
+    chosen = without_shrink(settings(profiles.profile_for("default", ci=True), max_examples=SEARCH_EXAMPLES))
+    harness = harness_of(NATIVE)
+    harness.regressions_dir = harness.root / "regressions"  # expected failures: kept with the harness, not the user
 
-    finding = search(harness_of(NATIVE), (fault,), chosen)
+    finding = search(harness, chosen, controller=Collection((fault,)))
 
-    assert type(finding.violation) is violation, finding.error
-    assert finding.minimal is not None
-    assert finding.minimal.reproduced
-    assert 0 < len(finding.minimal.steps) <= SHRUNK_STEPS_MAX, finding.minimal.code
+    assert type(finding.violation) is violation, finding.failures
+    assert finding.minimised is not None
+    assert finding.minimised.reproduced
+    assert 0 < finding.minimised.steps_after <= SHRUNK_STEPS_MAX, finding.minimised.code
     print(
-        f"\n{fault}: {finding.violation.property_id} after {finding.examples} examples in {finding.search_s:.1f} s "
-        f"({len(finding.found)} steps), minimised in {finding.minimise_s:.1f} s ({finding.minimal.replayed} "
-        f"replays): {'; '.join(finding.minimal.code)}"
+        f"\n{fault}: {finding.headline} after {finding.examples} examples in {finding.search_s:.1f} s "
+        f"({finding.minimised.steps_before} steps), minimised in {finding.minimised.seconds:.1f} s "
+        f"({finding.minimised.replayed} replays): {'; '.join(finding.minimised.code)}"
     )
 
 
@@ -209,7 +214,7 @@ def test_a_sigterm_during_a_requested_checkpoint_makes_it_the_stop_s(machine_of:
     assert files.checkpoint_dirs(machine.checkpoints) == ([machine.audit.latest.checkpoint_id], [])  # one, not two
     assert sorted(episode.rollout_id for episode in machine.audit.latest.continued) == ["row-0", "row-1", "row-2"]
     machine.teardown()
-    assert machine.finished_as == {"row-0": 1, "row-1": 1, "row-2": 1}  # each continued as its next attempt
+    assert dict(machine.model.finished_as) == {"row-0": 1, "row-1": 1, "row-2": 1}  # each continued as its next attempt
 
 
 def test_a_continuation_of_a_continuation_starts_where_its_checkpoint_left_it(machine_of: MachineOf) -> None:
@@ -223,10 +228,11 @@ def test_a_continuation_of_a_continuation_starts_where_its_checkpoint_left_it(ma
     machine.start_run()
     machine.preempt()
     machine.start_run()
-    assert (machine.starts["row-0-a1"], machine.starts["row-0-a2"]) == (1, 1)
-    assert (machine.starts["row-1-a1"], machine.starts["row-1-a2"]) == (0, 0)
+    starts = dict(machine.model.starts)
+    assert (starts["row-0-a1"], starts["row-0-a2"]) == (1, 1)
+    assert (starts["row-1-a1"], starts["row-1-a2"]) == (0, 0)
     machine.teardown()
-    assert machine.finished_as == {"row-0": 2, "row-1": 2, "row-2": 2}
+    assert dict(machine.model.finished_as) == {"row-0": 2, "row-1": 2, "row-2": 2}
 
 
 def test_a_checkpoint_restored_twice_sends_its_attempts_again_under_the_same_keys(machine_of: MachineOf) -> None:
@@ -238,6 +244,6 @@ def test_a_checkpoint_restored_twice_sends_its_attempts_again_under_the_same_key
     machine.start_run()
     machine.kill_run()
     machine.start_run()
-    assert machine.made_before["row-0-a1"] == 1  # the killed run's call, left out of this execution's
+    assert dict(machine.model.made_before)["row-0-a1"] == 1  # the killed run's call, left out of this execution's
     machine.teardown()
-    assert machine.finished_as == {"row-0": 1, "row-1": 1, "row-2": 1}
+    assert dict(machine.model.finished_as) == {"row-0": 1, "row-1": 1, "row-2": 1}

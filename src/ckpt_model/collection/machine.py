@@ -4,12 +4,14 @@ a save that fails part-way, a SIGTERM while a checkpoint is written (the stop's 
 the whole Gym, and reruns with `resume_from_cache` on fresh servers, while releasing held model calls one at a time
 so a checkpoint meets rollouts at every boundary. Every run's exit is audited (P22-P24, and P13 on the servers
 after an exit 0), every published checkpoint when it appears (P22-P24), and the end drains the collection to its
-last row (P25). Every rule call is recorded in `steps`, which `ckpt_model.search.collection_search` minimises.
+last row (P25).
 
-Each rerun starts on fresh Gym servers (the job restarted: a crash of the whole Gym first), and the attempt each
-unfinished row must be sent as is predicted from what the checker reads before it starts: a row `LATEST`
-continues goes as its attempt + 1, one the dispatch log names otherwise starts over as its logged attempt + 1, any
-other as attempt 0.
+It runs on the search machinery the trainer's machine runs on: each rule is a `steplog.action` (the step recorder,
+its precondition, its family and coverage goals: `ckpt_model.collection.coverage`), the failure report and the
+regression file come from the step log, and what it predicts is a frozen value (`Prediction`), computed from what
+the checker reads before each run starts: a row `LATEST` continues goes as its attempt + 1, one the dispatch log
+names otherwise starts over as its logged attempt + 1, any other as attempt 0. Each rerun starts on fresh Gym
+servers (the job restarted: a crash of the whole Gym first).
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ import functools
 import json
 import signal
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, cast
 
 from hypothesis import strategies as st
-from hypothesis.stateful import RULE_MARKER, RuleBasedStateMachine, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize
 
+from ckpt_model.collection.coverage import CRASHES, RELEASES, REQUESTS, RUNS, SAVES, STOPS
+from ckpt_model.collection.prediction import Prediction
 from ckpt_model.collection.relay import CallRelay
 from ckpt_model.deployments.collection_run import CollectionAudit, CollectionRun
 from ckpt_model.deployments.faults import STALL_POINTS, STORAGE_FAILURES, STORAGE_POINTS
@@ -40,24 +44,18 @@ from ckpt_model.properties.state import p13_clean_end
 from ckpt_model.protocol import collection_files as files
 from ckpt_model.protocol.history import History
 from ckpt_model.protocol.wire import EpisodeId
+from ckpt_model.results.regression import COLLECTION_CONTROLLER, Origin
+from ckpt_model.results.stats import SearchStats
+from ckpt_model.steps import checkable
+from ckpt_model.steps.steplog import StepLog, action, mechanisms_of, rule_names
+from ckpt_model.steps.swarm import Swarm, swarms
 from ckpt_model.trainer.telemetry_watch import raise_violation
-
-F = TypeVar("F", bound=Callable[..., None])
 
 ROWS = ("row-0", "row-1", "row-2")
 PICK = st.integers(0, 7)  # an index into a list known only when the rule runs (taken modulo its length)
 SETTLE_TIMEOUT_S = 30.0
-
-
-def recorded(method: F) -> F:
-    """A rule whose call is appended to the machine's `steps` (its name and arguments), for the minimiser."""
-
-    @functools.wraps(method)
-    def wrapper(self: CollectionMachine, **arguments: Any) -> None:
-        self.steps.append((method.__name__, dict(arguments)))
-        method(self, **arguments)
-
-    return wrapper  # type: ignore[return-value]
+# The rules no swarm leaves out: every situation starts with a run, and a row moves only when a call is released.
+ALWAYS_KEPT = frozenset({"start_run", "release"})
 
 
 def input_row(topology: Topology, rollout_id: str) -> dict[str, Any]:
@@ -70,25 +68,24 @@ def input_row(topology: Topology, rollout_id: str) -> dict[str, Any]:
 
 
 class CollectionMachine(RuleBasedStateMachine):
-    """Plays the cluster around one collection directory; `harness` is bound by `collection_machine_for`."""
+    """Plays the cluster around one collection directory on `harness`, with the collector's planted `faults`
+    (docs/collection.md); bound by `collection_machine_for`, one machine per example."""
 
-    harness: Harness
-    # Planted faults of the look-alike collector, handed to every run's config (docs/collection.md).
-    collection_faults: tuple[str, ...] = ()
-    # Examples begun by this bound machine (Hypothesis may run more or fewer than it was asked for), and the last
-    # one: after a search that stopped at its first failure, the failing example
-    # (`ckpt_model.search.collection_search`).
-    examples: int = 0
-    last: CollectionMachine | None = None
-
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        harness: Harness,
+        faults: tuple[str, ...] = (),
+        stats: SearchStats | None = None,
+        settle_timeout_s: float = SETTLE_TIMEOUT_S,
+    ) -> None:
         super().__init__()
-        type(self).examples += 1
-        type(self).last = self
-        self.steps: list[tuple[str, dict[str, Any]]] = []  # the rule calls so far, as `recorded` appends them
-        harness = self.harness
         if harness.backend is None:
             raise HarnessError("the collection machine holds model calls: it needs a gated backend")
+        self.harness = harness
+        self.faults = faults
+        self.settle_timeout_s = settle_timeout_s
+        if stats is not None:
+            stats.example_started()
         harness.begin_example()
         traits = harness.spec.traits
         self.reward = traits.reward(traits.script)
@@ -101,63 +98,50 @@ class CollectionMachine(RuleBasedStateMachine):
         self.audit = CollectionAudit.for_topology(self.checkpoints, traits)
         self.participants = sorted(harness.statuses())
         self.run: CollectionRun | None = None
-        self.runs = 0
-        self.predicted: dict[str, int] = {}  # the attempt each unfinished row goes as in the current run
-        # P4: the script call each predicted attempt starts from (a continued one from its checkpoint's boundary:
-        # where the exported attempt started, plus the calls it had delivered when the checkpoint was taken), and
-        # per checkpoint, how many calls each attempt had delivered then.
-        self.starts: dict[str, int] = {}
-        # Restoring a checkpoint again sends its continued attempts again under the same capture keys: the calls a
-        # key had made before its current execution, which P4 leaves out.
-        self.made_before: dict[str, int] = {}
-        self.delivered_at: dict[str, dict[str, int]] = {}
-        self.finished_as: dict[str, int] = {}  # the attempt predicted for the run in which each row finished
+        self.model = Prediction(ROWS)
         # Every run reaches the servers through the relay, which journals its calls for the servers' properties.
         self.calls = History()
         kinds = {name: status["kind"] for name, status in harness.statuses().items()}
         self.call_audit = CallAudit(self.calls, kinds, self.reward)
         self.relay = CallRelay(harness.servers, self.calls, self.call_audit.observe)
         self.relay.start()
+        self.log = StepLog(harness, self.calls, stats, Origin(COLLECTION_CONTROLLER, faults))
 
     # -- rules ------------------------------------------------------------------------------------------------
 
-    @precondition(lambda self: self.run is None)
-    @rule()
-    @recorded
+    @action(lambda self: self.run is None, family=RUNS)
     def start_run(self) -> None:
         """A collection run; after the first, a rerun with `resume_from_cache` on fresh servers (after the last row,
         one that must add no row)."""
         self._start_run()
 
     def _start_run(self) -> None:
-        if self.runs:
+        if self.model.runs:
             self._crash_gym()
-        self.predicted = self._predict()
+        self._predict()
         config = {
             "input_jsonl_fpath": str(self.inputs),
             "output_jsonl_fpath": str(self.output),
             "checkpoint_dir": str(self.checkpoints),
-            "resume_from_cache": self.runs > 0,
-            **({"faults": list(self.collection_faults)} if self.collection_faults else {}),
+            "resume_from_cache": self.model.runs > 1,
+            **({"faults": list(self.faults)} if self.faults else {}),
         }
-        self.run = self.harness.start_collection(config, self.runs, through=self.relay.urls)
-        self.runs += 1
+        self.run = self.harness.start_collection(config, self.model.runs - 1, through=self.relay.urls)
         self._settle()
 
-    @precondition(lambda self: self.run is not None)
-    @rule(pick=st.integers(0, len(ROWS) - 1))
-    @recorded
+    @action(lambda self: self.run is not None, family=RELEASES, pick=st.integers(0, len(ROWS) - 1))
     def release(self, pick: int) -> None:
         """Let one held model call return (among the waiting calls, by capture key)."""
         waiting = self._waiting()
         if waiting:
-            _, index = waiting[pick % len(waiting)]
+            key, index = waiting[pick % len(waiting)]
+            self._label(f"release({key}'s call #{index})")
             self._backend().release([index])
+        else:
+            self._label("release(): no call held")
         self._settle()
 
-    @precondition(lambda self: self.run is not None)
-    @rule()
-    @recorded
+    @action(lambda self: self.run is not None, family=REQUESTS)
     def request_checkpoint(self) -> None:
         """SIGUSR1: checkpoint, then continue; the new checkpoint must be complete and continue what was exported."""
         run = self._running()
@@ -168,41 +152,49 @@ class CollectionMachine(RuleBasedStateMachine):
             lambda: files.latest_id(self.checkpoints) != before and self._resumed(),
             "a checkpoint published for SIGUSR1, then the participants resumed",
         )
+        self._label(f"request_checkpoint() -> {files.latest_id(self.checkpoints)}")
         self._judged_once_resumed(functools.partial(p10_open_after_resume, "the SIGUSR1 checkpoint"), sent_from)
         self.audit.published()
         self._note_boundaries()
         self._settle()
 
-    @precondition(lambda self: self.run is not None)
-    @rule()
-    @recorded
+    @action(lambda self: self.run is not None, family=STOPS)
     def preempt(self) -> None:
         """SIGTERM: checkpoint, then stop with exit 75."""
         run = self._running()
+        self._label("preempt(): SIGTERM")
         run.signal(signal.SIGTERM)
         self._exited(run.wait())
 
-    @precondition(lambda self: self.run is not None)
-    @rule()
-    @recorded
+    @action(lambda self: self.run is not None, family=STOPS)
     def kill_run(self) -> None:
         """SIGKILL of the run, as a cluster ends a job whose grace period ran out."""
         run = self._running()
+        self._label("kill_run(): SIGKILL")
         run.kill()
         self._exited(run.wait())
 
-    @precondition(lambda self: self.run is not None and self.harness.faults.can_break_storage)
-    @rule(victim=PICK, point=PICK, errno=st.sampled_from(STORAGE_FAILURES), stop=st.booleans())
-    @recorded
+    @action(
+        lambda self: self.run is not None and self.harness.faults.can_break_storage,
+        family=SAVES,
+        needs=(checkable.BREAK_STORAGE,),
+        mechanisms=("stop",),
+        victim=PICK,
+        point=PICK,
+        errno=st.sampled_from(STORAGE_FAILURES),
+        stop=st.booleans(),
+    )
     def failing_save(self, victim: int, point: int, errno: str, stop: bool) -> None:
         """A checkpoint (SIGTERM when `stop`, else SIGUSR1) whose save fails part-way: one participant's write
         meets a full or failing disk. `LATEST` and every checkpoint published before must be untouched; a stop must
         not exit 75; a request's run resumes and goes on."""
         run = self._running()
         name = self._victim(victim)
-        self.harness.faults.break_storage(name, STORAGE_POINTS[point % len(STORAGE_POINTS)], errno)
+        where = STORAGE_POINTS[point % len(STORAGE_POINTS)]
+        self.harness.faults.break_storage(name, where, errno)
         before = files.latest_id(self.checkpoints)
         sent_from = len(self.calls.events)
+        self._label(f"failing_save(): {name}'s write meets {errno} at {where}; {'SIGTERM' if stop else 'SIGUSR1'}")
         try:
             run.signal(signal.SIGTERM if stop else signal.SIGUSR1)
             if stop:
@@ -219,32 +211,37 @@ class CollectionMachine(RuleBasedStateMachine):
             self.audit.intact()
         self._settle()
 
-    @precondition(lambda self: self.run is not None and self.harness.faults.can_break_storage)
-    @rule(victim=PICK, point=PICK)
-    @recorded
+    @action(
+        lambda self: self.run is not None and self.harness.faults.can_break_storage,
+        family=SAVES,
+        needs=(checkable.BREAK_STORAGE,),
+        victim=PICK,
+        point=PICK,
+    )
     def second_sigterm(self, victim: int, point: int) -> None:
         """SIGTERM, and a second SIGTERM while the stop's checkpoint is being written (one participant's write
         stalls until the second has landed): the run must still publish it and exit 75."""
-        self._sigterm_during_write(signal.SIGTERM, victim, point)
+        self._sigterm_during_write("second_sigterm", signal.SIGTERM, victim, point)
 
-    @precondition(lambda self: self.run is not None and self.harness.faults.can_break_storage)
-    @rule(victim=PICK, point=PICK)
-    @recorded
+    @action(
+        lambda self: self.run is not None and self.harness.faults.can_break_storage,
+        family=SAVES,
+        needs=(checkable.BREAK_STORAGE,),
+        victim=PICK,
+        point=PICK,
+    )
     def sigterm_during_request(self, victim: int, point: int) -> None:
         """SIGUSR1, and SIGTERM while that checkpoint is being written (one participant's write stalls until the
         SIGTERM has landed): the requested checkpoint becomes the stop's, so the run must publish it and exit 75."""
-        self._sigterm_during_write(signal.SIGUSR1, victim, point)
+        self._sigterm_during_write("sigterm_during_request", signal.SIGUSR1, victim, point)
 
-    @precondition(lambda self: self.run is not None and self.harness.can_crash)
-    @rule()
-    @recorded
+    @action(lambda self: self.run is not None and self.harness.can_crash, family=CRASHES, needs=(checkable.CRASHES,))
     def crash_gym(self) -> None:
         """SIGKILL of every Gym server while the run waits on them, then fresh servers on the same ports (a node
         lost): the run's `/run`s fail, and each unfinished row must start over as its next attempt."""
         before = {index for _, index in self._waiting()}
-        self.predicted = {rollout: attempt + 1 for rollout, attempt in self.predicted.items()}
-        # Before the crash: no call of theirs can come sooner.
-        self._executions({capture_key(rollout, attempt): 0 for rollout, attempt in self.predicted.items()})
+        self.model = self.model.crashed(self._made())  # before the crash: no call of theirs can come sooner
+        self._label(f"crash_gym(): {self._sent()}")
         self._crash_gym()
         self._until(lambda: not before & {index for _, index in self._waiting()}, "the killed servers' calls dropped")
         self._settle()
@@ -253,22 +250,28 @@ class CollectionMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         try:
-            for _ in range(len(ROWS) + 2):
-                if self.run is None:
-                    if not self._unfinished():
-                        break
-                    self._start_run()
-                while self.run is not None:
-                    waiting = self._waiting()
-                    if waiting:
-                        self._backend().release([index for _, index in waiting])
-                    self._settle()
-            if self._unfinished():
-                raise HarnessError(f"rows {self._unfinished()} never finished in {self.runs} runs")
-            self.audit.rows(self.output, ROWS, self.reward, self.finished_as)
-            self._telemetry_tells_the_truth()
+            self.log.drain(self._drain)
         finally:
             self.stop()
+            self.log.finished(self.model.crashes, 0)
+
+    def _drain(self) -> None:
+        """Run the collection to its last row: the current run to its exit and reruns until one exits 0, releasing
+        every held call; then every row once (P25) and the telemetry (P26)."""
+        for _ in range(len(ROWS) + 2):
+            if self.run is None:
+                if not self._unfinished():
+                    break
+                self._start_run()
+            while self.run is not None:
+                waiting = self._waiting()
+                if waiting:
+                    self._backend().release([index for _, index in waiting])
+                self._settle()
+        if self._unfinished():
+            raise HarnessError(f"rows {self._unfinished()} never finished in {self.model.runs} runs")
+        self.audit.rows(self.output, ROWS, self.reward, dict(self.model.finished_as))
+        self._telemetry_tells_the_truth()
 
     def _telemetry_tells_the_truth(self) -> None:
         """P26 as the offline audit judges it, on this example's spans (the collector's and every server's) and the
@@ -288,73 +291,58 @@ class CollectionMachine(RuleBasedStateMachine):
             self.run.kill()
         self.relay.close()
 
-    # -- observing ---------------------------------------------------------------------------------------------
+    # -- predicting --------------------------------------------------------------------------------------------
 
-    def _predict(self) -> dict[str, int]:
-        """The attempt each unfinished row must be sent as in the next run (module docstring)."""
+    def _predict(self) -> None:
+        """The attempt each unfinished row must be sent as in the next run (`Prediction.started`), from the output,
+        `LATEST` and the dispatch log as they are now."""
         finished = {row.rollout_id for row in files.output_rows(self.output)}
-        latest_id = files.latest_id(self.checkpoints)
-        continued = {} if latest_id is None else _attempts(files.read_checkpoint(self.checkpoints, latest_id).continued)
+        latest = files.latest_id(self.checkpoints)
+        exported = () if latest is None else files.read_checkpoint(self.checkpoints, latest).continued
         logged: dict[str, int] = {}
         for rollout, attempt in files.dispatched(self.checkpoints):
             logged[rollout] = max(attempt, logged.get(rollout, -1))
-        predicted = {}
-        starts: dict[str, int] = {}
-        boundaries = self.delivered_at.get(latest_id, {}) if latest_id is not None else {}
-        for rollout in ROWS:
-            if rollout in finished:
-                continue
-            if rollout in continued:
-                predicted[rollout] = continued[rollout] + 1
-                exported = capture_key(rollout, continued[rollout])  # from where it started, plus what it delivered
-                start = self.starts.get(exported, 0) + boundaries.get(exported, 0)
-            else:
-                predicted[rollout] = logged[rollout] + 1 if rollout in logged else 0
-                start = 0
-            starts[capture_key(rollout, predicted[rollout])] = start
-        self._executions(starts)
-        return predicted
+        continued = {episode.rollout_id: episode.attempt for episode in exported}
+        self.model = self.model.started(finished, latest, continued, logged, self._made())
+        restored = f" continuing {latest}" if self.model.runs > 1 and latest is not None else ""
+        self._label(f"start_run() -> run {self.model.runs}{restored}: {self._sent()}")
+
+    def _sent(self) -> str:
+        """The attempts the current run sends, each with the script call it starts from."""
+        starts = dict(self.model.starts)
+        keys = [capture_key(rollout, attempt) for rollout, attempt in self.model.attempts]
+        return ", ".join(f"{key} from call {starts[key]}" for key in keys) or "no row left"
+
+    def _made(self) -> dict[str, int]:
+        """The backend's calls so far per capture key."""
+        made, _ = backend_calls(self.harness)
+        return {key: len(calls) for key, calls in made.items()}
 
     def _note_boundaries(self) -> None:
-        """When a checkpoint first shows as `LATEST`: how many calls each attempt had delivered (the machine
-        released none since it was taken, and every unfinished row waits on a held call), the boundary a
-        continuation of it starts from."""
-        latest_id = files.latest_id(self.checkpoints)
-        if latest_id is None or latest_id in self.delivered_at:
-            return
-        delivered: dict[str, int] = {}
-        made: dict[str, int] = {}
-        for call in self._backend().calls():
-            key = call.get("capture_key")
-            if key is None:
-                continue
-            made[key] = made.get(key, 0) + 1
-            this_execution = made[key] > self.made_before.get(key, 0)
-            if this_execution and not call["waiting"] and not call["cancelled"]:
-                delivered[key] = delivered.get(key, 0) + 1
-        self.delivered_at[latest_id] = delivered
+        """When a checkpoint first shows as `LATEST`: the boundary each attempt had then (`Prediction.taken`)."""
+        latest = files.latest_id(self.checkpoints)
+        if latest is not None:
+            self.model = self.model.taken(latest, self._backend().calls())
+
+    def _note_finished(self) -> None:
+        """Rows that replied since: each finished at the attempt predicted for this run."""
+        self.model = self.model.finished(row.rollout_id for row in files.output_rows(self.output))
 
     def _calls_continue(self) -> None:
         """P4: each predicted attempt's backend calls so far are its script from where it starts (a continued
         attempt re-sends only what its checkpoint left: none is redone from scratch when it could continue).
         Attempts the machine did not predict are P25's to judge, from the rows they write."""
         observed, _ = backend_calls(self.harness)
-        script = SCRIPTS[self.harness.spec.topology]
-        expected = {key: tuple(script[start:]) for key, start in self.starts.items()}
-        made = {key: calls[self.made_before.get(key, 0) :] for key, calls in observed.items() if key in expected}
-        p4_calls(expected, made)
+        expected = self.model.expected_calls(SCRIPTS[self.harness.spec.topology])
+        p4_calls(expected, self.model.this_execution(observed))
 
-    def _executions(self, starts: dict[str, int]) -> None:
-        """The predicted attempts (capture key: the script call each starts from) are sent now (P4); the calls their
-        keys made before are other executions'."""
-        made, _ = backend_calls(self.harness)
-        self.starts.update(starts)
-        self.made_before.update({key: len(made.get(key, ())) for key in starts})
+    # -- observing ---------------------------------------------------------------------------------------------
 
-    def _sigterm_during_write(self, first: signal.Signals, victim: int, point: int) -> None:
+    def _sigterm_during_write(self, rule: str, first: signal.Signals, victim: int, point: int) -> None:
         run = self._running()
         name = self._victim(victim)
         stall_point = STALL_POINTS[point % len(STALL_POINTS)]
+        self._label(f"{rule}(): {first.name}, then SIGTERM while {name}'s write stalls at {stall_point}")
         self.harness.faults.break_storage(name, stall_point, "stall")
         try:
             run.signal(first)
@@ -414,21 +402,17 @@ class CollectionMachine(RuleBasedStateMachine):
         self.call_audit.check()
         self._calls_continue()
 
-    def _note_finished(self) -> None:
-        """Rows that replied since: each finished at the attempt predicted for this run."""
-        for row in files.output_rows(self.output):
-            if row.rollout_id in self.predicted:
-                self.finished_as[row.rollout_id] = self.predicted.pop(row.rollout_id)
-
     def _exited(self, exit_code: int) -> None:
         run = self._running()
         self.run = None
+        self.model = self.model.exited(exit_code)
+        self._label(f"run {self.model.runs} exited {exit_code}")
         self._note_finished()
         self.audit.exited(exit_code, run.latest_at_start)
         self._note_boundaries()
         self.call_audit.check()
         if exit_code == 0:  # "collection done": every row must be in the output now, and the servers clean
-            self.audit.rows(self.output, ROWS, self.reward, self.finished_as)
+            self.audit.rows(self.output, ROWS, self.reward, dict(self.model.finished_as))
             self._clean_end()
 
     def _clean_end(self) -> None:
@@ -451,11 +435,15 @@ class CollectionMachine(RuleBasedStateMachine):
         verdict(self.harness.statuses())
 
     def _until(self, condition: Callable[[], bool], what: str) -> None:
-        """Poll `condition` (each poll reads the backend's calls and the collection's files) as the trainer's settle
-        does (`quiescence.poll`); a state that never comes is a harness error naming `what`."""
-        if not poll(condition, SETTLE_TIMEOUT_S):
+        """Poll `condition` (each poll reads the backend's calls and the collection's files) with the checker's one
+        back-off poll (`observe.poll`); a state that never comes is a harness error naming `what`."""
+        if not poll(condition, self.settle_timeout_s):
             log = self.run.log()[-2000:] if self.run is not None else ""
-            raise HarnessError(f"timed out after {SETTLE_TIMEOUT_S:g} s waiting for {what}\n{log}")
+            raise HarnessError(f"timed out after {self.settle_timeout_s:g} s waiting for {what}\n{log}")
+
+    def _label(self, text: str) -> None:
+        """What a step did, in the report's steps (and for the coverage goals that read them)."""
+        self.log.labels.append(text)
 
     def _running(self) -> CollectionRun:
         assert self.run is not None, "a rule's precondition says a run is running"
@@ -466,19 +454,32 @@ class CollectionMachine(RuleBasedStateMachine):
         return self.harness.backend
 
 
-def collection_machine_for(harness: Harness, faults: tuple[str, ...] = ()) -> type[CollectionMachine]:
-    """The machine bound to `harness` and the collector's planted `faults` (Hypothesis builds machines without
-    arguments)."""
-    bound = {"harness": harness, "collection_faults": faults, "examples": 0}
-    return type("CollectionMachineBound", (CollectionMachine,), bound)
+class SwarmCollectionMachine(CollectionMachine):
+    """The same machine, whose every example first draws the rules and mechanisms it leaves out (`swarm`)."""
+
+    @initialize(chosen=swarms(rule_names(CollectionMachine), mechanisms_of(CollectionMachine), kept=ALWAYS_KEPT))
+    def choose_swarm(self, chosen: Swarm) -> None:
+        self.log.swarm = chosen
 
 
-def enabled(machine: CollectionMachine, rule_name: str) -> bool:
-    """Whether the machine would draw `rule_name` now (every precondition of the rule holds)."""
-    rule_of = getattr(getattr(type(machine), rule_name, None), RULE_MARKER, None)
-    if rule_of is None:
-        raise HarnessError(f"{rule_name!r} is no rule of the collection machine")
-    return all(precondition(machine) for precondition in rule_of.preconditions)
+def collection_machine_for(
+    harness: Harness, faults: tuple[str, ...] = (), stats: SearchStats | None = None, swarm: bool = False
+) -> type[CollectionMachine]:
+    """A factory of machines bound to `harness` and the collector's planted `faults`, for
+    `run_state_machine_as_test` (Hypothesis builds machines without arguments); with `swarm`, of swarm machines.
+    Hypothesis keys its example database (and, derandomized, its draws) on the factory's source plus this digest,
+    so each deployment and each set of faults keeps its own examples."""
+
+    def factory() -> CollectionMachine:
+        return CollectionMachine(harness, faults, stats)
+
+    def swarm_factory() -> CollectionMachine:
+        return SwarmCollectionMachine(harness, faults, stats)
+
+    chosen = swarm_factory if swarm else factory
+    digest = f"{harness.spec.key}/{COLLECTION_CONTROLLER}/{','.join(faults)}"
+    chosen._hypothesis_internal_add_digest = digest.encode()  # type: ignore[attr-defined]
+    return cast(type[CollectionMachine], chosen)
 
 
 def _holds(verdict: Callable[[dict[str, Any]], None], statuses: dict[str, Any]) -> bool:
@@ -487,7 +488,3 @@ def _holds(verdict: Callable[[dict[str, Any]], None], statuses: dict[str, Any]) 
     except PropertyViolation:
         return False
     return True
-
-
-def _attempts(episodes: Any) -> dict[str, int]:
-    return {episode.rollout_id: episode.attempt for episode in episodes}

@@ -1,6 +1,7 @@
 """Running the state machine for a user (`ckpt-model check`, the pytest plugin's `ckpt_check`): a search that
 stops at the first failure, then each failure's reproduction rate and its 1-minimal sequence from the checker's
-own minimiser (`ckpt_model.search.minimise`), as the fault search does.
+own minimiser (`ckpt_model.search.minimise`), as the fault search does. The machine is the controller's
+(`ckpt_model.search.controllers`: the trainer's by default, or rollout collection's); the search runs either alike.
 
 Hypothesis's own shrink of a stateful run replays hundreds of candidates, each with fresh processes: minutes (222 s
 for one planted fault here) for a sequence the minimiser cuts down in seconds anyway. Without the shrink phase
@@ -20,6 +21,7 @@ from ckpt_model.results.reproduction import REPLAYS
 from ckpt_model.results.stats import RoundStat, SearchStats
 from ckpt_model.results.verdicts import kind_of, leaves
 from ckpt_model.search import aim
+from ckpt_model.search.controllers import TRAINER, ControllerMachine
 
 if TYPE_CHECKING:
     from hypothesis.stateful import RuleBasedStateMachine
@@ -48,26 +50,26 @@ def search(
     progress: Progress | None = None,
     searched: Any = None,
     round_began: Callable[[RoundStat], None] | None = None,
+    controller: ControllerMachine = TRAINER,
 ) -> None:
-    """Run the machine on `harness` with `chosen` (and the families' `weights`); on a failure, call `searched()`
-    (if given), then measure each failure's rate and (with `minimise`) make it 1-minimal, and re-raise what the run
-    raised. `chosen` is used as given: `without_shrink` is the caller's choice (the CLI keeps Hypothesis's shrink
-    with `--no-minimise`). With `rounds` and `max_time_s`, the search runs in rounds, each after the first aimed at
-    what the ones before it left unreached (`ckpt_model.search.aim`), and tells `round_began` of each."""
+    """Run `controller`'s machine on `harness` with `chosen` (and the families' `weights`); on a failure, call
+    `searched()` (if given), then measure each failure's rate and (with `minimise`) make it 1-minimal, and re-raise
+    what the run raised. `chosen` is used as given: `without_shrink` is the caller's choice (the CLI keeps
+    Hypothesis's shrink with `--no-minimise`). With `rounds` and `max_time_s`, the search runs in rounds, each after
+    the first aimed at what the ones before it left unreached (`ckpt_model.search.aim`), and tells `round_began` of
+    each."""
     from hypothesis.stateful import run_state_machine_as_test
-
-    from ckpt_model.trainer.machine import machine_for
 
     deadlines = aim.round_deadlines(max_time_s) if rounds and max_time_s is not None else [max_time_s]
     for index, deadline in enumerate(deadlines):
         if index and deadline is not None and time.monotonic() - stats.started_s >= deadline:
             continue  # the round before ran past this one's end (an example outlasted it)
-        aimed = _aim_after(harness, stats, weights) if index else None
+        aimed = _aim_after(harness, stats, weights, controller.machine_type) if index else None
         if len(deadlines) > 1:
             began = _round_began(stats, index, aimed)
             if round_began is not None:
                 round_began(began)
-        factory: type[RuleBasedStateMachine] = machine_for(
+        factory = controller.factory(
             harness,
             stats,
             swarm=swarm,
@@ -92,27 +94,36 @@ def search(
                 continue
             if searched is not None:
                 searched()
-            measure_failures(harness, error, stats.seen, minimise=minimise, replays=replays, progress=progress)
+            measure_failures(
+                harness,
+                error,
+                stats.seen,
+                minimise=minimise,
+                replays=replays,
+                progress=progress,
+                controller=controller,
+            )
             raise
         stats.stopped_by_time = False
 
 
-def _aim_after(harness: Harness, stats: SearchStats, weights: Mapping[str, int] | None) -> aim.Aim | None:
-    """The aim of the next round on `harness`, after what `stats` reached (`aim.aim_at`)."""
+def _aim_after(
+    harness: Harness, stats: SearchStats, weights: Mapping[str, int] | None, machine_type: type
+) -> aim.Aim | None:
+    """The aim of the next round of `machine_type` on `harness`, after what `stats` reached (`aim.aim_at`)."""
     from ckpt_model.steps import draw
     from ckpt_model.steps.checkable import Capabilities, undrawable_rules
     from ckpt_model.steps.steplog import coverage, declarations, goal_families
-    from ckpt_model.trainer.machine import CheckpointMachine
 
-    rules = declarations(CheckpointMachine)
+    rules = declarations(machine_type)
     undrawable = {rule.name for rule in undrawable_rules(Capabilities.of(harness), rules)}
     return aim.aim_at(
         stats,
         harness.spec,
-        coverage(CheckpointMachine),
-        draw.family_by_rule(CheckpointMachine),
-        goal_families(CheckpointMachine),
-        draw.weights_of(CheckpointMachine, weights),
+        coverage(machine_type),
+        draw.family_by_rule(machine_type),
+        goal_families(machine_type),
+        draw.weights_of(machine_type, weights),
         drawable=[rule for rule in rules if rule not in undrawable],
     )
 
@@ -195,8 +206,10 @@ def measure_failures(
     minimise: bool,
     replays: int,
     progress: Progress | None = None,
+    controller: ControllerMachine = TRAINER,
 ) -> None:
-    """Replay each violation's and harness error's failing run `replays` times for its reproduction rate, then
+    """Replay each violation's and harness error's failing run `replays` times (on `controller`'s machine, which
+    ran it) for its reproduction rate, then
     (with `minimise`) make it 1-minimal by that rate on the same harness (`ckpt_model.search.minimise` puts the rate and
     the minimal steps on the error's report and rewrites its regression file). A flaky report from Hypothesis
     counts as the failures it hid (`verdicts.leaves`). A bug in the minimiser is noted on the error and never
@@ -217,10 +230,10 @@ def measure_failures(
             progress.now_doing(f"{doing} {describe_failure(leaf)}")
         try:
             if minimise:
-                result = minimise_error(harness, leaf, replays)
+                result = minimise_error(harness, leaf, replays, controller)
             else:
                 result = None
-                reproduce_error(harness, leaf, replays)
+                reproduce_error(harness, leaf, replays, controller)
         except Exception as bug:
             if progress is not None:
                 progress.clear()

@@ -23,9 +23,9 @@ from ckpt_model.model.spec import DeploymentSpec
 from ckpt_model.results.reproduction import REPLAYS, Rate, rate_of
 from ckpt_model.results.stats import SearchStats
 from ckpt_model.results.verdicts import Failure, classify, in_order, shrunk_steps
+from ckpt_model.search.controllers import TRAINER, ControllerMachine
 from ckpt_model.search.minimise import Minimised, minimise_error, reproduce_error
 from ckpt_model.search.profiles import BASE
-from ckpt_model.trainer.machine import machine_for
 
 # Derandomized, so a fault is found by the same examples on every run; no database, so a run stands alone.
 # No shrink phase: the domain minimiser (`ckpt_model.search.minimise`) makes the failing run 1-minimal after the search,
@@ -154,21 +154,26 @@ def search(
     minimise: bool = True,
     replays: int = REPLAYS,
     swarm: bool = False,
+    controller: ControllerMachine = TRAINER,
 ) -> Finding:
-    """Run the machine (the swarm machine with `swarm`) against the harness until it fails or runs out of
-    examples; then replay every failure `replays` times for its reproduction rate and minimise it by that rate on
+    """Run `controller`'s machine (the swarm machine with `swarm`) against the harness until it fails or runs out
+    of examples; then replay every failure `replays` times for its reproduction rate and minimise it by that rate on
     the same harness (unless `minimise` is False: then only the rate, and with `replays` 0 not even that)."""
     stats = SearchStats()
-    failures = run_search(machine_for(harness, stats, swarm=swarm), search_settings, stats.seen)
+    failures = run_search(controller.factory(harness, stats, swarm=swarm), search_settings, stats.seen)
     search_s = time.monotonic() - stats.started_s
     if minimise:
-        failures, minimised = minimised_failures(failures, lambda error: minimise_error(harness, error, replays))
+        failures, minimised = minimised_failures(
+            failures, lambda error: minimise_error(harness, error, replays, controller)
+        )
     elif replays:
-        failures, minimised = minimised_failures(failures, lambda error: _rate_only(harness, error, replays))
+        failures, minimised = minimised_failures(
+            failures, lambda error: _rate_only(harness, error, replays, controller)
+        )
     else:
         minimised = None
     return Finding(
-        fault=",".join(harness.spec.faults) or "(none)",
+        fault=",".join((*harness.spec.faults, *controller.origin.faults)) or "(none)",
         failures=failures,
         examples=stats.examples,
         first_failure_s=stats.first_failure_s,
@@ -178,6 +183,6 @@ def search(
     )
 
 
-def _rate_only(harness: Harness, error: BaseException, replays: int) -> None:
+def _rate_only(harness: Harness, error: BaseException, replays: int, controller: ControllerMachine) -> None:
     """Measure the failure's rate (recorded on the error), minimising nothing."""
-    reproduce_error(harness, error, replays)
+    reproduce_error(harness, error, replays, controller)

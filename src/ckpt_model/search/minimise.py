@@ -30,8 +30,9 @@ measures the minimal sequence's rate with N final replays. A failure that replay
 per candidate.
 
 The core (`ddmin`, `minimise`) is pure: it calls the injected predicate and nothing else. The I/O edge
-(`minimise_on`, `minimise_error`) replays candidates on one reused harness with `ckpt_model.search.scenarios.run`, which
-starts fresh Gym processes for every candidate itself.
+(`minimise_on`, `minimise_error`) replays candidates on one reused harness, on a fresh machine of the controller the
+failure came from (`ckpt_model.search.controllers`: the trainer's, or rollout collection's), which starts fresh Gym
+processes for every candidate itself.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from ckpt_model.results.reproduction import REPLAYS, Rate, attempts_for, measure, record
+from ckpt_model.search.controllers import TRAINER, ControllerMachine, replay
 
 if TYPE_CHECKING:
     from ckpt_model.deployments.harness import Harness
@@ -114,6 +116,11 @@ _COMPOSITE_FORMS: tuple[tuple[str, dict[str, Any]], ...] = (
 def key_of(steps: Sequence[Step]) -> StepKey:
     """A hashable form of a sequence (arguments are JSON scalars), for the cache."""
     return tuple((name, tuple(sorted(arguments.items()))) for name, arguments in steps)
+
+
+def as_state(controller: ControllerMachine) -> str:
+    """The line Hypothesis prints before an example's steps: the machine they run on."""
+    return f"state = {controller.machine_type.__name__}()"
 
 
 def as_code(steps: Sequence[Step]) -> tuple[str, ...]:
@@ -428,7 +435,9 @@ def describe(error: BaseException | None) -> str:
     return f"{name} ({property_id})" if property_id else name
 
 
-# Candidates settle within this, not the full settle timeout: a candidate that fails on a participant's count is
+# The trainer machine's candidates settle within this, not the full settle timeout (a machine whose waits are for
+# processes to start keeps its full one: `ControllerMachine.candidates_settle_briefly`): a candidate that fails on a
+# participant's count is
 # confirmed only when the mismatch outlives the settle, so at 10 s those dominated a minimisation (11 of 46 replays
 # of one fault cost 110 s). The final replay settles with the full timeout, and if the sequence found does not fail
 # then, the minimisation starts over with full-timeout candidates: slowness still never decides the result.
@@ -437,8 +446,8 @@ CANDIDATE_SETTLE_TIMEOUT_S = 2.0
 
 @attrs.define
 class Replayer:
-    """The predicate of the I/O edge: replays a candidate with `scenarios.run` on one reused harness (each run
-    starts fresh Gym processes) and answers whether it failed with `expected`; keeps the last error.
+    """The predicate of the I/O edge: replays a candidate on a fresh machine of `controller` on one reused harness
+    (each run starts fresh Gym processes) and answers whether it failed with `expected`; keeps the last error.
 
     The machine owns every race, so a run is decided by its steps, and what happens up to step k depends only on
     the first k steps. Two facts learnt from one replay therefore answer later candidates without replaying them:
@@ -453,6 +462,7 @@ class Replayer:
     expected: Signature
     settle_timeout_s: float = CANDIDATE_SETTLE_TIMEOUT_S
     attempts: int = 1
+    controller: ControllerMachine = TRAINER
     last_error: BaseException | None = None
     last_failure: BaseException | None = None  # the last replay's error that failed the expected way
     replays: int = 0
@@ -486,9 +496,7 @@ class Replayer:
     def confirm(self, steps: Steps) -> bool:
         """Replay for real with the full settle timeout: the final confirmation must not be answered from what was
         learnt, nor decided by a short wait."""
-        from ckpt_model.trainer.quiescence import SETTLE_TIMEOUT_S
-
-        return self._replay(steps, SETTLE_TIMEOUT_S)
+        return self._replay(steps, self.controller.settle_timeout_s)
 
     def rate(self, steps: Sequence[Step], replays: int) -> Rate:
         """How many of `replays` full replays fail the expected way."""
@@ -497,7 +505,7 @@ class Replayer:
 
     def _replay(self, steps: Steps, settle_timeout_s: float) -> bool:
         self.replays += 1
-        self.last_error = replay_once(self.harness, steps, settle_timeout_s)
+        self.last_error = replay_once(self.harness, steps, settle_timeout_s, controller=self.controller)
         self._learn(steps, self.last_error)
         failed = signature(self.last_error) == self.expected
         self.failing_replays += failed
@@ -517,16 +525,19 @@ class Replayer:
                 self.failing.add(key_of(ran))
 
 
-def replay_once(harness: Harness, steps: Sequence[Step], settle_timeout_s: float | None = None) -> BaseException | None:
-    """Run the steps once (preconditions checked, drained, end properties); the exception, or None if it passed.
+def replay_once(
+    harness: Harness,
+    steps: Sequence[Step],
+    settle_timeout_s: float | None = None,
+    controller: ControllerMachine = TRAINER,
+) -> BaseException | None:
+    """Run the steps once on a fresh machine of `controller` (preconditions checked, drained, end properties); the
+    exception, or None if it passed.
 
     A `StepNotEnabled`, a control call refused (`CoordinationError`) or a bug surfaces as its exception, which
     never matches a property violation's signature; Ctrl-C propagates."""
-    from ckpt_model.search.scenarios import run  # the stateful machinery, only when something is replayed
-
-    timeout = {} if settle_timeout_s is None else {"settle_timeout_s": settle_timeout_s}
     try:
-        run(harness, [(name, dict(arguments)) for name, arguments in steps], **timeout)
+        replay(controller, harness, [(name, dict(arguments)) for name, arguments in steps], settle_timeout_s)
     except Exception as error:
         return error
     return None
@@ -550,16 +561,17 @@ def minimise_on(
     expected: Signature,
     found: Rate | None = None,
     replays: int = REPLAYS,
+    controller: ControllerMachine = TRAINER,
 ) -> tuple[Minimised, Replayer]:
     """Minimise a sequence known to fail with `expected` (as often as `found` says; None: every time), replaying
-    candidates on `harness`, then measure the minimal sequence's rate over `replays` full replays; also returns
-    the replayer, whose `last_failure` is the last replay's exception that failed as expected (with the minimal
-    run's own report)."""
-    from ckpt_model.trainer.quiescence import SETTLE_TIMEOUT_S
-
+    candidates on `harness` with `controller`'s machine, then measure the minimal sequence's rate over `replays`
+    full replays; also returns the replayer, whose `last_failure` is the last replay's exception that failed as
+    expected (with the minimal run's own report)."""
     started_s = time.monotonic()
     attempts = attempts_for(found)
-    replayers = [Replayer(harness, expected, attempts=attempts)]
+    full_s = controller.settle_timeout_s
+    candidate_s = CANDIDATE_SETTLE_TIMEOUT_S if controller.candidates_settle_briefly else full_s
+    replayers = [Replayer(harness, expected, candidate_s, attempts=attempts, controller=controller)]
     rates: list[Rate] = []
 
     def measured(replayer: Replayer) -> Predicate:
@@ -572,7 +584,7 @@ def minimise_on(
     with regressions_to(harness, harness.root / "minimise-candidates"):
         result = minimise(steps, replayers[0], confirm=measured(replayers[0]))
         if not result.reproduced:  # perhaps accepted a candidate that only failed for being slow: start over
-            replayers.append(Replayer(harness, expected, settle_timeout_s=SETTLE_TIMEOUT_S, attempts=attempts))
+            replayers.append(Replayer(harness, expected, full_s, attempts=attempts, controller=controller))
             result = minimise(steps, replayers[1], confirm=measured(replayers[1]))
     replayer = replayers[-1]
     finished = attrs.evolve(
@@ -588,10 +600,12 @@ def minimise_on(
     return finished, replayer
 
 
-def reproduce_error(harness: Harness, error: BaseException, replays: int = REPLAYS) -> Rate | None:
-    """Replay the failing run `error` came from `replays` times on its harness and record how often it failed the
-    same way: on the error (`reproduction.rate_of`), in its report, and in its regression file. None when the
-    error carries no rule calls (Hypothesis's own errors)."""
+def reproduce_error(
+    harness: Harness, error: BaseException, replays: int = REPLAYS, controller: ControllerMachine = TRAINER
+) -> Rate | None:
+    """Replay the failing run `error` came from `replays` times on its harness, with the machine of `controller`
+    that ran it, and record how often it failed the same way: on the error (`reproduction.rate_of`), in its report,
+    and in its regression file. None when the error carries no rule calls (Hypothesis's own errors)."""
     from ckpt_model.results import regression
     from ckpt_model.results.report import rule_calls_of
     from ckpt_model.results.verdicts import shrunk_steps
@@ -601,28 +615,31 @@ def reproduce_error(harness: Harness, error: BaseException, replays: int = REPLA
     if rule_calls is None or expected is None:
         return None
     with regressions_to(harness, harness.root / "minimise-candidates"):
-        rate = Replayer(harness, expected).rate(rule_calls, replays)
+        rate = Replayer(harness, expected, controller=controller).rate(rule_calls, replays)
     record(error, rate)
     lines = [f"Reproduction: {rate.text} of the failing run (each with fresh processes and the full settle)"]
     if not shrunk_steps(error):  # Hypothesis printed no example (a flaky report): the run's own rule calls
-        lines += ["Failing run:", "state = CheckpointMachine()", *as_code(rule_calls), "state.teardown()"]
+        lines += ["Failing run:", as_state(controller), *as_code(rule_calls), "state.teardown()"]
     error.add_note("\n".join(lines))
     try:
-        regression.write(harness, rule_calls, error, reproduction=rate.document())
+        regression.write(harness, rule_calls, error, origin=controller.origin, reproduction=rate.document())
     except OSError as write_error:
         error.add_note(f"Regression file not rewritten with the rate: {write_error}")
     return rate
 
 
-def minimise_error(harness: Harness, error: BaseException, replays: int = REPLAYS) -> Minimised | None:
+def minimise_error(
+    harness: Harness, error: BaseException, replays: int = REPLAYS, controller: ControllerMachine = TRAINER
+) -> Minimised | None:
     """Measure how often the failing run `error` came from fails (`reproduce_error`), then minimise it (its rule
-    calls, attached by `ckpt_model.results.report.annotate`) on the harness it ran on, judging candidates by that rate;
+    calls, attached by `ckpt_model.results.report.annotate`) on the harness and the controller's machine it ran on,
+    judging candidates by that rate;
     put the minimal sequence and its rate on the error's report and, when it failed again, rewrite the regression
     file with it. None when the error carries no rule calls (Hypothesis's own errors), or its run never failed
     again (nothing to judge candidates by)."""
     from ckpt_model.results.report import rule_calls_of
 
-    found = reproduce_error(harness, error, replays)
+    found = reproduce_error(harness, error, replays, controller)
     rule_calls = rule_calls_of(error)
     expected = signature(error)
     if found is None or rule_calls is None or expected is None:
@@ -630,10 +647,10 @@ def minimise_error(harness: Harness, error: BaseException, replays: int = REPLAY
     if found.failing == 0:
         error.add_note(f"Not minimised: the failing run did not fail again in {replays} replays")
         return None
-    result, replayer = minimise_on(harness, rule_calls, expected, found, replays)
+    result, replayer = minimise_on(harness, rule_calls, expected, found, replays, controller)
     if result.reproduced and result.rate is not None:
         record(error, result.rate)  # the steps reported now are the minimal ones
-        error.add_note(_reproduced_note(harness, error, result, replayer.last_failure))
+        error.add_note(_reproduced_note(harness, error, result, replayer.last_failure, controller))
     else:
         # Not in `state.` form, so `verdicts.shrunk_steps` keeps reading Hypothesis's example, which did fail.
         error.add_note(
@@ -644,17 +661,18 @@ def minimise_error(harness: Harness, error: BaseException, replays: int = REPLAY
 
 
 def _reproduced_note(
-    harness: Harness, error: BaseException, result: Minimised, final_error: BaseException | None
+    harness: Harness,
+    error: BaseException,
+    result: Minimised,
+    final_error: BaseException | None,
+    controller: ControllerMachine,
 ) -> str:
     """The minimal sequence as Hypothesis prints an example (so `verdicts.shrunk_steps` reads it), the minimal
     run's steps with model names, and the regression file, rewritten with the minimal sequence."""
     from ckpt_model.results import regression
     from ckpt_model.results.report import draw_timeline
 
-    lines = [
-        f"Minimal failing sequence (ckpt_model.search.minimise: {result.summary()}):",
-        "state = CheckpointMachine()",
-    ]
+    lines = [f"Minimal failing sequence (ckpt_model.search.minimise: {result.summary()}):", as_state(controller)]
     lines += [*result.code, "state.teardown()"]
     model_steps = _model_steps_note(final_error)
     if model_steps:
@@ -662,7 +680,12 @@ def _reproduced_note(
     try:
         reproduction = result.rate.document() if result.rate is not None else None
         path = regression.write(
-            harness, list(result.steps), error, minimised=provenance(result), reproduction=reproduction
+            harness,
+            list(result.steps),
+            error,
+            origin=controller.origin,
+            minimised=provenance(result),
+            reproduction=reproduction,
         )
     except OSError as write_error:
         lines.append(f"Regression file not rewritten: {write_error}")

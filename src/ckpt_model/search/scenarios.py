@@ -24,13 +24,15 @@ import attrs
 
 from ckpt_model.deployments.harness import Harness
 from ckpt_model.deployments.observe import observe
-from ckpt_model.errors import StepNotEnabled
 from ckpt_model.model.contract import ScriptCall
 from ckpt_model.model.spec import DeploymentSpec
 from ckpt_model.model.topologies import TOPOLOGIES
 from ckpt_model.properties.state import record_key
 from ckpt_model.protocol.gym_tasks import COUNTER_SCRIPT
 from ckpt_model.protocol.storage import participant_dir, read_records
+from ckpt_model.results.regression import Origin
+from ckpt_model.search import controllers
+from ckpt_model.steps.playback import play
 from ckpt_model.trainer.machine import CheckpointMachine
 from ckpt_model.trainer.quiescence import SETTLE_TIMEOUT_S
 
@@ -81,12 +83,7 @@ def run(harness: Harness, scenario: Scenario | Sequence[Step], settle_timeout_s:
     if not isinstance(scenario, Scenario):
         scenario = Scenario(tuple(scenario))
     machine = CheckpointMachine(harness, settle_timeout_s=settle_timeout_s)
-    try:
-        for index, (rule, arguments) in enumerate(scenario.steps, start=1):
-            check_enabled(machine, rule, arguments, index)
-            getattr(machine, rule)(**arguments)
-    finally:
-        machine.teardown()
+    play(machine, scenario.steps)
     facts = scenario.facts(harness.spec.topology)
     if facts is not None:
         check_calls(facts, machine.model.script, observe(harness).calls)
@@ -94,15 +91,6 @@ def run(harness: Harness, scenario: Scenario | Sequence[Step], settle_timeout_s:
         check_counts(scenario.counts, harness)
     if scenario.chains is not None or scenario.cut_rounds is not None or scenario.continued is not None:
         check_lineage(scenario, harness)
-
-
-def check_enabled(machine: CheckpointMachine, rule: str, arguments: Mapping[str, Any], index: int) -> None:
-    """Raise `StepNotEnabled` unless every precondition of `rule` holds now, as Hypothesis would require."""
-    declared = getattr(getattr(type(machine), rule, None), "hypothesis_stateful_rule", None)
-    if declared is None:
-        raise StepNotEnabled(step=f"{rule}({arguments})", index=index, rule=f"{rule} (no such rule)")
-    if not all(precondition(machine) for precondition in declared.preconditions):
-        raise StepNotEnabled(step=f"{rule}({dict(arguments)})", index=index, rule=rule)
 
 
 def check_calls(facts: Facts, script: tuple[ScriptCall, ...], observed: Mapping[str, tuple[ScriptCall, ...]]) -> None:
@@ -155,10 +143,12 @@ def check_lineage(scenario: Scenario, harness: Harness) -> None:
 
 
 def replay(document: Mapping[str, Any], *, artifacts: Path | None = None) -> None:
-    """Run a regression file's steps on a fresh embedded deployment of the file's (`DeploymentSpec.from_document`);
-    raises what the run raises (`ckpt_model.results.regression.load` reads the file). With `artifacts`
-    (`--keep-artifacts`) the failure's regression file, history, checkpoints and logs stay there."""
+    """Run a regression file's steps on a fresh embedded deployment of the file's (`DeploymentSpec.from_document`),
+    with the machine of the controller it names (`Origin.from_document`: the trainer's if it names none); raises what
+    the run raises (`ckpt_model.results.regression.load` reads the file). With `artifacts` (`--keep-artifacts`) the
+    failure's regression file, history, checkpoints and logs stay there."""
+    controller = controllers.for_origin(Origin.from_document(document))
     with Harness.embedded(DeploymentSpec.from_document(document), artifacts=artifacts) as harness:
         if artifacts is None:  # a replay does not overwrite the file it replays
             harness.regressions_dir = harness.root / "regressions"
-        run(harness, [(name, arguments) for name, arguments in document["steps"]])
+        controllers.replay(controller, harness, [(name, arguments) for name, arguments in document["steps"]])

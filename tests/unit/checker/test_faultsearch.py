@@ -265,7 +265,9 @@ def three_in_ten() -> Callable[[object, Steps, float], BaseException | None]:
     """A hand-built flaky system: a run with a `retire` fails P1 on the 1st, 4th and 7th of every 10 such runs."""
     runs = itertools.count()
 
-    def replay(harness: object, steps: Steps, settle_timeout_s: float) -> BaseException | None:
+    def replay(
+        harness: object, steps: Steps, settle_timeout_s: float, controller: object = None
+    ) -> BaseException | None:
         if "retire" not in [name for name, _ in steps]:
             return None
         return p1() if next(runs) % 10 in (0, 3, 6) else None
@@ -299,7 +301,7 @@ def test_a_failure_that_never_replays_is_still_its_property_with_a_rate_of_zero(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     FailsFirstTime.steps = 0
-    monkeypatch.setattr(mm, "replay_once", lambda harness, steps, settle_timeout_s: None)
+    monkeypatch.setattr(mm, "replay_once", lambda harness, steps, settle_timeout_s, controller: None)
     harness = SimpleNamespace(root=tmp_path, regressions_dir=tmp_path / "regressions", spec=DeploymentSpec("native"))
 
     failures = run_search(FailsFirstTime, SMALL)

@@ -372,7 +372,7 @@ def p7() -> P7Violation:
 def test_only_the_same_failure_counts(
     monkeypatch: pytest.MonkeyPatch, outcome: BaseException | None, counts: bool
 ) -> None:
-    monkeypatch.setattr(mm, "replay_once", lambda harness, steps, settle_timeout_s: outcome)
+    monkeypatch.setattr(mm, "replay_once", lambda harness, steps, settle_timeout_s, controller: outcome)
     replayer = mm.Replayer(harness=None, expected=("P7Violation", "P7"))  # type: ignore[arg-type]
 
     assert replayer(named("dispatch")) is counts
@@ -381,7 +381,9 @@ def test_only_the_same_failure_counts(
 
 def test_candidates_settle_briefly_and_the_confirmation_fully(monkeypatch: pytest.MonkeyPatch) -> None:
     timeouts: list[float] = []
-    monkeypatch.setattr(mm, "replay_once", lambda harness, steps, settle_timeout_s: timeouts.append(settle_timeout_s))
+    monkeypatch.setattr(
+        mm, "replay_once", lambda harness, steps, settle_timeout_s, controller: timeouts.append(settle_timeout_s)
+    )
     replayer = mm.Replayer(harness=None, expected=("P7Violation", "P7"))  # type: ignore[arg-type]
 
     replayer(named("dispatch"))
@@ -398,7 +400,9 @@ def test_a_result_that_fails_only_when_settled_briefly_is_minimised_again_fully(
     only those with a `retire` do. The brief search ends at `dispatch` alone, which the full confirmation refutes,
     so the minimisation starts over with full settles and ends at the real cause."""
 
-    def replay(harness: object, steps: mm.Steps, settle_timeout_s: float) -> BaseException | None:
+    def replay(
+        harness: object, steps: mm.Steps, settle_timeout_s: float, controller: object = None
+    ) -> BaseException | None:
         present = {name for name, _ in steps}
         brief = settle_timeout_s < SETTLE_TIMEOUT_S
         return p7() if ("retire" in present or (brief and "dispatch" in present)) else None
@@ -439,7 +443,9 @@ class Sometimes:
     def __init__(self, pattern: Sequence[bool] = (True, False, False, True, False, False, True, False, False, False)):
         self.pattern, self.retire_runs, self.runs = tuple(pattern), 0, 0
 
-    def __call__(self, harness: object, steps: Steps, settle_timeout_s: float) -> BaseException | None:
+    def __call__(
+        self, harness: object, steps: Steps, settle_timeout_s: float, controller: object = None
+    ) -> BaseException | None:
         self.runs += 1
         if "retire" not in names(steps):
             return None
@@ -463,7 +469,7 @@ def test_an_intermittent_candidate_counts_on_its_first_failure_within_its_tries(
 def test_a_step_that_is_not_enabled_is_not_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
     tries: list[Steps] = []
 
-    def not_enabled(harness: object, steps: Steps, settle_timeout_s: float) -> BaseException:
+    def not_enabled(harness: object, steps: Steps, settle_timeout_s: float, controller: object = None) -> BaseException:
         tries.append(steps)
         return StepNotEnabled(step="commit({})", index=1, rule="commit")
 
@@ -499,7 +505,9 @@ def test_a_failure_that_always_replays_costs_one_replay_per_candidate(
     system = Sometimes(pattern=(True,))
     replayed: list[Steps] = []
 
-    def replay(harness: object, steps: Steps, settle_timeout_s: float) -> BaseException | None:
+    def replay(
+        harness: object, steps: Steps, settle_timeout_s: float, controller: object = None
+    ) -> BaseException | None:
         replayed.append(steps)
         return system(harness, steps, settle_timeout_s)
 
