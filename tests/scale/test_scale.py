@@ -8,10 +8,12 @@ import os
 import pytest
 
 from ckpt_model.deployments.harness import Harness
+from ckpt_model.errors import QuiescenceTimeout
 from ckpt_model.model.spec import DeploymentSpec
 from ckpt_model.modes.scale import (
     SCALE_ENV,
     RunOutcome,
+    ScaleError,
     ScalePlan,
     check_continuations,
     check_cover,
@@ -23,6 +25,7 @@ from ckpt_model.modes.scale import (
     in_flight_max,
     relaying_server_fds,
     run_scale,
+    wait_for,
     workers_for,
 )
 from ckpt_model.properties.continuation import P2Violation, P3Violation, P4Violation
@@ -125,6 +128,21 @@ def test_stage_cpu_counts_what_survivors_and_newcomers_spent() -> None:
     # pid 2 was killed during the stage (its time is lost), pid 3 started in it (all its time counts).
     assert cpu_spent_s({1: 1.0, 2: 5.0}, {1: 1.5, 3: 0.25}) == 0.75
     assert cpu_spent_s(None, {1: 1.0}) is None
+
+
+def test_a_wait_ends_when_its_progress_reaches_the_target_or_says_why_it_never_can() -> None:
+    """The waits poll with the checker's one back-off poll; what ends one is the progress, not a deadline."""
+    counts = iter(range(10))
+    wait_for(lambda: next(counts), 5, "five arrived")
+    assert next(counts) == 6  # polled until the count reached 5, not once more
+
+    with pytest.raises(ScaleError, match="every /run replied: never, r3 ended"):
+        wait_for(lambda: 0, 1, "every /run replied", hopeless=lambda: "r3 ended")
+
+
+def test_a_wait_whose_progress_stands_still_for_its_stall_time_is_a_quiescence_timeout() -> None:
+    with pytest.raises(QuiescenceTimeout, match="2 of 3, unchanged for 0 s"):
+        wait_for(lambda: 2, 3, "three arrived", stall_s=0.0)
 
 
 # --- processes -------------------------------------------------------------------------------------------------

@@ -47,6 +47,7 @@ import httpx
 
 from ckpt_model.deployments.gate import BackendGate
 from ckpt_model.deployments.harness import Harness
+from ckpt_model.deployments.observe import poll
 from ckpt_model.errors import HarnessError, QuiescenceTimeout
 from ckpt_model.model.contract import SCRIPTS, ScriptCall, capture_key
 from ckpt_model.model.spec import DeploymentSpec
@@ -79,8 +80,6 @@ DISPATCH_WINDOW = 256
 CONTROL_DEADLINE_S = 600.0
 # A wait gives up only when nothing moved for this long: slowness alone is never a verdict.
 STALL_S = 120.0
-POLL_INTERVAL_MIN_S = 0.002
-POLL_INTERVAL_MAX_S = 0.1
 LOG_LINES_SHOWN = 40
 CHECKPOINT_ID = "scale-c1"
 RESTORE_ID = "scale-r1"
@@ -407,13 +406,18 @@ def wait_for(
     hopeless: Callable[[], str | None] = lambda: None,
     stall_s: float = STALL_S,
 ) -> None:
-    """Poll `progress` with back-off until it reaches `target`.
+    """Poll `progress` with the checker's one back-off poll (`observe.poll`) until it reaches `target`.
 
     A `QuiescenceTimeout` once it stood still for `stall_s` (a run of thousands is slow on loaded cores, but it
-    moves); a `ScaleError` as soon as `hopeless()` says why it never can (a `/run` that should wait ended)."""
-    interval_s = POLL_INTERVAL_MIN_S
+    moves); a `ScaleError` as soon as `hopeless()` says why it never can (a `/run` that should wait ended). So the
+    poll itself has no deadline: how long a wait may last is how long nothing moves."""
     last, moved_at = -1, time.monotonic()
-    while (now := progress()) < target:
+
+    def reached() -> bool:
+        nonlocal last, moved_at
+        now = progress()
+        if now >= target:
+            return True
         why = hopeless()
         if why is not None:
             raise ScaleError(f"{prediction}: never, {why}")
@@ -423,8 +427,9 @@ def wait_for(
             raise QuiescenceTimeout(
                 prediction=prediction, observed=f"{now} of {target}, unchanged for {stall_s:g} s", pending=[]
             )
-        time.sleep(interval_s)
-        interval_s = min(interval_s * 2, POLL_INTERVAL_MAX_S)
+        return False
+
+    poll(reached, math.inf)
 
 
 # --- the run -----------------------------------------------------------------------------------------------
