@@ -8,9 +8,11 @@
                                       replayed N times (10) for its reproduction rate ("P5 in 3 of 10
                                       replays"), minimised (1-minimal) by that rate and its regression file
                                       rewritten with it; the run ends with the coverage table (goals and rules
-                                      reached, `ckpt_model.steps.goals`)
+                                      reached, `ckpt_model.steps.goals`); with `--controller collection`, the
+                                      collection machine on the same runner (`--faults`: the collector's)
     ckpt-model replay FILE [--keep-artifacts DIR]
-                                      replay a regression file the checker wrote, without Hypothesis
+                                      replay a regression file the checker wrote, without Hypothesis, on the
+                                      machine of the controller it names
     ckpt-model minimise FILE [--keep-artifacts DIR]
                                       make a regression file's steps 1-minimal and rewrite it (only if they fail
                                       as recorded, and the minimal steps fail again the same way)
@@ -63,11 +65,12 @@ from ckpt_model.errors import CoordinationError, PropertyViolation, UsageError
 from ckpt_model.interrupts import signal_number, sigterm_unwinds
 from ckpt_model.model.spec import OPTIONS, DeploymentSpec, SpecError, flag_keywords
 from ckpt_model.model.topologies import EPISODE_OWNERS, TOPOLOGIES, VERIFY_MODES
+from ckpt_model.results.regression import TRAINER_CONTROLLER
 from ckpt_model.results.reproduction import REPLAYS, Rate
 from ckpt_model.results.stats import RoundStat
 from ckpt_model.results.verdicts import Exit, exception_text, kind_of, leaves, report_failure
 from ckpt_model.search import checking, profiles
-from ckpt_model.search.controllers import TRAINER, ControllerMachine
+from ckpt_model.search.controllers import BY_NAME, TRAINER, ControllerMachine
 
 if TYPE_CHECKING:  # the stateful module is imported only when a check runs
     from ckpt_model.deployments.harness import Harness
@@ -136,8 +139,8 @@ def build_parser() -> Parser:
     check = commands.add_parser("check", help="run the state machine against the embedded look-alike stack")
     check.add_argument(
         "--controller",
-        choices=("trainer", "collection"),
-        default="trainer",
+        choices=tuple(BY_NAME),
+        default=TRAINER_CONTROLLER,
         help="the controller the machine plays: the trainer (default), or the cluster around rollout collection "
         "runs (docs/collection.md; --faults then names the collector's faults)",
     )

@@ -21,6 +21,7 @@ import attrs
 
 from ckpt_model.properties.registry import REGISTRY
 from ckpt_model.results import verdicts
+from ckpt_model.results.regression import DEFAULT_CONTROLLER
 from ckpt_model.results.stats import SearchStats
 
 Verdict = Literal["passed", "violation", "unjudged"]
@@ -114,7 +115,7 @@ class CheckResult:
     statistics: Statistics
     skipped: Mapping[str, str] = attrs.field(factory=dict)
     version: str = ""
-    controller: str = "trainer"
+    controller: str = DEFAULT_CONTROLLER
     properties: Mapping[str, str] = attrs.field(factory=registry_titles)
 
     def document(self) -> dict[str, Any]:

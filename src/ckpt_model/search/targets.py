@@ -15,6 +15,7 @@ import attrs
 
 from ckpt_model.errors import UsageError
 from ckpt_model.model.spec import OPTIONS, DeploymentSpec, OptionValue, SpecError
+from ckpt_model.results.regression import COLLECTION_CONTROLLER, TRAINER_CONTROLLER
 from ckpt_model.search.controllers import TRAINER, Collection, ControllerMachine
 
 if TYPE_CHECKING:
@@ -137,6 +138,6 @@ def collection_target(args: argparse.Namespace) -> Target:
 
 # How `check --controller` reads its options into what it checks.
 TARGETS: dict[str, Callable[[argparse.Namespace], Target]] = {
-    "trainer": trainer_target,
-    "collection": collection_target,
+    TRAINER_CONTROLLER: trainer_target,
+    COLLECTION_CONTROLLER: collection_target,
 }
