@@ -101,6 +101,28 @@ def noisy_file(workdir: Path) -> Path:
     return path
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("controller", "teleporter", "'controller' must be one of trainer, collection (got 'teleporter')"),
+        ("controller_faults", ["resume_deletes_records"], "'controller_faults' must be faults of the collection"),
+        ("steps", [["start_run", {}], ["dispatch", {}]], "step 2 names 'dispatch', which is no rule of the machine"),
+    ],
+    ids=["unknown-controller", "server-fault-as-collector-fault", "trainer-rule"],
+)
+def test_a_collection_file_that_cannot_be_replayed_is_a_usage_error(
+    tmp_path: Path, field: str, value: object, message: str
+) -> None:
+    path = noisy_file(tmp_path)
+    path.write_text(json.dumps({**json.loads(path.read_text()), field: value}))
+
+    result = ckpt_model(tmp_path, "replay", str(path))
+
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert message in result.stderr
+    assert not (tmp_path / "tmp").exists() or left_behind(tmp_path) == []  # found before any server started
+
+
 def test_a_collection_regression_file_written_by_a_failing_run_replays_and_minimises(tmp_path: Path) -> None:
     # The failing run: a replay of the steps by hand, which writes its own regression file with what it kept.
     replayed = ckpt_model(tmp_path, "replay", str(noisy_file(tmp_path)), "--keep-artifacts", "kept")

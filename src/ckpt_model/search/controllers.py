@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 import attrs
 
 from ckpt_model.results.regression import COLLECTION_CONTROLLER, DEFAULT_ORIGIN, TRAINER_CONTROLLER, Origin
-from ckpt_model.steps.playback import play
 
 if TYPE_CHECKING:
     from hypothesis.stateful import RuleBasedStateMachine
@@ -89,6 +88,8 @@ def replay(
 ) -> None:
     """Play rule calls on a fresh machine of `controller` (each only if enabled, then its teardown); raises what the
     run raises."""
+    from ckpt_model.steps.playback import play  # the stateful machinery, only when something is replayed
+
     timeout_s = controller.settle_timeout_s if settle_timeout_s is None else settle_timeout_s
     play(controller.fresh(harness, timeout_s), steps)
 

@@ -88,3 +88,30 @@ def test_a_file_records_how_often_its_steps_failed_and_a_rewrite_updates_it(tmp_
     minimal = {**found, "failing": 4, "text": "P5 in 4 of 10 replays"}
     regression.rewrite(path, regression.load(path), [("dispatch", {})], {"steps_before": 1}, minimal)
     assert regression.load(path)["reproduction"] == minimal
+
+
+def test_a_file_names_the_controller_whose_machine_ran_and_one_that_names_none_is_the_trainer_s(tmp_path: Path) -> None:
+    error = AssertionError("P24")
+    error.property_id = "P24"  # type: ignore[attr-defined]  # as a PropertyViolation carries it
+    collection = regression.Origin("collection", ("manifest_names_next_attempt",))
+
+    path = regression.write(FakeHarness(tmp_path), [("start_run", {})], error, origin=collection)
+
+    assert path.name == "P24-native-agent_retire_keeps_sessions-collection-manifest_names_next_attempt.json"
+    document = regression.load(path)
+    assert (document["controller"], document["controller_faults"]) == ("collection", ["manifest_names_next_attempt"])
+    assert regression.Origin.from_document(document) == collection
+    assert regression.describe(document).startswith(
+        "native with agent_retire_keeps_sessions, the collection controller with manifest_names_next_attempt: "
+    )
+    trainer = regression.write(FakeHarness(tmp_path), [("dispatch", {})], error)
+    assert trainer.name == "P24-native-agent_retire_keeps_sessions.json"  # the trainer's files keep their names
+    assert regression.load(trainer)["controller"] == "trainer"
+    assert regression.Origin.from_document({"format": 1, "steps": []}) == regression.DEFAULT_ORIGIN
+
+
+def test_a_file_whose_controller_is_not_a_name_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"format": 1, "steps": [], "controller": ["collection"]}))
+    with pytest.raises(ValueError, match="'controller' must be a name"):
+        regression.load(path)
