@@ -58,6 +58,16 @@ SETTLE_TIMEOUT_S = 30.0
 ALWAYS_KEPT = frozenset({"start_run", "release"})
 
 
+# The rules that signal the run while one participant's checkpoint write stalls: one declaration, for each of them.
+during_a_stalled_write = action(
+    lambda self: self.run is not None and self.harness.faults.can_break_storage,
+    family=SAVES,
+    needs=(checkable.BREAK_STORAGE,),
+    victim=PICK,
+    point=PICK,
+)
+
+
 def input_row(topology: Topology, rollout_id: str) -> dict[str, Any]:
     """A collection input row of the topology's task: native `{rollout_id, task}`, or the legacy `/run` row
     without its attempt (the collector sets it)."""
@@ -211,25 +221,13 @@ class CollectionMachine(RuleBasedStateMachine):
             self.audit.intact()
         self._settle()
 
-    @action(
-        lambda self: self.run is not None and self.harness.faults.can_break_storage,
-        family=SAVES,
-        needs=(checkable.BREAK_STORAGE,),
-        victim=PICK,
-        point=PICK,
-    )
+    @during_a_stalled_write
     def second_sigterm(self, victim: int, point: int) -> None:
         """SIGTERM, and a second SIGTERM while the stop's checkpoint is being written (one participant's write
         stalls until the second has landed): the run must still publish it and exit 75."""
         self._sigterm_during_write("second_sigterm", signal.SIGTERM, victim, point)
 
-    @action(
-        lambda self: self.run is not None and self.harness.faults.can_break_storage,
-        family=SAVES,
-        needs=(checkable.BREAK_STORAGE,),
-        victim=PICK,
-        point=PICK,
-    )
+    @during_a_stalled_write
     def sigterm_during_request(self, victim: int, point: int) -> None:
         """SIGUSR1, and SIGTERM while that checkpoint is being written (one participant's write stalls until the
         SIGTERM has landed): the requested checkpoint becomes the stop's, so the run must publish it and exit 75."""
