@@ -47,3 +47,13 @@ def sigterm_unwinds() -> Iterator[None]:
 def pytest_configure() -> None:
     """As a pytest plugin: for the whole session (pytest-xdist workers load it too, each in its own main thread)."""
     signal.signal(signal.SIGTERM, raise_interrupted)
+
+
+@contextlib.contextmanager
+def sigint_ignored() -> Iterator[None]:
+    """Ctrl-C ignored while a teardown runs: a second one must not cut it short."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

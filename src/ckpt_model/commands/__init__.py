@@ -1,0 +1,1 @@
+"""The commands of `ckpt-model`, one module per group; `ckpt_model.cli` parses the command line and calls them."""
