@@ -32,6 +32,7 @@ from ckpt_model.protocol.wire import CHECKPOINT_ROUTE_PREFIX
 HEAD_END = b"\r\n\r\n"
 HEAD_LIMIT = 64 * 1024
 START_TIMEOUT_S = 10.0
+SHUTDOWN_GRACE_S = 1.0
 
 # What to add to a completion, from (server name, operation, request body, status, reply body).
 Observer = Callable[[str, str, Any, int, Any], Mapping[str, Any]]
@@ -171,10 +172,19 @@ class CallRelay:
         return urls
 
     async def _shutdown(self) -> None:
+        """Stop listening, close every relayed connection, and let each relaying task end (it journals the call it
+        relayed as `info`); one still running after `SHUTDOWN_GRACE_S` is cancelled, so the loop stops with no task
+        left pending (an example that failed stops its run and the relay while calls are under way)."""
         for server in self._servers:
             server.close()
         for writer in list(self._connections):
             writer.close()
+        relaying = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        if relaying:
+            _, pending = await asyncio.wait(relaying, timeout=SHUTDOWN_GRACE_S)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
 
     async def _relay(
         self, name: str, upstream: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter

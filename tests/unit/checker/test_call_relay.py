@@ -152,6 +152,31 @@ def test_a_reply_the_relay_cannot_read_drops_the_connection_and_the_call_is_info
     assert "the exchange broke off: ValueError" in said
 
 
+def test_closing_the_relay_while_a_call_is_under_way_ends_it_and_journals_it(server: Server) -> None:
+    """An example that failed stops the relay while the program's calls wait at the servers: each relayed call
+    ends (both connections closed, the call journaled as `info`) before `close` returns."""
+    relay, history, url = relay_to(f"http://127.0.0.1:{server.server_port}")
+    failed: list[BaseException] = []
+
+    def held_run() -> None:
+        try:
+            httpx.post(url + "/run", json={"hold": True}, timeout=30)
+        except httpx.TransportError as error:
+            failed.append(error)
+
+    program = threading.Thread(target=held_run)
+    program.start()
+    wait_until(lambda: bool(server.requests), "the held /run at the server", 10)
+
+    relay.close()
+
+    program.join()
+    assert server.client_gone.wait(10)
+    assert len(failed) == 1
+    invoke, lost = history.events
+    assert (invoke.f, lost.type, lost.invoke_index) == ("run", "info", invoke.index)
+
+
 def test_a_program_that_goes_away_closes_the_server_s_connection(server: Server) -> None:
     relay, history, url = relay_to(f"http://127.0.0.1:{server.server_port}")
     try:
