@@ -78,7 +78,8 @@ def _hidden_note(report: HypothesisException) -> str:
     ]
     steps = shrunk_steps(report)
     if steps:
-        lines += ["Failing example Hypothesis reported:", "state = CheckpointMachine()", *steps, "state.teardown()"]
+        machine = [line for line in _note_lines(report) if line.startswith("state = ")][-1]
+        lines += ["Failing example Hypothesis reported:", machine, *steps, "state.teardown()"]
     return "\n".join(lines)
 
 
@@ -136,13 +137,17 @@ def shrunk_steps(error: BaseException) -> tuple[str, ...]:
 
     Read from the lines after the last `state = ...` line, so it holds whatever header a Hypothesis version
     puts before them ("Falsifying example:", "Failing test case: ...")."""
-    lines = [line.strip() for note in getattr(error, "__notes__", ()) for line in str(note).splitlines()]
+    lines = _note_lines(error)
     starts = [index for index, line in enumerate(lines) if line.startswith("state = ")]
     if not starts:
         return ()
     return tuple(
         line for line in lines[starts[-1] + 1 :] if line.startswith("state.") and not line.startswith("state.teardown(")
     )
+
+
+def _note_lines(error: BaseException) -> list[str]:
+    return [line.strip() for note in getattr(error, "__notes__", ()) for line in str(note).splitlines()]
 
 
 def classify_one(error: BaseException) -> Failure | None:

@@ -90,6 +90,8 @@ def test_a_flaky_failure_is_the_violation_it_hid_marked_intermittent_with_hypoth
     assert failures[0].shrunk_steps == ("state.a()", "state.b()")  # Hypothesis's steps, given to the violation
     assert failures[0].headline == "P1 (intermittent: FlakyFailure)"
     assert kind_of(hidden) == "violation"
+    # The note names the machine Hypothesis ran (either controller's), not the trainer's always.
+    assert "state = M()\nstate.a()\nstate.b()\nstate.teardown()" in hidden.__notes__[-1]
 
 
 def test_a_flaky_failure_opened_twice_notes_its_report_once() -> None:
