@@ -34,6 +34,7 @@ from ckpt_model.deployments.faults import STALL_POINTS, STORAGE_FAILURES, STORAG
 from ckpt_model.deployments.harness import Harness
 from ckpt_model.deployments.observe import backend_calls, poll
 from ckpt_model.errors import HarnessError, PropertyViolation
+from ckpt_model.interrupts import interrupt_prevails
 from ckpt_model.model.contract import SCRIPTS, capture_key
 from ckpt_model.model.topologies import Topology
 from ckpt_model.modes.audit_telemetry import NoTelemetry, audit_telemetry
@@ -247,11 +248,14 @@ class CollectionMachine(RuleBasedStateMachine):
     # -- the end ----------------------------------------------------------------------------------------------
 
     def teardown(self) -> None:
-        try:
-            self.log.drain(self._drain)
-        finally:
-            self.stop()
-            self.log.finished(self.model.crashes, 0)
+        """Drain and judge the end of the run, then stop what runs; after an interrupt only stop, and let the
+        interrupt go on whatever stopping raises (`interrupts.interrupt_prevails`)."""
+        with interrupt_prevails():
+            try:
+                self.log.drain(self._drain)
+            finally:
+                self.stop()
+                self.log.finished(self.model.crashes, 0)
 
     def _drain(self) -> None:
         """Run the collection to its last row: the current run to its exit and reruns until one exits 0, releasing

@@ -16,7 +16,7 @@ from hypothesis import settings
 
 from ckpt_model.deployments import artifacts
 from ckpt_model.errors import UsageError
-from ckpt_model.interrupts import sigint_ignored
+from ckpt_model.interrupts import interrupts_held
 from ckpt_model.model.spec import DeploymentSpec
 from ckpt_model.results.stats import RoundStat
 from ckpt_model.results.verdicts import Exit, kind_of, leaves, report_failure
@@ -216,7 +216,7 @@ def run_check(args: argparse.Namespace) -> int:
                     controller=controller,
                 )
             finally:
-                with sigint_ignored():  # a second Ctrl-C must not cut the teardown short
+                with interrupts_held():  # an interrupt now waits for the teardown, then ends the run
                     harness.close()
         except Exception as error:
             progress.stop()

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from ckpt_model.commands.check import artifacts_dir
 from ckpt_model.errors import PropertyViolation, UsageError
-from ckpt_model.interrupts import sigint_ignored
+from ckpt_model.interrupts import interrupts_held
 from ckpt_model.model.spec import DeploymentSpec, SpecError
 from ckpt_model.results.reproduction import Rate
 from ckpt_model.results.verdicts import Exit, exception_text, report_failure
@@ -157,7 +157,7 @@ def regression_harness(spec: DeploymentSpec, kept: Path | None = None) -> Iterat
     try:
         yield harness
     finally:
-        with sigint_ignored():  # a second Ctrl-C must not cut the teardown short
+        with interrupts_held():  # an interrupt now waits for the teardown, then ends the run
             harness.close()
 
 

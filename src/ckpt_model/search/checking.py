@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from hypothesis import Phase, settings
 
+from ckpt_model.interrupts import reraise_interrupt_behind
 from ckpt_model.results.reproduction import REPLAYS
 from ckpt_model.results.stats import RoundStat, SearchStats
 from ckpt_model.results.verdicts import kind_of, leaves
@@ -89,6 +90,7 @@ def search(
             stats.stopped_by_time = True
             continue
         except Exception as error:
+            reraise_interrupt_behind(error)  # Hypothesis took an interrupted example for a failing one
             if time_limit_behind(error):
                 stats.stopped_by_time = True
                 continue
@@ -103,6 +105,9 @@ def search(
                 progress=progress,
                 controller=controller,
             )
+            raise
+        except BaseExceptionGroup as group:  # holds an interrupt, say, met by Hypothesis's final replay of failures
+            reraise_interrupt_behind(group)
             raise
         stats.stopped_by_time = False
 
@@ -235,6 +240,7 @@ def measure_failures(
                 result = None
                 reproduce_error(harness, leaf, replays, controller)
         except Exception as bug:
+            reraise_interrupt_behind(bug)
             if progress is not None:
                 progress.clear()
             leaf.add_note(f"Measuring or minimising failed (the steps above are Hypothesis's): {bug!r}")

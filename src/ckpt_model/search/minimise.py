@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from ckpt_model.interrupts import reraise_interrupt_behind
 from ckpt_model.results.reproduction import REPLAYS, Rate, attempts_for, measure, record
 from ckpt_model.search.controllers import TRAINER, ControllerMachine, replay
 
@@ -535,10 +536,12 @@ def replay_once(
     exception, or None if it passed.
 
     A `StepNotEnabled`, a control call refused (`CoordinationError`) or a bug surfaces as its exception, which
-    never matches a property violation's signature; Ctrl-C propagates."""
+    never matches a property violation's signature; Ctrl-C and SIGTERM propagate, also when an error raised while
+    they unwound hides them: an interrupted replay is never counted as one that passed or failed."""
     try:
         replay(controller, harness, [(name, dict(arguments)) for name, arguments in steps], settle_timeout_s)
     except Exception as error:
+        reraise_interrupt_behind(error)
         return error
     return None
 

@@ -29,6 +29,7 @@ from ckpt_model import timing
 from ckpt_model.deployments.harness import Harness
 from ckpt_model.deployments.observe import observe
 from ckpt_model.errors import CoordinationError, HarnessError, PropertyViolation
+from ckpt_model.interrupts import reraise_interrupt_behind, unwinding
 from ckpt_model.model.spec import DeploymentSpec
 from ckpt_model.protocol.history import History
 from ckpt_model.results.regression import DEFAULT_ORIGIN, Origin
@@ -100,9 +101,10 @@ class StepLog:
             self.stats.failed(error)
 
     def drain(self, drain: Callable[[], None]) -> None:
-        """Run the teardown's drain, unless a rule broke the machine (its state is unknown), reporting what the
-        drain raises."""
-        if self.broken:
+        """Run the teardown's drain, unless a rule broke the machine (its state is unknown) or an interrupt
+        unwinds (the run ends: the drain would take seconds and judge a run cut short), reporting what the drain
+        raises."""
+        if self.broken or unwinding() is not None:
             return
         self.labels.append("-- teardown: drain --")
         self.broken, self.draining = True, True
@@ -268,8 +270,11 @@ def step(method: F) -> F:
         log.depth += 1
         try:
             result = method(self, *args, **kwargs)
-        except REPORTED as error:
-            log.report(error)
+        except Exception as error:
+            # An interrupt that a failing cleanup hid ends the run: it is never reported as the step's failure.
+            reraise_interrupt_behind(error)
+            if isinstance(error, REPORTED):
+                log.report(error)
             raise
         finally:
             log.depth -= 1

@@ -15,6 +15,7 @@ from hypothesis.stateful import initialize
 
 from ckpt_model.deployments.harness import Harness
 from ckpt_model.errors import CoordinationError
+from ckpt_model.interrupts import interrupt_prevails
 from ckpt_model.model.contract import Model
 from ckpt_model.properties.state import P7Violation
 from ckpt_model.protocol.history import History
@@ -350,11 +351,14 @@ class CheckpointMachine(
     # -- teardown: drain and the end-of-run properties ---------------------------------------------------------
 
     def teardown(self) -> None:
-        try:
-            self.log.drain(self._drain)
-        finally:
-            self.controller.runs.shutdown()
-            self.log.finished(self.nemesis.crashes, self.nemesis.crashes_inside)
+        """Drain and judge the end of the run, then stop what runs; after an interrupt only stop, and let the
+        interrupt go on whatever stopping raises (`interrupts.interrupt_prevails`)."""
+        with interrupt_prevails():
+            try:
+                self.log.drain(self._drain)
+            finally:
+                self.controller.runs.shutdown()
+                self.log.finished(self.nemesis.crashes, self.nemesis.crashes_inside)
 
     def _drain(self) -> None:
         """Resume; after a crash, recover as the controller does (restore the latest checkpoint when it continues

@@ -1,0 +1,137 @@
+"""Ctrl-C and SIGTERM end the run: a teardown neither drains after one nor hides it, a replay cut short by one is
+never counted, and one held during a teardown is raised when the teardown ends (`ckpt_model.interrupts`)."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable, Iterator
+
+import pytest
+
+import ckpt_model.search.minimise as mm
+from ckpt_model.errors import HarnessError
+from ckpt_model.interrupts import (
+    Interrupted,
+    interrupt_behind,
+    interrupt_prevails,
+    interrupts_held,
+    raise_interrupted,
+)
+from ckpt_model.steps.steplog import StepLog
+
+
+class Violation(AssertionError):
+    property_id = "P9"
+
+
+def stopping_fails_after(interrupt: KeyboardInterrupt) -> None:
+    """What a cleanup in a `finally` does when it fails while `interrupt` unwinds: its error replaces it."""
+    try:
+        raise interrupt
+    finally:
+        raise HarnessError("the servers were killed before the settle ended")
+
+
+def test_an_error_raised_while_an_interrupt_unwinds_hides_it_and_is_found() -> None:
+    interrupt = KeyboardInterrupt()
+    with pytest.raises(HarnessError) as hiding:
+        stopping_fails_after(interrupt)
+    assert interrupt_behind(hiding.value) is interrupt
+    assert interrupt_behind(HarnessError("no interrupt behind this one")) is None
+    group = BaseExceptionGroup("two failures", [Violation("seen"), Interrupted(signal.SIGTERM)])
+    assert isinstance(interrupt_behind(group), Interrupted)
+
+
+def test_a_replay_an_interrupt_cut_short_is_never_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The observed 9 of 10: the fifth replay met Ctrl-C, its teardown failed, and it was counted as not failing."""
+    failing: list[BaseException] = [Violation("lost") for _ in range(10)]
+    failing[4] = KeyboardInterrupt()
+    replays = iter(failing)
+
+    def replay(controller: object, harness: object, steps: object, settle_timeout_s: object) -> None:
+        outcome = next(replays)
+        if isinstance(outcome, KeyboardInterrupt):
+            stopping_fails_after(outcome)
+        raise outcome
+
+    monkeypatch.setattr(mm, "replay", replay)
+    replayer = mm.Replayer(harness=None, expected=("Violation", "P9"))  # type: ignore[arg-type]
+    with pytest.raises(KeyboardInterrupt) as interrupted:
+        replayer.rate([("crash", {})], 10)
+    assert replayer.replays == 5
+    assert any("HarnessError" in note for note in interrupted.value.__notes__)
+
+
+def after_an_interrupt(teardown: Callable[[], None]) -> None:
+    """Run `teardown` as Hypothesis and `playback.play` run it: in the `finally` of a step that met Ctrl-C."""
+    try:
+        raise KeyboardInterrupt
+    finally:
+        teardown()
+
+
+def test_the_drain_is_skipped_while_an_interrupt_unwinds() -> None:
+    log = StepLog(None, None, None)  # type: ignore[arg-type]
+    drained: list[str] = []
+    with pytest.raises(KeyboardInterrupt):
+        after_an_interrupt(lambda: log.drain(lambda: drained.append("after the interrupt")))
+    assert drained == []
+    log.broken = False
+    log.drain(lambda: drained.append("at the end of a run"))
+    assert drained == ["at the end of a run"]
+
+
+def stop_failing() -> None:
+    with interrupt_prevails():
+        raise HarnessError("relay did not close")
+
+
+def test_an_interrupt_prevails_over_what_stopping_raises() -> None:
+    with pytest.raises(KeyboardInterrupt) as interrupted:
+        after_an_interrupt(stop_failing)
+    assert "HarnessError: relay did not close" in interrupted.value.__notes__[0]
+    with pytest.raises(HarnessError):  # without an interrupt, the error is the outcome
+        stop_failing()
+
+
+@pytest.fixture
+def unwinding_signals() -> Iterator[None]:
+    """SIGINT and SIGTERM as `ckpt-model` handles them (whatever the test runner installed), restored after."""
+    previous_sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
+    previous_sigterm = signal.signal(signal.SIGTERM, raise_interrupted)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous_sigint)
+        signal.signal(signal.SIGTERM, previous_sigterm)
+
+
+def teardown_meeting(signum: int, finished: list[str], failure: BaseException | None = None) -> None:
+    """A teardown under `interrupts_held` that receives `signum` halfway, with `failure` unwinding (or none)."""
+    with interrupts_held():
+        signal.raise_signal(signum)
+        finished.append("the teardown")
+        if failure is not None:
+            raise failure
+
+
+@pytest.mark.usefixtures("unwinding_signals")
+@pytest.mark.parametrize(("signum", "raised"), [(signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, Interrupted)])
+def test_an_interrupt_during_a_teardown_waits_for_it_and_is_then_raised(
+    signum: int, raised: type[KeyboardInterrupt]
+) -> None:
+    finished: list[str] = []
+    with pytest.raises(raised) as interrupted:
+        teardown_meeting(signum, finished)
+    assert finished == ["the teardown"]
+    assert getattr(interrupted.value, "signum", signal.SIGINT) == signum
+    with interrupts_held():  # no signal, nothing raised
+        finished.append("another teardown")
+
+
+@pytest.mark.usefixtures("unwinding_signals")
+def test_an_interrupt_held_during_a_teardown_outranks_the_failure_being_reported() -> None:
+    finished: list[str] = []
+    with pytest.raises(KeyboardInterrupt):
+        teardown_meeting(signal.SIGINT, finished, Violation("found before the Ctrl-C"))
+    assert finished == ["the teardown"]
