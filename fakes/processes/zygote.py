@@ -742,5 +742,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def exit_once_done(code: int) -> NoReturn:
+    """End the fork server at once when `main` is done: its children are killed and reaped and its warm-up
+    directory removed by then, and tearing down an interpreter that holds every server's warmed app takes seconds
+    on a loaded machine, seconds its owner's stop (a run's Ctrl-C) would wait for."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        exit_code = main()
+    except SystemExit as stop:  # SIGTERM, SIGHUP or SIGINT, after `main` has killed its children
+        exit_code = stop.code if isinstance(stop.code, int) else 1
+    exit_once_done(exit_code)

@@ -58,7 +58,7 @@ from ckpt_model.commands.check import package_version, run_check
 from ckpt_model.commands.modes import run_audit, run_faults, run_scale, run_stack
 from ckpt_model.commands.replay import run_minimise, run_replay
 from ckpt_model.errors import UsageError
-from ckpt_model.interrupts import signal_number, sigterm_unwinds
+from ckpt_model.interrupts import exit_now, signal_number, sigterm_unwinds
 from ckpt_model.model.spec import OPTIONS, flag_keywords
 from ckpt_model.model.topologies import EPISODE_OWNERS, TOPOLOGIES, VERIFY_MODES
 from ckpt_model.results.regression import TRAINER_CONTROLLER
@@ -120,7 +120,7 @@ def build_parser() -> Parser:
     parser = Parser(
         prog="ckpt-model",
         description="A property-based stateful model checker for partial-rollout checkpointing (NeMo Gym's protocol).",
-        epilog="exit codes: 0 passed, 1 property violation, 2 could not judge, 3 usage, 130 interrupted",
+        epilog="exit codes: 0 passed, 1 property violation, 2 could not judge, 3 usage, 130 Ctrl-C, 143 SIGTERM",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     commands = parser.add_subparsers(
@@ -310,6 +310,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 128 + signum
 
 
+def entry() -> NoReturn:
+    """The `ckpt-model` command: `main`, then the process's exit, at once after an interrupt (`exit_now`): by then
+    everything the run started is stopped and every file it kept is written, and the interpreter's own teardown
+    alone takes 1.5 s on a loaded machine (load 16 on 2 cores), most of the 2 s an interrupt may take."""
+    code = main()
+    if code in (Exit.INTERRUPTED, Exit.TERMINATED):
+        exit_now(code)
+    raise SystemExit(code)
+
+
 def run_command(args: argparse.Namespace) -> int:
     if args.command == "check":
         return run_check(args)
@@ -325,4 +335,4 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    entry()

@@ -24,6 +24,7 @@ class Exit(enum.IntEnum):
     UNJUDGED = 2
     USAGE = 3
     INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
+    TERMINATED = 143  # 128 + SIGTERM (`kill`, a CI job's timeout), which unwinds as Ctrl-C does
 
 
 HIDDEN_BY = "_ckpt_hidden_by"
