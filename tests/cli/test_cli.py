@@ -1,8 +1,8 @@
 """`ckpt-model` as a user runs it: in a subprocess (`python -m ckpt_model`), judged by exit code and output.
 
-Exit codes: 0 passed, 1 property violation, 2 could not judge, 3 usage, 130 interrupted. Each run starts in its
-own directory with its own `TMPDIR` and regression directory, so no run reads another's example database and
-whatever a run leaves behind is found.
+Exit codes: 0 passed, 1 property violation, 2 could not judge, 3 usage, 130 interrupted (143 by SIGTERM). Each run
+starts in its own directory with its own `TMPDIR` and regression directory, so no run reads another's example
+database and whatever a run leaves behind is found.
 """
 
 from __future__ import annotations

@@ -82,8 +82,6 @@ class Harness:
             )
         # `--keep-artifacts`: a directory `artifacts.prepare` made ready, where the run's artefacts stay after it.
         self.artifacts = artifacts
-        self._own_root = root is None
-        self.root = Path(root) if root is not None else self._new_root()
         self.http = new_http_client(httpx.Timeout(30.0, read=None))
         # `/run`s get connections of their own. A `/run` the server ends with an unhandled exception leaves its
         # connection looking idle for the milliseconds uvicorn spends logging before it closes it (no
@@ -112,8 +110,12 @@ class Harness:
         self.example = 0
         self.clocks = Clocks(deployment, lambda: self.spec.label, self._participant_names)
         self.faults = Faults(deployment, self.clocks, lambda: self.spec.label)
-        self.checkpoint_dir = self.root / "example-0" / "checkpoints"
+        # The root last, just before `close` is registered to remove it: an interrupt while the clients above are
+        # built (a tenth of a second) must not leave it behind.
+        self._own_root = root is None
+        self.root = Path(root) if root is not None else self._new_root()
         atexit.register(self.close)
+        self.checkpoint_dir = self.root / "example-0" / "checkpoints"
         try:
             backend_url = self._started(deployment.start_backend)
         except BaseException:
