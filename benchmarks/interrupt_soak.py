@@ -17,10 +17,12 @@ phase's measured length, counted from the moment the run is seen entering it:
   `check --controller collection --examples 3 --seed S`; each from its first line of output.
 
 A run whose phase ended before its moment came is not counted and is run again (the "missed" column). Each counted
-run is judged on: the time from the signal to the process's exit (`--limit-s`), its exit code (130 for SIGINT, 143
-for SIGTERM), every process it started gone (found by a marker in their environment) and its own temporary
-directory (`TMPDIR`) empty `LEFTOVER_GRACE_S` after it exited, and every file kept under `.ckpt-model/` before it
-still there and no smaller. A file rewritten is counted apart (the kept failure's contents changed). Whatever a run
+run is judged on: the time from the signal to the process's exit (`--limit-s`); its exit code, 130 for SIGINT and
+143 for SIGTERM, or death by the signal itself (the "by signal" column: one that arrives while the interpreter
+finishes a run that already gave its verdict; a shell reports it as 130 and 143 too); every process it started
+gone (found by a marker in their environment) and its own temporary directory (`TMPDIR`) empty
+`LEFTOVER_GRACE_S` after it exited; and every file kept under `.ckpt-model/` before it still there and no smaller
+(the "kept lost" column). A file rewritten is counted apart (the kept failure's contents changed). Whatever a run
 leaves is removed after it is counted, and everything the soak started is stopped and removed when it ends or is
 itself interrupted. The table shows, per phase: runs, honoured within the limit, the wrong exit codes, the median
 and the most time to exit, what was left, and the load average seen when the signals were sent.
@@ -150,7 +152,9 @@ class Outcome:
     output: tuple[str, ...]
 
     def honoured(self, limit_s: float) -> bool:
-        return self.latency_s <= limit_s and self.exit_code == 128 + self.signum
+        """Ended within the limit with 128 + the signal's number, or by the signal itself (what a shell reports
+        the same way): one that arrives while the interpreter finishes a run that already gave its verdict."""
+        return self.latency_s <= limit_s and self.exit_code in (128 + self.signum, -self.signum)
 
 
 # --- processes ------------------------------------------------------------------------------------------------
@@ -352,7 +356,7 @@ def spans(args: argparse.Namespace, phases: Sequence[Phase], project: Path, temp
 
 def table(outcomes: Sequence[Outcome], misses: dict[str, int], limit_s: float) -> str:
     header = (
-        "phase", "runs", f"<= {limit_s:g} s", "wrong exit", "median s", "max s", "procs left", "tmp left",
+        "phase", "runs", f"<= {limit_s:g} s", "wrong exit", "by signal", "median s", "max s", "procs left", "tmp left",
         "kept lost", "rewritten", "missed", "load",
     )  # fmt: skip
     rows = [header]
@@ -365,7 +369,8 @@ def table(outcomes: Sequence[Outcome], misses: dict[str, int], limit_s: float) -
                 name,
                 str(len(mine)),
                 str(sum(outcome.honoured(limit_s) for outcome in mine)),
-                str(sum(outcome.exit_code != 128 + outcome.signum for outcome in mine)),
+                str(sum(outcome.exit_code not in (128 + outcome.signum, -outcome.signum) for outcome in mine)),
+                str(sum(outcome.exit_code == -outcome.signum for outcome in mine)),
                 f"{statistics.median(latencies):.2f}",
                 f"{max(latencies):.2f}",
                 str(sum(bool(outcome.processes_left) for outcome in mine)),
