@@ -469,4 +469,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except KeyboardInterrupt as interrupt:  # everything the soak started is stopped and removed by now
+        print(f"\ninterrupted: everything the soak started is stopped and removed ({interrupt!r})", flush=True)
+        raise SystemExit(130) from None
