@@ -307,6 +307,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt as interrupt:
         signum = signal_number(interrupt)
         print(f"\nINTERRUPTED ({signal.Signals(signum).name}): everything the run started is stopped", flush=True)
+        for note in getattr(interrupt, "__notes__", ()):  # what the run kept, and where (`commands.check`)
+            print(note, flush=True)
         return 128 + signum
 
 

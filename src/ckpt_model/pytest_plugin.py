@@ -12,7 +12,8 @@ Gym), chosen on the command line, as the session fixture `ckpt_harness`, and `ck
 
 `ckpt_check` searches as `ckpt-model check` does (`ckpt_model.search.checking.search` without Hypothesis's shrink): it
 stops at the first failing example, measures its reproduction rate and makes it 1-minimal with the checker's minimiser,
-then fails the test with the failure report (property, rollout, expected, observed, steps, how to replay).
+then fails the test with the failure report (property, rollout, expected, observed, steps, how to replay). Each call
+keeps what it found in a run directory of its own, as `check` does (`ckpt_model.results.runstore`, `.ckpt-model/runs/`).
 `--ckpt-deployment FILE` checks a real Gym described in FILE (`ckpt-model check --deployment FILE`,
 docs/real-gym.md) instead of the embedded stack; `--ckpt-keep-artifacts DIR` keeps the run's artefacts in DIR, a new
 or empty directory (`ckpt-model check --keep-artifacts DIR`; under xdist, in DIR/<worker id>).
@@ -201,6 +202,7 @@ def ckpt_check(ckpt_harness: Harness) -> Check:
     from hypothesis import settings
 
     from ckpt_model.deployments.gym import GymDeployment
+    from ckpt_model.results import runstore
     from ckpt_model.results.stats import SearchStats
     from ckpt_model.results.verdicts import failure_report
     from ckpt_model.search import checking, profiles
@@ -224,12 +226,14 @@ def ckpt_check(ckpt_harness: Harness) -> Check:
             overrides["stateful_step_count"] = steps
         chosen_settings = settings(profiles.profile_for(profile, profiles.in_ci()), **overrides)
         stats = SearchStats()
+        runstore.begin(ckpt_harness)  # each check a run: what it finds is kept in a run directory of its own
         try:
             checking.search(
                 ckpt_harness, checking.without_shrink(chosen_settings), stats, swarm=swarm, seed=seed, replays=replays
             )
         except Exception as error:
             _, report = failure_report(error, stats.seen)
+            runstore.keep_report(ckpt_harness.run_dir, report)
             pytest.fail(report, pytrace=False)
 
     return check

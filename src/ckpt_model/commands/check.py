@@ -4,10 +4,11 @@ coverage table, and the result files (`--json`, `--junit`)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import secrets
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,8 +19,9 @@ from ckpt_model.deployments import artifacts
 from ckpt_model.errors import UsageError
 from ckpt_model.interrupts import sigint_ignored
 from ckpt_model.model.spec import DeploymentSpec
+from ckpt_model.results import runstore
 from ckpt_model.results.stats import RoundStat
-from ckpt_model.results.verdicts import Exit, kind_of, leaves, report_failure
+from ckpt_model.results.verdicts import Exit, failure_report, kind_of, leaves
 from ckpt_model.search import checking, profiles
 from ckpt_model.search.controllers import TRAINER, ControllerMachine
 
@@ -186,9 +188,10 @@ def run_check(args: argparse.Namespace) -> int:
 
     stats = SearchStats()
     run = RunRecord(args, spec, chosen, seed, stats, controller)
-    with Progress(stats, chosen.max_examples) as progress:
+    with Progress(stats, chosen.max_examples) as progress, kept_when_interrupted(run):
         try:
             harness = Harness(gym, spec=spec, artifacts=kept) if gym else Harness.embedded(spec, artifacts=kept)
+            runstore.begin(harness)
             run.harness = harness
             for line in time_lines(harness, controller.machine_type, real_gym=gym is not None):
                 print(line, flush=True)
@@ -220,8 +223,12 @@ def run_check(args: argparse.Namespace) -> int:
                     harness.close()
         except Exception as error:
             progress.stop()
-            code = report_failure(error, stats.seen)
+            code, report = failure_report(error, stats.seen)
+            print(report, flush=True)
+            runstore.keep_report(run.run_dir, report)
             run.finish(code, leaves(error, stats.seen))
+            for line in runstore.kept_lines(run.harness):
+                print(line, flush=True)
             return code
     run.searched()
     for line in passed_lines(harness, controller, stats, spec):
@@ -236,6 +243,16 @@ def run_check(args: argparse.Namespace) -> int:
     )
     run.finish(Exit.PASSED, ())
     return Exit.PASSED
+
+
+@contextlib.contextmanager
+def kept_when_interrupted(run: RunRecord) -> Iterator[None]:
+    """An interrupt (Ctrl-C, SIGTERM) carries what the run kept and where, for the INTERRUPTED message."""
+    try:
+        yield
+    except KeyboardInterrupt as interrupt:
+        interrupt.add_note("\n".join(runstore.interrupted_lines(run.harness)))
+        raise
 
 
 def time_lines(harness: Harness, machine_type: type, *, real_gym: bool) -> list[str]:
@@ -290,6 +307,11 @@ class RunRecord:
     harness: Any = None
     search_s: float | None = None
 
+    @property
+    def run_dir(self) -> Path | None:
+        """The run store's directory of this run, once a failure was kept (`ckpt_model.results.runstore`)."""
+        return self.harness.run_dir if self.harness is not None else None
+
     def unchecked(self) -> dict[str, str]:
         """The properties this deployment cannot judge, each with why (`ckpt_model.steps.checkable`)."""
         if self.harness is None:
@@ -316,14 +338,8 @@ class RunRecord:
         """Write the files asked for; a file that cannot be written is said, and never changes the verdict."""
         if self.args.json is None and self.args.junit is None:
             return
-        from ckpt_model.results import check_result, regression
+        from ckpt_model.results import check_result
         from ckpt_model.results.check_result import CheckResult, Statistics
-
-        def regression_file(error: BaseException) -> str | None:
-            if self.harness is None or kind_of(error) not in ("violation", "harness"):
-                return None
-            path = regression.path_for(self.harness, error, self.controller.origin)
-            return str(path) if path.exists() else None
 
         total_s = time.monotonic() - self.stats.started_s
         result = CheckResult(
@@ -335,7 +351,8 @@ class RunRecord:
             profile=self.args.profile,
             examples_asked=self.chosen.max_examples,
             steps_asked=self.chosen.stateful_step_count,
-            failures=check_result.failure_results(failures, regression_file),
+            failures=check_result.failure_results(failures, kept_files),
+            run_dir=str(self.run_dir) if self.run_dir is not None else None,
             timings={
                 "total": total_s,
                 "search": self.search_s,
@@ -351,6 +368,21 @@ class RunRecord:
         for path, text in ((self.args.json, result.json_text), (self.args.junit, result.junit_text)):
             if path is not None:
                 write_output(path, text())
+        if self.args.json is not None:
+            runstore.keep_text(self.run_dir, runstore.RESULT, result.json_text())
+
+
+def kept_files(error: BaseException) -> tuple[str | None, str | None]:
+    """The failure's regression file and its timeline, as the report names them, each if it exists (a violation's
+    or a harness error's, kept by the run: `runstore.kept_of`)."""
+    kept = runstore.kept_of(error)
+    if kept is None or kind_of(error) not in ("violation", "harness"):
+        return None, None
+    return existing(kept.shown), existing(kept.timeline)
+
+
+def existing(path: Path) -> str | None:
+    return str(path) if path.exists() else None
 
 
 def asked_note(ran: int, asked: int, stopped_by_time: bool = False) -> str:

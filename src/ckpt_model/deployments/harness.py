@@ -97,6 +97,13 @@ class Harness:
         self.calls_round = GetRound(timeout_s=BASE_TIMEOUT_S)
         # Where a failing run writes its regression file (None: `ckpt_model.results.regression.directory()`).
         self.regressions_dir: Path | None = artifacts
+        # The run store a command keeps this harness's failures in (`ckpt_model.results.runstore.begin`; None: a
+        # private harness's, whose failures keep nothing there), this run's directory in it once its first failure
+        # made it, and the file name the run gave each failure, by its property and deployment (its later writes,
+        # Hypothesis's shrinks and the minimiser's, keep it).
+        self.run_store: Path | None = None
+        self.run_dir: Path | None = None
+        self.failure_files: dict[str, str] = {}
         # Per server name, the worker index killed alone (`kill_worker`) since the server last started.
         self.dead_workers: dict[str, int] = {}
         # The example directory kept for the artefacts (`keep_example`): neither the next example nor close removes it.

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ElementTree
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -41,6 +41,7 @@ class FailureResult:
     rate: str | None = None
     steps: tuple[str, ...] = ()
     regression_file: str | None = None
+    timeline: str | None = None
 
     def document(self) -> dict[str, Any]:
         return attrs.asdict(self, recurse=False) | {"steps": list(self.steps)}
@@ -117,6 +118,8 @@ class CheckResult:
     version: str = ""
     controller: str = DEFAULT_CONTROLLER
     properties: Mapping[str, str] = attrs.field(factory=registry_titles)
+    # The run store's directory of this run (`ckpt_model.results.runstore`), when it kept a failure.
+    run_dir: str | None = None
 
     def document(self) -> dict[str, Any]:
         return {
@@ -133,6 +136,7 @@ class CheckResult:
             "examples_asked": self.examples_asked,
             "steps_asked": self.steps_asked,
             "failures": [failure.document() for failure in self.failures],
+            "run_dir": self.run_dir,
             "timings_s": {name: _rounded(value) for name, value in self.timings.items()},
             "statistics": self.statistics.document(),
             "properties_skipped": dict(self.skipped),
@@ -211,9 +215,11 @@ def write(path: Path, text: str) -> None:
     partial.replace(path)
 
 
-def failure_results(leaves: Sequence[BaseException], regression_file: Any) -> tuple[FailureResult, ...]:
-    """A `FailureResult` for each failure a run raised (`verdicts.leaves`), violations first; `regression_file(error)`
-    names each one's regression file, or None."""
+def failure_results(
+    leaves: Sequence[BaseException], files: Callable[[BaseException], tuple[str | None, str | None]]
+) -> tuple[FailureResult, ...]:
+    """A `FailureResult` for each failure a run raised (`verdicts.leaves`), violations first; `files(error)` names
+    each one's regression file and timeline (each None if there is none)."""
     results = [
         FailureResult(
             kind=verdicts.kind_of(error),
@@ -223,8 +229,10 @@ def failure_results(leaves: Sequence[BaseException], regression_file: Any) -> tu
             rollout=getattr(error, "rollout", None),
             rate=verdicts.headline(error),
             steps=verdicts.shrunk_steps(error),
-            regression_file=regression_file(error),
+            regression_file=regression_file,
+            timeline=timeline,
         )
         for error in leaves
+        for regression_file, timeline in [files(error)]
     ]
     return tuple(sorted(results, key=lambda result: result.kind != "violation"))

@@ -17,12 +17,13 @@ from typing import Any
 from ckpt_model.deployments import artifacts
 from ckpt_model.deployments.harness import Harness
 from ckpt_model.protocol.history import Event, History
-from ckpt_model.results import regression, timeline
+from ckpt_model.results import regression, runstore, timeline
 
 HISTORY_EVENTS_SHOWN = 30
 ANNOTATED = "_ckpt_annotated"
 RULE_CALLS = "_ckpt_rule_calls"
 HISTORY = "_ckpt_history"
+TIMELINE_NOTE = "Timeline of the failing history (open in a browser):"
 
 
 def rule_calls_of(error: BaseException) -> list[tuple[str, dict[str, Any]]] | None:
@@ -66,17 +67,22 @@ def annotate(
         "first when the profile keeps an example database (not under CI=true); the @reproduce_failure(...) line "
         "Hypothesis prints replays it exactly, with this Hypothesis version and this checker's code."
     )
-    path: Path | None = None
+    kept: runstore.Kept | None = None
     try:
-        path = regression.write(harness, rule_calls, error, origin=origin)
+        name = runstore.name_for(harness, error, origin, rule_calls)
+        document = regression.document(harness.spec, rule_calls, error, origin=origin)
+        kept = runstore.keep(harness, error, document, name)
     except OSError as write_error:
         error.add_note(f"Replay file not written: {write_error}")
     else:
-        error.add_note(f"Replay without Hypothesis (survives code edits): ckpt-model replay {path}")
-        error.add_note(draw_timeline(error, harness, path))
-    kept = keep_artifacts(harness, history.events, path)
-    if kept is not None:
-        error.add_note(kept)
+        error.add_note(f"Replay without Hypothesis (survives code edits): ckpt-model replay {kept.shown}")
+        error.add_note(draw_timelines(error, harness, kept))
+        for note in (runstore.held_note(kept), runstore.kept_note(kept)):
+            if note is not None:
+                error.add_note(note)
+    kept_artifacts = keep_artifacts(harness, history.events, kept.shown if kept is not None else None)
+    if kept_artifacts is not None:
+        error.add_note(kept_artifacts)
     return True
 
 
@@ -96,6 +102,24 @@ def keep_artifacts(harness: Harness, events: Sequence[Event], regression_path: P
     return artifacts.kept_note(harness.artifacts, example_dir)
 
 
+def draw_timelines(error: BaseException, harness: Harness, kept: runstore.Kept) -> str:
+    """Draw the timeline of the history `error` came from beside each copy of its regression file just written
+    (`kept.written`; never beside one kept as it was, whose picture shows its own steps); the note that names the
+    one beside the copy the report names, or says why there is none."""
+    if not kept.written:
+        return "Timeline not redrawn: every copy of the regression file already held better steps"
+    drawn = draw_timeline(error, harness, kept.written[0])
+    if not drawn.startswith(TIMELINE_NOTE):
+        return drawn
+    pictures = [timeline.path_beside(path) for path in kept.written]
+    try:
+        runstore.copy_beside(pictures[0], pictures[1:])
+    except OSError as copy_error:
+        return f"Timeline not copied beside every regression file: {copy_error}"
+    shown = kept.timeline if kept.shown in kept.written else pictures[-1]
+    return f"{TIMELINE_NOTE} {shown}"
+
+
 def draw_timeline(error: BaseException, harness: Harness, regression_path: Path) -> str:
     """Write the timeline of the history `error` came from beside its regression file; the note that says where,
     or why not (a picture of the failure must never hide the failure itself)."""
@@ -107,4 +131,4 @@ def draw_timeline(error: BaseException, harness: Harness, regression_path: Path)
         timeline.write_timeline(picture, events, timeline.failure_of(error), harness.spec.label, regression_path)
     except Exception as draw_error:  # any: see the docstring
         return f"Timeline not written: {type(draw_error).__name__}: {draw_error}"
-    return f"Timeline of the failing history (open in a browser): {picture}"
+    return f"{TIMELINE_NOTE} {picture}"

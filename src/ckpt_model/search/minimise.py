@@ -545,14 +545,14 @@ def replay_once(
 
 @contextlib.contextmanager
 def regressions_to(harness: Harness, directory: Path) -> Iterator[None]:
-    """Send the regression files the candidates' failures write to `directory`, then back: a candidate that fails
-    differently must not overwrite the user's file for that property."""
-    previous = harness.regressions_dir
-    harness.regressions_dir = directory
+    """Send the regression files the candidates' failures write to `directory`, then back: a candidate's failure
+    keeps nothing in the user's files or the run store, and names nothing the run's own failures are named by."""
+    previous = harness.regressions_dir, harness.run_store, harness.failure_files
+    harness.regressions_dir, harness.run_store, harness.failure_files = directory, None, {}
     try:
         yield
     finally:
-        harness.regressions_dir = previous
+        harness.regressions_dir, harness.run_store, harness.failure_files = previous
 
 
 def minimise_on(
@@ -606,7 +606,7 @@ def reproduce_error(
     """Replay the failing run `error` came from `replays` times on its harness, with the machine of `controller`
     that ran it, and record how often it failed the same way: on the error (`reproduction.rate_of`), in its report,
     and in its regression file. None when the error carries no rule calls (Hypothesis's own errors)."""
-    from ckpt_model.results import regression
+    from ckpt_model.results import regression, runstore
     from ckpt_model.results.report import rule_calls_of
     from ckpt_model.results.verdicts import shrunk_steps
 
@@ -622,10 +622,21 @@ def reproduce_error(
         lines += ["Failing run:", as_state(controller), *as_code(rule_calls), "state.teardown()"]
     error.add_note("\n".join(lines))
     try:
-        regression.write(harness, rule_calls, error, origin=controller.origin, reproduction=rate.document())
+        document = regression.document(
+            harness.spec, rule_calls, error, origin=controller.origin, reproduction=rate.document()
+        )
+        runstore.keep(harness, error, document, kept_name(harness, error, rule_calls, controller))
     except OSError as write_error:
         error.add_note(f"Regression file not rewritten with the rate: {write_error}")
     return rate
+
+
+def kept_name(harness: Harness, error: BaseException, rule_calls: Sequence[Step], controller: ControllerMachine) -> str:
+    """The name the failure's regression file was kept under (`runstore.kept_of`), or the one the run gives it."""
+    from ckpt_model.results import runstore
+
+    kept = runstore.kept_of(error)
+    return kept.name if kept is not None else runstore.name_for(harness, error, controller.origin, rule_calls)
 
 
 def minimise_error(
@@ -669,8 +680,8 @@ def _reproduced_note(
 ) -> str:
     """The minimal sequence as Hypothesis prints an example (so `verdicts.shrunk_steps` reads it), the minimal
     run's steps with model names, and the regression file, rewritten with the minimal sequence."""
-    from ckpt_model.results import regression
-    from ckpt_model.results.report import draw_timeline
+    from ckpt_model.results import regression, runstore
+    from ckpt_model.results.report import draw_timelines, rule_calls_of
 
     lines = [f"Minimal failing sequence (ckpt_model.search.minimise: {result.summary()}):", as_state(controller)]
     lines += [*result.code, "state.teardown()"]
@@ -678,21 +689,26 @@ def _reproduced_note(
     if model_steps:
         lines.append(model_steps.replace("Steps (model names)", "Minimal steps (model names)", 1))
     try:
-        reproduction = result.rate.document() if result.rate is not None else None
-        path = regression.write(
-            harness,
+        document = regression.document(
+            harness.spec,
             list(result.steps),
             error,
             origin=controller.origin,
             minimised=provenance(result),
-            reproduction=reproduction,
+            reproduction=result.rate.document() if result.rate is not None else None,
         )
+        found = rule_calls_of(error) or list(result.original)
+        kept = runstore.keep(harness, error, document, kept_name(harness, error, found, controller))
     except OSError as write_error:
         lines.append(f"Regression file not rewritten: {write_error}")
     else:
-        lines.append(f"The regression file now holds the minimal sequence: ckpt-model replay {path}")
-        if final_error is not None:  # the picture beside it shows the minimal run, as the file now holds
-            lines.append(draw_timeline(final_error, harness, path).replace("failing history", "minimal run", 1))
+        holds = "now holds the minimal sequence" if kept.shown in kept.written else "holds one as short already"
+        lines.append(f"The regression file {holds}: ckpt-model replay {kept.shown}")
+        held = runstore.held_note(kept)
+        if held is not None:
+            lines.append(held)
+        if final_error is not None and kept.written:  # the picture beside it shows the minimal run, as the file holds
+            lines.append(draw_timelines(final_error, harness, kept).replace("failing history", "minimal run", 1))
     return "\n".join(lines)
 
 
@@ -711,4 +727,5 @@ def provenance(result: Minimised) -> dict[str, Any]:
         "one_minimal_pass_removed": result.pass_removed,
         "expanded": list(result.expanded),
         "found_reproduction": result.found_rate.document() if result.found_rate is not None else None,
+        "steps_found": [[name, dict(arguments)] for name, arguments in result.original],
     }

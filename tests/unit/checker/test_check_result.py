@@ -120,10 +120,14 @@ def test_failure_results_put_violations_first_and_name_their_files() -> None:
     harness_error = StepNotEnabled(step="commit({})", index=1, rule="commit")
     violation = P9Violation(rollout="r0", expected="c1 verifies", observed="it does not")
 
-    results = failure_results([harness_error, violation], lambda error: f"{type(error).__name__}.json")
+    def files(error: BaseException) -> tuple[str | None, str | None]:
+        return f"{type(error).__name__}.json", f"{type(error).__name__}.html"
+
+    results = failure_results([harness_error, violation], files)
 
     assert [(r.kind, r.property_id, r.rollout) for r in results] == [("violation", "P9", "r0"), ("harness", None, None)]
-    assert results[0].regression_file == "P9Violation.json"
+    assert (results[0].regression_file, results[0].timeline) == ("P9Violation.json", "P9Violation.html")
+    assert json.loads(result(results).json_text())["failures"][0]["timeline"] == "P9Violation.html"
     assert results[0].message.startswith("P9 ")
 
 

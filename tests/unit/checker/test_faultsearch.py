@@ -10,7 +10,6 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
 from typing import ClassVar
 
 import pytest
@@ -19,7 +18,6 @@ from hypothesis.errors import InvalidDefinition
 from hypothesis.stateful import RuleBasedStateMachine, rule
 
 from ckpt_model.errors import QuiescenceTimeout
-from ckpt_model.model.spec import DeploymentSpec
 from ckpt_model.properties.durability import P9Violation
 from ckpt_model.properties.scope import P1Violation
 from ckpt_model.results import regression
@@ -29,6 +27,7 @@ from ckpt_model.results.verdicts import Failure, classify
 from ckpt_model.search import minimise as mm
 from ckpt_model.search.faultsearch import Finding, minimised_failures, run_search
 from ckpt_model.search.minimise import Minimised, Steps, minimise_error
+from tests.unit.checker.fake_harness import fake_harness
 
 SMALL = settings(
     max_examples=100,
@@ -280,7 +279,7 @@ def test_an_intermittent_failure_is_reported_with_its_property_and_rate(
 ) -> None:
     FailsFirstTime.steps = 0
     monkeypatch.setattr(mm, "replay_once", three_in_ten())
-    harness = SimpleNamespace(root=tmp_path, regressions_dir=tmp_path / "regressions", spec=DeploymentSpec("native"))
+    harness = fake_harness(tmp_path)
 
     failures = run_search(FailsFirstTime, SMALL)
     result, figures = minimised_failures(failures, lambda error: minimise_error(harness, error, 10))  # type: ignore[arg-type]
@@ -291,7 +290,8 @@ def test_an_intermittent_failure_is_reported_with_its_property_and_rate(
     assert found.shrunk_steps == ("state.retire()",)
     assert figures is not None
     assert figures.found_rate == Rate(label="P1", failing=3, replays=10)
-    document = regression.load(tmp_path / "regressions" / "P1-native.json")
+    (written,) = (tmp_path / "regressions").glob("P1-native-*.json")  # named by the steps found
+    document = regression.load(written)
     assert document["steps"] == [["retire", {}]]
     assert document["reproduction"]["text"] == "P1 in 3 of 10 replays"
     assert document["minimised"]["found_reproduction"]["text"] == "P1 in 3 of 10 replays"
@@ -302,7 +302,7 @@ def test_a_failure_that_never_replays_is_still_its_property_with_a_rate_of_zero(
 ) -> None:
     FailsFirstTime.steps = 0
     monkeypatch.setattr(mm, "replay_once", lambda harness, steps, settle_timeout_s, controller: None)
-    harness = SimpleNamespace(root=tmp_path, regressions_dir=tmp_path / "regressions", spec=DeploymentSpec("native"))
+    harness = fake_harness(tmp_path)
 
     failures = run_search(FailsFirstTime, SMALL)
     result, figures = minimised_failures(failures, lambda error: minimise_error(harness, error, 10))  # type: ignore[arg-type]

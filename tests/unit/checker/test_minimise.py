@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -22,6 +21,7 @@ from ckpt_model.results.reproduction import Rate
 from ckpt_model.search import minimise as mm
 from ckpt_model.search.minimise import COMPOSITES, CachedPredicate, Steps, ddmin, key_of, minimise
 from ckpt_model.trainer.quiescence import SETTLE_TIMEOUT_S
+from tests.unit.checker.fake_harness import fake_harness
 
 
 def named(*names: str) -> Steps:
@@ -408,7 +408,7 @@ def test_a_result_that_fails_only_when_settled_briefly_is_minimised_again_fully(
         return p7() if ("retire" in present or (brief and "dispatch" in present)) else None
 
     monkeypatch.setattr(mm, "replay_once", replay)
-    harness = SimpleNamespace(root=tmp_path, regressions_dir=tmp_path / "regressions")
+    harness = fake_harness(tmp_path)
 
     result, replayer = mm.minimise_on(harness, named("dispatch", "retire"), ("P7Violation", "P7"))  # type: ignore[arg-type]
 
@@ -485,7 +485,7 @@ def test_an_intermittent_failure_is_minimised_by_its_rate_and_the_minimal_rate_m
 ) -> None:
     system = Sometimes()
     monkeypatch.setattr(mm, "replay_once", system)
-    harness = SimpleNamespace(root=tmp_path, regressions_dir=tmp_path / "regressions")
+    harness = fake_harness(tmp_path)
     found = Rate(label="P7", failing=3, replays=10)
 
     result, replayer = mm.minimise_on(harness, named("dispatch", "retire", "crash"), ("P7Violation", "P7"), found)  # type: ignore[arg-type]
@@ -512,7 +512,7 @@ def test_a_failure_that_always_replays_costs_one_replay_per_candidate(
         return system(harness, steps, settle_timeout_s)
 
     monkeypatch.setattr(mm, "replay_once", replay)
-    harness = SimpleNamespace(root=tmp_path, regressions_dir=tmp_path / "regressions")
+    harness = fake_harness(tmp_path)
     always = Rate(label="P7", failing=10, replays=10)
 
     result, replayer = mm.minimise_on(harness, named("dispatch", "retire", "crash"), ("P7Violation", "P7"), always)  # type: ignore[arg-type]

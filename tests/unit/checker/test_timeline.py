@@ -14,7 +14,7 @@ import pytest
 from ckpt_model.errors import PropertyViolation, QuiescenceTimeout
 from ckpt_model.model.spec import DeploymentSpec
 from ckpt_model.protocol.history import History
-from ckpt_model.results import report, timeline
+from ckpt_model.results import regression, report, timeline
 from ckpt_model.results.timeline import Failure, Scale, render
 
 LEFT_PX = timeline.GUTTER_PX + timeline.LEFT_PAD_PX
@@ -415,6 +415,7 @@ class FakeHarness:
 
     def __init__(self, directory: Path) -> None:
         self.regressions_dir = directory
+        self.run_store, self.run_dir, self.failure_files = None, None, {}  # no run store
 
     def log_tails(self) -> str:
         return "(no logs)"
@@ -432,7 +433,9 @@ def annotated(tmp_path: Path) -> PropertyViolation:
 
 def test_the_report_writes_the_timeline_beside_the_regression_file_and_names_it(tmp_path: Path) -> None:
     error = annotated(tmp_path)
-    picture = tmp_path / "P4-native-environment_restore_ignores_boundary.html"
+    picture = tmp_path / regression.file_name("P4-native-environment_restore_ignores_boundary", []).replace(
+        ".json", ".html"
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == [picture.name, picture.with_suffix(".json").name]
     # The timeline's note, then the note of what --keep-artifacts kept (here: that nothing is kept).
     assert error.__notes__[-2] == f"Timeline of the failing history (open in a browser): {picture}"
