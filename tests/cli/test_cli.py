@@ -41,6 +41,7 @@ def environment(workdir: Path, *, developer: bool = False) -> dict[str, str]:
         env.pop("CI", None)
     env["TMPDIR"] = str(workdir / "tmp")
     env["CKPT_MODEL_REGRESSIONS"] = str(workdir / "regressions")
+    env["CKPT_MODEL_RUNS"] = str(workdir / "runs")
     (workdir / "tmp").mkdir(exist_ok=True)
     return env
 
@@ -245,17 +246,31 @@ def test_check_finds_a_planted_fault_and_names_its_property(tmp_path: Path) -> N
     assert "FAILED: property violation (P9 in 10 of 10 replays)\nwrote result.json\nwrote result.xml" in result.stdout
     kept = tmp_path / "kept"
     assert not (tmp_path / "regressions").exists()  # with --keep-artifacts the regression file is kept with the rest
-    assert sorted(path.name for path in kept.iterdir()) == [
-        "P9-native-resume_deletes_records.html",  # the timeline of the failing history, beside its regression file
-        "P9-native-resume_deletes_records.json",
-        "checkpoints",
-        "history.jsonl",
-        "logs",
-    ]
-    assert_kept_artifacts(result.stdout, kept)
-    document = regression.load(kept / "P9-native-resume_deletes_records.json")
-    assert document["reproduction"]["text"] == "P9 in 10 of 10 replays"  # the minimal steps replay every time
     written = json.loads((tmp_path / "result.json").read_text())
+    replayable = Path(written["failures"][0]["regression_file"])
+    assert re.fullmatch(r"P9-native-resume_deletes_records-[0-9a-f]{8}\.json", replayable.name)
+    assert sorted(path.name for path in kept.iterdir()) == sorted(
+        [
+            replayable.with_suffix(".html").name,  # the timeline of the failing history, beside its regression file
+            replayable.name,
+            "checkpoints",
+            "history.jsonl",
+            "logs",
+        ]
+    )
+    assert written["failures"][0]["timeline"] == str(kept / replayable.with_suffix(".html").name)
+    assert_kept_artifacts(result.stdout, kept, replayable)
+    document = regression.load(replayable)
+    assert document["reproduction"]["text"] == "P9 in 10 of 10 replays"  # the minimal steps replay every time
+    # The run store keeps the same failure, the report and the result, in a directory of this run's.
+    run_dir = Path(written["run_dir"])
+    assert run_dir.parent == tmp_path / "runs"
+    assert sorted(path.name for path in run_dir.iterdir()) == sorted(
+        [replayable.name, replayable.with_suffix(".html").name, "report.txt", "result.json"]
+    )
+    assert regression.load(run_dir / replayable.name) == document
+    assert "FAILED: property violation (P9 in 10 of 10 replays)" in (run_dir / "report.txt").read_text()
+    assert json.loads((run_dir / "result.json").read_text()) == written
     assert (written["verdict"], written["exit_code"], written["properties_violated"]) == ("violation", 1, ["P9"])
     assert written["seed"] == 2
     assert [step for step, _ in document["steps"]] == [
@@ -268,10 +283,11 @@ def test_check_finds_a_planted_fault_and_names_its_property(tmp_path: Path) -> N
     assert left_behind(tmp_path) == []
 
 
-def assert_kept_artifacts(report: str, kept: Path) -> None:
+def assert_kept_artifacts(report: str, kept: Path, replayable: Path) -> None:
     """The report's paths point into `kept` and outlive the run: the failing example's checkpoints, the server logs
     (whole, with the requests served), the history as JSON lines, and the regression file the replay line names."""
-    assert f"ckpt-model replay {kept / 'P9-native-resume_deletes_records.json'}" in report
+    assert replayable.parent == kept
+    assert f"ckpt-model replay {replayable}" in report
     observed = report.split("  observed: ", 1)[1].split(":", 1)[0]
     assert observed.startswith(str(kept / "checkpoints" / "example-"))
     example = kept / "checkpoints" / Path(observed).relative_to(kept / "checkpoints").parts[0]
@@ -303,6 +319,11 @@ def test_replay_of_a_failing_file_exits_1_and_says_whether_as_recorded(
     # Without --keep-artifacts the report says its paths go with the run, and how to keep them.
     assert "are temporary and removed when the run exits; to keep them" in result.stdout
     assert "rerun with `--keep-artifacts DIR`" in result.stdout
+    # The regression file and the timeline it names are the run store's, and outlive the run.
+    replay_file = Path(result.stdout.split("(survives code edits): ckpt-model replay ")[1].split("\n")[0])
+    picture = Path(result.stdout.split("Timeline of the failing history (open in a browser): ")[1].split("\n")[0])
+    assert replay_file.parent.parent == tmp_path / "runs"
+    assert (replay_file.exists(), picture.exists(), (replay_file.parent / "report.txt").exists()) == (True,) * 3
     assert left_behind(tmp_path) == []
 
 
@@ -314,9 +335,10 @@ def test_replay_with_keep_artifacts_keeps_what_its_report_names(tmp_path: Path) 
     result = ckpt_model(tmp_path, "replay", str(path), "--keep-artifacts", "kept")
 
     assert result.returncode == 1, result.stdout + result.stderr
-    assert_kept_artifacts(result.stdout, tmp_path / "kept")
+    (replayable,) = (tmp_path / "kept").glob("P9-native-resume_deletes_records-*.json")
+    assert_kept_artifacts(result.stdout, tmp_path / "kept", replayable)
     assert path.read_bytes() == before  # the replayed file is not the one kept
-    assert (tmp_path / "kept" / "P9-native-resume_deletes_records.html").exists()
+    assert replayable.with_suffix(".html").exists()
     assert left_behind(tmp_path) == []
 
 
@@ -373,6 +395,52 @@ def test_ctrl_c_during_check_stops_everything_and_exits_130(tmp_path: Path) -> N
     assert left_behind(tmp_path) == []
 
 
+def test_a_second_run_interrupted_while_measuring_loses_nothing_the_first_kept(tmp_path: Path) -> None:
+    """The same failure found twice (the same seed, so the same steps and the same file name): the second run,
+    interrupted while it measures, leaves the first's minimised file and run directory as they were, keeps what it
+    found in a run directory of its own, and says so."""
+    arguments = ["check", "--faults", "resume_deletes_records", "--seed", "1"]
+    first = ckpt_model(tmp_path, *arguments)
+    assert first.returncode == 1, first.stdout + first.stderr
+    first_dir = (tmp_path / "runs" / "latest").resolve()
+    kept_first = {path.name: path.read_bytes() for path in first_dir.iterdir()}
+    (replayable,) = (tmp_path / "regressions").glob("P9-native-resume_deletes_records-*.json")
+    minimal = regression.load(replayable)
+    assert "minimised" in minimal
+    assert replayable.name in kept_first
+
+    with subprocess.Popen(
+        [sys.executable, "-m", "ckpt_model", *arguments],
+        cwd=tmp_path,
+        env=environment(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=default_sigint,
+    ) as second:
+        try:
+            assert second.stdout is not None
+            while "measuring and minimising the failing run" not in second.stdout.readline():
+                assert second.poll() is None, "the second run ended before it measured its failure"
+            output = interrupted(second, "the second ckpt-model check")
+        finally:
+            if second.poll() is None:
+                second.kill()
+                second.wait()
+
+    assert {path.name: path.read_bytes() for path in first_dir.iterdir()} == kept_first
+    assert regression.load(replayable)["steps"] == minimal["steps"]  # never the steps found over the minimal ones
+    assert "minimised" in regression.load(replayable)
+    second_dir = (tmp_path / "runs" / "latest").resolve()
+    assert second_dir != first_dir
+    assert regression.load(second_dir / replayable.name)["steps"]  # the second run's own steps, kept
+    if second.returncode == 130:  # else the run ended before the interrupt came (its report is then the verdict)
+        assert f"kept in {second_dir} ({tmp_path / 'runs' / 'latest'} links to it):" in output
+        assert f"  {replayable.name}: " in output
+        assert f"and in the replayable set: {replayable}: {len(minimal['steps'])} steps, minimised" in output
+    assert left_behind(tmp_path) == []
+
+
 # --- minimise ------------------------------------------------------------------------------------------------
 
 
@@ -394,13 +462,14 @@ def test_minimise_rewrites_a_file_with_its_1_minimal_steps(tmp_path: Path) -> No
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == [path.name]  # no partial file left
     assert not (tmp_path / "regressions").exists()  # the candidates' failures wrote nothing of the user's
     # Kept: the first replay's failure (its regression file, history and checkpoints) and every server's full log.
-    assert sorted(path.name for path in (tmp_path / "kept").iterdir()) == [
-        "P9-native-resume_deletes_records.html",
-        "P9-native-resume_deletes_records.json",
-        "checkpoints",
-        "history.jsonl",
-        "logs",
-    ]
+    (first,) = (tmp_path / "kept").glob("P9-native-resume_deletes_records-*.json")
+    assert sorted(path.name for path in (tmp_path / "kept").iterdir()) == sorted(
+        [first.name, first.with_suffix(".html").name, "checkpoints", "history.jsonl", "logs"]
+    )
+    # The run store keeps the first replay's failure too, now with the minimal steps, as the line says.
+    (run_dir,) = [path for path in (tmp_path / "runs").iterdir() if path.name != "latest"]
+    assert f"kept in the run store: {run_dir}" in result.stdout
+    assert regression.load(run_dir / first.name)["steps"] == document["steps"]
     assert left_behind(tmp_path) == []
 
 

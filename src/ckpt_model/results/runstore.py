@@ -222,7 +222,7 @@ def kept_lines(harness: Harness | None) -> list[str]:
     for path in files:
         lines.append(f"  {path.name}{describe_file(path)}")
     copies = sorted({replayable for replayable in replayable_copies(harness, files) if replayable.exists()}, key=str)
-    lines += [f"and in the replayable set: {path}" for path in copies]
+    lines += [f"and in the replayable set: {path}{describe_file(path)}" for path in copies]
     return lines
 
 
