@@ -99,8 +99,8 @@ class Harness:
         self.regressions_dir: Path | None = artifacts
         # The run store a command keeps this harness's failures in (`ckpt_model.results.runstore.begin`; None: a
         # private harness's, whose failures keep nothing there), this run's directory in it once its first failure
-        # made it, and the file name the run gave each failure, by its property and deployment (its later writes,
-        # Hypothesis's shrinks and the minimiser's, keep it).
+        # made it, and the file name the run gave each failure, by its property and deployment (Hypothesis's shrinks
+        # and the minimiser's rewrite keep it).
         self.run_store: Path | None = None
         self.run_dir: Path | None = None
         self.failure_files: dict[str, str] = {}

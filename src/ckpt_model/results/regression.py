@@ -2,10 +2,13 @@
 
 Hypothesis's database key depends on the test's source and its `@reproduce_failure` blob on its version, so
 neither survives an edit of the checker. When a run fails, the machine writes the rules it called to a JSON file
-named after the property and the deployment; Hypothesis runs the shrunk example last, so the file first holds
-the shrunk sequence, and the domain minimiser (`ckpt_model.search.minimise`) rewrites it with the 1-minimal one,
-recording how under "minimised". Replay it with `ckpt-model replay FILE` (`ckpt_model.search.scenarios.replay`),
-minimise an existing one with `ckpt-model minimise FILE`, or keep it as a fixed scenario.
+named after the property, the deployment and a digest of those steps (`file_name`: distinct failures, distinct
+names); Hypothesis runs the shrunk example last, so the file first holds the shrunk sequence, and the domain
+minimiser (`ckpt_model.search.minimise`) rewrites it with the 1-minimal one, recording how (and the steps found)
+under "minimised". A minimised file is never replaced by the steps found (`replaces`); where the copies go, the
+replayable set and the run store, is `ckpt_model.results.runstore`'s. Replay it with `ckpt-model replay FILE`
+(`ckpt_model.search.scenarios.replay`), minimise an existing one with `ckpt-model minimise FILE`, or keep it as a
+fixed scenario. A file's name is never read: files named before the digest replay as ever.
 
 A file's deployment is `DeploymentSpec.document()` (topology, verify mode, faults, and the options that differ from
 their defaults) and reads back with `DeploymentSpec.from_document`, so a file written before an option existed

@@ -2,8 +2,8 @@
 
 Notes on the exception (`add_note`): the steps with the model's names, the history of the rollout and the
 controller, the backend's calls, the server log tails, how to reproduce, the regression file written for it, and
-the timeline picture of the whole history beside it (`ckpt_model.results.timeline`), and what `--keep-artifacts` kept
-(or that those paths are temporary).
+the timeline picture of the whole history beside it (`ckpt_model.results.timeline`), the run store's directory that
+keeps both (`ckpt_model.results.runstore`), and what `--keep-artifacts` kept (or that those paths are temporary).
 The rule calls themselves ride on the exception too (`rule_calls_of`), so whoever catches it after Hypothesis
 (`ckpt_model.search.faultsearch`, `ckpt-model check`) can minimise that very run (`ckpt_model.search.minimise`).
 """

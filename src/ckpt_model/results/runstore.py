@@ -2,15 +2,15 @@
 
 As Jepsen's `store/` keeps each test run under a timestamped directory with a `latest` link, a run that finds a
 failure makes `.ckpt-model/runs/<UTC time>-<property>-<deployment>/` (or under `$CKPT_MODEL_RUNS`) at its first
-failure and keeps there, for each failure, its regression file and timeline, then the printed report (`REPORT`) and
-the `--json` result (`RESULT`); `runs/latest` links to the newest. The same regression file also goes to the
-replayable set (`ckpt_model.results.regression.directory()`, or `--keep-artifacts DIR`), under the same name.
+failure and keeps there, for each failure, its regression file and timeline, then the printed report (`REPORT`)
+and the `--json` result (`RESULT`); `runs/latest` links to the newest. The regression file also goes to the
+replayable set (`ckpt_model.results.regression.directory()`, or `--keep-artifacts DIR`) under the same name.
 
 A failure's file name is its property, deployment and a digest of the steps that first showed it
-(`regression.file_name`), so distinct failures never share a name; Hypothesis's shrinks of it and the minimiser's
-rewrites keep the name the run gave it first (`Harness.failure_files`). A copy is never replaced by a worse one:
-a minimised file stays until a minimal sequence as short replaces it (`regression.replaces`). Every write goes to a
-file beside, then is renamed over; the `latest` link too.
+(`regression.file_name`), so distinct failures never share a name; in a run, Hypothesis's shrinks of a failure and
+the minimiser's rewrite keep the name the run gave it first (`name_for`). No copy is replaced by a worse one: a
+minimised file stays until a minimal sequence as short replaces it (`regression.replaces`). Every write goes to a
+file beside, then is renamed over it; the `latest` link too.
 
 Only a harness a command runs for a user has a store (`begin`): `check`, `replay`, `minimise`, the pytest
 plugin's `ckpt_check`. A fault search's, a test's, and the minimiser's candidates' failures keep nothing here.
@@ -125,10 +125,13 @@ def kept_of(error: BaseException) -> Kept | None:
 
 
 def name_for(harness: Harness, error: BaseException, origin: regression.Origin, rule_calls: Sequence[Any]) -> str:
-    """The file name of this failure in this run: the first name the run gave a failure of this property and
-    deployment (Hypothesis's shrinks of it keep it), else a new one from its steps (`regression.file_name`)."""
+    """The file name of this failure: in a run a command began (`begin`: one search, where Hypothesis counts the
+    failures of one property as one bug), the first name the run gave a failure of this property and deployment,
+    so Hypothesis's shrinks of it rewrite one file; else (a harness that outlives many searches: a fuzz worker's, a
+    test session's) a name of its own steps (`regression.file_name`)."""
     stem = regression.stem(harness.spec, error, origin)
-    return harness.failure_files.setdefault(stem, regression.file_name(stem, rule_calls))
+    name = regression.file_name(stem, rule_calls)
+    return harness.failure_files.setdefault(stem, name) if harness.run_store is not None else name
 
 
 def keep(harness: Harness, error: BaseException, document: dict[str, Any], name: str) -> Kept:

@@ -124,6 +124,10 @@ def test_a_run_s_later_failures_of_the_same_property_keep_its_first_name(tmp_pat
     assert runstore.name_for(harness, p9(), regression.DEFAULT_ORIGIN, MINIMAL) == first
     runstore.begin(harness, tmp_path / "runs")
     assert runstore.name_for(harness, p9(), regression.DEFAULT_ORIGIN, MINIMAL) != first
+    # A harness no command began outlives many searches (a fuzz worker's, a test session's): each steps' own name.
+    private = fake_harness(tmp_path, SPEC)
+    assert runstore.name_for(private, p9(), regression.DEFAULT_ORIGIN, FOUND) == first
+    assert runstore.name_for(private, p9(), regression.DEFAULT_ORIGIN, MINIMAL) != first
 
 
 def test_a_later_run_never_replaces_a_minimised_file_with_the_steps_it_found(tmp_path: Path, users_set: Path) -> None:
