@@ -91,10 +91,13 @@ def test_ckpt_check_fails_the_test_with_the_check_s_report_and_keeps_its_artifac
         "  expected: ",
         f"  observed: {kept / 'checkpoints'}",
         "Minimal failing sequence (ckpt_model.search.minimise:",
-        f"ckpt-model replay {kept / 'P9-native-resume_deletes_records.json'}",
+        f"ckpt-model replay {kept / 'P9-native-resume_deletes_records-'}",
         "FAILED: property violation (P9 in 1 of 1 replays)",
     ]:
         assert line in report
+    # The check's run is kept in the run store too, with the report it failed the test with.
+    (run_dir,) = [path for path in (tmp_path / ".ckpt-model" / "runs").iterdir() if path.name != "latest"]
+    assert "FAILED: property violation (P9 in 1 of 1 replays)" in (run_dir / "report.txt").read_text()
     assert "Traceback" not in report  # the report alone, as the command prints it
     assert json.loads((kept / "history.jsonl").read_text().splitlines()[0])["index"] == 0
     assert (kept / "logs" / "environment.log").exists()
