@@ -104,13 +104,15 @@ def run_dir_of(harness: Harness, stem: str) -> Path | None:
 class Kept:
     """Where one failure's regression file is: `shown`, the copy the report names (the replayable set's, or the run
     store's when the harness's own set is private); `written`, the copies the last write reached; `held`, the
-    copies that already held better steps and were left as they were (`regression.replaces`)."""
+    copies that already held better steps and were left as they were (`regression.replaces`); `failed`, each copy
+    that could not be written, with why."""
 
     name: str
     shown: Path
     written: tuple[Path, ...] = ()
     held: tuple[Path, ...] = ()
     run_dir: Path | None = None
+    failed: tuple[str, ...] = ()
 
     @property
     def timeline(self) -> Path:
@@ -136,16 +138,30 @@ def name_for(harness: Harness, error: BaseException, origin: regression.Origin, 
 
 def keep(harness: Harness, error: BaseException, document: dict[str, Any], name: str) -> Kept:
     """Write the failure's regression file `document` as `name` to the replayable set and to this run's directory,
-    each unless it already holds better steps; recorded on `error` (`kept_of`)."""
+    each unless it already holds better steps; recorded on `error` (`kept_of`). A copy that cannot be written (nor
+    its run directory made) is said in `failed`, never in the way of the other; OSError only if none was kept."""
     stem = regression.stem(harness.spec, error, regression.Origin.from_document(document))
-    run_dir = run_dir_of(harness, stem)
+    failed: list[str] = []
+    try:
+        run_dir = run_dir_of(harness, stem)
+    except OSError as make_error:
+        run_dir = None
+        failed.append(f"no run directory in {harness.run_store}: {make_error}")
     replayable = (harness.regressions_dir or regression.directory()).absolute() / name
-    copies = [replayable] + ([run_dir / name] if run_dir is not None else [])
-    written = tuple(path for path in copies if regression.write_unless_better(path, document))
-    held = tuple(path for path in copies if path not in written)
+    written: list[Path] = []
+    held: list[Path] = []
+    for path in [replayable] + ([run_dir / name] if run_dir is not None else []):
+        try:
+            (written if regression.write_unless_better(path, document) else held).append(path)
+        except OSError as write_error:
+            failed.append(f"{path}: {write_error}")
+    if not written and not held:
+        raise OSError("; ".join(failed))
     user_set = harness.regressions_dir is None or harness.regressions_dir == harness.artifacts
     shown = replayable if user_set or run_dir is None else run_dir / name
-    kept = Kept(name=name, shown=shown, written=written, held=held, run_dir=run_dir)
+    if shown not in written + held:
+        shown = (written + held)[0]
+    kept = Kept(name, shown, tuple(written), tuple(held), run_dir, tuple(failed))
     setattr(error, KEPT, kept)
     return kept
 
@@ -203,11 +219,11 @@ def kept_note(kept: Kept) -> str | None:
 
 
 def held_note(kept: Kept) -> str | None:
-    """The report's note when a copy already held this failure with better steps and was left as it was."""
-    if not kept.held:
-        return None
-    where = ", ".join(str(path) for path in kept.held)
-    return f"Kept as it was (it already holds this failure's minimised steps): {where}"
+    """The report's note when a copy already held this failure with better steps and was left as it was, or could
+    not be written."""
+    lines = [f"Kept as it was (it already holds this failure's minimised steps): {path}" for path in kept.held]
+    lines += [f"Not written: {why}" for why in kept.failed]
+    return "\n".join(lines) or None
 
 
 def interrupted_lines(harness: Harness | None) -> list[str]:

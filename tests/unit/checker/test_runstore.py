@@ -182,3 +182,26 @@ def test_the_report_is_kept_whole_in_the_run_directory_only_once_there_is_one(tm
     assert path is not None
     assert path.read_text() == "=== report ===\n"
     assert [p.name for p in path.parent.iterdir()] == [runstore.REPORT]  # nothing partial left
+
+
+def test_a_copy_that_cannot_be_written_never_keeps_the_other_from_being_kept(tmp_path: Path) -> None:
+    harness = user_harness(tmp_path)
+    (tmp_path / "regressions").write_text("a file where the user's set would be")
+    error = p9()
+
+    kept = runstore.keep(harness, error, regression.document(SPEC, FOUND, error), "P9.json")
+
+    assert harness.run_dir is not None
+    assert kept.written == (harness.run_dir / "P9.json",)
+    assert kept.shown == harness.run_dir / "P9.json"  # the report names the copy that exists
+    note = runstore.held_note(kept)
+    assert note is not None
+    assert note.startswith(f"Not written: {tmp_path / 'regressions' / 'P9.json'}: ")
+
+
+def test_nothing_kept_anywhere_is_an_error_the_report_says(tmp_path: Path) -> None:
+    harness = fake_harness(tmp_path, SPEC)
+    harness.regressions_dir.write_text("a file where the set would be")
+
+    with pytest.raises(OSError, match=r"P9\.json"):
+        runstore.keep(harness, p9(), regression.document(SPEC, FOUND, p9()), "P9.json")
