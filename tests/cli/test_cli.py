@@ -271,6 +271,8 @@ def test_check_finds_a_planted_fault_and_names_its_property(tmp_path: Path) -> N
     assert regression.load(run_dir / replayable.name) == document
     assert "FAILED: property violation (P9 in 10 of 10 replays)" in (run_dir / "report.txt").read_text()
     assert json.loads((run_dir / "result.json").read_text()) == written
+    assert f"kept in {run_dir} ({tmp_path / 'runs' / 'latest'} links to it):" in result.stdout  # its last lines
+    assert f"  {replayable.name}: {len(document['steps'])} steps, minimised" in result.stdout
     assert (written["verdict"], written["exit_code"], written["properties_violated"]) == ("violation", 1, ["P9"])
     assert written["seed"] == 2
     assert [step for step, _ in document["steps"]] == [
