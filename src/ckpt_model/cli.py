@@ -61,6 +61,7 @@ from ckpt_model.errors import UsageError
 from ckpt_model.interrupts import signal_number, sigterm_unwinds
 from ckpt_model.model.spec import OPTIONS, flag_keywords
 from ckpt_model.model.topologies import EPISODE_OWNERS, TOPOLOGIES, VERIFY_MODES
+from ckpt_model.results import progress
 from ckpt_model.results.regression import TRAINER_CONTROLLER
 from ckpt_model.results.reproduction import REPLAYS
 from ckpt_model.results.verdicts import Exit
@@ -155,10 +156,19 @@ def build_parser() -> Parser:
         "--max-time",
         type=duration,
         metavar="DURATION",
-        help="stop the search cleanly at the first example boundary after DURATION (90, 90s, 2m, 1h) and report "
-        "what it covered; without --examples the search runs examples until then, in rounds: the first takes half "
-        "the time, each later one is aimed at the coverage goals and rules the ones before it left unreached "
-        "(docs/how-it-works.md#aiming)",
+        help="stop the search cleanly at the first example boundary after DURATION (90, 90s, 2m, 1h), minimise what "
+        "it found and report what it covered; without --examples the search runs examples until then, in rounds "
+        "(the trainer's): the first takes half the time, each later one is aimed at the coverage goals and rules "
+        "the ones before it left unreached (docs/how-it-works.md#aiming)",
+    )
+    check.add_argument(
+        "--progress-every",
+        type=duration,
+        default=progress.EVERY_S,
+        metavar="DURATION",
+        help=f"without a terminal (piped output, a CI log), print a progress line this often (default "
+        f"{progress.EVERY_S:g}s): examples, steps, failures, goals reached; on a terminal the line is redrawn in "
+        "place instead",
     )
     check.add_argument(
         "--seed", type=seed_int, help="draw the examples from this seed, with no example database (reproducible)"
