@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING, NoReturn
 from ckpt_model.commands.check import package_version, run_check
 from ckpt_model.commands.modes import run_audit, run_faults, run_scale, run_stack
 from ckpt_model.commands.replay import run_minimise, run_replay
+from ckpt_model.durations import duration
 from ckpt_model.errors import UsageError
 from ckpt_model.interrupts import signal_number, sigterm_unwinds
 from ckpt_model.model.spec import OPTIONS, flag_keywords
@@ -98,19 +99,6 @@ def int_at_least(minimum: int, what: str) -> typing.Callable[[str], int]:
         return value
 
     return parse
-
-
-def duration(text: str) -> float:
-    """An argparse type: a duration in seconds, or with a unit (90, 90s, 2m, 1h), more than zero."""
-    units = {"s": 1.0, "m": 60.0, "h": 3600.0}
-    number, unit = (text[:-1], units[text[-1]]) if text and text[-1] in units else (text, 1.0)
-    try:
-        seconds = float(number) * unit
-    except ValueError:
-        seconds = 0.0
-    if not seconds > 0 or seconds == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a duration such as 90, 90s, 2m or 1h (got {text!r})")
-    return seconds
 
 
 positive_int = int_at_least(1, "positive")

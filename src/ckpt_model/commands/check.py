@@ -21,6 +21,7 @@ from ckpt_model.model.spec import DeploymentSpec
 from ckpt_model.results.stats import RoundStat
 from ckpt_model.results.verdicts import Exit, kind_of, leaves, report_failure
 from ckpt_model.search import checking, profiles
+from ckpt_model.search.checking import UNTIL_THE_TIME_LIMIT
 from ckpt_model.search.controllers import TRAINER, ControllerMachine
 
 if TYPE_CHECKING:  # the stateful module is imported only when a check runs
@@ -29,8 +30,6 @@ if TYPE_CHECKING:  # the stateful module is imported only when a check runs
 
 
 SEED_BITS = 32
-# The examples a search with --max-time and no --examples may run: more than any time limit lets it.
-UNTIL_THE_TIME_LIMIT = 10**9
 
 
 def run_settings(args: argparse.Namespace) -> settings:

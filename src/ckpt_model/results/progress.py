@@ -100,13 +100,15 @@ class Heartbeat:
         self.stop()
 
     def tick(self) -> bool:
-        """Say the line if it is due; whether it was said. The next is due `every_s` after this one was, or
-        now, if the thread woke that late."""
+        """Say the line if it is due; whether it was said. The next is due `every_s` after this one was due, or
+        `every_s` from now if the thread woke later than that (one line, not a burst of them)."""
         now = self.clock()
         if now < self.next_s or self._stop.is_set():
             return False
         self.say(self.describe())
-        self.next_s = max(self.next_s + self.every_s, now)
+        self.next_s += self.every_s
+        if self.next_s <= now:
+            self.next_s = now + self.every_s
         return True
 
     def stop(self) -> None:

@@ -29,6 +29,9 @@ if TYPE_CHECKING:
     from ckpt_model.deployments.harness import Harness
     from ckpt_model.results.progress import Progress
 
+# The examples a search with a time limit and no count of examples may run: more than any time limit lets it.
+UNTIL_THE_TIME_LIMIT = 10**9
+
 
 def without_shrink(chosen: settings) -> settings:
     """The settings with no shrink phase: the search stops at the first failure, which the minimiser cuts down."""
