@@ -170,7 +170,7 @@ def test_check_passes_on_the_fault_free_stack_after_its_banner(tmp_path: Path) -
         "faults:      none",
         "profile:     default (random, example database .hypothesis/examples)",
         "seed:",
-        "examples:    2, each of up to 6 steps",
+        "examples:    2 valid, each of up to 6 steps drawn",
         "swarm:       no",
         "draw:        a family by weight, then one of its rules: rollouts 20, calls 15,",
         f"artifacts:   kept in {tmp_path / 'kept'} (--keep-artifacts)",
@@ -205,11 +205,17 @@ def test_check_stops_at_its_time_limit_between_examples_and_reports_what_it_cove
     """With --max-time and no --examples the search runs examples until the limit (counted from the command's
     start), then ends as a passing run: no example cut short, the coverage and the statistics of those that ran."""
     result = ckpt_model(
-        tmp_path, "check", "--seed", "3", "--steps", "4", "--max-time", "1s", "--weights", "pauses=0", developer=True
+        tmp_path,
+        "check",
+        *("--seed", "3", "--steps", "4", "--max-time", "1s", "--weights", "pauses=0", "--progress-every", "0.2s"),
+        developer=True,
     )
 
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "until the time limit, each of up to 4 steps; the search stops at the first example" in result.stdout
+    assert "until the time limit, each of up to 4 steps drawn; the search stops at the first example" in result.stdout
+    # Piped: a plain line at each --progress-every, never a carriage return.
+    assert re.search(r"\nprogress: \w.* · example \d+ \(until the time limit\) · \d+ steps · ", result.stdout)
+    assert "\r" not in result.stdout
     assert "pauses 0" in result.stdout
     assert "(--weights)" in result.stdout
     (statistics,) = [line for line in result.stdout.splitlines() if line.startswith("statistics: ")]
@@ -355,7 +361,7 @@ def test_ctrl_c_during_check_stops_everything_and_exits_130(tmp_path: Path) -> N
     ) as check:
         try:
             assert check.stdout is not None
-            banner_end = "examples:    1000, each of up to 20 steps"
+            banner_end = "examples:    1000 valid, each of up to 20 steps drawn"
             while banner_end not in check.stdout.readline():
                 assert check.poll() is None, "ckpt-model check ended before its banner"
             # Into the run: its servers are up (their logs exist), an example under way.

@@ -21,6 +21,7 @@ from ckpt_model.model.spec import DeploymentSpec
 from ckpt_model.results.stats import RoundStat
 from ckpt_model.results.verdicts import Exit, kind_of, leaves, report_failure
 from ckpt_model.search import checking, profiles
+from ckpt_model.search.checking import UNTIL_THE_TIME_LIMIT
 from ckpt_model.search.controllers import TRAINER, ControllerMachine
 
 if TYPE_CHECKING:  # the stateful module is imported only when a check runs
@@ -29,8 +30,6 @@ if TYPE_CHECKING:  # the stateful module is imported only when a check runs
 
 
 SEED_BITS = 32
-# The examples a search with --max-time and no --examples may run: more than any time limit lets it.
-UNTIL_THE_TIME_LIMIT = 10**9
 
 
 def run_settings(args: argparse.Namespace) -> settings:
@@ -131,15 +130,17 @@ def banner(
 
 
 def examples_line(args: argparse.Namespace, chosen: settings) -> str:
-    """The banner's words for how many examples, how long each, and the time limit."""
-    steps = f"each of up to {chosen.stateful_step_count} steps"
+    """The banner's words for how many examples, how long each, and the time limit: what is asked of Hypothesis,
+    which counts valid examples only (it also runs, and the statistics count, those it discards as invalid) and
+    steps as the rules it draws (a report's model steps add the rules a drawn one plays and the teardown's)."""
+    steps = f"each of up to {chosen.stateful_step_count} steps drawn"
     max_time = getattr(args, "max_time", None)
     if max_time is None:
-        return f"{chosen.max_examples}, {steps}"
-    limit = f"the search stops at the first example boundary after {max_time:g} s (--max-time)"
+        return f"{chosen.max_examples} valid, {steps}"
+    limit = f"the search stops at the first example boundary after {max_time:g} s (--max-time), then minimises"
     if chosen.max_examples == UNTIL_THE_TIME_LIMIT:
         return f"until the time limit, {steps}; {limit}"
-    return f"{chosen.max_examples} at most, {steps}; {limit}"
+    return f"{chosen.max_examples} valid at most, {steps}; {limit}"
 
 
 def draw_line(args: argparse.Namespace) -> str:
@@ -186,10 +187,15 @@ def run_check(args: argparse.Namespace) -> int:
 
     stats = SearchStats()
     run = RunRecord(args, spec, chosen, seed, stats, controller)
-    with Progress(stats, chosen.max_examples) as progress:
+    goals_total = len(goals_applying(controller, spec))
+    every_s = getattr(args, "progress_every", None)
+    asked = None if chosen.max_examples == UNTIL_THE_TIME_LIMIT else chosen.max_examples
+    with Progress(stats, asked, every_s=every_s, goals_total=goals_total) as progress:
         try:
+            progress.now_doing("starting the deployment")
             harness = Harness(gym, spec=spec, artifacts=kept) if gym else Harness.embedded(spec, artifacts=kept)
             run.harness = harness
+            progress.now_doing("searching")
             for line in time_lines(harness, controller.machine_type, real_gym=gym is not None):
                 print(line, flush=True)
             try:
@@ -207,7 +213,7 @@ def run_check(args: argparse.Namespace) -> int:
                     weights=getattr(args, "family_weights", None),
                     seed=seed,
                     max_time_s=args.max_time,
-                    rounds=args.examples is None,
+                    rounds=args.examples is None and controller.aims,
                     minimise=args.minimise,
                     replays=args.replays,
                     progress=progress,
@@ -238,6 +244,13 @@ def run_check(args: argparse.Namespace) -> int:
     return Exit.PASSED
 
 
+def goals_applying(controller: ControllerMachine, spec: DeploymentSpec) -> list[str]:
+    """The coverage goals of `controller`'s machine that apply to `spec`: what the progress line counts toward."""
+    from ckpt_model.steps.steplog import coverage
+
+    return [goal.name for goal in coverage(controller.machine_type).goals if goal.applies(spec)]
+
+
 def time_lines(harness: Harness, machine_type: type, *, real_gym: bool) -> list[str]:
     """The banner's lines on time, for a machine whose rules wait for deadlines, leases or skewed clocks: whether
     the clocks are the checker's (`time_line`), and why a skewed clock is never drawn where none can be."""
@@ -256,16 +269,25 @@ def passed_lines(harness: Harness, controller: ControllerMachine, stats: Any, sp
     statistics."""
     from ckpt_model.search.checking import statistics_line
     from ckpt_model.steps import draw, goals
-    from ckpt_model.steps.checkable import Capabilities, summary, undrawable_rules
+    from ckpt_model.steps.checkable import Capabilities, summary
     from ckpt_model.steps.steplog import coverage, declarations
 
     machine = controller.machine_type
     capabilities = Capabilities.of(harness)
     rules = declarations(machine)
-    undrawable = [rule.name for rule in undrawable_rules(capabilities, rules)]
+    undrawable = undrawable_here(harness, controller)
     table = goals.table(stats, spec, coverage(machine), undrawable, draw.family_by_rule(machine))
     shown = summary(capabilities, rules, lambda rule: rules[rule].applies(spec), controller.judging)
     return [table, *shown, statistics_line(stats)]
+
+
+def undrawable_here(harness: Harness, controller: ControllerMachine) -> list[str]:
+    """The rules of `controller`'s machine this deployment lacks what they need for (`checkable.undrawable_rules`)."""
+    from ckpt_model.steps.checkable import Capabilities, undrawable_rules
+    from ckpt_model.steps.steplog import declarations
+
+    rules = declarations(controller.machine_type)
+    return [rule.name for rule in undrawable_rules(Capabilities.of(harness), rules)]
 
 
 def verdict_scope(harness: Harness, controller: ControllerMachine) -> str:
@@ -312,6 +334,16 @@ class RunRecord:
 
         return goals.unmet(self.stats, self.spec, coverage(self.controller.machine_type))
 
+    def coverage(self) -> dict[str, Any] | None:
+        """The coverage table as data (`goals.document`), once a deployment started."""
+        if self.harness is None:
+            return None
+        from ckpt_model.steps import goals
+        from ckpt_model.steps.steplog import coverage
+
+        machine = self.controller.machine_type
+        return goals.document(self.stats, self.spec, coverage(machine), undrawable_here(self.harness, self.controller))
+
     def finish(self, code: int, failures: Sequence[BaseException]) -> None:
         """Write the files asked for; a file that cannot be written is said, and never changes the verdict."""
         if self.args.json is None and self.args.junit is None:
@@ -347,6 +379,7 @@ class RunRecord:
             version=package_version(),
             controller=self.controller.origin.controller,
             properties=self.controller.judging.titles,
+            coverage=self.coverage(),
         )
         for path, text in ((self.args.json, result.json_text), (self.args.junit, result.junit_text)):
             if path is not None:
@@ -362,7 +395,10 @@ def asked_note(ran: int, asked: int, stopped_by_time: bool = False) -> str:
             else f" ({asked} asked; its time ran out first: --max-time)"
         )
     if ran > asked:
-        return f" ({asked} asked; Hypothesis also runs examples it then discards as incomplete)"
+        return (
+            f" ({asked} asked: Hypothesis counts valid examples only, and ran {ran - asked} more it discarded as "
+            "invalid, such as its first, of only the simplest draws)"
+        )
     if ran < asked:
         return f" ({asked} asked; Hypothesis stops early when it has tried every distinct example)"
     return ""

@@ -271,6 +271,47 @@ def table(
     return "\n".join(lines)
 
 
+# A coverage row's status: reached, applicable and never reached, or not applicable to the deployment.
+REACHED, NEVER, NOT_APPLICABLE = "reached", "NEVER", "n/a"
+
+
+def document(
+    stats: SearchStats, spec: DeploymentSpec, coverage: Coverage, undrawable: Collection[str] = ()
+) -> dict[str, Any]:
+    """The coverage table as data (`check --json`'s `coverage`): each goal with its steps, examples and status, each
+    rule with the examples that enabled it, its draws, the examples that drew it, its milliseconds per draw and
+    status (NEVER: applicable and never reached; n/a with why: the spec, or `undrawable` here), and `never`, every
+    NEVER by name."""
+    goal_rows: list[dict[str, Any]] = []
+    for goal in coverage.goals:
+        row: dict[str, Any] = {"name": goal.name, "says": goal.says}
+        if goal.applies(spec):
+            row |= {"steps": stats.goals[goal.name], "examples": stats.goal_examples[goal.name]}
+            row["status"] = REACHED if stats.goals[goal.name] else NEVER
+        else:
+            row |= {"status": NOT_APPLICABLE, "why": "not on this deployment"}
+        goal_rows.append(row)
+    rule_rows: list[dict[str, Any]] = []
+    for rule, applies in coverage.rules.items():
+        if not applies(spec) or rule in undrawable:
+            why = "not on this deployment" if not applies(spec) else "not drawable here: lacks what it needs"
+            rule_rows.append({"name": rule, "status": NOT_APPLICABLE, "why": why})
+            continue
+        drawn = stats.drawn[rule]
+        rule_rows.append(
+            {
+                "name": rule,
+                "enabled": stats.enabled[rule],
+                "drawn": drawn,
+                "examples": stats.drawn_examples[rule],
+                "ms_per_draw": round(1000 * stats.rule_seconds[rule] / drawn, 1) if drawn else None,
+                "status": REACHED if stats.enabled[rule] and drawn else NEVER,
+            }
+        )
+    never = [row["name"] for row in (*goal_rows, *rule_rows) if row["status"] == NEVER]
+    return {"examples": stats.examples, "goals": goal_rows, "rules": rule_rows, "never": never}
+
+
 def family_lines(stats: SearchStats, family_of: Mapping[str, str]) -> list[str]:
     """The drawn steps split by family (in `family_of`'s order of first appearance): each family's steps, share
     of all drawn steps and milliseconds per step."""

@@ -115,11 +115,14 @@ class StepLog:
         self.broken = False
 
     def finished(self, crashes: int, crashes_inside: int) -> None:
-        """The example ended: its rules (drain steps not counted), crashes and time go to the statistics."""
+        """The example ended: its model steps (every label but the teardown's marker: the rules drawn, those they
+        played and the drain's), the rules drawn, crashes and time go to the statistics."""
         if self.stats is not None:
-            rules = sum(1 for label in self.labels if not label.startswith("-- "))
+            steps = sum(1 for label in self.labels if not label.startswith("-- "))
             elapsed_s = time.monotonic() - self.started_s
-            self.stats.example_finished(rules, crashes, elapsed_s, crashes_inside=crashes_inside)
+            self.stats.example_finished(
+                steps, crashes, elapsed_s, crashes_inside=crashes_inside, drawn=len(self.rule_calls)
+            )
             self.stats.example_covered(self.goals, self.enabled, self.drawn, self.seconds)
 
     def allows(self, machine: Any, name: str) -> bool:

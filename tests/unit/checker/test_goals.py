@@ -380,3 +380,48 @@ def test_the_table_splits_the_drawn_steps_by_family() -> None:
     assert rows == {"rollouts": ["4", "50%", "0"], "crashes": ["4", "50%", "50"], "checkpoints": ["0", "0%", "-"]}
     assert lines[0].split() == ["family", "steps", "share", "ms/step"]
     assert "\n".join(lines) in goals.table(stats, NATIVE, COVERAGE, family_of=family_of)
+
+
+def test_the_table_as_data_gives_each_goal_and_rule_its_counts_and_status() -> None:
+    """`check --json`'s `coverage`: what the table prints, with NEVER, n/a and why, and every NEVER by name."""
+    stats = covered_everywhere(["dispatch"])  # `commit` never drawn
+    stats.goals["held_reply_across_commit"] = 0
+    stats.rule_seconds["dispatch"] = 0.25
+
+    document = goals.document(stats, NATIVE, COVERAGE)
+
+    rows = {row["name"]: row for row in [*document["goals"], *document["rules"]]}
+    assert document["examples"] == 3
+    assert rows["held_reply_across_commit"] == {
+        "name": "held_reply_across_commit",
+        "says": "a reply held across a commit",
+        "steps": 0,
+        "examples": 1,
+        "status": "NEVER",
+    }
+    assert rows["same_checkpoint_restored_twice"]["status"] == "reached"
+    assert rows["cut_continued_again"] == {
+        "name": "cut_continued_again",
+        "says": "a cut continued after a second crash",
+        "status": "n/a",
+        "why": "not on this deployment",
+    }
+    assert rows["dispatch"] == {
+        "name": "dispatch",
+        "enabled": 1,
+        "drawn": 1,
+        "examples": 1,
+        "ms_per_draw": 250.0,
+        "status": "reached",
+    }
+    assert (rows["commit"]["status"], rows["commit"]["ms_per_draw"]) == ("NEVER", None)
+    assert rows["dispatch_restart"]["status"] == "n/a"
+    assert document["never"] == ["held_reply_across_commit", "commit"]
+
+
+def test_a_rule_the_deployment_cannot_draw_is_n_a_in_the_data_too() -> None:
+    document = goals.document(covered_everywhere(["dispatch"]), NATIVE, COVERAGE, undrawable=["commit"])
+
+    (commit,) = [row for row in document["rules"] if row["name"] == "commit"]
+    assert commit == {"name": "commit", "status": "n/a", "why": "not drawable here: lacks what it needs"}
+    assert "commit" not in document["never"]
