@@ -56,6 +56,7 @@ from ckpt_model.properties.continuation import p2_silent_while_checkpointed, p3_
 from ckpt_model.properties.scope import p1_finished_or_exported
 from ckpt_model.protocol.client import ControlClient
 from ckpt_model.protocol.gym_tasks import WEATHER_SCRIPT, native_run_body
+from ckpt_model.protocol.http import checked_json, control_call
 from ckpt_model.protocol.wire import EpisodeId
 from ckpt_model.results.progress import EVERY_S, PLAIN_PREFIX, Heartbeat
 
@@ -376,9 +377,8 @@ class CallLog:
 
     def refresh(self) -> list[dict[str, Any]]:
         """Fetch the calls not yet seen; returns them."""
-        response = self._http.get(self._url, params={"since": len(self.calls)})
-        response.raise_for_status()
-        new = response.json()
+        with control_call("reading the backend's new calls"):
+            new = checked_json(self._http.get(self._url, params={"since": len(self.calls)}))
         # A backend without `since` answers every call: keep only the unseen tail.
         if new and new[0]["index"] < len(self.calls):
             new = new[len(self.calls) :]
@@ -696,8 +696,8 @@ class _ScaleRun:
 
     def _ungate(self) -> None:
         """The backend's `/_ctl/release` (Gym's own route): every call returns at once until the next gate."""
-        response = self.harness.http.post(self.gate.url + "/_ctl/release", json={})
-        response.raise_for_status()
+        with control_call("letting every call through the backend's gate"):
+            self.harness.http.post(self.gate.url + "/_ctl/release", json={}).raise_for_status()
 
     def _backend_waiting(self) -> int:
         """How many calls wait at the backend: a step that releases nothing answers the count."""

@@ -28,7 +28,7 @@ from hypothesis.strategies import SearchStrategy
 from ckpt_model import timing
 from ckpt_model.deployments.harness import Harness
 from ckpt_model.deployments.observe import observe
-from ckpt_model.errors import CoordinationError, HarnessError, PropertyViolation
+from ckpt_model.errors import ControlCallFailed, CoordinationError, HarnessError, PropertyViolation
 from ckpt_model.model.spec import DeploymentSpec
 from ckpt_model.protocol.history import History
 from ckpt_model.results.regression import DEFAULT_ORIGIN, Origin
@@ -98,6 +98,12 @@ class StepLog:
         )
         if annotated and self.stats is not None:
             self.stats.failed(error)
+
+    def rule_named(self, rule: str, arguments: Mapping[str, Any]) -> str:
+        """A rule call as a failure names it: `skewed_clock(victim=1, behind=False), step 17` (the drawn step it
+        runs in, or the teardown's drain)."""
+        called = f"{rule}({', '.join(f'{key}={value!r}' for key, value in arguments.items())})"
+        return f"{called}, in the teardown's drain" if self.draining else f"{called}, step {len(self.rule_calls)}"
 
     def drain(self, drain: Callable[[], None]) -> None:
         """Run the teardown's drain, unless a rule broke the machine (its state is unknown), reporting what the
@@ -272,6 +278,8 @@ def step(method: F) -> F:
         try:
             result = method(self, *args, **kwargs)
         except REPORTED as error:
+            if isinstance(error, ControlCallFailed):
+                error.during(log.rule_named(name, kwargs))
             log.report(error)
             raise
         finally:

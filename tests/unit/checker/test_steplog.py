@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from ckpt_model.errors import ControlCallFailed
 from ckpt_model.model.contract import Model
 from ckpt_model.properties.fencing import P10Violation
 from ckpt_model.properties.state import P8Violation
@@ -65,3 +66,25 @@ def test_a_rule_that_finished_is_drained_at_teardown() -> None:
     with pytest.raises(P10Violation):
         machine.teardown()
     assert machine.drained == ["drain"]
+
+
+class Skewing(Machine):
+    """A drawn rule that plays another inside it, whose control call fails."""
+
+    @step
+    def move_clock(self, victim: int) -> None:
+        raise ControlCallFailed(doing="moving agent's clock", call="POST http://x/_ctl/clock", status=409)
+
+    @step
+    def skewed_clock(self, victim: int, behind: bool) -> None:
+        self.move_clock(victim=victim)
+
+
+def test_a_failed_control_call_names_the_rule_that_made_it_and_its_step() -> None:
+    machine = Skewing()
+    machine.plain()
+    with pytest.raises(ControlCallFailed) as failed:
+        machine.skewed_clock(victim=1, behind=False)
+
+    assert failed.value.rule == "move_clock(victim=1), step 2"
+    assert "  rule:  move_clock(victim=1), step 2" in str(failed.value)
