@@ -257,6 +257,7 @@ def quiet_line(error: BaseException, deployment: str, regression_file: str | Non
     else:
         what = str(error).partition("\n")[0] or type(error).__name__
         verdict = f"COULD NOT JUDGE {type(error).__name__}"
-    figures = ", ".join(part for part in (headline(error), f"{steps} steps" if steps else "") if part)
+    counted = f"{steps} step{'' if steps == 1 else 's'}" if steps else ""
+    figures = ", ".join(part for part in (headline(error), counted) if part)
     replay = f" replay: ckpt-model replay {regression_file}" if regression_file else ""
     return f"{verdict} {deployment}: {what} ({figures}){replay}"

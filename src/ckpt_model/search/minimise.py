@@ -673,11 +673,13 @@ def add_minimal_notes(
     """Put on `error`'s report the minimal sequence as Hypothesis prints an example (so `verdicts.shrunk_steps` reads
     it), the minimal run's steps with the model's names, and the regression file, rewritten with the minimal
     sequence, with the timeline of the minimal run beside it; keep the minimal run's own exception beside it (what
-    it expected and saw, its history and logs: `notes.keep_minimal_run`)."""
+    it expected and saw, its history and logs: `notes.keep_minimal_run`). Not where `--keep-artifacts` keeps the
+    run found (its checkpoints and history): there the report's paths must stay those of what is kept."""
     from ckpt_model.results import regression
     from ckpt_model.results.report import draw_timeline, temporary_note
 
-    keep_minimal_run(error, final_error)
+    if harness.artifacts is None:
+        keep_minimal_run(error, final_error)
     code = [f"Minimal failing sequence (ckpt_model.search.minimise: {result.summary()}):", as_state(controller)]
     add(error, Kind.MINIMAL, "\n".join([*code, *result.code, "state.teardown()"]))
     for steps in of_kind(final_error, Kind.STEPS):
