@@ -2,7 +2,8 @@
 
     ckpt-model check [--topology T] [--verify-mode M] [--faults a,b] [--token-capture] [--generation-cuts]
                      [--policy-workers N] [--profile P] [--examples N] [--steps N] [--seed N] [--no-minimise]
-                     [--replays N] [--swarm] [--keep-artifacts DIR]
+                     [--replays N] [--swarm] [--keep-artifacts DIR] [--json FILE] [--junit FILE]
+                     [--verbose | --quiet]
                                       run the state machine against the embedded look-alike stack, in the
                                       deployment `DeploymentSpec.for_faults` picks; each failure is then
                                       replayed N times (10) for its reproduction rate ("P5 in 3 of 10
@@ -210,6 +211,19 @@ def build_parser() -> Parser:
         "minimise", help="make a regression file's steps 1-minimal and rewrite it (only with steps that fail)"
     )
     minimise.add_argument("file", type=Path, help="a regression file (.ckpt-model/regressions/*.json)")
+    quietness = check.add_mutually_exclusive_group()
+    quietness.add_argument(
+        "--quiet",
+        action="store_true",
+        help="print only one line per verdict (FAILED P9 DEPLOYMENT: what broke, its rate and steps, the replay "
+        "command; PASSED ...): no banner, no progress, no coverage table",
+    )
+    quietness.add_argument(
+        "--verbose",
+        action="store_true",
+        help="the failure report also shows the example the search found before minimising and Hypothesis's "
+        "@reproduce_failure line (by default: the minimal failure, then the details)",
+    )
     for command in (check, replay, minimise):
         command.add_argument(
             "--keep-artifacts",

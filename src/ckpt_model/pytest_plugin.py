@@ -12,7 +12,9 @@ Gym), chosen on the command line, as the session fixture `ckpt_harness`, and `ck
 
 `ckpt_check` searches as `ckpt-model check` does (`ckpt_model.search.checking.search` without Hypothesis's shrink): it
 stops at the first failing example, measures its reproduction rate and makes it 1-minimal with the checker's minimiser,
-then fails the test with the failure report (property, rollout, expected, observed, steps, how to replay).
+then fails the test with the failure report (the minimal failure first: property, rollout, expected, observed,
+steps, how to replay; then the details). Under `pytest -v` (or `ckpt_check(verbose=True)`) the report also shows
+the example the search found before minimising and Hypothesis's `@reproduce_failure` line.
 `--ckpt-deployment FILE` checks a real Gym described in FILE (`ckpt-model check --deployment FILE`,
 docs/real-gym.md) instead of the embedded stack; `--ckpt-keep-artifacts DIR` keeps the run's artefacts in DIR, a new
 or empty directory (`ckpt-model check --keep-artifacts DIR`; under xdist, in DIR/<worker id>).
@@ -208,8 +210,9 @@ def ckpt_harness(pytestconfig: pytest.Config) -> Iterator[Harness]:
 @pytest.fixture
 def ckpt_check(ckpt_harness: Harness, pytestconfig: pytest.Config) -> Check:
     """The search `ckpt-model check` runs, on `ckpt_harness`: `ckpt_check(examples=N, steps=N, seed=N, swarm=False,
-    replays=10, profile="default", max_time_s=None)`, returning its statistics (coverage, `stopped_by_time`). A
-    failure fails the test with the report the command prints.
+    replays=10, profile="default", max_time_s=None, verbose=None)`, returning its statistics (coverage,
+    `stopped_by_time`). A failure fails the test with the report the command prints (`verbose`: as `check
+    --verbose`; None: when pytest runs with -v).
     `max_time_s` (default: `--ckpt-max-time`) stops the search at the first example boundary after it, as `check
     --max-time` does: without `examples`, examples run until then, in aimed rounds."""
     from hypothesis import settings
@@ -228,6 +231,7 @@ def ckpt_check(ckpt_harness: Harness, pytestconfig: pytest.Config) -> Check:
         replays: int = REPLAYS,
         profile: str = "default",
         max_time_s: float | None = None,
+        verbose: bool | None = None,
     ) -> SearchStats:
         if max_time_s is None:
             max_time_s = pytestconfig.getoption("ckpt_max_time")
@@ -255,7 +259,8 @@ def ckpt_check(ckpt_harness: Harness, pytestconfig: pytest.Config) -> Check:
                 rounds=examples is None,
             )
         except Exception as error:
-            _, report = failure_report(error, stats.seen)
+            shown = pytestconfig.get_verbosity() > 0 if verbose is None else verbose
+            _, report = failure_report(error, stats.seen, verbose=shown)
             pytest.fail(report, pytrace=False)
         return stats
 

@@ -123,6 +123,9 @@ def test_faults_lists_every_planted_fault(tmp_path: Path) -> None:
         (["check", "--keep-artifacts", "unknown-rule.json/kept"], "cannot be created"),
         (["check", "--weights", "crashes=2,teleports=1"], "--weights: 'teleports=1': expected FAMILY=WEIGHT"),
         (["check", "--max-time", "soon"], "must be a duration such as 90, 90s, 2m or 1h (got 'soon')"),
+        (["check", "--json", "unknown-rule.json/result.json"], "--json unknown-rule.json/result.json: cannot be"),
+        (["check", "--junit", "."], "--junit .: cannot be written"),
+        (["check", "--quiet", "--verbose"], "argument --verbose: not allowed with argument --quiet"),
     ],
     ids=[
         "unknown-subcommand",
@@ -138,6 +141,9 @@ def test_faults_lists_every_planted_fault(tmp_path: Path) -> None:
         "artifacts-not-creatable",
         "unknown-family",
         "bad-duration",
+        "json-unwritable",
+        "junit-unwritable",
+        "quiet-and-verbose",
     ],
 )
 def test_usage_errors_exit_3(tmp_path: Path, arguments: list[str], message: str) -> None:
@@ -274,6 +280,18 @@ def test_check_finds_a_planted_fault_and_names_its_property(tmp_path: Path) -> N
     assert left_behind(tmp_path) == []
 
 
+def test_check_quiet_prints_one_line_for_its_verdict(tmp_path: Path) -> None:
+    result = ckpt_model(tmp_path, "check", *FAULT_SEARCH, "--quiet")
+
+    assert result.returncode == 1, result.stdout + result.stderr
+    [line] = result.stdout.splitlines()
+    assert line.startswith("FAILED P9 native with resume_deletes_records: checkpoints are durable and immutable")
+    assert line.endswith(
+        f"replay: ckpt-model replay {tmp_path / 'regressions' / 'P9-native-resume_deletes_records.json'}"
+    )
+    assert left_behind(tmp_path) == []
+
+
 def assert_kept_artifacts(report: str, kept: Path) -> None:
     """The report's paths point into `kept` and outlive the run: the failing example's checkpoints, the server logs
     (whole, with the requests served), the history as JSON lines, and the regression file the replay line names."""
@@ -309,6 +327,13 @@ def test_replay_of_a_failing_file_exits_1_and_says_whether_as_recorded(
     # Without --keep-artifacts the report says its paths go with the run, and how to keep them.
     assert "are temporary and removed when the run exits; to keep them" in result.stdout
     assert "rerun with `--keep-artifacts DIR`" in result.stdout
+    # The command that replays it is the one just run; the timeline it drew is said to be temporary; what Hypothesis
+    # would replay does not apply to a replay.
+    assert f"Replay it again: ckpt-model replay {path}\n" in result.stdout
+    assert "Replay without Hypothesis" not in result.stdout
+    timeline_line = next(line for line in result.stdout.splitlines() if line.startswith("Timeline of"))
+    assert timeline_line.endswith("(temporary: removed when the command exits; `--keep-artifacts DIR` keeps it)")
+    assert "Under Hypothesis" not in result.stdout
     assert left_behind(tmp_path) == []
 
 

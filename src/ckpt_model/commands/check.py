@@ -1,13 +1,16 @@
 """`ckpt-model check`: the banner, the search of either controller's machine, its failures' rates and minimising, the
-coverage table, and the result files (`--json`, `--junit`)."""
+coverage table, and the result files (`--json`, `--junit`, checked writable before anything starts). With `--quiet`
+only one line per verdict; with `--verbose` the failure report also shows the example found before minimising."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import secrets
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +22,7 @@ from ckpt_model.errors import UsageError
 from ckpt_model.interrupts import sigint_ignored
 from ckpt_model.model.spec import DeploymentSpec
 from ckpt_model.results.stats import RoundStat
-from ckpt_model.results.verdicts import Exit, kind_of, leaves, report_failure
+from ckpt_model.results.verdicts import Exit, failure_report, kind_of, leaves, quiet_line, report_failure
 from ckpt_model.search import checking, profiles
 from ckpt_model.search.checking import UNTIL_THE_TIME_LIMIT
 from ckpt_model.search.controllers import TRAINER, ControllerMachine
@@ -170,7 +173,44 @@ def profile_description(chosen: settings, *, seeded_run: bool) -> str:
     return f"{exploration}, {profiles.database_label(chosen.database)}"
 
 
+def outputs_writable(paths: dict[str, Path | None]) -> None:
+    """Each result file asked for (`--json FILE`: FILE) can be written, checked before anything starts: a run whose
+    report CI would find missing at its end is a usage error at its start."""
+    from ckpt_model.results.check_result import check_writable
+
+    for option, path in paths.items():
+        if path is None:
+            continue
+        try:
+            check_writable(path)
+        except OSError as error:
+            raise UsageError(f"{option} {path}: cannot be written ({error})") from None
+
+
+@contextlib.contextmanager
+def verdict_only(quiet: bool) -> Iterator[None]:
+    """With `--quiet`, send what the run prints (banner, measuring, statistics, coverage, report) nowhere: the caller
+    prints the verdict lines to the standard output it kept. Errors still go to standard error."""
+    if not quiet:
+        yield
+        return
+    with open(os.devnull, "w") as nowhere, contextlib.redirect_stdout(nowhere):
+        yield
+
+
 def run_check(args: argparse.Namespace) -> int:
+    outputs_writable({"--json": args.json, "--junit": args.junit})
+    quiet = getattr(args, "quiet", False)
+    verdicts = sys.stdout
+    with verdict_only(quiet):
+        code, lines = checked(args)
+    for line in lines:
+        print(line, file=verdicts, flush=True)
+    return code
+
+
+def checked(args: argparse.Namespace) -> tuple[int, list[str]]:
+    """Run the check; its exit code, and with `--quiet` the verdict lines to print (one per failure, or the pass)."""
     # Imported here, not at the top: `--help` and usage errors need none of the stack.
     from ckpt_model.deployments.harness import Harness
     from ckpt_model.results.progress import Progress
@@ -178,6 +218,7 @@ def run_check(args: argparse.Namespace) -> int:
     from ckpt_model.search.checking import statistics_line
     from ckpt_model.search.targets import TARGETS
 
+    quiet, verbose = getattr(args, "quiet", False), getattr(args, "verbose", False)
     target = TARGETS[args.controller](args)
     spec, gym, controller = target.spec, target.gym, target.controller
     chosen = run_settings(args)
@@ -190,7 +231,9 @@ def run_check(args: argparse.Namespace) -> int:
     goals_total = len(goals_applying(controller, spec))
     every_s = getattr(args, "progress_every", None)
     asked = None if chosen.max_examples == UNTIL_THE_TIME_LIMIT else chosen.max_examples
-    with Progress(stats, asked, every_s=every_s, goals_total=goals_total) as progress:
+    # --quiet: no progress at all, neither the redrawn line nor the piped one.
+    quiet_or = {"enabled": False, "every_s": None} if quiet else {"every_s": every_s}
+    with Progress(stats, asked, goals_total=goals_total, **quiet_or) as progress:
         try:
             progress.now_doing("starting the deployment")
             harness = Harness(gym, spec=spec, artifacts=kept) if gym else Harness.embedded(spec, artifacts=kept)
@@ -226,22 +269,25 @@ def run_check(args: argparse.Namespace) -> int:
                     harness.close()
         except Exception as error:
             progress.stop()
-            code = report_failure(error, stats.seen)
-            run.finish(code, leaves(error, stats.seen))
-            return code
+            failures = leaves(error, stats.seen)
+            code: int
+            if quiet:
+                code = failure_report(error, stats.seen)[0]
+                lines = [quiet_line(leaf, spec.label, run.regression_file(leaf)) for leaf in failures]
+            else:
+                code, lines = report_failure(error, stats.seen, verbose=verbose), []
+            run.finish(code, failures)
+            return code, lines
     run.searched()
     for line in passed_lines(harness, controller, stats, spec):
         print(line, flush=True)
     if kept is not None:
         print(f"kept in {kept}: {artifacts.LOGS}/ (every server's full log)", flush=True)
     note = asked_note(len(stats.finished), chosen.max_examples, stats.stopped_by_time)
-    print(
-        f"PASSED: {len(stats.finished)} examples{note} in {time.monotonic() - stats.started_s:.1f} s, no property "
-        f"violated; {verdict_scope(harness, controller)}",
-        flush=True,
-    )
+    took = f"{len(stats.finished)} examples{note} in {time.monotonic() - stats.started_s:.1f} s, no property violated"
+    print(f"PASSED: {took}; {verdict_scope(harness, controller)}", flush=True)
     run.finish(Exit.PASSED, ())
-    return Exit.PASSED
+    return Exit.PASSED, [f"PASSED {spec.label}: {took}"] if quiet else []
 
 
 def goals_applying(controller: ControllerMachine, spec: DeploymentSpec) -> list[str]:
@@ -344,18 +390,21 @@ class RunRecord:
         machine = self.controller.machine_type
         return goals.document(self.stats, self.spec, coverage(machine), undrawable_here(self.harness, self.controller))
 
+    def regression_file(self, error: BaseException) -> str | None:
+        """The regression file the failure left, if it did (a violation's or a harness error's)."""
+        from ckpt_model.results import regression
+
+        if self.harness is None or kind_of(error) not in ("violation", "harness"):
+            return None
+        path = regression.path_for(self.harness, error, self.controller.origin)
+        return str(path) if path.exists() else None
+
     def finish(self, code: int, failures: Sequence[BaseException]) -> None:
         """Write the files asked for; a file that cannot be written is said, and never changes the verdict."""
         if self.args.json is None and self.args.junit is None:
             return
-        from ckpt_model.results import check_result, regression
+        from ckpt_model.results import check_result
         from ckpt_model.results.check_result import CheckResult, Statistics
-
-        def regression_file(error: BaseException) -> str | None:
-            if self.harness is None or kind_of(error) not in ("violation", "harness"):
-                return None
-            path = regression.path_for(self.harness, error, self.controller.origin)
-            return str(path) if path.exists() else None
 
         total_s = time.monotonic() - self.stats.started_s
         result = CheckResult(
@@ -367,7 +416,7 @@ class RunRecord:
             profile=self.args.profile,
             examples_asked=self.chosen.max_examples,
             steps_asked=self.chosen.stateful_step_count,
-            failures=check_result.failure_results(failures, regression_file),
+            failures=check_result.failure_results(failures, self.regression_file),
             timings={
                 "total": total_s,
                 "search": self.search_s,

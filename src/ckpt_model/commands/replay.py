@@ -91,6 +91,7 @@ def run_replay(args: argparse.Namespace) -> int:
     recorded_type = document["failure"]["type"]
     recorded = document["failure"].get("property") or recorded_type
     print(f"replaying {args.file} (recorded: {recorded})\n  {regression.describe(document)}", flush=True)
+    again = f"ckpt-model replay {args.file}"
     try:
         replay(document, artifacts=kept)
     except PropertyViolation as violation:
@@ -99,11 +100,11 @@ def run_replay(args: argparse.Namespace) -> int:
         else:
             same = type(violation).__name__ == recorded_type
         verdict = "as recorded" if same else f"with a different property than recorded ({recorded})"
-        print(exception_text(violation), flush=True)
+        print(exception_text(violation, replay_command=again), flush=True)
         print(f"\nFAILED {verdict}: {violation.property_id} {violation.title}", flush=True)
         return Exit.VIOLATION
     except Exception as error:
-        return report_failure(error)
+        return report_failure(error, replay_command=again)
     print(f"PASSED: the recorded {recorded} no longer happens", flush=True)
     return Exit.PASSED
 
@@ -168,13 +169,13 @@ def not_minimised(path: Path, error: BaseException | None, recorded: tuple[str, 
         print(f"PASSED: the recorded {what} no longer happens; {path} left as it was", flush=True)
         return Exit.PASSED
     if isinstance(error, PropertyViolation):
-        print(exception_text(error), flush=True)
+        print(exception_text(error, replay_command=f"ckpt-model replay {path}"), flush=True)
         print(
             f"\nFAILED with a different property than recorded ({what}): {error.property_id} {error.title}; "
             f"not minimised, {path} left as it was",
             flush=True,
         )
         return Exit.VIOLATION
-    code = report_failure(error)
+    code = report_failure(error, replay_command=f"ckpt-model replay {path}")
     print(f"not minimised: the steps did not fail as recorded ({what}); {path} left as it was", flush=True)
     return code

@@ -11,6 +11,7 @@ Pure: building and rendering do no I/O beyond `write`.
 
 from __future__ import annotations
 
+import errno
 import json
 import xml.etree.ElementTree as ElementTree
 from collections.abc import Mapping, Sequence
@@ -209,6 +210,18 @@ def _first_line(text: str) -> str:
 
 def _rounded(value: float | None) -> float | None:
     return None if value is None else round(value, 2)
+
+
+def check_writable(path: Path) -> None:
+    """Raise the `OSError` that `write(path, ...)` would meet, before a run starts rather than at its end: the
+    directory made as `write` makes it, a file created and removed beside the path, and the path no directory."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
+    probe = path.with_name(f".{path.name}.partial")
+    with probe.open("w"):
+        pass
+    probe.unlink()
 
 
 def write(path: Path, text: str) -> None:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from hypothesis import Phase, settings
 
+from ckpt_model.results.notes import Kind, add
 from ckpt_model.results.reproduction import REPLAYS
 from ckpt_model.results.stats import RoundStat, SearchStats
 from ckpt_model.results.verdicts import kind_of, leaves
@@ -240,7 +241,7 @@ def measure_failures(
         except Exception as bug:
             if progress is not None:
                 progress.clear()
-            leaf.add_note(f"Measuring or minimising failed (the steps above are Hypothesis's): {bug!r}")
+            add(leaf, Kind.NOT_MINIMISED, f"Measuring or minimising failed (the steps shown are Hypothesis's): {bug!r}")
             continue
         if progress is not None:
             progress.clear()

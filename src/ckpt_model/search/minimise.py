@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from ckpt_model.results.notes import Kind, add, keep_minimal_run, of_kind
 from ckpt_model.results.reproduction import REPLAYS, Rate, attempts_for, measure, record
 from ckpt_model.search.controllers import TRAINER, ControllerMachine, replay
 
@@ -617,14 +618,14 @@ def reproduce_error(
     with regressions_to(harness, harness.root / "minimise-candidates"):
         rate = Replayer(harness, expected, controller=controller).rate(rule_calls, replays)
     record(error, rate)
-    lines = [f"Reproduction: {rate.text} of the failing run (each with fresh processes and the full settle)"]
+    lines = [f"Reproduction: {rate.text} of the run the search found (each with fresh processes and the full settle)"]
     if not shrunk_steps(error):  # Hypothesis printed no example (a flaky report): the run's own rule calls
         lines += ["Failing run:", as_state(controller), *as_code(rule_calls), "state.teardown()"]
-    error.add_note("\n".join(lines))
+    add(error, Kind.FOUND_RATE, "\n".join(lines))
     try:
         regression.write(harness, rule_calls, error, origin=controller.origin, reproduction=rate.document())
     except OSError as write_error:
-        error.add_note(f"Regression file not rewritten with the rate: {write_error}")
+        add(error, Kind.REPLAY, f"Regression file not rewritten with the rate: {write_error}")
     return rate
 
 
@@ -645,38 +646,44 @@ def minimise_error(
     if found is None or rule_calls is None or expected is None:
         return None
     if found.failing == 0:
-        error.add_note(f"Not minimised: the failing run did not fail again in {replays} replays")
+        add(error, Kind.NOT_MINIMISED, f"Not minimised: the failing run did not fail again in {replays} replays")
         return None
     result, replayer = minimise_on(harness, rule_calls, expected, found, replays, controller)
     if result.reproduced and result.rate is not None:
         record(error, result.rate)  # the steps reported now are the minimal ones
-        error.add_note(_reproduced_note(harness, error, result, replayer.last_failure, controller))
+        add_minimal_notes(harness, error, result, replayer.last_failure, controller)
     else:
         # Not in `state.` form, so `verdicts.shrunk_steps` keeps reading Hypothesis's example, which did fail.
-        error.add_note(
+        add(
+            error,
+            Kind.NOT_MINIMISED,
             f"Minimising did not keep the failure ({result.summary()}): the candidate "
-            f"{'; '.join(result.code)} did not fail again; the regression file keeps the steps that failed"
+            f"{'; '.join(result.code)} did not fail again; the regression file keeps the steps that failed",
         )
     return result
 
 
-def _reproduced_note(
+def add_minimal_notes(
     harness: Harness,
     error: BaseException,
     result: Minimised,
     final_error: BaseException | None,
     controller: ControllerMachine,
-) -> str:
-    """The minimal sequence as Hypothesis prints an example (so `verdicts.shrunk_steps` reads it), the minimal
-    run's steps with model names, and the regression file, rewritten with the minimal sequence."""
+) -> None:
+    """Put on `error`'s report the minimal sequence as Hypothesis prints an example (so `verdicts.shrunk_steps` reads
+    it), the minimal run's steps with the model's names, and the regression file, rewritten with the minimal
+    sequence, with the timeline of the minimal run beside it; keep the minimal run's own exception beside it (what
+    it expected and saw, its history and logs: `notes.keep_minimal_run`). Not where `--keep-artifacts` keeps the
+    run found (its checkpoints and history): there the report's paths must stay those of what is kept."""
     from ckpt_model.results import regression
-    from ckpt_model.results.report import draw_timeline
+    from ckpt_model.results.report import draw_timeline, temporary_note
 
-    lines = [f"Minimal failing sequence (ckpt_model.search.minimise: {result.summary()}):", as_state(controller)]
-    lines += [*result.code, "state.teardown()"]
-    model_steps = _model_steps_note(final_error)
-    if model_steps:
-        lines.append(model_steps.replace("Steps (model names)", "Minimal steps (model names)", 1))
+    if harness.artifacts is None:
+        keep_minimal_run(error, final_error)
+    code = [f"Minimal failing sequence (ckpt_model.search.minimise: {result.summary()}):", as_state(controller)]
+    add(error, Kind.MINIMAL, "\n".join([*code, *result.code, "state.teardown()"]))
+    for steps in of_kind(final_error, Kind.STEPS):
+        add(error, Kind.MINIMAL_STEPS, steps.replace("Steps (model names)", "Minimal steps (model names)", 1))
     try:
         reproduction = result.rate.document() if result.rate is not None else None
         path = regression.write(
@@ -688,17 +695,17 @@ def _reproduced_note(
             reproduction=reproduction,
         )
     except OSError as write_error:
-        lines.append(f"Regression file not rewritten: {write_error}")
-    else:
-        lines.append(f"The regression file now holds the minimal sequence: ckpt-model replay {path}")
-        if final_error is not None:  # the picture beside it shows the minimal run, as the file now holds
-            lines.append(draw_timeline(final_error, harness, path).replace("failing history", "minimal run", 1))
-    return "\n".join(lines)
-
-
-def _model_steps_note(error: BaseException | None) -> str | None:
-    notes = [str(note) for note in getattr(error, "__notes__", ())]
-    return next((note for note in notes if note.startswith("Steps (model names)")), None)
+        add(error, Kind.MINIMAL_REPLAY, f"Regression file not rewritten: {write_error}")
+        return
+    temporary = temporary_note(harness, path)
+    add(
+        error,
+        Kind.MINIMAL_REPLAY,
+        f"Replay without Hypothesis (survives code edits): ckpt-model replay {path}{temporary}",
+    )
+    if final_error is not None:  # the picture beside it shows the minimal run, as the file now holds
+        picture = draw_timeline(final_error, harness, path).replace("failing history", "minimal run", 1)
+        add(error, Kind.MINIMAL_TIMELINE, picture + (temporary if picture.startswith("Timeline of") else ""))
 
 
 def provenance(result: Minimised) -> dict[str, Any]:

@@ -7,10 +7,12 @@ import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 import attrs
+import pytest
 
 from ckpt_model.errors import StepNotEnabled
 from ckpt_model.properties.durability import P9Violation
 from ckpt_model.properties.registry import REGISTRY
+from ckpt_model.results import check_result
 from ckpt_model.results.check_result import CheckResult, FailureResult, Statistics, failure_results, write
 from ckpt_model.results.stats import RoundStat, SearchStats
 
@@ -162,3 +164,24 @@ def test_a_run_that_started_no_deployment_has_no_coverage() -> None:
     document = json.loads(attrs.evolve(result(), coverage=None).json_text())
 
     assert document["coverage"] is None
+
+
+# --- a result file checked writable before the run --------------------------------------------------------------
+
+
+def test_a_writable_result_path_is_checked_and_left_as_it_was(tmp_path: Path) -> None:
+    check_result.check_writable(tmp_path / "new" / "result.json")
+    assert [path.name for path in (tmp_path / "new").iterdir()] == []  # the directory made as `write` makes it
+    (tmp_path / "old.json").write_text("kept")
+    check_result.check_writable(tmp_path / "old.json")
+    assert (tmp_path / "old.json").read_text() == "kept"
+
+
+@pytest.mark.parametrize(("where", "raised"), [("a-file/result.json", FileExistsError), ("a-dir", IsADirectoryError)])
+def test_an_unwritable_result_path_raises_what_the_write_would(
+    tmp_path: Path, where: str, raised: type[OSError]
+) -> None:
+    (tmp_path / "a-file").write_text("")
+    (tmp_path / "a-dir").mkdir()
+    with pytest.raises(raised):
+        check_result.check_writable(tmp_path / where)

@@ -280,7 +280,9 @@ def test_an_intermittent_failure_is_reported_with_its_property_and_rate(
 ) -> None:
     FailsFirstTime.steps = 0
     monkeypatch.setattr(mm, "replay_once", three_in_ten())
-    harness = SimpleNamespace(root=tmp_path, regressions_dir=tmp_path / "regressions", spec=DeploymentSpec("native"))
+    harness = SimpleNamespace(
+        root=tmp_path, regressions_dir=tmp_path / "regressions", spec=DeploymentSpec("native"), artifacts=None
+    )
 
     failures = run_search(FailsFirstTime, SMALL)
     result, figures = minimised_failures(failures, lambda error: minimise_error(harness, error, 10))  # type: ignore[arg-type]
@@ -302,7 +304,9 @@ def test_a_failure_that_never_replays_is_still_its_property_with_a_rate_of_zero(
 ) -> None:
     FailsFirstTime.steps = 0
     monkeypatch.setattr(mm, "replay_once", lambda harness, steps, settle_timeout_s, controller: None)
-    harness = SimpleNamespace(root=tmp_path, regressions_dir=tmp_path / "regressions", spec=DeploymentSpec("native"))
+    harness = SimpleNamespace(
+        root=tmp_path, regressions_dir=tmp_path / "regressions", spec=DeploymentSpec("native"), artifacts=None
+    )
 
     failures = run_search(FailsFirstTime, SMALL)
     result, figures = minimised_failures(failures, lambda error: minimise_error(harness, error, 10))  # type: ignore[arg-type]
