@@ -23,11 +23,25 @@ from ckpt_model.properties.collection import (
     P25Violation,
 )
 from ckpt_model.properties.registry import REGISTRY
+from ckpt_model.results.stats import SearchStats
 from ckpt_model.steps import checkable
 from ckpt_model.steps.families import Family
-from ckpt_model.steps.goals import Goal, Step
+from ckpt_model.steps.goals import Goal, LongerRun, Step
 
 EXIT_DONE = 0
+
+
+def more_examples(stats: SearchStats) -> str:
+    return f"more --examples than this run's {stats.examples}"
+
+
+# How a longer search of the collection machine is asked for (the coverage table's words on what it never reached):
+# it draws as Hypothesis does, in one round, so only more examples or longer ones.
+LONGER_RUN = LongerRun(
+    more_examples,
+    "--examples N runs more examples, --steps N longer ones (the collection machine takes no --max-time or "
+    "--weights: it draws as Hypothesis does, in one round)",
+)
 
 
 def new_exits(step: Step) -> tuple[int, ...]:

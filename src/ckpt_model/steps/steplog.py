@@ -285,8 +285,10 @@ def goal_families(machine_type: type) -> Mapping[str, str]:
 
 @functools.cache
 def coverage(machine_type: type) -> goals.Coverage:
-    """What a search of the machine must reach: its goals and its rules, each rule with its scope."""
-    return goals.Coverage(goals_of(machine_type), scopes(machine_type))
+    """What a search of the machine must reach: its goals and its rules, each rule with its scope; and how a longer
+    search of it is asked for (a machine's `LONGER_RUN`, if it has one: the trainer's aimed rounds otherwise)."""
+    longer_run = getattr(machine_type, "LONGER_RUN", goals.AIMED_LONGER_RUN)
+    return goals.Coverage(goals_of(machine_type), scopes(machine_type), longer_run)
 
 
 @functools.cache
