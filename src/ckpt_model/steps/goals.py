@@ -320,7 +320,8 @@ def unreachable_because(goal: Goal, spec: DeploymentSpec, coverage: Coverage, un
 class Reached:
     """What a run reached of a machine's coverage on one deployment, as the table says it: the goals and rules each
     with its row, and by name those never reached that the deployment can reach (`never_goals`; `never_enabled`,
-    `never_drawn`: rules never enabled, and enabled but never drawn) and those it cannot (`cannot`, `n/a`)."""
+    `never_drawn`: rules never enabled, and enabled but never drawn) and those it cannot (`cannot`, `n/a`), of which
+    `undrawable` are rules it cannot draw and goals only such a rule reaches."""
 
     goals: tuple[Row, ...]
     rules: tuple[Row, ...]
@@ -328,6 +329,7 @@ class Reached:
     never_enabled: tuple[str, ...]
     never_drawn: tuple[str, ...]
     cannot: tuple[str, ...]
+    undrawable: tuple[str, ...] = ()
 
     @property
     def never(self) -> int:
@@ -337,7 +339,7 @@ class Reached:
 def reached_on(stats: SearchStats, spec: DeploymentSpec, coverage: Coverage, undrawable: Collection[str]) -> Reached:
     """The rows of the table's goals and rules, and what was never reached, sorted by whether `spec` can reach it."""
     goal_rows, rule_rows = [], []
-    never_goals, never_enabled, never_drawn, cannot = [], [], [], []
+    never_goals, never_enabled, never_drawn, cannot, undrawable_here = [], [], [], [], []
     for goal in coverage.goals:
         steps = stats.goals[goal.name]
         # A goal reached is shown reached, whatever is said of its rule; one whose spec rules it out never is.
@@ -346,6 +348,8 @@ def reached_on(stats: SearchStats, spec: DeploymentSpec, coverage: Coverage, und
         )
         if why_not:
             cannot.append(goal.name)
+            if why_not != "n/a":
+                undrawable_here.append(goal.name)
             goal_rows.append(Row(goal.says, note=why_not))
             continue
         goal_rows.append(Row(goal.says, (str(steps), str(stats.goal_examples[goal.name])), "" if steps else "NEVER"))
@@ -354,6 +358,8 @@ def reached_on(stats: SearchStats, spec: DeploymentSpec, coverage: Coverage, und
     for rule, applies in coverage.rules.items():
         if not applies(spec) or rule in undrawable:
             cannot.append(rule)
+            if applies(spec):
+                undrawable_here.append(rule)
             rule_rows.append(Row(rule, note="n/a" if not applies(spec) else "n/a (not drawable here: listed below)"))
             continue
         enabled, drawn = stats.enabled[rule], stats.drawn[rule]
@@ -366,7 +372,13 @@ def reached_on(stats: SearchStats, spec: DeploymentSpec, coverage: Coverage, und
         elif not drawn:
             never_drawn.append(rule)
     return Reached(
-        tuple(goal_rows), tuple(rule_rows), tuple(never_goals), tuple(never_enabled), tuple(never_drawn), tuple(cannot)
+        tuple(goal_rows),
+        tuple(rule_rows),
+        tuple(never_goals),
+        tuple(never_enabled),
+        tuple(never_drawn),
+        tuple(cannot),
+        tuple(undrawable_here),
     )
 
 
@@ -424,10 +436,13 @@ def never_words(reached: Reached, longer_run: LongerRun) -> list[str]:
             )
         lines += wrapped(f"- what reaches them: a longer run; {longer_run.says}", "  ")
     if reached.cannot:
+        by_spec = len(reached.cannot) - len(reached.undrawable)
+        why = [f"{by_spec} by its spec"] if by_spec else []
+        if reached.undrawable:
+            why.append(f"{len(reached.undrawable)} through a rule it cannot draw, listed below")
         lines += wrapped(
             f"n/a: {counted(len(reached.cannot), 'goal or rule', 'goals and rules')} no run on this deployment can "
-            "reach (its spec rules them out, or they need a rule it cannot draw, listed below): a longer run does not "
-            "change that"
+            f"reach ({'; '.join(why)}): a longer run does not change that"
         )
     return lines
 

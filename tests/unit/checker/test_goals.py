@@ -506,7 +506,10 @@ def test_every_never_is_one_the_deployment_can_reach_and_the_table_says_why_and_
     assert "  - 1 rule enabled but never drawn: the draw did not pick them" in words
     assert "  - 1 rule never enabled: no example reached a state their precondition allows" in words
     assert "--max-time D (without --examples)" in words
-    assert "\nn/a: 1 goal or rule no run on this deployment can reach" in text
+    assert (
+        "\nn/a: 1 goal or rule no run on this deployment can reach (1 through a rule it cannot draw, listed below)"
+        in (text)
+    )
     assert text.splitlines()[-1] == (
         "3 goals and rules never reached: a longer run reaches more (try --max-time 2m); 1 more this deployment "
         "cannot reach (n/a)"
@@ -518,6 +521,8 @@ def test_a_run_that_reached_everything_it_can_says_so_in_one_line() -> None:
     text = goals.table(stats, NATIVE, COVERAGE)
     assert "NEVER" not in text
     applicable_not = [goal for goal in GOALS if not goal.applies(NATIVE)]
+    assert f"n/a: {len(applicable_not) + 1} goals and rules no run on this deployment can reach " in text
+    assert f"({len(applicable_not) + 1} by its spec): a longer run does not change that" in " ".join(text.split())
     assert text.splitlines()[-1] == (
         f"every goal and rule this deployment can reach was reached; {len(applicable_not) + 1} more this deployment "
         "cannot reach (n/a)"  # the goals that do not apply to native, and dispatch_restart
