@@ -32,15 +32,15 @@ EXIT_DONE = 0
 
 
 def more_examples(stats: SearchStats) -> str:
-    return f"more --examples than this run's {stats.examples}"
+    return f"more --examples than this run's {stats.examples}, or a longer --max-time"
 
 
 # How a longer search of the collection machine is asked for (the coverage table's words on what it never reached):
-# it draws as Hypothesis does, in one round, so only more examples or longer ones.
+# it draws as Hypothesis does, so a search bounded by time is one round, aimed at nothing, and no `--weights`.
 LONGER_RUN = LongerRun(
     more_examples,
-    "--examples N runs more examples, --steps N longer ones (the collection machine takes no --max-time or "
-    "--weights: it draws as Hypothesis does, in one round)",
+    "--examples N runs more examples, --max-time D runs examples until D (in one round: the collection machine "
+    "draws as Hypothesis does, so nothing aims it), --steps N makes each example longer",
 )
 
 

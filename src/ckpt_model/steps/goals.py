@@ -425,14 +425,16 @@ def never_words(reached: Reached, longer_run: LongerRun) -> list[str]:
         if reached.never_goals:
             lines.append(f"  - {counted(len(reached.never_goals), 'goal', 'goals')}: no step reached the situation")
         if reached.never_drawn:
+            drawn = len(reached.never_drawn)
             lines.append(
-                f"  - {counted(len(reached.never_drawn), 'rule', 'rules')} enabled but never drawn: the draw did not "
-                "pick them"
+                f"  - {counted(drawn, 'rule', 'rules')} enabled but never drawn: the draw did not pick "
+                + ("it" if drawn == 1 else "them")
             )
         if reached.never_enabled:
+            enabled = len(reached.never_enabled)
             lines.append(
-                f"  - {counted(len(reached.never_enabled), 'rule', 'rules')} never enabled: no example reached a state "
-                "their precondition allows"
+                f"  - {counted(enabled, 'rule', 'rules')} never enabled: no example reached a state "
+                + ("its precondition allows" if enabled == 1 else "their preconditions allow")
             )
         lines += wrapped(f"- what reaches them: a longer run; {longer_run.says}", "  ")
     if reached.cannot:
@@ -468,16 +470,21 @@ def document(
 ) -> dict[str, Any]:
     """The coverage table as data (`check --json`'s `coverage`): each goal with its steps, examples and status, each
     rule with the examples that enabled it, its draws, the examples that drew it, its milliseconds per draw and
-    status (NEVER: applicable and never reached; n/a with why: the spec, or `undrawable` here), and `never`, every
-    NEVER by name."""
+    status (NEVER: applicable and never reached; n/a with why: the spec, or `undrawable` here, or for a goal the one
+    rule that reaches it undrawable, as the table says), and `never`, every NEVER by name."""
     goal_rows: list[dict[str, Any]] = []
     for goal in coverage.goals:
         row: dict[str, Any] = {"name": goal.name, "says": goal.says}
-        if goal.applies(spec):
-            row |= {"steps": stats.goals[goal.name], "examples": stats.goal_examples[goal.name]}
-            row["status"] = REACHED if stats.goals[goal.name] else NEVER
-        else:
+        # n/a as the table says it: by the spec, or a goal only a rule not drawable here reaches
+        steps = stats.goals[goal.name]
+        why_not = unreachable_because(goal, spec, coverage, undrawable) if not steps or not goal.applies(spec) else ""
+        if not why_not:
+            row |= {"steps": steps, "examples": stats.goal_examples[goal.name]}
+            row["status"] = REACHED if steps else NEVER
+        elif why_not == NOT_APPLICABLE:
             row |= {"status": NOT_APPLICABLE, "why": "not on this deployment"}
+        else:
+            row |= {"status": NOT_APPLICABLE, "why": f"its rule {goal.rule} is not drawable here"}
         goal_rows.append(row)
     rule_rows: list[dict[str, Any]] = []
     for rule, applies in coverage.rules.items():

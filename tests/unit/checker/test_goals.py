@@ -428,6 +428,16 @@ def test_a_rule_the_deployment_cannot_draw_is_n_a_in_the_data_too() -> None:
     assert "commit" not in document["never"]
 
 
+def test_a_goal_only_an_undrawable_rule_reaches_is_n_a_in_the_data_as_in_the_table() -> None:
+    stats = SearchStats(examples=2)
+    coverage = Coverage((BY_NAME["skewed_ahead_lapsed_first"],), {"skewed_clock": goals.everywhere})
+    document = goals.document(stats, NATIVE, coverage, undrawable=["skewed_clock"])
+    (goal,) = document["goals"]
+    assert (goal["status"], goal["why"]) == ("n/a", "its rule skewed_clock is not drawable here")
+    assert document["never"] == []
+    assert "NEVER" not in goals.table(stats, NATIVE, coverage, ["skewed_clock"])
+
+
 LONG = "a goal whose name runs on " + "and on " * 20 + "to the end"
 LONG_RULE = "a_rule_with_a_name_far_longer_than_any_column_of_the_old_table_allowed_for_it"
 
@@ -503,8 +513,8 @@ def test_every_never_is_one_the_deployment_can_reach_and_the_table_says_why_and_
     assert words.startswith("3 goals and rules this deployment can reach and no example reached")
     assert "went unchecked in this run" in " ".join(words.split())
     assert "  - 1 goal: no step reached the situation" in words
-    assert "  - 1 rule enabled but never drawn: the draw did not pick them" in words
-    assert "  - 1 rule never enabled: no example reached a state their precondition allows" in words
+    assert "  - 1 rule enabled but never drawn: the draw did not pick it" in words
+    assert "  - 1 rule never enabled: no example reached a state its precondition allows" in words
     assert "--max-time D (without --examples)" in words
     assert (
         "\nn/a: 1 goal or rule no run on this deployment can reach (1 through a rule it cannot draw, listed below)"
