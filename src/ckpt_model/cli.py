@@ -2,7 +2,8 @@
 
     ckpt-model check [--topology T] [--verify-mode M] [--faults a,b] [--token-capture] [--generation-cuts]
                      [--policy-workers N] [--profile P] [--examples N] [--steps N] [--seed N] [--no-minimise]
-                     [--replays N] [--swarm] [--keep-artifacts DIR]
+                     [--replays N] [--swarm] [--keep-artifacts DIR] [--json FILE] [--junit FILE]
+                     [--verbose | --quiet]
                                       run the state machine against the embedded look-alike stack, in the
                                       deployment `DeploymentSpec.for_faults` picks; each failure is then
                                       replayed N times (10) for its reproduction rate ("P5 in 3 of 10
@@ -57,10 +58,12 @@ from typing import TYPE_CHECKING, NoReturn
 from ckpt_model.commands.check import package_version, run_check
 from ckpt_model.commands.modes import run_audit, run_faults, run_scale, run_stack
 from ckpt_model.commands.replay import run_minimise, run_replay
+from ckpt_model.durations import duration
 from ckpt_model.errors import UsageError
 from ckpt_model.interrupts import signal_number, sigterm_unwinds
 from ckpt_model.model.spec import OPTIONS, flag_keywords
 from ckpt_model.model.topologies import EPISODE_OWNERS, TOPOLOGIES, VERIFY_MODES
+from ckpt_model.results import progress
 from ckpt_model.results.regression import TRAINER_CONTROLLER
 from ckpt_model.results.reproduction import REPLAYS
 from ckpt_model.results.verdicts import Exit
@@ -97,19 +100,6 @@ def int_at_least(minimum: int, what: str) -> typing.Callable[[str], int]:
         return value
 
     return parse
-
-
-def duration(text: str) -> float:
-    """An argparse type: a duration in seconds, or with a unit (90, 90s, 2m, 1h), more than zero."""
-    units = {"s": 1.0, "m": 60.0, "h": 3600.0}
-    number, unit = (text[:-1], units[text[-1]]) if text and text[-1] in units else (text, 1.0)
-    try:
-        seconds = float(number) * unit
-    except ValueError:
-        seconds = 0.0
-    if not seconds > 0 or seconds == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a duration such as 90, 90s, 2m or 1h (got {text!r})")
-    return seconds
 
 
 positive_int = int_at_least(1, "positive")
@@ -155,10 +145,19 @@ def build_parser() -> Parser:
         "--max-time",
         type=duration,
         metavar="DURATION",
-        help="stop the search cleanly at the first example boundary after DURATION (90, 90s, 2m, 1h) and report "
-        "what it covered; without --examples the search runs examples until then, in rounds: the first takes half "
-        "the time, each later one is aimed at the coverage goals and rules the ones before it left unreached "
-        "(docs/how-it-works.md#aiming)",
+        help="stop the search cleanly at the first example boundary after DURATION (90, 90s, 2m, 1h), minimise what "
+        "it found and report what it covered; without --examples the search runs examples until then, in rounds "
+        "(the trainer's): the first takes half the time, each later one is aimed at the coverage goals and rules "
+        "the ones before it left unreached (docs/how-it-works.md#aiming)",
+    )
+    check.add_argument(
+        "--progress-every",
+        type=duration,
+        default=progress.EVERY_S,
+        metavar="DURATION",
+        help=f"without a terminal (piped output, a CI log), print a progress line this often (default "
+        f"{progress.EVERY_S:g}s): examples, steps, failures, goals reached; on a terminal the line is redrawn in "
+        "place instead",
     )
     check.add_argument(
         "--seed", type=seed_int, help="draw the examples from this seed, with no example database (reproducible)"
@@ -212,6 +211,19 @@ def build_parser() -> Parser:
         "minimise", help="make a regression file's steps 1-minimal and rewrite it (only with steps that fail)"
     )
     minimise.add_argument("file", type=Path, help="a regression file (.ckpt-model/regressions/*.json)")
+    quietness = check.add_mutually_exclusive_group()
+    quietness.add_argument(
+        "--quiet",
+        action="store_true",
+        help="print only one line per verdict (FAILED P9 DEPLOYMENT: what broke, its rate and steps, the replay "
+        "command; PASSED ...): no banner, no progress, no coverage table",
+    )
+    quietness.add_argument(
+        "--verbose",
+        action="store_true",
+        help="the failure report also shows the example the search found before minimising and Hypothesis's "
+        "@reproduce_failure line (by default: the minimal failure, then the details)",
+    )
     for command in (check, replay, minimise):
         command.add_argument(
             "--keep-artifacts",

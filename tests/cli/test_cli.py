@@ -124,6 +124,9 @@ def test_faults_lists_every_planted_fault(tmp_path: Path) -> None:
         (["check", "--keep-artifacts", "unknown-rule.json/kept"], "cannot be created"),
         (["check", "--weights", "crashes=2,teleports=1"], "--weights: 'teleports=1': expected FAMILY=WEIGHT"),
         (["check", "--max-time", "soon"], "must be a duration such as 90, 90s, 2m or 1h (got 'soon')"),
+        (["check", "--json", "unknown-rule.json/result.json"], "--json unknown-rule.json/result.json: cannot be"),
+        (["check", "--junit", "."], "--junit .: cannot be written"),
+        (["check", "--quiet", "--verbose"], "argument --verbose: not allowed with argument --quiet"),
     ],
     ids=[
         "unknown-subcommand",
@@ -139,6 +142,9 @@ def test_faults_lists_every_planted_fault(tmp_path: Path) -> None:
         "artifacts-not-creatable",
         "unknown-family",
         "bad-duration",
+        "json-unwritable",
+        "junit-unwritable",
+        "quiet-and-verbose",
     ],
 )
 def test_usage_errors_exit_3(tmp_path: Path, arguments: list[str], message: str) -> None:
@@ -171,7 +177,7 @@ def test_check_passes_on_the_fault_free_stack_after_its_banner(tmp_path: Path) -
         "faults:      none",
         "profile:     default (random, example database .hypothesis/examples)",
         "seed:",
-        "examples:    2, each of up to 6 steps",
+        "examples:    2 valid, each of up to 6 steps drawn",
         "swarm:       no",
         "draw:        a family by weight, then one of its rules: rollouts 20, calls 15,",
         f"artifacts:   kept in {tmp_path / 'kept'} (--keep-artifacts)",
@@ -206,11 +212,17 @@ def test_check_stops_at_its_time_limit_between_examples_and_reports_what_it_cove
     """With --max-time and no --examples the search runs examples until the limit (counted from the command's
     start), then ends as a passing run: no example cut short, the coverage and the statistics of those that ran."""
     result = ckpt_model(
-        tmp_path, "check", "--seed", "3", "--steps", "4", "--max-time", "1s", "--weights", "pauses=0", developer=True
+        tmp_path,
+        "check",
+        *("--seed", "3", "--steps", "4", "--max-time", "1s", "--weights", "pauses=0", "--progress-every", "0.2s"),
+        developer=True,
     )
 
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "until the time limit, each of up to 4 steps; the search stops at the first example" in result.stdout
+    assert "until the time limit, each of up to 4 steps drawn; the search stops at the first example" in result.stdout
+    # Piped: a plain line at each --progress-every, never a carriage return.
+    assert re.search(r"\nprogress: \w.* · example \d+ \(until the time limit\) · \d+ steps · ", result.stdout)
+    assert "\r" not in result.stdout
     assert "pauses 0" in result.stdout
     assert "(--weights)" in result.stdout
     (statistics,) = [line for line in result.stdout.splitlines() if line.startswith("statistics: ")]
@@ -285,6 +297,17 @@ def test_check_finds_a_planted_fault_and_names_its_property(tmp_path: Path) -> N
     assert left_behind(tmp_path) == []
 
 
+def test_check_quiet_prints_one_line_for_its_verdict(tmp_path: Path) -> None:
+    result = ckpt_model(tmp_path, "check", *FAULT_SEARCH, "--quiet")
+
+    assert result.returncode == 1, result.stdout + result.stderr
+    [line] = result.stdout.splitlines()
+    assert line.startswith("FAILED P9 native with resume_deletes_records: checkpoints are durable and immutable")
+    replayable = re.escape(str(tmp_path / "regressions" / "P9-native-resume_deletes_records-"))
+    assert re.search(f"replay: ckpt-model replay {replayable}[0-9a-f]{{8}}\\.json$", line), line
+    assert left_behind(tmp_path) == []
+
+
 def assert_kept_artifacts(report: str, kept: Path, replayable: Path) -> None:
     """The report's paths point into `kept` and outlive the run: the failing example's checkpoints, the server logs
     (whole, with the requests served), the history as JSON lines, and the regression file the replay line names."""
@@ -321,11 +344,18 @@ def test_replay_of_a_failing_file_exits_1_and_says_whether_as_recorded(
     # Without --keep-artifacts the report says its paths go with the run, and how to keep them.
     assert "are temporary and removed when the run exits; to keep them" in result.stdout
     assert "rerun with `--keep-artifacts DIR`" in result.stdout
-    # The regression file and the timeline it names are the run store's, and outlive the run.
-    replay_file = Path(result.stdout.split("(survives code edits): ckpt-model replay ")[1].split("\n")[0])
-    picture = Path(result.stdout.split("Timeline of the failing history (open in a browser): ")[1].split("\n")[0])
-    assert replay_file.parent.parent == tmp_path / "runs"
-    assert (replay_file.exists(), picture.exists(), (replay_file.parent / "report.txt").exists()) == (True,) * 3
+    # The command that replays it is the one just run; the timeline it drew is the run store's, which outlives the
+    # run (with the report and the regression file); what Hypothesis would replay does not apply to a replay.
+    assert f"Replay it again: ckpt-model replay {path}\n" in result.stdout
+    assert "Replay without Hypothesis" not in result.stdout
+    timeline_line = next(line for line in result.stdout.splitlines() if line.startswith("Timeline of"))
+    picture = Path(timeline_line.split("(open in a browser): ")[1])
+    assert picture.parent.parent == tmp_path / "runs"
+    assert (picture.exists(), picture.with_suffix(".json").exists(), (picture.parent / "report.txt").exists()) == (
+        True,
+    ) * 3
+    assert "temporary" not in timeline_line
+    assert "Under Hypothesis" not in result.stdout
     assert left_behind(tmp_path) == []
 
 
@@ -379,7 +409,7 @@ def test_ctrl_c_during_check_stops_everything_and_exits_130(tmp_path: Path) -> N
     ) as check:
         try:
             assert check.stdout is not None
-            banner_end = "examples:    1000, each of up to 20 steps"
+            banner_end = "examples:    1000 valid, each of up to 20 steps drawn"
             while banner_end not in check.stdout.readline():
                 assert check.poll() is None, "ckpt-model check ended before its banner"
             # Into the run: its servers are up (their logs exist), an example under way.

@@ -103,6 +103,23 @@ def test_ckpt_check_fails_the_test_with_the_check_s_report_and_keeps_its_artifac
     assert (kept / "logs" / "environment.log").exists()
 
 
+BOUNDED = """
+def test_the_contract_for_a_while(ckpt_check):
+    stats = ckpt_check(steps=3, seed=2)
+    assert stats.stopped_by_time
+    assert stats.finished
+"""
+
+
+def test_ckpt_max_time_bounds_ckpt_check_by_time(tmp_path: Path) -> None:
+    """`--ckpt-max-time`: without `examples`, ckpt_check runs examples until the limit, as `check --max-time`."""
+    (tmp_path / "test_it.py").write_text(BOUNDED)
+
+    result = pytest_in(tmp_path, "--ckpt-max-time", "1s", "--ckpt-topology", "native")
+
+    assert result.returncode == pytest.ExitCode.OK, result.stdout + result.stderr
+
+
 def test_keep_artifacts_in_a_directory_that_is_not_empty_is_a_usage_error(tmp_path: Path) -> None:
     (tmp_path / "kept").mkdir()
     (tmp_path / "kept" / "mine.txt").write_text("the user's")

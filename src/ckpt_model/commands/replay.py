@@ -91,6 +91,7 @@ def run_replay(args: argparse.Namespace) -> int:
     recorded_type = document["failure"]["type"]
     recorded = document["failure"].get("property") or recorded_type
     print(f"replaying {args.file} (recorded: {recorded})\n  {regression.describe(document)}", flush=True)
+    again = f"ckpt-model replay {args.file}"
     try:
         replay(document, artifacts=kept, run_store=runstore.root())
     except PropertyViolation as violation:
@@ -99,12 +100,13 @@ def run_replay(args: argparse.Namespace) -> int:
         else:
             same = type(violation).__name__ == recorded_type
         verdict = "as recorded" if same else f"with a different property than recorded ({recorded})"
-        report = f"{exception_text(violation)}\n\nFAILED {verdict}: {violation.property_id} {violation.title}"
+        report = f"{exception_text(violation, replay_command=again)}\n\nFAILED {verdict}: {violation.property_id} "
+        report += violation.title
         print(report, flush=True)
         keep_report(violation, report)
         return Exit.VIOLATION
     except Exception as error:
-        code, report = failure_report(error)
+        code, report = failure_report(error, replay_command=again)
         print(report, flush=True)
         keep_report(error, report)
         return code
@@ -206,13 +208,13 @@ def not_minimised(path: Path, error: BaseException | None, recorded: tuple[str, 
         print(f"PASSED: the recorded {what} no longer happens; {path} left as it was", flush=True)
         return Exit.PASSED
     if isinstance(error, PropertyViolation):
-        print(exception_text(error), flush=True)
+        print(exception_text(error, replay_command=f"ckpt-model replay {path}"), flush=True)
         print(
             f"\nFAILED with a different property than recorded ({what}): {error.property_id} {error.title}; "
             f"not minimised, {path} left as it was",
             flush=True,
         )
         return Exit.VIOLATION
-    code = report_failure(error)
+    code = report_failure(error, replay_command=f"ckpt-model replay {path}")
     print(f"not minimised: the steps did not fail as recorded ({what}); {path} left as it was", flush=True)
     return code

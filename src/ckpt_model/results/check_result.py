@@ -11,6 +11,7 @@ Pure: building and rendering do no I/O beyond `write`.
 
 from __future__ import annotations
 
+import errno
 import json
 import xml.etree.ElementTree as ElementTree
 from collections.abc import Callable, Mapping, Sequence
@@ -63,6 +64,9 @@ class Statistics:
     # Every applicable goal and rule no example reached, in words (`goals.unmet`).
     unmet: tuple[str, ...] = ()
     stopped_by_time: bool = False
+    # The rules Hypothesis drew (at most `steps_asked` an example); `steps` counts model steps: these, the rules they
+    # played inside them (a crash before a restore) and the teardowns' drain steps.
+    steps_drawn: int = 0
     # The rounds of a search bounded by time (`ckpt_model.search.aim`), each as `RoundStat` holds it.
     rounds: tuple[Mapping[str, Any], ...] = ()
 
@@ -71,7 +75,8 @@ class Statistics:
         return cls(
             examples=stats.examples,
             examples_finished=len(stats.finished),
-            steps=sum(example.steps for example in stats.finished),
+            steps=stats.steps,
+            steps_drawn=stats.drawn_steps,
             crashes=sum(example.crashes for example in stats.finished),
             crashes_inside_operations=sum(example.crashes_inside for example in stats.finished),
             goals=dict(sorted(stats.goals.items())),
@@ -101,7 +106,8 @@ def registry_titles() -> dict[str, str]:
 class CheckResult:
     """A whole run. `timings` holds seconds: `total`, `search`, `first_failure` (from the start, or None) and
     `measuring` (replays and minimising). `skipped` maps a property this deployment cannot check to why;
-    `properties` is every property the controller's machine reports on, by ID, with its title."""
+    `properties` is every property the controller's machine reports on, by ID, with its title; `coverage`, the
+    coverage table: each goal and rule, its counts, and whether it was reached (NEVER: applicable, never reached)."""
 
     verdict: Verdict
     exit_code: int
@@ -118,6 +124,8 @@ class CheckResult:
     version: str = ""
     controller: str = DEFAULT_CONTROLLER
     properties: Mapping[str, str] = attrs.field(factory=registry_titles)
+    # The coverage table as data (`ckpt_model.steps.goals.document`); None when no deployment started.
+    coverage: Mapping[str, Any] | None = None
     # The run store's directory of this run (`ckpt_model.results.runstore`), when it kept a failure.
     run_dir: str | None = None
 
@@ -140,6 +148,7 @@ class CheckResult:
             "timings_s": {name: _rounded(value) for name, value in self.timings.items()},
             "statistics": self.statistics.document(),
             "properties_skipped": dict(self.skipped),
+            "coverage": self.coverage,
         }
 
     def json_text(self) -> str:
@@ -205,6 +214,18 @@ def _first_line(text: str) -> str:
 
 def _rounded(value: float | None) -> float | None:
     return None if value is None else round(value, 2)
+
+
+def check_writable(path: Path) -> None:
+    """Raise the `OSError` that `write(path, ...)` would meet, before a run starts rather than at its end: the
+    directory made as `write` makes it, a file created and removed beside the path, and the path no directory."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
+    probe = path.with_name(f".{path.name}.partial")
+    with probe.open("w"):
+        pass
+    probe.unlink()
 
 
 def write(path: Path, text: str) -> None:

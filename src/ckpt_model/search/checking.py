@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from hypothesis import Phase, settings
 
+from ckpt_model.results.notes import Kind, add
 from ckpt_model.results.reproduction import REPLAYS
 from ckpt_model.results.stats import RoundStat, SearchStats
 from ckpt_model.results.verdicts import kind_of, leaves
@@ -28,6 +29,9 @@ if TYPE_CHECKING:
 
     from ckpt_model.deployments.harness import Harness
     from ckpt_model.results.progress import Progress
+
+# The examples a search with a time limit and no count of examples may run: more than any time limit lets it.
+UNTIL_THE_TIME_LIMIT = 10**9
 
 
 def without_shrink(chosen: settings) -> settings:
@@ -237,7 +241,7 @@ def measure_failures(
         except Exception as bug:
             if progress is not None:
                 progress.clear()
-            leaf.add_note(f"Measuring or minimising failed (the steps above are Hypothesis's): {bug!r}")
+            add(leaf, Kind.NOT_MINIMISED, f"Measuring or minimising failed (the steps shown are Hypothesis's): {bug!r}")
             continue
         if progress is not None:
             progress.clear()
@@ -252,19 +256,22 @@ def describe_failure(error: BaseException) -> str:
     return f"{type(error).__name__} ({property_id})" if property_id else type(error).__name__
 
 
-def statistics_line(stats: SearchStats) -> str:
-    """The run's figures in one line: examples run and finished, steps, crashes, examples per second, milliseconds
-    per step (all of the search's time over all steps, the drains included), and whether the time limit ended it."""
+def statistics_line(stats: SearchStats, clock: Callable[[], float] = time.monotonic) -> str:
+    """The run's figures in one line: examples run and finished, the steps Hypothesis drew (the count `--steps`
+    bounds) and the model steps they made (with the rules a drawn rule plays, as a crash before a restore, and each
+    teardown's drain: why they outnumber the steps asked for), crashes, examples per second, milliseconds per model
+    step (all of the search's time over all of them, the drains included), and whether the time limit ended it."""
     finished = stats.finished
-    elapsed_s = max(time.monotonic() - stats.started_s, 1e-9)
-    steps = sum(example.steps for example in finished)
+    elapsed_s = max(clock() - stats.started_s, 1e-9)
+    steps = stats.steps
     crashes = sum(example.crashes for example in finished)
     inside = sum(example.crashes_inside for example in finished)
     cut = stats.examples - len(finished)
     cut_text = f" ({cut} more cut short: a failure, or Hypothesis's own replays)" if cut > 0 else ""
-    per_step = f", {1000 * elapsed_s / steps:.0f} ms/step" if steps else ""
+    per_step = f", {1000 * elapsed_s / steps:.0f} ms/model step" if steps else ""
     limit = "; stopped at its time limit (--max-time)" if stats.stopped_by_time else ""
     return (
-        f"statistics: {len(finished)} examples finished{cut_text}, {steps} steps, {crashes} crashes "
+        f"statistics: {len(finished)} examples finished{cut_text}, {stats.drawn_steps} steps drawn, {steps} model "
+        f"steps (with the rules a drawn one played and the teardowns' drains), {crashes} crashes "
         f"({inside} inside an operation), {len(finished) / elapsed_s:.2f} examples/s{per_step}{limit}"
     )

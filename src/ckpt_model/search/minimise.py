@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from ckpt_model.results.notes import Kind, add, keep_minimal_run, of_kind
 from ckpt_model.results.reproduction import REPLAYS, Rate, attempts_for, measure, record
 from ckpt_model.search.controllers import TRAINER, ControllerMachine, replay
 
@@ -617,17 +618,17 @@ def reproduce_error(
     with regressions_to(harness, harness.root / "minimise-candidates"):
         rate = Replayer(harness, expected, controller=controller).rate(rule_calls, replays)
     record(error, rate)
-    lines = [f"Reproduction: {rate.text} of the failing run (each with fresh processes and the full settle)"]
+    lines = [f"Reproduction: {rate.text} of the run the search found (each with fresh processes and the full settle)"]
     if not shrunk_steps(error):  # Hypothesis printed no example (a flaky report): the run's own rule calls
         lines += ["Failing run:", as_state(controller), *as_code(rule_calls), "state.teardown()"]
-    error.add_note("\n".join(lines))
+    add(error, Kind.FOUND_RATE, "\n".join(lines))
     try:
         document = regression.document(
             harness.spec, rule_calls, error, origin=controller.origin, reproduction=rate.document()
         )
         runstore.keep(harness, error, document, kept_name(harness, error, rule_calls, controller))
     except OSError as write_error:
-        error.add_note(f"Regression file not rewritten with the rate: {write_error}")
+        add(error, Kind.REPLAY, f"Regression file not rewritten with the rate: {write_error}")
     return rate
 
 
@@ -656,38 +657,45 @@ def minimise_error(
     if found is None or rule_calls is None or expected is None:
         return None
     if found.failing == 0:
-        error.add_note(f"Not minimised: the failing run did not fail again in {replays} replays")
+        add(error, Kind.NOT_MINIMISED, f"Not minimised: the failing run did not fail again in {replays} replays")
         return None
     result, replayer = minimise_on(harness, rule_calls, expected, found, replays, controller)
     if result.reproduced and result.rate is not None:
         record(error, result.rate)  # the steps reported now are the minimal ones
-        error.add_note(_reproduced_note(harness, error, result, replayer.last_failure, controller))
+        add_minimal_notes(harness, error, result, replayer.last_failure, controller)
     else:
         # Not in `state.` form, so `verdicts.shrunk_steps` keeps reading Hypothesis's example, which did fail.
-        error.add_note(
+        add(
+            error,
+            Kind.NOT_MINIMISED,
             f"Minimising did not keep the failure ({result.summary()}): the candidate "
-            f"{'; '.join(result.code)} did not fail again; the regression file keeps the steps that failed"
+            f"{'; '.join(result.code)} did not fail again; the regression file keeps the steps that failed",
         )
     return result
 
 
-def _reproduced_note(
+def add_minimal_notes(
     harness: Harness,
     error: BaseException,
     result: Minimised,
     final_error: BaseException | None,
     controller: ControllerMachine,
-) -> str:
-    """The minimal sequence as Hypothesis prints an example (so `verdicts.shrunk_steps` reads it), the minimal
-    run's steps with model names, and the regression file, rewritten with the minimal sequence."""
+) -> None:
+    """Put on `error`'s report the minimal sequence as Hypothesis prints an example (so `verdicts.shrunk_steps` reads
+    it), the minimal run's steps with the model's names, and the regression file, rewritten with the minimal
+    sequence, with the timeline of the minimal run beside it; keep the minimal run's own exception beside it (what
+    it expected and saw, its history and logs: `notes.keep_minimal_run`). Not where `--keep-artifacts` keeps the
+    run found (its checkpoints and history): there the report's paths must stay those of what is kept. A copy of
+    the file that already held a minimal sequence as short is left as it was (`runstore.keep`), and said."""
     from ckpt_model.results import regression, runstore
-    from ckpt_model.results.report import draw_timelines, rule_calls_of
+    from ckpt_model.results.report import draw_timelines, rule_calls_of, temporary_note
 
-    lines = [f"Minimal failing sequence (ckpt_model.search.minimise: {result.summary()}):", as_state(controller)]
-    lines += [*result.code, "state.teardown()"]
-    model_steps = _model_steps_note(final_error)
-    if model_steps:
-        lines.append(model_steps.replace("Steps (model names)", "Minimal steps (model names)", 1))
+    if harness.artifacts is None:
+        keep_minimal_run(error, final_error)
+    code = [f"Minimal failing sequence (ckpt_model.search.minimise: {result.summary()}):", as_state(controller)]
+    add(error, Kind.MINIMAL, "\n".join([*code, *result.code, "state.teardown()"]))
+    for steps in of_kind(final_error, Kind.STEPS):
+        add(error, Kind.MINIMAL_STEPS, steps.replace("Steps (model names)", "Minimal steps (model names)", 1))
     try:
         document = regression.document(
             harness.spec,
@@ -700,21 +708,20 @@ def _reproduced_note(
         found = rule_calls_of(error) or list(result.original)
         kept = runstore.keep(harness, error, document, kept_name(harness, error, found, controller))
     except OSError as write_error:
-        lines.append(f"Regression file not rewritten: {write_error}")
-    else:
-        holds = "now holds the minimal sequence" if kept.shown in kept.written else "holds one as short already"
-        lines.append(f"The regression file {holds}: ckpt-model replay {kept.shown}")
-        held = runstore.held_note(kept)
-        if held is not None:
-            lines.append(held)
-        if final_error is not None and kept.written:  # the picture beside it shows the minimal run, as the file holds
-            lines.append(draw_timelines(final_error, harness, kept).replace("failing history", "minimal run", 1))
-    return "\n".join(lines)
-
-
-def _model_steps_note(error: BaseException | None) -> str | None:
-    notes = [str(note) for note in getattr(error, "__notes__", ())]
-    return next((note for note in notes if note.startswith("Steps (model names)")), None)
+        add(error, Kind.MINIMAL_REPLAY, f"Regression file not rewritten: {write_error}")
+        return
+    temporary = temporary_note(harness, kept.shown)
+    add(
+        error,
+        Kind.MINIMAL_REPLAY,
+        f"Replay without Hypothesis (survives code edits): ckpt-model replay {kept.shown}{temporary}",
+    )
+    held = runstore.held_note(kept)
+    if held is not None:
+        add(error, Kind.RUN_STORE, held)
+    if final_error is not None:  # the picture beside it shows the minimal run, as the file holds
+        picture = draw_timelines(final_error, harness, kept).replace("failing history", "minimal run", 1)
+        add(error, Kind.MINIMAL_TIMELINE, picture + (temporary if picture.startswith("Timeline of") else ""))
 
 
 def provenance(result: Minimised) -> dict[str, Any]:
