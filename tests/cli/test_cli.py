@@ -271,6 +271,7 @@ def test_check_finds_a_planted_fault_and_names_its_property(tmp_path: Path) -> N
         ]
     )
     assert written["failures"][0]["timeline"] == str(kept / replayable.with_suffix(".html").name)
+    assert f"ckpt-model replay {replayable}" in result.stdout
     assert_kept_artifacts(result.stdout, kept, replayable)
     document = regression.load(replayable)
     assert document["reproduction"]["text"] == "P9 in 10 of 10 replays"  # the minimal steps replay every time
@@ -312,7 +313,7 @@ def assert_kept_artifacts(report: str, kept: Path, replayable: Path) -> None:
     """The report's paths point into `kept` and outlive the run: the failing example's checkpoints, the server logs
     (whole, with the requests served), the history as JSON lines, and the regression file the replay line names."""
     assert replayable.parent == kept
-    assert f"ckpt-model replay {replayable}" in report
+    assert f"(open in a browser): {replayable.with_suffix('.html')}" in report  # the timeline beside it
     observed = report.split("  observed: ", 1)[1].split(":", 1)[0]
     assert observed.startswith(str(kept / "checkpoints" / "example-"))
     example = kept / "checkpoints" / Path(observed).relative_to(kept / "checkpoints").parts[0]

@@ -163,7 +163,8 @@ def test_a_collection_regression_file_written_by_a_failing_run_replays_and_minim
     replayed = ckpt_model(tmp_path, "replay", str(noisy_file(tmp_path)), "--keep-artifacts", "kept")
     assert replayed.returncode == 1, replayed.stdout + replayed.stderr
     (written,) = (tmp_path / "kept").glob(f"{STEM}-*.json")
-    assert f"ckpt-model replay {written}" in replayed.stdout
+    assert f"Replay it again: ckpt-model replay {tmp_path / 'noisy.json'}" in replayed.stdout
+    assert f"(open in a browser): {written.with_suffix('.html')}" in replayed.stdout  # its timeline, kept beside it
     document = regression.load(written)
     assert (document["controller"], document["controller_faults"]) == ("collection", [FAULT])
     assert [name for name, _ in document["steps"]] == ["start_run", "release", "request_checkpoint"]
