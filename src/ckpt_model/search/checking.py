@@ -244,6 +244,7 @@ def measure_failures(
     the minimal steps on the error's report and rewrites its regression file). A flaky report from Hypothesis
     counts as the failures it hid (`verdicts.leaves`). A bug in the minimiser is noted on the error and never
     hides the failure itself."""
+    from ckpt_model.results.progress import FailureWork
     from ckpt_model.results.reproduction import rate_of
     from ckpt_model.search.minimise import minimise_error, reproduce_error
 
@@ -256,14 +257,16 @@ def measure_failures(
         doing = "measuring and minimising" if minimise else "measuring"
         then = ", then candidates" if minimise else ""
         print(f"{doing} the failing run of {describe_failure(leaf)} ({replays} replays{then})...", flush=True)
+        work = FailureWork(getattr(leaf, "property_id", None) or type(leaf).__name__, time.monotonic())
         if progress is not None:
             progress.now_doing(f"{doing} {describe_failure(leaf)}")
+            progress.now_working_on(work)
         try:
             if minimise:
-                result = minimise_error(harness, leaf, replays, controller)
+                result = minimise_error(harness, leaf, replays, controller, work)
             else:
                 result = None
-                reproduce_error(harness, leaf, replays, controller)
+                reproduce_error(harness, leaf, replays, controller, work)
         except Exception as bug:
             if progress is not None:
                 progress.clear()
