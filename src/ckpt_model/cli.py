@@ -145,8 +145,9 @@ def build_parser() -> Parser:
         "--max-time",
         type=duration,
         metavar="DURATION",
-        help="stop the search cleanly at the first example boundary after DURATION (90, 90s, 2m, 1h), minimise what "
-        "it found and report what it covered; without --examples the search runs examples until then, in rounds "
+        help="stop the search cleanly between examples by DURATION (90, 90s, 2m, 1h): no example begins that the "
+        "median example so far would not end by then, none is cut short; minimise what it found and report what it "
+        "covered; without --examples the search runs examples until then, in rounds "
         "(the trainer's): the first takes half the time, each later one is aimed at the coverage goals and rules "
         "the ones before it left unreached (docs/how-it-works.md#aiming)",
     )

@@ -140,7 +140,10 @@ def examples_line(args: argparse.Namespace, chosen: settings) -> str:
     max_time = getattr(args, "max_time", None)
     if max_time is None:
         return f"{chosen.max_examples} valid, {steps}"
-    limit = f"the search stops at the first example boundary after {max_time:g} s (--max-time), then minimises"
+    limit = (
+        f"no example begins that the median example so far would not end by {max_time:g} s (--max-time), none is cut "
+        "short; then the search minimises what it found"
+    )
     if chosen.max_examples == UNTIL_THE_TIME_LIMIT:
         return f"until the time limit, {steps}; {limit}"
     return f"{chosen.max_examples} valid at most, {steps}; {limit}"

@@ -336,7 +336,12 @@ def run_worker(args: argparse.Namespace, prog: str) -> int:
             try:
                 return fuzzer.wait(args.max_time)
             except subprocess.TimeoutExpired:
-                stop_group(fuzzer)  # as on Ctrl-C: HypoFuzz's workers tear their harnesses down
+                print(
+                    f"{prog} worker: time limit reached (--max-time {args.max_time:g} s): stopping the workers as "
+                    "Ctrl-C does (HypoFuzz prints the interrupt's traceback as they stop)",
+                    flush=True,
+                )
+                stop_group(fuzzer)  # HypoFuzz's workers tear their harnesses down
                 return bounded.report(args, prog)
         finally:
             stop_group(fuzzer)
