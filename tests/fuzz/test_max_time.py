@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -19,7 +20,8 @@ from ckpt_model.model.spec import DeploymentSpec
 from ckpt_model.search import fuzz
 
 NATIVE = DeploymentSpec("native", "wait")
-# Guards against a hang, not a speed requirement.
+# Guard against a hang, not speed requirements: a worker that never stops, processes that never go.
+STOPPED_GUARD_S = 600.0
 GONE_GUARD_S = 60.0
 
 
@@ -94,18 +96,20 @@ def test_a_worker_bounded_by_time_stops_cleanly_and_passes(redis_url: str, tmp_p
     started: list[psutil.Process] = []
     try:
         with pytest.raises(subprocess.TimeoutExpired):
-            worker.wait(0.5)  # running: HypoFuzz's group started
+            worker.wait(0.5)  # running: HypoFuzz's group started, and runs until the limit
         started = psutil.Process(worker.pid).children(recursive=True)
-        output, _ = worker.communicate()
+        output, _ = worker.communicate(timeout=STOPPED_GUARD_S)
+        left_in_tmp = list(worker_tmp.iterdir())
     finally:
-        if worker.poll() is None:
-            worker.kill()
-            worker.wait()
+        if worker.poll() is None:  # the test was interrupted: SIGTERM stops the worker's group as Ctrl-C does
+            worker.terminate()
+            worker.communicate()
+        shutil.rmtree(worker_tmp, ignore_errors=True)
     assert worker.returncode == 0, output
+    assert "time limit reached (--max-time 5 s): stopping the workers" in output
     assert "stopped at its time limit (--max-time 5 s)" in output
     assert "native:wait:: " in output
     assert "PASSED: no failing example found within the time limit" in output
     _, left = psutil.wait_procs(started, timeout=GONE_GUARD_S)
     assert not left, f"left running: {left}"
-    assert list(worker_tmp.iterdir()) == []
-    worker_tmp.rmdir()
+    assert left_in_tmp == []
