@@ -268,6 +268,7 @@ def checked(args: argparse.Namespace) -> tuple[int, list[str]]:
                     controller=controller,
                 )
             finally:
+                progress.now_doing("stopping the deployment")  # not a measuring that ended: it takes seconds
                 with sigint_ignored():  # a second Ctrl-C must not cut the teardown short
                     harness.close()
         except Exception as error:
