@@ -48,8 +48,10 @@ derives its examples from the machine itself and has no seed.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
+import time
 import typing
 from collections.abc import Sequence
 from pathlib import Path
@@ -311,6 +313,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fuzz_main(arguments[1:], prog="ckpt-model fuzz")
     parser = build_parser()
     args = parser.parse_args(arguments)
+    # `--max-time` counts from the command's start, its imports included; a caller in-process (argv given) from now.
+    args.started_s = time.monotonic() - (process_age_s() if argv is None else 0.0)
     try:
         with sigterm_unwinds():
             return run_command(args)
@@ -321,6 +325,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         signum = signal_number(interrupt)
         print(f"\nINTERRUPTED ({signal.Signals(signum).name}): everything the run started is stopped", flush=True)
         return 128 + signum
+
+
+def process_age_s() -> float:
+    """Seconds since this process started (Linux's /proc: its start in clock ticks after boot, and the uptime);
+    0 where /proc cannot say."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        uptime_s = float(Path("/proc/uptime").read_text().split()[0])
+        return max(uptime_s - int(fields[19]) / os.sysconf("SC_CLK_TCK"), 0.0)
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 def run_command(args: argparse.Namespace) -> int:

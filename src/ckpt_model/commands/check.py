@@ -229,7 +229,7 @@ def checked(args: argparse.Namespace) -> tuple[int, list[str]]:
     kept = artifacts_dir(args)
     print(banner(args, spec, target.faults, chosen, seed, target.notes), flush=True)
 
-    stats = SearchStats()
+    stats = SearchStats(started_s=getattr(args, "started_s", None) or time.monotonic())
     run = RunRecord(args, spec, chosen, seed, stats, controller)
     goals_total = len(goals_applying(controller, spec))
     every_s = getattr(args, "progress_every", None)
