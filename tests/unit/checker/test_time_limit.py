@@ -69,3 +69,14 @@ def test_once_a_failure_was_seen_the_factory_never_stops_hypothesis_replaying_it
     Made.count = 0
     within(MADE, stats, 30.0, clock=lambda: 100.0)()
     assert Made.count == 1
+
+
+def test_the_command_s_clock_starts_with_its_process_not_with_its_imports() -> None:
+    import subprocess
+    import sys
+
+    # A process that waits a second before it asks: its age includes that second (a lower bound, whatever the load).
+    program = "import time; time.sleep(1.0); from ckpt_model.cli import process_age_s; print(process_age_s())"
+    age_s = float(subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True).stdout)
+
+    assert age_s >= 0.99
