@@ -48,8 +48,10 @@ derives its examples from the machine itself and has no seed.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
+import time
 import typing
 from collections.abc import Sequence
 from pathlib import Path
@@ -145,8 +147,9 @@ def build_parser() -> Parser:
         "--max-time",
         type=duration,
         metavar="DURATION",
-        help="stop the search cleanly at the first example boundary after DURATION (90, 90s, 2m, 1h), minimise what "
-        "it found and report what it covered; without --examples the search runs examples until then, in rounds "
+        help="stop the search cleanly between examples by DURATION (90, 90s, 2m, 1h): no example begins that the "
+        "median example so far would not end by then, none is cut short; minimise what it found and report what it "
+        "covered; without --examples the search runs examples until then, in rounds "
         "(the trainer's): the first takes half the time, each later one is aimed at the coverage goals and rules "
         "the ones before it left unreached (docs/how-it-works.md#aiming)",
     )
@@ -310,6 +313,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fuzz_main(arguments[1:], prog="ckpt-model fuzz")
     parser = build_parser()
     args = parser.parse_args(arguments)
+    # `--max-time` counts from the command's start, its imports included; a caller in-process (argv given) from now.
+    args.started_s = time.monotonic() - (process_age_s() if argv is None else 0.0)
     try:
         with sigterm_unwinds():
             return run_command(args)
@@ -322,6 +327,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         for note in getattr(interrupt, "__notes__", ()):  # what the run kept, and where (`commands.check`)
             print(note, flush=True)
         return 128 + signum
+
+
+def process_age_s() -> float:
+    """Seconds since this process started (Linux's /proc: its start in clock ticks after boot, and the uptime);
+    0 where /proc cannot say."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        uptime_s = float(Path("/proc/uptime").read_text().split()[0])
+        return max(uptime_s - int(fields[19]) / os.sysconf("SC_CLK_TCK"), 0.0)
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 def run_command(args: argparse.Namespace) -> int:

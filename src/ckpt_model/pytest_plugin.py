@@ -91,8 +91,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         type=duration,
         default=None,
         metavar="DURATION",
-        help="bound each ckpt_check search by time (90, 90s, 2m, 1h), as `ckpt-model check --max-time`: it stops at "
-        "the first example boundary after DURATION, then measures and minimises what it found",
+        help="bound each ckpt_check search by time (90, 90s, 2m, 1h), as `ckpt-model check --max-time`: no example "
+        "begins that the median example so far would not end by DURATION, then it measures and minimises what it "
+        "found; the fault searches (`pytest -m search`) take the same bound",
     )
     group.addoption(
         "--ckpt-keep-artifacts",
@@ -214,8 +215,8 @@ def ckpt_check(ckpt_harness: Harness, pytestconfig: pytest.Config) -> Check:
     replays=10, profile="default", max_time_s=None, verbose=None)`, returning its statistics (coverage,
     `stopped_by_time`). A failure fails the test with the report the command prints (`verbose`: as `check
     --verbose`; None: when pytest runs with -v).
-    `max_time_s` (default: `--ckpt-max-time`) stops the search at the first example boundary after it, as `check
-    --max-time` does: without `examples`, examples run until then, in aimed rounds."""
+    `max_time_s` (default: `--ckpt-max-time`) stops the search between examples by then, as `check --max-time`
+    does (`checking.another_fits`): without `examples`, examples run until then, in aimed rounds."""
     from hypothesis import settings
 
     from ckpt_model.deployments.gym import GymDeployment

@@ -46,7 +46,7 @@ def test_what_the_collection_machine_cannot_take_is_a_usage_error(
 
 
 def test_a_collection_search_bounded_by_time_stops_between_examples_and_says_its_progress(tmp_path: Path) -> None:
-    """`--max-time` ends the collection machine's search at the first example boundary after the limit, as the
+    """`--max-time` ends the collection machine's search between examples by the limit, as the
     trainer's; piped, a plain progress line comes at each `--progress-every`."""
     result = ckpt_model(
         tmp_path,
@@ -66,7 +66,7 @@ def test_a_collection_search_bounded_by_time_stops_between_examples_and_says_its
     )
 
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "examples:    until the time limit, each of up to 3 steps drawn; the search stops" in result.stdout
+    assert "examples:    until the time limit, each of up to 3 steps drawn; no example begins" in result.stdout
     assert "round 2" not in result.stdout  # one round: the collection machine is not aimed
     progress = [line for line in result.stdout.splitlines() if line.startswith("progress: ")]
     assert progress, result.stdout

@@ -141,7 +141,10 @@ def examples_line(args: argparse.Namespace, chosen: settings) -> str:
     max_time = getattr(args, "max_time", None)
     if max_time is None:
         return f"{chosen.max_examples} valid, {steps}"
-    limit = f"the search stops at the first example boundary after {max_time:g} s (--max-time), then minimises"
+    limit = (
+        f"no example begins that the median example so far would not end by {max_time:g} s (--max-time), none is cut "
+        "short; then the search minimises what it found"
+    )
     if chosen.max_examples == UNTIL_THE_TIME_LIMIT:
         return f"until the time limit, {steps}; {limit}"
     return f"{chosen.max_examples} valid at most, {steps}; {limit}"
@@ -227,7 +230,7 @@ def checked(args: argparse.Namespace) -> tuple[int, list[str]]:
     kept = artifacts_dir(args)
     print(banner(args, spec, target.faults, chosen, seed, target.notes), flush=True)
 
-    stats = SearchStats()
+    stats = SearchStats(started_s=getattr(args, "started_s", None) or time.monotonic())
     run = RunRecord(args, spec, chosen, seed, stats, controller)
     goals_total = len(goals_applying(controller, spec))
     every_s = getattr(args, "progress_every", None)
@@ -267,6 +270,7 @@ def checked(args: argparse.Namespace) -> tuple[int, list[str]]:
                     controller=controller,
                 )
             finally:
+                progress.now_doing("stopping the deployment")  # not a measuring that ended: it takes seconds
                 with sigint_ignored():  # a second Ctrl-C must not cut the teardown short
                     harness.close()
         except Exception as error:

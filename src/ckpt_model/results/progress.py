@@ -1,5 +1,7 @@
 """Progress of a long run: examples, rules drawn, failures, coverage goals reached, examples per second, and what the
-run is doing now (starting the deployment, searching, measuring, minimising).
+run is doing now (starting the deployment, searching, measuring, minimising). While a failure is measured and
+minimised the line says how far that got instead (`FailureWork`: replay 4 of 10; candidates replayed and the
+sequence's length), from the counters the minimiser keeps as it goes.
 
 A search starts real processes for every example, so a run takes minutes; without a word for that long a user
 cannot tell a slow run from a hung one, and a CI job cannot tell either. On a terminal the line is redrawn in place
@@ -17,6 +19,8 @@ import time
 from collections.abc import Callable
 from types import TracebackType
 from typing import TextIO
+
+import attrs
 
 from ckpt_model.results.stats import SearchStats
 
@@ -58,6 +62,59 @@ def _example_count(started: int, asked: int | None) -> str:
     if started <= asked:
         return f"example {started} of {asked}"
     return f"example {started} ({asked} asked)"
+
+
+# The stages of measuring and minimising one failure (`FailureWork.stage`), as the progress line names them.
+MEASURING = "measuring"
+MINIMISING = "minimising"
+MINIMISING_AGAIN = "minimising again, each candidate with the full settle"
+MEASURING_MINIMAL = "measuring the minimal sequence of"
+
+
+@attrs.define
+class FailureWork:
+    """How far measuring and minimising one failure (`failure`: "P9") got, since `started_s`: the stage under way,
+    its replays (of `replays_asked`, when it measures a rate) and how many failed the expected way, and the steps of
+    the sequence found and of the shortest that still fails. The minimiser tells it (`begin`, `replayed`,
+    `shortened`) and the progress line reads it (`text`), from another thread: it only counts."""
+
+    failure: str
+    started_s: float
+    stage: str = MEASURING
+    replays_asked: int | None = None
+    replays: int = 0
+    failing: int = 0
+    steps_found: int | None = None
+    steps_now: int | None = None
+
+    def begin(self, stage: str, replays_asked: int | None = None, steps_found: int | None = None) -> None:
+        """A stage begins: its replays are counted from none (a new minimisation from the sequence found)."""
+        self.stage, self.replays_asked, self.replays, self.failing = stage, replays_asked, 0, 0
+        if steps_found is not None:
+            self.steps_found = self.steps_now = steps_found
+
+    def replayed(self, failed: bool) -> None:
+        self.replays += 1
+        self.failing += failed
+
+    def shortened(self, steps: int) -> None:
+        """A candidate of `steps` steps failed the expected way: the minimiser goes on from it."""
+        self.steps_now = steps
+
+    def text(self, now_s: float) -> str:
+        """`minimising P9: 14 candidates replayed (9 failing), 12 -> 5 steps, 31 s`; `measuring P9: replay 4 of 10
+        (3 failing), 12 s` (the replay under way, or the last one once all are done)."""
+        elapsed = f"{max(now_s - self.started_s, 0.0):.0f} s"
+        steps = None if self.steps_found is None else f"{self.steps_found} steps"
+        if steps is not None and self.steps_now != self.steps_found:
+            steps = f"{self.steps_found} -> {self.steps_now} steps"
+        if self.replays_asked is None:
+            counts = f"{self.replays} candidate{'' if self.replays == 1 else 's'} replayed ({self.failing} failing)"
+        else:
+            under_way = min(self.replays + 1, self.replays_asked)
+            counts = f"replay {under_way} of {self.replays_asked} ({self.failing} failing)"
+        parts = (f"{self.stage} {self.failure}: {counts}", steps, elapsed)
+        return ", ".join(part for part in parts if part)
 
 
 def plain_line(text: str) -> str:
@@ -143,6 +200,7 @@ class Progress:
         self.stream = stream if stream is not None else sys.stderr
         self.enabled = self.stream.isatty() if enabled is None else enabled
         self.doing = "searching"
+        self.work: FailureWork | None = None
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -166,13 +224,20 @@ class Progress:
         self.stop()
 
     def text(self) -> str:
+        if self.work is not None:
+            return "  " + self.work.text(self.clock())
         return progress_text(self.stats, self.examples_asked, self.doing, self.clock(), self.goals_total)
 
     def plain_text(self) -> str:
         return plain_line(self.text())
 
     def now_doing(self, doing: str) -> None:
-        self.doing = doing
+        self.doing, self.work = doing, None
+        self.draw()
+
+    def now_working_on(self, work: FailureWork | None) -> None:
+        """Say how far `work` got, measuring and minimising a failure, until the next `now_doing` (or None)."""
+        self.work = work
         self.draw()
 
     def draw(self) -> None:

@@ -52,6 +52,7 @@ from ckpt_model.search.controllers import TRAINER, ControllerMachine, replay
 
 if TYPE_CHECKING:
     from ckpt_model.deployments.harness import Harness
+    from ckpt_model.results.progress import FailureWork
 
 # The longest contiguous run of steps the final pass tries to remove at once (then shorter ones, down to one): a
 # crash and the start_over of each of the most live rollouts the model allows (`Model.rollouts_max`, 3), which
@@ -457,13 +458,15 @@ class Replayer:
     an intermittent failure: it did fail so once, which is what a candidate needs).
 
     A failure that replays only sometimes gives each candidate `attempts` replays (`reproduction.attempts_for`)
-    and counts it as failing on the first that fails the expected way; one that failed every time gets one."""
+    and counts it as failing on the first that fails the expected way; one that failed every time gets one.
+    Each replay is told to `work` (the progress line's counters), if given."""
 
     harness: Harness
     expected: Signature
     settle_timeout_s: float = CANDIDATE_SETTLE_TIMEOUT_S
     attempts: int = 1
     controller: ControllerMachine = TRAINER
+    work: FailureWork | None = None
     last_error: BaseException | None = None
     last_failure: BaseException | None = None  # the last replay's error that failed the expected way
     replays: int = 0
@@ -510,6 +513,8 @@ class Replayer:
         self._learn(steps, self.last_error)
         failed = signature(self.last_error) == self.expected
         self.failing_replays += failed
+        if self.work is not None:
+            self.work.replayed(failed)
         if failed:
             self.last_failure = self.last_error
         return failed
@@ -563,30 +568,50 @@ def minimise_on(
     found: Rate | None = None,
     replays: int = REPLAYS,
     controller: ControllerMachine = TRAINER,
+    work: FailureWork | None = None,
 ) -> tuple[Minimised, Replayer]:
     """Minimise a sequence known to fail with `expected` (as often as `found` says; None: every time), replaying
     candidates on `harness` with `controller`'s machine, then measure the minimal sequence's rate over `replays`
     full replays; also returns the replayer, whose `last_failure` is the last replay's exception that failed as
-    expected (with the minimal run's own report)."""
+    expected (with the minimal run's own report). `work` is told each stage, replay and shorter failing sequence."""
+    from ckpt_model.results import progress
+
     started_s = time.monotonic()
     attempts = attempts_for(found)
     full_s = controller.settle_timeout_s
     candidate_s = CANDIDATE_SETTLE_TIMEOUT_S if controller.candidates_settle_briefly else full_s
-    replayers = [Replayer(harness, expected, candidate_s, attempts=attempts, controller=controller)]
+    replayers = [Replayer(harness, expected, candidate_s, attempts=attempts, controller=controller, work=work)]
     rates: list[Rate] = []
 
     def measured(replayer: Replayer) -> Predicate:
         def confirm(candidate: Steps) -> bool:
+            if work is not None:
+                work.begin(progress.MEASURING_MINIMAL, replays)
             rates.append(replayer.rate(candidate, replays))
             return rates[-1].failing > 0
 
         return confirm
 
+    def told(replayer: Replayer, stage: str) -> Predicate:
+        """The replayer as the minimiser's predicate, telling `work` the stage and each shorter failing sequence."""
+        if work is None:
+            return replayer
+        work.begin(stage, steps_found=len(steps))
+
+        def fails(candidate: Steps) -> bool:
+            failed = replayer(candidate)
+            if failed:
+                work.shortened(len(candidate))
+            return failed
+
+        return fails
+
     with regressions_to(harness, harness.root / "minimise-candidates"):
-        result = minimise(steps, replayers[0], confirm=measured(replayers[0]))
+        result = minimise(steps, told(replayers[0], progress.MINIMISING), confirm=measured(replayers[0]))
         if not result.reproduced:  # perhaps accepted a candidate that only failed for being slow: start over
-            replayers.append(Replayer(harness, expected, full_s, attempts=attempts, controller=controller))
-            result = minimise(steps, replayers[1], confirm=measured(replayers[1]))
+            replayers.append(Replayer(harness, expected, full_s, attempts=attempts, controller=controller, work=work))
+            again = told(replayers[1], progress.MINIMISING_AGAIN)
+            result = minimise(steps, again, confirm=measured(replayers[1]))
     replayer = replayers[-1]
     finished = attrs.evolve(
         result,
@@ -602,12 +627,17 @@ def minimise_on(
 
 
 def reproduce_error(
-    harness: Harness, error: BaseException, replays: int = REPLAYS, controller: ControllerMachine = TRAINER
+    harness: Harness,
+    error: BaseException,
+    replays: int = REPLAYS,
+    controller: ControllerMachine = TRAINER,
+    work: FailureWork | None = None,
 ) -> Rate | None:
     """Replay the failing run `error` came from `replays` times on its harness, with the machine of `controller`
     that ran it, and record how often it failed the same way: on the error (`reproduction.rate_of`), in its report,
-    and in its regression file. None when the error carries no rule calls (Hypothesis's own errors)."""
-    from ckpt_model.results import regression, runstore
+    and in its regression file, telling `work` each replay. None when the error carries no rule calls (Hypothesis's
+    own errors)."""
+    from ckpt_model.results import progress, regression, runstore
     from ckpt_model.results.report import rule_calls_of
     from ckpt_model.results.verdicts import shrunk_steps
 
@@ -615,8 +645,10 @@ def reproduce_error(
     expected = signature(error)
     if rule_calls is None or expected is None:
         return None
+    if work is not None:
+        work.begin(progress.MEASURING, replays, steps_found=len(rule_calls))
     with regressions_to(harness, harness.root / "minimise-candidates"):
-        rate = Replayer(harness, expected, controller=controller).rate(rule_calls, replays)
+        rate = Replayer(harness, expected, controller=controller, work=work).rate(rule_calls, replays)
     record(error, rate)
     lines = [f"Reproduction: {rate.text} of the run the search found (each with fresh processes and the full settle)"]
     if not shrunk_steps(error):  # Hypothesis printed no example (a flaky report): the run's own rule calls
@@ -641,7 +673,11 @@ def kept_name(harness: Harness, error: BaseException, rule_calls: Sequence[Step]
 
 
 def minimise_error(
-    harness: Harness, error: BaseException, replays: int = REPLAYS, controller: ControllerMachine = TRAINER
+    harness: Harness,
+    error: BaseException,
+    replays: int = REPLAYS,
+    controller: ControllerMachine = TRAINER,
+    work: FailureWork | None = None,
 ) -> Minimised | None:
     """Measure how often the failing run `error` came from fails (`reproduce_error`), then minimise it (its rule
     calls, attached by `ckpt_model.results.report.annotate`) on the harness and the controller's machine it ran on,
@@ -651,7 +687,7 @@ def minimise_error(
     again (nothing to judge candidates by)."""
     from ckpt_model.results.report import rule_calls_of
 
-    found = reproduce_error(harness, error, replays, controller)
+    found = reproduce_error(harness, error, replays, controller, work)
     rule_calls = rule_calls_of(error)
     expected = signature(error)
     if found is None or rule_calls is None or expected is None:
@@ -659,7 +695,7 @@ def minimise_error(
     if found.failing == 0:
         add(error, Kind.NOT_MINIMISED, f"Not minimised: the failing run did not fail again in {replays} replays")
         return None
-    result, replayer = minimise_on(harness, rule_calls, expected, found, replays, controller)
+    result, replayer = minimise_on(harness, rule_calls, expected, found, replays, controller, work)
     if result.reproduced and result.rate is not None:
         record(error, result.rate)  # the steps reported now are the minimal ones
         add_minimal_notes(harness, error, result, replayer.last_failure, controller)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar
 
+import attrs
 import pytest
 from hypothesis import Phase, settings
 from hypothesis.errors import InvalidDefinition
@@ -23,8 +24,10 @@ from ckpt_model.properties.scope import P1Violation
 from ckpt_model.results import regression
 from ckpt_model.results.report import RULE_CALLS
 from ckpt_model.results.reproduction import Rate
+from ckpt_model.results.stats import SearchStats
 from ckpt_model.results.verdicts import Failure, classify
 from ckpt_model.search import minimise as mm
+from ckpt_model.search.checking import within
 from ckpt_model.search.faultsearch import Finding, minimised_failures, run_search
 from ckpt_model.search.minimise import Minimised, Steps, minimise_error
 from tests.unit.checker.fake_harness import fake_harness
@@ -310,3 +313,49 @@ def test_a_failure_that_never_replays_is_still_its_property_with_a_rate_of_zero(
     assert figures is None  # nothing to judge candidates by
     assert finding(result).headline == "P1 in 0 of 10 replays"
     assert finding(result).shrunk_steps == ("state.dispatch()", "state.retire()")  # the run's own rule calls
+
+
+# --- a search bounded by time ---------------------------------------------------------------------------------
+
+
+class Counts(RuleBasedStateMachine):
+    """Passes; counts the examples begun."""
+
+    begun = 0
+
+    def __init__(self) -> None:
+        super().__init__()
+        Counts.begun += 1
+
+    @rule()
+    def step(self) -> None:
+        pass
+
+
+def test_a_search_bounded_by_time_stops_between_examples_and_says_so() -> None:
+    """A fake clock that moves 10 s per example asked: with a limit of 35 s the third example begins at 20 s, and
+    a fourth, at 30 s, would end past it; the search ends with no failure and `stopped_by_time` set."""
+    Counts.begun = 0
+    stats = SearchStats(started_s=0.0)
+    ticks = itertools.count(0.0, 10.0)
+    bounded = within(Counts, stats, 35.0, clock=lambda: next(ticks))
+
+    assert run_search(bounded, SMALL, stats.seen, stats) == ()
+    assert stats.stopped_by_time
+    assert Counts.begun == 3
+
+
+def test_a_search_that_ran_all_its_examples_was_not_stopped_by_time() -> None:
+    stats = SearchStats(started_s=0.0)
+    assert run_search(within(Counts, stats, 35.0, clock=lambda: 0.0), SMALL, stats.seen, stats) == ()
+    assert not stats.stopped_by_time
+
+
+def test_a_fault_not_found_within_the_time_limit_is_never_reported_as_nothing_found() -> None:
+    stopped = Finding(
+        fault="f", failures=(), examples=4, first_failure_s=None, total_s=61.0, max_time_s=60.0, stopped_by_time=True
+    )
+    assert stopped.violation is None
+    assert stopped.headline == "not found within the time limit (60 s)"
+    unbounded = attrs.evolve(stopped, max_time_s=None, stopped_by_time=False)
+    assert unbounded.headline == "nothing found"

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from ckpt_model.errors import StepNotEnabled
 from ckpt_model.properties.continuation import P4Violation
 from ckpt_model.properties.state import P7Violation
+from ckpt_model.results.progress import MEASURING_MINIMAL, MINIMISING, FailureWork
 from ckpt_model.results.reproduction import Rate
 from ckpt_model.search import minimise as mm
 from ckpt_model.search.minimise import COMPOSITES, CachedPredicate, Steps, ddmin, key_of, minimise
@@ -523,3 +524,41 @@ def test_a_failure_that_always_replays_costs_one_replay_per_candidate(
     assert [names(steps) for steps in final] == [["retire"]] * 10
     assert result.rate == Rate(label="P7", failing=10, replays=10)
     assert "fails the same way on replay (P7 in 10 of 10 replays)" in result.summary()
+
+
+class StagesKept(FailureWork):
+    """The progress line's counters, keeping each stage begun."""
+
+    stages: list[str]
+
+    def begin(self, stage: str, replays_asked: int | None = None, steps_found: int | None = None) -> None:
+        self.stages = [*getattr(self, "stages", []), stage]
+        super().begin(stage, replays_asked, steps_found)
+
+
+def test_the_progress_line_is_told_each_stage_replay_and_shorter_failing_sequence(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Only runs with `retire` fail: the minimiser goes from three steps to one, and the work's counters follow it
+    through the stages, ending with the minimal sequence's measured rate."""
+    monkeypatch.setattr(
+        mm,
+        "replay_once",
+        lambda harness, steps, settle_timeout_s, controller: p7() if "retire" in names(steps) else None,
+    )
+    harness = fake_harness(tmp_path)
+    work = StagesKept("P7", started_s=0.0)
+
+    result, _ = mm.minimise_on(
+        harness,  # type: ignore[arg-type]
+        named("dispatch", "dispatch", "retire"),
+        ("P7Violation", "P7"),
+        replays=4,
+        work=work,
+    )
+
+    assert names(result.steps) == ["retire"]
+    assert work.stages == [MINIMISING, MEASURING_MINIMAL]
+    assert (work.steps_found, work.steps_now) == (3, 1)
+    assert (work.replays, work.replays_asked, work.failing) == (4, 4, 4)  # the minimal sequence's rate
+    assert work.text(9.0) == "measuring the minimal sequence of P7: replay 4 of 4 (4 failing), 3 -> 1 steps, 9 s"

@@ -7,7 +7,16 @@ import io
 import pytest
 
 from ckpt_model.errors import PropertyViolation
-from ckpt_model.results.progress import ERASE_LINE, Heartbeat, Progress, progress_text
+from ckpt_model.results.progress import (
+    ERASE_LINE,
+    MEASURING,
+    MEASURING_MINIMAL,
+    MINIMISING,
+    FailureWork,
+    Heartbeat,
+    Progress,
+    progress_text,
+)
 from ckpt_model.results.stats import SearchStats
 
 
@@ -143,3 +152,54 @@ def test_a_line_said_during_the_run_goes_to_the_output_on_a_clean_line(capsys: p
         assert capsys.readouterr().out == "round 2: aimed at 1 left\n"
         drawn = stream.getvalue()
         assert drawn.startswith(ERASE_LINE) if on_a_terminal else drawn == ""
+
+
+# --- measuring and minimising a failure --------------------------------------------------------------------------
+
+
+def test_measuring_says_which_replay_of_how_many_is_under_way() -> None:
+    work = FailureWork("P9", started_s=100.0)
+    work.begin(MEASURING, replays_asked=10, steps_found=12)
+    for failed in (True, False, True):
+        work.replayed(failed)
+    assert work.text(112.4) == "measuring P9: replay 4 of 10 (2 failing), 12 steps, 12 s"
+    for _ in range(7):
+        work.replayed(True)
+    assert work.text(130.0) == "measuring P9: replay 10 of 10 (9 failing), 12 steps, 30 s"
+
+
+def test_minimising_counts_the_candidates_replayed_and_the_sequence_it_shortened() -> None:
+    work = FailureWork("P9", started_s=100.0)
+    work.begin(MINIMISING, steps_found=12)
+    assert work.text(100.0) == "minimising P9: 0 candidates replayed (0 failing), 12 steps, 0 s"
+    for failed in (False, True, False):
+        work.replayed(failed)
+    work.shortened(5)
+    assert work.text(131.0) == "minimising P9: 3 candidates replayed (1 failing), 12 -> 5 steps, 31 s"
+    work.begin(MEASURING_MINIMAL, replays_asked=10)  # the sequence stays the minimal one's
+    work.replayed(True)
+    assert work.text(140.0) == "measuring the minimal sequence of P9: replay 2 of 10 (1 failing), 12 -> 5 steps, 40 s"
+
+
+def test_while_a_failure_is_worked_on_the_plain_line_says_how_far_that_got(capsys: pytest.CaptureFixture[str]) -> None:
+    clock = Clock(100.0)
+    progress = Progress(stats_after(3, 4), 8, stream=io.StringIO(), every_s=10.0, clock=clock)
+    heartbeat = progress.heartbeat
+    assert heartbeat is not None
+    work = FailureWork("P9", started_s=100.0)
+    work.begin(MINIMISING, steps_found=12)
+    work.shortened(5)
+    for _ in range(14):
+        work.replayed(True)
+    progress.now_working_on(work)
+
+    clock.now_s = 131.0
+    heartbeat.next_s = 131.0
+    assert heartbeat.tick()
+    progress.now_doing("searching")  # the work is over: the search's line again
+    heartbeat.next_s = 131.0
+    assert heartbeat.tick()
+    assert capsys.readouterr().out.splitlines() == [
+        "progress: minimising P9: 14 candidates replayed (14 failing), 12 -> 5 steps, 31 s",
+        "progress: searching · example 3 of 8 · 12 steps · 0 failures · 0.10 examples/s · 31 s",
+    ]

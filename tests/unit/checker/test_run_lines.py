@@ -26,8 +26,8 @@ def test_the_banner_of_a_search_bounded_by_time_says_it_stops_then_minimises() -
     line = examples_line(args, settings(max_examples=UNTIL_THE_TIME_LIMIT, stateful_step_count=14))
 
     assert line == (
-        "until the time limit, each of up to 14 steps drawn; the search stops at the first example boundary after "
-        "60 s (--max-time), then minimises"
+        "until the time limit, each of up to 14 steps drawn; no example begins that the median example so far would "
+        "not end by 60 s (--max-time), none is cut short; then the search minimises what it found"
     )
 
 
