@@ -8,6 +8,7 @@ and finding faults.
     python benchmarks/checker.py --no-faults --restart-rounds 0 --policy-workers 2   # the fault-free matrix, and
                                                  # its deployments with options with 1 and 2 policy model workers
     python benchmarks/checker.py --faults model_delivers_held,resume_deletes_records
+    python benchmarks/checker.py --no-default --restart-rounds 0 --max-time 2m   # each fault's search at most 2 min
     python benchmarks/checker.py --no-default --faults X --hypothesis-shrink   # Hypothesis shrinks first, too
     python benchmarks/checker.py --no-default --restart-rounds 0 --swarm both --no-minimise --faults X,Y
                                                  # swarm against the plain draw, fault by fault, side by side
@@ -43,6 +44,7 @@ from restart import measure_harness  # benchmarks/restart.py, beside this script
 
 from ckpt_model.deployments.catalogue import fault_catalogue
 from ckpt_model.deployments.harness import Harness
+from ckpt_model.durations import duration
 from ckpt_model.interrupts import sigterm_unwinds
 from ckpt_model.model.spec import FAULT_FREE, DeploymentSpec
 from ckpt_model.results.stats import ExampleStat, SearchStats
@@ -168,7 +170,13 @@ HEADER = (
 
 
 def faults(
-    names: list[str], *, hypothesis_shrink: bool, minimise: bool, swarm: str = "off", replays: int = REPLAYS
+    names: list[str],
+    *,
+    hypothesis_shrink: bool,
+    minimise: bool,
+    swarm: str = "off",
+    replays: int = REPLAYS,
+    max_time_s: float | None = None,
 ) -> None:
     """One line per fault and draw (the first failure, as the fault tests read it), then one line per failure it
     met; with both draws, the side-by-side table last."""
@@ -179,7 +187,9 @@ def faults(
     for name in names:
         for swarmed in DRAWS[swarm]:
             with harness_for(name) as harness:
-                finding = search(harness, chosen, minimise=minimise, swarm=swarmed, replays=replays)
+                finding = search(
+                    harness, chosen, minimise=minimise, swarm=swarmed, replays=replays, max_time_s=max_time_s
+                )
             findings[name, swarmed] = finding
             print(fault_line(name, finding, swarmed), flush=True)
             for number, failure in enumerate(finding.failures, start=1):
@@ -211,7 +221,8 @@ def side_by_side(names: list[str], findings: dict[tuple[str, bool], Finding]) ->
 def fault_line(name: str, finding: Finding, swarmed: bool = False) -> str:
     """The first failure's figures: found when, searched and minimised how long, steps before and after."""
     first = f"{finding.first_failure_s:.1f} s" if finding.first_failure_s is not None else "-"
-    caught = finding.property_id or (type(finding.violation).__name__ if finding.violation else "MISSED")
+    missed = "TIME" if finding.stopped_by_time else "MISSED"  # TIME: not found within --max-time
+    caught = finding.property_id or (type(finding.violation).__name__ if finding.violation else missed)
     search_s = f"{finding.search_s:.1f} s" if finding.search_s is not None else "-"
     before = len(finding.first.hypothesis_steps) if finding.first is not None else 0
     minimised = finding.minimised
@@ -271,6 +282,12 @@ def main(argv: list[str] | None = None) -> int:
         help="also run the deployments with options with 1 and with this many policy model workers (default 2)",
     )
     parser.add_argument(
+        "--max-time",
+        type=duration,
+        metavar="DURATION",
+        help="bound each fault's search by time (90, 90s, 2m): a fault not found by then shows as TIME, not MISSED",
+    )
+    parser.add_argument(
         "--deployments",
         default="",
         help="comma-separated deployment labels for the default-profile run (default: the whole matrix), "
@@ -305,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
             minimise=not args.no_minimise,
             swarm=args.swarm,
             replays=args.replays,
+            max_time_s=args.max_time,
         )
     return 0
 

@@ -2,7 +2,8 @@
 
     ckpt-model check [--topology T] [--verify-mode M] [--faults a,b] [--token-capture] [--generation-cuts]
                      [--policy-workers N] [--profile P] [--examples N] [--steps N] [--seed N] [--no-minimise]
-                     [--replays N] [--swarm] [--keep-artifacts DIR]
+                     [--replays N] [--swarm] [--keep-artifacts DIR] [--json FILE] [--junit FILE]
+                     [--verbose | --quiet]
                                       run the state machine against the embedded look-alike stack, in the
                                       deployment `DeploymentSpec.for_faults` picks; each failure is then
                                       replayed N times (10) for its reproduction rate ("P5 in 3 of 10
@@ -47,8 +48,10 @@ derives its examples from the machine itself and has no seed.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
+import time
 import typing
 from collections.abc import Sequence
 from pathlib import Path
@@ -57,10 +60,12 @@ from typing import TYPE_CHECKING, NoReturn
 from ckpt_model.commands.check import package_version, run_check
 from ckpt_model.commands.modes import run_audit, run_faults, run_scale, run_stack
 from ckpt_model.commands.replay import run_minimise, run_replay
+from ckpt_model.durations import duration
 from ckpt_model.errors import UsageError
 from ckpt_model.interrupts import exit_now, signal_number, sigterm_unwinds
 from ckpt_model.model.spec import OPTIONS, flag_keywords
 from ckpt_model.model.topologies import EPISODE_OWNERS, TOPOLOGIES, VERIFY_MODES
+from ckpt_model.results import progress
 from ckpt_model.results.regression import TRAINER_CONTROLLER
 from ckpt_model.results.reproduction import REPLAYS
 from ckpt_model.results.verdicts import Exit
@@ -97,19 +102,6 @@ def int_at_least(minimum: int, what: str) -> typing.Callable[[str], int]:
         return value
 
     return parse
-
-
-def duration(text: str) -> float:
-    """An argparse type: a duration in seconds, or with a unit (90, 90s, 2m, 1h), more than zero."""
-    units = {"s": 1.0, "m": 60.0, "h": 3600.0}
-    number, unit = (text[:-1], units[text[-1]]) if text and text[-1] in units else (text, 1.0)
-    try:
-        seconds = float(number) * unit
-    except ValueError:
-        seconds = 0.0
-    if not seconds > 0 or seconds == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a duration such as 90, 90s, 2m or 1h (got {text!r})")
-    return seconds
 
 
 positive_int = int_at_least(1, "positive")
@@ -155,10 +147,20 @@ def build_parser() -> Parser:
         "--max-time",
         type=duration,
         metavar="DURATION",
-        help="stop the search cleanly at the first example boundary after DURATION (90, 90s, 2m, 1h) and report "
-        "what it covered; without --examples the search runs examples until then, in rounds: the first takes half "
-        "the time, each later one is aimed at the coverage goals and rules the ones before it left unreached "
-        "(docs/how-it-works.md#aiming)",
+        help="stop the search cleanly between examples by DURATION (90, 90s, 2m, 1h): no example begins that the "
+        "median example so far would not end by then, none is cut short; minimise what it found and report what it "
+        "covered; without --examples the search runs examples until then, in rounds "
+        "(the trainer's): the first takes half the time, each later one is aimed at the coverage goals and rules "
+        "the ones before it left unreached (docs/how-it-works.md#aiming)",
+    )
+    check.add_argument(
+        "--progress-every",
+        type=duration,
+        default=progress.EVERY_S,
+        metavar="DURATION",
+        help=f"without a terminal (piped output, a CI log), print a progress line this often (default "
+        f"{progress.EVERY_S:g}s): examples, steps, failures, goals reached; on a terminal the line is redrawn in "
+        "place instead",
     )
     check.add_argument(
         "--seed", type=seed_int, help="draw the examples from this seed, with no example database (reproducible)"
@@ -212,6 +214,19 @@ def build_parser() -> Parser:
         "minimise", help="make a regression file's steps 1-minimal and rewrite it (only with steps that fail)"
     )
     minimise.add_argument("file", type=Path, help="a regression file (.ckpt-model/regressions/*.json)")
+    quietness = check.add_mutually_exclusive_group()
+    quietness.add_argument(
+        "--quiet",
+        action="store_true",
+        help="print only one line per verdict (FAILED P9 DEPLOYMENT: what broke, its rate and steps, the replay "
+        "command; PASSED ...): no banner, no progress, no coverage table",
+    )
+    quietness.add_argument(
+        "--verbose",
+        action="store_true",
+        help="the failure report also shows the example the search found before minimising and Hypothesis's "
+        "@reproduce_failure line (by default: the minimal failure, then the details)",
+    )
     for command in (check, replay, minimise):
         command.add_argument(
             "--keep-artifacts",
@@ -298,6 +313,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fuzz_main(arguments[1:], prog="ckpt-model fuzz")
     parser = build_parser()
     args = parser.parse_args(arguments)
+    # `--max-time` counts from the command's start, its imports included; a caller in-process (argv given) from now.
+    args.started_s = time.monotonic() - (process_age_s() if argv is None else 0.0)
     try:
         with sigterm_unwinds():
             return run_command(args)
@@ -307,6 +324,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt as interrupt:
         signum = signal_number(interrupt)
         print(f"\nINTERRUPTED ({signal.Signals(signum).name}): everything the run started is stopped", flush=True)
+        for note in getattr(interrupt, "__notes__", ()):  # what the run kept, and where (`commands.check`)
+            print(note, flush=True)
         return 128 + signum
 
 
@@ -318,6 +337,17 @@ def entry() -> NoReturn:
     if code in (Exit.INTERRUPTED, Exit.TERMINATED):
         exit_now(code)
     raise SystemExit(code)
+
+
+def process_age_s() -> float:
+    """Seconds since this process started (Linux's /proc: its start in clock ticks after boot, and the uptime);
+    0 where /proc cannot say."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        uptime_s = float(Path("/proc/uptime").read_text().split()[0])
+        return max(uptime_s - int(fields[19]) / os.sysconf("SC_CLK_TCK"), 0.0)
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 def run_command(args: argparse.Namespace) -> int:

@@ -13,7 +13,9 @@ inherit from `AssertionError`.
     │   ├── ServerStartError           a server process exited or never became healthy
     │   ├── QuiescenceTimeout          the quiet state the model predicted never arrived
     │   ├── ProtocolError              a reply does not match the wire schema, so it cannot be judged
-    │   └── StepNotEnabled             a scenario or regression file calls a rule whose precondition fails
+    │   ├── StepNotEnabled             a scenario or regression file calls a rule whose precondition fails
+    │   └── ControlCallFailed          a call that drives the deployment failed (a /_ctl route, a clock, a fault,
+    │                                  a signal): it names the call, the status and what the checker was doing
     └── CoordinationError              a controller operation failed on some participants (`coordination.py`)
         .failures: {server name: ParticipantFailure}
 
@@ -25,6 +27,7 @@ predicts, can tell whether a refusal is correct.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from http import HTTPStatus
 from typing import Any
 
 import attrs
@@ -169,6 +172,49 @@ class StepNotEnabled(_KeywordPickle, HarnessError):
             f"step {index} ({step}) is not enabled: the precondition of rule {rule!r} does not hold in the state "
             "the steps before it reach; fix the scenario (or re-record the regression file)"
         )
+
+
+class ControlCallFailed(_KeywordPickle, HarnessError):
+    """A call the checker makes to drive the deployment, not to judge it, failed: a control route of the backend or
+    the look-alike (`/_ctl/...`: the gate, a clock, a failpoint, a storage fault, a lost reply, a failing hook), or
+    one of the deployment's capabilities (a pause, a crash, a worker killed). The step could not do what it meant
+    to, so it shows nothing about the system under test. `call` is the HTTP call (method and URL) or the capability
+    called; `status` the HTTP status, None when no reply came; `detail` the reply's detail (or the exception),
+    shortened; `doing` what the checker was doing; `rule` the rule that ran it and its step, once the step log
+    knows (`during`)."""
+
+    _fields = ("doing", "call", "status", "detail", "rule")
+
+    def __init__(
+        self, *, doing: str, call: str, status: int | None = None, detail: str = "", rule: str | None = None
+    ) -> None:
+        self.doing = doing
+        self.call = call
+        self.status = status
+        self.detail = detail
+        self.rule = rule
+        super().__init__(self._message())
+
+    def during(self, rule: str) -> None:
+        """Name the rule (and its step) that made the call, once: the innermost rule that saw it."""
+        if self.rule is None:
+            self.rule = rule
+            self.args = (self._message(),)
+
+    def _message(self) -> str:
+        answered = f"answered HTTP {self.status}{_phrase(self.status)}" if self.status is not None else "failed"
+        lines = [f"a control call failed: {self.call} {answered}" + (f": {self.detail}" if self.detail else "")]
+        lines.append(f"  doing: {self.doing}")
+        if self.rule is not None:
+            lines.append(f"  rule:  {self.rule}")
+        return "\n".join(lines)
+
+
+def _phrase(status: int) -> str:
+    try:
+        return f" {HTTPStatus(status).phrase}"
+    except ValueError:
+        return ""
 
 
 # --- coordination ------------------------------------------------------------------------------------------

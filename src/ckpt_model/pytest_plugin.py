@@ -12,7 +12,10 @@ Gym), chosen on the command line, as the session fixture `ckpt_harness`, and `ck
 
 `ckpt_check` searches as `ckpt-model check` does (`ckpt_model.search.checking.search` without Hypothesis's shrink): it
 stops at the first failing example, measures its reproduction rate and makes it 1-minimal with the checker's minimiser,
-then fails the test with the failure report (property, rollout, expected, observed, steps, how to replay).
+then fails the test with the failure report (the minimal failure first: property, rollout, expected, observed,
+steps, how to replay; then the details). Under `pytest -v` (or `ckpt_check(verbose=True)`) the report also shows
+the example the search found before minimising and Hypothesis's `@reproduce_failure` line. Each call keeps what it
+found in a run directory of its own, as `check` does (`ckpt_model.results.runstore`, `.ckpt-model/runs/`).
 `--ckpt-deployment FILE` checks a real Gym described in FILE (`ckpt-model check --deployment FILE`,
 docs/real-gym.md) instead of the embedded stack; `--ckpt-keep-artifacts DIR` keeps the run's artefacts in DIR, a new
 or empty directory (`ckpt-model check --keep-artifacts DIR`; under xdist, in DIR/<worker id>).
@@ -37,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from ckpt_model.durations import duration
 from ckpt_model.model.spec import OPTIONS, DeploymentSpec, Option, OptionValue, SpecError, flag_keywords
 from ckpt_model.model.topologies import TOPOLOGIES, VERIFY_MODES
 from ckpt_model.results.reproduction import REPLAYS
@@ -45,10 +49,12 @@ if TYPE_CHECKING:
     from ckpt_model.deployments.catalogue import PlantedFault
     from ckpt_model.deployments.gym import GymDeployment
     from ckpt_model.deployments.harness import Harness
+    from ckpt_model.results.stats import SearchStats
 
 CHOICES = ("ckpt_topology", "ckpt_verify_mode", "ckpt_faults", "ckpt_deployment", "ckpt_keep_artifacts")
-# What `ckpt_check` runs: the check's search, with these keywords (None: the profile's).
-Check = Callable[..., None]
+# What `ckpt_check` runs: the check's search, with these keywords (None: the profile's); it returns the search's
+# statistics (`ckpt_model.results.stats.SearchStats`).
+Check = Callable[..., "SearchStats"]
 
 
 def dest(option: Option) -> str:
@@ -79,6 +85,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         metavar="FILE",
         help="ckpt_harness checks the real Gym described in FILE instead of the embedded stack (docs/real-gym.md)",
+    )
+    group.addoption(
+        "--ckpt-max-time",
+        type=duration,
+        default=None,
+        metavar="DURATION",
+        help="bound each ckpt_check search by time (90, 90s, 2m, 1h), as `ckpt-model check --max-time`: no example "
+        "begins that the median example so far would not end by DURATION, then it measures and minimises what it "
+        "found; the fault searches (`pytest -m search`) take the same bound",
     )
     group.addoption(
         "--ckpt-keep-artifacts",
@@ -195,12 +210,17 @@ def ckpt_harness(pytestconfig: pytest.Config) -> Iterator[Harness]:
 
 
 @pytest.fixture
-def ckpt_check(ckpt_harness: Harness) -> Check:
+def ckpt_check(ckpt_harness: Harness, pytestconfig: pytest.Config) -> Check:
     """The search `ckpt-model check` runs, on `ckpt_harness`: `ckpt_check(examples=N, steps=N, seed=N, swarm=False,
-    replays=10, profile="default")`. A failure fails the test with the report the command prints."""
+    replays=10, profile="default", max_time_s=None, verbose=None)`, returning its statistics (coverage,
+    `stopped_by_time`). A failure fails the test with the report the command prints (`verbose`: as `check
+    --verbose`; None: when pytest runs with -v).
+    `max_time_s` (default: `--ckpt-max-time`) stops the search between examples by then, as `check --max-time`
+    does (`checking.another_fits`): without `examples`, examples run until then, in aimed rounds."""
     from hypothesis import settings
 
     from ckpt_model.deployments.gym import GymDeployment
+    from ckpt_model.results import runstore
     from ckpt_model.results.stats import SearchStats
     from ckpt_model.results.verdicts import failure_report
     from ckpt_model.search import checking, profiles
@@ -213,23 +233,40 @@ def ckpt_check(ckpt_harness: Harness) -> Check:
         swarm: bool = False,
         replays: int = REPLAYS,
         profile: str = "default",
-    ) -> None:
+        max_time_s: float | None = None,
+        verbose: bool | None = None,
+    ) -> SearchStats:
+        if max_time_s is None:
+            max_time_s = pytestconfig.getoption("ckpt_max_time")
         overrides: dict[str, Any] = {"database": None} if seed is not None else {}
         gym = ckpt_harness.deployment
         if isinstance(gym, GymDeployment) and gym.examples_max is not None:  # docs/real-gym.md, as `check` does
             examples = min(examples or gym.examples_max, gym.examples_max)
         if examples is not None:
             overrides["max_examples"] = examples
+        elif max_time_s is not None:
+            overrides["max_examples"] = checking.UNTIL_THE_TIME_LIMIT
         if steps is not None:
             overrides["stateful_step_count"] = steps
         chosen_settings = settings(profiles.profile_for(profile, profiles.in_ci()), **overrides)
         stats = SearchStats()
+        runstore.begin(ckpt_harness)  # each check a run: what it finds is kept in a run directory of its own
         try:
             checking.search(
-                ckpt_harness, checking.without_shrink(chosen_settings), stats, swarm=swarm, seed=seed, replays=replays
+                ckpt_harness,
+                checking.without_shrink(chosen_settings),
+                stats,
+                swarm=swarm,
+                seed=seed,
+                replays=replays,
+                max_time_s=max_time_s,
+                rounds=examples is None,
             )
         except Exception as error:
-            _, report = failure_report(error, stats.seen)
+            shown = pytestconfig.get_verbosity() > 0 if verbose is None else verbose
+            _, report = failure_report(error, stats.seen, verbose=shown)
+            runstore.keep_report(ckpt_harness.run_dir, report)
             pytest.fail(report, pytrace=False)
+        return stats
 
     return check

@@ -41,6 +41,7 @@ def environment(workdir: Path, *, developer: bool = False) -> dict[str, str]:
         env.pop("CI", None)
     env["TMPDIR"] = str(workdir / "tmp")
     env["CKPT_MODEL_REGRESSIONS"] = str(workdir / "regressions")
+    env["CKPT_MODEL_RUNS"] = str(workdir / "runs")
     (workdir / "tmp").mkdir(exist_ok=True)
     return env
 
@@ -123,6 +124,9 @@ def test_faults_lists_every_planted_fault(tmp_path: Path) -> None:
         (["check", "--keep-artifacts", "unknown-rule.json/kept"], "cannot be created"),
         (["check", "--weights", "crashes=2,teleports=1"], "--weights: 'teleports=1': expected FAMILY=WEIGHT"),
         (["check", "--max-time", "soon"], "must be a duration such as 90, 90s, 2m or 1h (got 'soon')"),
+        (["check", "--json", "unknown-rule.json/result.json"], "--json unknown-rule.json/result.json: cannot be"),
+        (["check", "--junit", "."], "--junit .: cannot be written"),
+        (["check", "--quiet", "--verbose"], "argument --verbose: not allowed with argument --quiet"),
     ],
     ids=[
         "unknown-subcommand",
@@ -138,6 +142,9 @@ def test_faults_lists_every_planted_fault(tmp_path: Path) -> None:
         "artifacts-not-creatable",
         "unknown-family",
         "bad-duration",
+        "json-unwritable",
+        "junit-unwritable",
+        "quiet-and-verbose",
     ],
 )
 def test_usage_errors_exit_3(tmp_path: Path, arguments: list[str], message: str) -> None:
@@ -170,7 +177,7 @@ def test_check_passes_on_the_fault_free_stack_after_its_banner(tmp_path: Path) -
         "faults:      none",
         "profile:     default (random, example database .hypothesis/examples)",
         "seed:",
-        "examples:    2, each of up to 6 steps",
+        "examples:    2 valid, each of up to 6 steps drawn",
         "swarm:       no",
         "draw:        a family by weight, then one of its rules: rollouts 20, calls 15,",
         f"artifacts:   kept in {tmp_path / 'kept'} (--keep-artifacts)",
@@ -202,14 +209,20 @@ def test_check_says_its_waits_are_real_where_no_clock_can_be_moved(
 
 
 def test_check_stops_at_its_time_limit_between_examples_and_reports_what_it_covered(tmp_path: Path) -> None:
-    """With --max-time and no --examples the search runs examples until the limit (counted from the command's
+    """With --max-time and no --examples the search runs examples until the limit (counted from the deployment's
     start), then ends as a passing run: no example cut short, the coverage and the statistics of those that ran."""
     result = ckpt_model(
-        tmp_path, "check", "--seed", "3", "--steps", "4", "--max-time", "1s", "--weights", "pauses=0", developer=True
+        tmp_path,
+        "check",
+        *("--seed", "3", "--steps", "4", "--max-time", "1s", "--weights", "pauses=0", "--progress-every", "0.2s"),
+        developer=True,
     )
 
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "until the time limit, each of up to 4 steps; the search stops at the first example" in result.stdout
+    assert "until the time limit, each of up to 4 steps drawn; no example begins that the median" in result.stdout
+    # Piped: a plain line at each --progress-every, never a carriage return.
+    assert re.search(r"\nprogress: \w.* · example \d+ \(until the time limit\) · \d+ steps · ", result.stdout)
+    assert "\r" not in result.stdout
     assert "pauses 0" in result.stdout
     assert "(--weights)" in result.stdout
     (statistics,) = [line for line in result.stdout.splitlines() if line.startswith("statistics: ")]
@@ -245,17 +258,34 @@ def test_check_finds_a_planted_fault_and_names_its_property(tmp_path: Path) -> N
     assert "FAILED: property violation (P9 in 10 of 10 replays)\nwrote result.json\nwrote result.xml" in result.stdout
     kept = tmp_path / "kept"
     assert not (tmp_path / "regressions").exists()  # with --keep-artifacts the regression file is kept with the rest
-    assert sorted(path.name for path in kept.iterdir()) == [
-        "P9-native-resume_deletes_records.html",  # the timeline of the failing history, beside its regression file
-        "P9-native-resume_deletes_records.json",
-        "checkpoints",
-        "history.jsonl",
-        "logs",
-    ]
-    assert_kept_artifacts(result.stdout, kept)
-    document = regression.load(kept / "P9-native-resume_deletes_records.json")
-    assert document["reproduction"]["text"] == "P9 in 10 of 10 replays"  # the minimal steps replay every time
     written = json.loads((tmp_path / "result.json").read_text())
+    replayable = Path(written["failures"][0]["regression_file"])
+    assert re.fullmatch(r"P9-native-resume_deletes_records-[0-9a-f]{8}\.json", replayable.name)
+    assert sorted(path.name for path in kept.iterdir()) == sorted(
+        [
+            replayable.with_suffix(".html").name,  # the timeline of the failing history, beside its regression file
+            replayable.name,
+            "checkpoints",
+            "history.jsonl",
+            "logs",
+        ]
+    )
+    assert written["failures"][0]["timeline"] == str(kept / replayable.with_suffix(".html").name)
+    assert f"ckpt-model replay {replayable}" in result.stdout
+    assert_kept_artifacts(result.stdout, kept, replayable)
+    document = regression.load(replayable)
+    assert document["reproduction"]["text"] == "P9 in 10 of 10 replays"  # the minimal steps replay every time
+    # The run store keeps the same failure, the report and the result, in a directory of this run's.
+    run_dir = Path(written["run_dir"])
+    assert run_dir.parent == tmp_path / "runs"
+    assert sorted(path.name for path in run_dir.iterdir()) == sorted(
+        [replayable.name, replayable.with_suffix(".html").name, "report.txt", "result.json"]
+    )
+    assert regression.load(run_dir / replayable.name) == document
+    assert "FAILED: property violation (P9 in 10 of 10 replays)" in (run_dir / "report.txt").read_text()
+    assert json.loads((run_dir / "result.json").read_text()) == written
+    assert f"kept in {run_dir} ({tmp_path / 'runs' / 'latest'} links to it):" in result.stdout  # its last lines
+    assert f"  {replayable.name}: {len(document['steps'])} steps, minimised" in result.stdout
     assert (written["verdict"], written["exit_code"], written["properties_violated"]) == ("violation", 1, ["P9"])
     assert written["seed"] == 2
     assert [step for step, _ in document["steps"]] == [
@@ -268,10 +298,22 @@ def test_check_finds_a_planted_fault_and_names_its_property(tmp_path: Path) -> N
     assert left_behind(tmp_path) == []
 
 
-def assert_kept_artifacts(report: str, kept: Path) -> None:
+def test_check_quiet_prints_one_line_for_its_verdict(tmp_path: Path) -> None:
+    result = ckpt_model(tmp_path, "check", *FAULT_SEARCH, "--quiet")
+
+    assert result.returncode == 1, result.stdout + result.stderr
+    [line] = result.stdout.splitlines()
+    assert line.startswith("FAILED P9 native with resume_deletes_records: checkpoints are durable and immutable")
+    replayable = re.escape(str(tmp_path / "regressions" / "P9-native-resume_deletes_records-"))
+    assert re.search(f"replay: ckpt-model replay {replayable}[0-9a-f]{{8}}\\.json$", line), line
+    assert left_behind(tmp_path) == []
+
+
+def assert_kept_artifacts(report: str, kept: Path, replayable: Path) -> None:
     """The report's paths point into `kept` and outlive the run: the failing example's checkpoints, the server logs
     (whole, with the requests served), the history as JSON lines, and the regression file the replay line names."""
-    assert f"ckpt-model replay {kept / 'P9-native-resume_deletes_records.json'}" in report
+    assert replayable.parent == kept
+    assert f"(open in a browser): {replayable.with_suffix('.html')}" in report  # the timeline beside it
     observed = report.split("  observed: ", 1)[1].split(":", 1)[0]
     assert observed.startswith(str(kept / "checkpoints" / "example-"))
     example = kept / "checkpoints" / Path(observed).relative_to(kept / "checkpoints").parts[0]
@@ -303,6 +345,18 @@ def test_replay_of_a_failing_file_exits_1_and_says_whether_as_recorded(
     # Without --keep-artifacts the report says its paths go with the run, and how to keep them.
     assert "are temporary and removed when the run exits; to keep them" in result.stdout
     assert "rerun with `--keep-artifacts DIR`" in result.stdout
+    # The command that replays it is the one just run; the timeline it drew is the run store's, which outlives the
+    # run (with the report and the regression file); what Hypothesis would replay does not apply to a replay.
+    assert f"Replay it again: ckpt-model replay {path}\n" in result.stdout
+    assert "Replay without Hypothesis" not in result.stdout
+    timeline_line = next(line for line in result.stdout.splitlines() if line.startswith("Timeline of"))
+    picture = Path(timeline_line.split("(open in a browser): ")[1])
+    assert picture.parent.parent == tmp_path / "runs"
+    assert (picture.exists(), picture.with_suffix(".json").exists(), (picture.parent / "report.txt").exists()) == (
+        True,
+    ) * 3
+    assert "temporary" not in timeline_line
+    assert "Under Hypothesis" not in result.stdout
     assert left_behind(tmp_path) == []
 
 
@@ -314,9 +368,10 @@ def test_replay_with_keep_artifacts_keeps_what_its_report_names(tmp_path: Path) 
     result = ckpt_model(tmp_path, "replay", str(path), "--keep-artifacts", "kept")
 
     assert result.returncode == 1, result.stdout + result.stderr
-    assert_kept_artifacts(result.stdout, tmp_path / "kept")
+    (replayable,) = (tmp_path / "kept").glob("P9-native-resume_deletes_records-*.json")
+    assert_kept_artifacts(result.stdout, tmp_path / "kept", replayable)
     assert path.read_bytes() == before  # the replayed file is not the one kept
-    assert (tmp_path / "kept" / "P9-native-resume_deletes_records.html").exists()
+    assert replayable.with_suffix(".html").exists()
     assert left_behind(tmp_path) == []
 
 
@@ -355,7 +410,7 @@ def test_ctrl_c_during_check_stops_everything_and_exits_130(tmp_path: Path) -> N
     ) as check:
         try:
             assert check.stdout is not None
-            banner_end = "examples:    1000, each of up to 20 steps"
+            banner_end = "examples:    1000 valid, each of up to 20 steps drawn"
             while banner_end not in check.stdout.readline():
                 assert check.poll() is None, "ckpt-model check ended before its banner"
             # Into the run: its servers are up (their logs exist), an example under way.
@@ -370,6 +425,52 @@ def test_ctrl_c_during_check_stops_everything_and_exits_130(tmp_path: Path) -> N
 
     assert check.returncode == 130, output
     assert "INTERRUPTED (SIGINT)" in output
+    assert left_behind(tmp_path) == []
+
+
+def test_a_second_run_interrupted_while_measuring_loses_nothing_the_first_kept(tmp_path: Path) -> None:
+    """The same failure found twice (the same seed, so the same steps and the same file name): the second run,
+    interrupted while it measures, leaves the first's minimised file and run directory as they were, keeps what it
+    found in a run directory of its own, and says so."""
+    arguments = ["check", "--faults", "resume_deletes_records", "--seed", "1"]
+    first = ckpt_model(tmp_path, *arguments)
+    assert first.returncode == 1, first.stdout + first.stderr
+    first_dir = (tmp_path / "runs" / "latest").resolve()
+    kept_first = {path.name: path.read_bytes() for path in first_dir.iterdir()}
+    (replayable,) = (tmp_path / "regressions").glob("P9-native-resume_deletes_records-*.json")
+    minimal = regression.load(replayable)
+    assert "minimised" in minimal
+    assert replayable.name in kept_first
+
+    with subprocess.Popen(
+        [sys.executable, "-m", "ckpt_model", *arguments],
+        cwd=tmp_path,
+        env=environment(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=default_sigint,
+    ) as second:
+        try:
+            assert second.stdout is not None
+            while "measuring and minimising the failing run" not in second.stdout.readline():
+                assert second.poll() is None, "the second run ended before it measured its failure"
+            output = interrupted(second, "the second ckpt-model check")
+        finally:
+            if second.poll() is None:
+                second.kill()
+                second.wait()
+
+    assert {path.name: path.read_bytes() for path in first_dir.iterdir()} == kept_first
+    assert regression.load(replayable)["steps"] == minimal["steps"]  # never the steps found over the minimal ones
+    assert "minimised" in regression.load(replayable)
+    second_dir = (tmp_path / "runs" / "latest").resolve()
+    assert second_dir != first_dir
+    assert regression.load(second_dir / replayable.name)["steps"]  # the second run's own steps, kept
+    if second.returncode == 130:  # else the run ended before the interrupt came (its report is then the verdict)
+        assert f"kept in {second_dir} ({tmp_path / 'runs' / 'latest'} links to it):" in output
+        assert f"  {replayable.name}: " in output
+        assert f"and in the replayable set: {replayable}: {len(minimal['steps'])} steps, minimised" in output
     assert left_behind(tmp_path) == []
 
 
@@ -394,13 +495,14 @@ def test_minimise_rewrites_a_file_with_its_1_minimal_steps(tmp_path: Path) -> No
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == [path.name]  # no partial file left
     assert not (tmp_path / "regressions").exists()  # the candidates' failures wrote nothing of the user's
     # Kept: the first replay's failure (its regression file, history and checkpoints) and every server's full log.
-    assert sorted(path.name for path in (tmp_path / "kept").iterdir()) == [
-        "P9-native-resume_deletes_records.html",
-        "P9-native-resume_deletes_records.json",
-        "checkpoints",
-        "history.jsonl",
-        "logs",
-    ]
+    (first,) = (tmp_path / "kept").glob("P9-native-resume_deletes_records-*.json")
+    assert sorted(path.name for path in (tmp_path / "kept").iterdir()) == sorted(
+        [first.name, first.with_suffix(".html").name, "checkpoints", "history.jsonl", "logs"]
+    )
+    # The run store keeps the first replay's failure too, now with the minimal steps, as the line says.
+    (run_dir,) = [path for path in (tmp_path / "runs").iterdir() if path.name != "latest"]
+    assert f"kept in the run store: {run_dir}" in result.stdout
+    assert regression.load(run_dir / first.name)["steps"] == document["steps"]
     assert left_behind(tmp_path) == []
 
 

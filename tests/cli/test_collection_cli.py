@@ -20,7 +20,7 @@ from tests.cli.test_cli import ckpt_model, left_behind
 pytestmark = pytest.mark.processes
 
 FAULT = "manifest_names_next_attempt"  # P24 at the first checkpoint published with rows in flight
-FILE_NAME = f"P24-native-collection-{FAULT}.json"
+STEM = f"P24-native-collection-{FAULT}"  # and a digest of the steps that failed
 
 
 @pytest.mark.parametrize(
@@ -28,7 +28,7 @@ FILE_NAME = f"P24-native-collection-{FAULT}.json"
     [
         (["--faults", "no_such_fault"], "unknown collector fault(s) 'no_such_fault'; the collector's: "),
         (["--faults", "resume_deletes_records"], "unknown collector fault(s) 'resume_deletes_records'"),
-        (["--weights", "calls=2", "--max-time", "1m"], "--controller collection does not take --weights"),
+        (["--weights", "calls=2"], "--controller collection does not take --weights"),
         (["--token-capture"], "--controller collection does not take --token-capture"),
     ],
     ids=["unknown-fault", "trainer-fault", "draw-options", "deployment-option"],
@@ -43,6 +43,41 @@ def test_what_the_collection_machine_cannot_take_is_a_usage_error(
     assert result.stdout == ""  # said before the banner: nothing started
     if "no_such_fault" in arguments:
         assert all(fault.name in result.stderr for fault in collection_fault_catalogue())
+
+
+def test_a_collection_search_bounded_by_time_stops_between_examples_and_says_its_progress(tmp_path: Path) -> None:
+    """`--max-time` ends the collection machine's search between examples by the limit, as the
+    trainer's; piped, a plain progress line comes at each `--progress-every`."""
+    result = ckpt_model(
+        tmp_path,
+        "check",
+        "--controller",
+        "collection",
+        "--seed",
+        "5",
+        "--steps",
+        "3",
+        "--max-time",
+        "1s",
+        "--progress-every",
+        "0.2s",
+        "--json",
+        "result.json",
+    )
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "examples:    until the time limit, each of up to 3 steps drawn; no example begins" in result.stdout
+    assert "round 2" not in result.stdout  # one round: the collection machine is not aimed
+    progress = [line for line in result.stdout.splitlines() if line.startswith("progress: ")]
+    assert progress, result.stdout
+    assert all(" (until the time limit) · " in line and " goals " in line for line in progress)
+    assert "\r" not in result.stdout
+    (statistics,) = [line for line in result.stdout.splitlines() if line.startswith("statistics: ")]
+    assert statistics.endswith("; stopped at its time limit (--max-time)")
+    written = json.loads((tmp_path / "result.json").read_text())
+    assert written["statistics"]["stopped_by_time"] is True
+    assert {row["name"] for row in written["coverage"]["rules"]} >= {"start_run"}
+    assert left_behind(tmp_path) == []
 
 
 def test_the_fault_free_collector_passes_with_the_coverage_table_and_every_output(tmp_path: Path) -> None:
@@ -127,8 +162,9 @@ def test_a_collection_regression_file_written_by_a_failing_run_replays_and_minim
     # The failing run: a replay of the steps by hand, which writes its own regression file with what it kept.
     replayed = ckpt_model(tmp_path, "replay", str(noisy_file(tmp_path)), "--keep-artifacts", "kept")
     assert replayed.returncode == 1, replayed.stdout + replayed.stderr
-    written = tmp_path / "kept" / FILE_NAME
-    assert f"ckpt-model replay {written}" in replayed.stdout
+    (written,) = (tmp_path / "kept").glob(f"{STEM}-*.json")
+    assert f"Replay it again: ckpt-model replay {tmp_path / 'noisy.json'}" in replayed.stdout
+    assert f"(open in a browser): {written.with_suffix('.html')}" in replayed.stdout  # its timeline, kept beside it
     document = regression.load(written)
     assert (document["controller"], document["controller_faults"]) == ("collection", [FAULT])
     assert [name for name, _ in document["steps"]] == ["start_run", "release", "request_checkpoint"]
@@ -164,7 +200,7 @@ def test_a_collector_fault_fails_with_its_property_minimal_steps_and_its_regress
         r"Minimal failing sequence .*\nstate = CollectionMachine\(\)\nstate\.start_run\(\)\nstate\.\w+", result.stdout
     )
     assert "FAILED: property violation (P24 in 10 of 10 replays)\nwrote result.json\nwrote result.xml" in result.stdout
-    path = tmp_path / "regressions" / FILE_NAME
+    (path,) = (tmp_path / "regressions").glob(f"{STEM}-*.json")
     assert f"ckpt-model replay {path}" in result.stdout
     assert len(regression.load(path)["steps"]) == 2
     written = json.loads((tmp_path / "result.json").read_text())

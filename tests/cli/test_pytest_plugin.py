@@ -91,13 +91,33 @@ def test_ckpt_check_fails_the_test_with_the_check_s_report_and_keeps_its_artifac
         "  expected: ",
         f"  observed: {kept / 'checkpoints'}",
         "Minimal failing sequence (ckpt_model.search.minimise:",
-        f"ckpt-model replay {kept / 'P9-native-resume_deletes_records.json'}",
+        f"ckpt-model replay {kept / 'P9-native-resume_deletes_records-'}",
         "FAILED: property violation (P9 in 1 of 1 replays)",
     ]:
         assert line in report
+    # The check's run is kept in the run store too, with the report it failed the test with.
+    (run_dir,) = [path for path in (tmp_path / ".ckpt-model" / "runs").iterdir() if path.name != "latest"]
+    assert "FAILED: property violation (P9 in 1 of 1 replays)" in (run_dir / "report.txt").read_text()
     assert "Traceback" not in report  # the report alone, as the command prints it
     assert json.loads((kept / "history.jsonl").read_text().splitlines()[0])["index"] == 0
     assert (kept / "logs" / "environment.log").exists()
+
+
+BOUNDED = """
+def test_the_contract_for_a_while(ckpt_check):
+    stats = ckpt_check(steps=3, seed=2)
+    assert stats.stopped_by_time
+    assert stats.finished
+"""
+
+
+def test_ckpt_max_time_bounds_ckpt_check_by_time(tmp_path: Path) -> None:
+    """`--ckpt-max-time`: without `examples`, ckpt_check runs examples until the limit, as `check --max-time`."""
+    (tmp_path / "test_it.py").write_text(BOUNDED)
+
+    result = pytest_in(tmp_path, "--ckpt-max-time", "1s", "--ckpt-topology", "native")
+
+    assert result.returncode == pytest.ExitCode.OK, result.stdout + result.stderr
 
 
 def test_keep_artifacts_in_a_directory_that_is_not_empty_is_a_usage_error(tmp_path: Path) -> None:

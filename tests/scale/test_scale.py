@@ -140,6 +140,16 @@ def test_a_wait_ends_when_its_progress_reaches_the_target_or_says_why_it_never_c
         wait_for(lambda: 0, 1, "every /run replied", hopeless=lambda: "r3 ended")
 
 
+def test_a_wait_tells_its_watcher_every_count_it_reads() -> None:
+    """What the scale run's progress line says of the stage under way ("... 3 of 5")."""
+    counts = iter(range(10))
+    seen: list[int] = []
+
+    wait_for(lambda: next(counts), 3, "three arrived", watch=seen.append)
+
+    assert seen == [0, 1, 2, 3]
+
+
 def test_a_wait_whose_progress_stands_still_for_its_stall_time_is_a_quiescence_timeout() -> None:
     with pytest.raises(QuiescenceTimeout, match="2 of 3, unchanged for 0 s"):
         wait_for(lambda: 2, 3, "three arrived", stall_s=0.0)
@@ -150,8 +160,13 @@ def test_a_wait_whose_progress_stands_still_for_its_stall_time_is_a_quiescence_t
 
 @pytest.mark.processes
 def test_a_small_scale_run_checkpoints_crashes_restores_and_continues_every_rollout() -> None:
-    result = run_scale(SMALL_ROLLOUTS, finished_share=0.125)
+    said: list[str] = []
+    result = run_scale(SMALL_ROLLOUTS, finished_share=0.125, progress=said.append, progress_every_s=0.01)
     assert tuple(result.stage_s) == STAGES
+    # Each stage is announced and timed; between, a progress line names the stage under way.
+    assert said[0].startswith("starting the look-alike stack: 1 worker(s) per environment, agent and resources")
+    assert "dispatch ..." in said
+    assert any(line.startswith("progress: ") and " for " in line for line in said), said
     assert result.finished >= 1
     assert (result.rollouts, result.finished + result.exported) == (SMALL_ROLLOUTS, SMALL_ROLLOUTS)
     assert result.exported == result.at_first + result.at_second

@@ -14,7 +14,7 @@ from ckpt_model.errors import PropertyViolation, QuiescenceTimeout, StepNotEnabl
 from ckpt_model.model.spec import DeploymentSpec
 from ckpt_model.properties.durability import P9Violation
 from ckpt_model.properties.registry import REGISTRY
-from ckpt_model.results import regression
+from ckpt_model.results import regression, runstore
 from ckpt_model.search.deployment_scenarios import (
     CAPTURE_SCENARIOS,
     COUNTER_SCENARIOS,
@@ -225,7 +225,11 @@ def test_a_failure_writes_a_regression_file_that_replays_it(faulty_harnesses: di
     with pytest.raises(PropertyViolation) as caught:
         run(harness, scenario)
     assert harness.regressions_dir is not None
-    path = harness.regressions_dir / f"P9-native-{fault}.json"
+    kept = runstore.kept_of(caught.value)
+    assert kept is not None
+    path = kept.shown
+    assert path.parent == harness.regressions_dir.absolute()
+    assert path.name.startswith(f"P9-native-{fault}-")  # and a digest of the steps that first failed on this harness
     assert f"ckpt-model replay {path}" in "\n".join(caught.value.__notes__)
 
     document = regression.load(path)

@@ -35,7 +35,7 @@ def test_a_longer_failing_run_minimises_to_the_known_two_steps_everywhere_it_is_
         assert isinstance(error, P7Violation), error
         assert rule_calls_of(error) == LONGER  # what the report attached: the run's own rule calls
         assert harness.regressions_dir is not None
-        path = harness.regressions_dir / f"P7-native-{FAULT}.json"
+        path = harness.regressions_dir / regression.file_name(f"P7-native-{FAULT}", LONGER)  # named by these steps
         assert len(regression.load(path)["steps"]) == len(LONGER)
 
         result = minimise_error(harness, error)
@@ -51,6 +51,7 @@ def test_a_longer_failing_run_minimises_to_the_known_two_steps_everywhere_it_is_
         assert document["steps"] == [[name, arguments] for name, arguments in MINIMAL]
         assert document["failure"] == {"type": "P7Violation", "property": "P7"}
         assert document["minimised"]["steps_before"] == 5
+        assert document["minimised"]["steps_found"] == [[name, arguments] for name, arguments in LONGER]
         # A definite failure: the run found and the minimal one each fail on all ten replays.
         assert document["minimised"]["found_reproduction"]["text"] == "P7 in 10 of 10 replays"
         assert document["reproduction"]["text"] == "P7 in 10 of 10 replays"

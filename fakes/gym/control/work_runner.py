@@ -20,6 +20,7 @@ import attrs
 from pydantic import BaseModel
 
 from fakes.gym.control.store import StopFlag, WriteStoppedError
+from fakes.gym.faults import blame
 from fakes.gym.faults.wall_timeouts import WallTimeouts
 from fakes.gym.protocol.errors import (
     CheckpointConflictError,
@@ -108,9 +109,7 @@ class WorkRunner:
             raise
         except Exception as exc:
             log.exception("checkpoint %s failed on %s", op, self.name)
-            raise InternalControlError(
-                f"{op} failed unexpectedly on {self.name}: {exc!r}; this is a server bug, see the server log"
-            ) from exc
+            raise InternalControlError(f"{op} failed unexpectedly on {self.name}: {exc!r}; {blame(exc)}") from exc
 
     async def close(self) -> None:
         """Cancel the background work (server shutdown; tests)."""

@@ -21,6 +21,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any, Literal, get_args
 
+from fakes.gym.faults import INJECTED_MARK
+
 StoragePoint = Literal["records.write", "records.fsync", "manifest.write", "manifest.link"]
 StorageHow = Literal["ENOSPC", "EIO", "stall"]
 POINTS: tuple[str, ...] = get_args(StoragePoint)
@@ -74,7 +76,7 @@ class StorageFaults:
                 release = self._release
         if how != "stall":
             code = _ERRNOS[how]
-            raise OSError(code, f"{errno.errorcode[code]} injected at {point}")
+            raise OSError(code, f"{errno.errorcode[code]} {INJECTED_MARK} at {point}")
         release.wait(STALL_MAX_S)
 
     @contextlib.contextmanager

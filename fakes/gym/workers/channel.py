@@ -32,6 +32,7 @@ from typing import Any
 
 import attrs
 
+from fakes.gym.faults import blame
 from fakes.gym.protocol.errors import ControlError
 
 log = logging.getLogger(__name__)
@@ -161,7 +162,7 @@ def error_reply(exc: BaseException, what: str) -> dict[str, Any]:
     return {
         "status": INTERNAL_ERROR_STATUS,
         "code": "checkpoint_error",
-        "detail": f"{what} failed unexpectedly in pid {os.getpid()}: {exc!r}; this is a server bug, see its log",
+        "detail": f"{what} failed unexpectedly in pid {os.getpid()}: {exc!r}; {blame(exc)}",
     }
 
 

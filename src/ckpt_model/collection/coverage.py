@@ -23,11 +23,25 @@ from ckpt_model.properties.collection import (
     P25Violation,
 )
 from ckpt_model.properties.registry import REGISTRY
+from ckpt_model.results.stats import SearchStats
 from ckpt_model.steps import checkable
 from ckpt_model.steps.families import Family
-from ckpt_model.steps.goals import Goal, Step
+from ckpt_model.steps.goals import Goal, LongerRun, Step
 
 EXIT_DONE = 0
+
+
+def more_examples(stats: SearchStats) -> str:
+    return f"more --examples than this run's {stats.examples}, or a longer --max-time"
+
+
+# How a longer search of the collection machine is asked for (the coverage table's words on what it never reached):
+# it draws as Hypothesis does, so a search bounded by time is one round, aimed at nothing, and no `--weights`.
+LONGER_RUN = LongerRun(
+    more_examples,
+    "--examples N runs more examples, --max-time D runs examples until D (in one round: the collection machine "
+    "draws as Hypothesis does, so nothing aims it), --steps N makes each example longer",
+)
 
 
 def new_exits(step: Step) -> tuple[int, ...]:

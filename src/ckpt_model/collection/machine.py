@@ -26,7 +26,7 @@ from typing import Any, cast
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize
 
-from ckpt_model.collection.coverage import CRASHES, RELEASES, REQUESTS, RUNS, SAVES, STOPS
+from ckpt_model.collection.coverage import CRASHES, LONGER_RUN, RELEASES, REQUESTS, RUNS, SAVES, STOPS
 from ckpt_model.collection.prediction import Prediction
 from ckpt_model.collection.relay import CallRelay
 from ckpt_model.deployments.collection_run import CollectionAudit, CollectionRun
@@ -81,6 +81,9 @@ def input_row(topology: Topology, rollout_id: str) -> dict[str, Any]:
 class CollectionMachine(RuleBasedStateMachine):
     """Plays the cluster around one collection directory on `harness`, with the collector's planted `faults`
     (docs/collection.md); bound by `collection_machine_for`, one machine per example."""
+
+    # What its coverage table says reaches more: more examples or longer ones (`steplog.coverage`).
+    LONGER_RUN = LONGER_RUN
 
     def __init__(
         self,

@@ -1,13 +1,16 @@
 """`ckpt-model check`: the banner, the search of either controller's machine, its failures' rates and minimising, the
-coverage table, and the result files (`--json`, `--junit`)."""
+coverage table, and the result files (`--json`, `--junit`, checked writable before anything starts). With `--quiet`
+only one line per verdict; with `--verbose` the failure report also shows the example found before minimising."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import secrets
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,9 +21,11 @@ from ckpt_model.deployments import artifacts
 from ckpt_model.errors import UsageError
 from ckpt_model.interrupts import interrupts_held
 from ckpt_model.model.spec import DeploymentSpec
+from ckpt_model.results import runstore
 from ckpt_model.results.stats import RoundStat
-from ckpt_model.results.verdicts import Exit, kind_of, leaves, report_failure
+from ckpt_model.results.verdicts import Exit, failure_report, kind_of, leaves, quiet_line
 from ckpt_model.search import checking, profiles
+from ckpt_model.search.checking import UNTIL_THE_TIME_LIMIT
 from ckpt_model.search.controllers import TRAINER, ControllerMachine
 
 if TYPE_CHECKING:  # the stateful module is imported only when a check runs
@@ -29,8 +34,6 @@ if TYPE_CHECKING:  # the stateful module is imported only when a check runs
 
 
 SEED_BITS = 32
-# The examples a search with --max-time and no --examples may run: more than any time limit lets it.
-UNTIL_THE_TIME_LIMIT = 10**9
 
 
 def run_settings(args: argparse.Namespace) -> settings:
@@ -131,15 +134,20 @@ def banner(
 
 
 def examples_line(args: argparse.Namespace, chosen: settings) -> str:
-    """The banner's words for how many examples, how long each, and the time limit."""
-    steps = f"each of up to {chosen.stateful_step_count} steps"
+    """The banner's words for how many examples, how long each, and the time limit: what is asked of Hypothesis,
+    which counts valid examples only (it also runs, and the statistics count, those it discards as invalid) and
+    steps as the rules it draws (a report's model steps add the rules a drawn one plays and the teardown's)."""
+    steps = f"each of up to {chosen.stateful_step_count} steps drawn"
     max_time = getattr(args, "max_time", None)
     if max_time is None:
-        return f"{chosen.max_examples}, {steps}"
-    limit = f"the search stops at the first example boundary after {max_time:g} s (--max-time)"
+        return f"{chosen.max_examples} valid, {steps}"
+    limit = (
+        f"no example begins that the median example so far would not end by {max_time:g} s (--max-time), none is cut "
+        "short; then the search minimises what it found"
+    )
     if chosen.max_examples == UNTIL_THE_TIME_LIMIT:
         return f"until the time limit, {steps}; {limit}"
-    return f"{chosen.max_examples} at most, {steps}; {limit}"
+    return f"{chosen.max_examples} valid at most, {steps}; {limit}"
 
 
 def draw_line(args: argparse.Namespace) -> str:
@@ -169,7 +177,44 @@ def profile_description(chosen: settings, *, seeded_run: bool) -> str:
     return f"{exploration}, {profiles.database_label(chosen.database)}"
 
 
+def outputs_writable(paths: dict[str, Path | None]) -> None:
+    """Each result file asked for (`--json FILE`: FILE) can be written, checked before anything starts: a run whose
+    report CI would find missing at its end is a usage error at its start."""
+    from ckpt_model.results.check_result import check_writable
+
+    for option, path in paths.items():
+        if path is None:
+            continue
+        try:
+            check_writable(path)
+        except OSError as error:
+            raise UsageError(f"{option} {path}: cannot be written ({error})") from None
+
+
+@contextlib.contextmanager
+def verdict_only(quiet: bool) -> Iterator[None]:
+    """With `--quiet`, send what the run prints (banner, measuring, statistics, coverage, report) nowhere: the caller
+    prints the verdict lines to the standard output it kept. Errors still go to standard error."""
+    if not quiet:
+        yield
+        return
+    with open(os.devnull, "w") as nowhere, contextlib.redirect_stdout(nowhere):
+        yield
+
+
 def run_check(args: argparse.Namespace) -> int:
+    outputs_writable({"--json": args.json, "--junit": args.junit})
+    quiet = getattr(args, "quiet", False)
+    verdicts = sys.stdout
+    with verdict_only(quiet):
+        code, lines = checked(args)
+    for line in lines:
+        print(line, file=verdicts, flush=True)
+    return code
+
+
+def checked(args: argparse.Namespace) -> tuple[int, list[str]]:
+    """Run the check; its exit code, and with `--quiet` the verdict lines to print (one per failure, or the pass)."""
     # Imported here, not at the top: `--help` and usage errors need none of the stack.
     from ckpt_model.deployments.harness import Harness
     from ckpt_model.results.progress import Progress
@@ -177,6 +222,7 @@ def run_check(args: argparse.Namespace) -> int:
     from ckpt_model.search.checking import statistics_line
     from ckpt_model.search.targets import TARGETS
 
+    quiet, verbose = getattr(args, "quiet", False), getattr(args, "verbose", False)
     target = TARGETS[args.controller](args)
     spec, gym, controller = target.spec, target.gym, target.controller
     chosen = run_settings(args)
@@ -184,12 +230,20 @@ def run_check(args: argparse.Namespace) -> int:
     kept = artifacts_dir(args)
     print(banner(args, spec, target.faults, chosen, seed, target.notes), flush=True)
 
-    stats = SearchStats()
+    stats = SearchStats(started_s=getattr(args, "started_s", None) or time.monotonic())
     run = RunRecord(args, spec, chosen, seed, stats, controller)
-    with Progress(stats, chosen.max_examples) as progress:
+    goals_total = len(goals_applying(controller, spec))
+    every_s = getattr(args, "progress_every", None)
+    asked = None if chosen.max_examples == UNTIL_THE_TIME_LIMIT else chosen.max_examples
+    # --quiet: no progress at all, neither the redrawn line nor the piped one.
+    quiet_or = {"enabled": False, "every_s": None} if quiet else {"every_s": every_s}
+    with Progress(stats, asked, goals_total=goals_total, **quiet_or) as progress, kept_when_interrupted(run):
         try:
+            progress.now_doing("starting the deployment")
             harness = Harness(gym, spec=spec, artifacts=kept) if gym else Harness.embedded(spec, artifacts=kept)
+            runstore.begin(harness)
             run.harness = harness
+            progress.now_doing("searching")
             for line in time_lines(harness, controller.machine_type, real_gym=gym is not None):
                 print(line, flush=True)
             try:
@@ -207,7 +261,7 @@ def run_check(args: argparse.Namespace) -> int:
                     weights=getattr(args, "family_weights", None),
                     seed=seed,
                     max_time_s=args.max_time,
-                    rounds=args.examples is None,
+                    rounds=args.examples is None and controller.aims,
                     minimise=args.minimise,
                     replays=args.replays,
                     progress=progress,
@@ -216,26 +270,47 @@ def run_check(args: argparse.Namespace) -> int:
                     controller=controller,
                 )
             finally:
+                progress.now_doing("stopping the deployment")  # not a measuring that ended: it takes seconds
                 with interrupts_held():  # an interrupt now waits for the teardown, then ends the run
                     harness.close()
         except Exception as error:
             progress.stop()
-            code = report_failure(error, stats.seen)
-            run.finish(code, leaves(error, stats.seen))
-            return code
+            failures = leaves(error, stats.seen)
+            code, report = failure_report(error, stats.seen, verbose=verbose)
+            runstore.keep_report(run.run_dir, report)
+            lines = [quiet_line(leaf, spec.label, run.regression_file(leaf)) for leaf in failures] if quiet else []
+            print(report, flush=True)  # with --quiet, stdout goes nowhere (`verdict_only`)
+            run.finish(code, failures)
+            for line in runstore.kept_lines(run.harness):
+                print(line, flush=True)
+            return code, lines
     run.searched()
     for line in passed_lines(harness, controller, stats, spec):
         print(line, flush=True)
     if kept is not None:
         print(f"kept in {kept}: {artifacts.LOGS}/ (every server's full log)", flush=True)
     note = asked_note(len(stats.finished), chosen.max_examples, stats.stopped_by_time)
-    print(
-        f"PASSED: {len(stats.finished)} examples{note} in {time.monotonic() - stats.started_s:.1f} s, no property "
-        f"violated; {verdict_scope(harness, controller)}",
-        flush=True,
-    )
+    took = f"{len(stats.finished)} examples{note} in {time.monotonic() - stats.started_s:.1f} s, no property violated"
+    print(f"PASSED: {took}; {verdict_scope(harness, controller)}", flush=True)
     run.finish(Exit.PASSED, ())
-    return Exit.PASSED
+    return Exit.PASSED, [f"PASSED {spec.label}: {took}"] if quiet else []
+
+
+def goals_applying(controller: ControllerMachine, spec: DeploymentSpec) -> list[str]:
+    """The coverage goals of `controller`'s machine that apply to `spec`: what the progress line counts toward."""
+    from ckpt_model.steps.steplog import coverage
+
+    return [goal.name for goal in coverage(controller.machine_type).goals if goal.applies(spec)]
+
+
+@contextlib.contextmanager
+def kept_when_interrupted(run: RunRecord) -> Iterator[None]:
+    """An interrupt (Ctrl-C, SIGTERM) carries what the run kept and where, for the INTERRUPTED message."""
+    try:
+        yield
+    except KeyboardInterrupt as interrupt:
+        interrupt.add_note("\n".join(runstore.interrupted_lines(run.harness)))
+        raise
 
 
 def time_lines(harness: Harness, machine_type: type, *, real_gym: bool) -> list[str]:
@@ -256,16 +331,25 @@ def passed_lines(harness: Harness, controller: ControllerMachine, stats: Any, sp
     statistics."""
     from ckpt_model.search.checking import statistics_line
     from ckpt_model.steps import draw, goals
-    from ckpt_model.steps.checkable import Capabilities, summary, undrawable_rules
+    from ckpt_model.steps.checkable import Capabilities, summary
     from ckpt_model.steps.steplog import coverage, declarations
 
     machine = controller.machine_type
     capabilities = Capabilities.of(harness)
     rules = declarations(machine)
-    undrawable = [rule.name for rule in undrawable_rules(capabilities, rules)]
+    undrawable = undrawable_here(harness, controller)
     table = goals.table(stats, spec, coverage(machine), undrawable, draw.family_by_rule(machine))
     shown = summary(capabilities, rules, lambda rule: rules[rule].applies(spec), controller.judging)
     return [table, *shown, statistics_line(stats)]
+
+
+def undrawable_here(harness: Harness, controller: ControllerMachine) -> list[str]:
+    """The rules of `controller`'s machine this deployment lacks what they need for (`checkable.undrawable_rules`)."""
+    from ckpt_model.steps.checkable import Capabilities, undrawable_rules
+    from ckpt_model.steps.steplog import declarations
+
+    rules = declarations(controller.machine_type)
+    return [rule.name for rule in undrawable_rules(Capabilities.of(harness), rules)]
 
 
 def verdict_scope(harness: Harness, controller: ControllerMachine) -> str:
@@ -290,6 +374,11 @@ class RunRecord:
     harness: Any = None
     search_s: float | None = None
 
+    @property
+    def run_dir(self) -> Path | None:
+        """The run store's directory of this run, once a failure was kept (`ckpt_model.results.runstore`)."""
+        return self.harness.run_dir if self.harness is not None else None
+
     def unchecked(self) -> dict[str, str]:
         """The properties this deployment cannot judge, each with why (`ckpt_model.steps.checkable`)."""
         if self.harness is None:
@@ -312,18 +401,26 @@ class RunRecord:
 
         return goals.unmet(self.stats, self.spec, coverage(self.controller.machine_type))
 
+    def coverage(self) -> dict[str, Any] | None:
+        """The coverage table as data (`goals.document`), once a deployment started."""
+        if self.harness is None:
+            return None
+        from ckpt_model.steps import goals
+        from ckpt_model.steps.steplog import coverage
+
+        machine = self.controller.machine_type
+        return goals.document(self.stats, self.spec, coverage(machine), undrawable_here(self.harness, self.controller))
+
+    def regression_file(self, error: BaseException) -> str | None:
+        """The regression file the failure left, if it did (a violation's or a harness error's)."""
+        return kept_files(error)[0]
+
     def finish(self, code: int, failures: Sequence[BaseException]) -> None:
         """Write the files asked for; a file that cannot be written is said, and never changes the verdict."""
         if self.args.json is None and self.args.junit is None:
             return
-        from ckpt_model.results import check_result, regression
+        from ckpt_model.results import check_result
         from ckpt_model.results.check_result import CheckResult, Statistics
-
-        def regression_file(error: BaseException) -> str | None:
-            if self.harness is None or kind_of(error) not in ("violation", "harness"):
-                return None
-            path = regression.path_for(self.harness, error, self.controller.origin)
-            return str(path) if path.exists() else None
 
         total_s = time.monotonic() - self.stats.started_s
         result = CheckResult(
@@ -335,7 +432,8 @@ class RunRecord:
             profile=self.args.profile,
             examples_asked=self.chosen.max_examples,
             steps_asked=self.chosen.stateful_step_count,
-            failures=check_result.failure_results(failures, regression_file),
+            failures=check_result.failure_results(failures, kept_files),
+            run_dir=str(self.run_dir) if self.run_dir is not None else None,
             timings={
                 "total": total_s,
                 "search": self.search_s,
@@ -347,10 +445,26 @@ class RunRecord:
             version=package_version(),
             controller=self.controller.origin.controller,
             properties=self.controller.judging.titles,
+            coverage=self.coverage(),
         )
         for path, text in ((self.args.json, result.json_text), (self.args.junit, result.junit_text)):
             if path is not None:
                 write_output(path, text())
+        if self.args.json is not None:
+            runstore.keep_text(self.run_dir, runstore.RESULT, result.json_text())
+
+
+def kept_files(error: BaseException) -> tuple[str | None, str | None]:
+    """The failure's regression file and its timeline, as the report names them, each if it exists (a violation's
+    or a harness error's, kept by the run: `runstore.kept_of`)."""
+    kept = runstore.kept_of(error)
+    if kept is None or kind_of(error) not in ("violation", "harness"):
+        return None, None
+    return existing(kept.shown), existing(kept.timeline)
+
+
+def existing(path: Path) -> str | None:
+    return str(path) if path.exists() else None
 
 
 def asked_note(ran: int, asked: int, stopped_by_time: bool = False) -> str:
@@ -362,7 +476,10 @@ def asked_note(ran: int, asked: int, stopped_by_time: bool = False) -> str:
             else f" ({asked} asked; its time ran out first: --max-time)"
         )
     if ran > asked:
-        return f" ({asked} asked; Hypothesis also runs examples it then discards as incomplete)"
+        return (
+            f" ({asked} asked: Hypothesis counts valid examples only, and ran {ran - asked} more it discarded as "
+            "invalid, such as its first, of only the simplest draws)"
+        )
     if ran < asked:
         return f" ({asked} asked; Hypothesis stops early when it has tried every distinct example)"
     return ""

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from ckpt_model.commands.check import write_output
+from ckpt_model.commands.check import outputs_writable, write_output
 from ckpt_model.errors import CoordinationError, PropertyViolation, UsageError
 from ckpt_model.model.spec import DeploymentSpec
 from ckpt_model.results.verdicts import Exit
@@ -119,6 +119,7 @@ def run_audit(args: argparse.Namespace) -> int:
     from ckpt_model.modes.audit import NothingToAudit, audit
     from ckpt_model.modes.audit_telemetry import NoTelemetry
 
+    outputs_writable({"--json": args.json})
     try:
         result = audit(args.root, args.episode_owner, args.telemetry)
     except (NothingToAudit, NoTelemetry) as error:

@@ -14,7 +14,7 @@ from ckpt_model.errors import PropertyViolation, UsageError
 from ckpt_model.interrupts import interrupts_held
 from ckpt_model.model.spec import DeploymentSpec, SpecError
 from ckpt_model.results.reproduction import Rate
-from ckpt_model.results.verdicts import Exit, exception_text, report_failure
+from ckpt_model.results.verdicts import Exit, exception_text, failure_report, report_failure
 from ckpt_model.search.controllers import TRAINER, ControllerMachine
 
 if TYPE_CHECKING:  # the stateful module is imported only when a check runs
@@ -83,7 +83,7 @@ def unknown_rules(steps: Any, machine: type) -> list[str]:
 
 
 def run_replay(args: argparse.Namespace) -> int:
-    from ckpt_model.results import regression
+    from ckpt_model.results import regression, runstore
     from ckpt_model.search.scenarios import replay
 
     document, _, _ = load_regression(args.file)
@@ -91,19 +91,25 @@ def run_replay(args: argparse.Namespace) -> int:
     recorded_type = document["failure"]["type"]
     recorded = document["failure"].get("property") or recorded_type
     print(f"replaying {args.file} (recorded: {recorded})\n  {regression.describe(document)}", flush=True)
+    again = f"ckpt-model replay {args.file}"
     try:
-        replay(document, artifacts=kept)
+        replay(document, artifacts=kept, run_store=runstore.root())
     except PropertyViolation as violation:
         if document["failure"].get("property"):
             same = violation.property_id == document["failure"]["property"]
         else:
             same = type(violation).__name__ == recorded_type
         verdict = "as recorded" if same else f"with a different property than recorded ({recorded})"
-        print(exception_text(violation), flush=True)
-        print(f"\nFAILED {verdict}: {violation.property_id} {violation.title}", flush=True)
+        report = f"{exception_text(violation, replay_command=again)}\n\nFAILED {verdict}: {violation.property_id} "
+        report += violation.title
+        print(report, flush=True)
+        keep_report(violation, report)
         return Exit.VIOLATION
     except Exception as error:
-        return report_failure(error)
+        code, report = failure_report(error, replay_command=again)
+        print(report, flush=True)
+        keep_report(error, report)
+        return code
     print(f"PASSED: the recorded {recorded} no longer happens", flush=True)
     return Exit.PASSED
 
@@ -142,7 +148,39 @@ def run_minimise(args: argparse.Namespace) -> int:
     print("\n".join(["", as_state(controller), *result.code, "state.teardown()"]))
     print(f"\nMINIMISED ({result.summary()}); {args.file} now holds these steps", flush=True)
     print(f"the minimal run fails with {describe(replayer.last_failure)}: `ckpt-model replay {args.file}` shows it")
+    stored = keep_minimised(harness, first, replayer.last_failure, args.file)
+    if stored is not None:
+        print(f"kept in the run store: {stored}", flush=True)
     return Exit.PASSED
+
+
+def keep_minimised(harness: Any, first: BaseException | None, minimal: BaseException | None, path: Path) -> Path | None:
+    """Keep the rewritten file, and the minimal run's timeline, in the run directory where the first replay's
+    failure was kept (over its steps: `regression.replaces`); that directory, or None. `harness`: the closed one
+    the steps ran on (the timeline names its deployment)."""
+    from ckpt_model.results import regression, runstore
+    from ckpt_model.results.report import draw_timeline
+
+    kept = runstore.kept_of(first) if first is not None else None
+    if kept is None or kept.run_dir is None:
+        return None
+    copy = kept.run_dir / kept.name
+    try:
+        written = regression.write_unless_better(copy, regression.load(path))
+    except (OSError, ValueError) as error:
+        print(f"note: the minimised file was not kept in {kept.run_dir}: {error}", flush=True)
+        return None
+    if written and minimal is not None:
+        draw_timeline(minimal, harness, copy)
+    return kept.run_dir
+
+
+def keep_report(error: BaseException, report: str) -> None:
+    """Keep the printed report in the run directory the failure was kept in (`ckpt_model.results.runstore`)."""
+    from ckpt_model.results import runstore
+
+    kept = runstore.kept_of(error)
+    runstore.keep_report(kept.run_dir if kept is not None else None, report)
 
 
 @contextlib.contextmanager
@@ -150,10 +188,12 @@ def regression_harness(spec: DeploymentSpec, kept: Path | None = None) -> Iterat
     """A fresh embedded deployment of the file's deployment, whose failures write their regression files under
     its own root, or in the artefacts' directory `kept` (never over the file being minimised)."""
     from ckpt_model.deployments.harness import Harness
+    from ckpt_model.results import runstore
 
     harness = Harness.embedded(spec, artifacts=kept)
     if kept is None:
         harness.regressions_dir = harness.root / "regressions"
+    runstore.begin(harness)  # the first replay's failure, which the report names, outlives the run
     try:
         yield harness
     finally:
@@ -168,13 +208,13 @@ def not_minimised(path: Path, error: BaseException | None, recorded: tuple[str, 
         print(f"PASSED: the recorded {what} no longer happens; {path} left as it was", flush=True)
         return Exit.PASSED
     if isinstance(error, PropertyViolation):
-        print(exception_text(error), flush=True)
+        print(exception_text(error, replay_command=f"ckpt-model replay {path}"), flush=True)
         print(
             f"\nFAILED with a different property than recorded ({what}): {error.property_id} {error.title}; "
             f"not minimised, {path} left as it was",
             flush=True,
         )
         return Exit.VIOLATION
-    code = report_failure(error)
+    code = report_failure(error, replay_command=f"ckpt-model replay {path}")
     print(f"not minimised: the steps did not fail as recorded ({what}); {path} left as it was", flush=True)
     return code

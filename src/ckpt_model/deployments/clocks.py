@@ -23,6 +23,7 @@ from typing import Protocol, runtime_checkable
 
 from ckpt_model.deployments.seam import Deployment, lacks
 from ckpt_model.errors import HarnessError
+from ckpt_model.protocol.http import control_call
 
 # A jump of the clocks to a deadline or a lease takes them this far past it: beyond the millisecond an offset is
 # rounded to, so what falls due at that instant is due on every clock (`Clocks.jump_to`).
@@ -196,11 +197,16 @@ class Clocks:
     def _set_offset(self, name: str) -> float:
         """Give `name` its clock: the time that passed plus its skew, ahead of the true time. The time it reads."""
         deployment = self.deployment
-        offset_s = self.time_passed_s + self._skews.get(name, 0.0)
+        skew_s = self._skews.get(name, 0.0)
+        offset_s = self.time_passed_s + skew_s
+        doing = f"moving {name}'s clock {offset_s:+g} s from the true time ({self.time_passed_s:g} s passed"
+        doing += f", skewed {skew_s:+g} s)" if skew_s else ")"
         if isinstance(deployment, JumpsClocks) and deployment.jumps_clocks:
-            return float(deployment.jump_clock(name, offset_s))
+            with control_call(doing, capability=f"jump_clock({name!r}, {offset_s:+g})"):
+                return float(deployment.jump_clock(name, offset_s))
         if isinstance(deployment, SkewsClocks) and deployment.skews_clocks:
-            return float(deployment.skew_clock(name, offset_s))
+            with control_call(doing, capability=f"skew_clock({name!r}, {offset_s:+g})"):
+                return float(deployment.skew_clock(name, offset_s))
         raise HarnessError(
             lacks(self._label(), "skews_clocks and skew_clock(name, offset_s), or jump_clock(name, offset_s)")
         )

@@ -118,9 +118,12 @@ class CollectionRun:
         self.checkpoints = Path(config["checkpoint_dir"])
         self.latest_at_start = files.latest_id(self.checkpoints)
         with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(
-                [*argv, str(self.config_path)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
+            try:
+                self.process = subprocess.Popen(
+                    [*argv, str(self.config_path)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                )
+            except OSError as error:
+                raise CollectionRunError(f"the collection program {[*argv]} could not start: {error}") from error
 
     def signal(self, signum: int) -> None:
         """SIGUSR1 or SIGTERM to the program itself; nothing once it exited."""

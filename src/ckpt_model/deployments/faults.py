@@ -10,8 +10,9 @@
 - `FailsHooks`: one server's next call of a participant hook raises.
 - `LosesReplies`: one server runs its next call of an operation in full and the reply is lost on the wire.
 
-Without a capability the machine never draws the rules that need it (`Faults.can_*`). The harness composes one
-`Faults` (`harness.faults`).
+Without a capability the machine never draws the rules that need it (`Faults.can_*`). A capability that fails is a
+`ControlCallFailed` naming the call (`ckpt_model.protocol.http.control_call`). The harness composes one `Faults`
+(`harness.faults`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 from ckpt_model.deployments.clocks import Clocks
 from ckpt_model.deployments.seam import Deployment, lacks
 from ckpt_model.errors import HarnessError
+from ckpt_model.protocol.http import control_call
 
 # A deployment's failpoint inside a commit: between a participant's records file and its manifest.
 FAILPOINT_BETWEEN_FILES = "commit.between_files"
@@ -111,36 +113,52 @@ class Faults:
         return isinstance(self.deployment, Failpoints)
 
     def arm_failpoint(self, name: str, point: str) -> None:
-        self._failpoints().arm_failpoint(name, point)
+        failpoints = self._failpoints()
+        with control_call(f"arming failpoint {point} in {name}", capability=f"arm_failpoint({name!r}, {point!r})"):
+            failpoints.arm_failpoint(name, point)
 
     def failpoint_reached(self, name: str, point: str) -> bool:
-        return bool(self._failpoints().failpoint_reached(name, point))
+        failpoints = self._failpoints()
+        doing = f"asking {name} whether its work reached failpoint {point}"
+        with control_call(doing, capability=f"failpoint_reached({name!r}, {point!r})"):
+            return bool(failpoints.failpoint_reached(name, point))
 
     @property
     def can_break_storage(self) -> bool:
         return isinstance(self.deployment, BreaksStorage)
 
     def break_storage(self, name: str, point: str, how: str) -> None:
-        self._storage().break_storage(name, point, how)
+        storage = self._storage()
+        doing = f"breaking {name}'s next checkpoint write at {point} ({how})"
+        with control_call(doing, capability=f"break_storage({name!r}, {point!r}, {how!r})"):
+            storage.break_storage(name, point, how)
 
     def storage_state(self, name: str) -> dict[str, Any]:
-        return dict(self._storage().storage_state(name))
+        storage = self._storage()
+        with control_call(f"reading {name}'s storage faults", capability=f"storage_state({name!r})"):
+            return dict(storage.storage_state(name))
 
     def release_storage(self, name: str) -> None:
-        self._storage().release_storage(name)
+        storage = self._storage()
+        with control_call(f"releasing {name}'s stalled write", capability=f"release_storage({name!r})"):
+            storage.release_storage(name)
 
     @property
     def can_pause(self) -> bool:
         return isinstance(self.deployment, Pauses)
 
     def pause_server(self, name: str) -> None:
-        self._pausing().pause_server(name)
+        pausing = self._pausing()
+        with control_call(f"freezing {name} (SIGSTOP)", capability=f"pause_server({name!r})"):
+            pausing.pause_server(name)
         self.clocks.freeze(name)
 
     def continue_server(self, name: str) -> None:
         """SIGCONT `name`; if time jumped while it was frozen, its clock jumps too before this returns, and its
         timers fall due as after a real pause that long (`Clocks.jump_to`)."""
-        self._pausing().continue_server(name)
+        pausing = self._pausing()
+        with control_call(f"letting {name} go on (SIGCONT)", capability=f"continue_server({name!r})"):
+            pausing.continue_server(name)
         self.clocks.thaw(name)
 
     @property
@@ -148,20 +166,29 @@ class Faults:
         return isinstance(self.deployment, LosesReplies)
 
     def lose_reply(self, name: str, operation: str) -> None:
-        self._losing_replies().lose_reply(name, operation)
+        losing = self._losing_replies()
+        doing = f"arming a lost reply to {name}'s next {operation}"
+        with control_call(doing, capability=f"lose_reply({name!r}, {operation!r})"):
+            losing.lose_reply(name, operation)
 
     def lost_replies(self, name: str) -> int:
-        return int(self._losing_replies().lost_replies(name))
+        losing = self._losing_replies()
+        with control_call(f"reading how many replies {name} lost", capability=f"lost_replies({name!r})"):
+            return int(losing.lost_replies(name))
 
     @property
     def can_fail_hooks(self) -> bool:
         return isinstance(self.deployment, FailsHooks)
 
     def fail_hook(self, name: str, hook: str) -> None:
-        self._failing_hooks().fail_hook(name, hook)
+        failing = self._failing_hooks()
+        with control_call(f"arming {name}'s {hook} hook to fail", capability=f"fail_hook({name!r}, {hook!r})"):
+            failing.fail_hook(name, hook)
 
     def failed_hooks(self, name: str) -> int:
-        return int(self._failing_hooks().failed_hooks(name))
+        failing = self._failing_hooks()
+        with control_call(f"reading how many hooks of {name} failed", capability=f"failed_hooks({name!r})"):
+            return int(failing.failed_hooks(name))
 
     def _lacks(self, what: str) -> HarnessError:
         return HarnessError(lacks(self._label(), what))

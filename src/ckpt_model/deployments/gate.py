@@ -3,7 +3,8 @@
 Gym's fake backend's control routes (reference section 11): the call list, release chosen calls, reset, gate every
 call, pin the policy's script; with token capture also the token store (`staged`), the cut rounds (`cuts`) and a
 hung cut endpoint (`stall_cuts`). `BackendGate` speaks them over HTTP; the harness holds one as `harness.backend`
-(None: the deployment has no gated backend, and the machine runs only the rules that need none).
+(None: the deployment has no gated backend, and the machine runs only the rules that need none). A route that fails
+is a `ControlCallFailed` naming it (`ckpt_model.protocol.http.control_call`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any, Protocol
 import httpx
 
 from ckpt_model.protocol.get_round import GetRound
+from ckpt_model.protocol.http import checked_json, control_call
 from ckpt_model.protocol.wire import BackendCutStallWire
 
 
@@ -48,51 +50,51 @@ class BackendGate:
         # The settle polls the call list several times a step: over a kept-alive connection of its own where given.
         self._calls_round = calls_round if calls_round is not None and GetRound.serves(url) else None
 
-    def _post(self, path: str, body: dict[str, Any] | None = None) -> Any:
-        response = self._http.post(self.url + path, json=body or {})
-        response.raise_for_status()
-        return response.json()
+    def _post(self, path: str, body: dict[str, Any] | None, doing: str) -> Any:
+        with control_call(doing):
+            return checked_json(self._http.post(self.url + path, json=body or {}))
+
+    def _get(self, path: str, doing: str) -> Any:
+        with control_call(doing):
+            return checked_json(self._http.get(self.url + path))
 
     def calls(self) -> list[dict[str, Any]]:
         url = self.url + "/_ctl/calls"
-        answers = self._calls_round.get_all([url], {}) if self._calls_round is not None else None
-        answer = answers[0] if answers is not None else self._http.get(url)
-        if isinstance(answer, Exception):
-            raise httpx.TransportError(f"GET {url}: {type(answer).__name__}: {answer}") from answer
-        answer.raise_for_status()
-        return answer.json()
+        with control_call("reading the backend's calls"):
+            answers = self._calls_round.get_all([url], {}) if self._calls_round is not None else None
+            answer = answers[0] if answers is not None else self._http.get(url)
+            if isinstance(answer, Exception):
+                raise httpx.TransportError(f"{type(answer).__name__}: {answer}", request=httpx.Request("GET", url))
+            return checked_json(answer)
 
     def gate(self) -> None:
-        self._post("/_ctl/gate")
+        self._post("/_ctl/gate", None, "gating every model call of the backend")
 
     def reset(self) -> None:
-        self._post("/_ctl/reset")
+        self._post("/_ctl/reset", None, "resetting the backend for a new example")
 
     def release(self, indices: list[int]) -> Any:
-        return self._post("/_ctl/step", {"indices": indices})
+        return self._post("/_ctl/step", {"indices": indices}, f"releasing the backend's calls {indices}")
 
     def script(self, tool_calls: Sequence[Mapping[str, Any]]) -> Any:
         """Pin the policy's tool calls, so the checker knows what an uninterrupted episode earns (P3)."""
-        return self._post("/_ctl/script", {"tool_calls": [dict(call) for call in tool_calls]})
+        body = {"tool_calls": [dict(call) for call in tool_calls]}
+        return self._post("/_ctl/script", body, "pinning the policy's script on the backend")
 
     def staged(self) -> dict[str, Any]:
         """The token store: staging key -> the tokens and lineage the trainer reads (P5, P12)."""
-        response = self._http.get(self.url + "/_ctl/staged")
-        response.raise_for_status()
-        return response.json()
+        return dict(self._get("/_ctl/staged", "reading the backend's token store"))
 
     def cuts(self) -> list[list[str]]:
         """Every generation-cut round the backend answered: the model call IDs it cut durably in each."""
-        response = self._http.get(self.url + "/_ctl/cuts")
-        response.raise_for_status()
-        return response.json()
+        return list(self._get("/_ctl/cuts", "reading the backend's generation-cut rounds"))
 
     def stall_cuts(self, stall: bool) -> Any:
         """While on, a cut request hangs until its sender gives up (a hung cut must not eat a prepare)."""
-        return self._post("/_ctl/cut_stall", {"stall": stall})
+        doing = "stalling the backend's cut endpoint" if stall else "letting the backend's cut endpoint answer"
+        return self._post("/_ctl/cut_stall", {"stall": stall}, doing)
 
     def hanging_cuts(self) -> int:
         """How many cut requests hang at the stalled endpoint now (each ends when its sender gives up)."""
-        response = self._http.get(self.url + "/_ctl/cut_stall")
-        response.raise_for_status()
-        return BackendCutStallWire.model_validate_json(response.content).hanging
+        reply = self._get("/_ctl/cut_stall", "reading the cut requests hanging at the backend")
+        return BackendCutStallWire.model_validate(reply).hanging

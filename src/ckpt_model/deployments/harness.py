@@ -43,7 +43,7 @@ from ckpt_model.errors import CoordinationError, HarnessError, ServerStartError
 from ckpt_model.model.spec import DeploymentSpec
 from ckpt_model.protocol.client import BASE_TIMEOUT_S, ControlClient
 from ckpt_model.protocol.get_round import GetRound
-from ckpt_model.protocol.http import new_http_client
+from ckpt_model.protocol.http import control_call, new_http_client
 from ckpt_model.protocol.ledger import LedgerClient
 
 log = logging.getLogger(__name__)
@@ -95,6 +95,13 @@ class Harness:
         self.calls_round = GetRound(timeout_s=BASE_TIMEOUT_S)
         # Where a failing run writes its regression file (None: `ckpt_model.results.regression.directory()`).
         self.regressions_dir: Path | None = artifacts
+        # The run store a command keeps this harness's failures in (`ckpt_model.results.runstore.begin`; None: a
+        # private harness's, whose failures keep nothing there), this run's directory in it once its first failure
+        # made it, and the file name the run gave each failure, by its property and deployment (Hypothesis's shrinks
+        # and the minimiser's rewrite keep it).
+        self.run_store: Path | None = None
+        self.run_dir: Path | None = None
+        self.failure_files: dict[str, str] = {}
         # Per server name, the worker index killed alone (`kill_worker`) since the server last started.
         self.dead_workers: dict[str, int] = {}
         # The example directory kept for the artefacts (`keep_example`): neither the next example nor close removes it.
@@ -159,10 +166,12 @@ class Harness:
         The backend is reset once the old Gym processes are gone (none can call it after the reset), beside the
         new ones' start; the last example's directory is removed off this path."""
         with timing.span("begin_example"):
-            with timing.span("restart.kill"):
+            with timing.span("restart.kill"), control_call("stopping the last example's Gym", capability="crash_gym()"):
                 self.deployment.crash_gym()
             if self.spec.token_capture:
-                self._capturing().clear_capture()
+                capturing = self._capturing()
+                with control_call("emptying the capture directory", capability="clear_capture()"):
+                    capturing.clear_capture()
             self._begin_traces()
             reset = self._chore(self._reset_backend) if self.backend is not None else None
             self.clocks.begin_example()
@@ -193,10 +202,12 @@ class Harness:
         if not self.can_crash:
             raise HarnessError(self._lacks("crashes (it says crashes=False)"))
         with timing.span("crash"):
-            with timing.span("restart.kill"):
+            with timing.span("restart.kill"), control_call("crashing Gym (SIGKILL)", capability="crash_gym()"):
                 self.deployment.crash_gym()
             if power_loss:
-                self._losing().lose_unsynced()
+                losing = self._losing()
+                with control_call("cutting the power after the crash", capability="lose_unsynced()"):
+                    losing.lose_unsynced()
             self.start_gym()
 
     @property
@@ -248,7 +259,8 @@ class Harness:
         deployment = self.deployment
         if not isinstance(deployment, KillsWorkers):
             raise HarnessError(self._lacks("kill_worker(name, index)"))
-        with timing.span("kill_worker"):
+        doing = f"killing worker {index} of {name} (SIGKILL)"
+        with timing.span("kill_worker"), control_call(doing, capability=f"kill_worker({name!r}, {index})"):
             deployment.kill_worker(name, index)
         self.dead_workers[name] = index
 
@@ -256,7 +268,8 @@ class Harness:
         deployment = self.deployment
         if not isinstance(deployment, PlacesCalls):
             raise HarnessError(self._lacks("place_calls(placement)"))
-        with timing.span("place_calls"):
+        doing = f"placing each attempt's calls on a worker ({dict(placement)})"
+        with timing.span("place_calls"), control_call(doing, capability="place_calls(placement)"):
             deployment.place_calls(placement)
 
     def start_collection(
@@ -459,7 +472,8 @@ class Harness:
         numbered from 0 again."""
         deployment = self.deployment
         if isinstance(deployment, ExportsTelemetry):
-            deployment.clear_telemetry()
+            with control_call("removing the last example's telemetry files", capability="clear_telemetry()"):
+                deployment.clear_telemetry()
         if self._control is not None:
             self._control.begin_traces()
 
@@ -492,8 +506,11 @@ class Harness:
         return self._chores.submit(work, *args, **kwargs)
 
     def _started(self, start: Any) -> Any:
+        """What `start` returns; a server that does not start is a `ServerStartError`, a control route that fails
+        meanwhile (the look-alike's placement of calls on workers) a `ControlCallFailed`."""
         try:
-            return start()
+            with control_call("starting Gym servers"):
+                return start()
         except (OSError, RuntimeError) as error:
             raise ServerStartError(
                 name=self.spec.label, exit_status=None, log_tail=str(error), log_path=str(self.deployment.logs_dir)

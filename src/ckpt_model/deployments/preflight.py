@@ -82,11 +82,13 @@ def said(problems: Sequence[Problem]) -> str:
 
 @attrs.frozen
 class Found:
-    """The participants the pre-flight found answering: name -> URL, name -> kind, name -> status."""
+    """The participants the pre-flight found answering: name -> URL, name -> kind, name -> status; `absent`, the
+    servers whose status route answered 404 (no checkpoint routes: they take no part), name -> the URL asked."""
 
     urls: dict[str, str]
     kinds: dict[str, str]
     statuses: dict[str, dict[str, Any]]
+    absent: dict[str, str] = attrs.field(factory=dict)
 
 
 # --- the whole pre-flight ----------------------------------------------------------------------------------
@@ -135,6 +137,11 @@ def participants(
         urls={name: named[name].rstrip("/") for name in statuses},
         kinds={name: str(status["kind"]) for name, status in statuses.items()},
         statuses=statuses,
+        absent={
+            name: named[name].rstrip("/") + STATUS_ROUTE
+            for name, outcome in zip(names, outcomes, strict=True)
+            if outcome is None
+        },
     )
 
 
@@ -234,11 +241,14 @@ def kind_problems(found: Found, topology: str) -> list[Problem]:
     have = ", ".join(f"{name} is {kind} ({found.urls[name]})" for name, kind in sorted(found.kinds.items()))
     need = ", ".join(f"{count} {kind}" for kind, count in wanted.items())
     where = ", ".join(f"{counted[kind]} {kind}" for kind in wrong)
+    absent = ", ".join(f"{name} ({url})" for name, url in sorted(found.absent.items()))
+    not_found = f"; answered HTTP 404 Not Found, so no checkpoint routes: {absent}" if absent else ""
     return [
         Problem(
             "the participants",
-            f"topology {topology} needs {need} participant(s), and this Gym has {where} ({have or 'none answered'}): "
-            "'topology' must name what the Gym runs",
+            f"topology {topology} needs {need} participant(s), and this Gym has {where} "
+            f"({have or 'no participant answered'}{not_found}): 'topology' must name what the Gym runs, and each URL "
+            "a Gym server",
         )
     ]
 

@@ -27,7 +27,10 @@ With `--telemetry`, the spans and metrics the run wrote are judged against the c
 `ckpt_model.modes.audit_telemetry`).
 
 ROOT is one checkpoint directory (it holds `gym/`) or a directory of them (each subdirectory that holds `gym/`, as
-a trainer keeps them), and a rollout collection's checkpoint root adds `LATEST` and `collection.json`.
+a trainer keeps them), and a rollout collection's checkpoint root adds `LATEST` and `collection.json`. A ROOT that is
+neither but holds exactly one directory of checkpoints a few levels down (a tree `check --keep-artifacts DIR` kept:
+`DIR/checkpoints/example-N/checkpoints`) is audited there, and the report says so; with several, the usage error
+lists them.
 """
 
 from __future__ import annotations
@@ -63,13 +66,18 @@ from ckpt_model.protocol.collection_files import (
 from ckpt_model.protocol.storage import MANIFEST_NAME, CheckpointUnreadable, Fingerprint, read_share
 
 GYM_DIR = "gym"
+# How far below ROOT the audit looks for a directory of checkpoints when ROOT holds none (a kept artifacts tree
+# holds them three levels down: checkpoints/example-N/checkpoints), and how many directories it reads at most.
+NESTED_DEPTH = 4
+NESTED_DIRECTORIES_READ = 2000
 MODEL_KIND = "model"
 JSON_FORMAT_VERSION = 1
 JSON_PARTICIPANT = frozenset({"kind", "instance", "records"})
 
 
 class NothingToAudit(Exception):
-    """ROOT holds no checkpoint: neither `gym/` nor a subdirectory with one, nor `LATEST`."""
+    """ROOT does not exist, or holds no checkpoint: neither `gym/` nor a subdirectory with one, nor `LATEST`, nor
+    exactly one directory of checkpoints a few levels down."""
 
 
 @attrs.frozen
@@ -103,11 +111,15 @@ class Checkpoint:
 
 @attrs.frozen
 class Audit:
+    """What one audit read and found. `asked`: the path the user named, when the checkpoints were found below it
+    (`root`), else None."""
+
     root: Path
     checkpoints: tuple[Checkpoint, ...]
     latest: str | None
     findings: tuple[Finding, ...]
     telemetry: TelemetryRead | None = None
+    asked: Path | None = None
 
     @property
     def passed(self) -> bool:
@@ -118,6 +130,7 @@ class Audit:
         return {
             "format": JSON_FORMAT_VERSION,
             "root": str(self.root),
+            "asked": str(self.asked) if self.asked is not None else None,
             "verdict": "passed" if self.passed else "violation",
             "properties_violated": sorted({finding.property_id for finding in self.findings}),
             "latest": self.latest,
@@ -144,10 +157,15 @@ class Audit:
         """What was read, then every finding, then the verdict, as `ckpt-model audit` prints it."""
         records = sum(p.records or 0 for c in self.checkpoints for p in c.participants)
         directories = sum(len(c.participants) for c in self.checkpoints)
-        lines = [
+        lines = []
+        if self.asked is not None:
+            lines.append(
+                f"{self.asked} holds no checkpoint itself; the one directory of checkpoints under it is {self.root}"
+            )
+        lines.append(
             f"audit of {self.root}: {len(self.checkpoints)} checkpoint(s), {directories} participant "
             f"director{'y' if directories == 1 else 'ies'}, {records} record(s); LATEST {self.latest or 'absent'}"
-        ]
+        )
         for checkpoint in self.checkpoints:
             state = "published" if checkpoint.published else "not published"
             held = ", ".join(
@@ -171,13 +189,11 @@ class Audit:
 def audit(root: Path, episode_owner: str | None = None, telemetry: Path | None = None) -> Audit:
     """Read every checkpoint under `root` and judge it, and with `telemetry` the spans and metrics a run wrote
     against them; raises `NothingToAudit` when there is no checkpoint, `NoTelemetry` when the path holds no file."""
-    root = Path(root)
     if episode_owner is not None and episode_owner not in EPISODE_OWNERS:
         raise ValueError(f"episode owner must be one of {EPISODE_OWNERS} (got {episode_owner!r})")
+    asked, root = _found_root(Path(root))
     directories = _checkpoint_dirs(root)
     has_latest = (root / LATEST).exists()
-    if not directories and not has_latest:
-        raise NothingToAudit(f"{root} holds no checkpoint: no {GYM_DIR}/, no subdirectory with one, no {LATEST}")
     findings: list[Finding] = []
     # In a collection's root only what was published is a checkpoint: a directory without collection.json is a
     # save that failed or is under way (P23 judges it), its shares possibly half written.
@@ -191,7 +207,68 @@ def audit(root: Path, episode_owner: str | None = None, telemetry: Path | None =
     read = None
     if telemetry is not None:
         read = audit_telemetry(Path(telemetry), _shares(checkpoints, collection), functools.partial(_found, findings))
-    return Audit(root=root, checkpoints=tuple(checkpoints), latest=latest, findings=tuple(findings), telemetry=read)
+    return Audit(
+        root=root,
+        checkpoints=tuple(checkpoints),
+        latest=latest,
+        findings=tuple(findings),
+        telemetry=read,
+        asked=asked,
+    )
+
+
+def _found_root(asked: Path) -> tuple[Path | None, Path]:
+    """Where the checkpoints are: `asked` itself when it holds them (then None and it), else the one directory of
+    checkpoints below it (then `asked` and that directory); `NothingToAudit` naming the path and what to name
+    instead when it does not exist, holds none, or holds several."""
+    if not asked.exists():
+        raise NothingToAudit(f"{asked} does not exist: name a checkpoint directory, or a directory of them")
+    if not asked.is_dir():
+        raise NothingToAudit(f"{asked} is not a directory: name a checkpoint directory, or a directory of them")
+    if _holds_checkpoints(asked):
+        return None, asked
+    nested = _nested_roots(asked)
+    if len(nested) == 1:
+        return asked, nested[0]
+    if nested:
+        listed = "\n".join(f"  {path}" for path in nested)
+        raise NothingToAudit(
+            f"{asked} holds no checkpoint itself, and {len(nested)} directories of checkpoints under it; audit one "
+            f"at a time:\n{listed}"
+        )
+    raise NothingToAudit(
+        f"{asked} holds no checkpoint: no {GYM_DIR}/, no subdirectory with one, no {LATEST}, and no directory of "
+        f"checkpoints up to {NESTED_DEPTH} levels below it (a tree `check --keep-artifacts DIR` kept holds its "
+        "failing example's under DIR/checkpoints/example-N/checkpoints, when the example wrote any)"
+    )
+
+
+def _holds_checkpoints(path: Path) -> bool:
+    return bool(_checkpoint_dirs(path)) or (path / LATEST).exists()
+
+
+def _nested_roots(asked: Path) -> list[Path]:
+    """The directories of checkpoints below `asked`, breadth first to `NESTED_DEPTH` levels, not looking inside
+    one (nor inside a checkpoint directory)."""
+    found: list[Path] = []
+    level, read = [asked], 0
+    for _ in range(NESTED_DEPTH):
+        below: list[Path] = []
+        for directory in level:
+            try:
+                children = _subdirs(directory)
+            except OSError:  # unreadable: nothing to find there
+                continue
+            for child in children:
+                read += 1
+                if read > NESTED_DIRECTORIES_READ:
+                    return found
+                if _holds_checkpoints(child):
+                    found.append(child)
+                elif child.name != GYM_DIR and not child.is_symlink():
+                    below.append(child)
+        level = below
+    return found
 
 
 def _shares(checkpoints: list[Checkpoint], collection: bool) -> dict[str, set[tuple[str, str]]]:

@@ -56,7 +56,9 @@ from ckpt_model.properties.continuation import p2_silent_while_checkpointed, p3_
 from ckpt_model.properties.scope import p1_finished_or_exported
 from ckpt_model.protocol.client import ControlClient
 from ckpt_model.protocol.gym_tasks import WEATHER_SCRIPT, native_run_body
+from ckpt_model.protocol.http import checked_json, control_call
 from ckpt_model.protocol.wire import EpisodeId
+from ckpt_model.results.progress import EVERY_S, PLAIN_PREFIX, Heartbeat
 
 TOPOLOGY = "native"
 SCALE_ENV = "CKPT_MODEL_SCALE"
@@ -375,9 +377,8 @@ class CallLog:
 
     def refresh(self) -> list[dict[str, Any]]:
         """Fetch the calls not yet seen; returns them."""
-        response = self._http.get(self._url, params={"since": len(self.calls)})
-        response.raise_for_status()
-        new = response.json()
+        with control_call("reading the backend's new calls"):
+            new = checked_json(self._http.get(self._url, params={"since": len(self.calls)}))
         # A backend without `since` answers every call: keep only the unseen tail.
         if new and new[0]["index"] < len(self.calls):
             new = new[len(self.calls) :]
@@ -405,8 +406,10 @@ def wait_for(
     *,
     hopeless: Callable[[], str | None] = lambda: None,
     stall_s: float = STALL_S,
+    watch: Callable[[int], None] = lambda _now: None,
 ) -> None:
-    """Poll `progress` with the checker's one back-off poll (`observe.poll`) until it reaches `target`.
+    """Poll `progress` with the checker's one back-off poll (`observe.poll`) until it reaches `target`, telling
+    `watch` each count it reads (what the run's progress line says).
 
     A `QuiescenceTimeout` once it stood still for `stall_s` (a run of thousands is slow on loaded cores, but it
     moves); a `ScaleError` as soon as `hopeless()` says why it never can (a `/run` that should wait ended). So the
@@ -416,6 +419,7 @@ def wait_for(
     def reached() -> bool:
         nonlocal last, moved_at
         now = progress()
+        watch(now)
         if now >= target:
             return True
         why = hopeless()
@@ -541,9 +545,12 @@ class _Stages:
         self.seconds: dict[str, float] = {}
         self.cpu_seconds: dict[str, float | None] = {}
         self._progress = progress
+        self.current = "starting"
+        self.current_since_s = time.monotonic()
 
     def timed(self, stage: str, work: Callable[[], Any]) -> Any:
         self._progress(f"{stage} ...")
+        self.current, self.current_since_s = stage, time.monotonic()
         cpu_before = process_tree_cpu_s()
         started = time.perf_counter()
         result = work()
@@ -569,6 +576,8 @@ class _ScaleRun:
         self.sender = RunSender(harness.run_url, connect_timeout_s=STALL_S)
         self.reward = TOPOLOGIES[TOPOLOGY].reward(WEATHER_SCRIPT)
         self.directory = str(harness.checkpoint_dir / CHECKPOINT_ID)
+        # What the stage under way waits for, and how far it got: the progress line's words.
+        self.doing = ""
 
     # -- before the checkpoint -----------------------------------------------------------------------------
 
@@ -607,10 +616,29 @@ class _ScaleRun:
         `arrived`; then wait for all of them. Thousands started at once would overflow listen backlogs (a connect
         the kernel retries a second later) and, at the in-flight limit, the servers' file descriptors."""
         step = max(1, DISPATCH_WINDOW // 4)
-        for started in range(0, len(items), step):
-            wait_for(arrived, started + step - DISPATCH_WINDOW, f"{prediction} ({started} started)", hopeless=hopeless)
+        total = len(items)
+        for started in range(0, total, step):
+
+            def watch(now: int, started: int = started) -> None:
+                self.doing = f"{prediction}: {now} of {total} ({started} started)"
+
+            wait_for(
+                arrived,
+                started + step - DISPATCH_WINDOW,
+                f"{prediction} ({started} started)",
+                hopeless=hopeless,
+                watch=watch,
+            )
             start(items[started : started + step])
-        wait_for(arrived, len(items), prediction, hopeless=hopeless)
+        wait_for(arrived, total, prediction, hopeless=hopeless, watch=self._watching(prediction, total))
+
+    def _watching(self, prediction: str, target: int) -> Callable[[int], None]:
+        """What a wait for `target` of `prediction` tells the progress line."""
+
+        def watch(now: int) -> None:
+            self.doing = f"{prediction}: {now} of {target}"
+
+        return watch
 
     def _runs(self, attempt: int) -> Callable[[Sequence[str]], None]:
         """Sends the `/run` of `attempt` for each rollout of a batch."""
@@ -637,10 +665,19 @@ class _ScaleRun:
         """SIGKILL every Gym process group and start fresh ones. The stage ends when its fallout is over: every
         `/run` in flight ended with an error, and the backend saw every waiting call's caller go (so the restore
         is timed alone, not with thousands of cut-off calls still being torn down)."""
+        self.doing = "killing every Gym process group and starting fresh ones"
         self.harness.crash()
         in_flight = self.plan.in_flight
-        wait_for(lambda: self.sender.ended(in_flight), len(in_flight), "every /run in flight ended at the crash")
-        wait_for(lambda: -self._backend_waiting(), 0, "the backend saw every waiting call's caller go after the crash")
+        ended = "every /run in flight ended at the crash"
+        wait_for(
+            lambda: self.sender.ended(in_flight), len(in_flight), ended, watch=self._watching(ended, len(in_flight))
+        )
+        gone = "the backend saw every waiting call's caller go after the crash"
+
+        def watch(now: int) -> None:
+            self.doing = f"{gone}: {-now} still waiting"
+
+        wait_for(lambda: -self._backend_waiting(), 0, gone, watch=watch)
 
     def restore(self, exported: Sequence[str]) -> dict[str, Any]:
         scope = [EpisodeId(rollout_id=key) for key in exported]
@@ -659,8 +696,8 @@ class _ScaleRun:
 
     def _ungate(self) -> None:
         """The backend's `/_ctl/release` (Gym's own route): every call returns at once until the next gate."""
-        response = self.harness.http.post(self.gate.url + "/_ctl/release", json={})
-        response.raise_for_status()
+        with control_call("letting every call through the backend's gate"):
+            self.harness.http.post(self.gate.url + "/_ctl/release", json={}).raise_for_status()
 
     def _backend_waiting(self) -> int:
         """How many calls wait at the backend: a step that releases nothing answers the count."""
@@ -683,10 +720,12 @@ def run_scale(
     finished_share: float = FINISHED_SHARE,
     harness: Harness | None = None,
     progress: Callable[[str], None] | None = None,
+    progress_every_s: float = EVERY_S,
 ) -> ScaleResult:
     """Gym's scenario 13 on the look-alike stack (native topology): the stage times and verdicts, or the
     violated property (`P1Violation` ... `P4Violation`), or a `HarnessError` naming the state that
-    never came. A harness passed in is reused (a fresh example begins) and left open."""
+    never came. A harness passed in is reused (a fresh example begins) and left open. `progress` hears each stage
+    begin and end, and every `progress_every_s` seconds what the stage under way waits for (`stage_progress`)."""
     fd_limit = raise_fd_limit()
     if harness is None:
         in_flight_limit = in_flight_max(fd_limit)
@@ -696,14 +735,23 @@ def run_scale(
     else:
         in_flight_limit = in_flight_bound(fd_limit, harness.spec.server_workers, harness.spec.policy_workers)
         plan = ScalePlan.split(rollouts, in_flight_limit, finished_share)
-    stages = _Stages(progress or (lambda _line: None))
+    say = progress or (lambda _line: None)
+    stages = _Stages(say)
     own = harness is None
-    harness = harness if harness is not None else Harness.embedded(spec)
+    if harness is None:
+        say(
+            f"starting the look-alike stack: {spec.server_workers} worker(s) per environment, agent and resources "
+            f"server, {spec.policy_workers} of the policy model"
+        )
+        harness = Harness.embedded(spec)
     try:
         harness.begin_example()
         run = _ScaleRun(harness, plan)
         try:
-            return _checked_run(run, stages, in_flight_limit)
+            if progress is None:
+                return _checked_run(run, stages, in_flight_limit)
+            with Heartbeat(lambda: stage_progress(stages, run), every_s=progress_every_s, say=progress):
+                return _checked_run(run, stages, in_flight_limit)
         except Exception as error:  # a violation, a harness error, or a control call that failed
             error.add_note(f"stages done: {stages.seconds}\nserver log tails:\n{harness.log_tails(LOG_LINES_SHOWN)}")
             raise
@@ -712,6 +760,12 @@ def run_scale(
     finally:
         if own:
             harness.close()
+
+
+def stage_progress(stages: _Stages, run: _ScaleRun) -> str:
+    """The progress line of a scale run: the stage under way, for how long, and how far its wait got."""
+    elapsed_s = time.monotonic() - stages.current_since_s
+    return f"{PLAIN_PREFIX}{stages.current} for {elapsed_s:.0f} s" + (f": {run.doing}" if run.doing else "")
 
 
 def _checked_run(run: _ScaleRun, stages: _Stages, in_flight_limit: int) -> ScaleResult:

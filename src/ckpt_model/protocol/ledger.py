@@ -23,6 +23,7 @@ import attrs
 import httpx
 
 from ckpt_model.errors import ProtocolError
+from ckpt_model.protocol.http import control_call
 
 CAPTURE_ROUTE_PREFIX = "/training-token-capture/control/rollouts"
 RETIRED_STATUS = 410
@@ -89,9 +90,10 @@ class LedgerClient:
 
     def manifest(self, capture_key: str) -> Manifest | RetiredLedger:
         where = f"GET {CAPTURE_ROUTE_PREFIX}/{capture_key}/manifest on {self.url}"
-        response = self.http.get(
-            f"{self.url}{CAPTURE_ROUTE_PREFIX}/{quote(capture_key, safe='')}/manifest", headers=self._headers()
-        )
+        with control_call(f"reading the capture ledger of {capture_key}"):
+            response = self.http.get(
+                f"{self.url}{CAPTURE_ROUTE_PREFIX}/{quote(capture_key, safe='')}/manifest", headers=self._headers()
+            )
         body = _json(response, where)
         if response.status_code == RETIRED_STATUS:
             detail = _detail(body)
@@ -118,11 +120,12 @@ class LedgerClient:
 
     def _post(self, operation: str, capture_keys: Sequence[str]) -> Any:
         where = f"POST {CAPTURE_ROUTE_PREFIX}/{operation} on {self.url}"
-        response = self.http.post(
-            f"{self.url}{CAPTURE_ROUTE_PREFIX}/{operation}",
-            json={"rollout_ids": list(capture_keys)},
-            headers=self._headers(),
-        )
+        with control_call(f"asking the policy model to {operation} the capture ledgers of {list(capture_keys)}"):
+            response = self.http.post(
+                f"{self.url}{CAPTURE_ROUTE_PREFIX}/{operation}",
+                json={"rollout_ids": list(capture_keys)},
+                headers=self._headers(),
+            )
         body = _json(response, where)
         if response.status_code != httpx.codes.OK:
             return Refusal(response.status_code, _detail(body) or response.text)

@@ -11,9 +11,10 @@ Pure: building and rendering do no I/O beyond `write`.
 
 from __future__ import annotations
 
+import errno
 import json
 import xml.etree.ElementTree as ElementTree
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -41,6 +42,7 @@ class FailureResult:
     rate: str | None = None
     steps: tuple[str, ...] = ()
     regression_file: str | None = None
+    timeline: str | None = None
 
     def document(self) -> dict[str, Any]:
         return attrs.asdict(self, recurse=False) | {"steps": list(self.steps)}
@@ -62,6 +64,9 @@ class Statistics:
     # Every applicable goal and rule no example reached, in words (`goals.unmet`).
     unmet: tuple[str, ...] = ()
     stopped_by_time: bool = False
+    # The rules Hypothesis drew (at most `steps_asked` an example); `steps` counts model steps: these, the rules they
+    # played inside them (a crash before a restore) and the teardowns' drain steps.
+    steps_drawn: int = 0
     # The rounds of a search bounded by time (`ckpt_model.search.aim`), each as `RoundStat` holds it.
     rounds: tuple[Mapping[str, Any], ...] = ()
 
@@ -70,7 +75,8 @@ class Statistics:
         return cls(
             examples=stats.examples,
             examples_finished=len(stats.finished),
-            steps=sum(example.steps for example in stats.finished),
+            steps=stats.steps,
+            steps_drawn=stats.drawn_steps,
             crashes=sum(example.crashes for example in stats.finished),
             crashes_inside_operations=sum(example.crashes_inside for example in stats.finished),
             goals=dict(sorted(stats.goals.items())),
@@ -100,7 +106,8 @@ def registry_titles() -> dict[str, str]:
 class CheckResult:
     """A whole run. `timings` holds seconds: `total`, `search`, `first_failure` (from the start, or None) and
     `measuring` (replays and minimising). `skipped` maps a property this deployment cannot check to why;
-    `properties` is every property the controller's machine reports on, by ID, with its title."""
+    `properties` is every property the controller's machine reports on, by ID, with its title; `coverage`, the
+    coverage table: each goal and rule, its counts, and whether it was reached (NEVER: applicable, never reached)."""
 
     verdict: Verdict
     exit_code: int
@@ -117,6 +124,10 @@ class CheckResult:
     version: str = ""
     controller: str = DEFAULT_CONTROLLER
     properties: Mapping[str, str] = attrs.field(factory=registry_titles)
+    # The coverage table as data (`ckpt_model.steps.goals.document`); None when no deployment started.
+    coverage: Mapping[str, Any] | None = None
+    # The run store's directory of this run (`ckpt_model.results.runstore`), when it kept a failure.
+    run_dir: str | None = None
 
     def document(self) -> dict[str, Any]:
         return {
@@ -133,9 +144,11 @@ class CheckResult:
             "examples_asked": self.examples_asked,
             "steps_asked": self.steps_asked,
             "failures": [failure.document() for failure in self.failures],
+            "run_dir": self.run_dir,
             "timings_s": {name: _rounded(value) for name, value in self.timings.items()},
             "statistics": self.statistics.document(),
             "properties_skipped": dict(self.skipped),
+            "coverage": self.coverage,
         }
 
     def json_text(self) -> str:
@@ -203,6 +216,18 @@ def _rounded(value: float | None) -> float | None:
     return None if value is None else round(value, 2)
 
 
+def check_writable(path: Path) -> None:
+    """Raise the `OSError` that `write(path, ...)` would meet, before a run starts rather than at its end: the
+    directory made as `write` makes it, a file created and removed beside the path, and the path no directory."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
+    probe = path.with_name(f".{path.name}.partial")
+    with probe.open("w"):
+        pass
+    probe.unlink()
+
+
 def write(path: Path, text: str) -> None:
     """Write the file whole (a temporary beside it, then a rename), so a reader never sees half of it."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -211,9 +236,11 @@ def write(path: Path, text: str) -> None:
     partial.replace(path)
 
 
-def failure_results(leaves: Sequence[BaseException], regression_file: Any) -> tuple[FailureResult, ...]:
-    """A `FailureResult` for each failure a run raised (`verdicts.leaves`), violations first; `regression_file(error)`
-    names each one's regression file, or None."""
+def failure_results(
+    leaves: Sequence[BaseException], files: Callable[[BaseException], tuple[str | None, str | None]]
+) -> tuple[FailureResult, ...]:
+    """A `FailureResult` for each failure a run raised (`verdicts.leaves`), violations first; `files(error)` names
+    each one's regression file and timeline (each None if there is none)."""
     results = [
         FailureResult(
             kind=verdicts.kind_of(error),
@@ -223,8 +250,10 @@ def failure_results(leaves: Sequence[BaseException], regression_file: Any) -> tu
             rollout=getattr(error, "rollout", None),
             rate=verdicts.headline(error),
             steps=verdicts.shrunk_steps(error),
-            regression_file=regression_file(error),
+            regression_file=regression_file,
+            timeline=timeline,
         )
         for error in leaves
+        for regression_file, timeline in [files(error)]
     ]
     return tuple(sorted(results, key=lambda result: result.kind != "violation"))

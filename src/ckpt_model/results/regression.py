@@ -2,10 +2,13 @@
 
 Hypothesis's database key depends on the test's source and its `@reproduce_failure` blob on its version, so
 neither survives an edit of the checker. When a run fails, the machine writes the rules it called to a JSON file
-named after the property and the deployment; Hypothesis runs the shrunk example last, so the file first holds
-the shrunk sequence, and the domain minimiser (`ckpt_model.search.minimise`) rewrites it with the 1-minimal one,
-recording how under "minimised". Replay it with `ckpt-model replay FILE` (`ckpt_model.search.scenarios.replay`),
-minimise an existing one with `ckpt-model minimise FILE`, or keep it as a fixed scenario.
+named after the property, the deployment and a digest of those steps (`file_name`: distinct failures, distinct
+names); Hypothesis runs the shrunk example last, so the file first holds the shrunk sequence, and the domain
+minimiser (`ckpt_model.search.minimise`) rewrites it with the 1-minimal one, recording how (and the steps found)
+under "minimised". A minimised file is never replaced by the steps found (`replaces`); where the copies go, the
+replayable set and the run store, is `ckpt_model.results.runstore`'s. Replay it with `ckpt-model replay FILE`
+(`ckpt_model.search.scenarios.replay`), minimise an existing one with `ckpt-model minimise FILE`, or keep it as a
+fixed scenario. A file's name is never read: files named before the digest replay as ever.
 
 A file's deployment is `DeploymentSpec.document()` (topology, verify mode, faults, and the options that differ from
 their defaults) and reads back with `DeploymentSpec.from_document`, so a file written before an option existed
@@ -16,22 +19,23 @@ said so is the trainer's.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 
 from ckpt_model.model.spec import DeploymentSpec
 
-if TYPE_CHECKING:
-    from ckpt_model.deployments.harness import Harness
-
 REGRESSIONS_ENV = "CKPT_MODEL_REGRESSIONS"
 DEFAULT_DIR = Path(".ckpt-model") / "regressions"
 FORMAT_VERSION = 1
+# Hex characters of the steps' digest in a file name: distinct failures of one property and deployment get
+# distinct names.
+DIGEST_CHARS = 8
 # The controllers whose machines the checker plays, as a file names them; a file that names none is the trainer's
 # (written before the collection machine wrote files of its own).
 TRAINER_CONTROLLER = "trainer"
@@ -79,41 +83,77 @@ def directory() -> Path:
     return Path(os.environ.get(REGRESSIONS_ENV) or DEFAULT_DIR)
 
 
-def path_for(harness: Harness, error: BaseException, origin: Origin = DEFAULT_ORIGIN) -> Path:
-    """Where the file for this failure's property, deployment and controller goes (`write` writes it there)."""
+def stem(spec: DeploymentSpec, error: BaseException, origin: Origin = DEFAULT_ORIGIN) -> str:
+    """What a failure's file names begin with: its property (or class name), deployment and controller
+    (`P9-native-resume_deletes_records`)."""
     label = getattr(error, "property_id", None) or type(error).__name__
-    words = (*harness.spec.file_words, *origin.words)
-    return (harness.regressions_dir or directory()) / f"{label}-{'-'.join(words)}.json"
+    return "-".join((label, *spec.file_words, *origin.words))
 
 
-def write(
-    harness: Harness,
-    rule_calls: list[tuple[str, dict[str, Any]]],
+def steps_digest(rule_calls: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
+    """A short hash of the rule calls (their names and arguments, in order): distinct steps, distinct names."""
+    text = json.dumps([[name, dict(arguments)] for name, arguments in rule_calls], sort_keys=True, default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()[:DIGEST_CHARS]
+
+
+def file_name(stem: str, rule_calls: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
+    """A failure's file name: its stem and the digest of the steps that first showed it
+    (`P9-native-resume_deletes_records-1f0c2a9e.json`). The name stays the failure's when its file later holds
+    the minimal steps."""
+    return f"{stem}-{steps_digest(rule_calls)}.json"
+
+
+def document(
+    spec: DeploymentSpec,
+    rule_calls: Sequence[tuple[str, Mapping[str, Any]]],
     error: BaseException,
     *,
     origin: Origin = DEFAULT_ORIGIN,
     minimised: dict[str, Any] | None = None,
     reproduction: dict[str, Any] | None = None,
-) -> Path:
-    """Write (overwrite) the file for this failure's property, deployment and controller (`origin`); returns its
-    path. `minimised` records how the steps were minimised (`ckpt_model.search.minimise.provenance`), `reproduction`
-    how often they failed the same way when replayed (`ckpt_model.results.reproduction.Rate.document`)."""
-    path = path_for(harness, error, origin)
-    spec = harness.spec
-    document = {
+) -> dict[str, Any]:
+    """A failure's regression file as data. `minimised` records how the steps were minimised
+    (`ckpt_model.search.minimise.provenance`), `reproduction` how often they failed the same way when replayed
+    (`ckpt_model.results.reproduction.Rate.document`)."""
+    written = {
         "format": FORMAT_VERSION,
         "failure": {"type": type(error).__name__, "property": getattr(error, "property_id", None)},
         **origin.document(),
         **spec.document(),
-        "steps": [[name, arguments] for name, arguments in rule_calls],
+        "steps": [[name, dict(arguments)] for name, arguments in rule_calls],
     }
     if minimised is not None:
-        document["minimised"] = minimised
+        written["minimised"] = minimised
     if reproduction is not None:
-        document["reproduction"] = reproduction
+        written["reproduction"] = reproduction
+    return written
+
+
+def replaces(existing: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
+    """Whether `new` may replace the file that holds `existing` (None: no file, or one that cannot be read): a
+    minimised file is replaced only by a minimised one with no more steps, never by the steps found."""
+    if existing is None or "minimised" not in existing:
+        return True
+    return "minimised" in new and len(new.get("steps", ())) <= len(existing.get("steps", ()))
+
+
+def write_unless_better(path: Path, new: dict[str, Any]) -> bool:
+    """Write `new` at `path` (atomically) unless the file there already holds better steps (`replaces`); returns
+    whether it was written."""
+    if not replaces(read_existing(path), new):
+        return False
     path.parent.mkdir(parents=True, exist_ok=True)
-    replace_atomically(path, document)
-    return path
+    replace_atomically(path, new)
+    return True
+
+
+def read_existing(path: Path) -> dict[str, Any] | None:
+    """The document at `path`, or None if there is none that reads as one."""
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
 
 
 def rewrite(
@@ -124,7 +164,10 @@ def rewrite(
     reproduction: dict[str, Any] | None = None,
 ) -> None:
     """Rewrite an existing file with new steps (everything else kept), how they were minimised and how often they
-    failed the same way."""
+    failed the same way. The steps first found stay recorded (`minimised.steps_found`), from the file's own record
+    when it was minimised before."""
+    found = document.get("minimised", {}).get("steps_found") or minimised.get("steps_found")
+    minimised = {**minimised, **({"steps_found": found} if found is not None else {})}
     rewritten = {**document, "steps": [[name, arguments] for name, arguments in steps], "minimised": minimised}
     if reproduction is not None:
         rewritten["reproduction"] = reproduction

@@ -13,11 +13,16 @@ import attrs
 
 @attrs.frozen
 class ExampleStat:
+    """One finished example. `steps` are its model steps: the rules Hypothesis drew (`drawn`, at most the profile's
+    `stateful_step_count`), the rules a drawn rule plays inside it (a crash before a restore) and its teardown's
+    drain steps; so `steps` can exceed the count asked for, `drawn` never does."""
+
     steps: int
     crashes: int
     seconds: float
     # Crashes that landed inside an operation (a commit, restore, retire or forget under way).
     crashes_inside: int = 0
+    drawn: int = 0
 
 
 @attrs.frozen
@@ -66,8 +71,26 @@ class SearchStats:
         if (type(error), getattr(error, "property_id", None)) not in kinds:  # the first of each kind
             self.seen.append(error)
 
-    def example_finished(self, steps: int, crashes: int, seconds: float, crashes_inside: int = 0) -> None:
-        self.finished.append(ExampleStat(steps=steps, crashes=crashes, seconds=seconds, crashes_inside=crashes_inside))
+    def example_finished(
+        self, steps: int, crashes: int, seconds: float, crashes_inside: int = 0, drawn: int = 0
+    ) -> None:
+        self.finished.append(
+            ExampleStat(steps=steps, crashes=crashes, seconds=seconds, crashes_inside=crashes_inside, drawn=drawn)
+        )
+
+    @property
+    def steps(self) -> int:
+        """The finished examples' model steps (`ExampleStat.steps`)."""
+        return sum(example.steps for example in self.finished)
+
+    @property
+    def drawn_steps(self) -> int:
+        """The rules Hypothesis drew over the finished examples: the steps `stateful_step_count` bounds."""
+        return sum(example.drawn for example in self.finished)
+
+    def goals_reached(self) -> int:
+        """How many distinct coverage goals some example reached."""
+        return sum(1 for count in self.goals.values() if count)
 
     def example_covered(
         self,

@@ -11,7 +11,10 @@ named at the top, its rollout's lane and the events it names are highlighted, an
 Time runs left to right. Every event time gets its own column and the gap to the next one is drawn wider the longer
 it is, up to a cap (gaps over the cap are marked `≈`): a history mixes millisecond control calls with multi-second
 waits, and a linear scale would crush the one or stretch the other off the screen. Boxes are ordered and sized by
-their times, and hovering one shows its events with exact times and full values.
+their times, and the columns a box spans are spread until its label fits (`Scale.of`'s rooms): a label shows what
+was done whole and its value shortened (in a monospace font, so its width is known here), and hovering a box shows
+its events with exact times and full values. The chart opens scrolled to its end (a right-to-left scroll box around
+a left-to-right chart): where the failure was found, and the steps that led to it.
 
 `render` is pure (same events, same failure: the same bytes; no clock, no I/O), so tests pin it and a replay's
 picture can be compared with the first one; `write_timeline` puts it on disk. The file has inline CSS only: no
@@ -47,6 +50,10 @@ END_PX = 140  # after the last event: where open operations and intervals end
 RIGHT_PAD_PX = 90  # room for the "found" label at the end
 TICK_LABEL_MIN_PX = 58  # axis labels closer than this to the previous one are left out (the tick stays)
 LABEL_CHARS_MAX = 60  # a box's visible label; its title holds the whole value
+VALUE_CHARS_MAX = 32  # of which the event's value, so what was done shows whole
+LABEL_FONT_PX = 11  # a box's label is set in a monospace font, so its width is known before a browser draws it
+LABEL_CHAR_PX = 7.0  # one character of it (0.6 em and a margin: DejaVu Sans Mono's is 0.602 em)
+LABEL_EXTRA_PX = 12  # a box's padding and borders around its label
 MARKS_LANE = "checkpoints & faults"
 TIME_DECIMALS = 3  # times are shown, and given their columns, to the millisecond
 
@@ -119,6 +126,21 @@ def operations(events: Sequence[Event]) -> list[Operation]:
 
 
 @attrs.frozen
+class Room:
+    """The room a label needs on the time axis: `px` from `start_s` to `end_s` (an event time; inf: to where the
+    failure was found; None: a point, which has the gap after its own time)."""
+
+    start_s: float
+    end_s: float | None
+    px: float
+
+
+def label_px(label: str) -> float:
+    """How wide a box must be to show `label` whole."""
+    return len(label) * LABEL_CHAR_PX + LABEL_EXTRA_PX
+
+
+@attrs.frozen
 class Scale:
     """Event times to x positions (px from time 0): increasing, each gap GAP_MIN_PX plus a capped share of it.
     Times are taken to the millisecond, as the axis shows them: events within one share a column."""
@@ -127,20 +149,41 @@ class Scale:
     xs_px: tuple[float, ...]
     compressed: tuple[int, ...]  # gaps (by the index of their left time) drawn shorter than their length
 
+    end_gap_px: float = END_PX  # from the last event time to where open operations and intervals end
+
     @classmethod
-    def of(cls, times_s: Iterable[float]) -> Scale:
+    def of(cls, times_s: Iterable[float], rooms: Iterable[Room] = ()) -> Scale:
+        """The scale of `times_s`, each gap widened where a label needs it (`rooms`): a box is drawn over what it
+        lasted, so its label fits inside it only if its columns are that far apart."""
         distinct = sorted({round(t, TIME_DECIMALS) for t in times_s}) or [0.0]
-        xs, compressed = [0.0], []
+        gaps, compressed = [], []
         for i in range(1, len(distinct)):
             extra_px = (distinct[i] - distinct[i - 1]) * GAP_PX_PER_S
             if extra_px > GAP_EXTRA_MAX_PX:
                 compressed.append(i - 1)
-            xs.append(xs[-1] + GAP_MIN_PX + min(extra_px, GAP_EXTRA_MAX_PX))
-        return cls(tuple(distinct), tuple(xs), tuple(compressed))
+            gaps.append(GAP_MIN_PX + min(extra_px, GAP_EXTRA_MAX_PX))
+        gaps.append(float(END_PX))  # the last: to the end
+        column = {t: i for i, t in enumerate(distinct)}
+        spans = []
+        for room in rooms:
+            first = column[round(room.start_s, TIME_DECIMALS)]
+            end = room.end_s if room.end_s is not None else room.start_s
+            last = len(distinct) if end == float("inf") else column[round(end, TIME_DECIMALS)]
+            spans.append((max(last, first + 1), first, room.px))  # a point takes the gap after its column
+        # Widen each span's last gap by what it lacks, spans ending first first: a later widening never narrows
+        # what an earlier span has.
+        for last, first, px in sorted(spans):
+            lacking = px - sum(gaps[first:last])
+            if lacking > 0:
+                gaps[last - 1] += lacking
+        xs = [0.0]
+        for gap in gaps[:-1]:
+            xs.append(xs[-1] + gap)
+        return cls(tuple(distinct), tuple(xs), tuple(compressed), gaps[-1])
 
     @property
     def end_px(self) -> float:
-        return self.xs_px[-1] + END_PX
+        return self.xs_px[-1] + self.end_gap_px
 
     def x(self, time_s: float) -> float:
         """Where `time_s` is drawn: an event time's column, between two columns in proportion, past the last one
@@ -233,8 +276,34 @@ def _text(value: object) -> str:
     return "" if value is None else str(value)
 
 
-def _short(text: str) -> str:
-    return text if len(text) <= LABEL_CHARS_MAX else text[: LABEL_CHARS_MAX - 1] + "…"
+def _short(text: str, most: int = LABEL_CHARS_MAX) -> str:
+    return text if len(text) <= most else text[: most - 1].rstrip() + "…"
+
+
+def label_of(op: Operation) -> str:
+    """A box's label: what was done in full, its value shortened (the box's title and the table hold it whole),
+    and `(open)` for an operation with no completion."""
+    value = _short(_text(op.start.value), VALUE_CHARS_MAX)
+    label = _short(f"{op.start.f} {value}".strip())
+    return f"{label} (open)" if not op.point and op.end is None else label
+
+
+def lasted(op: Operation) -> bool:
+    """Whether the operation is drawn over what it lasted: a point or one within a millisecond is drawn as a point."""
+    return op.end is None or round(op.end.time_s, TIME_DECIMALS) > round(op.start.time_s, TIME_DECIMALS)
+
+
+def room_of(op: Operation) -> Room:
+    """The room its label needs: over what it lasted, to the end if it never completed, or beside it as a point."""
+    if op.point:
+        return Room(op.start.time_s, None, label_px(label_of(op)))
+    end_s = float("inf") if op.end is None else op.end.time_s if lasted(op) else None
+    return Room(op.start.time_s, end_s, label_px(label_of(op)))
+
+
+def mark_room(mark: Mark) -> Room:
+    lasting = round(mark.end_s, TIME_DECIMALS) > round(mark.start_s, TIME_DECIMALS)
+    return Room(mark.start_s, mark.end_s if lasting else None, label_px(_short(mark.label)))
 
 
 def _describe(event: Event) -> str:
@@ -243,25 +312,29 @@ def _describe(event: Event) -> str:
 
 
 def _operation_box(op: Operation, scale: Scale) -> Box:
+    """Its box, as wide as what it lasted, and at least as wide as its label (a point's, or one that lasted under a
+    millisecond, is only as wide as that: the scale gives it the room after it)."""
     x_px = scale.x(op.start.time_s)
-    label = _short(f"{op.start.f} {_text(op.start.value)}".strip())
+    label = label_of(op)
+    at_least_px = max(label_px(label), POINT_PX)
     lines = [_describe(op.start)]
     if op.point:
-        return Box(x_px, POINT_PX, op.kind, label, lines[0], op.indices)
+        return Box(x_px, at_least_px, op.kind, label, lines[0], op.indices)
     if op.end is None:
         lines.append("no completion recorded: still running (or never answered) when the failure was found")
         width_px = max(scale.end_px - x_px, GAP_MIN_PX)
-        return Box(x_px, width_px, "open", f"{label} (open)", "\n".join(lines), op.indices)
+        return Box(x_px, width_px, "open", label, "\n".join(lines), op.indices)
     lines.append(_describe(op.end))
     lines.append(f"took {op.end.time_s - op.start.time_s:.3f}s")
-    width_px = max(scale.x(op.end.time_s) - x_px, POINT_PX)
+    width_px = max(scale.x(op.end.time_s) - x_px, at_least_px)
     return Box(x_px, width_px, op.kind, label, "\n".join(lines), op.indices)
 
 
 def _mark_box(mark: Mark, scale: Scale) -> Box:
     x_px = scale.x(mark.start_s)
-    width_px = max(scale.x(mark.end_s) - x_px, POINT_PX)  # wide enough for its label; the band keeps the extent
-    return Box(x_px, width_px, f"mark {mark.kind}", _short(mark.label), mark.title, mark.indices)
+    label = _short(mark.label)
+    width_px = max(scale.x(mark.end_s) - x_px, label_px(label), POINT_PX)  # the band keeps the extent
+    return Box(x_px, width_px, f"mark {mark.kind}", label, mark.title, mark.indices)
 
 
 def stacked(boxes: Iterable[Box]) -> list[Box]:
@@ -278,6 +351,12 @@ def stacked(boxes: Iterable[Box]) -> list[Box]:
     return placed
 
 
+def scale_for(events: Sequence[Event]) -> Scale:
+    """The picture's scale: the events' times, with room for every box's and mark's label."""
+    rooms = [*(room_of(op) for op in operations(events)), *(mark_room(mark) for mark in marks(events))]
+    return Scale.of((event.time_s for event in events), rooms)
+
+
 def render(
     events: Sequence[Event],
     failure: Failure,
@@ -286,7 +365,7 @@ def render(
 ) -> str:
     """The whole page: the header (failure, deployment, regression file, how to replay), the legend, the lanes and
     the table of events. Pure: the same arguments give the same text."""
-    scale = Scale.of(event.time_s for event in events)
+    scale = scale_for(events)
     found_marks = marks(events)
     by_lane: dict[str, list[Box]] = {name: [] for name in lanes(events, failure)}
     for op in operations(events):
@@ -388,9 +467,10 @@ LEGEND = (
 def _legend() -> str:
     keys = "".join(f'<span class="item"><span class="swatch {css}"></span>{_e(text)}</span>' for css, text in LEGEND)
     return (
-        f'<div class="legend">{keys}</div>\n<p class="hint">Time runs left to right; gaps marked ≈ are drawn '
-        "shorter than they lasted. Hover over a box for its events (times, full values); click it for its rows "
-        "in the table below.</p>"
+        f'<div class="legend">{keys}</div>\n<p class="hint">Time runs left to right; the picture opens on its end, '
+        "where the failure was found, and the steps that led to it (scroll left for the start). Gaps marked ≈ are "
+        "drawn shorter than they lasted. Hover over a box for its events (times, full values); click it for its "
+        "rows in the table below.</p>"
     )
 
 
@@ -491,8 +571,8 @@ code {{ font: 12px/1.3 ui-monospace, "DejaVu Sans Mono", monospace; }}
 .swatch {{ display: inline-block; width: 28px; height: 14px; box-sizing: border-box; border: 1px solid;
   border-radius: 3px; }}
 .hint {{ color: #666; margin: 2px 0 8px; }}
-.scroll {{ overflow-x: auto; border: 1px solid #bbb; width: fit-content; max-width: 100%; }}
-.chart {{ position: relative; }}
+.scroll {{ overflow-x: auto; border: 1px solid #bbb; width: fit-content; max-width: 100%; direction: rtl; }}
+.chart {{ position: relative; direction: ltr; }}
 .axis {{ position: relative; height: {AXIS_PX}px; background: #f4f4f4; border-bottom: 1px solid #999; }}
 .tick {{ position: absolute; bottom: 0; height: 12px; border-left: 1px solid #888; font-size: 10px;
   color: #444; padding-left: 2px; white-space: nowrap; line-height: 10px; }}
@@ -520,8 +600,8 @@ code {{ font: 12px/1.3 ui-monospace, "DejaVu Sans Mono", monospace; }}
 .lane.suspect .who {{ background: #f9dde8; color: var(--found); border-left: 5px solid var(--found); }}
 .badge {{ background: var(--found); color: #fff; border-radius: 3px; padding: 0 4px; font-size: 11px; }}
 .op {{ position: absolute; height: {TRACK_PX - 4}px; box-sizing: border-box; border: 1px solid; border-radius: 3px;
-  font-size: 11px; line-height: {TRACK_PX - 6}px; padding: 0 4px; overflow: hidden; white-space: nowrap;
-  text-overflow: ellipsis; color: #111; text-decoration: none; z-index: 1; }}
+  font: {LABEL_FONT_PX}px/{TRACK_PX - 6}px ui-monospace, "DejaVu Sans Mono", monospace; padding: 0 4px;
+  overflow: hidden; white-space: nowrap; text-overflow: ellipsis; color: #111; text-decoration: none; z-index: 1; }}
 .op:hover {{ z-index: 4; box-shadow: 0 1px 4px rgba(0,0,0,0.4); }}
 .op.ok, .swatch.ok {{ background: var(--ok-bg); border-color: var(--ok); }}
 .op.fail, .swatch.fail {{ background: var(--fail-bg); border-color: var(--fail); }}

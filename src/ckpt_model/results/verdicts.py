@@ -7,7 +7,6 @@ the commands) asks it what a failure was, never the other way round."""
 from __future__ import annotations
 
 import enum
-import traceback
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
@@ -15,6 +14,8 @@ import attrs
 from hypothesis.errors import HypothesisException
 
 from ckpt_model.errors import CoordinationError, HarnessError, PropertyViolation
+from ckpt_model.results import notes
+from ckpt_model.results.failure_text import failure_text
 from ckpt_model.results.reproduction import Rate, rate_of
 
 
@@ -50,7 +51,7 @@ def opened(report: HypothesisException, seen: Sequence[BaseException] = ()) -> l
     for failure in hidden:
         if getattr(failure, HIDDEN_BY, None) is None:
             setattr(failure, HIDDEN_BY, type(report).__name__)
-            failure.add_note(_hidden_note(report))
+            notes.add(failure, notes.Kind.INTERMITTENT, _hidden_note(report))
     return hidden
 
 
@@ -196,27 +197,42 @@ WHY_UNJUDGED = {
 }
 
 
-def report_failure(error: BaseException, seen: Sequence[BaseException] = ()) -> int:
+def report_failure(
+    error: BaseException,
+    seen: Sequence[BaseException] = (),
+    *,
+    verbose: bool = False,
+    replay_command: str | None = None,
+) -> int:
     """Print every failure the run raised (`failure_report`); exit 1 if any is a violation, else 2."""
-    code, text = failure_report(error, seen)
+    code, text = failure_report(error, seen, verbose=verbose, replay_command=replay_command)
     print(text, flush=True)
     return code
 
 
-def failure_report(error: BaseException, seen: Sequence[BaseException] = ()) -> tuple[Exit, str]:
+def failure_report(
+    error: BaseException,
+    seen: Sequence[BaseException] = (),
+    *,
+    verbose: bool = False,
+    replay_command: str | None = None,
+) -> tuple[Exit, str]:
     """Every failure the run raised, violations first (each with its reproduction rate where measured), and the
     exit code that says it: 1 if any is a violation, else 2. `seen`: the failures the machine raised in the run
-    (`leaves`). The CLI prints it; the pytest plugin's `ckpt_check` fails its test with it."""
+    (`leaves`); `verbose`: with the example found before minimising and Hypothesis's blob; `replay_command`: the
+    command that replays it where the failure came from a regression file already (`failure_text`). The CLI prints
+    it; the pytest plugin's `ckpt_check` fails its test with it."""
     failures = [(kind_of(leaf), leaf) for leaf in leaves(error, seen)]
     violations = [leaf for kind, leaf in failures if kind == "violation"]
     others = [(kind, leaf) for kind, leaf in failures if kind != "violation"]
     lines: list[str] = []
     for number, violation in enumerate(violations, 1):
         lines += [f"\n=== property violation {number} of {len(violations)}: {headline(violation)} ==="]
-        lines += [exception_text(violation)]
+        lines += [exception_text(violation, verbose=verbose, replay_command=replay_command)]
     for kind, leaf in others:
         lines += [f"\n=== could not judge: {WHY_UNJUDGED[kind]} ==="]
-        lines += [exception_text(leaf, with_traceback=kind in ("checker", "unexpected"))]
+        traced = kind in ("checker", "unexpected")
+        lines += [exception_text(leaf, with_traceback=traced, verbose=verbose, replay_command=replay_command)]
     if violations:
         ids = ", ".join(dict.fromkeys(headline(violation) for violation in violations))
         return Exit.VIOLATION, "\n".join([*lines, f"\nFAILED: property violation ({ids})"])
@@ -224,7 +240,25 @@ def failure_report(error: BaseException, seen: Sequence[BaseException] = ()) -> 
     return Exit.UNJUDGED, "\n".join([*lines, f"\nCOULD NOT JUDGE: {kinds}"])
 
 
-def exception_text(error: BaseException, *, with_traceback: bool = False) -> str:
-    """The exception's type, message and notes (Hypothesis's steps, the failure report, how to replay)."""
-    lines = traceback.format_exception(error) if with_traceback else traceback.format_exception_only(error)
-    return "".join(lines).rstrip()
+def exception_text(
+    error: BaseException, *, with_traceback: bool = False, verbose: bool = False, replay_command: str | None = None
+) -> str:
+    """The exception's type, message and notes, minimal failure first (`failure_text`)."""
+    return failure_text(error, verbose=verbose, with_traceback=with_traceback, replay_command=replay_command)
+
+
+def quiet_line(error: BaseException, deployment: str, regression_file: str | None = None) -> str:
+    """One failure in one line (`--quiet`): its verdict, property, deployment, what broke, its rate and steps, and
+    the command that replays it."""
+    kind = kind_of(error)
+    steps = len(shrunk_steps(error))
+    if kind == "violation":
+        what = getattr(error, "title", None) or str(error).partition("\n")[0]
+        verdict = f"FAILED {getattr(error, 'property_id', None) or type(error).__name__}"
+    else:
+        what = str(error).partition("\n")[0] or type(error).__name__
+        verdict = f"COULD NOT JUDGE {type(error).__name__}"
+    counted = f"{steps} step{'' if steps == 1 else 's'}" if steps else ""
+    figures = ", ".join(part for part in (headline(error), counted) if part)
+    replay = f" replay: ckpt-model replay {regression_file}" if regression_file else ""
+    return f"{verdict} {deployment}: {what} ({figures}){replay}"

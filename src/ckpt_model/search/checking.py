@@ -11,6 +11,7 @@ found and made minimal.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any, cast
 from hypothesis import Phase, settings
 
 from ckpt_model.interrupts import reraise_interrupt_behind
+from ckpt_model.results.notes import Kind, add
 from ckpt_model.results.reproduction import REPLAYS
 from ckpt_model.results.stats import RoundStat, SearchStats
 from ckpt_model.results.verdicts import kind_of, leaves
@@ -29,6 +31,9 @@ if TYPE_CHECKING:
 
     from ckpt_model.deployments.harness import Harness
     from ckpt_model.results.progress import Progress
+
+# The examples a search with a time limit and no count of examples may run: more than any time limit lets it.
+UNTIL_THE_TIME_LIMIT = 10**9
 
 
 def without_shrink(chosen: settings) -> settings:
@@ -62,6 +67,7 @@ def search(
     from hypothesis.stateful import run_state_machine_as_test
 
     deadlines = aim.round_deadlines(max_time_s) if rounds and max_time_s is not None else [max_time_s]
+    begun_s: list[float] = []  # when each example began, for `within`
     for index, deadline in enumerate(deadlines):
         if index and deadline is not None and time.monotonic() - stats.started_s >= deadline:
             continue  # the round before ran past this one's end (an example outlasted it)
@@ -78,7 +84,7 @@ def search(
             focus=aimed.focus if aimed else None,
         )
         if deadline is not None:
-            factory = within(factory, stats, deadline)
+            factory = within(factory, stats, deadline, begun_s=begun_s)
         round_seed = aim.round_seed(seed, index)
         # A later round's draws mean other rules than the first's: no example database for it.
         round_settings = settings(chosen, database=None) if index else chosen
@@ -168,14 +174,25 @@ def time_limit_behind(error: BaseException) -> bool:
     return False
 
 
-def within(factory: type[RuleBasedStateMachine], stats: SearchStats, max_time_s: float) -> type[RuleBasedStateMachine]:
-    """The machine factory, stopping the search once `max_time_s` passed since `stats` started: the next example
-    raises `TimeLimitReached` before it starts anything, so no example is cut short and the examples run so far
-    keep their statistics. Never once a failure was seen: Hypothesis may still be replaying or shrinking it."""
+def within(
+    factory: type[RuleBasedStateMachine],
+    stats: SearchStats,
+    max_time_s: float,
+    clock: Callable[[], float] = time.monotonic,
+    begun_s: list[float] | None = None,
+) -> type[RuleBasedStateMachine]:
+    """The machine factory, stopping the search at its time limit: an example begins only if `another_fits` in
+    the time left of `max_time_s` since `stats` started (on `clock`); otherwise the call raises `TimeLimitReached`
+    before it starts anything, so no example is cut short and the examples run so far keep their statistics.
+    `begun_s` keeps when each example began (shared by a search's rounds, so a round's first example is judged by
+    the ones before it). Never stops once a failure was seen: Hypothesis may still be replaying or shrinking it."""
+    begun = begun_s if begun_s is not None else []
 
     def machine() -> Any:
-        if stats.first_failure_s is None and time.monotonic() - stats.started_s >= max_time_s:
+        now_s = clock() - stats.started_s
+        if stats.first_failure_s is None and not another_fits(now_s, max_time_s, begun):
             raise TimeLimitReached
+        begun.append(now_s)
         return factory()
 
     machine.__wrapped__ = factory  # type: ignore[attr-defined]  # as in `seeded`: the same database key
@@ -183,6 +200,19 @@ def within(factory: type[RuleBasedStateMachine], stats: SearchStats, max_time_s:
     if digest is not None:
         machine._hypothesis_internal_add_digest = digest  # type: ignore[attr-defined]
     return cast("type[RuleBasedStateMachine]", machine)
+
+
+def another_fits(now_s: float, max_time_s: float, begun_s: Sequence[float]) -> bool:
+    """Whether another example may begin at `now_s` (seconds into the search), the examples so far having begun at
+    `begun_s`: before `max_time_s`, and, once an example's length is known (from one beginning to the next: the
+    whole cost of an example, its processes' start and its teardown included), when the median example so far
+    ends by `max_time_s`. So a search ends before its limit as often as past it, and past it by the example that
+    ran longer than most, rather than by a whole example begun with seconds left."""
+    if now_s >= max_time_s:
+        return False
+    ends_s = [*begun_s[1:], now_s]  # each example ended when the next began; the last, now
+    lengths_s = [ended - began for began, ended in zip(begun_s, ends_s, strict=False)]
+    return not lengths_s or now_s + statistics.median(lengths_s) <= max_time_s
 
 
 def seeded(factory: type[RuleBasedStateMachine], seed: int) -> type[RuleBasedStateMachine]:
@@ -219,6 +249,7 @@ def measure_failures(
     the minimal steps on the error's report and rewrites its regression file). A flaky report from Hypothesis
     counts as the failures it hid (`verdicts.leaves`). A bug in the minimiser is noted on the error and never
     hides the failure itself."""
+    from ckpt_model.results.progress import FailureWork
     from ckpt_model.results.reproduction import rate_of
     from ckpt_model.search.minimise import minimise_error, reproduce_error
 
@@ -231,19 +262,21 @@ def measure_failures(
         doing = "measuring and minimising" if minimise else "measuring"
         then = ", then candidates" if minimise else ""
         print(f"{doing} the failing run of {describe_failure(leaf)} ({replays} replays{then})...", flush=True)
+        work = FailureWork(getattr(leaf, "property_id", None) or type(leaf).__name__, time.monotonic())
         if progress is not None:
             progress.now_doing(f"{doing} {describe_failure(leaf)}")
+            progress.now_working_on(work)
         try:
             if minimise:
-                result = minimise_error(harness, leaf, replays, controller)
+                result = minimise_error(harness, leaf, replays, controller, work)
             else:
                 result = None
-                reproduce_error(harness, leaf, replays, controller)
+                reproduce_error(harness, leaf, replays, controller, work)
         except Exception as bug:
             reraise_interrupt_behind(bug)
             if progress is not None:
                 progress.clear()
-            leaf.add_note(f"Measuring or minimising failed (the steps above are Hypothesis's): {bug!r}")
+            add(leaf, Kind.NOT_MINIMISED, f"Measuring or minimising failed (the steps shown are Hypothesis's): {bug!r}")
             continue
         if progress is not None:
             progress.clear()
@@ -258,19 +291,22 @@ def describe_failure(error: BaseException) -> str:
     return f"{type(error).__name__} ({property_id})" if property_id else type(error).__name__
 
 
-def statistics_line(stats: SearchStats) -> str:
-    """The run's figures in one line: examples run and finished, steps, crashes, examples per second, milliseconds
-    per step (all of the search's time over all steps, the drains included), and whether the time limit ended it."""
+def statistics_line(stats: SearchStats, clock: Callable[[], float] = time.monotonic) -> str:
+    """The run's figures in one line: examples run and finished, the steps Hypothesis drew (the count `--steps`
+    bounds) and the model steps they made (with the rules a drawn rule plays, as a crash before a restore, and each
+    teardown's drain: why they outnumber the steps asked for), crashes, examples per second, milliseconds per model
+    step (all of the search's time over all of them, the drains included), and whether the time limit ended it."""
     finished = stats.finished
-    elapsed_s = max(time.monotonic() - stats.started_s, 1e-9)
-    steps = sum(example.steps for example in finished)
+    elapsed_s = max(clock() - stats.started_s, 1e-9)
+    steps = stats.steps
     crashes = sum(example.crashes for example in finished)
     inside = sum(example.crashes_inside for example in finished)
     cut = stats.examples - len(finished)
     cut_text = f" ({cut} more cut short: a failure, or Hypothesis's own replays)" if cut > 0 else ""
-    per_step = f", {1000 * elapsed_s / steps:.0f} ms/step" if steps else ""
+    per_step = f", {1000 * elapsed_s / steps:.0f} ms/model step" if steps else ""
     limit = "; stopped at its time limit (--max-time)" if stats.stopped_by_time else ""
     return (
-        f"statistics: {len(finished)} examples finished{cut_text}, {steps} steps, {crashes} crashes "
+        f"statistics: {len(finished)} examples finished{cut_text}, {stats.drawn_steps} steps drawn, {steps} model "
+        f"steps (with the rules a drawn one played and the teardowns' drains), {crashes} crashes "
         f"({inside} inside an operation), {len(finished) / elapsed_s:.2f} examples/s{per_step}{limit}"
     )

@@ -55,6 +55,12 @@ class ControllerMachine(Protocol):
         ...
 
     @property
+    def aims(self) -> bool:
+        """Whether a search bounded by time alone runs in aimed rounds (`ckpt_model.search.aim`): a machine that draws
+        a family first by weight can be aimed; one that draws as Hypothesis does runs its time in one round."""
+        ...
+
+    @property
     def candidates_settle_briefly(self) -> bool:
         """Whether the minimiser's candidates settle within its brief candidate timeout (the trainer's: a mismatch
         that must outlive the settle costs a full one), or within the full one (the collection machine's waits are
@@ -100,6 +106,7 @@ class Trainer:
 
     origin: Origin = DEFAULT_ORIGIN
     candidates_settle_briefly: bool = True
+    aims: bool = True
 
     @property
     def machine_type(self) -> type[RuleBasedStateMachine]:
@@ -144,10 +151,11 @@ class Trainer:
 @attrs.frozen
 class Collection:
     """Rollout collection's machine, with the collector's planted `faults`. It draws as Hypothesis does (no family
-    weights, no aimed rounds)."""
+    weights, no aimed rounds: a search bounded by time runs its time in one round)."""
 
     faults: tuple[str, ...] = ()
     candidates_settle_briefly: bool = False
+    aims: bool = False
 
     @property
     def origin(self) -> Origin:

@@ -6,6 +6,10 @@ the search meets is then replayed `reproduction.REPLAYS` times on the same harne
 3 of 10 replays": a failure that replays only sometimes is still the property it broke) and minimised by
 `ckpt_model.search.minimise`, judging candidates by that rate, so the sequence reported (and written to the regression
 file) is 1-minimal, with its own rate.
+
+A search may be bounded by time (`max_time_s`, `pytest -m search --ckpt-max-time`): it stops between two examples once
+the time is up, and its finding says the fault was not found within the limit (`Finding.stopped_by_time`), never
+that nothing is there to find.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from ckpt_model.model.spec import DeploymentSpec
 from ckpt_model.results.reproduction import REPLAYS, Rate, rate_of
 from ckpt_model.results.stats import SearchStats
 from ckpt_model.results.verdicts import Failure, classify, in_order, shrunk_steps
+from ckpt_model.search.checking import TimeLimitReached, time_limit_behind, within
 from ckpt_model.search.controllers import TRAINER, ControllerMachine
 from ckpt_model.search.minimise import Minimised, minimise_error, reproduce_error
 from ckpt_model.search.profiles import BASE
@@ -72,6 +77,8 @@ class Finding:
     total_s: float
     search_s: float | None = None  # the Hypothesis search alone, before minimising
     minimised: Minimised | None = None
+    max_time_s: float | None = None  # the search's time limit, if it had one
+    stopped_by_time: bool = False  # the search ended at its time limit, before a failure or its last example
 
     @property
     def first(self) -> Failure | None:
@@ -98,8 +105,13 @@ class Finding:
 
     @property
     def headline(self) -> str:
-        """The first failure as "P5 in 3 of 10 replays"; "nothing found" when the search met none."""
-        return self.first.headline if self.first is not None else "nothing found"
+        """The first failure as "P5 in 3 of 10 replays"; "nothing found" when the search met none in all its
+        examples, "not found within the time limit (60 s)" when its time ran out first."""
+        if self.first is not None:
+            return self.first.headline
+        if self.stopped_by_time and self.max_time_s is not None:
+            return f"not found within the time limit ({self.max_time_s:g} s)"
+        return "nothing found"
 
     @property
     def property_ids(self) -> tuple[str, ...]:
@@ -131,19 +143,34 @@ def minimised_failures(
 
 
 def run_search(
-    machine: type[RuleBasedStateMachine], search_settings: settings, seen: list[BaseException] | None = None
+    machine: type[RuleBasedStateMachine],
+    search_settings: settings,
+    seen: list[BaseException] | None = None,
+    stats: SearchStats | None = None,
 ) -> tuple[Failure, ...]:
     """Run a state machine until it fails (and shrinks) or runs out of examples; return every failure it met (a
     flaky report as the failures it hid, or as those in `seen`, the failures the machine raised: `SearchStats`).
+    A machine bounded by time (`checking.within`) that reaches its limit ends the search with none, and
+    `stats.stopped_by_time` set.
 
     An exception that is neither a property violation, a harness error nor a Hypothesis error propagates."""
     try:
         run_state_machine_as_test(machine, settings=search_settings)
+    except TimeLimitReached:
+        return _stopped_by_time(stats)
     except Exception as error:
+        if time_limit_behind(error):
+            return _stopped_by_time(stats)
         failures = classify(error, seen or ())
         if failures is None:
             raise
         return failures
+    return ()
+
+
+def _stopped_by_time(stats: SearchStats | None) -> tuple[Failure, ...]:
+    if stats is not None:
+        stats.stopped_by_time = True
     return ()
 
 
@@ -155,12 +182,17 @@ def search(
     replays: int = REPLAYS,
     swarm: bool = False,
     controller: ControllerMachine = TRAINER,
+    max_time_s: float | None = None,
 ) -> Finding:
-    """Run `controller`'s machine (the swarm machine with `swarm`) against the harness until it fails or runs out
-    of examples; then replay every failure `replays` times for its reproduction rate and minimise it by that rate on
-    the same harness (unless `minimise` is False: then only the rate, and with `replays` 0 not even that)."""
+    """Run `controller`'s machine (the swarm machine with `swarm`) against the harness until it fails, runs out
+    of examples or (with `max_time_s`) of time; then replay every failure `replays` times for its reproduction rate
+    and minimise it by that rate on the same harness (unless `minimise` is False: then only the rate, and with
+    `replays` 0 not even that). The time limit bounds the search, not the measuring and minimising after it."""
     stats = SearchStats()
-    failures = run_search(controller.factory(harness, stats, swarm=swarm), search_settings, stats.seen)
+    factory = controller.factory(harness, stats, swarm=swarm)
+    if max_time_s is not None:
+        factory = within(factory, stats, max_time_s)
+    failures = run_search(factory, search_settings, stats.seen, stats)
     search_s = time.monotonic() - stats.started_s
     if minimise:
         failures, minimised = minimised_failures(
@@ -180,6 +212,8 @@ def search(
         total_s=time.monotonic() - stats.started_s,
         search_s=search_s,
         minimised=minimised,
+        max_time_s=max_time_s,
+        stopped_by_time=stats.stopped_by_time,
     )
 
 

@@ -1,12 +1,14 @@
 """Searching on many cores and many machines: HypoFuzz workers over the state machine, sharing one example database.
 
     python -m ckpt_model.search.fuzz worker [--redis URL] [-n N] [--topology T] [--verify-mode M] [--faults a,b]
-                                     [--profile P] [--dashboard]
+                                     [--profile P] [--dashboard] [--max-time DURATION]
         HypoFuzz (`hypothesis fuzz`) with N processes (default: one per core) over the state machine, until Ctrl-C
-        or SIGTERM: the deployment the faults need (`DeploymentSpec.for_faults`), or every fault-free one
-        (`ckpt_model.model.spec.FAULT_FREE`) when neither faults nor a topology are named. Failures and the corpus go
-        to the Redis example database at URL (`CKPT_MODEL_REDIS_URL` for the workers), else to
-        .hypothesis/examples here.
+        or SIGTERM, or for DURATION (then stopped as by Ctrl-C, saying what each deployment covered and found, from
+        the reports and failures HypoFuzz saved in the database; exit 0 if it saved no new failing example, else 1
+        and the `replay` command that reports it): the deployment the faults need (`DeploymentSpec.for_faults`), or
+        every fault-free one (`ckpt_model.model.spec.FAULT_FREE`) when neither faults nor a topology are named.
+        Failures and the corpus go to the Redis example database at URL (`CKPT_MODEL_REDIS_URL` for the workers),
+        else to .hypothesis/examples here.
     python -m ckpt_model.search.fuzz replay [--redis URL] [--topology T] [--verify-mode M] [--faults a,b] [--profile P]
         replays what the database holds for the deployment and generates nothing: exit 1 with the report if a
         saved example breaks a property (the exit codes are `ckpt-model check`'s).
@@ -36,6 +38,7 @@ import argparse
 import contextlib
 import ctypes
 import functools
+import json
 import multiprocessing.util
 import os
 import shutil
@@ -46,11 +49,14 @@ import sys
 import tempfile
 import time
 import unittest
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
+import attrs
+
+from ckpt_model.durations import duration
 from ckpt_model.errors import UsageError
 from ckpt_model.interrupts import signal_number, sigterm_unwinds
 from ckpt_model.model.spec import FAULT_FREE, DeploymentSpec, SpecError
@@ -59,6 +65,7 @@ from ckpt_model.search import profiles
 
 if TYPE_CHECKING:
     from hypothesis import settings
+    from hypothesis.database import ExampleDatabase
 
     from ckpt_model.deployments.harness import Harness
     from ckpt_model.trainer.machine import CheckpointMachine
@@ -73,6 +80,10 @@ REDIS_START_TIMEOUT_S = 30.0
 REDIS_PORT_TRIES = 5
 POLL_S_MIN, POLL_S_MAX = 0.001, 0.02
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# Where HypoFuzz keeps its reports of a target, after the target's key (`hypofuzz.database`), and the statuses of
+# an example its reports count (Hypothesis's `Status`: overrun 0, invalid 1, valid 2, interesting 3).
+REPORTS_SUFFIX = b".hypofuzz.reports"
+VALID_STATUS, INTERESTING_STATUS = "2", "3"
 
 
 class RedisUnavailable(RuntimeError):
@@ -317,11 +328,132 @@ def run_worker(args: argparse.Namespace, prog: str) -> int:
             f"({chosen.stateful_step_count} steps per example), {profiles.database_label(chosen.database)}",
             flush=True,
         )
+        bounded = TimeBound(chosen.database, targets) if args.max_time is not None else None
         fuzzer = subprocess.Popen(argv, env=environ, start_new_session=True, preexec_fn=default_sigint)
         try:
-            return fuzzer.wait()
+            if bounded is None:
+                return fuzzer.wait()
+            try:
+                return fuzzer.wait(args.max_time)
+            except subprocess.TimeoutExpired:
+                print(
+                    f"{prog} worker: time limit reached (--max-time {args.max_time:g} s): stopping the workers as "
+                    "Ctrl-C does (HypoFuzz prints the interrupt's traceback as they stop)",
+                    flush=True,
+                )
+                stop_group(fuzzer)  # HypoFuzz's workers tear their harnesses down
+                return bounded.report(args, prog)
         finally:
             stop_group(fuzzer)
+
+
+# --- a worker bounded by time ------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Covered:
+    """What HypoFuzz's workers reported for one target since a moment: examples run (`valid` of them valid, the
+    rest Hypothesis discarded or cut short), the behaviours and fingerprints HypoFuzz's coverage counts saw, and
+    the workers that reported."""
+
+    examples: int = 0
+    valid: int = 0
+    behaviors: int = 0
+    fingerprints: int = 0
+    workers: int = 0
+
+    def words(self) -> str:
+        if not self.workers:
+            return "no report from a worker yet (HypoFuzz reports on starting a phase, and then now and then)"
+        return (
+            f"{self.examples} examples ({self.valid} valid), {self.behaviors} behaviours, "
+            f"{self.fingerprints} fingerprints, from {self.workers} worker(s)"
+        )
+
+
+def covered_since(reports: Iterable[bytes], since: float) -> Covered:
+    """What the HypoFuzz reports (`<key>.hypofuzz.reports`, JSON) saved at or after `since` (a Unix time) say: a
+    worker's report counts its own examples since it started, so each worker's latest counts, summed over workers;
+    behaviours and fingerprints are the most any worker saw. A report that does not parse is skipped."""
+    latest: dict[str, dict[str, Any]] = {}
+    for raw in reports:
+        try:
+            report = json.loads(raw)
+            timestamp, worker = float(report["timestamp"]), str(report["worker_uuid"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        if timestamp >= since and (worker not in latest or timestamp > float(latest[worker]["timestamp"])):
+            latest[worker] = report
+    counts = [{str(key): int(n) for key, n in report.get("status_counts", {}).items()} for report in latest.values()]
+    return Covered(
+        examples=sum(sum(count.values()) for count in counts),
+        valid=sum(count.get(VALID_STATUS, 0) + count.get(INTERESTING_STATUS, 0) for count in counts),
+        behaviors=max((int(report.get("behaviors", 0)) for report in latest.values()), default=0),
+        fingerprints=max((int(report.get("fingerprints", 0)) for report in latest.values()), default=0),
+        workers=len(latest),
+    )
+
+
+def database_key(target: DeploymentSpec) -> bytes:
+    """The key HypoFuzz and plain Hypothesis both keep `target`'s examples under (`lazy_machine`)."""
+    from hypothesis.internal.reflection import function_digest
+    from hypothesis.stateful import get_state_machine_test
+
+    def no_harness() -> Harness:
+        raise AssertionError("only the key is wanted")
+
+    test = get_state_machine_test(lazy_machine(target, no_harness))
+    return function_digest(test.hypothesis.inner_test)  # type: ignore[attr-defined]
+
+
+def saved_failures(database: ExampleDatabase, key: bytes) -> set[bytes]:
+    """The failing examples saved under `key`: shrunk (the key itself) and unshrunk (`.secondary`)."""
+    return set(database.fetch(key)) | set(database.fetch(key + b".secondary"))
+
+
+class TimeBound:
+    """A worker run bounded by `--max-time`: what the database held before it started, so that what it found and
+    covered can be told at its end (`report`)."""
+
+    def __init__(self, database: ExampleDatabase | None, targets: Sequence[DeploymentSpec]) -> None:
+        self.database, self.targets = database, tuple(targets)
+        self.keys = {target: database_key(target) for target in self.targets}
+        self.before = {target: self._failures(target) for target in self.targets}
+        self.started, self.started_s = time.time(), time.monotonic()
+
+    def _failures(self, target: DeploymentSpec) -> set[bytes]:
+        return saved_failures(self.database, self.keys[target]) if self.database is not None else set()
+
+    def report(self, args: argparse.Namespace, prog: str) -> int:
+        """Say what each target covered and found since the start; exit 1 if a new failing example was saved (the
+        report is `replay`'s), else 0, as a pass."""
+        from ckpt_model.results.verdicts import Exit
+
+        elapsed_s = time.monotonic() - self.started_s
+        print(f"{prog} worker: stopped at its time limit (--max-time {args.max_time:g} s) after {elapsed_s:.0f} s")
+        found = []
+        for target in self.targets:
+            new = len(self._failures(target) - self.before[target])
+            reports = self.database.fetch(self.keys[target] + REPORTS_SUFFIX) if self.database is not None else ()
+            covered = covered_since(reports, self.started)
+            print(f"  {target.words}: {covered.words()}; {new} new failing example(s) saved", flush=True)
+            if new:
+                found.append(target)
+        if not found:
+            print("PASSED: no failing example found within the time limit", flush=True)
+            return int(Exit.PASSED)
+        names = ", ".join(target.words for target in found)
+        print(f"FAILED: a failing example saved for {names}: {replay_command(args, prog)} reports it", flush=True)
+        return int(Exit.VIOLATION)
+
+
+def replay_command(args: argparse.Namespace, prog: str) -> str:
+    """The `replay` command for what the worker saved: the same database, profile and deployments."""
+    words = [prog, "replay", *(["--redis", args.redis] if args.redis else []), "--profile", args.profile]
+    words += ["--topology", args.topology] if args.topology else []
+    words += ["--verify-mode", args.verify_mode] if args.verify_mode else []
+    words += ["--faults", args.faults] if args.faults else []
+    return " ".join(words)
 
 
 def default_sigint() -> None:
@@ -392,6 +524,13 @@ def build_parser(prog: str = "python -m ckpt_model.search.fuzz") -> argparse.Arg
         )
     worker.add_argument("-n", "--processes", type=int, help="HypoFuzz processes (default: one per physical core)")
     worker.add_argument("--dashboard", action="store_true", help="serve HypoFuzz's dashboard on localhost:9999")
+    worker.add_argument(
+        "--max-time",
+        type=duration,
+        metavar="DURATION",
+        help="stop the workers (as Ctrl-C does) after DURATION (90, 90s, 2m, 1h), say what each deployment covered "
+        "and found; exit 0 if no new failing example was saved, else 1",
+    )
     redis = commands.add_parser("redis", help="a throwaway Redis server here, until Ctrl-C; prints its URL")
     redis.add_argument("--port", type=int, help="default: a free port")
     redis.add_argument("--bind", default="127.0.0.1", help="default: 127.0.0.1")

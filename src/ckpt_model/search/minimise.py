@@ -47,11 +47,13 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from ckpt_model.interrupts import reraise_interrupt_behind
+from ckpt_model.results.notes import Kind, add, keep_minimal_run, of_kind
 from ckpt_model.results.reproduction import REPLAYS, Rate, attempts_for, measure, record
 from ckpt_model.search.controllers import TRAINER, ControllerMachine, replay
 
 if TYPE_CHECKING:
     from ckpt_model.deployments.harness import Harness
+    from ckpt_model.results.progress import FailureWork
 
 # The longest contiguous run of steps the final pass tries to remove at once (then shorter ones, down to one): a
 # crash and the start_over of each of the most live rollouts the model allows (`Model.rollouts_max`, 3), which
@@ -457,13 +459,15 @@ class Replayer:
     an intermittent failure: it did fail so once, which is what a candidate needs).
 
     A failure that replays only sometimes gives each candidate `attempts` replays (`reproduction.attempts_for`)
-    and counts it as failing on the first that fails the expected way; one that failed every time gets one."""
+    and counts it as failing on the first that fails the expected way; one that failed every time gets one.
+    Each replay is told to `work` (the progress line's counters), if given."""
 
     harness: Harness
     expected: Signature
     settle_timeout_s: float = CANDIDATE_SETTLE_TIMEOUT_S
     attempts: int = 1
     controller: ControllerMachine = TRAINER
+    work: FailureWork | None = None
     last_error: BaseException | None = None
     last_failure: BaseException | None = None  # the last replay's error that failed the expected way
     replays: int = 0
@@ -510,6 +514,8 @@ class Replayer:
         self._learn(steps, self.last_error)
         failed = signature(self.last_error) == self.expected
         self.failing_replays += failed
+        if self.work is not None:
+            self.work.replayed(failed)
         if failed:
             self.last_failure = self.last_error
         return failed
@@ -548,14 +554,14 @@ def replay_once(
 
 @contextlib.contextmanager
 def regressions_to(harness: Harness, directory: Path) -> Iterator[None]:
-    """Send the regression files the candidates' failures write to `directory`, then back: a candidate that fails
-    differently must not overwrite the user's file for that property."""
-    previous = harness.regressions_dir
-    harness.regressions_dir = directory
+    """Send the regression files the candidates' failures write to `directory`, then back: a candidate's failure
+    keeps nothing in the user's files or the run store, and names nothing the run's own failures are named by."""
+    previous = harness.regressions_dir, harness.run_store, harness.failure_files
+    harness.regressions_dir, harness.run_store, harness.failure_files = directory, None, {}
     try:
         yield
     finally:
-        harness.regressions_dir = previous
+        harness.regressions_dir, harness.run_store, harness.failure_files = previous
 
 
 def minimise_on(
@@ -565,30 +571,50 @@ def minimise_on(
     found: Rate | None = None,
     replays: int = REPLAYS,
     controller: ControllerMachine = TRAINER,
+    work: FailureWork | None = None,
 ) -> tuple[Minimised, Replayer]:
     """Minimise a sequence known to fail with `expected` (as often as `found` says; None: every time), replaying
     candidates on `harness` with `controller`'s machine, then measure the minimal sequence's rate over `replays`
     full replays; also returns the replayer, whose `last_failure` is the last replay's exception that failed as
-    expected (with the minimal run's own report)."""
+    expected (with the minimal run's own report). `work` is told each stage, replay and shorter failing sequence."""
+    from ckpt_model.results import progress
+
     started_s = time.monotonic()
     attempts = attempts_for(found)
     full_s = controller.settle_timeout_s
     candidate_s = CANDIDATE_SETTLE_TIMEOUT_S if controller.candidates_settle_briefly else full_s
-    replayers = [Replayer(harness, expected, candidate_s, attempts=attempts, controller=controller)]
+    replayers = [Replayer(harness, expected, candidate_s, attempts=attempts, controller=controller, work=work)]
     rates: list[Rate] = []
 
     def measured(replayer: Replayer) -> Predicate:
         def confirm(candidate: Steps) -> bool:
+            if work is not None:
+                work.begin(progress.MEASURING_MINIMAL, replays)
             rates.append(replayer.rate(candidate, replays))
             return rates[-1].failing > 0
 
         return confirm
 
+    def told(replayer: Replayer, stage: str) -> Predicate:
+        """The replayer as the minimiser's predicate, telling `work` the stage and each shorter failing sequence."""
+        if work is None:
+            return replayer
+        work.begin(stage, steps_found=len(steps))
+
+        def fails(candidate: Steps) -> bool:
+            failed = replayer(candidate)
+            if failed:
+                work.shortened(len(candidate))
+            return failed
+
+        return fails
+
     with regressions_to(harness, harness.root / "minimise-candidates"):
-        result = minimise(steps, replayers[0], confirm=measured(replayers[0]))
+        result = minimise(steps, told(replayers[0], progress.MINIMISING), confirm=measured(replayers[0]))
         if not result.reproduced:  # perhaps accepted a candidate that only failed for being slow: start over
-            replayers.append(Replayer(harness, expected, full_s, attempts=attempts, controller=controller))
-            result = minimise(steps, replayers[1], confirm=measured(replayers[1]))
+            replayers.append(Replayer(harness, expected, full_s, attempts=attempts, controller=controller, work=work))
+            again = told(replayers[1], progress.MINIMISING_AGAIN)
+            result = minimise(steps, again, confirm=measured(replayers[1]))
     replayer = replayers[-1]
     finished = attrs.evolve(
         result,
@@ -604,12 +630,17 @@ def minimise_on(
 
 
 def reproduce_error(
-    harness: Harness, error: BaseException, replays: int = REPLAYS, controller: ControllerMachine = TRAINER
+    harness: Harness,
+    error: BaseException,
+    replays: int = REPLAYS,
+    controller: ControllerMachine = TRAINER,
+    work: FailureWork | None = None,
 ) -> Rate | None:
     """Replay the failing run `error` came from `replays` times on its harness, with the machine of `controller`
     that ran it, and record how often it failed the same way: on the error (`reproduction.rate_of`), in its report,
-    and in its regression file. None when the error carries no rule calls (Hypothesis's own errors)."""
-    from ckpt_model.results import regression
+    and in its regression file, telling `work` each replay. None when the error carries no rule calls (Hypothesis's
+    own errors)."""
+    from ckpt_model.results import progress, regression, runstore
     from ckpt_model.results.report import rule_calls_of
     from ckpt_model.results.verdicts import shrunk_steps
 
@@ -617,22 +648,39 @@ def reproduce_error(
     expected = signature(error)
     if rule_calls is None or expected is None:
         return None
+    if work is not None:
+        work.begin(progress.MEASURING, replays, steps_found=len(rule_calls))
     with regressions_to(harness, harness.root / "minimise-candidates"):
-        rate = Replayer(harness, expected, controller=controller).rate(rule_calls, replays)
+        rate = Replayer(harness, expected, controller=controller, work=work).rate(rule_calls, replays)
     record(error, rate)
-    lines = [f"Reproduction: {rate.text} of the failing run (each with fresh processes and the full settle)"]
+    lines = [f"Reproduction: {rate.text} of the run the search found (each with fresh processes and the full settle)"]
     if not shrunk_steps(error):  # Hypothesis printed no example (a flaky report): the run's own rule calls
         lines += ["Failing run:", as_state(controller), *as_code(rule_calls), "state.teardown()"]
-    error.add_note("\n".join(lines))
+    add(error, Kind.FOUND_RATE, "\n".join(lines))
     try:
-        regression.write(harness, rule_calls, error, origin=controller.origin, reproduction=rate.document())
+        document = regression.document(
+            harness.spec, rule_calls, error, origin=controller.origin, reproduction=rate.document()
+        )
+        runstore.keep(harness, error, document, kept_name(harness, error, rule_calls, controller))
     except OSError as write_error:
-        error.add_note(f"Regression file not rewritten with the rate: {write_error}")
+        add(error, Kind.REPLAY, f"Regression file not rewritten with the rate: {write_error}")
     return rate
 
 
+def kept_name(harness: Harness, error: BaseException, rule_calls: Sequence[Step], controller: ControllerMachine) -> str:
+    """The name the failure's regression file was kept under (`runstore.kept_of`), or the one the run gives it."""
+    from ckpt_model.results import runstore
+
+    kept = runstore.kept_of(error)
+    return kept.name if kept is not None else runstore.name_for(harness, error, controller.origin, rule_calls)
+
+
 def minimise_error(
-    harness: Harness, error: BaseException, replays: int = REPLAYS, controller: ControllerMachine = TRAINER
+    harness: Harness,
+    error: BaseException,
+    replays: int = REPLAYS,
+    controller: ControllerMachine = TRAINER,
+    work: FailureWork | None = None,
 ) -> Minimised | None:
     """Measure how often the failing run `error` came from fails (`reproduce_error`), then minimise it (its rule
     calls, attached by `ckpt_model.results.report.annotate`) on the harness and the controller's machine it ran on,
@@ -642,66 +690,77 @@ def minimise_error(
     again (nothing to judge candidates by)."""
     from ckpt_model.results.report import rule_calls_of
 
-    found = reproduce_error(harness, error, replays, controller)
+    found = reproduce_error(harness, error, replays, controller, work)
     rule_calls = rule_calls_of(error)
     expected = signature(error)
     if found is None or rule_calls is None or expected is None:
         return None
     if found.failing == 0:
-        error.add_note(f"Not minimised: the failing run did not fail again in {replays} replays")
+        add(error, Kind.NOT_MINIMISED, f"Not minimised: the failing run did not fail again in {replays} replays")
         return None
-    result, replayer = minimise_on(harness, rule_calls, expected, found, replays, controller)
+    result, replayer = minimise_on(harness, rule_calls, expected, found, replays, controller, work)
     if result.reproduced and result.rate is not None:
         record(error, result.rate)  # the steps reported now are the minimal ones
-        error.add_note(_reproduced_note(harness, error, result, replayer.last_failure, controller))
+        add_minimal_notes(harness, error, result, replayer.last_failure, controller)
     else:
         # Not in `state.` form, so `verdicts.shrunk_steps` keeps reading Hypothesis's example, which did fail.
-        error.add_note(
+        add(
+            error,
+            Kind.NOT_MINIMISED,
             f"Minimising did not keep the failure ({result.summary()}): the candidate "
-            f"{'; '.join(result.code)} did not fail again; the regression file keeps the steps that failed"
+            f"{'; '.join(result.code)} did not fail again; the regression file keeps the steps that failed",
         )
     return result
 
 
-def _reproduced_note(
+def add_minimal_notes(
     harness: Harness,
     error: BaseException,
     result: Minimised,
     final_error: BaseException | None,
     controller: ControllerMachine,
-) -> str:
-    """The minimal sequence as Hypothesis prints an example (so `verdicts.shrunk_steps` reads it), the minimal
-    run's steps with model names, and the regression file, rewritten with the minimal sequence."""
-    from ckpt_model.results import regression
-    from ckpt_model.results.report import draw_timeline
+) -> None:
+    """Put on `error`'s report the minimal sequence as Hypothesis prints an example (so `verdicts.shrunk_steps` reads
+    it), the minimal run's steps with the model's names, and the regression file, rewritten with the minimal
+    sequence, with the timeline of the minimal run beside it; keep the minimal run's own exception beside it (what
+    it expected and saw, its history and logs: `notes.keep_minimal_run`). Not where `--keep-artifacts` keeps the
+    run found (its checkpoints and history): there the report's paths must stay those of what is kept. A copy of
+    the file that already held a minimal sequence as short is left as it was (`runstore.keep`), and said."""
+    from ckpt_model.results import regression, runstore
+    from ckpt_model.results.report import draw_timelines, rule_calls_of, temporary_note
 
-    lines = [f"Minimal failing sequence (ckpt_model.search.minimise: {result.summary()}):", as_state(controller)]
-    lines += [*result.code, "state.teardown()"]
-    model_steps = _model_steps_note(final_error)
-    if model_steps:
-        lines.append(model_steps.replace("Steps (model names)", "Minimal steps (model names)", 1))
+    if harness.artifacts is None:
+        keep_minimal_run(error, final_error)
+    code = [f"Minimal failing sequence (ckpt_model.search.minimise: {result.summary()}):", as_state(controller)]
+    add(error, Kind.MINIMAL, "\n".join([*code, *result.code, "state.teardown()"]))
+    for steps in of_kind(final_error, Kind.STEPS):
+        add(error, Kind.MINIMAL_STEPS, steps.replace("Steps (model names)", "Minimal steps (model names)", 1))
     try:
-        reproduction = result.rate.document() if result.rate is not None else None
-        path = regression.write(
-            harness,
+        document = regression.document(
+            harness.spec,
             list(result.steps),
             error,
             origin=controller.origin,
             minimised=provenance(result),
-            reproduction=reproduction,
+            reproduction=result.rate.document() if result.rate is not None else None,
         )
+        found = rule_calls_of(error) or list(result.original)
+        kept = runstore.keep(harness, error, document, kept_name(harness, error, found, controller))
     except OSError as write_error:
-        lines.append(f"Regression file not rewritten: {write_error}")
-    else:
-        lines.append(f"The regression file now holds the minimal sequence: ckpt-model replay {path}")
-        if final_error is not None:  # the picture beside it shows the minimal run, as the file now holds
-            lines.append(draw_timeline(final_error, harness, path).replace("failing history", "minimal run", 1))
-    return "\n".join(lines)
-
-
-def _model_steps_note(error: BaseException | None) -> str | None:
-    notes = [str(note) for note in getattr(error, "__notes__", ())]
-    return next((note for note in notes if note.startswith("Steps (model names)")), None)
+        add(error, Kind.MINIMAL_REPLAY, f"Regression file not rewritten: {write_error}")
+        return
+    temporary = temporary_note(harness, kept.shown)
+    add(
+        error,
+        Kind.MINIMAL_REPLAY,
+        f"Replay without Hypothesis (survives code edits): ckpt-model replay {kept.shown}{temporary}",
+    )
+    held = runstore.held_note(kept)
+    if held is not None:
+        add(error, Kind.RUN_STORE, held)
+    if final_error is not None:  # the picture beside it shows the minimal run, as the file holds
+        picture = draw_timelines(final_error, harness, kept).replace("failing history", "minimal run", 1)
+        add(error, Kind.MINIMAL_TIMELINE, picture + (temporary if picture.startswith("Timeline of") else ""))
 
 
 def provenance(result: Minimised) -> dict[str, Any]:
@@ -714,4 +773,5 @@ def provenance(result: Minimised) -> dict[str, Any]:
         "one_minimal_pass_removed": result.pass_removed,
         "expanded": list(result.expanded),
         "found_reproduction": result.found_rate.document() if result.found_rate is not None else None,
+        "steps_found": [[name, dict(arguments)] for name, arguments in result.original],
     }

@@ -30,6 +30,7 @@ from ckpt_model.model.topologies import TOPOLOGIES
 from ckpt_model.properties.state import record_key
 from ckpt_model.protocol.gym_tasks import COUNTER_SCRIPT
 from ckpt_model.protocol.storage import participant_dir, read_records
+from ckpt_model.results import runstore
 from ckpt_model.results.regression import Origin
 from ckpt_model.search import controllers
 from ckpt_model.steps.playback import play
@@ -142,13 +143,16 @@ def check_lineage(scenario: Scenario, harness: Harness) -> None:
             raise ScenarioFactMismatch(f"continued calls: expected {expected_continued}, observed {continued}")
 
 
-def replay(document: Mapping[str, Any], *, artifacts: Path | None = None) -> None:
+def replay(document: Mapping[str, Any], *, artifacts: Path | None = None, run_store: Path | None = None) -> None:
     """Run a regression file's steps on a fresh embedded deployment of the file's (`DeploymentSpec.from_document`),
     with the machine of the controller it names (`Origin.from_document`: the trainer's if it names none); raises what
     the run raises (`ckpt_model.results.regression.load` reads the file). With `artifacts` (`--keep-artifacts`) the
-    failure's regression file, history, checkpoints and logs stay there."""
+    failure's regression file, history, checkpoints and logs stay there; with `run_store` (`ckpt-model replay`) the
+    failure is kept in a run directory there (`ckpt_model.results.runstore`), which the report's paths name."""
     controller = controllers.for_origin(Origin.from_document(document))
     with Harness.embedded(DeploymentSpec.from_document(document), artifacts=artifacts) as harness:
         if artifacts is None:  # a replay does not overwrite the file it replays
             harness.regressions_dir = harness.root / "regressions"
+        if run_store is not None:
+            runstore.begin(harness, run_store)
         controllers.replay(controller, harness, [(name, arguments) for name, arguments in document["steps"]])

@@ -111,7 +111,6 @@ NOT_FOR_COLLECTION = {
     "deployment": "--deployment (a real Gym's deployment file cannot name a collection program yet)",
     "verify_mode": "--verify-mode",
     "weights": "--weights (the collection machine draws as Hypothesis does)",
-    "max_time": "--max-time (its search runs its examples, in one round)",
 }
 
 

@@ -13,12 +13,16 @@ protocol's own situations (`CHECKPOINT_GOALS`, `RESTORE_GOALS`, here), each faul
 machine's goals are collected from the families of its rules (`steplog.coverage`, which also gives each rule's
 scope). A goal or a rule that only some deployments can reach says
 so by the deployment's traits (a goal's `applies`; a rule's `applies`, declared on the rule: `steplog.action`),
-never by a topology's name. `table` is the short report every run ends with (`ckpt-model check`, the nightly).
+never by a topology's name. `table` is the short report every run ends with (`ckpt-model check`, the nightly):
+each NEVER in it is one the deployment can reach and the run did not (a goal whose one rule the deployment never
+draws is `n/a`, as that rule is), and the table ends with what they mean and what reaches them (a longer run, asked
+for as the machine's `Coverage.longer_run` says).
 """
 
 from __future__ import annotations
 
 import re
+import textwrap
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
@@ -179,12 +183,37 @@ RESTORE_GOALS: tuple[Goal, ...] = (
 
 
 @attrs.frozen
+class LongerRun:
+    """How a longer search of a machine is asked for, which is what a goal or rule it never reached needs:
+    `suggest`, the summary's short suggestion after a run of these statistics, and `says`, what each way does."""
+
+    suggest: Callable[[SearchStats], str]
+    says: str
+
+
+def aimed_suggestion(stats: SearchStats) -> str:
+    """A first time limit, or more time for a search bounded by time that already ran aimed rounds."""
+    return "a longer --max-time" if stats.rounds else "--max-time 2m"
+
+
+# The trainer machine's: a search bounded by time runs aimed rounds (`ckpt_model.search.aim`), `--weights` weighs
+# its families.
+AIMED_LONGER_RUN = LongerRun(
+    aimed_suggestion,
+    "--max-time D (without --examples) runs examples for D, each round after the first aimed at what the ones "
+    "before it left (docs/how-it-works.md#aiming: what 2 minutes reached); --weights FAMILY=N draws a family more "
+    "often (one weighed 0 is drawn only when no other can move); --steps N makes each example longer",
+)
+
+
+@attrs.frozen
 class Coverage:
     """What a machine's search must reach (`steplog.coverage`): its families' goals, in report order, and each of
-    its rules with the deployments it applies to."""
+    its rules with the deployments it applies to; and how a longer search of it is asked for."""
 
     goals: tuple[Goal, ...]
     rules: Scopes
+    longer_run: LongerRun = AIMED_LONGER_RUN
 
 
 def reached(step: Step, goals: Iterable[Goal]) -> list[str]:
@@ -235,6 +264,124 @@ def require(stats: SearchStats, spec: DeploymentSpec, coverage: Coverage) -> Non
         )
 
 
+# A name longer than this wraps onto the lines below its row; a shorter column fits the section's longest name.
+NAME_WIDTH_MAX = 72
+# The width the words after the table wrap at.
+WORDS_WIDTH = 110
+
+
+@attrs.frozen
+class Row:
+    """One row of a section of the table: its name, its counts (none for `n/a`), and what follows them."""
+
+    name: str
+    cells: tuple[str, ...] = ()
+    note: str = ""
+
+
+def aligned(header: tuple[str, ...], rows: Iterable[Row]) -> list[str]:
+    """`header` and `rows` as lines whose columns line up whatever the names' lengths: the name column as wide as
+    the longest name (at most `NAME_WIDTH_MAX`: a longer name wraps, its counts on its first line), two spaces, then
+    each count column right-aligned to its widest value; a row without counts (`n/a ...`) starts where they do."""
+    rows = list(rows)
+    name_width = min(max([len(header[0]), *(len(row.name) for row in rows)]), NAME_WIDTH_MAX)
+    widths = [
+        max([len(title), *(len(row.cells[index]) for row in rows if len(row.cells) > index)])
+        for index, title in enumerate(header[1:])
+    ]
+
+    def line(name: str, cells: tuple[str, ...], note: str) -> str:
+        counts = " ".join(cell.rjust(width) for cell, width in zip(cells, widths, strict=False))
+        after = f"{counts}  {note}" if counts and note else counts or note
+        return f"  {name:<{name_width}}  {after}".rstrip()
+
+    lines = [line(header[0], header[1:], "")]
+    for row in rows:
+        first, *rest = textwrap.wrap(row.name, name_width, subsequent_indent="  ") or [""]
+        lines.append(line(first, row.cells, row.note))
+        lines += [f"  {more}" for more in rest]
+    return lines
+
+
+def unreachable_because(goal: Goal, spec: DeploymentSpec, coverage: Coverage, undrawable: Collection[str]) -> str:
+    """Why no run on `spec` can reach `goal` ("" when one can): the deployment is not one it applies to, or the one
+    rule that reaches it is never drawn here."""
+    if not goal.applies(spec):
+        return "n/a"
+    if goal.rule is None:
+        return ""
+    if goal.rule in undrawable:
+        return f"n/a (its rule {goal.rule} is not drawable here: listed below)"
+    applies = coverage.rules.get(goal.rule, everywhere)
+    return "" if applies(spec) else f"n/a (its rule {goal.rule} does not apply here)"
+
+
+@attrs.frozen
+class Reached:
+    """What a run reached of a machine's coverage on one deployment, as the table says it: the goals and rules each
+    with its row, and by name those never reached that the deployment can reach (`never_goals`; `never_enabled`,
+    `never_drawn`: rules never enabled, and enabled but never drawn) and those it cannot (`cannot`, `n/a`), of which
+    `undrawable` are rules it cannot draw and goals only such a rule reaches."""
+
+    goals: tuple[Row, ...]
+    rules: tuple[Row, ...]
+    never_goals: tuple[str, ...]
+    never_enabled: tuple[str, ...]
+    never_drawn: tuple[str, ...]
+    cannot: tuple[str, ...]
+    undrawable: tuple[str, ...] = ()
+
+    @property
+    def never(self) -> int:
+        return len(self.never_goals) + len(self.never_enabled) + len(self.never_drawn)
+
+
+def reached_on(stats: SearchStats, spec: DeploymentSpec, coverage: Coverage, undrawable: Collection[str]) -> Reached:
+    """The rows of the table's goals and rules, and what was never reached, sorted by whether `spec` can reach it."""
+    goal_rows, rule_rows = [], []
+    never_goals, never_enabled, never_drawn, cannot, undrawable_here = [], [], [], [], []
+    for goal in coverage.goals:
+        steps = stats.goals[goal.name]
+        # A goal reached is shown reached, whatever is said of its rule; one whose spec rules it out never is.
+        why_not = (
+            "n/a" if not goal.applies(spec) else "" if steps else unreachable_because(goal, spec, coverage, undrawable)
+        )
+        if why_not:
+            cannot.append(goal.name)
+            if why_not != "n/a":
+                undrawable_here.append(goal.name)
+            goal_rows.append(Row(goal.says, note=why_not))
+            continue
+        goal_rows.append(Row(goal.says, (str(steps), str(stats.goal_examples[goal.name])), "" if steps else "NEVER"))
+        if not steps:
+            never_goals.append(goal.name)
+    for rule, applies in coverage.rules.items():
+        if not applies(spec) or rule in undrawable:
+            cannot.append(rule)
+            if applies(spec):
+                undrawable_here.append(rule)
+            rule_rows.append(Row(rule, note="n/a" if not applies(spec) else "n/a (not drawable here: listed below)"))
+            continue
+        enabled, drawn = stats.enabled[rule], stats.drawn[rule]
+        per_draw = [f"{1000 * stats.rule_seconds[rule] / drawn:.0f}"] if drawn else []
+        cells = (str(enabled), str(drawn), str(stats.drawn_examples[rule]), *per_draw)
+        note = "" if enabled and drawn else "NEVER drawn" if enabled else "NEVER enabled"
+        rule_rows.append(Row(rule, cells, note))
+        if not enabled:
+            never_enabled.append(rule)
+        elif not drawn:
+            never_drawn.append(rule)
+    return Reached(
+        tuple(goal_rows),
+        tuple(rule_rows),
+        tuple(never_goals),
+        tuple(never_enabled),
+        tuple(never_drawn),
+        tuple(cannot),
+        tuple(undrawable_here),
+    )
+
+
 def table(
     stats: SearchStats,
     spec: DeploymentSpec,
@@ -244,31 +391,120 @@ def table(
 ) -> str:
     """How often each goal and each rule of `coverage` was reached: goals by steps and examples, rules by the
     examples that enabled them and the times and examples they were drawn; NEVER marks an applicable one never
-    reached, `n/a` one the deployment cannot reach: by its spec, or (`undrawable`, `checkable.undrawable_rules`)
-    because it lacks what the rule needs, which the run's summary lists with why. With `family_of` (each rule's
-    family, by name) it first splits the drawn steps by family."""
+    reached (a rule `NEVER enabled` or `NEVER drawn`), `n/a` one the deployment cannot reach: by its spec, or
+    (`undrawable`, `checkable.undrawable_rules`) because it lacks what the rule needs, which the run's summary lists
+    with why, or because the one rule that reaches a goal is such a rule. With `family_of` (each rule's family, by
+    name) it first splits the drawn steps by family. It ends with what the NEVERs mean and what reaches them
+    (`never_words`), and a one-line summary (`summary_line`)."""
+    reached = reached_on(stats, spec, coverage, undrawable)
     lines = [f"coverage over {stats.examples} examples ({spec.label}):"]
     if family_of is not None:
         lines += family_lines(stats, family_of)
-    lines.append(f"  {'goal':<40} {'steps':>6} {'examples':>8}")
+    lines += aligned(("goal", "steps", "examples"), reached.goals)
+    lines += aligned(("rule", "enabled", "drawn", "examples", "ms/draw"), reached.rules)
+    return "\n".join([*lines, *never_words(reached, coverage.longer_run), summary_line(stats, reached, coverage)])
+
+
+def counted(count: int, singular: str, plural: str) -> str:
+    return f"{count} {singular if count == 1 else plural}"
+
+
+def wrapped(text: str, indent: str = "") -> list[str]:
+    """`text` as lines of at most `WORDS_WIDTH`, the first indented by `indent`, the rest by two spaces more."""
+    return textwrap.wrap(text, WORDS_WIDTH, initial_indent=indent, subsequent_indent=indent + "  ")
+
+
+def never_words(reached: Reached, longer_run: LongerRun) -> list[str]:
+    """What the table's NEVERs and n/a's mean, by why, and what reaches the NEVERs; nothing when there is none."""
+    lines = []
+    if reached.never:
+        lines += wrapped(
+            f"NEVER: {counted(reached.never, 'goal or rule', 'goals and rules')} this deployment can reach and no "
+            "example reached: what the checker judges there went unchecked in this run (its pass says nothing there)"
+        )
+        if reached.never_goals:
+            lines.append(f"  - {counted(len(reached.never_goals), 'goal', 'goals')}: no step reached the situation")
+        if reached.never_drawn:
+            drawn = len(reached.never_drawn)
+            lines.append(
+                f"  - {counted(drawn, 'rule', 'rules')} enabled but never drawn: the draw did not pick "
+                + ("it" if drawn == 1 else "them")
+            )
+        if reached.never_enabled:
+            enabled = len(reached.never_enabled)
+            lines.append(
+                f"  - {counted(enabled, 'rule', 'rules')} never enabled: no example reached a state "
+                + ("its precondition allows" if enabled == 1 else "their preconditions allow")
+            )
+        lines += wrapped(f"- what reaches them: a longer run; {longer_run.says}", "  ")
+    if reached.cannot:
+        by_spec = len(reached.cannot) - len(reached.undrawable)
+        why = [f"{by_spec} by its spec"] if by_spec else []
+        if reached.undrawable:
+            why.append(f"{len(reached.undrawable)} through a rule it cannot draw, listed below")
+        lines += wrapped(
+            f"n/a: {counted(len(reached.cannot), 'goal or rule', 'goals and rules')} no run on this deployment can "
+            f"reach ({'; '.join(why)}): a longer run does not change that"
+        )
+    return lines
+
+
+def summary_line(stats: SearchStats, reached: Reached, coverage: Coverage) -> str:
+    """The table's last line: how many goals and rules were never reached and what reaches them, and how many this
+    deployment cannot reach."""
+    cannot = f"{len(reached.cannot)} more this deployment cannot reach (n/a)" if reached.cannot else ""
+    if not reached.never:
+        return "every goal and rule this deployment can reach was reached" + (f"; {cannot}" if cannot else "")
+    never = counted(reached.never, "goal or rule", "goals and rules")
+    return f"{never} never reached: a longer run reaches more (try {coverage.longer_run.suggest(stats)})" + (
+        f"; {cannot}" if cannot else ""
+    )
+
+
+# A coverage row's status: reached, applicable and never reached, or not applicable to the deployment.
+REACHED, NEVER, NOT_APPLICABLE = "reached", "NEVER", "n/a"
+
+
+def document(
+    stats: SearchStats, spec: DeploymentSpec, coverage: Coverage, undrawable: Collection[str] = ()
+) -> dict[str, Any]:
+    """The coverage table as data (`check --json`'s `coverage`): each goal with its steps, examples and status, each
+    rule with the examples that enabled it, its draws, the examples that drew it, its milliseconds per draw and
+    status (NEVER: applicable and never reached; n/a with why: the spec, or `undrawable` here, or for a goal the one
+    rule that reaches it undrawable, as the table says), and `never`, every NEVER by name."""
+    goal_rows: list[dict[str, Any]] = []
     for goal in coverage.goals:
-        note = "" if not goal.applies(spec) or stats.goals[goal.name] else "  NEVER"
-        counts = f"{stats.goals[goal.name]:>6} {stats.goal_examples[goal.name]:>8}" if goal.applies(spec) else "n/a"
-        lines.append(f"  {goal.says:<40} {counts}{note}")
-    lines.append(f"  {'rule':<40} {'enabled':>7} {'drawn':>6} {'examples':>8} {'ms/draw':>8}")
+        row: dict[str, Any] = {"name": goal.name, "says": goal.says}
+        # n/a as the table says it: by the spec, or a goal only a rule not drawable here reaches
+        steps = stats.goals[goal.name]
+        why_not = unreachable_because(goal, spec, coverage, undrawable) if not steps or not goal.applies(spec) else ""
+        if not why_not:
+            row |= {"steps": steps, "examples": stats.goal_examples[goal.name]}
+            row["status"] = REACHED if steps else NEVER
+        elif why_not == NOT_APPLICABLE:
+            row |= {"status": NOT_APPLICABLE, "why": "not on this deployment"}
+        else:
+            row |= {"status": NOT_APPLICABLE, "why": f"its rule {goal.rule} is not drawable here"}
+        goal_rows.append(row)
+    rule_rows: list[dict[str, Any]] = []
     for rule, applies in coverage.rules.items():
-        if not applies(spec):
-            lines.append(f"  {rule:<40} n/a")
+        if not applies(spec) or rule in undrawable:
+            why = "not on this deployment" if not applies(spec) else "not drawable here: lacks what it needs"
+            rule_rows.append({"name": rule, "status": NOT_APPLICABLE, "why": why})
             continue
-        if rule in undrawable:
-            lines.append(f"  {rule:<40} n/a (not drawable here: listed below)")
-            continue
-        note = "" if stats.enabled[rule] and stats.drawn[rule] else "  NEVER"
-        counts = f"{stats.enabled[rule]:>7} {stats.drawn[rule]:>6} {stats.drawn_examples[rule]:>8}"
-        if stats.drawn[rule]:
-            counts += f" {1000 * stats.rule_seconds[rule] / stats.drawn[rule]:>8.0f}"
-        lines.append(f"  {rule:<40} {counts}{note}")
-    return "\n".join(lines)
+        drawn = stats.drawn[rule]
+        rule_rows.append(
+            {
+                "name": rule,
+                "enabled": stats.enabled[rule],
+                "drawn": drawn,
+                "examples": stats.drawn_examples[rule],
+                "ms_per_draw": round(1000 * stats.rule_seconds[rule] / drawn, 1) if drawn else None,
+                "status": REACHED if stats.enabled[rule] and drawn else NEVER,
+            }
+        )
+    never = [row["name"] for row in (*goal_rows, *rule_rows) if row["status"] == NEVER]
+    return {"examples": stats.examples, "goals": goal_rows, "rules": rule_rows, "never": never}
 
 
 def family_lines(stats: SearchStats, family_of: Mapping[str, str]) -> list[str]:
@@ -280,9 +516,15 @@ def family_lines(stats: SearchStats, family_of: Mapping[str, str]) -> list[str]:
         steps[family] = steps.get(family, 0) + stats.drawn[rule]
         seconds[family] = seconds.get(family, 0.0) + stats.rule_seconds[rule]
     total = sum(steps.values())
-    lines = [f"  {'family':<40} {'steps':>6} {'share':>8} {'ms/step':>8}"]
-    for family, count in steps.items():
-        share = f"{100 * count / total:.0f}%" if total else "-"
-        per_step = f"{1000 * seconds[family] / count:.0f}" if count else "-"
-        lines.append(f"  {family:<40} {count:>6} {share:>8} {per_step:>8}")
-    return lines
+    rows = [
+        Row(
+            family,
+            (
+                str(count),
+                f"{100 * count / total:.0f}%" if total else "-",
+                f"{1000 * seconds[family] / count:.0f}" if count else "-",
+            ),
+        )
+        for family, count in steps.items()
+    ]
+    return aligned(("family", "steps", "share", "ms/step"), rows)

@@ -2,8 +2,11 @@
 and the example's statistics and coverage.
 
 The rule calls (outermost only, with their keyword arguments) are what a regression file replays; the labels, with
-the model's names (`r0`, `c1`), are what the report prints. `step` wraps every rule: it records the call, marks the
-machine broken while the rule runs (a broken machine is not drained at teardown), and attaches the report once.
+the model's names (`r0`, `c1`), say what each did, and the report prints one line per rule drawn
+(`model_steps`): its labels, led by the rule call wherever they do not name the rule themselves (a fault rule's
+labels name the operation it disturbed), so every line says which rule did it. `step` wraps every rule: it records
+the call, marks the machine broken while the rule runs (a broken machine is not drained at teardown), and attaches
+the report once.
 Around each rule it also keeps the coverage (`ckpt_model.steps.goals`): before a drawn rule, which rules were enabled;
 after every rule (nested ones too, the drain's not), which of the machine's goals (`goals_of`) it reached. Each
 reached goal and drawn rule is also a Hypothesis `event()` (its statistics and observability output), and the
@@ -17,7 +20,7 @@ from __future__ import annotations
 import functools
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 import attrs
@@ -28,7 +31,7 @@ from hypothesis.strategies import SearchStrategy
 from ckpt_model import timing
 from ckpt_model.deployments.harness import Harness
 from ckpt_model.deployments.observe import observe
-from ckpt_model.errors import CoordinationError, HarnessError, PropertyViolation
+from ckpt_model.errors import ControlCallFailed, CoordinationError, HarnessError, PropertyViolation
 from ckpt_model.interrupts import reraise_interrupt_behind, unwinding
 from ckpt_model.model.spec import DeploymentSpec
 from ckpt_model.protocol.history import History
@@ -75,6 +78,9 @@ class StepLog:
         self.harness, self.history, self.stats, self.origin = harness, history, stats, origin
         self.labels: list[str] = []
         self.rule_calls: list[tuple[str, dict[str, Any]]] = []
+        # Where each drawn rule's labels start, and the drain's (None: not drained).
+        self.starts: list[int] = []
+        self.drain_at: int | None = None
         self.depth, self.draining, self.broken = 0, False, False
         self.started_s = time.monotonic()
         self.swarm: Swarm = EVERYTHING
@@ -88,17 +94,25 @@ class StepLog:
 
     def report(self, error: BaseException) -> None:
         """Attach the failure report (steps, history, calls, logs, replay file) once."""
+        steps = model_steps(self.labels, self.rule_calls, self.starts, self.drain_at, failed_in_rule=not self.draining)
         annotated = annotate(
             error,
             harness=self.harness,
-            steps=self.labels,
+            steps=steps,
             history=self.history,
             rule_calls=self.rule_calls,
             backend_calls=lambda: observe(self.harness).calls,
             origin=self.origin,
+            under_hypothesis=currently_in_test_context(),
         )
         if annotated and self.stats is not None:
             self.stats.failed(error)
+
+    def rule_named(self, rule: str, arguments: Mapping[str, Any]) -> str:
+        """A rule call as a failure names it: `skewed_clock(victim=1, behind=False), step 17` (the drawn step it
+        runs in, or the teardown's drain)."""
+        called = f"{rule}({', '.join(f'{key}={value!r}' for key, value in arguments.items())})"
+        return f"{called}, in the teardown's drain" if self.draining else f"{called}, step {len(self.rule_calls)}"
 
     def drain(self, drain: Callable[[], None]) -> None:
         """Run the teardown's drain, unless a rule broke the machine (its state is unknown) or an interrupt
@@ -106,6 +120,7 @@ class StepLog:
         raises."""
         if self.broken or unwinding() is not None:
             return
+        self.drain_at = len(self.labels)
         self.labels.append("-- teardown: drain --")
         self.broken, self.draining = True, True
         try:
@@ -117,11 +132,14 @@ class StepLog:
         self.broken = False
 
     def finished(self, crashes: int, crashes_inside: int) -> None:
-        """The example ended: its rules (drain steps not counted), crashes and time go to the statistics."""
+        """The example ended: its model steps (every label but the teardown's marker: the rules drawn, those they
+        played and the drain's), the rules drawn, crashes and time go to the statistics."""
         if self.stats is not None:
-            rules = sum(1 for label in self.labels if not label.startswith("-- "))
+            steps = sum(1 for label in self.labels if not label.startswith("-- "))
             elapsed_s = time.monotonic() - self.started_s
-            self.stats.example_finished(rules, crashes, elapsed_s, crashes_inside=crashes_inside)
+            self.stats.example_finished(
+                steps, crashes, elapsed_s, crashes_inside=crashes_inside, drawn=len(self.rule_calls)
+            )
             self.stats.example_covered(self.goals, self.enabled, self.drawn, self.seconds)
 
     def allows(self, machine: Any, name: str) -> bool:
@@ -158,6 +176,45 @@ class StepLog:
         for name in goals.reached(step, goals_of(machine_type)):
             self.goals[name] += 1
             _event(f"goal reached: {name}")
+
+
+FAILED_HERE = "  <- the failure was raised in this step"
+
+
+def call_text(name: str, arguments: Mapping[str, Any]) -> str:
+    """A rule call as the report names it: `unreachable(operation=1, then_retry=False, victim=0)`."""
+    return f"{name}({', '.join(f'{key}={value!r}' for key, value in arguments.items())})"
+
+
+def step_line(name: str, arguments: Mapping[str, Any], labels: Sequence[str]) -> str:
+    """One drawn rule's line in the model's names: its labels, led by the rule call unless every label already
+    names the rule (`dispatch() -> r0`); a fault rule's name its effect (`prepare() -> c1`), not the rule."""
+    effect = "; ".join(labels) or "nothing recorded"
+    if labels and all(label.startswith(f"{name}(") for label in labels):
+        return effect
+    return f"{call_text(name, arguments)}: {effect}"
+
+
+def model_steps(
+    labels: Sequence[str],
+    rule_calls: Sequence[tuple[str, Mapping[str, Any]]],
+    starts: Sequence[int],
+    drain_at: int | None = None,
+    *,
+    failed_in_rule: bool = False,
+) -> list[str]:
+    """One line per drawn rule (`step_line`), its labels those from its start to the next rule's (or the drain's),
+    then the drain's labels; with `failed_in_rule`, the last rule's line says the failure was raised in it."""
+    ends = [*starts[1:], drain_at if drain_at is not None else len(labels)]
+    lines = [
+        step_line(name, arguments, labels[start:end])
+        for (name, arguments), start, end in zip(rule_calls, starts, ends, strict=False)
+    ]
+    if failed_in_rule and lines:
+        lines[-1] += FAILED_HERE
+    if drain_at is not None:
+        lines += labels[drain_at:]
+    return lines
 
 
 def _event(text: str) -> None:
@@ -230,8 +287,10 @@ def goal_families(machine_type: type) -> Mapping[str, str]:
 
 @functools.cache
 def coverage(machine_type: type) -> goals.Coverage:
-    """What a search of the machine must reach: its goals and its rules, each rule with its scope."""
-    return goals.Coverage(goals_of(machine_type), scopes(machine_type))
+    """What a search of the machine must reach: its goals and its rules, each rule with its scope; and how a longer
+    search of it is asked for (a machine's `LONGER_RUN`, if it has one: the trainer's aimed rounds otherwise)."""
+    longer_run = getattr(machine_type, "LONGER_RUN", goals.AIMED_LONGER_RUN)
+    return goals.Coverage(goals_of(machine_type), scopes(machine_type), longer_run)
 
 
 @functools.cache
@@ -265,6 +324,7 @@ def step(method: F) -> F:
             kwargs = log.swarm.constrain(name, kwargs)
             log.drawing(self, name)
             log.rule_calls.append((name, dict(kwargs)))
+            log.starts.append(len(log.labels))
         before, first_label, started_s = self.model, len(log.labels), time.monotonic()
         log.broken = True
         log.depth += 1
@@ -273,6 +333,8 @@ def step(method: F) -> F:
         except Exception as error:
             # An interrupt that a failing cleanup hid ends the run: it is never reported as the step's failure.
             reraise_interrupt_behind(error)
+            if isinstance(error, ControlCallFailed):
+                error.during(log.rule_named(name, kwargs))
             if isinstance(error, REPORTED):
                 log.report(error)
             raise

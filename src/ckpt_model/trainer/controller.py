@@ -31,7 +31,13 @@ from ckpt_model import timing
 from ckpt_model.deployments.gate import Gate
 from ckpt_model.deployments.harness import Harness
 from ckpt_model.deployments.observe import backend_calls, poll
-from ckpt_model.errors import CoordinationError, HarnessError, ParticipantFailure, QuiescenceTimeout
+from ckpt_model.errors import (
+    ControlCallFailed,
+    CoordinationError,
+    HarnessError,
+    ParticipantFailure,
+    QuiescenceTimeout,
+)
 from ckpt_model.model.contract import RESTART_SERVERS, Attempt
 from ckpt_model.properties.fencing import p10_lease_renewed, p10_reply_phase, p10_report_consistent, p10_resume_accepted
 from ckpt_model.properties.identifiers import p15_capture_keys, p15_forgotten_echoed, p15_retired_echoed
@@ -584,8 +590,8 @@ class Controller:
             try:
                 gate.release(stale)
                 return
-            except httpx.HTTPStatusError as error:
-                if error.response.status_code != httpx.codes.CONFLICT or attempt == STALE_RELEASE_TRIES - 1:
+            except ControlCallFailed as error:
+                if error.status != httpx.codes.CONFLICT or attempt == STALE_RELEASE_TRIES - 1:
                     raise
 
     # -- calls that fail on one participant by design: a lost reply, a participant cut off ------------------------

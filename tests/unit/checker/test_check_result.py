@@ -6,9 +6,13 @@ import json
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
+import attrs
+import pytest
+
 from ckpt_model.errors import StepNotEnabled
 from ckpt_model.properties.durability import P9Violation
 from ckpt_model.properties.registry import REGISTRY
+from ckpt_model.results import check_result
 from ckpt_model.results.check_result import CheckResult, FailureResult, Statistics, failure_results, write
 from ckpt_model.results.stats import RoundStat, SearchStats
 
@@ -16,13 +20,21 @@ from ckpt_model.results.stats import RoundStat, SearchStats
 def statistics() -> Statistics:
     stats = SearchStats()
     stats.example_started()
-    stats.example_finished(steps=5, crashes=2, seconds=1.0, crashes_inside=1)
+    stats.example_finished(steps=5, crashes=2, seconds=1.0, crashes_inside=1, drawn=3)
     stats.example_covered({"crash_inside_commit": 1}, ["dispatch"], {"dispatch": 3, "crash": 2}, {"crash": 0.25})
     stats.stopped_by_time = True
     stats.rounds.append(RoundStat(0.5, 0, "round 1: the weights' own draw"))
     aimed = {"goals": ["stalled_write_retried"], "pins": {"stalled_write": {"then_retry": True}}}
     stats.rounds.append(RoundStat(60.2, 131, "round 2: aimed at 1 left", aimed))
     return Statistics.of(stats, ["rule commit never drawn"])
+
+
+COVERAGE = {
+    "examples": 1,
+    "goals": [{"name": "crash_inside_commit", "says": "a crash inside a commit", "steps": 1, "examples": 1}],
+    "rules": [{"name": "commit", "enabled": 0, "drawn": 0, "examples": 0, "ms_per_draw": None, "status": "NEVER"}],
+    "never": ["commit"],
+}
 
 
 def result(failures: tuple[FailureResult, ...] = (), skipped: dict[str, str] | None = None) -> CheckResult:
@@ -41,6 +53,7 @@ def result(failures: tuple[FailureResult, ...] = (), skipped: dict[str, str] | N
         statistics=statistics(),
         skipped=skipped or {},
         version="0.1.0",
+        coverage=COVERAGE,
     )
 
 
@@ -120,10 +133,14 @@ def test_failure_results_put_violations_first_and_name_their_files() -> None:
     harness_error = StepNotEnabled(step="commit({})", index=1, rule="commit")
     violation = P9Violation(rollout="r0", expected="c1 verifies", observed="it does not")
 
-    results = failure_results([harness_error, violation], lambda error: f"{type(error).__name__}.json")
+    def files(error: BaseException) -> tuple[str | None, str | None]:
+        return f"{type(error).__name__}.json", f"{type(error).__name__}.html"
+
+    results = failure_results([harness_error, violation], files)
 
     assert [(r.kind, r.property_id, r.rollout) for r in results] == [("violation", "P9", "r0"), ("harness", None, None)]
-    assert results[0].regression_file == "P9Violation.json"
+    assert (results[0].regression_file, results[0].timeline) == ("P9Violation.json", "P9Violation.html")
+    assert json.loads(result(results).json_text())["failures"][0]["timeline"] == "P9Violation.html"
     assert results[0].message.startswith("P9 ")
 
 
@@ -134,3 +151,41 @@ def test_write_leaves_the_whole_file_and_no_partial(tmp_path: Path) -> None:
 
     assert target.read_text() == "{}\n"
     assert [path.name for path in target.parent.iterdir()] == ["result.json"]
+
+
+def test_the_json_carries_the_coverage_table_and_the_steps_drawn_beside_the_model_steps() -> None:
+    document = json.loads(result().json_text())
+
+    assert document["coverage"] == COVERAGE
+    assert (document["steps_asked"], document["statistics"]["steps_drawn"], document["statistics"]["steps"]) == (
+        14,
+        3,
+        5,
+    )
+
+
+def test_a_run_that_started_no_deployment_has_no_coverage() -> None:
+    document = json.loads(attrs.evolve(result(), coverage=None).json_text())
+
+    assert document["coverage"] is None
+
+
+# --- a result file checked writable before the run --------------------------------------------------------------
+
+
+def test_a_writable_result_path_is_checked_and_left_as_it_was(tmp_path: Path) -> None:
+    check_result.check_writable(tmp_path / "new" / "result.json")
+    assert [path.name for path in (tmp_path / "new").iterdir()] == []  # the directory made as `write` makes it
+    (tmp_path / "old.json").write_text("kept")
+    check_result.check_writable(tmp_path / "old.json")
+    assert (tmp_path / "old.json").read_text() == "kept"
+
+
+@pytest.mark.parametrize(("where", "raised"), [("a-file/result.json", FileExistsError), ("a-dir", IsADirectoryError)])
+def test_an_unwritable_result_path_raises_what_the_write_would(
+    tmp_path: Path, where: str, raised: type[OSError]
+) -> None:
+    (tmp_path / "a-file").write_text("")
+    (tmp_path / "a-dir").mkdir()
+    with pytest.raises(raised):
+        check_result.check_writable(tmp_path / where)

@@ -77,7 +77,17 @@ def test_an_unreached_goal_is_reported_by_the_shared_coverage_table() -> None:
     lines = table.splitlines()
     assert any(line.split() == ["a", "rerun", "that", "continues", "LATEST", "2", "1"] for line in lines), table
     assert any(line.startswith("  a stop with exit 75") and line.endswith("NEVER") for line in lines), table
-    assert "crash_gym                                n/a (not drawable here: listed below)" in table
+    (crash_gym,) = [line for line in lines if line.split()[:1] == ["crash_gym"]]
+    assert crash_gym.split(None, 1)[1] == "n/a (not drawable here: listed below)"
+    # What reaches more here: more examples, a longer time in one round, never the trainer's aimed rounds or weights.
+    assert lines[-1].endswith(
+        "a longer run reaches more (try more --examples than this run's 1, or a longer --max-time); 1 more this "
+        "deployment cannot reach (n/a)"
+    )
+    words = " ".join(table.split())
+    assert "--max-time D runs examples until D (in one round: the collection machine draws as Hypothesis does" in words
+    assert "aimed at what the ones before it left" not in words
+    assert "--weights" not in table
     missing = goals.unmet(stats, DeploymentSpec("native"), coverage_of(CollectionMachine))
     assert "a stop with exit 75 (preempted_with_checkpoint)" in missing
     assert "rule kill_run never enabled" in missing

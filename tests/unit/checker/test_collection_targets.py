@@ -43,7 +43,7 @@ def test_the_trainer_stays_the_default_with_its_faults_planted_in_the_servers() 
     [
         (["--faults", "no_such_fault"], "unknown collector fault(s) 'no_such_fault'; the collector's: "),
         (["--faults", "resume_deletes_records"], "unknown collector fault(s) 'resume_deletes_records'"),
-        (["--weights", "calls=2", "--max-time", "1m"], "does not take --weights (the collection machine draws as"),
+        (["--weights", "calls=2"], "does not take --weights (the collection machine draws as"),
         (["--verify-mode", "replay", "--token-capture"], "does not take --verify-mode, --token-capture"),
     ],
     ids=["unknown-fault", "server-fault", "draw-options", "deployment-options"],
@@ -52,3 +52,11 @@ def test_what_only_the_trainer_s_machine_takes_is_a_usage_error(arguments: list[
     with pytest.raises(UsageError) as refused:
         target("--controller", "collection", *arguments)
     assert message in str(refused.value)
+
+
+def test_the_collection_controller_takes_a_time_limit_and_runs_it_in_one_round() -> None:
+    chosen = target("--controller", "collection", "--max-time", "1m")
+
+    assert chosen.controller == Collection(())
+    assert not chosen.controller.aims  # it draws as Hypothesis does: nothing to aim a later round with
+    assert TRAINER.aims

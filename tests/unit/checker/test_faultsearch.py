@@ -10,25 +10,27 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
 from typing import ClassVar
 
+import attrs
 import pytest
 from hypothesis import Phase, settings
 from hypothesis.errors import InvalidDefinition
 from hypothesis.stateful import RuleBasedStateMachine, rule
 
 from ckpt_model.errors import QuiescenceTimeout
-from ckpt_model.model.spec import DeploymentSpec
 from ckpt_model.properties.durability import P9Violation
 from ckpt_model.properties.scope import P1Violation
 from ckpt_model.results import regression
 from ckpt_model.results.report import RULE_CALLS
 from ckpt_model.results.reproduction import Rate
+from ckpt_model.results.stats import SearchStats
 from ckpt_model.results.verdicts import Failure, classify
 from ckpt_model.search import minimise as mm
+from ckpt_model.search.checking import within
 from ckpt_model.search.faultsearch import Finding, minimised_failures, run_search
 from ckpt_model.search.minimise import Minimised, Steps, minimise_error
+from tests.unit.checker.fake_harness import fake_harness
 
 SMALL = settings(
     max_examples=100,
@@ -280,7 +282,7 @@ def test_an_intermittent_failure_is_reported_with_its_property_and_rate(
 ) -> None:
     FailsFirstTime.steps = 0
     monkeypatch.setattr(mm, "replay_once", three_in_ten())
-    harness = SimpleNamespace(root=tmp_path, regressions_dir=tmp_path / "regressions", spec=DeploymentSpec("native"))
+    harness = fake_harness(tmp_path)
 
     failures = run_search(FailsFirstTime, SMALL)
     result, figures = minimised_failures(failures, lambda error: minimise_error(harness, error, 10))  # type: ignore[arg-type]
@@ -291,7 +293,8 @@ def test_an_intermittent_failure_is_reported_with_its_property_and_rate(
     assert found.shrunk_steps == ("state.retire()",)
     assert figures is not None
     assert figures.found_rate == Rate(label="P1", failing=3, replays=10)
-    document = regression.load(tmp_path / "regressions" / "P1-native.json")
+    (written,) = (tmp_path / "regressions").glob("P1-native-*.json")  # named by the steps found
+    document = regression.load(written)
     assert document["steps"] == [["retire", {}]]
     assert document["reproduction"]["text"] == "P1 in 3 of 10 replays"
     assert document["minimised"]["found_reproduction"]["text"] == "P1 in 3 of 10 replays"
@@ -302,7 +305,7 @@ def test_a_failure_that_never_replays_is_still_its_property_with_a_rate_of_zero(
 ) -> None:
     FailsFirstTime.steps = 0
     monkeypatch.setattr(mm, "replay_once", lambda harness, steps, settle_timeout_s, controller: None)
-    harness = SimpleNamespace(root=tmp_path, regressions_dir=tmp_path / "regressions", spec=DeploymentSpec("native"))
+    harness = fake_harness(tmp_path)
 
     failures = run_search(FailsFirstTime, SMALL)
     result, figures = minimised_failures(failures, lambda error: minimise_error(harness, error, 10))  # type: ignore[arg-type]
@@ -310,3 +313,49 @@ def test_a_failure_that_never_replays_is_still_its_property_with_a_rate_of_zero(
     assert figures is None  # nothing to judge candidates by
     assert finding(result).headline == "P1 in 0 of 10 replays"
     assert finding(result).shrunk_steps == ("state.dispatch()", "state.retire()")  # the run's own rule calls
+
+
+# --- a search bounded by time ---------------------------------------------------------------------------------
+
+
+class Counts(RuleBasedStateMachine):
+    """Passes; counts the examples begun."""
+
+    begun = 0
+
+    def __init__(self) -> None:
+        super().__init__()
+        Counts.begun += 1
+
+    @rule()
+    def step(self) -> None:
+        pass
+
+
+def test_a_search_bounded_by_time_stops_between_examples_and_says_so() -> None:
+    """A fake clock that moves 10 s per example asked: with a limit of 35 s the third example begins at 20 s, and
+    a fourth, at 30 s, would end past it; the search ends with no failure and `stopped_by_time` set."""
+    Counts.begun = 0
+    stats = SearchStats(started_s=0.0)
+    ticks = itertools.count(0.0, 10.0)
+    bounded = within(Counts, stats, 35.0, clock=lambda: next(ticks))
+
+    assert run_search(bounded, SMALL, stats.seen, stats) == ()
+    assert stats.stopped_by_time
+    assert Counts.begun == 3
+
+
+def test_a_search_that_ran_all_its_examples_was_not_stopped_by_time() -> None:
+    stats = SearchStats(started_s=0.0)
+    assert run_search(within(Counts, stats, 35.0, clock=lambda: 0.0), SMALL, stats.seen, stats) == ()
+    assert not stats.stopped_by_time
+
+
+def test_a_fault_not_found_within_the_time_limit_is_never_reported_as_nothing_found() -> None:
+    stopped = Finding(
+        fault="f", failures=(), examples=4, first_failure_s=None, total_s=61.0, max_time_s=60.0, stopped_by_time=True
+    )
+    assert stopped.violation is None
+    assert stopped.headline == "not found within the time limit (60 s)"
+    unbounded = attrs.evolve(stopped, max_time_s=None, stopped_by_time=False)
+    assert unbounded.headline == "nothing found"

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from ckpt_model.deployments.gate import BackendGate
-from ckpt_model.errors import CoordinationError
+from ckpt_model.errors import ControlCallFailed, CoordinationError
 from ckpt_model.protocol import get_round
 from ckpt_model.protocol.client import ControlClient, Participant, Participants
 from ckpt_model.protocol.get_round import GetRound
@@ -187,9 +187,13 @@ def test_the_backend_gate_reads_its_call_list_through_the_round() -> None:
         gate = BackendGate(backend.url, http, calls_round)
         listed = gate.calls()
         backend.stop()
-        with pytest.raises(httpx.TransportError):
+        with pytest.raises(ControlCallFailed) as failed:
             gate.calls()
     calls_round.close()
+
+    assert failed.value.call == f"GET {backend.url}/_ctl/calls"
+    assert failed.value.status is None
+    assert failed.value.doing == "reading the backend's calls"
 
     assert listed == [{"index": 0, "capture_key": "r0", "waiting": True}]
     assert backend.paths == ["/_ctl/calls"]

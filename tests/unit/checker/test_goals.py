@@ -4,6 +4,7 @@ check on hand-built statistics."""
 from __future__ import annotations
 
 import inspect
+import re
 from collections import Counter
 
 import pytest
@@ -11,7 +12,7 @@ from hypothesis.stateful import RuleBasedStateMachine
 
 from ckpt_model.model.contract import Model
 from ckpt_model.model.spec import DeploymentSpec
-from ckpt_model.results.stats import SearchStats
+from ckpt_model.results.stats import RoundStat, SearchStats
 from ckpt_model.steps import goals
 from ckpt_model.steps.families import Family
 from ckpt_model.steps.goals import Coverage, Goal, GoalsUnmet, Step
@@ -358,7 +359,7 @@ def test_the_table_marks_what_was_never_reached_and_what_cannot_be() -> None:
     assert "a cut continued after a second crash" in text
     assert "n/a" in text
     (commit_line,) = [line for line in text.splitlines() if line.strip().startswith("commit ")]
-    assert commit_line.endswith("NEVER")
+    assert commit_line.endswith("NEVER enabled")
     (dispatch_line,) = [line for line in text.splitlines() if line.strip().startswith("dispatch ")]
     assert dispatch_line.split()[1:] == ["1", "1", "1", "0"]  # enabled, drawn, examples, ms per draw
 
@@ -380,3 +381,175 @@ def test_the_table_splits_the_drawn_steps_by_family() -> None:
     assert rows == {"rollouts": ["4", "50%", "0"], "crashes": ["4", "50%", "50"], "checkpoints": ["0", "0%", "-"]}
     assert lines[0].split() == ["family", "steps", "share", "ms/step"]
     assert "\n".join(lines) in goals.table(stats, NATIVE, COVERAGE, family_of=family_of)
+
+
+def test_the_table_as_data_gives_each_goal_and_rule_its_counts_and_status() -> None:
+    """`check --json`'s `coverage`: what the table prints, with NEVER, n/a and why, and every NEVER by name."""
+    stats = covered_everywhere(["dispatch"])  # `commit` never drawn
+    stats.goals["held_reply_across_commit"] = 0
+    stats.rule_seconds["dispatch"] = 0.25
+
+    document = goals.document(stats, NATIVE, COVERAGE)
+
+    rows = {row["name"]: row for row in [*document["goals"], *document["rules"]]}
+    assert document["examples"] == 3
+    assert rows["held_reply_across_commit"] == {
+        "name": "held_reply_across_commit",
+        "says": "a reply held across a commit",
+        "steps": 0,
+        "examples": 1,
+        "status": "NEVER",
+    }
+    assert rows["same_checkpoint_restored_twice"]["status"] == "reached"
+    assert rows["cut_continued_again"] == {
+        "name": "cut_continued_again",
+        "says": "a cut continued after a second crash",
+        "status": "n/a",
+        "why": "not on this deployment",
+    }
+    assert rows["dispatch"] == {
+        "name": "dispatch",
+        "enabled": 1,
+        "drawn": 1,
+        "examples": 1,
+        "ms_per_draw": 250.0,
+        "status": "reached",
+    }
+    assert (rows["commit"]["status"], rows["commit"]["ms_per_draw"]) == ("NEVER", None)
+    assert rows["dispatch_restart"]["status"] == "n/a"
+    assert document["never"] == ["held_reply_across_commit", "commit"]
+
+
+def test_a_rule_the_deployment_cannot_draw_is_n_a_in_the_data_too() -> None:
+    document = goals.document(covered_everywhere(["dispatch"]), NATIVE, COVERAGE, undrawable=["commit"])
+
+    (commit,) = [row for row in document["rules"] if row["name"] == "commit"]
+    assert commit == {"name": "commit", "status": "n/a", "why": "not drawable here: lacks what it needs"}
+    assert "commit" not in document["never"]
+
+
+def test_a_goal_only_an_undrawable_rule_reaches_is_n_a_in_the_data_as_in_the_table() -> None:
+    stats = SearchStats(examples=2)
+    coverage = Coverage((BY_NAME["skewed_ahead_lapsed_first"],), {"skewed_clock": goals.everywhere})
+    document = goals.document(stats, NATIVE, coverage, undrawable=["skewed_clock"])
+    (goal,) = document["goals"]
+    assert (goal["status"], goal["why"]) == ("n/a", "its rule skewed_clock is not drawable here")
+    assert document["never"] == []
+    assert "NEVER" not in goals.table(stats, NATIVE, coverage, ["skewed_clock"])
+
+
+LONG = "a goal whose name runs on " + "and on " * 20 + "to the end"
+LONG_RULE = "a_rule_with_a_name_far_longer_than_any_column_of_the_old_table_allowed_for_it"
+
+
+def long_named(*names: str) -> Coverage:
+    """A coverage of hand-built goals with the given names, and of `dispatch` and a rule with a long name."""
+    built = tuple(Goal(f"goal{index}", says, lambda _step: False) for index, says in enumerate(names))
+    return Coverage(built, {"dispatch": goals.everywhere, LONG_RULE: goals.everywhere})
+
+
+@pytest.mark.parametrize("names", [("short",), ("short", "x" * 45), ("short", LONG, "a mid-length goal name here")])
+def test_the_tables_columns_line_up_whatever_the_names_lengths(names: tuple[str, ...]) -> None:
+    stats = SearchStats(examples=12)
+    stats.example_covered({"goal0": 123456}, ["dispatch"], {"dispatch": 7, LONG_RULE: 1}, {"dispatch": 0.07})
+    lines = goals.table(stats, NATIVE, long_named(*names)).splitlines()
+    goal_section = lines[lines.index(next(line for line in lines if line.split()[:1] == ["goal"])) :]
+    goal_section = goal_section[: next(i for i, line in enumerate(goal_section) if line.split()[:1] == ["rule"])]
+    rule_section = lines[lines.index(goal_section[-1]) + 1 :]
+    rule_section = rule_section[: next(i for i, line in enumerate(rule_section) if not line.startswith("  "))]
+    for section in (goal_section, rule_section):
+        header_end = len(section[0])
+        counted = [line.split("  NEVER")[0] for line in section[1:] if re.search(r"\d  NEVER|\d$", line)]
+        # every row's last count ends where its header's last title does: the columns line up
+        assert counted, "\n".join(section)
+        assert {len(line) for line in counted} == {header_end}, "\n".join(section)
+        # every count column starts after the widest name (or the widest a name may be), two spaces after it
+        rows = [line for line in section[1:] if not line.startswith("    ")]
+        name_width = max(min(len(line.split("  ")[1]), goals.NAME_WIDTH_MAX) for line in rows)
+        assert all(line[2 + name_width : 4 + name_width] == "  " for line in rows), "\n".join(section)
+    # a name longer than the column wraps onto the lines below its row, indented under it
+    if LONG in names:
+        (first,) = [line for line in goal_section if line.startswith("  a goal whose name runs on")]
+        assert first.split()[-2:] == ["0", "0"] or first.endswith("NEVER")
+        continued = goal_section[goal_section.index(first) + 1 :]
+        assert continued[0].startswith("    ")
+        assert not continued[0].startswith("     ")
+        assert (
+            " ".join([first[2 : 2 + goals.NAME_WIDTH_MAX].strip(), *(line.strip() for line in continued[:2])]) == LONG
+        )
+
+
+def test_a_name_that_fits_sets_the_width_of_its_column() -> None:
+    stats = SearchStats(examples=1)
+    lines = goals.table(stats, NATIVE, long_named("x" * 45)).splitlines()
+    (header,) = [line for line in lines if line.split()[:1] == ["goal"]]
+    assert header == "  goal" + " " * 43 + "steps examples"  # 45 for the name, two spaces, then the counts
+
+
+def test_every_never_is_one_the_deployment_can_reach_and_the_table_says_why_and_what_reaches_it() -> None:
+    """A goal not reached whose rule is drawable, a rule enabled and never drawn, a rule never enabled: NEVER, and
+    the words after the table count them and say what reaches them; a goal whose one rule this deployment cannot
+    draw is n/a, counted with what no run here can reach."""
+    says = {goal.name: goal.says for goal in GOALS}
+    coverage = Coverage(
+        (BY_NAME["held_reply_across_commit"], BY_NAME["skewed_ahead_lapsed_first"], BY_NAME["crash_inside_forget"]),
+        {"dispatch": goals.everywhere, "commit": goals.everywhere, "retire": goals.everywhere},
+    )
+    stats = SearchStats(examples=9)
+    stats.example_covered({"crash_inside_forget": 1}, ["dispatch", "commit"], {"dispatch": 4})
+
+    text = goals.table(stats, NATIVE, coverage, undrawable=["skewed_clock"])
+    rows = {line.strip().split("  ")[0]: line for line in text.splitlines()}
+
+    assert rows[says["held_reply_across_commit"]].endswith(" 0        0  NEVER")
+    assert rows[says["skewed_ahead_lapsed_first"]].split("  ")[-1].strip() == (
+        "n/a (its rule skewed_clock is not drawable here: listed below)"
+    )
+    assert rows["commit"].endswith("NEVER drawn")
+    assert rows["retire"].endswith("NEVER enabled")
+    assert "NEVER" not in rows["dispatch"]
+    assert "NEVER" not in rows[says["crash_inside_forget"]]
+    words = text.split("\nNEVER: ")[1]
+    assert words.startswith("3 goals and rules this deployment can reach and no example reached")
+    assert "went unchecked in this run" in " ".join(words.split())
+    assert "  - 1 goal: no step reached the situation" in words
+    assert "  - 1 rule enabled but never drawn: the draw did not pick it" in words
+    assert "  - 1 rule never enabled: no example reached a state its precondition allows" in words
+    assert "--max-time D (without --examples)" in words
+    assert (
+        "\nn/a: 1 goal or rule no run on this deployment can reach (1 through a rule it cannot draw, listed below)"
+        in (text)
+    )
+    assert text.splitlines()[-1] == (
+        "3 goals and rules never reached: a longer run reaches more (try --max-time 2m); 1 more this deployment "
+        "cannot reach (n/a)"
+    )
+
+
+def test_a_run_that_reached_everything_it_can_says_so_in_one_line() -> None:
+    stats = covered_everywhere(["dispatch", "commit"])
+    text = goals.table(stats, NATIVE, COVERAGE)
+    assert "NEVER" not in text
+    applicable_not = [goal for goal in GOALS if not goal.applies(NATIVE)]
+    assert f"n/a: {len(applicable_not) + 1} goals and rules no run on this deployment can reach " in text
+    assert f"({len(applicable_not) + 1} by its spec): a longer run does not change that" in " ".join(text.split())
+    assert text.splitlines()[-1] == (
+        f"every goal and rule this deployment can reach was reached; {len(applicable_not) + 1} more this deployment "
+        "cannot reach (n/a)"  # the goals that do not apply to native, and dispatch_restart
+    )
+
+
+def test_a_search_that_already_ran_aimed_rounds_is_told_to_take_longer() -> None:
+    stats = SearchStats(examples=40)
+    assert goals.aimed_suggestion(stats) == "--max-time 2m"
+    stats.rounds.append(RoundStat(0.0, 0, "round 1: the weights' own draw"))
+    assert goals.aimed_suggestion(stats) == "a longer --max-time"
+    assert "(try a longer --max-time)" in goals.table(stats, NATIVE, COVERAGE)
+
+
+def test_a_goal_reached_counts_even_where_its_rule_is_said_not_drawable() -> None:
+    stats = SearchStats(examples=1)
+    stats.example_covered({"skewed_ahead_lapsed_first": 2}, [], {})
+    coverage = Coverage((BY_NAME["skewed_ahead_lapsed_first"],), {})
+    (row,) = [line for line in goals.table(stats, NATIVE, coverage, ["skewed_clock"]).splitlines() if "ahead" in line]
+    assert row.split()[-2:] == ["2", "1"]

@@ -200,6 +200,19 @@ def test_participants_of_kinds_the_topology_lacks_are_refused(serve: Any, http: 
     )
 
 
+def test_a_server_answering_404_is_named_with_its_url_and_status(serve: Any, http: Any) -> None:
+    fakes = native(serve)
+    fakes["agent"] = serve(Fake())  # answers 404 to every route: not a Gym server (a wrong port, say)
+    servers = {name: fake.url for name, fake in fakes.items()}
+
+    with pytest.raises(PreflightError) as raised:
+        preflight.check(http, token=TOKEN, topology="native", servers=servers)
+
+    said = str(raised.value)
+    assert "this Gym has 0 agent" in said
+    assert f"answered HTTP 404 Not Found, so no checkpoint routes: agent ({fakes['agent'].url}{STATUS})" in said
+
+
 def test_a_backend_without_the_control_routes_is_named(serve: Any, http: Any) -> None:
     fakes = native(serve)
     not_a_backend = serve(Fake())

@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -18,10 +17,12 @@ from hypothesis import strategies as st
 from ckpt_model.errors import StepNotEnabled
 from ckpt_model.properties.continuation import P4Violation
 from ckpt_model.properties.state import P7Violation
+from ckpt_model.results.progress import MEASURING_MINIMAL, MINIMISING, FailureWork
 from ckpt_model.results.reproduction import Rate
 from ckpt_model.search import minimise as mm
 from ckpt_model.search.minimise import COMPOSITES, CachedPredicate, Steps, ddmin, key_of, minimise
 from ckpt_model.trainer.quiescence import SETTLE_TIMEOUT_S
+from tests.unit.checker.fake_harness import fake_harness
 
 
 def named(*names: str) -> Steps:
@@ -408,7 +409,7 @@ def test_a_result_that_fails_only_when_settled_briefly_is_minimised_again_fully(
         return p7() if ("retire" in present or (brief and "dispatch" in present)) else None
 
     monkeypatch.setattr(mm, "replay_once", replay)
-    harness = SimpleNamespace(root=tmp_path, regressions_dir=tmp_path / "regressions")
+    harness = fake_harness(tmp_path)
 
     result, replayer = mm.minimise_on(harness, named("dispatch", "retire"), ("P7Violation", "P7"))  # type: ignore[arg-type]
 
@@ -485,7 +486,7 @@ def test_an_intermittent_failure_is_minimised_by_its_rate_and_the_minimal_rate_m
 ) -> None:
     system = Sometimes()
     monkeypatch.setattr(mm, "replay_once", system)
-    harness = SimpleNamespace(root=tmp_path, regressions_dir=tmp_path / "regressions")
+    harness = fake_harness(tmp_path)
     found = Rate(label="P7", failing=3, replays=10)
 
     result, replayer = mm.minimise_on(harness, named("dispatch", "retire", "crash"), ("P7Violation", "P7"), found)  # type: ignore[arg-type]
@@ -512,7 +513,7 @@ def test_a_failure_that_always_replays_costs_one_replay_per_candidate(
         return system(harness, steps, settle_timeout_s)
 
     monkeypatch.setattr(mm, "replay_once", replay)
-    harness = SimpleNamespace(root=tmp_path, regressions_dir=tmp_path / "regressions")
+    harness = fake_harness(tmp_path)
     always = Rate(label="P7", failing=10, replays=10)
 
     result, replayer = mm.minimise_on(harness, named("dispatch", "retire", "crash"), ("P7Violation", "P7"), always)  # type: ignore[arg-type]
@@ -523,3 +524,41 @@ def test_a_failure_that_always_replays_costs_one_replay_per_candidate(
     assert [names(steps) for steps in final] == [["retire"]] * 10
     assert result.rate == Rate(label="P7", failing=10, replays=10)
     assert "fails the same way on replay (P7 in 10 of 10 replays)" in result.summary()
+
+
+class StagesKept(FailureWork):
+    """The progress line's counters, keeping each stage begun."""
+
+    stages: list[str]
+
+    def begin(self, stage: str, replays_asked: int | None = None, steps_found: int | None = None) -> None:
+        self.stages = [*getattr(self, "stages", []), stage]
+        super().begin(stage, replays_asked, steps_found)
+
+
+def test_the_progress_line_is_told_each_stage_replay_and_shorter_failing_sequence(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Only runs with `retire` fail: the minimiser goes from three steps to one, and the work's counters follow it
+    through the stages, ending with the minimal sequence's measured rate."""
+    monkeypatch.setattr(
+        mm,
+        "replay_once",
+        lambda harness, steps, settle_timeout_s, controller: p7() if "retire" in names(steps) else None,
+    )
+    harness = fake_harness(tmp_path)
+    work = StagesKept("P7", started_s=0.0)
+
+    result, _ = mm.minimise_on(
+        harness,  # type: ignore[arg-type]
+        named("dispatch", "dispatch", "retire"),
+        ("P7Violation", "P7"),
+        replays=4,
+        work=work,
+    )
+
+    assert names(result.steps) == ["retire"]
+    assert work.stages == [MINIMISING, MEASURING_MINIMAL]
+    assert (work.steps_found, work.steps_now) == (3, 1)
+    assert (work.replays, work.replays_asked, work.failing) == (4, 4, 4)  # the minimal sequence's rate
+    assert work.text(9.0) == "measuring the minimal sequence of P7: replay 4 of 4 (4 failing), 3 -> 1 steps, 9 s"

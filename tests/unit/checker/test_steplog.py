@@ -7,11 +7,12 @@ from typing import Any
 
 import pytest
 
+from ckpt_model.errors import ControlCallFailed
 from ckpt_model.model.contract import Model
 from ckpt_model.properties.fencing import P10Violation
 from ckpt_model.properties.state import P8Violation
 from ckpt_model.protocol.history import History
-from ckpt_model.steps.steplog import StepLog, step
+from ckpt_model.steps.steplog import FAILED_HERE, StepLog, model_steps, step
 
 
 class Machine:
@@ -30,6 +31,10 @@ class Machine:
     def restore_after_crash(self) -> None:
         self.crash()
         raise P8Violation(rollout=None, expected="the restore refused", observed="installed")
+
+    @step
+    def restore_after_crash_quietly(self) -> None:
+        self.crash()
 
     @step
     def plain(self) -> None:
@@ -65,3 +70,66 @@ def test_a_rule_that_finished_is_drained_at_teardown() -> None:
     with pytest.raises(P10Violation):
         machine.teardown()
     assert machine.drained == ["drain"]
+
+
+class Skewing(Machine):
+    """A drawn rule that plays another inside it, whose control call fails."""
+
+    @step
+    def move_clock(self, victim: int) -> None:
+        raise ControlCallFailed(doing="moving agent's clock", call="POST http://x/_ctl/clock", status=409)
+
+    @step
+    def skewed_clock(self, victim: int, behind: bool) -> None:
+        self.move_clock(victim=victim)
+
+
+def test_a_failed_control_call_names_the_rule_that_made_it_and_its_step() -> None:
+    machine = Skewing()
+    machine.plain()
+    with pytest.raises(ControlCallFailed) as failed:
+        machine.skewed_clock(victim=1, behind=False)
+
+    assert failed.value.rule == "move_clock(victim=1), step 2"
+    assert "  rule:  move_clock(victim=1), step 2" in str(failed.value)
+
+
+# --- the steps the report prints, each naming the rule that did it ---------------------------------------------
+
+
+def test_a_fault_rule_s_step_names_the_rule_call_and_its_effect() -> None:
+    labels = ["dispatch() -> r0", "prepare() -> c1; prepare(other1) refused"]
+    calls = [("dispatch", {"worker": 0}), ("unreachable", {"operation": 1, "then_retry": False, "victim": 0})]
+
+    lines = model_steps(labels, calls, starts=[0, 1], failed_in_rule=True)
+
+    assert lines == [
+        "dispatch() -> r0",  # its label names the rule already
+        "unreachable(operation=1, then_retry=False, victim=0): prepare() -> c1; prepare(other1) refused" + FAILED_HERE,
+    ]
+
+
+def test_a_rule_with_several_labels_or_none_and_the_drain_each_read_as_one_line() -> None:
+    labels = ["prepare() -> c1", "commit(c1)", "-- teardown: drain --", "resume(c1)"]
+    calls = [("checkpoint", {"then_resume": False}), ("failing_export", {"then_retry": False, "victim": 0})]
+
+    lines = model_steps(labels, calls, starts=[0, 2], drain_at=2)
+
+    assert lines == [
+        "checkpoint(then_resume=False): prepare() -> c1; commit(c1)",
+        "failing_export(then_retry=False, victim=0): nothing recorded",
+        "-- teardown: drain --",
+        "resume(c1)",
+    ]
+
+
+def test_the_step_log_records_where_each_drawn_rule_s_labels_start() -> None:
+    machine = Machine()
+    machine.plain()
+    machine.restore_after_crash_quietly()
+
+    assert machine.log.starts == [0, 1]
+    assert model_steps(machine.log.labels, machine.log.rule_calls, machine.log.starts) == [
+        "plain()",
+        "restore_after_crash_quietly(): crash()",
+    ]

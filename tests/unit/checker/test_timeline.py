@@ -14,7 +14,7 @@ import pytest
 from ckpt_model.errors import PropertyViolation, QuiescenceTimeout
 from ckpt_model.model.spec import DeploymentSpec
 from ckpt_model.protocol.history import History
-from ckpt_model.results import report, timeline
+from ckpt_model.results import regression, report, timeline
 from ckpt_model.results.timeline import Failure, Scale, render
 
 LEFT_PX = timeline.GUTTER_PX + timeline.LEFT_PAD_PX
@@ -198,7 +198,7 @@ def test_every_process_has_a_lane_controller_and_backend_first_then_rollouts_in_
 
 def test_a_box_spans_its_operation_from_invocation_to_completion_by_time() -> None:
     _, page, history = rendered()
-    scale = Scale.of(event.time_s for event in history.events)
+    scale = timeline.scale_for(history.events)
     commit = box_of(page, "controller", 6)  # invoked at 0.30 s, completed at 0.42 s
     assert style_px(commit, "left") == round(LEFT_PX + scale.x(0.30))
     assert style_px(commit, "width") == round(scale.x(0.42) - scale.x(0.30))
@@ -276,12 +276,78 @@ def test_hovering_a_box_shows_its_events_with_full_values() -> None:
     ]
 
 
+def long_history(steps: int) -> tuple[History, Failure]:
+    """A history of `steps` rounds of a rollout run, a probe with a long name and a long value, and a commit,
+    about 0.1 s apart, and a rollout still running at the end: far wider than a window, as an unminimised one is."""
+    clock = FakeClock()
+    history = History(clock=clock)
+    for step in range(steps):
+        run = history.invoke(f"r{step}", "run", {"attempt": 0})
+        clock.now_s += 0.01
+        probe = history.invoke("controller", "probe prepare past its deadline", f"c{step}")
+        clock.now_s += 0.001
+        history.complete(probe, "ok", {"agent": "HTTP 409 deadline_exceeded " * 4})
+        history.note("controller", "hook failure injected", {"participant": "environment", "hook": "export"})
+        clock.now_s += 0.04
+        commit = history.invoke("controller", "commit", f"c{step}")
+        clock.now_s += 0.002
+        history.complete(commit, "ok")
+        if step < steps - 1:
+            history.complete(run, "ok", {"reward": 1.0})
+        clock.now_s += 0.05
+    return history, Failure("P9", "durable and immutable", history_indices=(len(history.events) - 1,))
+
+
+def test_every_label_fits_its_box_with_what_was_done_whole_and_its_value_shortened() -> None:
+    history, failure = long_history(3)
+    page = Page(render(history.events, failure, "native", "P9-native.json"))
+    labels = [(attrs, label) for _, attrs, label in page.with_class("op")]
+    assert {label for _, label in labels} >= {
+        "probe prepare past its deadline c0",
+        "hook failure injected {'participant': 'environment',…",
+        "run {'attempt': 0} (open)",
+        "commit c2",
+    }
+    scale = timeline.scale_for(history.events)
+    times = {event.index: event.time_s for event in history.events}
+    for attrs, label in labels:
+        assert style_px(attrs, "width") >= timeline.label_px(label), label
+        events = [int(index) for index in attrs["data-events"].split()]
+        if len(events) == 2:  # a box ends where its operation did: its columns were spread for its label
+            assert style_px(attrs, "width") == round(scale.x(times[events[1]]) - scale.x(times[events[0]])), label
+        assert not label.startswith(("probe prep…", "hook faul…"))
+    note = next(attrs for attrs, label in labels if label.startswith("hook failure"))
+    assert "{'participant': 'environment', 'hook': 'export'}" in note["title"]  # the whole value on hover
+
+
+def test_a_label_widens_the_gaps_it_spans_and_never_narrows_another() -> None:
+    short_gap = timeline.GAP_MIN_PX
+    wide = timeline.Room(0.0, 0.001, 300.0)  # a box over one millisecond with a 300 px label
+    point = timeline.Room(0.002, None, 200.0)  # a point: the gap after it
+    to_the_end = timeline.Room(0.001, float("inf"), 500.0)  # an open operation: to where the failure was found
+    scale = Scale.of([0.0, 0.001, 0.002, 0.003], [point, wide, to_the_end])
+    assert scale.x(0.001) - scale.x(0.0) == 300.0
+    assert scale.x(0.003) - scale.x(0.002) == 200.0
+    assert scale.end_px - scale.x(0.001) == 500.0
+    assert scale.x(0.002) - scale.x(0.001) == pytest.approx(short_gap, abs=1)  # nothing asked more of this one
+    assert Scale.of([0.0, 0.001], [timeline.Room(0.0, 0.001, 10.0)]).xs_px == Scale.of([0.0, 0.001]).xs_px
+
+
+def test_the_picture_opens_on_its_end_where_the_failure_was_found() -> None:
+    """The chart scrolls inside a right-to-left box holding a left-to-right chart: a browser opens such a box
+    scrolled to its right end, the found marker and the steps before it (no script: the page has none)."""
+    text, _, _ = rendered()
+    assert re.search(r"\.scroll \{[^}]*direction: rtl;", text)
+    assert re.search(r"\.chart \{[^}]*direction: ltr;", text)
+    assert "opens on its end, where the failure was found" in text
+
+
 # -- marks across lanes -----------------------------------------------------------------------------------------
 
 
 def test_crashes_restores_and_prepared_intervals_are_bands_across_every_lane() -> None:
     _, page, history = rendered()
-    scale = Scale.of(event.time_s for event in history.events)
+    scale = timeline.scale_for(history.events)
     bands = {attrs["class"].split()[1]: attrs for _, attrs, _ in page.with_class("band")}
     assert sorted(bands) == ["crash", "prepared", "restore"]
     # prepared: from the prepared note (0.23 s) to the next crash or resume invocation (the crash, 0.50 s)
@@ -415,6 +481,7 @@ class FakeHarness:
 
     def __init__(self, directory: Path) -> None:
         self.regressions_dir = directory
+        self.run_store, self.run_dir, self.failure_files = None, None, {}  # no run store
 
     def log_tails(self) -> str:
         return "(no logs)"
@@ -432,7 +499,9 @@ def annotated(tmp_path: Path) -> PropertyViolation:
 
 def test_the_report_writes_the_timeline_beside_the_regression_file_and_names_it(tmp_path: Path) -> None:
     error = annotated(tmp_path)
-    picture = tmp_path / "P4-native-environment_restore_ignores_boundary.html"
+    picture = tmp_path / regression.file_name("P4-native-environment_restore_ignores_boundary", []).replace(
+        ".json", ".html"
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == [picture.name, picture.with_suffix(".json").name]
     # The timeline's note, then the note of what --keep-artifacts kept (here: that nothing is kept).
     assert error.__notes__[-2] == f"Timeline of the failing history (open in a browser): {picture}"

@@ -1,5 +1,6 @@
 """The timeline in a real browser: headless Chromium opens a failing history's page from a file, keeps every lane,
-box and violation mark in the DOM it builds, and paints them (its screenshot holds each mark's colour).
+box and violation mark in the DOM it builds, and paints them (its screenshot holds each mark's colour); it shows
+every box's label whole, and opens a history far wider than its window on the end, where the failure was found.
 
 Needs Debian's `chromium`: a developer's run without it skips; a CI run (`CI` set) goes on and fails, since
 `.ci/run` installs it. Every Chromium runs in a process group of its own, under a timeout, and the test checks that
@@ -9,6 +10,7 @@ none of its processes is left afterwards.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -26,7 +28,7 @@ import pytest
 
 from ckpt_model.results.timeline import render
 from ckpt_model.search import profiles
-from tests.unit.checker.test_timeline import DEPLOYMENT, REGRESSION, Page, failing_history
+from tests.unit.checker.test_timeline import DEPLOYMENT, REGRESSION, Page, failing_history, long_history
 
 CHROMIUM = shutil.which("chromium")
 # The directory Chromium makes for its singleton socket under TMPDIR.
@@ -60,12 +62,16 @@ PAINTED = {
 PAINTED_PX_MIN = 40
 
 
-@pytest.fixture
-def page_file(tmp_path: Path) -> Path:
+def require_chromium() -> None:
     if CHROMIUM is None:
         if profiles.in_ci():
             pytest.fail("chromium is not installed, and a CI run must have it (.ci/run installs Debian's chromium)")
         pytest.skip("Debian's chromium is not installed (apt-get install -y chromium; .ci/run installs it)")
+
+
+@pytest.fixture
+def page_file(tmp_path: Path) -> Path:
+    require_chromium()
     history, failure = failing_history()
     path = tmp_path / "P4-native-environment_restore_ignores_boundary.html"
     path.write_text(render(history.events, failure, DEPLOYMENT, REGRESSION), encoding="utf-8")
@@ -232,3 +238,47 @@ def test_a_chromium_past_its_timeout_is_killed_with_its_whole_group(
     # A Chromium killed cannot remove its singleton directory: it was under a TMPDIR the run removed, not in /tmp.
     left = set(Path(tempfile.gettempdir()).glob(CHROMIUM_TEMP_GLOB)) - system_temp_before
     assert not left, f"the killed chromium left {sorted(map(str, left))}"
+
+
+# Measures the page as Chromium laid it out, into an attribute `--dump-dom` shows: each box whose label overflows it,
+# and what of the chart the scrolling box shows when the page opens. Added to a copy of the page: it has no script.
+MEASURE = """<script>
+const view = document.querySelector(".scroll").getBoundingClientRect();
+const shown = (element) => {
+  const box = element.getBoundingClientRect();
+  return box.right > view.left + 150 && box.left < view.right;  // not under the lane names, not past the edge
+};
+const ops = [...document.querySelectorAll(".op")];
+document.body.dataset.measured = JSON.stringify({
+  cut: ops.filter((op) => op.scrollWidth > op.clientWidth).map((op) => op.textContent),
+  scrolls: document.querySelector(".scroll").scrollWidth > view.width,
+  found_shown: shown(document.querySelector(".found-line")),
+  shown: ops.filter(shown).map((op) => op.dataset.events),
+});
+</script>"""
+NARROW_WINDOW = (1000, 700)
+
+
+def measured(tmp_path: Path, page: str) -> dict[str, object]:
+    path = tmp_path / "measured.html"
+    path.write_text(page.replace("</body>", f"{MEASURE}</body>"), encoding="utf-8")
+    width, height = NARROW_WINDOW
+    dom = chromium(tmp_path / "profile", f"--window-size={width},{height}", "--dump-dom", path.as_uri())
+    (found,) = [attrs["data-measured"] for tag, attrs, _ in Page(dom).elements if tag == "body"]
+    result: dict[str, object] = json.loads(found)
+    return result
+
+
+@pytest.mark.parametrize("steps", [1, 12])
+def test_every_label_is_shown_whole_and_a_long_history_opens_on_the_failure(tmp_path: Path, steps: int) -> None:
+    require_chromium()
+    history, failure = long_history(steps)
+    layout = measured(tmp_path, render(history.events, failure, DEPLOYMENT, REGRESSION))
+
+    assert layout["cut"] == [], "labels cut by their boxes"
+    assert layout["found_shown"], "the page did not open where the failure was found"
+    last_commit = f"{len(history.events) - 2} {len(history.events) - 1}"
+    assert last_commit in layout["shown"]  # the last step before the failure is in view
+    if steps > 1:
+        assert layout["scrolls"]  # far wider than the window: the first steps are left of it...
+        assert "0" not in [events.split()[0] for events in layout["shown"]]  # ...the first run's box among them

@@ -960,7 +960,7 @@ async def test_a_write_failed_by_a_full_disk_stays_prepared_and_its_retry_commit
 
     assert armed.json()["armed"] == {"point": "manifest.write", "how": "ENOSPC"}
     assert error_of(failed) == (422, "invalid_checkpoint_state")
-    assert "ENOSPC injected at manifest.write" in failed.json()["error"]["detail"]
+    assert "ENOSPC injected by the checker at manifest.write" in failed.json()["error"]["detail"]
     assert (status["phase"], status["checkpoint_id"]) == ("prepared", "c1")
     assert retried.status_code == 200, retried.text
     assert storage == {"armed": None, "stalled_at": None, "writes": 0}

@@ -58,7 +58,7 @@ def test_an_os_error_escapes_unwrapped_under_the_planted_fault(tmp_path: Path) -
     faults = StorageFaults()
     faults.arm("records.write", "ENOSPC")
 
-    with pytest.raises(OSError, match=r"ENOSPC injected at records\.write") as failed:
+    with pytest.raises(OSError, match=r"ENOSPC injected by the checker at records\.write") as failed:
         _write(tmp_path, faults, faults=WriterFaults(os_errors_escape=True))
 
     assert not isinstance(failed.value, CheckpointStateError)

@@ -10,7 +10,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from ckpt_model.deployments.observe import poll
-from ckpt_model.errors import CoordinationError, HarnessError
+from ckpt_model.errors import ControlCallFailed, CoordinationError, HarnessError
 from ckpt_model.model.contract import Model
 from ckpt_model.model.spec import DeploymentSpec
 from ckpt_model.properties.clocks import p18_lapsed_first, p18_refused_on_its_clock, p18_stale_commit_refused
@@ -119,9 +119,19 @@ class Clocks(MachineBase):
                 model, label = self._outholds_the_others(name, model, checkpoint_id)
             else:
                 model, label = self._lapses_first(name, model, checkpoint_id)
-        finally:
-            self._skew_clock(name, 0.0)
+        except BaseException as error:
+            self._put_back_after(error, name)
+            raise
+        self._skew_clock(name, 0.0)
         self._advance(model, f"skewed_clock({name} {offset_s:+g} s): {label}")
+
+    def _put_back_after(self, error: BaseException, name: str) -> None:
+        """Put `name`'s clock back after the rule failed with `error`: if that fails too, `error` is still what is
+        reported (a verdict must not be lost to a harness error raised while cleaning up after it), with a note."""
+        try:
+            self._skew_clock(name, 0.0)
+        except ControlCallFailed as put_back:
+            error.add_note(f"Putting {name}'s clock back after this failure also failed: {put_back}")
 
     def _lapses_first(self, name: str, model: Model, checkpoint_id: str) -> tuple[Model, str]:
         others = [m.name for m in self.controller.members() if m.name != name]
