@@ -118,6 +118,7 @@ class MisbehavingController(MachineBase):
     def quiet_controller(self) -> None:
         """The controller prepares and goes quiet: the lease lapses, and its late commit is refused (P10)."""
         model, checkpoint_id = self.model.lease_expired()
-        self.controller.go_quiet(checkpoint_id)
+        if not self.controller.go_quiet(checkpoint_id):
+            self._not_reached("quiet_controller", "the prepare missed its deadline, so no lease lapsed")
         self._refused("commit", checkpoint_id, "stale_checkpoint")
         self._advance(model, f"quiet_controller() -> {checkpoint_id} lapsed; commit({checkpoint_id}) refused")

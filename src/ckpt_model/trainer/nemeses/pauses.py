@@ -138,12 +138,13 @@ class Pauses(MachineBase):
         name = choose(self.controller.members(), victim).name
         others = [m.name for m in self.controller.members() if m.name != name]
         model, checkpoint_id = self.model.having_tried(pause_lapse=True).prepare()
-        deadline_ts = self.harness.clocks.now() + PAUSED_LEASE_DEADLINE_S
+        deadline_ts = self.harness.clocks.now() + self.harness.clocks.room(PAUSED_LEASE_DEADLINE_S)
         judge = self._judge_prepare(checkpoint_id)
         try:
             outcome = self.controller.prepare_by(checkpoint_id, deadline_ts)
         except CoordinationError as error:
             if only_deadline_missed(error, [name, *others]):  # a slow machine: the short deadline passed first
+                self._not_reached("paused_lease", "the prepare reached some past its deadline, so no lease lapsed")
                 self.controller.resume(checkpoint_id)
                 self._advance(model.resume(), f"prepare({checkpoint_id}) reached some past its deadline; resumed")
                 return
