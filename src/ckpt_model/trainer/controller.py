@@ -302,7 +302,7 @@ class Controller:
         gate.stall_cuts(True)
         try:
             invocation = self._invoke("prepare", checkpoint_id, checkpoint_id=checkpoint_id)
-            deadline_ts = self._ahead(deadline_s)
+            deadline_ts = self._ahead(self.harness.clocks.room(deadline_s))
             if not self.harness.clocks.owns_time:
                 result = self._answer(invocation, lambda: self.control.prepare(checkpoint_id, deadline_ts))
                 return self._prepared(invocation, Prepared.from_result(result), cut="hung")
@@ -314,28 +314,31 @@ class Controller:
             gate.stall_cuts(False)
 
     def _outlast_hung_cuts(self, gate: Gate, prepare: Future[Any], deadline_ts: float) -> None:
-        """Where the checker owns time: each time a cut request hangs at the backend, the clocks jump past the
-        most its sender may spend on it (half the prepare time left when it began, reference 7.3) instead of that
-        being waited out; returns once the prepare answered. A sender that spends longer still answers once the
-        deadline passes in real time, for P10 to judge."""
+        """Where the checker owns time (the deadline then has `Clocks.room`, so no stage on a loaded machine is
+        asked after it): each time a cut request hangs at the backend, the clocks jump past the most its sender may
+        spend on it (half the prepare time left when it began, reference 7.3) instead of that being waited out;
+        returns once the prepare answered. A sender that spends longer, still hanging a settle timeout after the
+        jump, has the clocks jump past the deadline too, and answers then, for P10 to judge."""
+        timeout_s = self.quiescence.timeout_s
 
-        def until(condition: Callable[[int], bool], prediction: str) -> None:
-            timeout_s = self.quiescence.timeout_s
-            if not poll(lambda: prepare.done() or condition(gate.hanging_cuts()), timeout_s):
-                observed = f"{gate.hanging_cuts()} cut request(s) hanging, the prepare unanswered"
-                raise QuiescenceTimeout(
-                    prediction=prediction, observed=observed, pending=["prepare"], timeout_s=timeout_s
-                )
+        def until(condition: Callable[[int], bool]) -> bool:
+            return poll(lambda: prepare.done() or condition(gate.hanging_cuts()), timeout_s)
 
         while True:
-            until(lambda hanging: hanging > 0, "a cut request hangs at the backend, or the prepare answered")
+            if not until(lambda hanging: hanging > 0):
+                raise QuiescenceTimeout(
+                    prediction="a cut request hangs at the backend, or the prepare answered",
+                    observed=f"{gate.hanging_cuts()} cut request(s) hanging, the prepare unanswered",
+                    pending=["prepare"],
+                    timeout_s=timeout_s,
+                )
             if prepare.done():
                 return
             began_ts = self.harness.clocks.now()  # its sender took its budget before the request reached the backend
             self.harness.clocks.jump_to((began_ts + deadline_ts) / 2)
-            until(
-                lambda hanging: hanging == 0, "every hung cut given up once its budget passed, or the prepare answered"
-            )
+            if not until(lambda hanging: hanging == 0):  # its sender spends more than its budget on the cut
+                self.harness.clocks.jump_to(deadline_ts)
+                return
 
     def prepare_waiting(self, checkpoint_id: str, wait: Callable[[Future[Any]], None]) -> Prepared:
         """A prepare left waiting: `wait` runs while it is in flight (the caller releases what blocks it)."""
