@@ -8,7 +8,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from ckpt_model.protocol.client import PrepareResult
@@ -16,8 +15,7 @@ from ckpt_model.protocol.gym_tasks import COUNTER_SCRIPT, counter_run_body, lega
 from ckpt_model.protocol.storage import participant_dir, read_records
 from ckpt_model.protocol.wire import EpisodeId
 from fakes import clock
-from fakes.gym.protocol.wire import bearer
-from tests.stack.conftest import Deployment, deadline, wait_until
+from tests.stack.conftest import Deployment, deadline, move_clock, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -210,16 +208,6 @@ def prepare_blocked_or_not(deployment: Deployment, checkpoint_id: str) -> Prepar
             finally:
                 move_clock(deployment, "environment", 0.0)
         return prepare.result()
-
-
-def move_clock(deployment: Deployment, name: str, offset_s: float) -> None:
-    """Move server `name`'s wall clock `offset_s` from the true time (`POST /_ctl/clock`; 0 puts it back)."""
-    response = httpx.post(
-        f"{deployment.url(name)}/_ctl/clock",
-        json={"offset_s": offset_s},
-        headers={"Authorization": bearer(deployment.stack.token)},
-    )
-    response.raise_for_status()
 
 
 @pytest.mark.parametrize("verify_mode", ["wait", "replay"])
