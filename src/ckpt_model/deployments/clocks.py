@@ -127,10 +127,10 @@ class Clocks:
         self._left_behind |= self._frozen
         return {name: self._set_offset(name) for name in participants if name not in self._frozen}
 
-    def room(self, seconds: float) -> float:
+    def room(self, seconds: float, at_least_s: float = OWNED_ROOM_S) -> float:
         """The seconds a deadline that is to pass is placed ahead: `seconds` where waits are real (each one is
-        waited out), at least `OWNED_ROOM_S` where the checker owns time (it jumps past it)."""
-        return max(seconds, OWNED_ROOM_S) if self.owns_time else seconds
+        waited out), at least `at_least_s` where the checker owns time (it jumps past it)."""
+        return max(seconds, at_least_s) if self.owns_time else seconds
 
     def jump_to(self, when_ts: float) -> bool:
         """Where the checker owns time (`owns_time`), let it pass until the controller's clock is past `when_ts`

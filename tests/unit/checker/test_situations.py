@@ -14,6 +14,7 @@ from ckpt_model.errors import HarnessError, SituationNotReached
 from ckpt_model.search.scenarios import check_reached, steps
 from ckpt_model.trainer.controller import CONTROL_DEADLINE_S
 from ckpt_model.trainer.nemeses.controller import MisbehavingController
+from ckpt_model.trainer.nemeses.pauses import FROZEN_ROOM_S
 from ckpt_model.trainer.pipeline import MachineBase
 
 TIME_PASSES = steps("dispatch", "time_passes", ("release", {"pick": 0}))
@@ -76,6 +77,7 @@ def test_a_deadline_the_checker_jumps_past_has_room_a_loaded_machine_cannot_miss
     assert clocks.owns_time
     assert clocks.room(0.1) == OWNED_ROOM_S == CONTROL_DEADLINE_S / 2
     assert clocks.room(45.0) == 45.0  # a longer deadline keeps its own length
+    assert clocks.room(0.5, FROZEN_ROOM_S) == FROZEN_ROOM_S  # a jump that may spend running episodes' budgets
 
 
 def test_a_deadline_waited_out_in_real_time_keeps_its_length() -> None:
