@@ -4,6 +4,7 @@ checker jumps past has room enough that a loaded machine cannot make a prepare m
 
 from __future__ import annotations
 
+import inspect
 import pickle
 import types
 
@@ -11,9 +12,10 @@ import pytest
 
 from ckpt_model.deployments.clocks import OWNED_ROOM_S, Clocks
 from ckpt_model.errors import HarnessError, SituationNotReached
+from ckpt_model.model.contract import Model
 from ckpt_model.search.scenarios import check_reached, steps
-from ckpt_model.trainer.controller import CONTROL_DEADLINE_S
-from ckpt_model.trainer.nemeses.controller import MisbehavingController
+from ckpt_model.trainer.controller import CONTROL_DEADLINE_S, QUIET_PREPARE_DEADLINE_S
+from ckpt_model.trainer.nemeses.controller import QUIET_PREPARE_DEADLINE_MAX_S, MisbehavingController
 from ckpt_model.trainer.nemeses.pauses import FROZEN_ROOM_S
 from ckpt_model.trainer.pipeline import MachineBase
 
@@ -84,3 +86,39 @@ def test_a_deadline_waited_out_in_real_time_keeps_its_length() -> None:
     clocks = Clocks(types.SimpleNamespace(), label=lambda: "real Gym", participants=lambda: None)  # type: ignore[arg-type]
     assert not clocks.owns_time
     assert clocks.room(0.1) == 0.1
+
+
+def quiet_controller_whose_prepares(*prepared: bool) -> tuple[MisbehavingController, list[float], list[str]]:
+    """The `quiet_controller` rule alone, whose controller's quiet prepares end as `prepared` says in turn; the
+    deadlines it asked for, and the labels it advanced with."""
+    answers, deadlines, labels = iter(prepared), [], []
+
+    def go_quiet(checkpoint_id: str, deadline_s: float) -> bool:
+        deadlines.append(deadline_s)
+        return next(answers)
+
+    machine = rules_recording_misses()
+    machine.model = Model(topology="native")
+    machine.controller = types.SimpleNamespace(go_quiet=go_quiet)  # type: ignore[assignment]
+    machine._refused = lambda *_args: None  # type: ignore[method-assign]
+    machine._advance = lambda _model, label, **_: labels.append(label)  # type: ignore[method-assign]
+    inspect.unwrap(MisbehavingController.quiet_controller)(machine)
+    return machine, deadlines, labels
+
+
+def test_a_quiet_prepare_that_missed_its_deadline_is_tried_again_with_twice_the_deadline() -> None:
+    """Where the lease is waited out in real time (a real Gym), a slow machine gets a longer deadline under a new
+    ID, so the lease still lapses."""
+    machine, deadlines, labels = quiet_controller_whose_prepares(False, False, True)
+    assert deadlines == [QUIET_PREPARE_DEADLINE_S, 2 * QUIET_PREPARE_DEADLINE_S, 4 * QUIET_PREPARE_DEADLINE_S]
+    assert labels == ["quiet_controller() -> c3 lapsed (after c1, c2 missed their deadlines); commit(c3) refused"]
+    assert machine.missed == []
+
+
+def test_quiet_prepares_that_miss_every_deadline_record_the_situation_missed() -> None:
+    machine, deadlines, _ = quiet_controller_whose_prepares(*[False] * 10)
+    assert deadlines[-1] <= QUIET_PREPARE_DEADLINE_MAX_S < 2 * deadlines[-1]
+    assert machine.missed == [
+        f"quiet_controller: the prepares {[f'c{n}' for n in range(1, len(deadlines) + 1)]} missed their deadlines, "
+        "none lapsed"
+    ]
