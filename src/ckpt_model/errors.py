@@ -14,8 +14,9 @@ inherit from `AssertionError`.
     │   ├── QuiescenceTimeout          the quiet state the model predicted never arrived
     │   ├── ProtocolError              a reply does not match the wire schema, so it cannot be judged
     │   ├── StepNotEnabled             a scenario or regression file calls a rule whose precondition fails
-    │   └── ControlCallFailed          a call that drives the deployment failed (a /_ctl route, a clock, a fault,
-    │                                  a signal): it names the call, the status and what the checker was doing
+    │   ├── ControlCallFailed          a call that drives the deployment failed (a /_ctl route, a clock, a fault,
+    │   │                              a signal): it names the call, the status and what the checker was doing
+    │   └── SituationNotReached        a fixed scenario's step took a branch that skips what the scenario is for
     └── CoordinationError              a controller operation failed on some participants (`coordination.py`)
         .failures: {server name: ParticipantFailure}
 
@@ -215,6 +216,20 @@ def _phrase(status: int) -> str:
         return f" {HTTPStatus(status).phrase}"
     except ValueError:
         return ""
+
+
+class SituationNotReached(_KeywordPickle, HarnessError):
+    """A fixed scenario ran, but a step took the branch a rule allows on a slow machine (a prepare that missed its
+    short deadline, say) instead of the one the scenario is named for: it passed without checking what it is for, so
+    neither a pass nor a planted fault "not shown" could be trusted."""
+
+    _fields = ("scenario", "missed")
+
+    def __init__(self, *, scenario: str, missed: Sequence[str]) -> None:
+        self.scenario = scenario
+        self.missed = tuple(missed)
+        listed = "\n".join(f"  - {why}" for why in self.missed)
+        super().__init__(f"scenario {scenario} did not reach its situation:\n{listed}")
 
 
 # --- coordination ------------------------------------------------------------------------------------------

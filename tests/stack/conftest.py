@@ -14,6 +14,7 @@ import pytest
 
 from ckpt_model.protocol.client import ControlClient, PrepareResult
 from ckpt_model.protocol.gym_tasks import native_run_body
+from fakes.gym.protocol.wire import bearer
 from fakes.processes import process_groups
 from fakes.processes.process_groups import process_state
 from fakes.stack.launcher import Stack
@@ -37,6 +38,16 @@ def wait_until(predicate: Callable[[], Any], what: str, timeout_s: float = WAIT_
 
 
 group_gone = process_groups.gone
+
+
+def move_clock(deployment: Deployment, name: str, offset_s: float) -> None:
+    """Move server `name`'s wall clock `offset_s` from the true time (`POST /_ctl/clock`; 0 puts it back)."""
+    response = httpx.post(
+        f"{deployment.url(name)}/_ctl/clock",
+        json={"offset_s": offset_s},
+        headers={"Authorization": bearer(deployment.stack.token)},
+    )
+    response.raise_for_status()
 
 
 def process_gone(pid: int) -> bool:

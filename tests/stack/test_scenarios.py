@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from ckpt_model.protocol.client import PrepareResult
 from ckpt_model.protocol.gym_tasks import COUNTER_SCRIPT, counter_run_body, legacy_run_body, native_run_body
 from ckpt_model.protocol.storage import participant_dir, read_records
 from ckpt_model.protocol.wire import EpisodeId
-from tests.stack.conftest import Deployment, deadline, wait_until
+from fakes import clock
+from tests.stack.conftest import Deployment, deadline, move_clock, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -177,6 +180,36 @@ def judge_calls(deployment: Deployment, key: str) -> int:
     return sum(1 for call in deployment.calls() if call["kind"] == "judge" and call["capture_key"] == key)
 
 
+# A prepare the environment may block answers once its deadline passed: this far ahead, so that no loaded machine
+# makes a stage refuse it as late, and passed by moving the environment's clock (libfaketime) once it reports its
+# blockers; without libfaketime the deadline is this close instead, and waited out.
+BLOCKED_DEADLINE_S = 60.0
+BLOCKED_DEADLINE_WAITED_S = 1.5
+
+
+def prepare_blocked_or_not(deployment: Deployment, checkpoint_id: str) -> PrepareResult:
+    """A prepare of `checkpoint_id` that answers at once if nothing blocks it, else once the environment gave up
+    waiting on its blockers (its clock moved past the deadline, then back)."""
+    if clock.library() is None:
+        return deployment.control.prepare(checkpoint_id, time.time() + BLOCKED_DEADLINE_WAITED_S)
+    deadline_ts = time.time() + BLOCKED_DEADLINE_S
+    with ThreadPoolExecutor(1) as pool:
+        prepare = pool.submit(deployment.control.prepare, checkpoint_id, deadline_ts)
+
+        def blocked() -> bool:
+            status = deployment.status("environment")
+            return status["phase"] == "preparing" and bool(status["report"]["blockers"])
+
+        wait_until(lambda: prepare.done() or blocked(), "the prepare answered, or the environment blocked")
+        if not prepare.done():
+            move_clock(deployment, "environment", deadline_ts - time.time() + 1.0)
+            try:
+                return prepare.result()
+            finally:
+                move_clock(deployment, "environment", 0.0)
+        return prepare.result()
+
+
 @pytest.mark.parametrize("verify_mode", ["wait", "replay"])
 def test_verification_in_flight_is_waited_for_or_replayed(deploy: Deploy, verify_mode: str) -> None:
     """Gym's scenario 9: `wait` verification blocks prepare and never runs again after restore; `replay` does
@@ -188,7 +221,7 @@ def test_verification_in_flight_is_waited_for_or_replayed(deploy: Deploy, verify
     deployment.release_when_waiting(1, "policy")
     wait_until(lambda: judge_calls(deployment, "verify-1") == 1, "the judge call of verify-1")
 
-    early = deployment.control.prepare("c1", time.time() + 1.5)  # arrives before it even beside CPU hogs
+    early = prepare_blocked_or_not(deployment, "c1")
     scope = [EpisodeId(rollout_id="verify-1", attempt=0)]
     if verify_mode == "wait":
         assert not early.prepared

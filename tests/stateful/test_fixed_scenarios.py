@@ -9,8 +9,9 @@ import attrs
 import pytest
 
 from ckpt_model.deployments.catalogue import planted
+from ckpt_model.deployments.clocks import Clocks
 from ckpt_model.deployments.harness import Harness
-from ckpt_model.errors import PropertyViolation, QuiescenceTimeout, StepNotEnabled
+from ckpt_model.errors import PropertyViolation, QuiescenceTimeout, SituationNotReached, StepNotEnabled
 from ckpt_model.model.spec import DeploymentSpec
 from ckpt_model.properties.durability import P9Violation
 from ckpt_model.properties.registry import REGISTRY
@@ -250,6 +251,34 @@ def test_a_step_that_is_not_enabled_is_a_harness_error(native_harness: Harness) 
     """A scenario that drifts from its preconditions cannot pass silently: `commit` needs a prepared checkpoint."""
     with pytest.raises(StepNotEnabled, match=r"step 2 \(commit"):
         run(native_harness, steps("dispatch", "commit"))
+
+
+def missed_deadlines(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every deadline the checker would jump past has already passed when it is sent: a prepare that misses it, as
+    on a machine too slow for it."""
+    monkeypatch.setattr(Clocks, "room", lambda self, seconds: -1.0)
+
+
+def test_a_quiet_controller_whose_prepare_missed_its_deadline_is_a_harness_error(
+    native_harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Negative control of `SituationNotReached`: every try of the rule resumes (allowed), and the scenario named
+    for the lapse says it never saw one instead of passing."""
+    missed_deadlines(monkeypatch)
+    with pytest.raises(
+        SituationNotReached, match=r"quiet_controller: the prepares \['c1', .*\] missed their deadlines, none lapsed"
+    ):
+        run(native_harness, SCENARIOS["quiet_controller__lease_lapses_and_admission_reopens"])
+
+
+def test_time_that_never_passed_is_a_harness_error_not_a_fault_not_shown(
+    slow_replay_jumps_harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """How `parked_time_counts` once went "not shown" at load 11-15: the prepare missed its deadline, and no time
+    passed; now the scenario names that."""
+    missed_deadlines(monkeypatch)
+    with pytest.raises(SituationNotReached, match="time_passes: the prepare missed its deadline, so no time passed"):
+        run(slow_replay_jumps_harness, TIME_SCENARIOS["time_passes__parked_episode_keeps_its_budget"])
 
 
 def test_a_scenario_whose_facts_do_not_hold_fails(native_harness: Harness) -> None:

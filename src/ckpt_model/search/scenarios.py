@@ -8,6 +8,11 @@ position, so one fact serves every weather topology: native weather calls carry 
 the counter row makes a third call, so its facts are pinned apart, `Scenario.counter_calls`), and for the counter
 the count each checkpoint's resources records hold.
 
+A scenario must also reach the situation it is named for: a rule that can take another branch on a slow machine (a
+prepare that missed its short deadline, so no lease lapsed and no time passed) records it (`MachineBase.missed`), and
+the scenario then ends in a harness error naming why (`SituationNotReached`), never a pass or a fault "not shown";
+the rules force the branch where they can (the checker's own clocks jump past a deadline instead of racing it).
+
 Here is what a scenario is and how one runs (`run`), which is also how a regression file replays (`replay`). The
 scenarios themselves: the protocol's, on every topology (`ckpt_model.search.protocol_scenarios`), and those of one
 topology, option or fault family, with the scenario that must trip each planted fault's property
@@ -24,6 +29,7 @@ import attrs
 
 from ckpt_model.deployments.harness import Harness
 from ckpt_model.deployments.observe import observe
+from ckpt_model.errors import PropertyViolation, SituationNotReached
 from ckpt_model.model.contract import ScriptCall
 from ckpt_model.model.spec import DeploymentSpec
 from ckpt_model.model.topologies import TOPOLOGIES
@@ -84,7 +90,14 @@ def run(harness: Harness, scenario: Scenario | Sequence[Step], settle_timeout_s:
     if not isinstance(scenario, Scenario):
         scenario = Scenario(tuple(scenario))
     machine = CheckpointMachine(harness, settle_timeout_s=settle_timeout_s)
-    play(machine, scenario.steps)
+    try:
+        play(machine, scenario.steps)
+    except PropertyViolation:
+        raise
+    except Exception as error:  # what a missed situation led to is not what the scenario checks
+        check_reached(scenario.steps, machine.missed, error)
+        raise
+    check_reached(scenario.steps, machine.missed)
     facts = scenario.facts(harness.spec.topology)
     if facts is not None:
         check_calls(facts, machine.model.script, observe(harness).calls)
@@ -92,6 +105,13 @@ def run(harness: Harness, scenario: Scenario | Sequence[Step], settle_timeout_s:
         check_counts(scenario.counts, harness)
     if scenario.chains is not None or scenario.cut_rounds is not None or scenario.continued is not None:
         check_lineage(scenario, harness)
+
+
+def check_reached(steps: Sequence[Step], missed: Sequence[str], cause: BaseException | None = None) -> None:
+    """Raise `SituationNotReached` (from `cause`, what the run raised after) if any step took the branch that skips
+    its situation (`missed`, in the words of the rule that took it)."""
+    if missed:
+        raise SituationNotReached(scenario=", ".join(rule for rule, _ in steps), missed=missed) from cause
 
 
 def check_calls(facts: Facts, script: tuple[ScriptCall, ...], observed: Mapping[str, tuple[ScriptCall, ...]]) -> None:

@@ -81,6 +81,7 @@ class CheckpointMachine(
         self.callees = Callees(harness, self.history, runs, self.quiescence.timeout_s)
         self.audits = Audits(harness, self.ledgers, runs, twins)
         self.log = StepLog(harness, self.history, stats)
+        self.missed = []
 
     # -- rollouts ---------------------------------------------------------------------------------------------
 

@@ -85,6 +85,10 @@ class MachineBase(RuleBasedStateMachine):
     callees: Callees
     audits: Audits
     log: StepLog
+    # What a rule meant to reach and did not, in the order its steps ran: the branch a rule allows on a slow machine
+    # (a prepare that missed its short deadline, so no lease lapsed and no time passed), which a random search may
+    # take and a fixed scenario must not (`ckpt_model.search.scenarios.run` raises `SituationNotReached`).
+    missed: list[str]
 
     if TYPE_CHECKING:
 
@@ -97,6 +101,10 @@ class MachineBase(RuleBasedStateMachine):
         def resume(self) -> None: ...
 
         def retire(self, pick: int, again: bool, worker: int = 0) -> None: ...
+
+    def _not_reached(self, rule: str, why: str) -> None:
+        """`rule` took the branch that skips its situation (`why`): recorded for a fixed scenario to refuse."""
+        self.missed.append(f"{rule}: {why}")
 
     def _may_crash_first(self) -> bool:
         """Whether a restore-like rule may crash the processes first, to restore into fresh ones: they have served

@@ -26,7 +26,8 @@ def pauses_over(*rounds: list[ControlCall]) -> tuple[Pauses, list[int]]:
 
     machine = object.__new__(Pauses)
     machine.controller = types.SimpleNamespace(control=types.SimpleNamespace(control_calls=control_calls))  # type: ignore[assignment]
-    machine.quiescence = types.SimpleNamespace(timeout_s=2.0)  # type: ignore[assignment]
+    # Far longer than the few polls each wait needs: a loaded machine can hold this thread for a while.
+    machine.quiescence = types.SimpleNamespace(timeout_s=30.0)  # type: ignore[assignment]
     return machine, reads
 
 

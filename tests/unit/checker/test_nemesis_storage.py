@@ -46,7 +46,8 @@ def storage_answering(answer: ParticipantFailure | None, harness: StorageState) 
     machine = object.__new__(Storage)
     machine.harness = harness  # type: ignore[assignment]
     machine.controller = types.SimpleNamespace(runs=types.SimpleNamespace(submit=lambda *_args: answered))  # type: ignore[assignment]
-    machine.quiescence = types.SimpleNamespace(timeout_s=0.2)  # type: ignore[assignment]
+    # Far longer than the few polls each wait needs: a loaded machine can hold this thread for a fraction of a second.
+    machine.quiescence = types.SimpleNamespace(timeout_s=30.0)  # type: ignore[assignment]
     return machine
 
 

@@ -76,7 +76,8 @@ CLOCKS = Family(
 # A skewed clock runs this far ahead of the controller's (its lease lapses that much earlier), or behind (far longer
 # than any step, so it still holds its lease when the stale commit comes); a prepare under a clock ahead leaves it
 # this margin of its own before the deadline; a prepare under a clock behind is due this soon, so the others'
-# leases lapse in a second or two.
+# leases lapse in a second or two. Where the checker owns time both are `Clocks.room` instead (it jumps past them):
+# a loaded machine then cannot make the prepare miss them.
 SKEW_AHEAD_S = 8.0
 SKEW_BEHIND_S = 60.0
 SKEWED_PREPARE_MARGIN_S = 0.5
@@ -137,11 +138,12 @@ class Clocks(MachineBase):
         others = [m.name for m in self.controller.members() if m.name != name]
         within_skew = self.controller.probe_deadline_ahead("prepare", f"skew-{checkpoint_id}", SKEW_AHEAD_S / 2, [name])
         p18_refused_on_its_clock("a prepare due in half its skew", name, SKEW_AHEAD_S, within_skew[name])
-        deadline_ts = self.harness.clocks.now() + SKEW_AHEAD_S + SKEWED_PREPARE_MARGIN_S
+        deadline_ts = self.harness.clocks.now() + SKEW_AHEAD_S + self.harness.clocks.room(SKEWED_PREPARE_MARGIN_S)
         try:
             self.controller.prepare_by(checkpoint_id, deadline_ts)
         except CoordinationError as error:
             if only_deadline_missed(error, [name]):  # the margin passed on its clock before the prepare reached it
+                self._not_reached("skewed_clock", f"the prepare reached {name} past its deadline, so none lapsed")
                 self.controller.resume(checkpoint_id)
                 return model.resume(), f"prepare({checkpoint_id}) reached {name} past its deadline; resumed"
             raise
@@ -152,11 +154,12 @@ class Clocks(MachineBase):
 
     def _outholds_the_others(self, name: str, model: Model, checkpoint_id: str) -> tuple[Model, str]:
         others = [m.name for m in self.controller.members() if m.name != name]
-        deadline_ts = self.harness.clocks.now() + SKEWED_QUIET_DEADLINE_S
+        deadline_ts = self.harness.clocks.now() + self.harness.clocks.room(SKEWED_QUIET_DEADLINE_S)
         try:
             self.controller.prepare_by(checkpoint_id, deadline_ts)
         except CoordinationError as error:
             if only_deadline_missed(error, others):  # a slow machine: the short deadline passed first
+                self._not_reached("skewed_clock", "the prepare reached some past its deadline, so none lapsed")
                 self.controller.resume(checkpoint_id)
                 return model.resume(), f"prepare({checkpoint_id}) reached some past its deadline; resumed"
             if not only_unanswered(error, [name]):
@@ -164,6 +167,7 @@ class Clocks(MachineBase):
             # Behind, the victim may hold a prepare it is not ready for until its own deadline, long after the
             # controller's: whether it becomes ready decides, not how soon it answered (P10).
             self._ready_in_time(name, checkpoint_id)
+            self._not_reached("skewed_clock", f"{name}'s answer to the prepare came too late, so none lapsed")
             self.controller.resume(checkpoint_id)
             return model.resume(), f"prepare({checkpoint_id}) unanswered by {name} in time, though ready; resumed"
         for other in others:
@@ -220,6 +224,7 @@ class Clocks(MachineBase):
             label = f"{TIME_PASSES_S:g} s passed; {checkpoint_id} lapsed"
         else:
             label = "the prepare missed its deadline; resumed, and no time passed"
+            self._not_reached("time_passes", "the prepare missed its deadline, so no time passed while parked")
         self._refused("commit", checkpoint_id, "stale_checkpoint")
         self._advance(model, f"time_passes() -> {checkpoint_id}: {label}; commit({checkpoint_id}) refused")
 

@@ -13,7 +13,12 @@ from ckpt_model.properties.state import P7Violation, p7_callee_refused, p7_refus
 from ckpt_model.steps import checkable
 from ckpt_model.steps.families import Family
 from ckpt_model.steps.steplog import action
+from ckpt_model.trainer.controller import QUIET_PREPARE_DEADLINE_S
 from ckpt_model.trainer.pipeline import PICK, MachineBase, choose
+
+# A quiet controller's prepare that missed its deadline is tried again with twice the deadline, up to this (where
+# the lease is waited out in real time: a real Gym's clocks are not the checker's).
+QUIET_PREPARE_DEADLINE_MAX_S = 3.2
 
 
 def captures_tokens(spec: DeploymentSpec) -> bool:
@@ -116,8 +121,18 @@ class MisbehavingController(MachineBase):
         needs=(checkable.LEASE_LAPSES,),
     )
     def quiet_controller(self) -> None:
-        """The controller prepares and goes quiet: the lease lapses, and its late commit is refused (P10)."""
+        """The controller prepares and goes quiet: the lease lapses, and its late commit is refused (P10). A prepare
+        that missed its short deadline (a slow machine, where the lease is waited out in real time) is resumed, and
+        the controller tries again under a new ID with twice the deadline, up to `QUIET_PREPARE_DEADLINE_MAX_S`."""
         model, checkpoint_id = self.model.lease_expired()
-        self.controller.go_quiet(checkpoint_id)
+        deadline_s, missed = QUIET_PREPARE_DEADLINE_S, []
+        while not self.controller.go_quiet(checkpoint_id, deadline_s):
+            missed.append(checkpoint_id)
+            if deadline_s * 2 > QUIET_PREPARE_DEADLINE_MAX_S:
+                self._not_reached("quiet_controller", f"the prepares {missed} missed their deadlines, none lapsed")
+                break
+            deadline_s *= 2
+            model, checkpoint_id = model.lease_expired()
+        tried = f" (after {', '.join(missed)} missed their deadlines)" if missed else ""
         self._refused("commit", checkpoint_id, "stale_checkpoint")
-        self._advance(model, f"quiet_controller() -> {checkpoint_id} lapsed; commit({checkpoint_id}) refused")
+        self._advance(model, f"quiet_controller() -> {checkpoint_id} lapsed{tried}; commit({checkpoint_id}) refused")

@@ -63,7 +63,11 @@ PAUSES = Family(
     ),
 )
 # A call sent to a frozen participant (a commit, a prepare) carries a deadline this close; it wakes once it passed.
+# Where the checker owns time, the deadline has this room instead (`Clocks.room`), less than other rules': a
+# prepare whose first stage is frozen parks no episode, and where time jumps (monotonic clocks too) every jump past
+# it spends the running episodes' budgets, a rule that may be drawn in every step of an example.
 PAUSED_DEADLINE_S = 0.5
+FROZEN_ROOM_S = 5.0
 # A prepare whose lease a frozen participant outsleeps is due this soon (its lease then lapses a grace later): room
 # for the prepare and the renewal of the others' leases that follows it, on a loaded machine too.
 PAUSED_LEASE_DEADLINE_S = 2.0
@@ -138,12 +142,13 @@ class Pauses(MachineBase):
         name = choose(self.controller.members(), victim).name
         others = [m.name for m in self.controller.members() if m.name != name]
         model, checkpoint_id = self.model.having_tried(pause_lapse=True).prepare()
-        deadline_ts = self.harness.clocks.now() + PAUSED_LEASE_DEADLINE_S
+        deadline_ts = self.harness.clocks.now() + self.harness.clocks.room(PAUSED_LEASE_DEADLINE_S)
         judge = self._judge_prepare(checkpoint_id)
         try:
             outcome = self.controller.prepare_by(checkpoint_id, deadline_ts)
         except CoordinationError as error:
             if only_deadline_missed(error, [name, *others]):  # a slow machine: the short deadline passed first
+                self._not_reached("paused_lease", "the prepare reached some past its deadline, so no lease lapsed")
                 self.controller.resume(checkpoint_id)
                 self._advance(model.resume(), f"prepare({checkpoint_id}) reached some past its deadline; resumed")
                 return
@@ -211,7 +216,7 @@ class Pauses(MachineBase):
         deadline just before it freezes (the clock a frozen process wakes to; it can take no jump while stopped,
         and one given after SIGCONT could come after the call), and the rest of the system's once the call was sent
         to it (a staged prepare reaches the participants before it with their clocks where they were)."""
-        deadline_ts = self.harness.clocks.now() + self.harness.clocks.room(PAUSED_DEADLINE_S)
+        deadline_ts = self.harness.clocks.now() + self.harness.clocks.room(PAUSED_DEADLINE_S, FROZEN_ROOM_S)
         passed_s = self.harness.clocks.passed_at(deadline_ts)
         if self.harness.clocks.owns_time:
             self.harness.clocks.jump_one(victim, passed_s)
