@@ -78,7 +78,7 @@ def test_an_attached_gym_whose_urls_point_at_nothing_fails_in_seconds_naming_the
     output = assert_could_not_judge(result, head_url)
     assert f"pre-flight: {head_url}/global_config_dict_yaml: the head server: connection refused" in output
     assert "system:      real Gym at " + head_url + " (attached; no crashes: one example" in output
-    assert "examples:    1, each of" in output  # a Gym nothing restarts serves one example
+    assert "examples:    1 valid, each of" in output  # a Gym nothing restarts serves one example
     assert left_behind(tmp_path) == []
 
 
