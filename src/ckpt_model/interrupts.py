@@ -46,13 +46,35 @@ class Interrupted(KeyboardInterrupt):
         self.signum = signum
 
 
+# Every signal `raise_interrupted` turned into an interrupt in this process, in order (`raise_swallowed_since`).
+_raised: list[int] = []
+
+
 def raise_interrupted(signum: int, frame: FrameType | None) -> None:
     """The handler of SIGTERM and Ctrl-C: raise the interrupt in the main thread, or, where Python would drop it,
     send the signal again for when the main thread is outside (`send_again_outside`)."""
     if frame is not None and dropped_there(frame):
         send_again_outside(signum)
         return
+    _raised.append(signum)
     raise interrupt_for(signum)
+
+
+def raised_so_far() -> int:
+    """How many interrupts the handler raised in this process: a search notes it as it begins, to ask
+    `raise_swallowed_since` later."""
+    return len(_raised)
+
+
+def raise_swallowed_since(mark: int) -> None:
+    """Raise again the first interrupt raised since `raised_so_far()` was `mark`, if the run goes on all the same:
+    a library can lose one on the way. Seen: Ctrl-C met Hypothesis's final replay of a failing example, which it
+    then reported as `FlakyStrategyDefinition` with no trace of the interrupt, and the run went on to measure,
+    minimise and print its verdict. An interrupt ends the run, so any that did not was swallowed."""
+    if len(_raised) > mark and unwinding() is None:
+        interrupt = interrupt_for(_raised[mark])
+        interrupt.add_note("raised again: it was swallowed on its way out (by Hypothesis, say) and the run went on")
+        raise interrupt
 
 
 def send_again_outside(signum: int) -> None:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from hypothesis import Phase, settings
 
-from ckpt_model.interrupts import reraise_interrupt_behind
+from ckpt_model.interrupts import raise_swallowed_since, raised_so_far, reraise_interrupt_behind
 from ckpt_model.results.notes import Kind, add
 from ckpt_model.results.reproduction import REPLAYS
 from ckpt_model.results.stats import RoundStat, SearchStats
@@ -68,6 +68,7 @@ def search(
 
     deadlines = aim.round_deadlines(max_time_s) if rounds and max_time_s is not None else [max_time_s]
     begun_s: list[float] = []  # when each example began, for `within`
+    interrupts_before = raised_so_far()
     for index, deadline in enumerate(deadlines):
         if index and deadline is not None and time.monotonic() - stats.started_s >= deadline:
             continue  # the round before ran past this one's end (an example outlasted it)
@@ -97,6 +98,7 @@ def search(
             continue
         except Exception as error:
             reraise_interrupt_behind(error)  # Hypothesis took an interrupted example for a failing one
+            raise_swallowed_since(interrupts_before)  # ... or lost the interrupt on its way out
             if time_limit_behind(error):
                 stats.stopped_by_time = True
                 continue
@@ -114,7 +116,9 @@ def search(
             raise
         except BaseExceptionGroup as group:  # holds an interrupt, say, met by Hypothesis's final replay of failures
             reraise_interrupt_behind(group)
+            raise_swallowed_since(interrupts_before)
             raise
+        raise_swallowed_since(interrupts_before)  # a passing round must not hide one either
         stats.stopped_by_time = False
 
 

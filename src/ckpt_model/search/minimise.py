@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from ckpt_model.interrupts import reraise_interrupt_behind
+from ckpt_model.interrupts import raise_swallowed_since, raised_so_far, reraise_interrupt_behind
 from ckpt_model.results.notes import Kind, add, keep_minimal_run, of_kind
 from ckpt_model.results.reproduction import REPLAYS, Rate, attempts_for, measure, record
 from ckpt_model.search.controllers import TRAINER, ControllerMachine, replay
@@ -544,11 +544,14 @@ def replay_once(
     A `StepNotEnabled`, a control call refused (`CoordinationError`) or a bug surfaces as its exception, which
     never matches a property violation's signature; Ctrl-C and SIGTERM propagate, also when an error raised while
     they unwound hides them: an interrupted replay is never counted as one that passed or failed."""
+    interrupts_before = raised_so_far()
     try:
         replay(controller, harness, [(name, dict(arguments)) for name, arguments in steps], settle_timeout_s)
     except Exception as error:
         reraise_interrupt_behind(error)
+        raise_swallowed_since(interrupts_before)
         return error
+    raise_swallowed_since(interrupts_before)
     return None
 
 

@@ -3,6 +3,7 @@ never counted, and one held during a teardown is raised when the teardown ends (
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import signal
 import sys
@@ -19,6 +20,9 @@ from ckpt_model.interrupts import (
     interrupt_behind,
     interrupt_prevails,
     interrupts_held,
+    raise_interrupted,
+    raise_swallowed_since,
+    raised_so_far,
     sigterm_unwinds,
 )
 from ckpt_model.steps.steplog import StepLog
@@ -207,3 +211,50 @@ def test_an_interrupt_held_during_a_teardown_outranks_the_failure_being_reported
     with pytest.raises(KeyboardInterrupt):
         teardown_meeting(signal.SIGINT, finished, Violation("found before the Ctrl-C"))
     assert finished == ["the teardown"]
+
+
+def swallows_what_it_meets() -> Exception:
+    """What a library did with an interrupt raised inside it (seen: Hypothesis reporting `FlakyStrategyDefinition` for
+    the example Ctrl-C cut short): caught, and replaced by an error that carries no trace of it."""
+    with contextlib.suppress(KeyboardInterrupt):
+        raise_interrupted(signal.SIGINT, None)
+    return RuntimeError("Inconsistent data generation")
+
+
+def test_an_interrupt_a_library_swallowed_is_raised_again_where_the_run_would_go_on() -> None:
+    before = raised_so_far()
+    raise_swallowed_since(before)  # none raised yet: the run goes on
+
+    reported = swallows_what_it_meets()
+
+    assert interrupt_behind(reported) is None  # nothing links the error to the interrupt
+    with pytest.raises(KeyboardInterrupt) as again:
+        raise_swallowed_since(before)
+    assert "swallowed" in again.value.__notes__[0]
+    raise_swallowed_since(raised_so_far())  # one swallowed before a run began is not that run's
+
+
+def test_a_search_hypothesis_lost_an_interrupt_in_ends_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`checking.search` asks after Hypothesis returns or raises: the interrupt ends it, nothing is measured."""
+    import types
+
+    import hypothesis.stateful
+
+    import ckpt_model.search.checking as checking
+
+    measured: list[object] = []
+
+    def run_state_machine_as_test(factory: object, settings: object) -> None:
+        raise swallows_what_it_meets()
+
+    monkeypatch.setattr(hypothesis.stateful, "run_state_machine_as_test", run_state_machine_as_test)
+    monkeypatch.setattr(checking, "measure_failures", lambda *args, **kwargs: measured.append(args))
+    controller = types.SimpleNamespace(factory=lambda *args, **kwargs: object)
+    with pytest.raises(KeyboardInterrupt):
+        checking.search(
+            None,  # type: ignore[arg-type]
+            checking.settings(max_examples=1),
+            checking.SearchStats(),
+            controller=controller,  # type: ignore[arg-type]
+        )
+    assert measured == []
