@@ -347,7 +347,7 @@ def test_replay_of_a_failing_file_exits_1_and_says_whether_as_recorded(
     assert "rerun with `--keep-artifacts DIR`" in result.stdout
     # The command that replays it is the one just run; the timeline it drew is the run store's, which outlives the
     # run (with the report and the regression file); what Hypothesis would replay does not apply to a replay.
-    assert f"Replay it again: ckpt-model replay {path}\n" in result.stdout
+    assert f"Replay it again: ckpt-model replay {path.resolve()}\n" in result.stdout
     assert "Replay without Hypothesis" not in result.stdout
     timeline_line = next(line for line in result.stdout.splitlines() if line.startswith("Timeline of"))
     picture = Path(timeline_line.split("(open in a browser): ")[1])

@@ -82,6 +82,13 @@ def unknown_rules(steps: Any, machine: type) -> list[str]:
     return problems
 
 
+def lasting_path(path: Path) -> Path:
+    """`path` absolute, its links resolved: what still names the file once this run is over. A replay keeps its own
+    failure in the run store and moves `runs/latest` to it, so a path through `latest` would name another run's
+    directory by then."""
+    return path.resolve()
+
+
 def run_replay(args: argparse.Namespace) -> int:
     from ckpt_model.results import regression, runstore
     from ckpt_model.search.scenarios import replay
@@ -91,7 +98,7 @@ def run_replay(args: argparse.Namespace) -> int:
     recorded_type = document["failure"]["type"]
     recorded = document["failure"].get("property") or recorded_type
     print(f"replaying {args.file} (recorded: {recorded})\n  {regression.describe(document)}", flush=True)
-    again = f"ckpt-model replay {args.file}"
+    again = f"ckpt-model replay {lasting_path(Path(args.file))}"
     try:
         replay(document, artifacts=kept, run_store=runstore.root())
     except PropertyViolation as violation:
