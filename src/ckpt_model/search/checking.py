@@ -189,12 +189,15 @@ def within(
     the time left of `max_time_s` since `stats` started (on `clock`); otherwise the call raises `TimeLimitReached`
     before it starts anything, so no example is cut short and the examples run so far keep their statistics.
     `begun_s` keeps when each example began (shared by a search's rounds, so a round's first example is judged by
-    the ones before it). Never stops once a failure was seen: Hypothesis may still be replaying or shrinking it."""
+    the ones before it). Never stops once a failure was seen (Hypothesis may still be replaying or shrinking it),
+    nor before an example has finished: a search bounded by time judges at least one, however short its limit or
+    slow the machine (the start of the deployment alone can outlast a limit of a second on a loaded machine)."""
     begun = begun_s if begun_s is not None else []
 
     def machine() -> Any:
         now_s = clock() - stats.started_s
-        if stats.first_failure_s is None and not another_fits(now_s, max_time_s, begun):
+        judged_one = bool(stats.finished)
+        if stats.first_failure_s is None and judged_one and not another_fits(now_s, max_time_s, begun):
             raise TimeLimitReached
         begun.append(now_s)
         return factory()

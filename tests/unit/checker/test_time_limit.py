@@ -51,6 +51,7 @@ def test_the_factory_stops_before_an_example_that_would_end_past_the_limit_and_r
     for at in (0.0, 12.0):
         now[0] = at
         first_round()
+        stats.example_finished(steps=3, crashes=0, seconds=12.0)
     now[0] = 24.0  # two examples of 12 s: a third would end at 36 s
     with pytest.raises(TimeLimitReached):
         first_round()
@@ -62,6 +63,19 @@ def test_the_factory_stops_before_an_example_that_would_end_past_the_limit_and_r
         second_round()
     assert Made.count == 3
     assert begun == [0.0, 12.0, 24.0]
+
+
+def test_a_search_bounded_by_time_judges_one_example_however_late_it_begins() -> None:
+    """On a loaded machine the deployment's start alone can outlast a limit of a second: the first example still
+    runs, and the next does not."""
+    stats = SearchStats(started_s=0.0)
+    Made.count = 0
+    factory = within(MADE, stats, 1.0, clock=lambda: 9.0)
+    factory()  # nothing judged yet: it begins
+    stats.example_finished(steps=3, crashes=0, seconds=1.0)
+    with pytest.raises(TimeLimitReached):
+        factory()
+    assert Made.count == 1
 
 
 def test_once_a_failure_was_seen_the_factory_never_stops_hypothesis_replaying_it() -> None:
