@@ -319,9 +319,11 @@ def test_a_failure_that_never_replays_is_still_its_property_with_a_rate_of_zero(
 
 
 class Counts(RuleBasedStateMachine):
-    """Passes; counts the examples begun."""
+    """Passes; counts the examples begun, and tells `stats` (when set) of each one finished, as a real machine's
+    teardown does."""
 
     begun = 0
+    stats: SearchStats | None = None
 
     def __init__(self) -> None:
         super().__init__()
@@ -330,6 +332,10 @@ class Counts(RuleBasedStateMachine):
     @rule()
     def step(self) -> None:
         pass
+
+    def teardown(self) -> None:
+        if Counts.stats is not None:
+            Counts.stats.example_finished(steps=1, crashes=0, seconds=10.0)
 
 
 def test_a_search_bounded_by_time_stops_between_examples_and_says_so() -> None:
@@ -340,7 +346,11 @@ def test_a_search_bounded_by_time_stops_between_examples_and_says_so() -> None:
     ticks = itertools.count(0.0, 10.0)
     bounded = within(Counts, stats, 35.0, clock=lambda: next(ticks))
 
-    assert run_search(bounded, SMALL, stats.seen, stats) == ()
+    Counts.stats = stats
+    try:
+        assert run_search(bounded, SMALL, stats.seen, stats) == ()
+    finally:
+        Counts.stats = None
     assert stats.stopped_by_time
     assert Counts.begun == 3
 
