@@ -14,6 +14,8 @@ import signal
 import subprocess
 import sys
 import xml.etree.ElementTree as ElementTree
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +58,34 @@ def ckpt_model(workdir: Path, *arguments: str, developer: bool = False) -> subpr
         timeout=RUN_TIMEOUT_S,
         check=False,
     )
+
+
+@contextmanager
+def started(workdir: Path, *arguments: str) -> Iterator[subprocess.Popen[str]]:
+    """`ckpt-model ARGUMENTS` as a terminal starts a foreground job (Ctrl-C's default meaning), its output piped;
+    killed at the end of the block if it still runs (a failed assertion must leave nothing running)."""
+    with subprocess.Popen(
+        [sys.executable, "-m", "ckpt_model", *arguments],
+        cwd=workdir,
+        env=environment(workdir),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=default_sigint,
+    ) as process:
+        try:
+            yield process
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+
+def read_until(process: subprocess.Popen[str], text: str, what: str) -> None:
+    """Read `process`'s output up to the line holding `text`; fail if it ends first."""
+    assert process.stdout is not None
+    while text not in process.stdout.readline():
+        assert process.poll() is None, f"{what} ended before it printed {text!r}"
 
 
 def interrupted(process: subprocess.Popen[str], what: str) -> str:
@@ -399,29 +429,11 @@ def test_a_harness_error_exits_2(tmp_path: Path) -> None:
 
 
 def test_ctrl_c_during_check_stops_everything_and_exits_130(tmp_path: Path) -> None:
-    with subprocess.Popen(
-        [sys.executable, "-m", "ckpt_model", "check", "--examples", "1000", "--steps", "20", "--seed", "3"],
-        cwd=tmp_path,
-        env=environment(tmp_path),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        preexec_fn=default_sigint,
-    ) as check:
-        try:
-            assert check.stdout is not None
-            banner_end = "examples:    1000 valid, each of up to 20 steps drawn"
-            while banner_end not in check.stdout.readline():
-                assert check.poll() is None, "ckpt-model check ended before its banner"
-            # Into the run: its servers are up (their logs exist), an example under way.
-            wait_until(
-                lambda: any((tmp_path / "tmp").glob("ckpt-model-*/stack/logs/environment.log")), "servers up", 60
-            )
-            output = interrupted(check, "ckpt-model check")
-        finally:
-            if check.poll() is None:
-                check.kill()
-                check.wait()
+    with started(tmp_path, "check", "--examples", "1000", "--steps", "20", "--seed", "3") as check:
+        read_until(check, "examples:    1000 valid, each of up to 20 steps drawn", "ckpt-model check")
+        # Into the run: its servers are up (their logs exist), an example under way.
+        wait_until(lambda: any((tmp_path / "tmp").glob("ckpt-model-*/stack/logs/environment.log")), "servers up", 60)
+        output = interrupted(check, "ckpt-model check")
 
     assert check.returncode == 130, output
     assert "INTERRUPTED (SIGINT)" in output
@@ -442,24 +454,9 @@ def test_a_second_run_interrupted_while_measuring_loses_nothing_the_first_kept(t
     assert "minimised" in minimal
     assert replayable.name in kept_first
 
-    with subprocess.Popen(
-        [sys.executable, "-m", "ckpt_model", *arguments],
-        cwd=tmp_path,
-        env=environment(tmp_path),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        preexec_fn=default_sigint,
-    ) as second:
-        try:
-            assert second.stdout is not None
-            while "measuring and minimising the failing run" not in second.stdout.readline():
-                assert second.poll() is None, "the second run ended before it measured its failure"
-            output = interrupted(second, "the second ckpt-model check")
-        finally:
-            if second.poll() is None:
-                second.kill()
-                second.wait()
+    with started(tmp_path, *arguments) as second:
+        read_until(second, "measuring and minimising the failing run", "the second run")
+        output = interrupted(second, "the second ckpt-model check")
 
     assert {path.name: path.read_bytes() for path in first_dir.iterdir()} == kept_first
     assert regression.load(replayable)["steps"] == minimal["steps"]  # never the steps found over the minimal ones
@@ -574,25 +571,10 @@ def test_ctrl_c_during_a_real_model_run_stops_every_gym_server_and_exits_130(tmp
     # Seconds a call: the probe answers, and the first wave is still generating when the interrupt comes.
     with (
         ungated_backend(tmp_path / "backend.log", latency_ms=3000) as url,
-        subprocess.Popen(
-            [sys.executable, "-m", "ckpt_model", "scale", "--model-url", url],
-            cwd=tmp_path,
-            env=environment(tmp_path),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            preexec_fn=default_sigint,
-        ) as run,
+        started(tmp_path, "scale", "--model-url", url) as run,
     ):
-        try:
-            assert run.stdout is not None
-            while "dispatch ..." not in run.stdout.readline():  # the Gym servers are up
-                assert run.poll() is None, "ckpt-model scale ended before it dispatched"
-            output = interrupted(run, "ckpt-model scale")
-        finally:
-            if run.poll() is None:
-                run.kill()
-                run.wait()
+        read_until(run, "dispatch ...", "ckpt-model scale")  # the Gym servers are up
+        output = interrupted(run, "ckpt-model scale")
 
     assert run.returncode == 130, output
     assert "INTERRUPTED (SIGINT)" in output
