@@ -19,6 +19,10 @@
                                       as recorded, and the minimal steps fail again the same way)
     ckpt-model stack ARGS...          run the look-alike stack by hand (the arguments of `python -m fakes.stack`)
     ckpt-model faults                 list the planted faults
+    ckpt-model explore [--depth N] [--topology T] [--verify-mode M] [--rollouts N] [--max-time D] [--json FILE]
+                                      explore the contract model breadth first to depth N (6): states and
+                                      transitions per depth, every invariant of the model checked on every state,
+                                      each broken one with a shortest path of rule calls (docs/explore.md)
 
 Exit codes: the three outcomes a run can have (a violation, could not judge, passed) are never confused.
 
@@ -63,6 +67,7 @@ from ckpt_model.commands.replay import run_minimise, run_replay
 from ckpt_model.durations import duration
 from ckpt_model.errors import UsageError
 from ckpt_model.interrupts import exit_now, signal_number, sigterm_unwinds
+from ckpt_model.model.abstract import EXPLORED_DEPTH, EXPLORED_ROLLOUTS
 from ckpt_model.model.spec import OPTIONS, flag_keywords
 from ckpt_model.model.topologies import EPISODE_OWNERS, TOPOLOGIES, VERIFY_MODES
 from ckpt_model.results import progress
@@ -116,7 +121,7 @@ def build_parser() -> Parser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     commands = parser.add_subparsers(
-        dest="command", required=True, metavar="{check,replay,minimise,audit,stack,faults,fuzz,scale}"
+        dest="command", required=True, metavar="{check,replay,minimise,audit,explore,stack,faults,fuzz,scale}"
     )
 
     check = commands.add_parser("check", help="run the state machine against the embedded look-alike stack")
@@ -267,6 +272,34 @@ def build_parser() -> Parser:
         "look-alike's JSON lines or OTLP/JSON as an OpenTelemetry Collector's file exporter writes it",
     )
 
+    explore = commands.add_parser(
+        "explore",
+        help="explore the contract model breadth first to a depth and check its invariants on every state "
+        "(no processes; docs/explore.md)",
+    )
+    explore.add_argument(
+        "--depth",
+        type=positive_int,
+        default=EXPLORED_DEPTH,
+        help=f"rule steps from a fresh example (default {EXPLORED_DEPTH})",
+    )
+    explore.add_argument("--topology", choices=list(TOPOLOGIES), default="native", help="default: native")
+    explore.add_argument("--verify-mode", choices=VERIFY_MODES, help="verify mode of a topology that runs several")
+    for option in OPTIONS:
+        explore.add_argument(option.flag(), **flag_keywords(option))
+    explore.add_argument(
+        "--rollouts",
+        type=positive_int,
+        default=EXPLORED_ROLLOUTS,
+        help=f"rollouts live at once (default {EXPLORED_ROLLOUTS}; the checker's runs keep 3)",
+    )
+    explore.add_argument(
+        "--max-time", type=duration, metavar="DURATION", help="stop exploring by DURATION (90, 90s, 2m) and say so"
+    )
+    explore.add_argument(
+        "--json", type=Path, metavar="FILE", help="write the levels, totals and violations (with paths) as JSON"
+    )
+
     # Only for --help: `main` hands everything after `stack` to the stack's own parser, untouched.
     commands.add_parser(
         "stack", help="run the look-alike stack by hand until SIGTERM or Ctrl-C (`ckpt-model stack --help`)"
@@ -361,6 +394,10 @@ def run_command(args: argparse.Namespace) -> int:
         return run_scale(args)
     if args.command == "audit":
         return run_audit(args)
+    if args.command == "explore":
+        from ckpt_model.commands.explore import run_explore
+
+        return run_explore(args)
     return run_faults()
 
 

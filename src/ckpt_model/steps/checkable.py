@@ -31,6 +31,7 @@ from ckpt_model.properties.registry import REGISTRY
 
 if TYPE_CHECKING:
     from ckpt_model.deployments.harness import Harness
+    from ckpt_model.model.spec import DeploymentSpec
 
 
 class Declared(Protocol):
@@ -98,6 +99,29 @@ class Capabilities:
             verify_wait=spec.verify_mode == "wait",
             restart_environment=spec.traits.restart_environment,
             telemetry=harness.telemetry_dir is not None,
+        )
+
+    @classmethod
+    def of_look_alike(cls, spec: DeploymentSpec) -> Capabilities:
+        """What the embedded look-alike stack can do when it runs `spec` (with faketime installed): every nemesis,
+        one worker killed alone only with several server workers, and clocks skewed alone unless time jumps."""
+        return cls(
+            restart_one=True,
+            kill_workers=spec.server_workers > 1,
+            failpoints=True,
+            lose_unsynced=True,
+            break_storage=True,
+            pause=True,
+            lose_replies=True,
+            fail_hooks=True,
+            skew_clocks=not spec.time_jumps,
+            jump_clocks=spec.time_jumps,
+            lease_lapses=spec.lease_grace_s <= LEASE_GRACE_WAITED_MAX_S,
+            token_capture=spec.token_capture,
+            generation_cuts=spec.generation_cuts,
+            judge=spec.traits.judge,
+            verify_wait=spec.verify_mode == "wait",
+            restart_environment=spec.traits.restart_environment,
         )
 
 

@@ -10,18 +10,20 @@ declares it needs (`steplog.Declaration.needs`) says this deployment has it."""
 from __future__ import annotations
 
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import attrs
 import pytest
 
 from ckpt_model.model.contract import Model
+from ckpt_model.model.spec import DeploymentSpec
 from ckpt_model.properties.registry import REGISTRY
-from ckpt_model.protocol.client import Participant
 from ckpt_model.steps import checkable
 from ckpt_model.steps.checkable import Capabilities
 from ckpt_model.steps.steplog import declarations, gates
 from ckpt_model.trainer.machine import CheckpointMachine
+from ckpt_model.trainer.moves import MOVES
+from ckpt_model.trainer.stand_in import stand_in
 
 DEPTH = 5
 RULES = declarations(CheckpointMachine)
@@ -51,99 +53,9 @@ def topology_of(capabilities: Capabilities) -> tuple[str, str]:
     return ("mixed" if capabilities.restart_environment else "native"), "wait"
 
 
-def stand_in(capabilities: Capabilities, model: Model) -> CheckpointMachine:
-    """A machine whose preconditions read `capabilities`: nothing is started, nothing is called."""
-    kinds = ["agent", "environment", "model", "resources"]
-    if capabilities.restart_environment:
-        kinds += ["environment", "resources"]
-    members = [Participant(f"{kind}{index}", kind, f"http://127.0.0.1:{index + 1}") for index, kind in enumerate(kinds)]
-    harness = types.SimpleNamespace(
-        backend=object() if capabilities.gate else None,
-        can_crash=capabilities.crashes,
-        can_restart_one=capabilities.restart_one,
-        can_kill_workers=capabilities.kill_workers,
-        can_lose_unsynced=capabilities.lose_unsynced,
-        faults=types.SimpleNamespace(
-            can_stop_inside_commit=capabilities.failpoints,
-            can_break_storage=capabilities.break_storage,
-            can_pause=capabilities.pause,
-            can_lose_replies=capabilities.lose_replies,
-            can_fail_hooks=capabilities.fail_hooks,
-        ),
-        clocks=types.SimpleNamespace(
-            can_skew_clocks=capabilities.skew_clocks, can_jump_clocks=capabilities.jump_clocks
-        ),
-        control=types.SimpleNamespace(participants=members),
-    )
-    controller = types.SimpleNamespace(
-        may_lapse=capabilities.lease_lapses,
-        can_retry=True,
-        control=harness.control,
-        members=lambda: sorted(members, key=lambda m: m.name),
-    )
-    ledgers_on = capabilities.gate and capabilities.token_capture
-    machine = object.__new__(CheckpointMachine)
-    machine.harness = harness  # type: ignore[assignment]
-    machine.controller = controller  # type: ignore[assignment]
-    machine.ledgers = types.SimpleNamespace(enabled=ledgers_on, cuts=ledgers_on and capabilities.generation_cuts)  # type: ignore[assignment]
-    machine.model = model
-    return machine
-
-
-def first(items: list[str]) -> str:
-    return sorted(items)[0]
-
-
-def crashed_unless_fresh(model: Model) -> Model:
-    """What a restore-like rule restores into: the processes as they are when fresh, else after a crash."""
-    return model if model.fresh else model.crash()
-
-
-def transitions(model: Model) -> dict[str, Callable[[], Model]]:
-    """Each rule's effect on the model, with its first argument (what the rule hands `_advance`)."""
-    latest = model.committed[-1].checkpoint_id if model.committed else ""
-
-    def release_to_verification() -> Model:
-        released = model
-        rollout = first(model.before_verification())
-        while not released.current()[rollout].verifying:
-            released = released.release(rollout)
-        return released
-
-    def given_up() -> Model:  # `unreachable`: a commit cut off, given up by a resume
-        prepared = model if model.phase == "prepared" else model.prepare()[0]
-        return prepared.commit_failed()
-
-    return {
-        "dispatch": lambda: model.dispatch()[0],
-        "dispatch_restart": lambda: model.dispatch(restart=True)[0],
-        "release": lambda: model.release(first(model.releasable())),
-        "release_to_verification": release_to_verification,
-        "prepare": lambda: model.prepare()[0],
-        "prepare_blocked": lambda: model.prepare_blocked()[0],
-        "checkpoint": lambda: model.prepare()[0].commit()[0].resume(),
-        "commit": lambda: model.commit()[0],
-        "resume": model.resume,
-        "quiet_controller": lambda: model.lease_expired()[0],
-        "crash": model.crash,
-        "crash_in_commit": lambda: (model if model.phase == "prepared" else model.prepare()[0]).crash_in_commit(),
-        "crash_in_operation": model.crash,
-        "crash_in_restore": lambda: crashed_unless_fresh(model).crash(),
-        "recover": lambda: model.crash().restore(latest)[0],
-        "restore": lambda: model.restore(latest)[0],
-        "recover_again": lambda: model.crash().restore(model.committed[model.last_restored() or 0].checkpoint_id)[0],
-        "failed_restore": lambda: crashed_unless_fresh(model).failed_restore(latest)[0],
-        "restore_incomplete": lambda: crashed_unless_fresh(model).failed_restore(model.incomplete[-1].checkpoint_id)[0],
-        "retire": lambda: model.retire(first([a.rollout for a in model.live()])),
-        "start_over": lambda: model.start_over(first([a.rollout for a in model.with_status("dead")])),
-        "start_replacement": lambda: model.start_replacement(first([a.rollout for a in model.with_status("pending")])),
-        "forget": model.forget,
-        "unreachable": given_up,
-    }
-
-
 def reachable(capabilities: Capabilities) -> Iterator[Model]:
-    """Every model state within `DEPTH` rule steps of a fresh example, on this deployment (one rollout at most)."""
+    """Every model state within `DEPTH` rule steps of a fresh example, on this deployment (one rollout at most),
+    each enabled rule taking its first model transition (`ckpt_model.trainer.moves`)."""
     topology, verify_mode = topology_of(capabilities)
     start = Model(topology=topology, verify_mode=verify_mode, rollouts_max=1)  # type: ignore[arg-type]
     seen = {start}
@@ -152,13 +64,12 @@ def reachable(capabilities: Capabilities) -> Iterator[Model]:
         following = []
         for model in frontier:
             yield model
-            enabled = enabled_rules(capabilities, model)
-            for rule, effect in transitions(model).items():
-                if rule in enabled:
-                    successor = effect()
-                    if successor not in seen:
-                        seen.add(successor)
-                        following.append(successor)
+            machine = stand_in(capabilities, model)
+            for rule in enabled_rules(capabilities, model):
+                _, successor = next(iter(MOVES[rule](machine)))
+                if successor not in seen:
+                    seen.add(successor)
+                    following.append(successor)
         frontier = following
     yield from frontier
 
@@ -358,3 +269,12 @@ def test_capabilities_of_a_harness_read_its_capabilities() -> None:
     assert capabilities == Capabilities(
         gate=False, crashes=False, pause=True, lease_lapses=False, judge=True, verify_wait=False
     )
+
+
+def test_the_look_alike_stack_has_every_nemesis_its_spec_allows() -> None:
+    plain = Capabilities.of_look_alike(DeploymentSpec("slow", "replay"))
+    jumping = Capabilities.of_look_alike(DeploymentSpec("native", server_workers=2, time_jumps=True))
+
+    assert plain == attrs.evolve(EVERYTHING, telemetry=False, jump_clocks=False, judge=True, verify_wait=False)
+    assert (jumping.kill_workers, jumping.skew_clocks, jumping.jump_clocks) == (True, False, True)
+    assert not plain.kill_workers

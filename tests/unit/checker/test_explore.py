@@ -1,0 +1,138 @@
+"""The explorer (`ckpt_model.search.explore`), its abstraction (`ckpt_model.model.abstract`) and the model's
+invariants (`ckpt_model.model.invariants`), on hand-built models and small depths."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import attrs
+import pytest
+
+from ckpt_model.model.abstract import abstract
+from ckpt_model.model.contract import Checkpoint, Model
+from ckpt_model.model.invariants import INVARIANTS, drained
+from ckpt_model.model.spec import DeploymentSpec
+from ckpt_model.search.explore import Call, explore
+from ckpt_model.steps.steplog import gates
+from ckpt_model.trainer.machine import CheckpointMachine
+from ckpt_model.trainer.moves import MOVES, Outcome
+
+NATIVE = DeploymentSpec("native")
+
+
+def running(model: Model) -> Model:
+    return model.dispatch()[0]
+
+
+# -- the abstraction -------------------------------------------------------------------------------------------
+
+
+def test_states_that_differ_only_in_names_and_counters_are_one_abstract_state() -> None:
+    first = Model(topology="native").dispatch()[0]
+    # r0 dispatched after a refused /run used up a name and a run number: r1, run 1
+    second = Model(topology="native", tried=attrs.evolve(Model(topology="native").tried)).refused_dispatch()[0]
+    second = attrs.evolve(second, tried=first.tried).dispatch()[0]
+
+    assert second.current().keys() == {"r1"}
+    assert abstract(first) == abstract(second)
+
+
+def test_a_rollout_that_replied_and_no_checkpoint_holds_is_done() -> None:
+    model = Model(topology="native").dispatch()[0]
+    done = model.release("r0").release("r0")
+    assert done.current()["r0"].status == "replied"
+
+    assert abstract(done) == abstract(attrs.evolve(Model(topology="native"), fresh=False))
+    assert abstract(done.dispatch()[0]) == abstract(model)
+
+
+def test_states_the_rules_tell_apart_stay_apart() -> None:
+    model = running(Model(topology="native"))
+    prepared = model.prepare()[0]
+
+    assert abstract(prepared) != abstract(model)
+    assert abstract(prepared.commit()[0]) != abstract(prepared)
+    assert abstract(model.release("r0")) != abstract(model)
+    assert abstract(model.crash()) != abstract(model)
+
+
+# -- the invariants, each seen to fail -------------------------------------------------------------------------
+
+
+def broken_models() -> dict[str, Model]:
+    model = running(Model(topology="native"))
+    attempt = model.current()["r0"]
+    replied = attrs.evolve(attempt, status="replied")
+    checkpoint = Checkpoint("c1", exported=("r0", "ghost"), snapshot=(replied,))
+    return {
+        "replied_means_finished": model._replace(replied),
+        "checkpoints_name_held_attempts": attrs.evolve(model, committed=(checkpoint,)),
+        "one_live_attempt_per_rollout": attrs.evolve(model, attempts=(attempt, attempt)),
+        "calls_add_up": model._replace(attrs.evolve(attempt, calls_made=3, delivered=0)),
+        "phase_names_the_open_checkpoint": attrs.evolve(model, phase="prepared"),
+        "within_capacity": attrs.evolve(model, rollouts_max=0),
+        "retired_attempts_marked": attrs.evolve(model, retired_attempts=(attempt,)),
+        "drain_reaches_a_clean_end": model._replace(attrs.evolve(attempt, status="pending", held=False)),
+    }
+
+
+@pytest.mark.parametrize("name", list(INVARIANTS))
+def test_each_invariant_finds_its_own_breakage_and_holds_on_a_sound_model(name: str) -> None:
+    invariant = INVARIANTS[name]
+
+    assert invariant(broken_models()[name]), f"{name} missed what breaks it"
+    assert invariant(running(Model(topology="native"))) == []
+
+
+def test_the_drain_ends_every_rollout() -> None:
+    model = running(running(Model(topology="native"))).prepare()[0].commit()[0].crash()
+
+    end = drained(model)
+
+    assert {a.status for a in end.current().values()} == {"replied"}
+    assert not end.checkpoint_open
+
+
+# -- the explorer ----------------------------------------------------------------------------------------------
+
+
+def test_every_rule_has_a_move() -> None:
+    assert set(MOVES) == set(gates(CheckpointMachine))
+
+
+def test_the_model_keeps_its_invariants_to_depth_four_on_native() -> None:
+    found = explore(NATIVE, 4)
+
+    assert found.violations == []
+    assert [level.states for level in found.levels] == [1, 18, 156, 1222]
+    assert found.states == 1 + 1 + 18 + 156 + 1222
+    assert found.bounded
+    assert not found.timed_out
+
+
+def test_a_deliberately_broken_transition_is_found_with_its_shortest_path() -> None:
+    """A resume that forgets to deliver the responses the model server held: the first state it reaches breaks
+    `calls_add_up`, and the path is the fewest rule calls that get there (a rollout, a checkpoint holding its
+    response, the broken resume)."""
+
+    def forgets_held(machine: CheckpointMachine) -> Iterator[Outcome]:
+        model = machine.model
+        yield {}, attrs.evolve(model, phase="idle", open_checkpoint=None, resumed=(*model.resumed, model.opened))
+
+    found = explore(NATIVE, 4, moves={**MOVES, "resume": forgets_held})
+
+    violation = next(v for v in found.violations if v.invariant == "calls_add_up")
+    assert violation.path == (
+        Call("dispatch", {"worker": 0}),
+        Call("checkpoint", {"then_resume": False, "hold_one": True}),
+        Call("resume"),
+    )
+    assert violation.problems == ("r0 has a held response while running, with no checkpoint open or no call out",)
+    assert "shortest path (3 steps)" in violation.words()
+
+
+def test_a_time_limit_stops_the_exploration_and_says_so() -> None:
+    found = explore(NATIVE, 8, time_limit_s=0.0)
+
+    assert found.timed_out
+    assert not found.bounded
