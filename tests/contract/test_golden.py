@@ -12,6 +12,9 @@ either side shows:
 - errors: both error tables and envelopes, the stack's error classes and HTTP rendering, the checker's reading;
 - replies: the checker's `reply_problems` accepts every golden reply and names a problem in every invalid one,
   and the stack's own replies have the golden shapes;
+- native `/run` replies: both sides' models accept every valid body and dump it back exactly, and refuse every
+  invalid one; the checker's `native_run_reply_problems` names the field; the stack's environment server answers
+  Gym's own failures (a timeout, an unhandled error) with exactly the golden bodies;
 - storage: both readers read the golden checkpoint directory, refuse broken manifests, and the stack's writer
   writes the golden bytes.
 
@@ -22,6 +25,7 @@ Pure and fast: the stack's apps run in-process (`httpx.ASGITransport`), the chec
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import copy
 import json
@@ -44,10 +48,12 @@ from ckpt_model.errors import ParticipantFailure
 from ckpt_model.protocol import storage as checker_storage
 from ckpt_model.protocol import wire as checker_wire
 from ckpt_model.protocol.client import ControlClient, Participant, Participants, request_body
-from ckpt_model.protocol.replies import reply_problems
+from ckpt_model.protocol.replies import native_run_reply_problems, reply_problems
 from fakes.gym.config import ServerConfig
 from fakes.gym.policy.gate import episode_of
 from fakes.gym.serve import build_app
+from fakes.gym.servers.environment import episode_reply
+from fakes.gym.servers.steps import Episode
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -62,6 +68,10 @@ EPISODE_IDS = _golden("episode-ids.json")
 ERRORS = _golden("errors.json")
 REPLIES_VALID = _golden("replies-valid.json")["cases"]
 REPLIES_INVALID = _golden("replies-invalid.json")["cases"]
+CONTROL_REPLIES_VALID = [case for case in REPLIES_VALID if case["operation"] != "run"]
+CONTROL_REPLIES_INVALID = [case for case in REPLIES_INVALID if case["operation"] != "run"]
+RUN_REPLIES_VALID = [case for case in REPLIES_VALID if case["operation"] == "run"]
+RUN_REPLIES_INVALID = [case for case in REPLIES_INVALID if case["operation"] == "run"]
 CONSTANTS = _golden("constants.json")
 RUN_REQUEST = _golden("run-request.json")
 MANIFESTS_INVALID = _golden("manifests-invalid.json")["cases"]
@@ -285,17 +295,100 @@ def test_checker_reads_the_error_envelope(entry: dict[str, Any]) -> None:
 # --- replies -------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("case", REPLIES_VALID, ids=lambda case: case["name"])
+@pytest.mark.parametrize("case", CONTROL_REPLIES_VALID, ids=lambda case: case["name"])
 def test_checker_accepts_golden_reply(case: dict[str, Any]) -> None:
     assert reply_problems(case["operation"], case["reply"]) == []
 
 
 @pytest.mark.parametrize(
     "case",
-    [pytest.param(case, id=case["name"], marks=_checker_difference(case["name"])) for case in REPLIES_INVALID],
+    [pytest.param(case, id=case["name"], marks=_checker_difference(case["name"])) for case in CONTROL_REPLIES_INVALID],
 )
 def test_checker_names_a_problem_in_invalid_reply(case: dict[str, Any]) -> None:
     assert reply_problems(case["operation"], case["reply"]) != []
+
+
+# --- native /run replies (5.2; nemo-gym 0.7.0's episode contracts) ---------------------------------------------
+
+RUN_MODELS = {"checker": checker_wire.NativeRunReply, "stack": stack_wire.EpisodeResponse}
+SHAPE_REFUSED = [case for case in RUN_REPLIES_INVALID if "judged_by" not in case]
+
+
+@pytest.mark.parametrize("case", RUN_REPLIES_VALID, ids=lambda case: case["name"])
+def test_checker_accepts_golden_run_reply(case: dict[str, Any]) -> None:
+    assert native_run_reply_problems(case["reply"]) == []
+    parsed = checker_wire.NativeRunReply.model_validate(case["reply"])
+    assert parsed.model_dump(mode="json", exclude_unset=True) == case["reply"]
+    # The field table's model of the body reads it too (`ckpt_model.protocol.fields`).
+    checker_wire.RunReply.model_validate(case["reply"])
+
+
+@pytest.mark.parametrize("case", RUN_REPLIES_VALID, ids=lambda case: case["name"])
+def test_stack_accepts_golden_run_reply_and_writes_it_back(case: dict[str, Any]) -> None:
+    assert stack_wire.EpisodeResponse.model_validate(case["reply"]).wire() == case["reply"]
+
+
+@pytest.mark.parametrize("case", RUN_REPLIES_INVALID, ids=lambda case: case["name"])
+def test_checker_names_the_field_of_an_invalid_run_reply(case: dict[str, Any]) -> None:
+    problems = native_run_reply_problems(case["reply"])
+    assert problems != []
+    assert any(case["field"] in problem for problem in problems), problems
+
+
+@pytest.mark.parametrize("side", RUN_MODELS)
+@pytest.mark.parametrize("case", SHAPE_REFUSED, ids=lambda case: case["name"])
+def test_both_sides_refuse_an_invalid_run_reply(side: str, case: dict[str, Any]) -> None:
+    with pytest.raises(pydantic.ValidationError):
+        RUN_MODELS[side].model_validate(case["reply"])
+
+
+GYM_OWN = {case["name"]: case for case in RUN_REPLIES_VALID if "gym_own" in case}
+
+
+def _raised(gym_own: dict[str, str]) -> BaseException:
+    error_type: type[BaseException] = getattr(builtins, gym_own["type"])
+    return error_type(gym_own["message"])
+
+
+def test_stack_describes_gyms_own_failures_as_the_golden_bodies() -> None:
+    made = {
+        "admission_timed_out": stack_wire.ADMISSION_TIMED_OUT,
+        "episode_timed_out": stack_wire.EPISODE_TIMED_OUT,
+    }
+    for name, case in GYM_OWN.items():
+        gym_own = case["gym_own"]
+        failure = made[gym_own] if isinstance(gym_own, str) else stack_wire.unhandled_error(_raised(gym_own))
+        assert failure.wire() == case["reply"]["failure"], name
+
+
+async def _ended_episode(request: Any, outcome: BaseException | None) -> Episode:
+    """An episode whose task ended as `outcome` says: cancelled (its budget ran out) or raised."""
+
+    async def episode_body() -> None:
+        if outcome is not None:
+            raise outcome
+        await asyncio.Event().wait()
+
+    episode = Episode(episode_id=request.episode_id, task_digest=stack_wire.task_digest(request.task.model_dump()))
+    episode.task = asyncio.get_running_loop().create_task(episode_body())
+    if outcome is None:
+        episode.task.cancel(msg="Episode timed out")
+    await asyncio.wait({episode.task})
+    return episode
+
+
+@pytest.mark.parametrize("name", ["gym-episode-timed-out", "gym-unhandled-error", "gym-unhandled-error-cut"])
+def test_stack_environment_answers_gyms_own_failures_with_the_golden_bodies(name: str) -> None:
+    case = GYM_OWN[name]
+    gym_own = case["gym_own"]
+    request = stack_wire.EpisodeRequest.model_validate(
+        {**RUN_REQUEST["body"], "episode_id": case["reply"]["episode_id"]}
+    )
+    outcome = None if gym_own == "episode_timed_out" else _raised(gym_own)
+    episode = asyncio.run(_ended_episode(request, outcome))
+    response = episode_reply(request, episode)
+    assert response.status_code == 200
+    assert json.loads(bytes(response.body)) == case["reply"]
 
 
 # --- the stack over HTTP, in-process -------------------------------------------------------------------------

@@ -34,8 +34,12 @@ from tests.ungated_backend import ungated_backend as running_ungated_backend
 STAGES = ("dispatch", "prepare", "commit", "crash", "restore", "replacement")
 
 
+IDENTITY = {"episode_id": {"rollout_id": "r", "attempt": 1}, "task_id": {"taskset": "t:t", "task_id": "t"}}
+
+
 def ok(reward: object = 0.0) -> RunOutcome:
-    return RunOutcome(status_code=200, body={"episode_id": {}, "result": {"reward": reward}})
+    """A native `/run` reply of nemo-gym 0.7.0's shape with `reward`."""
+    return RunOutcome(status_code=200, body={**IDENTITY, "result": {"reward": reward}})
 
 
 # --- pure ----------------------------------------------------------------------------------------------------
@@ -74,10 +78,10 @@ def test_an_exported_rollout_that_replies_after_prepare_is_p2() -> None:
 
 def test_a_reply_must_be_200_with_a_numeric_reward_and_no_failure() -> None:
     assert check_well_formed({"a": ok(0.0), "b": ok(1)}, "replacement").startswith("ok: 2 replacement /runs")
-    failed = RunOutcome(200, {"episode_id": {}, "result": {"reward": 0.0}, "failure": {"failure_reason": "boom"}})
+    failed = RunOutcome(200, {**IDENTITY, "failure": {"failure_reason": "boom", "terminal": False}})
     bad = {
         "a failure": failed,
-        "no reward": RunOutcome(200, {"result": {}}),
+        "no reward": RunOutcome(200, {**IDENTITY, "result": {}}),
         "a bool reward": ok(True),
         "a text reward": ok("1.0"),
         "an infinite reward": ok(float("inf")),
@@ -89,6 +93,9 @@ def test_a_reply_must_be_200_with_a_numeric_reward_and_no_failure() -> None:
             check_well_formed({"x": outcome}, what)
     with pytest.raises(P3Violation, match="1 never replied"):
         check_well_formed({"a": ok(), "b": None}, "replacement")
+    both = {**IDENTITY, "result": {"reward": 0.0}, "failure": {"failure_reason": "boom", "terminal": False}}
+    with pytest.raises(P3Violation, match="exactly one of 'result' and 'failure' must be set"):
+        check_well_formed({"x": RunOutcome(200, both)}, "replacement")
 
 
 # --- processes -------------------------------------------------------------------------------------------------

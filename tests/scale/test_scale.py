@@ -36,7 +36,9 @@ STAGES = ("dispatch", "prepare", "commit", "crash", "restore", "resume", "replac
 
 
 def ok(reward: float = 1.0) -> RunOutcome:
-    return RunOutcome(status_code=200, body={"result": {"reward": reward}})
+    """A native `/run` reply of nemo-gym 0.7.0's shape with `reward`."""
+    identity = {"episode_id": {"rollout_id": "r", "attempt": 1}, "task_id": {"taskset": "t:t", "task_id": "t"}}
+    return RunOutcome(status_code=200, body={**identity, "result": {"reward": reward}})
 
 
 # --- pure ----------------------------------------------------------------------------------------------------

@@ -2,7 +2,9 @@
 
 Written from the reference (`shared/reference/gym-checkpoint-protocol.md`): routes and request bodies (2.1, 2.2),
 error codes and statuses (2.3), the status report (2.4), participant kinds and orders (4), episode identity and
-the native `/run` body (5.1, 5.2), and the checkpoint directory layout (6.1, 6.2). The checker keeps its own
+the native `/run` body (5.1, 5.2), and the checkpoint directory layout (6.1, 6.2); the native `/run` reply and the
+failures an environment server makes itself as nemo-gym 0.7.0 has them
+(`shared/reference/nemo-gym-0.7-episode-contracts.md`). The checker keeps its own
 description; `fakes/` imports nothing from `ckpt_model` (STYLE rule 2), so a misreading of the protocol shows up
 as a disagreement in `tests/contract/test_golden.py` instead of hiding on both sides at once.
 
@@ -16,9 +18,9 @@ import hashlib
 import json
 import math
 import re
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
 # --- routes and authentication (2.1, 7.1, 7.3) ----------------------------------------------------------------
 
@@ -252,3 +254,72 @@ class EpisodeRequest(BaseModel):
 
     episode_id: EpisodeId
     task: Task
+
+
+# --- native /run reply (5.2; nemo-gym 0.7.0 `episode_types`) ---------------------------------------------------
+
+FAILURE_REASON_MAX_CHARS = 2000
+Stage = Literal["admission", "seed", "agent", "verification", "cleanup"]
+OPTIONAL_FAILURE_FIELDS = ("failure_kind", "stage")
+
+
+class EpisodeFailure(BaseModel):
+    """`EpisodeFailure`: why an episode failed, and whether collection may attempt it again (`terminal`). Frozen,
+    extra fields refused; `failure_kind` and `stage` are left out of the body when unset, never written null."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    failure_reason: str = Field(max_length=FAILURE_REASON_MAX_CHARS)
+    terminal: StrictBool
+    failure_kind: str | None = None
+    stage: Stage | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _check_no_nulls(cls, body: Any) -> Any:
+        if isinstance(body, dict):
+            nulls = [name for name in OPTIONAL_FAILURE_FIELDS if name in body and body[name] is None]
+            if nulls:
+                raise ValueError(f"{nulls} are left out of a failure when unset, never null")
+        return body
+
+    def wire(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+# The failures the environment server makes itself, as the release makes them. An admission timeout needs an
+# admission queue, which the look-alike does not have; it is described here with the others all the same.
+ADMISSION_TIMED_OUT = EpisodeFailure(failure_reason="Episode admission timed out", terminal=False, stage="admission")
+EPISODE_TIMED_OUT = EpisodeFailure(failure_reason="Episode timed out", terminal=False)
+
+
+def unhandled_error(error: BaseException) -> EpisodeFailure:
+    """An exception nothing in the episode handled: terminal, its type and message cut to the reason's limit."""
+    reason = f"Unhandled environment server error: {type(error).__name__}: {error}"
+    return EpisodeFailure(failure_reason=reason[:FAILURE_REASON_MAX_CHARS], terminal=True)
+
+
+class EpisodeResponse(BaseModel):
+    """`BaseEpisodeResponse`: the attempt and task the episode ran, and exactly one of `result` and `failure`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    episode_id: EpisodeId
+    task_id: TaskId
+    result: dict[str, Any] | None = None
+    failure: EpisodeFailure | None = None
+
+    @model_validator(mode="after")
+    def _check_one_outcome(self) -> EpisodeResponse:
+        if (self.result is None) == (self.failure is None):
+            raise ValueError("a reply carries exactly one of result and failure")
+        return self
+
+    def wire(self) -> dict[str, Any]:
+        """The body, with only the outcome that is set."""
+        body: dict[str, Any] = {"episode_id": self.episode_id.wire(), "task_id": self.task_id.model_dump()}
+        if self.failure is not None:
+            body["failure"] = self.failure.wire()
+        else:
+            body["result"] = self.result
+        return body

@@ -28,7 +28,18 @@ from fakes.gym.protocol.errors import (
     install_error_handlers,
 )
 from fakes.gym.protocol.http import DownstreamError, add_health, cookie_header, lifespan_with_client, post_json
-from fakes.gym.protocol.wire import RESTART_HEADER, EpisodeId, EpisodeRequest, error_body, task_digest
+from fakes.gym.protocol.wire import (
+    EPISODE_TIMED_OUT,
+    FAILURE_REASON_MAX_CHARS,
+    RESTART_HEADER,
+    EpisodeFailure,
+    EpisodeId,
+    EpisodeRequest,
+    EpisodeResponse,
+    error_body,
+    task_digest,
+    unhandled_error,
+)
 from fakes.gym.servers.single_process import single_process_app
 from fakes.gym.servers.steps import Episode, EpisodeOwner
 
@@ -284,23 +295,30 @@ def build_parts(config: ServerConfig, plane: ServerPlane) -> tuple[FastAPI, Envi
 
 
 def episode_reply(request: EpisodeRequest, episode: Episode) -> JSONResponse:
-    base = {"episode_id": request.episode_id.wire(), "task_id": request.task.task_id.model_dump()}
+    """How the episode ended, as the release answers it: its result; `Episode timed out` once its budget ran out;
+    a terminal failure for an exception nothing handled. A retired attempt and a control refusal answer with
+    their error instead."""
     task = episode.task
     assert task is not None
     if task.cancelled():
         if episode.retiring:
             raise StaleAttemptError(f"attempt {episode.key} was retired while it ran")
-        failure = {"failure_reason": "Episode timed out", "terminal": False, "stage": "agent"}
-        return JSONResponse({**base, "failure": failure})
+        return _reply(request, failure=EPISODE_TIMED_OUT)
     error = task.exception()
     if error is None:
-        return JSONResponse({**base, "result": task.result()})
+        return _reply(request, result=task.result())
     if isinstance(error, ControlError):
         raise error
-    reason = str(error)[:2000]
     if isinstance(error, DownstreamError) and error.code == "stale_attempt":
-        raise StaleAttemptError(f"attempt {episode.key} was retired: {reason}")
-    return JSONResponse({**base, "failure": {"failure_reason": reason, "terminal": False, "stage": "agent"}})
+        raise StaleAttemptError(f"attempt {episode.key} was retired: {str(error)[:FAILURE_REASON_MAX_CHARS]}")
+    return _reply(request, failure=unhandled_error(error))
+
+
+def _reply(
+    request: EpisodeRequest, result: dict[str, Any] | None = None, failure: EpisodeFailure | None = None
+) -> JSONResponse:
+    reply = EpisodeResponse(episode_id=request.episode_id, task_id=request.task.task_id, result=result, failure=failure)
+    return JSONResponse(reply.wire())
 
 
 def build_relay_app(config: ServerConfig) -> FastAPI:

@@ -51,6 +51,12 @@ class Topology:
     verify_modes: tuple[str, ...] = ("wait",)
 
     @property
+    def native_run(self) -> bool:
+        """`/run` goes to an environment server, which answers with an episode response (reference 5.2); else it
+        is a legacy row for the agent, which answers with its verify response (5.3)."""
+        return self.episode_owner == "environment"
+
+    @property
     def resources_exported(self) -> bool:
         """The resources server exports each session's state with the checkpoint and restores it."""
         return self.exported_state is not None

@@ -26,7 +26,7 @@ from typing import Any
 
 from ckpt_model.errors import HarnessError
 from ckpt_model.model.lineage import next_key
-from ckpt_model.properties.continuation import p2_no_reply_within, p3_reply_complete
+from ckpt_model.properties.continuation import p2_no_reply_within, p3_reply_complete, p3_run_reply_shape
 from ckpt_model.properties.durability import p9_verifies
 from ckpt_model.properties.fencing import p10_reply_phase
 from ckpt_model.properties.identifiers import (
@@ -104,6 +104,8 @@ class CallAudit:
             return
         request, reply, name = invocation.value["body"], outcome["body"], invocation.process
         if invocation.f == "run":
+            if isinstance(request, Mapping) and "episode_id" in request:
+                p3_run_reply_shape(run_key(request), 200, reply)
             p3_reply_complete(run_key(request), 200, reply, self.reward)
             return
         if name not in self.kinds:

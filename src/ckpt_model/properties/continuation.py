@@ -1,5 +1,6 @@
 """Silence and continuation. P2 silent while prepared: no `/run` reply and no held model response while a checkpoint is
-open. P3 continuations complete: every attempt completes with the reward of an uninterrupted run. P4 continued, not
+open. P3 continuations complete: every attempt completes with the reward of an uninterrupted run, and every native
+`/run` reply has nemo-gym 0.7.0's shape. P4 continued, not
 redone: an attempt makes exactly the model calls its episode still needs. P14 resumed equals uninterrupted: a
 completed attempt's outcome is its task's outcome run once with no checkpoint, crash or fault.
 """
@@ -18,6 +19,7 @@ from ckpt_model.model.outcome import Outcome
 from ckpt_model.properties.evidence import keys_shown, shortened
 from ckpt_model.properties.verification import P11Violation
 from ckpt_model.protocol.history import Event, History
+from ckpt_model.protocol.replies import native_run_reply_problems
 
 
 class P2Violation(PropertyViolation):
@@ -105,6 +107,21 @@ def p3_reply_complete(key: str, status_code: int | None, body: Any, reward: floa
         )
 
 
+def p3_run_reply_shape(key: str, status_code: int | None, body: Any) -> None:
+    """A native `/run` reply (HTTP 200) has nemo-gym 0.7.0's shape (`native_run_reply_problems`: exactly one of
+    `result` and `failure`, a failure as the release writes it, Gym's own failures terminal as it makes them);
+    the violation names every field that misses it. Any other status is a refusal, judged elsewhere."""
+    if status_code != 200:
+        return
+    problems = native_run_reply_problems(body)
+    if problems:
+        raise P3Violation(
+            rollout=key,
+            expected="a native /run reply of nemo-gym 0.7.0's shape",
+            observed=f"{'; '.join(problems)}: {shortened(body)}",
+        )
+
+
 def p3_still_running(
     key: str,
     calls_made: int,
@@ -137,9 +154,9 @@ def p3_still_running(
 def p3_every_reply_complete(
     what: str, reward: float | None, replies: Mapping[str, tuple[int | None, Any] | None]
 ) -> None:
-    """Scale mode: every `/run` of `what` replied (None: it never did), each with HTTP 200 and the reward of an
-    uninterrupted run, or with a real model (`reward` None) well formed (`p3_reply_complete`); one violation names
-    how many failed, and the first."""
+    """Scale mode: every native `/run` of `what` replied (None: it never did), each with HTTP 200, the release's
+    shape (`p3_run_reply_shape`) and the reward of an uninterrupted run, or with a real model (`reward` None) well
+    formed (`p3_reply_complete`); one violation names how many failed, and the first."""
     replied = {key: reply for key, reply in replies.items() if reply is not None}
     missing = sorted(set(replies) - set(replied))
     if missing:
@@ -151,6 +168,7 @@ def p3_every_reply_complete(
     wrong = {}
     for key, (status_code, body) in replied.items():
         try:
+            p3_run_reply_shape(key, status_code, body)
             p3_reply_complete(key, status_code, body, reward)
         except P3Violation as violation:
             wrong[key] = violation

@@ -237,13 +237,29 @@ FIELDS: dict[str, Body] = {
             "result.ng_agent_observations": Compared(
                 "p14_resumed_equals_uninterrupted", "the tool outputs the loop saw, equal to the twin's"
             ),
-            "failure": Compared("p3_reply_complete", "none: a failure is P3"),
-            "failure.failure_reason": Compared(
-                "p20_budget_kept", "only Gym's `Episode timed out`, once time passed while the rollout was parked"
+            "failure": Compared(
+                "p3_reply_complete",
+                "none: a failure is P3 (native: exactly one of result and failure, p3_run_reply_shape)",
             ),
-            "failure.terminal": NotCompared("a failure is P3 whatever it says; it only explains it"),
-            "failure.failure_kind": NotCompared("a failure is P3 whatever it says; it only explains it"),
-            "failure.stage": NotCompared("a failure is P3 whatever it says; it only explains it"),
+            "failure.failure_reason": Compared(
+                "p20_budget_kept",
+                "only Gym's `Episode timed out`, once time passed while the rollout was parked (at most 2,000 "
+                "characters: p3_run_reply_shape)",
+            ),
+            "failure.terminal": Compared(
+                "p3_run_reply_shape",
+                "a JSON bool; Gym's own failures as the release makes them (its timeouts not terminal, an unhandled "
+                "error terminal)",
+            ),
+            "failure.failure_kind": NotCompared(
+                "a name that explains the failure and never decides terminality (p3_run_reply_shape only holds it "
+                "left out when unset, never null)"
+            ),
+            "failure.stage": Compared(
+                "p3_run_reply_shape",
+                "left out when unset, else admission, seed, agent, verification or cleanup; `admission` on Gym's "
+                "admission timeout, none on its other failures",
+            ),
             "reward": Compared("p3_reply_complete", "legacy: the reward at the top"),
             "response": Compared(
                 "p14_resumed_equals_uninterrupted",

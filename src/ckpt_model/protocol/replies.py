@@ -1,6 +1,7 @@
 """A participant's reply as the controller's client reads it: the fields each operation's reply must carry
-(reference 2.4 and 2.5; extras are always allowed, as Gym's own client allows them), and the failure a refusal,
-an error envelope or a transport error stands for (`ParticipantFailure`). The wire models of the bodies are in
+(reference 2.4 and 2.5; extras are always allowed, as Gym's own client allows them), the shape of a native `/run`
+reply (nemo-gym 0.7.0's episode contracts), and the failure a refusal, an error envelope or a transport error
+stands for (`ParticipantFailure`). The wire models of the bodies are in
 `ckpt_model.protocol.wire`; `ckpt_model.protocol.client` sends the calls.
 """
 
@@ -13,7 +14,14 @@ import httpx
 import pydantic
 
 from ckpt_model.errors import ParticipantFailure, ProtocolError
-from ckpt_model.protocol.wire import PHASES, PrepareReportWire
+from ckpt_model.protocol.wire import (
+    GYM_OWN_FAILURES,
+    PHASES,
+    EpisodeFailureWire,
+    NativeRunReply,
+    PrepareReportWire,
+    gym_own_failure,
+)
 
 ERROR_TEXT_SHOWN_MAX = 300
 
@@ -51,6 +59,43 @@ def reply_problems(operation: str, reply: object) -> list[str]:
                 where = ".".join(str(part) for part in error["loc"])
                 problems.append(f"'report.{where}' {error['msg'].lower()}")
     return problems
+
+
+def native_run_reply_problems(reply: object) -> list[str]:
+    """Every way a native `/run` reply (HTTP 200) misses nemo-gym 0.7.0's shape, each naming its field; empty when
+    it fits: `episode_id` and `task_id`, exactly one of `result` and `failure`, and a failure as the release writes
+    it, Gym's own failures with the `terminal` and `stage` the release gives them."""
+    if not isinstance(reply, dict):
+        return [f"reply must be a JSON object (got {type(reply).__name__})"]
+    try:
+        parsed = NativeRunReply.model_validate(reply)
+    except pydantic.ValidationError as exc:
+        return [_validation_problem(error) for error in exc.errors()]
+    return [] if parsed.failure is None else gym_failure_problems(parsed.failure)
+
+
+def gym_failure_problems(failure: EpisodeFailureWire) -> list[str]:
+    """A failure the environment server makes itself (a timeout, an unhandled error) must carry the `terminal` and
+    `stage` the release gives it; any other failure is the environment's own and may say what it likes."""
+    own = gym_own_failure(failure.failure_reason)
+    if own is None:
+        return []
+    terminal, stage = GYM_OWN_FAILURES[own]
+    what = f"a failure {own!r}" + ("..." if own != failure.failure_reason else "")
+    problems = []
+    if failure.terminal != terminal:
+        problems.append(f"'failure.terminal': {what} is terminal={terminal} (got {failure.terminal})")
+    if failure.stage != stage:
+        wanted = "no stage" if stage is None else f"stage {stage!r}"
+        problems.append(f"'failure.stage': {what} has {wanted} (got {failure.stage!r})")
+    return problems
+
+
+def _validation_problem(error: Any) -> str:
+    """One pydantic error as `'failure.stage': Input should be ...`, without pydantic's `Value error, ` prefix."""
+    where = ".".join(str(part) for part in error["loc"])
+    message = str(error["msg"]).removeprefix("Value error, ")
+    return f"'{where}': {message}" if where else message
 
 
 def failure_from_response(name: str, response: httpx.Response) -> ParticipantFailure:

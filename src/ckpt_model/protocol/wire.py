@@ -4,7 +4,9 @@ The controller client (`ckpt_model.protocol.client`) builds and reads these shap
 `fakes/` has its own description (`fakes.gym.protocol.wire`), written separately from the same reference, so a
 misreading cannot hide on both sides at once; `tests/contract` holds both to literal bodies from the reference. Nothing
 here does I/O.
-The facts come from the reference (`shared/reference/gym-checkpoint-protocol.md`, sections 2, 5 and 6).
+The facts come from the reference (`shared/reference/gym-checkpoint-protocol.md`, sections 2, 5 and 6) and, for
+the native `/run` reply and its failures, from nemo-gym 0.7.0's episode contracts
+(`shared/reference/nemo-gym-0.7-episode-contracts.md`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import math
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
 CHECKPOINT_ROUTE_PREFIX = "/ng-control/v1/checkpoint"
 GENERATION_CUT_ROUTE = "/ng-control/v1/generation-cut"
@@ -31,8 +33,14 @@ _NAME_RE = re.compile(NAME_PATTERN)
 _ATTEMPT_SUFFIX_RE = re.compile(r"-a([1-9][0-9]*)\Z")
 RECORDS_FILE_RE = re.compile(r"^records(-[0-9a-f]{64})?\.jsonl$")
 BLOCKERS_SHOWN_MAX = 100
-# The failure an environment answers a `/run` with once its episode used its whole budget (reference 5.2).
+# The failures an environment server makes itself (nemo-gym 0.7.0, `base_environment_server.py`): the reason, and
+# the `terminal` and `stage` the release gives each. An unhandled error's reason goes on with `<type>: <message>`.
 EPISODE_TIMED_OUT = "Episode timed out"
+EPISODE_ADMISSION_TIMED_OUT = "Episode admission timed out"
+UNHANDLED_ERROR_PREFIX = "Unhandled environment server error: "
+FAILURE_REASON_MAX_CHARS = 2000
+EpisodeStage = Literal["admission", "seed", "agent", "verification", "cleanup"]
+
 MANIFEST_SCHEMA_VERSION = 1
 
 # HTTP status of every error code the control plane and data plane answer with (reference 2.3).
@@ -328,10 +336,57 @@ class EpisodeResultWire(_Reply):
 
 
 class EpisodeFailureWire(_Reply):
-    failure_reason: str
-    terminal: bool
+    """`EpisodeFailure`: extra fields refused, `terminal` a JSON bool, and the optional fields left out of the body
+    when unset (the release never writes them as null)."""
+
+    failure_reason: str = Field(max_length=FAILURE_REASON_MAX_CHARS)
+    terminal: StrictBool
     failure_kind: str | None = None
-    stage: str | None = None
+    stage: EpisodeStage | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unset_fields_left_out(cls, body: Any) -> Any:
+        if isinstance(body, dict):
+            written_null = [field for field in ("failure_kind", "stage") if field in body and body[field] is None]
+            if written_null:
+                raise ValueError(f"{', '.join(map(repr, written_null))} must be left out when unset, not null")
+        return body
+
+
+# The environment server's own failures (EPISODE_TIMED_OUT and the rest, above) by reason (an unhandled error's: the
+# start of it), each with the `terminal` and `stage` the release gives it.
+GYM_OWN_FAILURES: dict[str, tuple[bool, str | None]] = {
+    EPISODE_ADMISSION_TIMED_OUT: (False, "admission"),
+    EPISODE_TIMED_OUT: (False, None),
+    UNHANDLED_ERROR_PREFIX: (True, None),
+}
+
+
+def gym_own_failure(reason: str) -> str | None:
+    """Which of the environment server's own failures `reason` is (its key in `GYM_OWN_FAILURES`), None for any
+    other: the two timeouts by their whole text, an unhandled error by its start."""
+    if reason in (EPISODE_ADMISSION_TIMED_OUT, EPISODE_TIMED_OUT):
+        return reason
+    return UNHANDLED_ERROR_PREFIX if reason.startswith(UNHANDLED_ERROR_PREFIX) else None
+
+
+class NativeRunReply(BaseModel):
+    """`BaseEpisodeResponse`, the reply of a native `/run` as the checker holds it to nemo-gym 0.7.0: the attempt
+    and task it ran, and exactly one of `result` and `failure`. Extras at the top pass (the release does not say
+    it refuses them); `result` is the protocol's own object, whose reward P3 compares."""
+
+    episode_id: EpisodeId
+    task_id: TaskId
+    result: dict[str, Any] | None = None
+    failure: EpisodeFailureWire | None = None
+
+    @model_validator(mode="after")
+    def _result_or_failure(self) -> NativeRunReply:
+        if (self.result is None) == (self.failure is None):
+            both = "both" if self.result is not None else "neither"
+            raise ValueError(f"exactly one of 'result' and 'failure' must be set (got {both})")
+        return self
 
 
 class RunReply(_Reply):

@@ -33,7 +33,13 @@ from ckpt_model.errors import PropertyViolation, QuiescenceTimeout
 from ckpt_model.model.contract import Model
 from ckpt_model.model.expectation import Expectation, expect
 from ckpt_model.properties.clocks import p20_budget_kept
-from ckpt_model.properties.continuation import p2_held_responses, p3_reply_complete, p3_still_running, p4_calls
+from ckpt_model.properties.continuation import (
+    p2_held_responses,
+    p3_reply_complete,
+    p3_run_reply_shape,
+    p3_still_running,
+    p4_calls,
+)
 from ckpt_model.properties.fencing import (
     REFUSAL_PENDING,
     p10_admission_agrees,
@@ -194,6 +200,8 @@ class Quiescence:
             outcome = runs.outcomes.get(attempt.run)
             if outcome is not None:
                 p20_budget_kept(attempt.key, self.outlasted.get(attempt.key), outcome.status_code, outcome.body)
+                if self.harness.spec.traits.native_run:
+                    p3_run_reply_shape(attempt.key, outcome.status_code, outcome.body)
             if attempt.status == "replied" and attempt.run >= 0:
                 if outcome is None:
                     pending.append(f"{attempt.key} reply")

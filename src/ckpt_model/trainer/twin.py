@@ -25,6 +25,7 @@ from ckpt_model import timing
 from ckpt_model.deployments.harness import Harness
 from ckpt_model.deployments.observe import poll
 from ckpt_model.model.outcome import Identity, Outcome, ledger_chain, normalised
+from ckpt_model.properties.continuation import p3_run_reply_shape
 from ckpt_model.protocol.ledger import Manifest
 from ckpt_model.trainer.quiescence import SETTLE_TIMEOUT_S
 
@@ -83,7 +84,10 @@ def run_twin(harness: Harness, restart: bool, timeout_s: float = SETTLE_TIMEOUT_
         pool.shutdown(wait=False)
     if response.status_code != httpx.codes.OK:
         return None
-    return Outcome(normalised(response.json(), TWIN), _chain(harness))
+    body = response.json()
+    if harness.spec.traits.native_run:
+        p3_run_reply_shape(TWIN.key, response.status_code, body)
+    return Outcome(normalised(body, TWIN), _chain(harness))
 
 
 def _released_until_done(harness: Harness, reply: Future[httpx.Response], timeout_s: float) -> bool:

@@ -46,6 +46,9 @@ def manifest(name: str, kind: str, of: Fingerprint, checkpoint_id: str = CKPT) -
     }
 
 
+TASK_ID = {"taskset": "collection:rows", "task_id": "row"}
+
+
 class Journal:
     """A history written as the relay writes it, with the audit that judges it."""
 
@@ -78,9 +81,11 @@ class Journal:
     def resume(self, name: str, phase: str = "idle") -> None:
         self.call(name, "resume", {"checkpoint_id": CKPT}, {"phase": phase, "idempotent": False})
 
-    def run_reply(self, rollout: str, reward: float = 1.0, attempt: int = 0) -> None:
-        body = {"episode_id": {"rollout_id": rollout, "attempt": attempt}, "task": {}}
-        self.call("agent", "run", body, {"result": {"reward": reward}})
+    def run_reply(self, rollout: str, reward: float = 1.0, attempt: int = 0, **outcome: Any) -> None:
+        episode_id = {"rollout_id": rollout, "attempt": attempt}
+        body = {"episode_id": episode_id, "task": {"task_id": TASK_ID, "task_input": {}}}
+        reply = {"episode_id": episode_id, "task_id": TASK_ID, **(outcome or {"result": {"reward": reward}})}
+        self.call("agent", "run", body, reply)
 
 
 def clean_checkpoint(journal: Journal) -> None:
@@ -228,6 +233,13 @@ def test_a_run_reply_without_the_uninterrupted_reward_is_p3() -> None:
     journal = Journal()
     journal.run_reply("row-0", reward=0.0)
     with pytest.raises(P3Violation, match="row-0"):
+        journal.audit.check()
+
+
+def test_a_native_run_reply_off_the_release_shape_is_p3_naming_the_field() -> None:
+    journal = Journal()
+    journal.run_reply("row-0", failure={"failure_reason": "Episode timed out", "terminal": False, "stage": "agent"})
+    with pytest.raises(P3Violation, match=r"row-0[\s\S]*'failure.stage': a failure 'Episode timed out' has no stage"):
         journal.audit.check()
 
 

@@ -33,6 +33,7 @@ from ckpt_model.properties.continuation import (
     p2_silent_while_checkpointed,
     p3_every_reply_complete,
     p3_reply_complete,
+    p3_run_reply_shape,
     p3_still_running,
     p4_calls,
     p4_calls_complete,
@@ -338,6 +339,89 @@ def test_p3_a_long_body_is_shortened() -> None:
         p3_reply_complete("r0", 500, "x" * 1000, 1.0)
     assert "x" * 300 + "..." in str(caught.value)
     assert "x" * 301 not in str(caught.value)
+
+
+def native_reply(**outcome: Any) -> dict[str, Any]:
+    """A native `/run` reply of attempt r0-a1 with `outcome` (`result=...`, `failure=...`)."""
+    task_id = {"taskset": "example_single_tool_call:e2e", "task_id": "weather-sf"}
+    return {"episode_id": {"rollout_id": "r0", "attempt": 1}, "task_id": task_id, **outcome}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        native_reply(result={"reward": 1.0}),
+        native_reply(failure={"failure_reason": "the agent raised", "terminal": False}),
+        native_reply(failure={"failure_reason": "x" * 2000, "terminal": True, "failure_kind": "k", "stage": "seed"}),
+        native_reply(failure={"failure_reason": "Episode timed out", "terminal": False}),
+        native_reply(
+            failure={"failure_reason": "Episode admission timed out", "terminal": False, "stage": "admission"}
+        ),
+        native_reply(failure={"failure_reason": "Unhandled environment server error: OSError: gone", "terminal": True}),
+        {**native_reply(result={"reward": 1.0}), "served_by": "environment-0"},
+    ],
+    ids=["result", "failure", "every-field", "timed-out", "admission", "unhandled", "extra-at-top"],
+)
+def test_p3_run_reply_shape_passes_on_the_release_shapes(body: Any) -> None:
+    p3_run_reply_shape("r0-a1", 200, body)
+
+
+@pytest.mark.parametrize(
+    ("body", "named"),
+    [
+        (native_reply(), "exactly one of 'result' and 'failure' must be set (got neither)"),
+        (
+            native_reply(result={"reward": 1.0}, failure={"failure_reason": "x", "terminal": False}),
+            "exactly one of 'result' and 'failure' must be set (got both)",
+        ),
+        (native_reply(failure={"failure_reason": "x" * 2001, "terminal": False}), "'failure.failure_reason'"),
+        (native_reply(failure={"failure_reason": "x", "terminal": "no"}), "'failure.terminal'"),
+        (native_reply(failure={"failure_reason": "x", "terminal": False, "stage": "verify"}), "'failure.stage'"),
+        (native_reply(failure={"failure_reason": "x", "terminal": False, "stage": None}), "'stage' must be left out"),
+        (native_reply(failure={"failure_reason": "x", "terminal": False, "why": "y"}), "'failure.why'"),
+        ({"result": {"reward": 1.0}}, "'episode_id': Field required; 'task_id': Field required"),
+        (native_reply(failure={"failure_reason": "Episode timed out", "terminal": True}), "'failure.terminal'"),
+        (
+            native_reply(failure={"failure_reason": "Episode timed out", "terminal": False, "stage": "agent"}),
+            "'failure.stage': a failure 'Episode timed out' has no stage",
+        ),
+        (
+            native_reply(failure={"failure_reason": "Episode admission timed out", "terminal": False}),
+            "'failure.stage': a failure 'Episode admission timed out' has stage 'admission'",
+        ),
+        (
+            native_reply(failure={"failure_reason": "Unhandled environment server error: E: m", "terminal": False}),
+            "'failure.terminal'",
+        ),
+        ("Internal Server Error", "reply must be a JSON object"),
+    ],
+    ids=[
+        "neither",
+        "both",
+        "long-reason",
+        "terminal-text",
+        "bad-stage",
+        "null-stage",
+        "extra-in-failure",
+        "no-identity",
+        "timed-out-terminal",
+        "timed-out-stage",
+        "admission-no-stage",
+        "unhandled-not-terminal",
+        "text",
+    ],
+)
+def test_p3_run_reply_shape_names_the_field_that_misses_it(body: Any, named: str) -> None:
+    with pytest.raises(P3Violation, match=r"\(rollout r0-a1\)") as caught:
+        p3_run_reply_shape("r0-a1", 200, body)
+    assert type(caught.value) is P3Violation
+    assert named in str(caught.value)
+    assert "nemo-gym 0.7.0's shape" in str(caught.value)
+
+
+@pytest.mark.parametrize("status_code", [409, 500, None])
+def test_p3_run_reply_shape_leaves_refusals_to_their_checks(status_code: int | None) -> None:
+    p3_run_reply_shape("r0-a1", status_code, {"error": {"code": "stale_attempt", "detail": "retired"}})
 
 
 # -- P7 and P10 admission: refusals of a /run ---------------------------------------------------------------------
@@ -1060,7 +1144,7 @@ def test_p2_silent_while_checkpointed_a_run_that_ended_is_p2() -> None:
 
 
 def test_p3_every_reply_complete_passes_on_every_reward() -> None:
-    replies = {"a": (200, {"result": {"reward": 1.0}}), "b": (200, {"reward": 1.0})}
+    replies = {"a": (200, native_reply(result={"reward": 1.0})), "b": (200, native_reply(result={"reward": 1}))}
     p3_every_reply_complete("replacement", 1.0, replies)
 
 
@@ -1069,15 +1153,16 @@ def test_p3_every_reply_complete_passes_on_every_reward() -> None:
     [
         (None, r"1 never replied: \['b'\]"),
         ((500, {"error": "boom"}), r"1 did not \(\['b'\]\); b: HTTP 500"),
-        ((200, {"result": {"reward": 0.0}}), r"1 did not \(\['b'\]\); b: HTTP 200"),
+        ((200, native_reply(result={"reward": 0.0})), r"1 did not \(\['b'\]\); b: HTTP 200"),
         ((None, None), r"1 did not \(\['b'\]\); b: HTTP None"),
+        ((200, {"result": {"reward": 1.0}}), r"1 did not \(\['b'\]\); b: 'episode_id': Field required"),
     ],
-    ids=["never", "500", "reward", "cut-off"],
+    ids=["never", "500", "reward", "cut-off", "shape"],
 )
 def test_p3_every_reply_complete_a_missing_or_wrong_reply_is_p3(
     reply: tuple[int | None, Any] | None, shown: str
 ) -> None:
-    replies = {"a": (200, {"result": {"reward": 1.0}}), "b": reply}
+    replies = {"a": (200, native_reply(result={"reward": 1.0})), "b": reply}
     with pytest.raises(P3Violation, match=shown) as caught:
         p3_every_reply_complete("replacement", 1.0, replies)
     assert caught.value.rollout == "b"

@@ -10,9 +10,11 @@ import pytest
 
 from ckpt_model.model.contract import Model
 from ckpt_model.model.spec import DeploymentSpec
+from ckpt_model.properties.continuation import P3Violation
 from ckpt_model.properties.fencing import P10Violation
 from ckpt_model.trainer import quiescence
 from ckpt_model.trainer.quiescence import Quiescence
+from ckpt_model.trainer.runs import RunOutcome
 
 # Long enough that a verdict reached at the settle timeout would need hundreds of backend polls.
 TIMEOUT_S = 30.0
@@ -80,8 +82,9 @@ def dispatched() -> Model:
     return Model(topology="native").dispatch()[0]
 
 
-def settle(harness: Harness) -> Any:
-    return Quiescence(harness, None, Runs(), reward=1.0, timeout_s=TIMEOUT_S).settle(dispatched())  # type: ignore[arg-type]
+def settle(harness: Harness, runs: Any = None) -> Any:
+    quiet = Quiescence(harness, None, runs or Runs(), reward=1.0, timeout_s=TIMEOUT_S)  # type: ignore[arg-type]
+    return quiet.settle(dispatched())
 
 
 @pytest.mark.parametrize("arrives_at", [1, 3])
@@ -109,3 +112,17 @@ def test_a_wrong_phase_fails_while_the_predicted_call_is_still_pending() -> None
     # timeout would have taken hundreds); a loaded machine polls less often, never more.
     assert len(harness.status_polls) == 1
     assert harness.status_polls[0] < 20
+
+
+def test_a_native_reply_off_the_release_shape_is_p3_at_once() -> None:
+    """The rollout's `/run` replied while its call is still pending, with a timeout failure the release never
+    makes (a stage on `Episode timed out`): the reply's shape is judged before anything waits for the call."""
+    harness = Harness(arrives_at=None)
+    runs = Runs()
+    episode = {"episode_id": {"rollout_id": "r0", "attempt": 0}, "task_id": {"taskset": "t:t", "task_id": "t"}}
+    failure = {"failure_reason": "Episode timed out", "terminal": False, "stage": "agent"}
+    runs.outcomes = {0: RunOutcome(200, {**episode, "failure": failure})}
+
+    with pytest.raises(P3Violation, match=r"'failure\.stage': a failure 'Episode timed out' has no stage"):
+        settle(harness, runs)
+    assert harness.backend.polls < 20

@@ -100,3 +100,10 @@ def test_no_module_of_the_checker_compares_a_topology_name() -> None:
         if comparison.search(line)
     ]
     assert found == []
+
+
+def test_a_native_run_is_one_an_environment_server_answers_with_an_episode_response() -> None:
+    native = {name for name, topology in TOPOLOGIES.items() if topology.native_run}
+    assert native == {"native", "slow", "mixed"}
+    assert all("episode_id" in TOPOLOGIES[name].run_body("r0", 0) for name in native)
+    assert not any("episode_id" in row.run_body("r0", 0) for row in TOPOLOGIES.values() if not row.native_run)
