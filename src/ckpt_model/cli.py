@@ -67,7 +67,7 @@ from ckpt_model.commands.replay import run_minimise, run_replay
 from ckpt_model.durations import duration
 from ckpt_model.errors import UsageError
 from ckpt_model.interrupts import exit_now, signal_number, sigterm_unwinds
-from ckpt_model.model.abstract import EXPLORED_DEPTH, EXPLORED_ROLLOUTS
+from ckpt_model.model.abstract import COVERAGE_DEPTH, EXPLORED_DEPTH, EXPLORED_ROLLOUTS
 from ckpt_model.model.spec import OPTIONS, flag_keywords
 from ckpt_model.model.topologies import EPISODE_OWNERS, TOPOLOGIES, VERIFY_MODES
 from ckpt_model.results import progress
@@ -157,6 +157,14 @@ def build_parser() -> Parser:
         "covered; without --examples the search runs examples until then, in rounds "
         "(the trainer's): the first takes half the time, each later one is aimed at the coverage goals and rules "
         "the ones before it left unreached (docs/how-it-works.md#aiming)",
+    )
+    check.add_argument(
+        "--transition-depth",
+        type=positive_int,
+        default=COVERAGE_DEPTH,
+        metavar="N",
+        help=f"reckon the transition coverage against the contract model explored to depth N (default "
+        f"{COVERAGE_DEPTH}; `ckpt-model explore`); explored once per checker version and kept in .ckpt-model/explored",
     )
     check.add_argument(
         "--progress-every",
@@ -291,7 +299,7 @@ def build_parser() -> Parser:
         "--rollouts",
         type=positive_int,
         default=EXPLORED_ROLLOUTS,
-        help=f"rollouts live at once (default {EXPLORED_ROLLOUTS}; the checker's runs keep 3)",
+        help=f"rollouts live at once (default {EXPLORED_ROLLOUTS}, as the checker's runs keep)",
     )
     explore.add_argument(
         "--max-time", type=duration, metavar="DURATION", help="stop exploring by DURATION (90, 90s, 2m) and say so"

@@ -1,5 +1,6 @@
 """The controller contract, checked by the state machine against the fault-free stack, in every fault-free
-deployment (`ckpt_model.model.spec.FAULT_FREE`). Each run's coverage table goes to the JUnit report; in the nightly
+deployment (`ckpt_model.model.spec.FAULT_FREE`). Each run's coverage table and transition coverage go to the JUnit
+report; every transition a run takes from a state the explorer expanded must be one it predicted; in the nightly
 (`GOALS_REQUIRED`) every coverage goal and rule that applies to the deployment must have been reached."""
 
 from __future__ import annotations
@@ -11,12 +12,17 @@ import pytest
 from hypothesis.stateful import run_state_machine_as_test
 
 from ckpt_model.deployments.harness import Harness
+from ckpt_model.model.abstract import COVERAGE_DEPTH
 from ckpt_model.model.spec import FAULT_FREE, DeploymentSpec
 from ckpt_model.results.stats import SearchStats
+from ckpt_model.search import transition_coverage
 from ckpt_model.steps import goals
 from ckpt_model.steps.steplog import coverage
 from ckpt_model.trainer.machine import CheckpointMachine, machine_for
 from tests.stateful.conftest import ACTIVE_SETTINGS, DEEP, GOALS_REQUIRED
+
+# The default run's depth for the transitions it holds to the explorer's prediction (explored in a second at most).
+UNMODELLED_DEPTH = 4
 
 # Deployments another fault-free deployment includes (it draws every rule and coverage goal of the smaller one, and
 # more): the default run checks the contract on the larger one, the nightly on both (`pytest -m deep`). What the
@@ -54,6 +60,12 @@ def test_the_fault_free_stack_keeps_the_contract(
     run_state_machine_as_test(machine_for(harness_of(spec), stats), settings=ACTIVE_SETTINGS)
     reachable = coverage(CheckpointMachine)
     record_property("coverage", goals.table(stats, spec, reachable))
+    # The share of the model's transitions the run took (the nightly's to the depth `check` reckons, the default
+    # run's shallower), and none taken that the explorer did not predict (its move table mirrors every rule).
+    depth = COVERAGE_DEPTH if GOALS_REQUIRED else UNMODELLED_DEPTH
+    taken = transition_coverage.coverage_of(transition_coverage.explored(spec, depth), stats.transitions)
+    record_property("transitions", "\n".join(taken.lines()))
+    assert taken.unmodelled == (), "\n".join(taken.lines())
     if GOALS_REQUIRED:
         goals.require(stats, spec, reachable)
 

@@ -252,6 +252,8 @@ def checked(args: argparse.Namespace) -> tuple[int, list[str]]:
                     run.searched()
                     progress.clear()
                     print(statistics_line(stats), flush=True)
+                    for line in run.transition_lines():
+                        print(line, flush=True)
 
                 checking.search(
                     harness,
@@ -285,7 +287,7 @@ def checked(args: argparse.Namespace) -> tuple[int, list[str]]:
                 print(line, flush=True)
             return code, lines
     run.searched()
-    for line in passed_lines(harness, controller, stats, spec):
+    for line in [*passed_lines(harness, controller, stats, spec), *run.transition_lines()]:
         print(line, flush=True)
     if kept is not None:
         print(f"kept in {kept}: {artifacts.LOGS}/ (every server's full log)", flush=True)
@@ -373,6 +375,7 @@ class RunRecord:
     controller: ControllerMachine = TRAINER
     harness: Any = None
     search_s: float | None = None
+    _transitions: Any = None
 
     @property
     def run_dir(self) -> Path | None:
@@ -411,6 +414,22 @@ class RunRecord:
         machine = self.controller.machine_type
         return goals.document(self.stats, self.spec, coverage(machine), undrawable_here(self.harness, self.controller))
 
+    def transition_coverage(self) -> Any:
+        """The share of the model's explored transitions the run took, to `--transition-depth`; None for a machine
+        that does not play the contract model (the collection controller's) or a run that took no step."""
+        if self.controller is not TRAINER or not self.stats.transitions:
+            return None
+        if self._transitions is None:
+            from ckpt_model.search import transition_coverage
+
+            explored = transition_coverage.explored(self.spec, self.args.transition_depth)
+            self._transitions = transition_coverage.coverage_of(explored, self.stats.transitions)
+        return self._transitions
+
+    def transition_lines(self) -> list[str]:
+        coverage = self.transition_coverage()
+        return [] if coverage is None else coverage.lines()
+
     def regression_file(self, error: BaseException) -> str | None:
         """The regression file the failure left, if it did (a violation's or a harness error's)."""
         return kept_files(error)[0]
@@ -446,6 +465,7 @@ class RunRecord:
             controller=self.controller.origin.controller,
             properties=self.controller.judging.titles,
             coverage=self.coverage(),
+            transitions=None if (taken := self.transition_coverage()) is None else taken.document(),
         )
         for path, text in ((self.args.json, result.json_text), (self.args.junit, result.junit_text)):
             if path is not None:

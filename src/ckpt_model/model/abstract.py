@@ -11,6 +11,7 @@ restored: `C0-restore.C2`), so two states that are the same up to the names they
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Hashable
 from typing import Any
@@ -20,10 +21,12 @@ from ckpt_model.model.contract import Attempt, Checkpoint, Model
 # A capture key: a rollout, with `-a<N>` after attempt 0.
 _KEY = re.compile(r"^(?P<rollout>.+?)(?P<attempt>-a[1-9][0-9]*)?$")
 AbstractState = Hashable
-# The explorer's default bounds: rule steps from a fresh example, and rollouts live at once (the checker's own
-# runs keep three; with two, depth 6 is enumerable in well under a minute on 2 cores: docs/explore.md).
+# The explorer's default bounds: rule steps from a fresh example, and rollouts live at once (as the checker's own
+# runs keep: depth 6 is enumerable in under a minute on 2 cores, docs/explore.md).
 EXPLORED_DEPTH = 6
-EXPLORED_ROLLOUTS = 2
+EXPLORED_ROLLOUTS = 3
+# The depth a `check` run's transition coverage is reckoned to (`check --transition-depth`).
+COVERAGE_DEPTH = 5
 # Attempt statuses that a restore brings back as work: running or waiting to continue, or lost and started over.
 _CONTINUABLE = ("running", "pending", "dead")
 
@@ -127,3 +130,13 @@ def _checkpoint(checkpoint: Checkpoint, names: _Names) -> tuple[Any, ...]:
 
 def _marks(marks: tuple[tuple[str, int], ...], names: _Names) -> tuple[tuple[str, int], ...]:
     return tuple(sorted((names.rollout(rollout), attempt) for rollout, attempt in marks))
+
+
+def digest(state: AbstractState) -> str:
+    """A short stable name of an abstract state (what a run's executed transitions and `--json` hold)."""
+    return hashlib.blake2b(repr(state).encode(), digest_size=8).hexdigest()
+
+
+def state_digest(model: Model) -> str:
+    """The digest of the model's abstract state."""
+    return digest(abstract(model))

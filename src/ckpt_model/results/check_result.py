@@ -107,7 +107,8 @@ class CheckResult:
     """A whole run. `timings` holds seconds: `total`, `search`, `first_failure` (from the start, or None) and
     `measuring` (replays and minimising). `skipped` maps a property this deployment cannot check to why;
     `properties` is every property the controller's machine reports on, by ID, with its title; `coverage`, the
-    coverage table: each goal and rule, its counts, and whether it was reached (NEVER: applicable, never reached)."""
+    coverage table: each goal and rule, its counts, and whether it was reached (NEVER: applicable, never reached);
+    `transitions`, the transition coverage (None for a machine not on the contract model)."""
 
     verdict: Verdict
     exit_code: int
@@ -126,6 +127,8 @@ class CheckResult:
     properties: Mapping[str, str] = attrs.field(factory=registry_titles)
     # The coverage table as data (`ckpt_model.steps.goals.document`); None when no deployment started.
     coverage: Mapping[str, Any] | None = None
+    # The share of the model's explored transitions the run took (`ckpt_model.search.transition_coverage`).
+    transitions: Mapping[str, Any] | None = None
     # The run store's directory of this run (`ckpt_model.results.runstore`), when it kept a failure.
     run_dir: str | None = None
 
@@ -149,6 +152,7 @@ class CheckResult:
             "statistics": self.statistics.document(),
             "properties_skipped": dict(self.skipped),
             "coverage": self.coverage,
+            "transitions": self.transitions,
         }
 
     def json_text(self) -> str:

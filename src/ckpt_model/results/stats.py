@@ -60,6 +60,8 @@ class SearchStats:
     rule_seconds: defaultdict[str, float] = attrs.field(factory=lambda: defaultdict(float))
     # The rounds of a search bounded by time, in order (none for a search of one round).
     rounds: list[RoundStat] = attrs.field(factory=list)
+    # Every abstract transition a drawn rule took (state digest, rule, state digest: `ckpt_model.model.abstract`).
+    transitions: set[tuple[str, str, str]] = attrs.field(factory=set)
 
     def example_started(self) -> None:
         self.examples += 1

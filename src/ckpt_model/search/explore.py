@@ -15,14 +15,13 @@ most `depth` steps can take; a run's transition coverage is the share of these i
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import attrs
 
-from ckpt_model.model.abstract import EXPLORED_ROLLOUTS, AbstractState, abstract
+from ckpt_model.model.abstract import EXPLORED_ROLLOUTS, abstract, digest
 from ckpt_model.model.contract import Model, Tried
 from ckpt_model.model.invariants import INVARIANTS, Invariant
 from ckpt_model.model.spec import DeploymentSpec
@@ -31,11 +30,6 @@ from ckpt_model.steps.steplog import Gate, families_of, gates
 from ckpt_model.trainer.machine import CheckpointMachine
 from ckpt_model.trainer.moves import MOVES, Move
 from ckpt_model.trainer.stand_in import stand_in
-
-
-def digest(state: AbstractState) -> str:
-    """A short stable name of an abstract state (what coverage files and `--json` hold)."""
-    return hashlib.blake2b(repr(state).encode(), digest_size=8).hexdigest()
 
 
 @attrs.frozen
@@ -90,6 +84,8 @@ class Exploration:
     levels: list[Level] = attrs.Factory(list)
     # Abstract state digest -> the state it was reached from and the call (None for the start).
     parents: dict[str, tuple[str, Call] | None] = attrs.Factory(dict)
+    # Abstract state digest -> the depth it was first reached at (the start: 0).
+    depths: dict[str, int] = attrs.Factory(dict)
     transitions: set[Transition] = attrs.Factory(set)
     violations: list[Violation] = attrs.Factory(list)
     invariants: tuple[str, ...] = ()
@@ -154,6 +150,7 @@ def explore(
     )
     start_digest = digest(abstract(start))
     found.parents[start_digest] = None
+    found.depths[start_digest] = 0
     broken: set[str] = set()
     _check(found, start, start_digest, invariants, broken)
     frontier = [(start_digest, start)]
@@ -176,6 +173,7 @@ def explore(
                     if target in found.parents:
                         continue
                     found.parents[target] = (source, Call(rule, arguments))
+                    found.depths[target] = level
                     _check(found, successor, target, invariants, broken)
                     following.append((target, successor))
         done = Level(level, len(following), len(found.transitions) - transitions_before, time.monotonic() - level_began)

@@ -33,6 +33,8 @@ from ckpt_model.deployments.harness import Harness
 from ckpt_model.deployments.observe import observe
 from ckpt_model.errors import ControlCallFailed, CoordinationError, HarnessError, PropertyViolation
 from ckpt_model.interrupts import reraise_interrupt_behind, unwinding
+from ckpt_model.model.abstract import state_digest
+from ckpt_model.model.contract import Model
 from ckpt_model.model.spec import DeploymentSpec
 from ckpt_model.protocol.history import History
 from ckpt_model.results.regression import DEFAULT_ORIGIN, Origin
@@ -91,6 +93,8 @@ class StepLog:
         self.drawn: Counter[str] = Counter()
         # Each drawn rule's time, its settle and audits included.
         self.seconds: defaultdict[str, float] = defaultdict(float)
+        # Each drawn rule's abstract transition (`ckpt_model.model.abstract`): state before, rule, state after.
+        self.transitions: list[tuple[str, str, str]] = []
 
     def report(self, error: BaseException) -> None:
         """Attach the failure report (steps, history, calls, logs, replay file) once."""
@@ -141,6 +145,7 @@ class StepLog:
                 steps, crashes, elapsed_s, crashes_inside=crashes_inside, drawn=len(self.rule_calls)
             )
             self.stats.example_covered(self.goals, self.enabled, self.drawn, self.seconds)
+            self.stats.transitions.update(self.transitions)
 
     def allows(self, machine: Any, name: str) -> bool:
         """Whether the example's swarm lets Hypothesis draw rule `name` (enabled) now: if it keeps the rule, or
@@ -167,10 +172,12 @@ class StepLog:
         first_label: int,
     ) -> None:
         """Rule `rule` of `machine_type` finished (its labels start at `first_label`): count the machine's goals it
-        reached (a drain step reaches none: the search did not draw it). Nothing is built when coverage is not
-        kept."""
+        reached (a drain step reaches none: the search did not draw it) and, for a drawn rule, keep its abstract
+        transition. Nothing is built when coverage is not kept."""
         if self.draining or not self.counting:
             return
+        if self.depth == 0 and isinstance(before, Model):  # a drawn rule of a machine on the contract model
+            self.transitions.append((state_digest(before), rule, state_digest(after)))
         labels = tuple(self.labels)
         step = goals.Step(rule, arguments, before, after, labels[first_label:], labels[:first_label])
         for name in goals.reached(step, goals_of(machine_type)):

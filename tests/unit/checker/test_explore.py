@@ -4,16 +4,19 @@ invariants (`ckpt_model.model.invariants`), on hand-built models and small depth
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import attrs
 import pytest
 
-from ckpt_model.model.abstract import abstract
+from ckpt_model.model.abstract import abstract, state_digest
 from ckpt_model.model.contract import Checkpoint, Model
 from ckpt_model.model.invariants import INVARIANTS, drained
 from ckpt_model.model.spec import DeploymentSpec
+from ckpt_model.results.stats import SearchStats
+from ckpt_model.search import transition_coverage
 from ckpt_model.search.explore import Call, explore
-from ckpt_model.steps.steplog import gates
+from ckpt_model.steps.steplog import StepLog, gates
 from ckpt_model.trainer.machine import CheckpointMachine
 from ckpt_model.trainer.moves import MOVES, Outcome
 
@@ -104,8 +107,8 @@ def test_the_model_keeps_its_invariants_to_depth_four_on_native() -> None:
     found = explore(NATIVE, 4)
 
     assert found.violations == []
-    assert [level.states for level in found.levels] == [1, 18, 156, 1222]
-    assert found.states == 1 + 1 + 18 + 156 + 1222
+    assert [level.states for level in found.levels] == [1, 18, 157, 1253]
+    assert found.states == 1 + 1 + 18 + 157 + 1253
     assert found.bounded
     assert not found.timed_out
 
@@ -136,3 +139,63 @@ def test_a_time_limit_stops_the_exploration_and_says_so() -> None:
 
     assert found.timed_out
     assert not found.bounded
+
+
+# -- transition coverage ---------------------------------------------------------------------------------------
+
+
+def small_explored() -> transition_coverage.Explored:
+    return transition_coverage.Explored(
+        depth=2,
+        transitions={("s0", "dispatch", "s1"): 1, ("s1", "release", "s2"): 2, ("s1", "retire", "s0"): 2},
+        families={"dispatch": "rollouts", "release": "calls", "retire": "rollouts"},
+    )
+
+
+def test_transition_coverage_counts_per_depth_and_names_what_was_left() -> None:
+    taken = [("s0", "dispatch", "s1"), ("s1", "release", "s2"), ("s2", "release", "s3")]
+
+    coverage = transition_coverage.coverage_of(small_explored(), taken)
+
+    assert [(share.depth, share.taken, share.explored) for share in coverage.shares] == [(1, 1, 1), (2, 1, 2)]
+    assert coverage.beyond == 1  # from s2, which the exploration did not expand
+    assert coverage.unmodelled == ()
+    assert coverage.left_by_family == {"rollouts": 1}
+    assert coverage.lines()[0].startswith("transitions: to depth 2: 2 of 3 (66.7%); depth 1: 1 of 1 (100.0%)")
+    assert "never taken, by family: rollouts 1 (retire)" in coverage.lines()[1]
+
+
+def test_a_transition_the_explorer_did_not_predict_is_named() -> None:
+    coverage = transition_coverage.coverage_of(small_explored(), [("s1", "dispatch", "s9")])
+
+    assert coverage.unmodelled == (("s1", "dispatch", "s9"),)
+    assert "did not predict" in "\n".join(coverage.lines())
+
+
+def test_explored_transitions_are_kept_and_read_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(transition_coverage.EXPLORED_ENV, str(tmp_path))
+
+    first = transition_coverage.explored(NATIVE, 3)
+    [kept] = tmp_path.iterdir()
+    again = transition_coverage.explored(NATIVE, 3)
+
+    assert first == again
+    assert len(first.transitions) == 506
+    assert max(first.transitions.values()) == 3
+    kept.write_text("not json")
+    assert transition_coverage.explored(NATIVE, 3) == first  # a damaged cache is explored again
+
+
+def test_a_drawn_rule_keeps_its_abstract_transition() -> None:
+    """The step log keeps (state before, rule, state after) for drawn rules only: a rule played inside another
+    (a crash before a restore) is part of the outer rule's transition."""
+    log = StepLog(harness=None, history=None, stats=SearchStats())  # type: ignore[arg-type]
+    before = Model(topology="native")
+    after = before.dispatch()[0]
+
+    log.depth = 1
+    log.stepped(CheckpointMachine, "crash", {}, after, after.crash(), 0)
+    log.depth = 0
+    log.stepped(CheckpointMachine, "dispatch", {"worker": 0}, before, after, 0)
+
+    assert log.transitions == [(state_digest(before), "dispatch", state_digest(after))]
