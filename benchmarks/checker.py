@@ -12,6 +12,8 @@ and finding faults.
     python benchmarks/checker.py --no-default --faults X --hypothesis-shrink   # Hypothesis shrinks first, too
     python benchmarks/checker.py --no-default --restart-rounds 0 --swarm both --no-minimise --faults X,Y
                                                  # swarm against the plain draw, fault by fault, side by side
+    python benchmarks/checker.py --no-default --restart-rounds 0 --aim both --no-minimise --replays 0
+                                                 # the aimed tours (`check --aim`) against the plain draw
 
 Each figure is printed beside issue 9's target (8 ms per step; a harness restart median below 25 ms; every fault
 found and minimised within 120 s, the median within 60 s). `benchmarks/under_load.py` runs the default profile
@@ -26,7 +28,9 @@ ddmin and the other passes had already left nothing removable), and the sequence
 distinct failure the search met: its property (or exception type), its kind (violation, harness, checker) and its
 steps. With `--swarm both` each fault is searched with the plain draw and then with the swarm draw
 (`ckpt_model.steps.swarm`), a `draw` column says which, and a last table sets the two side by side: examples and seconds
-to the first failure per fault.
+to the first failure per fault, and how many each found first; `--aim both` does the same with the aimed tours of
+`check --aim` (`ckpt_model.search.paths`; the explorer's graph, a few seconds, is built once per deployment and
+counted in the first aimed search's time).
 """
 
 from __future__ import annotations
@@ -163,6 +167,8 @@ def percentile(ordered: list[float], share: float) -> float:
 
 
 DRAWS = {"off": (False,), "on": (True,), "both": (False, True)}
+# Each draw a fault's search may use, by the name its lines carry: the family draw, the swarm draw, the aimed tours.
+VARIANTS = {"plain": {}, "swarm": {"swarm": True}, "aim": {"aim": True}}
 HEADER = (
     f"{'fault':<38} {'draw':<5} {'caught':>6} {'first failure':>13} {'search':>8} {'total':>8} {'examples':>8} "
     f"{'steps':>5} {'min':>3} {'replays':>7} {'failing':>7} {'pass':>4}  sequence"
@@ -174,29 +180,29 @@ def faults(
     *,
     hypothesis_shrink: bool,
     minimise: bool,
-    swarm: str = "off",
+    draws: tuple[str, ...] = ("plain",),
     replays: int = REPLAYS,
     max_time_s: float | None = None,
 ) -> None:
     """One line per fault and draw (the first failure, as the fault tests read it), then one line per failure it
-    met; with both draws, the side-by-side table last."""
+    met; with two draws, the side-by-side table last."""
     chosen = FAULT_SEARCH_WITH_SHRINK if hypothesis_shrink else FAULT_SEARCH
     print(HEADER)
     totals: list[float] = []
-    findings: dict[tuple[str, bool], Finding] = {}
+    findings: dict[tuple[str, str], Finding] = {}
     for name in names:
-        for swarmed in DRAWS[swarm]:
+        for draw in draws:
             with harness_for(name) as harness:
                 finding = search(
-                    harness, chosen, minimise=minimise, swarm=swarmed, replays=replays, max_time_s=max_time_s
+                    harness, chosen, minimise=minimise, replays=replays, max_time_s=max_time_s, **VARIANTS[draw]
                 )
-            findings[name, swarmed] = finding
-            print(fault_line(name, finding, swarmed), flush=True)
+            findings[name, draw] = finding
+            print(fault_line(name, finding, draw), flush=True)
             for number, failure in enumerate(finding.failures, start=1):
                 print(f"    failure {number}/{len(finding.failures)}: {failure_line(failure)}", flush=True)
             totals.append(finding.total_s if finding.violation is not None else float("inf"))
-    if len(DRAWS[swarm]) == 2:
-        print(side_by_side(names, findings), flush=True)
+    if len(draws) == 2:
+        print(side_by_side(names, findings, draws), flush=True)
     within = sum(total <= FAULT_TARGET_S for total in totals)
     print(
         f"found and minimised within {FAULT_TARGET_S:.0f} s: {within} of {len(totals)}; "
@@ -205,20 +211,33 @@ def faults(
     )
 
 
-def side_by_side(names: list[str], findings: dict[tuple[str, bool], Finding]) -> str:
-    """Examples and seconds to the first failure per fault, plain draw beside swarm draw ("-": not found)."""
+def side_by_side(names: list[str], findings: dict[tuple[str, str], Finding], draws: tuple[str, ...]) -> str:
+    """Examples and seconds to the first failure per fault, one draw beside the other ("-": not found), and how
+    many faults each found first."""
 
     def first(finding: Finding) -> str:
         if finding.first_failure_s is None:
             return f"{'-':>6} {'-':>8}"
         return f"{finding.examples:>6} {finding.first_failure_s:>6.1f} s"
 
-    lines = [f"{'fault':<38} {'plain: examples, first failure':>31} {'swarm: examples, first failure':>31}"]
-    lines += [f"{n:<38} {first(findings[n, False]):>31} {first(findings[n, True]):>31}" for n in names]
+    one, other = draws
+    lines = [f"{'fault':<38} {one + ': examples, first failure':>31} {other + ': examples, first failure':>31}"]
+    lines += [f"{n:<38} {first(findings[n, one]):>31} {first(findings[n, other]):>31}" for n in names]
+
+    def seconds(name: str, draw: str) -> float:
+        found = findings[name, draw].first_failure_s
+        return float("inf") if found is None else found
+
+    sooner = {draw: sum(seconds(n, draw) < seconds(n, rival) for n in names) for draw, rival in (draws, draws[::-1])}
+    found = {draw: sum(findings[n, draw].first_failure_s is not None for n in names) for draw in draws}
+    lines.append(
+        f"found: {one} {found[one]}, {other} {found[other]} of {len(names)}; "
+        f"first: {one} {sooner[one]}, {other} {sooner[other]} (the rest tie)"
+    )
     return "\n".join(lines)
 
 
-def fault_line(name: str, finding: Finding, swarmed: bool = False) -> str:
+def fault_line(name: str, finding: Finding, draw: str = "plain") -> str:
     """The first failure's figures: found when, searched and minimised how long, steps before and after."""
     first = f"{finding.first_failure_s:.1f} s" if finding.first_failure_s is not None else "-"
     missed = "TIME" if finding.stopped_by_time else "MISSED"  # TIME: not found within --max-time
@@ -231,7 +250,7 @@ def fault_line(name: str, finding: Finding, swarmed: bool = False) -> str:
         after, replays, failing = str(minimised.steps_after), str(minimised.replayed), str(minimised.failing_replays)
         removed = ("yes" if minimised.pass_removed else "no") if minimised.reproduced else "FLAKY"
     return (
-        f"{name:<38} {'swarm' if swarmed else 'plain':<5} {caught:>6}"
+        f"{name:<38} {draw:<5} {caught:>6}"
         f" {first:>13} {search_s:>8} {finding.total_s:>6.1f} s {finding.examples:>8} "
         f"{before:>5} {after:>3} {replays:>7} {failing:>7} {removed:>4}  {'; '.join(finding.shrunk_steps)}"
     )
@@ -241,6 +260,13 @@ def failure_line(failure: Failure) -> str:
     """Property (or exception type) with its reproduction rate, kind, reported steps count, and the steps."""
     steps = "; ".join(failure.shrunk_steps)
     return f"{failure.headline:<24} {failure.kind:<9} {len(failure.shrunk_steps):>3} steps  {steps}"
+
+
+def draws_asked(swarm: str, aim: str) -> tuple[str, ...]:
+    """The draws `--swarm` and `--aim` ask for, in order (`both`: the plain draw first)."""
+    draws = [*(("plain",) if "both" in (swarm, aim) else ()), *(("swarm",) if swarm != "off" else ())]
+    draws += ["aim"] if aim != "off" else []
+    return tuple(draws) or ("plain",)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -267,6 +293,13 @@ def main(argv: list[str] | None = None) -> int:
         choices=sorted(DRAWS),
         default="off",
         help="search each fault with the plain draw (off), the swarm draw (on) or both, side by side (default off)",
+    )
+    parser.add_argument(
+        "--aim",
+        choices=sorted(DRAWS),
+        default="off",
+        help="search each fault with the plain draw (off), the aimed tours of `check --aim` (on) or both, side by "
+        "side (default off)",
     )
     parser.add_argument(
         "--replays",
@@ -320,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
             names,
             hypothesis_shrink=args.hypothesis_shrink,
             minimise=not args.no_minimise,
-            swarm=args.swarm,
+            draws=draws_asked(args.swarm, args.aim),
             replays=args.replays,
             max_time_s=args.max_time,
         )

@@ -159,6 +159,12 @@ def build_parser() -> Parser:
         "the ones before it left unreached (docs/how-it-works.md#aiming)",
     )
     check.add_argument(
+        "--aim",
+        action="store_true",
+        help="open each example with a path of rule calls to a transition of the contract model no example took yet "
+        "(shallowest first; `ckpt-model explore`), then draw at random as any example does (docs/explore.md)",
+    )
+    check.add_argument(
         "--transition-depth",
         type=positive_int,
         default=COVERAGE_DEPTH,

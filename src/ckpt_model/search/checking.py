@@ -11,11 +11,13 @@ found and made minimal.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
+import attrs
 from hypothesis import Phase, settings
 
 from ckpt_model.interrupts import raise_swallowed_since, raised_so_far, reraise_interrupt_behind
@@ -25,12 +27,16 @@ from ckpt_model.results.stats import RoundStat, SearchStats
 from ckpt_model.results.verdicts import kind_of, leaves
 from ckpt_model.search import aim
 from ckpt_model.search.controllers import TRAINER, ControllerMachine
+from ckpt_model.steps.checkable import Capabilities
+from ckpt_model.steps.draw import Focus, Guide
 
 if TYPE_CHECKING:
     from hypothesis.stateful import RuleBasedStateMachine
 
     from ckpt_model.deployments.harness import Harness
+    from ckpt_model.model.spec import DeploymentSpec
     from ckpt_model.results.progress import Progress
+    from ckpt_model.search.explore import Exploration
 
 # The examples a search with a time limit and no count of examples may run: more than any time limit lets it.
 UNTIL_THE_TIME_LIMIT = 10**9
@@ -57,13 +63,15 @@ def search(
     searched: Any = None,
     round_began: Callable[[RoundStat], None] | None = None,
     controller: ControllerMachine = TRAINER,
+    aim_paths: bool = False,
 ) -> None:
     """Run `controller`'s machine on `harness` with `chosen` (and the families' `weights`); on a failure, call
     `searched()` (if given), then measure each failure's rate and (with `minimise`) make it 1-minimal, and re-raise
     what the run raised. `chosen` is used as given: `without_shrink` is the caller's choice (the CLI keeps
     Hypothesis's shrink with `--no-minimise`). With `rounds` and `max_time_s`, the search runs in rounds, each after
     the first aimed at what the ones before it left unreached (`ckpt_model.search.aim`), and tells `round_began` of
-    each."""
+    each. With `aim_paths`, every round's examples open with paths to the model's transitions no example took yet
+    (`ckpt_model.search.paths`)."""
     from hypothesis.stateful import run_state_machine_as_test
 
     deadlines = aim.round_deadlines(max_time_s) if rounds and max_time_s is not None else [max_time_s]
@@ -73,8 +81,11 @@ def search(
         if index and deadline is not None and time.monotonic() - stats.started_s >= deadline:
             continue  # the round before ran past this one's end (an example outlasted it)
         aimed = _aim_after(harness, stats, weights, controller.machine_type) if index else None
+        focus = aimed.focus if aimed else None
+        if aim_paths and controller is TRAINER:
+            focus = attrs.evolve(focus or Focus(), guide=aim_guide(harness, stats))
         if len(deadlines) > 1:
-            began = _round_began(stats, index, aimed)
+            began = _round_began(stats, index, aimed, focus.guide.size if focus and focus.guide else 0)
             if round_began is not None:
                 round_began(began)
         factory = controller.factory(
@@ -82,7 +93,7 @@ def search(
             stats,
             swarm=swarm,
             weights=aimed.weights if aimed else weights,
-            focus=aimed.focus if aimed else None,
+            focus=focus,
         )
         if deadline is not None:
             factory = within(factory, stats, deadline, begun_s=begun_s)
@@ -143,7 +154,23 @@ def _aim_after(
     )
 
 
-def _round_began(stats: SearchStats, index: int, aimed: aim.Aim | None) -> RoundStat:
+def aim_guide(harness: Harness, stats: SearchStats) -> Guide:
+    """The tours to the model's transitions no example of `stats` took yet (`ckpt_model.search.paths`)."""
+    from ckpt_model.search import paths
+
+    found = _explored_for_aim(attrs.evolve(harness.spec, faults=()), Capabilities.of(harness))
+    return paths.TransitionGuide(found, stats.transitions)
+
+
+@functools.cache
+def _explored_for_aim(spec: DeploymentSpec, capabilities: Capabilities) -> Exploration:
+    from ckpt_model.search import paths
+    from ckpt_model.search.explore import explore
+
+    return explore(spec, paths.AIM_DEPTH, capabilities=capabilities)
+
+
+def _round_began(stats: SearchStats, index: int, aimed: aim.Aim | None, paths: int = 0) -> RoundStat:
     """Record round `index` in `stats` as it begins."""
     if index == 0:
         says = "the weights' own draw"
@@ -151,6 +178,8 @@ def _round_began(stats: SearchStats, index: int, aimed: aim.Aim | None) -> Round
         says = "nothing left to aim at: the weights' own draw, from a new seed"
     else:
         says = aimed.words()
+    if paths:
+        says += f"; each example walks to transitions not taken yet, first one of {paths}"
     began = RoundStat(
         started_s=round(time.monotonic() - stats.started_s, 3),
         examples_before=stats.examples,

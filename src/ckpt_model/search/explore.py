@@ -87,6 +87,8 @@ class Exploration:
     # Abstract state digest -> the depth it was first reached at (the start: 0).
     depths: dict[str, int] = attrs.Factory(dict)
     transitions: set[Transition] = attrs.Factory(set)
+    # Each transition and the first rule call that took it (its arguments: what a path replays).
+    calls: dict[Transition, Call] = attrs.Factory(dict)
     violations: list[Violation] = attrs.Factory(list)
     invariants: tuple[str, ...] = ()
     rules_without_a_move: tuple[str, ...] = ()
@@ -112,6 +114,10 @@ class Exploration:
             calls.append(call)
             parent = self.parents[state]
         return tuple(reversed(calls))
+
+    def path_of(self, transition: Transition) -> tuple[Call, ...]:
+        """The rule calls of a shortest path that ends by taking `transition`."""
+        return (*self.path_to(transition.source), self.calls[transition])
 
     def by_rule(self) -> dict[str, int]:
         """How many explored transitions each rule takes."""
@@ -169,7 +175,10 @@ def explore(
                     successor = attrs.evolve(moved, tried=Tried())
                     state = abstract(successor)
                     target = digest(state)
-                    found.transitions.add(Transition(source, rule, target))
+                    transition = Transition(source, rule, target)
+                    if transition not in found.transitions:
+                        found.transitions.add(transition)
+                        found.calls[transition] = Call(rule, arguments)
                     if target in found.parents:
                         continue
                     found.parents[target] = (source, Call(rule, arguments))

@@ -27,10 +27,11 @@ from ckpt_model.model.spec import DeploymentSpec
 from ckpt_model.results.reproduction import REPLAYS, Rate, rate_of
 from ckpt_model.results.stats import SearchStats
 from ckpt_model.results.verdicts import Failure, classify, in_order, shrunk_steps
-from ckpt_model.search.checking import TimeLimitReached, time_limit_behind, within
+from ckpt_model.search.checking import TimeLimitReached, aim_guide, time_limit_behind, within
 from ckpt_model.search.controllers import TRAINER, ControllerMachine
 from ckpt_model.search.minimise import Minimised, minimise_error, reproduce_error
 from ckpt_model.search.profiles import BASE
+from ckpt_model.steps.draw import Focus
 
 # Derandomized, so a fault is found by the same examples on every run; no database, so a run stands alone.
 # No shrink phase: the domain minimiser (`ckpt_model.search.minimise`) makes the failing run 1-minimal after the search,
@@ -183,13 +184,16 @@ def search(
     swarm: bool = False,
     controller: ControllerMachine = TRAINER,
     max_time_s: float | None = None,
+    aim: bool = False,
 ) -> Finding:
-    """Run `controller`'s machine (the swarm machine with `swarm`) against the harness until it fails, runs out
+    """Run `controller`'s machine (the swarm machine with `swarm`; with `aim`, each example walking a tour to the
+    model's transitions, `ckpt_model.search.paths`) against the harness until it fails, runs out
     of examples or (with `max_time_s`) of time; then replay every failure `replays` times for its reproduction rate
     and minimise it by that rate on the same harness (unless `minimise` is False: then only the rate, and with
     `replays` 0 not even that). The time limit bounds the search, not the measuring and minimising after it."""
     stats = SearchStats()
-    factory = controller.factory(harness, stats, swarm=swarm)
+    focus = Focus(guide=aim_guide(harness, stats)) if aim and controller is TRAINER else None
+    factory = controller.factory(harness, stats, swarm=swarm, focus=focus)
     if max_time_s is not None:
         factory = within(factory, stats, max_time_s)
     failures = run_search(factory, search_settings, stats.seen, stats)

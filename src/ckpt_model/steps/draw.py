@@ -31,7 +31,7 @@ of the 30 stuck at 6 to 38 steps.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 from hypothesis import reject
@@ -47,15 +47,37 @@ Weights = Mapping[str, int]
 Pins = Mapping[str, Mapping[str, Any]]
 
 
+class Tour(Protocol):
+    """One example's walk to transitions no example took yet (`ckpt_model.search.paths.Tour`)."""
+
+    def next_call(self, model: Any, choice: int = 0) -> tuple[str, Mapping[str, Any]] | None: ...
+
+    def refused(self) -> None: ...
+
+
+class Guide(Protocol):
+    """The tours an aimed round draws from (`ckpt_model.search.paths.TransitionGuide`)."""
+
+    @property
+    def size(self) -> int: ...
+
+    def tour(self, index: int) -> Tour: ...
+
+
 @attrs.frozen
 class Focus:
     """What an aimed round (`ckpt_model.search.aim`) favours beyond the weights: `rules`, each drawn before the other
-    rules of its family whenever one of them is enabled, and `pins`, arguments fixed instead of drawn."""
+    rules of its family whenever one of them is enabled, and `pins`, arguments fixed instead of drawn; `guide`, the
+    tours to transitions of the model no example took yet (`check --aim`): each example draws one of them, or none,
+    and walks it while it can."""
 
     rules: frozenset[str] = frozenset()
     pins: Pins = attrs.field(factory=dict)
+    guide: Guide | None = None
 
 
+# How many ways a tour's step may choose among the nearest transitions left (a drawn number, hashed with each).
+TOUR_CHOICES = 1 << 16
 # Family draws of 0 in a row (with two families or more on offer) that end an example as invalid (the module's
 # docstring says why).
 ZERO_RUN_REJECTED = 8
@@ -82,6 +104,9 @@ class FamilyDraw(RuleStrategy):
         self.zero_run = 0
         self.rejects_zero_runs = rejects_zero_runs
         self.rejected = False
+        # The aimed tour this example walks (drawn at its first step), and whether it was drawn yet.
+        self.tour: Tour | None = None
+        self.tour_drawn = False
 
     def do_draw(self, data: Any) -> tuple[Any, dict[str, Any]]:
         valid = [rule for rule in self.rules if self.is_valid(rule)]
@@ -90,6 +115,9 @@ class FamilyDraw(RuleStrategy):
             raise InvalidDefinition(
                 f"No progress can be made from state {self.machine!r}: no rule's precondition holds (rules: {names})"
             )
+        followed = self._on_the_path(data, valid)
+        if followed is not None:
+            return followed
         on_offer = self.on_offer(valid)
         family = on_offer[0][0] if len(on_offer) == 1 else self._family(data, on_offer)
         rules = next(rules for name, _weight, rules in on_offer if name == family)
@@ -105,6 +133,27 @@ class FamilyDraw(RuleStrategy):
             for name, strategy in rule.arguments_strategies.items()
         }
         return rule, arguments
+
+    def _on_the_path(self, data: Any, valid: Sequence[Any]) -> tuple[Any, dict[str, Any]] | None:
+        """The next call of the example's aimed tour, while it has one and its rule is enabled. The tour is drawn at
+        the first step (an index past the last: none), so a stored example replays the same one."""
+        guide = self.focus.guide
+        if not self.tour_drawn:
+            self.tour_drawn = True
+            index = data.draw(st.integers(0, guide.size)) if guide is not None and guide.size else 0
+            self.tour = guide.tour(index) if guide is not None and index < guide.size else None
+        if self.tour is None:
+            return None
+        choice = data.draw(st.integers(0, TOUR_CHOICES - 1))
+        call = self.tour.next_call(self.machine.model, choice)  # type: ignore[attr-defined]
+        if call is None:
+            return None
+        name, arguments = call
+        rule = next((rule for rule in valid if rule.function.__name__ == name), None)
+        if rule is None:  # the machine would not play it here: draw as any example does
+            self.tour.refused()
+            return None
+        return rule, dict(arguments)
 
     def on_offer(self, valid: Sequence[Any]) -> list[tuple[str, int, list[Any]]]:
         """The families with a `valid` rule (its precondition holds), in draw order, each with its weight and those
