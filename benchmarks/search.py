@@ -3,6 +3,7 @@ soon each planted fault is found, this checkout beside an earlier one.
 
     python benchmarks/search.py coverage                      # every fault-free deployment, 60 s and 120 s each
     python benchmarks/search.py coverage --seconds 60 --deployments native,legacy
+    python benchmarks/search.py coverage --seconds 120,600 --deployments native --aim both   # check --aim beside
     python benchmarks/search.py faults --before ../old        # the catalogue, this checkout and ../old in turn
     python benchmarks/search.py faults --faults resume_deletes_records,model_delivers_held
     python benchmarks/search.py faults --before ../old --no-after --record before.jsonl   # one side now ...
@@ -11,7 +12,8 @@ soon each planted fault is found, this checkout beside an earlier one.
 `coverage` runs `ckpt-model check --seed 1 --max-time T --json` on each deployment (as `python -m ckpt_model`, in
 this checkout) and prints, per deployment and time: examples, steps, milliseconds per step (the whole search's
 time over its steps, the drains included), the share of the steps the protocol's own families took, the coverage
-goals that apply and were reached, and every goal and rule that applies and was never reached; then each family's
+goals that apply and were reached, the model's explored transitions taken per depth (2 to 5), and every goal and
+rule that applies and was never reached (`--aim both`: each time limit plain and with `check --aim`, in turn); then each family's
 share of the steps and each rule's count. A run that did not pass keeps its output, its JSON and its artefacts
 under `.ckpt-model/benchmarks/` (its path is printed on its row), so what it met is never lost.
 
@@ -93,19 +95,27 @@ def family_of_rules() -> dict[str, str]:
     return family_by_rule(CheckpointMachine)
 
 
-def coverage(labels: list[str], seconds: list[float]) -> None:
+def transitions_words(document: dict[str, Any]) -> str:
+    """The share of the explored transitions taken, per depth: `d2 13/41 d3 32/463 ...`."""
+    taken = document.get("transitions")
+    if not taken:
+        return "-"
+    return " ".join(f"d{share['depth']} {share['taken']}/{share['explored']}" for share in taken["by_depth"][1:])
+
+
+def coverage(labels: list[str], seconds: list[float], draws: tuple[str, ...] = ("plain",)) -> None:
     family_of = family_of_rules()
     rows: list[tuple[str, float, dict[str, Any]]] = []
     print(
-        f"{'deployment':<40} {'time':>5} {'examples':>8} {'steps':>6} {'ms/step':>7} {'protocol':>8} {'goals':>7}"
-        "  never reached"
+        f"{'deployment':<40} {'draw':<5} {'time':>5} {'examples':>8} {'steps':>6} {'ms/step':>7} {'protocol':>8}"
+        f" {'goals':>7}  {'transitions taken of explored, by depth':<44}  never reached"
     )
     for label in labels:
-        for limit_s in seconds:
+        for limit_s, draw in ((limit_s, draw) for limit_s in seconds for draw in draws):
             with tempfile.TemporaryDirectory() as scratch:
                 result_path, artefacts = Path(scratch) / "result.json", Path(scratch) / "artefacts"
                 flags = [*spec_flags(label), "--seed", "1", "--max-time", f"{limit_s:g}", "--json", str(result_path)]
-                flags += ["--keep-artifacts", str(artefacts)]
+                flags += ["--keep-artifacts", str(artefacts)] + (["--aim"] if draw == "aim" else [])
                 done = run_checkout(HERE, ["-m", "ckpt_model", "check", *flags], limit_s * 4 + 300)
                 document = json.loads(result_path.read_text()) if result_path.exists() else None
                 kept = "" if done.returncode == 0 else f"  kept in {keep(Path(scratch), label, limit_s, done)}"
@@ -124,9 +134,9 @@ def coverage(labels: list[str], seconds: list[float]) -> None:
             reached = len(statistics_["goals"]) - sum(1 for count in statistics_["goals"].values() if not count)
             per_step = 1000 * search_s / steps if steps else float("nan")
             print(
-                f"{label:<40} {limit_s:>4.0f}s {statistics_['examples_finished']:>8} {steps:>6} {per_step:>7.0f}"
-                f" {100 * protocol / total_drawn:>7.0f}% {reached:>3}/{reached + len(goals_unmet):<3}"
-                f"  {'; '.join(unmet) or '-'}  [{document['verdict']}]{kept}",
+                f"{label:<40} {draw:<5} {limit_s:>4.0f}s {statistics_['examples_finished']:>8} {steps:>6}"
+                f" {per_step:>7.0f} {100 * protocol / total_drawn:>7.0f}% {reached:>3}/{reached + len(goals_unmet):<3}"
+                f"  {transitions_words(document):<44}  {'; '.join(unmet) or '-'}  [{document['verdict']}]{kept}",
                 flush=True,
             )
     print("\neach family's share of the steps drawn:")
@@ -228,6 +238,12 @@ def main(argv: list[str] | None = None) -> int:
     cover = commands.add_parser("coverage", help="what a time-bounded check reaches on each fault-free deployment")
     cover.add_argument("--seconds", default="60,120", help="comma-separated time limits (default 60,120)")
     cover.add_argument("--deployments", default="", help="comma-separated deployment labels (default: all)")
+    cover.add_argument(
+        "--aim",
+        choices=("off", "on", "both"),
+        default="off",
+        help="run `check` plainly (off), with --aim (on), or both, side by side at each time limit (default off)",
+    )
     find = commands.add_parser("faults", help="examples and seconds to each planted fault's first failure")
     find.add_argument("--faults", default="", help="comma-separated fault names (default: the whole catalogue)")
     find.add_argument("--before", type=Path, help="an earlier checkout to run beside this one, fault by fault")
@@ -246,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
         from ckpt_model.model.spec import FAULT_FREE
 
         labels = [label for label in args.deployments.split(",") if label] or [spec.label for spec in FAULT_FREE]
-        coverage(labels, [float(part) for part in args.seconds.split(",")])
+        draws = {"off": ("plain",), "on": ("aim",), "both": ("plain", "aim")}[args.aim]
+        coverage(labels, [float(part) for part in args.seconds.split(",")], draws)
         return 0
     from ckpt_model.deployments.catalogue import fault_catalogue
 
