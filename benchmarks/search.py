@@ -13,9 +13,9 @@ soon each planted fault is found, this checkout beside an earlier one.
 this checkout) and prints, per deployment and time: examples, steps, milliseconds per step (the whole search's
 time over its steps, the drains included), the share of the steps the protocol's own families took, the coverage
 goals that apply and were reached, the model's explored transitions taken per depth (2 to 5), and every goal and
-rule that applies and was never reached (`--aim both`: each time limit plain and with `check --aim`, in turn); then each family's
-share of the steps and each rule's count. A run that did not pass keeps its output, its JSON and its artefacts
-under `.ckpt-model/benchmarks/` (its path is printed on its row), so what it met is never lost.
+rule that applies and was never reached (`--aim both`: each time limit plain and with `check --aim`, in turn);
+then each family's share of the steps and each rule's count. A run that did not pass keeps its output, its JSON
+and its artefacts under `.ckpt-model/benchmarks/` (its path is printed on its row), so what it met is never lost.
 
 `faults` searches for each catalogue fault as `benchmarks/checker.py --no-default --restart-rounds 0 --no-minimise`
 does (derandomized, 200 examples of up to 24 steps, the search stopping at the first failure) and prints the
