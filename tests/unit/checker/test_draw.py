@@ -242,3 +242,42 @@ def test_every_rule_of_the_machine_has_a_family_and_the_protocol_weighs_more_tha
     assert protocol > sum(family.weight for family in families) / 2
     assert len({family.name for family in families}) == len(families)  # one declaration per name
     assert list(draw.weights_of(CheckpointMachine))[:4] == ["rollouts", "calls", "checkpoints", "restores"]
+
+
+class ScriptedTour:
+    """A tour that asks for `fault_e(pick=3)` twice, then `unreachable` (never enabled), then nothing."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict[str, int]]] = [("fault_e", {"pick": 3})] * 2 + [("unreachable", {})]
+        self.refusals = 0
+
+    def next_call(self, model: object, choice: int = 0) -> tuple[str, dict[str, int]] | None:
+        return self.calls.pop(0) if self.calls else None
+
+    def refused(self) -> None:
+        self.refusals += 1
+
+
+class OneTour:
+    """A guide of one tour, which every example draws (or none)."""
+
+    size = 1
+    made: list[ScriptedTour] = []
+
+    def tour(self, index: int) -> ScriptedTour:
+        OneTour.made.append(ScriptedTour())
+        return OneTour.made[-1]
+
+
+def test_an_example_that_draws_a_tour_walks_it_then_draws_as_any_example() -> None:
+    """With a guide, an example drawing its one tour opens with the tour's calls; a call the machine would not play
+    (its rule not enabled) is refused and drawn at random instead; after the tour, the draw is the family draw."""
+    Labelled.stats, Labelled.weights, Labelled.labels = SearchStats(), {}, []
+    Labelled.focus, OneTour.made = draw.Focus(guide=OneTour()), []
+    run_state_machine_as_test(Labelled, settings=RUNS)
+    Labelled.focus = draw.Focus()
+
+    assert OneTour.made, "no example drew the tour"
+    assert all(tour.refusals == 1 for tour in OneTour.made if not tour.calls)
+    assert Labelled.labels.count("fault_e(3)") >= 2 * len(OneTour.made)
+    assert {label for label in Labelled.labels if not label.startswith("fault_e(")} >= {"step()", "fault_a()"}

@@ -14,11 +14,13 @@ from ckpt_model.model.contract import Checkpoint, Model
 from ckpt_model.model.invariants import INVARIANTS, drained
 from ckpt_model.model.spec import DeploymentSpec
 from ckpt_model.results.stats import SearchStats
-from ckpt_model.search import transition_coverage
-from ckpt_model.search.explore import Call, explore
+from ckpt_model.search import paths, transition_coverage
+from ckpt_model.search.explore import Call, explore, start_model
+from ckpt_model.steps.checkable import Capabilities
 from ckpt_model.steps.steplog import StepLog, gates
 from ckpt_model.trainer.machine import CheckpointMachine
 from ckpt_model.trainer.moves import MOVES, Outcome
+from ckpt_model.trainer.stand_in import stand_in
 
 NATIVE = DeploymentSpec("native")
 
@@ -199,3 +201,49 @@ def test_a_drawn_rule_keeps_its_abstract_transition() -> None:
     log.stepped(CheckpointMachine, "dispatch", {"worker": 0}, before, after, 0)
 
     assert log.transitions == [(state_digest(before), "dispatch", state_digest(after))]
+
+
+# -- aimed tours -------------------------------------------------------------------------------------------------
+
+
+def test_untaken_transitions_come_shallowest_first_taking_turns_among_rules() -> None:
+    found = explore(NATIVE, 3)
+    taken = {(t.source, t.rule, t.target) for t in found.transitions if t.rule == "retry"}
+
+    ordered = paths.untaken(found, taken)
+
+    depths = [found.depths[t.source] + 1 for t in ordered]
+    assert depths == sorted(depths)
+    assert "retry" not in {t.rule for t in ordered}
+    at_depth_three = [t.rule for t in ordered if found.depths[t.source] == 2]
+    first_round = at_depth_three[: len(set(at_depth_three))]
+    assert len(set(first_round)) == len(first_round)  # every rule once before any rule twice
+
+
+def test_a_tour_walks_the_shortest_path_to_its_target_then_on_to_what_is_left() -> None:
+    found = explore(NATIVE, 4)
+    guide = paths.TransitionGuide(found, taken=())
+    target = next(t for t in paths.untaken(found, ()) if found.depths[t.source] == 2 and t.rule == "failed_restore")
+    tour = guide.tour(guide.targets.index(target))
+    model = start_model(NATIVE)
+    machine = stand_in(Capabilities.of_look_alike(NATIVE), model)
+
+    for expected in found.path_of(target):
+        call = tour.next_call(model)
+        assert call == (expected.rule, dict(expected.arguments))
+        machine.model = model
+        model = next(after for arguments, after in MOVES[expected.rule](machine) if arguments == expected.arguments)
+
+    assert state_digest(model) == target.target
+    following = tour.next_call(model)
+    assert following is not None  # on to the nearest transition left from there
+    tour.refused()
+    assert tour.next_call(model) != following or following[0] == "retry"
+
+
+def test_a_guide_with_everything_taken_offers_no_tour() -> None:
+    found = explore(NATIVE, 2)
+
+    guide = paths.TransitionGuide(found, {(t.source, t.rule, t.target) for t in found.transitions})
+
+    assert guide.size == 0
