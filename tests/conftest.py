@@ -34,12 +34,17 @@ def auto_num_workers(xdist_count: int, environ: Mapping[str, str] = os.environ) 
 # at once compile the same module.
 BYTECODE_OFF_ENV = "PYTHONDONTWRITEBYTECODE"
 PACKAGES = (ROOT / "src" / "ckpt_model", ROOT / "fakes")
+# Every `check` explores the contract model for its transition coverage and keeps what it explored where
+# `CKPT_MODEL_EXPLORED` says (`ckpt_model.search.transition_coverage`): one directory for the whole suite, so the CLI
+# tests, each in a directory of its own, explore each deployment once between them, not once each.
+EXPLORED_ENV = "CKPT_MODEL_EXPLORED"
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """Bytecode is written from here on, by this process and every process it starts (xdist workers included); the
     controller (not a worker) compiles what has changed since the last run."""
     os.environ.pop(BYTECODE_OFF_ENV, None)
+    os.environ.setdefault(EXPLORED_ENV, str(ROOT / ".ckpt-model" / "explored"))
     sys.dont_write_bytecode = False
     if not hasattr(config, "workerinput"):
         for package in PACKAGES:

@@ -601,3 +601,28 @@ def test_scale_refuses_a_share_outside_0_to_1(tmp_path: Path) -> None:
 
     assert result.returncode == 3
     assert "'--finished-share' must be in [0, 1)" in result.stderr
+
+
+def test_explore_prints_each_depth_and_checks_the_invariants(tmp_path: Path) -> None:
+    result = ckpt_model(tmp_path, "explore", "--depth", "3", "--json", "explored.json")
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "exploring the contract model of native: to depth 3, at most 3 rollouts live" in result.stdout
+    assert re.search(r"^\s+3\s+157\s+463\s+[\d.]+$", result.stdout, re.MULTILINE), result.stdout
+    assert "177 states, 506 transitions in " in result.stdout
+    assert "PASSED: every invariant held on every state reached" in result.stdout
+    written = json.loads((tmp_path / "explored.json").read_text())
+    assert (written["states"], written["transitions"], written["violations"]) == (177, 506, [])
+    assert "drain_reaches_a_clean_end" in written["invariants"]
+
+
+def test_check_aim_walks_tours_and_reports_the_transitions_taken(tmp_path: Path) -> None:
+    result = ckpt_model(tmp_path, "check", "--examples", "3", "--seed", "1", "--aim", "--json", "result.json")
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert re.search(r"^transitions: to depth 5: \d+ of \d+ ", result.stdout, re.MULTILINE), result.stdout
+    taken = json.loads((tmp_path / "result.json").read_text())["transitions"]
+    assert taken["depth"] == 5
+    assert sum(share["taken"] for share in taken["by_depth"]) > 0
+    assert taken["unmodelled"] == []
+    assert left_behind(tmp_path) == []
