@@ -17,6 +17,7 @@ from ckpt_model.model.spec import FAULT_FREE, DeploymentSpec
 from ckpt_model.results.stats import SearchStats
 from ckpt_model.search import transition_coverage
 from ckpt_model.steps import goals
+from ckpt_model.steps.checkable import Capabilities
 from ckpt_model.steps.steplog import coverage
 from ckpt_model.trainer.machine import CheckpointMachine, machine_for
 from tests.stateful.conftest import ACTIVE_SETTINGS, DEEP, GOALS_REQUIRED
@@ -57,13 +58,15 @@ def test_the_fault_free_stack_keeps_the_contract(
     record_property: Callable[[str, object], None],
 ) -> None:
     stats = SearchStats()
-    run_state_machine_as_test(machine_for(harness_of(spec), stats), settings=ACTIVE_SETTINGS)
+    harness = harness_of(spec)
+    run_state_machine_as_test(machine_for(harness, stats), settings=ACTIVE_SETTINGS)
     reachable = coverage(CheckpointMachine)
     record_property("coverage", goals.table(stats, spec, reachable))
     # The share of the model's transitions the run took (the nightly's to the depth `check` reckons, the default
     # run's shallower), and none taken that the explorer did not predict (its move table mirrors every rule).
     depth = COVERAGE_DEPTH if GOALS_REQUIRED else UNMODELLED_DEPTH
-    taken = transition_coverage.coverage_of(transition_coverage.explored(spec, depth), stats.transitions)
+    explored = transition_coverage.explored(spec, depth, Capabilities.of(harness))
+    taken = transition_coverage.coverage_of(explored, stats.transitions)
     record_property("transitions", "\n".join(taken.lines()))
     assert taken.unmodelled == (), "\n".join(taken.lines())
     if GOALS_REQUIRED:

@@ -422,8 +422,10 @@ class RunRecord:
             return None
         if self._transitions is None:
             from ckpt_model.search import transition_coverage
+            from ckpt_model.steps.checkable import Capabilities
 
-            explored = transition_coverage.explored(self.spec, self.args.transition_depth)
+            capabilities = Capabilities.of(self.harness) if self.harness is not None else None
+            explored = transition_coverage.explored(self.spec, self.args.transition_depth, capabilities)
             self._transitions = transition_coverage.coverage_of(explored, self.stats.transitions)
         return self._transitions
 

@@ -11,7 +11,6 @@ found and made minimal.
 
 from __future__ import annotations
 
-import functools
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -34,9 +33,7 @@ if TYPE_CHECKING:
     from hypothesis.stateful import RuleBasedStateMachine
 
     from ckpt_model.deployments.harness import Harness
-    from ckpt_model.model.spec import DeploymentSpec
     from ckpt_model.results.progress import Progress
-    from ckpt_model.search.explore import Exploration
 
 # The examples a search with a time limit and no count of examples may run: more than any time limit lets it.
 UNTIL_THE_TIME_LIMIT = 10**9
@@ -155,19 +152,13 @@ def _aim_after(
 
 
 def aim_guide(harness: Harness, stats: SearchStats) -> Guide:
-    """The tours to the model's transitions no example of `stats` took yet (`ckpt_model.search.paths`)."""
-    from ckpt_model.search import paths
+    """The tours to the model's transitions no example of `stats` took yet (`ckpt_model.search.paths`), in the
+    model explored to the transition coverage's depth (kept between runs)."""
+    from ckpt_model.model.abstract import COVERAGE_DEPTH
+    from ckpt_model.search import paths, transition_coverage
 
-    found = _explored_for_aim(attrs.evolve(harness.spec, faults=()), Capabilities.of(harness))
-    return paths.TransitionGuide(found, stats.transitions)
-
-
-@functools.cache
-def _explored_for_aim(spec: DeploymentSpec, capabilities: Capabilities) -> Exploration:
-    from ckpt_model.search import paths
-    from ckpt_model.search.explore import explore
-
-    return explore(spec, paths.AIM_DEPTH, capabilities=capabilities)
+    explored = transition_coverage.explored(harness.spec, COVERAGE_DEPTH, Capabilities.of(harness))
+    return paths.TransitionGuide(explored, stats.transitions)
 
 
 def _round_began(stats: SearchStats, index: int, aimed: aim.Aim | None, paths: int = 0) -> RoundStat:

@@ -2,7 +2,8 @@
 
 The explorer (`ckpt_model.search.explore`) knows every transition to its depth and the rule call that takes it. An
 aimed round hands the draw a `TransitionGuide` built from the transitions the search had not taken when the round
-began. Each example draws one of them as its first target (or none: then it draws at random throughout), walks a
+began. Each example draws one of the first of them (shallowest first, taking turns among the depths and, within a
+depth, among the rules) as its first target (or none: then it draws at random throughout), walks a
 shortest path of rule calls to it, then on to one of the nearest transitions it has not taken yet (a number it
 draws picks which), and so on; where none is within reach (a state deeper than the exploration) it draws at random
 as any example does. The first target and every choice are drawn, and the rest is a function of the model's state
@@ -20,24 +21,23 @@ from collections.abc import Set as AbstractSet
 from typing import Any
 
 from ckpt_model.model.abstract import state_digest
-from ckpt_model.search.explore import Exploration, Transition
+from ckpt_model.search.transition_coverage import Explored
 
-# The depth the tours' graph is explored to (a few seconds at most on 2 cores).
-AIM_DEPTH = 5
 Call = tuple[str, Mapping[str, Any]]
+# How many transitions a round's examples draw their first target from (`by_turns`' first ones).
+FIRST_TARGETS = 64
 TransitionKey = tuple[str, str, str]
 
 
-def untaken(found: Exploration, taken: Iterable[TransitionKey]) -> list[Transition]:
+def untaken(explored: Explored, taken: Iterable[TransitionKey]) -> list[TransitionKey]:
     """The explored transitions not `taken`, shallowest first, taking turns among the rules at each depth (so a
     rule with thousands of transitions left does not crowd out one with a few)."""
     done = set(taken)
-    by_depth: dict[int, dict[str, list[Transition]]] = {}
-    for transition in sorted(found.transitions, key=lambda t: (t.rule, t.source, t.target)):
-        if (transition.source, transition.rule, transition.target) in done:
-            continue
-        by_depth.setdefault(found.depths[transition.source] + 1, {}).setdefault(transition.rule, []).append(transition)
-    ordered: list[Transition] = []
+    by_depth: dict[int, dict[str, list[TransitionKey]]] = {}
+    for key in sorted(explored.transitions, key=lambda key: (key[1], key[0], key[2])):
+        if key not in done:
+            by_depth.setdefault(explored.transitions[key], {}).setdefault(key[1], []).append(key)
+    ordered: list[TransitionKey] = []
     for depth in sorted(by_depth):
         queues = list(by_depth[depth].values())
         while queues:
@@ -46,16 +46,30 @@ def untaken(found: Exploration, taken: Iterable[TransitionKey]) -> list[Transiti
     return ordered
 
 
+def by_turns(ordered: list[TransitionKey], explored: Explored) -> list[TransitionKey]:
+    """`ordered` (shallowest first) taking turns among the depths, so a few first targets reach every depth: the
+    deepest holds nine tenths of the transitions, and a target drawn among them all would almost always be there."""
+    by_depth: dict[int, list[TransitionKey]] = {}
+    for key in ordered:
+        by_depth.setdefault(explored.transitions[key], []).append(key)
+    queues = [by_depth[depth] for depth in sorted(by_depth)]
+    turns: list[TransitionKey] = []
+    while queues:
+        turns += [queue.pop(0) for queue in queues]
+        queues = [queue for queue in queues if queue]
+    return turns
+
+
 class TransitionGuide:
     """The explored graph and the transitions a round aims at (see the module); `size` tours to draw from."""
 
-    def __init__(self, found: Exploration, taken: Iterable[TransitionKey]) -> None:
-        self.targets = untaken(found, taken)
-        self.left = {(t.source, t.rule, t.target) for t in self.targets}
-        self.out: dict[str, list[tuple[Transition, Call]]] = {}
-        for transition in sorted(found.transitions, key=lambda t: (t.rule, t.target)):
-            call = found.calls[transition]
-            self.out.setdefault(transition.source, []).append((transition, (call.rule, dict(call.arguments))))
+    def __init__(self, explored: Explored, taken: Iterable[TransitionKey]) -> None:
+        left = untaken(explored, taken)
+        self.left = set(left)
+        self.targets = by_turns(left, explored)[:FIRST_TARGETS]
+        self.out: dict[str, list[tuple[TransitionKey, Call]]] = {}
+        for key in sorted(explored.transitions, key=lambda key: (key[1], key[2])):
+            self.out.setdefault(key[0], []).append((key, (key[1], dict(explored.arguments[key]))))
 
     @property
     def size(self) -> int:
@@ -68,7 +82,7 @@ class TransitionGuide:
     def first_call_towards(
         self,
         state: str,
-        wanted: Callable[[Transition], bool],
+        wanted: Callable[[TransitionKey], bool],
         avoided: AbstractSet[tuple[str, str]] = frozenset(),
         choice: str = "",
     ) -> Call | None:
@@ -82,15 +96,15 @@ class TransitionGuide:
             found: list[tuple[str, Call]] = []
             following: list[str] = []
             for here in level:
-                for transition, call in self.out.get(here, ()):
-                    if (here, transition.rule) in avoided:
+                for key, call in self.out.get(here, ()):
+                    if (here, key[1]) in avoided:
                         continue
                     opening = first[here] or call
-                    if wanted(transition):
-                        found.append((f"{transition.source}/{transition.rule}/{transition.target}", opening))
-                    elif transition.target not in first:
-                        first[transition.target] = opening
-                        following.append(transition.target)
+                    if wanted(key):
+                        found.append(("/".join(key), opening))
+                    elif key[2] not in first:
+                        first[key[2]] = opening
+                        following.append(key[2])
             if found:
                 return min(found, key=lambda item: _order(choice, item[0]))[1]
             level = following
@@ -104,9 +118,9 @@ def _order(choice: str, key: str) -> bytes:
 class Tour:
     """One example's walk: to its first target, then to the nearest transition it has not taken."""
 
-    def __init__(self, guide: TransitionGuide, target: Transition) -> None:
+    def __init__(self, guide: TransitionGuide, target: TransitionKey) -> None:
         self.guide = guide
-        self.target: Transition | None = target
+        self.target: TransitionKey | None = target
         self.taken: set[TransitionKey] = set()
         self.avoided: set[tuple[str, str]] = set()
         self.last: tuple[str, str] | None = None  # the state and rule of the call it last made
@@ -120,8 +134,8 @@ class Tour:
             self.last = None
         call = None
         target = self.target
-        if target is not None and (target.source, target.rule, target.target) not in self.taken:
-            call = self.guide.first_call_towards(state, lambda t: t == target, self.avoided)
+        if target is not None and target not in self.taken:
+            call = self.guide.first_call_towards(state, lambda key: key == target, self.avoided)
         if call is None:
             self.target = None
             call = self.guide.first_call_towards(state, self._left, self.avoided, str(choice))
@@ -136,6 +150,5 @@ class Tour:
             self.target = None
             self.last = None
 
-    def _left(self, transition: Transition) -> bool:
-        key = (transition.source, transition.rule, transition.target)
+    def _left(self, key: TransitionKey) -> bool:
         return key in self.guide.left and key not in self.taken

@@ -28,6 +28,7 @@ import attrs
 import ckpt_model
 from ckpt_model.model.abstract import COVERAGE_DEPTH, EXPLORED_ROLLOUTS
 from ckpt_model.model.spec import DeploymentSpec
+from ckpt_model.steps.checkable import Capabilities
 
 EXPLORED_ENV = "CKPT_MODEL_EXPLORED"
 DEFAULT_ROOT = Path(".ckpt-model/explored")
@@ -39,11 +40,13 @@ RULES_NAMED = 3
 
 @attrs.frozen
 class Explored:
-    """The transitions explored to `depth`, each with the depth it is taken at (its source's depth + 1)."""
+    """The transitions explored to `depth`, each with the depth it is taken at (its source's depth + 1) and the
+    arguments of the first rule call that took it (what an aimed tour replays, `ckpt_model.search.paths`)."""
 
     depth: int
     transitions: Mapping[tuple[str, str, str], int]
     families: Mapping[str, str]
+    arguments: Mapping[tuple[str, str, str], Mapping[str, Any]] = attrs.field(factory=dict, eq=False)
 
     @property
     def sources(self) -> set[str]:
@@ -129,30 +132,36 @@ def coverage_of(explored: Explored, taken: Iterable[tuple[str, str, str]]) -> Tr
     )
 
 
-def explored(spec: DeploymentSpec, depth: int = COVERAGE_DEPTH) -> Explored:
-    """The transitions of `spec`'s model to `depth`, from the cache if this checker explored them before."""
+def explored(spec: DeploymentSpec, depth: int = COVERAGE_DEPTH, capabilities: Capabilities | None = None) -> Explored:
+    """The transitions of `spec`'s model to `depth` (with the rules `capabilities` allow, the look-alike stack's
+    by default), from the cache if this checker explored them before."""
     spec = attrs.evolve(spec, faults=())  # the faults planted change the system, never the model
+    capabilities = capabilities or Capabilities.of_look_alike(spec)
     root = Path(os.environ.get(EXPLORED_ENV) or DEFAULT_ROOT)
-    name = hashlib.blake2b(f"{spec.key}|{depth}|{EXPLORED_ROLLOUTS}|{_sources_digest()}".encode(), digest_size=10)
-    path = root / f"{name.hexdigest()}.json"
+    words = f"{spec.key}|{depth}|{EXPLORED_ROLLOUTS}|{capabilities!r}|{_sources_digest()}"
+    path = root / f"{hashlib.blake2b(words.encode(), digest_size=10).hexdigest()}.json"
     try:
         document = json.loads(path.read_text())
         return Explored(
             document["depth"],
-            {(s, r, t): d for s, r, t, d in document["transitions"]},
+            {(s, r, t): d for s, r, t, d, _ in document["transitions"]},
             document["families"],
+            {(s, r, t): arguments for s, r, t, _, arguments in document["transitions"]},
         )
     except (OSError, ValueError, KeyError, TypeError):
         pass
     from ckpt_model.search.explore import explore, families
 
-    found = explore(spec, depth)
-    transitions = {(t.source, t.rule, t.target): found.depths[t.source] + 1 for t in found.transitions}
-    result = Explored(depth, transitions, families(found.by_rule()))
-    _write(
-        path,
-        {"depth": depth, "families": dict(result.families), "transitions": [[*t, d] for t, d in transitions.items()]},
+    found = explore(spec, depth, capabilities=capabilities)
+    keys = {t: (t.source, t.rule, t.target) for t in found.transitions}
+    result = Explored(
+        depth,
+        {keys[t]: found.depths[t.source] + 1 for t in found.transitions},
+        families(found.by_rule()),
+        {keys[t]: dict(found.calls[t].arguments) for t in found.transitions},
     )
+    rows = [[*key, result.transitions[key], result.arguments[key]] for key in result.transitions]
+    _write(path, {"depth": depth, "families": dict(result.families), "transitions": rows})
     return result
 
 
