@@ -104,7 +104,8 @@ class Capabilities:
     @classmethod
     def of_look_alike(cls, spec: DeploymentSpec) -> Capabilities:
         """What the embedded look-alike stack can do when it runs `spec` (with faketime installed): every nemesis,
-        one worker killed alone only with several server workers, and clocks skewed alone unless time jumps."""
+        one worker killed alone only with several server workers, clocks skewed alone unless time jumps, and every
+        server's telemetry exported."""
         return cls(
             restart_one=True,
             kill_workers=spec.server_workers > 1,
@@ -122,6 +123,7 @@ class Capabilities:
             judge=spec.traits.judge,
             verify_wait=spec.verify_mode == "wait",
             restart_environment=spec.traits.restart_environment,
+            telemetry=True,
         )
 
 

@@ -275,6 +275,6 @@ def test_the_look_alike_stack_has_every_nemesis_its_spec_allows() -> None:
     plain = Capabilities.of_look_alike(DeploymentSpec("slow", "replay"))
     jumping = Capabilities.of_look_alike(DeploymentSpec("native", server_workers=2, time_jumps=True))
 
-    assert plain == attrs.evolve(EVERYTHING, telemetry=False, jump_clocks=False, judge=True, verify_wait=False)
+    assert plain == attrs.evolve(EVERYTHING, jump_clocks=False, judge=True, verify_wait=False)
     assert (jumping.kill_workers, jumping.skew_clocks, jumping.jump_clocks) == (True, False, True)
     assert not plain.kill_workers
