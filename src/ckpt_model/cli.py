@@ -110,6 +110,19 @@ def int_at_least(minimum: int, what: str) -> typing.Callable[[str], int]:
 
 
 positive_int = int_at_least(1, "positive")
+# Deeper than this the model's transitions number in the millions and take minutes to explore (docs/explore.md).
+TRANSITION_DEPTH_MAX = 6
+
+
+def transition_depth(text: str) -> int:
+    """An argparse type: a depth from 1 to `TRANSITION_DEPTH_MAX`."""
+    depth = positive_int(text)
+    if depth > TRANSITION_DEPTH_MAX:
+        raise argparse.ArgumentTypeError(
+            f"must be at most {TRANSITION_DEPTH_MAX} (got {text!r}): deeper takes minutes to explore; "
+            "`ckpt-model explore --depth N --max-time D` goes as far as it can"
+        )
+    return depth
 seed_int = int_at_least(0, "non-negative")
 
 
@@ -166,7 +179,7 @@ def build_parser() -> Parser:
     )
     check.add_argument(
         "--transition-depth",
-        type=positive_int,
+        type=transition_depth,
         default=COVERAGE_DEPTH,
         metavar="N",
         help=f"reckon the transition coverage against the contract model explored to depth N (default "

@@ -155,6 +155,8 @@ def test_faults_lists_every_planted_fault(tmp_path: Path) -> None:
         (["check", "--weights", "crashes=2,teleports=1"], "--weights: 'teleports=1': expected FAMILY=WEIGHT"),
         (["check", "--max-time", "soon"], "must be a duration such as 90, 90s, 2m or 1h (got 'soon')"),
         (["check", "--json", "unknown-rule.json/result.json"], "--json unknown-rule.json/result.json: cannot be"),
+        (["check", "--transition-depth", "7"], "argument --transition-depth: must be at most 6 (got '7')"),
+        (["explore", "--depth", "0"], "argument --depth: must be a positive integer (got '0')"),
         (["check", "--junit", "."], "--junit .: cannot be written"),
         (["check", "--quiet", "--verbose"], "argument --verbose: not allowed with argument --quiet"),
     ],
