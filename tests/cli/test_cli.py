@@ -175,6 +175,8 @@ def test_faults_lists_every_planted_fault(tmp_path: Path) -> None:
         "unknown-family",
         "bad-duration",
         "json-unwritable",
+        "transition-depth-too-deep",
+        "explore-depth-zero",
         "junit-unwritable",
         "quiet-and-verbose",
     ],
