@@ -123,6 +123,8 @@ def transition_depth(text: str) -> int:
             "`ckpt-model explore --depth N --max-time D` goes as far as it can"
         )
     return depth
+
+
 seed_int = int_at_least(0, "non-negative")
 
 

@@ -37,13 +37,7 @@ def untaken(explored: Explored, taken: Iterable[TransitionKey]) -> list[Transiti
     for key in sorted(explored.transitions, key=lambda key: (key[1], key[0], key[2])):
         if key not in done:
             by_depth.setdefault(explored.transitions[key], {}).setdefault(key[1], []).append(key)
-    ordered: list[TransitionKey] = []
-    for depth in sorted(by_depth):
-        queues = list(by_depth[depth].values())
-        while queues:
-            ordered += [queue.pop(0) for queue in queues]
-            queues = [queue for queue in queues if queue]
-    return ordered
+    return [key for depth in sorted(by_depth) for key in taking_turns(list(by_depth[depth].values()))]
 
 
 def by_turns(ordered: list[TransitionKey], explored: Explored) -> list[TransitionKey]:
@@ -52,7 +46,11 @@ def by_turns(ordered: list[TransitionKey], explored: Explored) -> list[Transitio
     by_depth: dict[int, list[TransitionKey]] = {}
     for key in ordered:
         by_depth.setdefault(explored.transitions[key], []).append(key)
-    queues = [by_depth[depth] for depth in sorted(by_depth)]
+    return taking_turns([by_depth[depth] for depth in sorted(by_depth)])
+
+
+def taking_turns(queues: list[list[TransitionKey]]) -> list[TransitionKey]:
+    """The first of each queue, then the second of each, and so on."""
     turns: list[TransitionKey] = []
     while queues:
         turns += [queue.pop(0) for queue in queues]
