@@ -101,7 +101,7 @@ class MisbehavingController(MachineBase):
         name = rollout_id if reserved_of is None else self.model.reserved_name_of(reserved_of)
         model, attempt = self.model.rejected_dispatch(name)
         self.controller.run_rejected(attempt)
-        self._advance(model, f"run_rejected_id({name!r}) refused: {rejection_reason(name)}", violation=P15Violation)
+        self._advance(model, f"run_rejected_id({name!r}): {rejection_reason(name)}", violation=P15Violation)
 
     @action(
         lambda self: self.ledgers.enabled and (self.model.may_remove_ledgers_while_open() or self._may_checkpoint()),
