@@ -388,6 +388,15 @@ CATALOGUE: tuple[Fault, ...] = (
         topology="legacy",
     ),
     Fault(
+        "legacy_keys_skip_reservation",
+        "agent",
+        "P15",
+        "a legacy /run that derives its capture key as nemo-gym 0.7.0 does: the row's _ng_rollout_id is checked"
+        " against the alphabet but not against the reserved trailing -a<N>, so a row naming x-a1 at attempt 0 is"
+        " taken in as attempt 1 of x, and two (rollout, attempt) pairs share one capture key",
+        topology="legacy",
+    ),
+    Fault(
         "store_error_is_internal",
         "every participant",
         "P16",

@@ -109,7 +109,8 @@ class RolloutIdRequiredError(ControlError):
 
 
 class InvalidRolloutIdError(ControlError):
-    """A model call whose `/ng-rollout/<key>` prefix is not a valid capture key."""
+    """A model call whose `/ng-rollout/<key>` prefix is not a valid capture key, or a legacy `/run` row whose
+    `_ng_rollout_id` is not a valid rollout ID."""
 
     code = "invalid_rollout_id"
 

@@ -27,7 +27,6 @@ from fakes.gym.protocol.errors import (
     AdmissionClosedError,
     CheckpointStateError,
     ControlError,
-    RolloutIdRequiredError,
     StaleAttemptError,
     install_error_handlers,
 )
@@ -38,6 +37,7 @@ from fakes.gym.protocol.http import (
     lifespan_with_client,
     post_json,
 )
+from fakes.gym.protocol.legacy_rows import SKIPS_RESERVATION, legacy_episode
 from fakes.gym.protocol.wire import EpisodeId, task_digest
 from fakes.gym.servers.single_process import single_process_app
 from fakes.gym.servers.steps import Episode, EpisodeOwner
@@ -584,13 +584,12 @@ def build_parts(config: ServerConfig, plane: ServerPlane) -> tuple[FastAPI, Agen
         header = request.headers.get("x-ng-agent-activation")
         return await core.activate(session, await request.json(), int(header) if header else None)
 
+    skips_reservation = SKIPS_RESERVATION in config.faults
+
     @app.post("/run")
     async def run(request: Request) -> JSONResponse:
         row = await request.json()
-        rollout_id = row.get("_ng_rollout_id")
-        if not rollout_id:
-            raise RolloutIdRequiredError("a legacy /run row needs _ng_rollout_id")
-        episode_id = EpisodeId(rollout_id=rollout_id, attempt=int(row.get("_ng_attempt_index") or 0))
+        episode_id = legacy_episode(row, skips_reservation)
         if plane.retired.is_retired(episode_id):
             raise StaleAttemptError(f"attempt {episode_id.capture_key} was retired")
         replacement = episode_id.capture_key in core.episodes.restored and plane.phase != "restored"

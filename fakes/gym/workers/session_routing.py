@@ -27,7 +27,9 @@ from typing import Any
 import httpx
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from fakes.gym.protocol.errors import ControlError
 from fakes.gym.protocol.http import new_client
+from fakes.gym.protocol.legacy_rows import legacy_episode
 from fakes.gym.protocol.wire import ROLLOUT_PATH_PREFIX, EpisodeId, error_body
 from fakes.gym.workers.placement import HOP_HEADERS, PLACED_HEADER, private_socket_path
 
@@ -57,10 +59,9 @@ def key_in_run_body(body: bytes) -> str | None:
             return None
         if isinstance(row.get("episode_id"), dict):
             return EpisodeId.model_validate(row["episode_id"]).capture_key
-        if row.get("_ng_rollout_id"):
-            attempt = int(row.get("_ng_attempt_index") or 0)
-            return EpisodeId(rollout_id=str(row["_ng_rollout_id"]), attempt=attempt).capture_key
-    except (ValueError, TypeError):
+        if "_ng_rollout_id" in row:
+            return legacy_episode(row).capture_key
+    except (ValueError, TypeError, ControlError):
         return None
     return None
 

@@ -5,7 +5,8 @@ next; the machine applies it after the real operation succeeded and then waits u
 `expect(model)` derives from the new value (each attempt's backend calls, each participant's phase and counts:
 `ckpt_model.model.expectation`).
 
-Vocabulary. A *rollout* (`r0`, `r1`, ...) is a task the controller wants done; each try at it is an *attempt*
+Vocabulary. A *rollout* (`r0`, `r1`, ..., or a drawn rollout ID: `ckpt_model.model.rollout_names`) is a task
+the controller wants done; each try at it is an *attempt*
 (`EpisodeId(rollout, attempt)`, named by its capture key). Gating makes every attempt stop at a backend call (a
 policy call, or the slow topology's judge call): at quiescence a running attempt has exactly one call
 outstanding, waiting at the backend or, once a policy call is released while a checkpoint is open, held by the
@@ -21,6 +22,7 @@ from typing import Any, Literal
 
 import attrs
 
+from ckpt_model.model.rollout_names import rollout_name
 from ckpt_model.model.topologies import TOPOLOGIES
 
 Topology = Literal["native", "legacy", "counter", "slow", "mixed"]
@@ -45,6 +47,8 @@ SCRIPTS: dict[str, tuple[ScriptCall, ...]] = {
 RESTART_ENVIRONMENT = "restart_environment"
 RESTART_RESOURCES = "restart_resources"
 RESTART_SERVERS = (RESTART_ENVIRONMENT, RESTART_RESOURCES)
+# `/run`s with a rejected rollout ID an example sends at most.
+REJECTED_IDS_MAX = 3
 
 
 def capture_key(rollout: str, attempt: int) -> str:
@@ -199,6 +203,8 @@ class Tried:
     time_passed: bool = False
     # One participant frozen across its lease (once per example: each waits out a lease).
     pause_lapse: bool = False
+    # `/run`s sent with a rollout ID Gym's rules reject (a few per example).
+    rejected_ids: int = 0
 
 
 @attrs.frozen
@@ -392,6 +398,11 @@ class Model:
     def may_run_while_open(self) -> bool:
         return self.checkpoint_open and self.tried.run_while_open_in != self.open_checkpoint
 
+    def may_send_rejected_id(self) -> bool:
+        """A `/run` with a rejected rollout ID, with no checkpoint open, a few times an example: each changes nothing,
+        and a rule drawn over and over crowds out the rest."""
+        return not self.checkpoint_open and self.tried.rejected_ids < REJECTED_IDS_MAX
+
     def may_remove_ledgers_while_open(self) -> bool:
         return self.checkpoint_open and self.tried.ledger_removal_in != self.open_checkpoint
 
@@ -471,6 +482,23 @@ class Model:
         tried = attrs.evolve(self.tried, run_while_open_in=self.open_checkpoint)
         return attrs.evolve(self, rollout_seq=self.rollout_seq + 1, runs_sent=self.runs_sent + 1, tried=tried), attempt
 
+    def rejected_dispatch(self, rollout_id: str) -> tuple[Model, Attempt]:
+        """A `/run` naming `rollout_id`, which Gym's rules reject: it is refused and owns nothing; only its `/run`
+        number is used up. The attempt returned is what the `/run` names, never one the model holds."""
+        attempt = Attempt(rollout=rollout_id, attempt=0, status="running", script=self.script, run=self.runs_sent)
+        tried = attrs.evolve(self.tried, rejected_ids=self.tried.rejected_ids + 1)
+        return attrs.evolve(self, runs_sent=self.runs_sent + 1, tried=tried), attempt
+
+    def reserved_name_of(self, pick: int) -> str:
+        """A name that ends in the `-a<N>` capture keys reserve: the key the next attempt of a rollout the model
+        holds (picked by `pick`) would have, else `x-a1`. On a server that skips the reservation, its `/run` at
+        attempt 0 and that next attempt would share one capture key."""
+        latest = self.current()
+        if not latest:
+            return capture_key("x", 1)
+        attempt = latest[sorted(latest)[pick % len(latest)]]
+        return capture_key(attempt.rollout, attempt.attempt + 1)
+
     def issue_id(self, operation: str) -> tuple[Model, str]:
         """A fresh ID for a retire or a forget."""
         return attrs.evolve(self, control_seq=self.control_seq + 1), f"{operation}{self.control_seq + 1}"
@@ -479,10 +507,10 @@ class Model:
         """The same model, with a misbehaving controller's path marked as run (`Tried`)."""
         return attrs.evolve(self, tried=attrs.evolve(self.tried, **tried))
 
-    def dispatch(self, restart: bool = False) -> tuple[Model, str]:
+    def dispatch(self, restart: bool = False, drawn: str | None = None) -> tuple[Model, str]:
         """A new rollout starts as attempt 0 (on the restart environment: a restart) and stops at its first model
-        call."""
-        rollout = f"r{self.rollout_seq}"
+        call. Its name is its rollout ID on the wire: `drawn` numbered apart (`rollout_names`), else `r<seq>`."""
+        rollout = rollout_name(drawn, self.rollout_seq)
         attempt = Attempt(
             rollout=rollout, attempt=0, status="running", script=self.script, run=self.runs_sent, restart=restart
         )

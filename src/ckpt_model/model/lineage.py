@@ -35,6 +35,7 @@ import attrs
 from ckpt_model.errors import PropertyViolation
 from ckpt_model.model.contract import capture_key
 from ckpt_model.protocol.ledger import Manifest, Refusal, RetiredLedger
+from ckpt_model.protocol.wire import split_capture_key
 
 
 class P12Violation(PropertyViolation):
@@ -272,10 +273,9 @@ class Lineage:
 
 
 def next_key(key: str) -> str:
-    rollout, _, attempt = key.rpartition("-a")
-    if rollout and attempt.isdigit():
-        return capture_key(rollout, int(attempt) + 1)
-    return capture_key(key, 1)
+    """The capture key of the attempt after the one `key` names (`x-a0` is attempt 0 of rollout `x-a0`)."""
+    rollout, attempt = split_capture_key(key)
+    return capture_key(rollout, attempt + 1)
 
 
 # -- the checks ------------------------------------------------------------------------------------------------

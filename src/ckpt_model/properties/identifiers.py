@@ -1,6 +1,7 @@
 """P15 identifiers: every reply names what it answers (its participant, checkpoint, attempts and task) with capture
-keys, a restore continues each record as its next attempt, and a model call ID is never reused (docs/fields.md
-lists the fields and the invariant each check holds).
+keys, a restore continues each record as its next attempt, a model call ID is never reused, a rollout ID Gym's rules
+reject is refused and changes nothing, and no capture key names two attempts (docs/fields.md lists the fields and
+the invariant each check holds).
 """
 
 from __future__ import annotations
@@ -9,15 +10,21 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ckpt_model.errors import PropertyViolation
+from ckpt_model.model.contract import ScriptCall
+from ckpt_model.properties.evidence import error_code, shortened
 from ckpt_model.protocol.storage import Fingerprint
-from ckpt_model.protocol.wire import MANIFEST_SCHEMA_VERSION, EpisodeId
+from ckpt_model.protocol.wire import MANIFEST_SCHEMA_VERSION, EpisodeId, rollout_key
+
+# A pair of a rollout ID and an attempt number, as a `/run` or a record names it.
+Pair = tuple[str, int]
 
 
 class P15Violation(PropertyViolation):
     property_id = "P15"
     title = (
         "identifiers: every reply names what it answers (its participant, checkpoint, attempts and task) with "
-        "capture keys, a restore continues each record as its next attempt, and a model call ID is never reused"
+        "capture keys, a restore continues each record as its next attempt, a model call ID is never reused, a "
+        "rejected rollout ID is refused and changes nothing, and no capture key names two attempts"
     )
 
 
@@ -188,3 +195,67 @@ def p15_ledger_identifiers(key: str, answered_for: Any, sources: Sequence[str | 
                 expected=f"rows of {key!r} stamped with an earlier attempt of {episode.rollout_id!r}",
                 observed=f"a row stamped capture_key {source!r}",
             )
+
+
+def p15_capture_keys_unique(where: str, pairs: Iterable[Pair]) -> None:
+    """No two distinct (rollout ID, attempt) pairs share a capture key in `where` (a participant's records, the
+    backend's calls): the reservation of a trailing `-a<N>` is what keeps the mapping one-to-one (reference 5.1),
+    and a server that derives keys without it (nemo-gym 0.7.0's legacy `_ng_rollout_id`) lets `x-a1` at attempt 0
+    and `x` at attempt 1 write under one key."""
+    owners: dict[str, set[Pair]] = {}
+    for rollout_id, attempt in pairs:
+        owners.setdefault(rollout_key(rollout_id, attempt), set()).add((rollout_id, attempt))
+    for key, named in sorted(owners.items()):
+        if len(named) > 1:
+            raise P15Violation(
+                rollout=key,
+                expected=f"capture key {key!r} names one attempt in {where}",
+                observed="it names " + " and ".join(f"{r!r} at attempt {a}" for r, a in sorted(named)),
+            )
+
+
+def p15_rejected_id_refused(
+    rollout_id: str, attempt: int, sent: Mapping[str, Any], status_code: int | None, body: Any
+) -> None:
+    """A `/run` whose rollout ID Gym's rules reject is refused with the protocol's error: a native request fails
+    body validation (FastAPI's 422 with a `detail` naming `rollout_id`, reference 2.2), a legacy row without a
+    rollout ID is 400 `rollout_id_required` and one with an invalid `_ng_rollout_id` 400 `invalid_rollout_id`
+    (reference 2.3, 5.3)."""
+    what = f"a /run with rollout ID {rollout_id!r} (attempt {attempt})"
+    if "episode_id" in sent:
+        expected = "refused with FastAPI's 422 naming rollout_id"
+        refused = status_code == 422 and "rollout_id" in str(body.get("detail") if isinstance(body, dict) else None)
+    else:
+        code = "invalid_rollout_id" if rollout_id else "rollout_id_required"
+        expected = f"refused with 400 {code}"
+        refused = status_code == 400 and error_code(body) == code
+    if not refused:
+        raise P15Violation(
+            rollout=rollout_key(rollout_id, attempt),
+            expected=f"{what}, which Gym's rules reject, is {expected}",
+            observed=f"HTTP {status_code}: {shortened(body)}",
+        )
+
+
+def p15_rejected_ids_called_nothing(
+    rejected: Iterable[Pair],
+    owners: Mapping[str, Pair],
+    expected: Mapping[str, tuple[ScriptCall, ...]],
+    observed: Mapping[str, tuple[ScriptCall, ...]],
+) -> None:
+    """A `/run` with a rejected rollout ID changes nothing anywhere: no backend call under its key beyond what the
+    model's own attempts make (`expected`, by capture key; `owners`: the model's attempt behind each key). A call
+    past them under a key an attempt of the model holds means the key names two attempts (the uniqueness check);
+    under any other key, that the request was taken in. Judged before P4, which would name only the consequence."""
+    for rollout_id, attempt in rejected:
+        key = rollout_key(rollout_id, attempt)
+        got, want = observed.get(key, ()), expected.get(key, ())
+        if got == want[: len(got)]:
+            continue
+        if key in owners:
+            p15_capture_keys_unique("the backend's calls", [owners[key], (rollout_id, attempt)])
+        raise P15Violation(
+            rollout=key,
+            expected=f"the /run of rejected rollout ID {rollout_id!r} is refused and calls nothing",
+            observed=f"backend calls {list(got)} under {key!r}, where the model's attempts make {list(want)}",
+        )

@@ -373,6 +373,16 @@ IDENTIFIERS: dict[str, str] = {
         "p15_ledger_identifiers"
     ),
     "a native /run reply names the attempt and task it ran (5.2)": "p15_run_names_episode",
+    "a /run naming a rollout ID the rules reject is refused with the protocol's error: native 422 naming "
+    "`rollout_id`, legacy 400 `invalid_rollout_id` (or `rollout_id_required` for none) (2.2, 2.3, 5.1, 5.3)": (
+        "p15_rejected_id_refused"
+    ),
+    "such a /run calls nothing: no backend call under its key beyond the model's own attempts'": (
+        "p15_rejected_ids_called_nothing"
+    ),
+    "no capture key names two (rollout ID, attempt) pairs, in the backend's calls or across a commit's records (5.1)": (
+        "p15_capture_keys_unique"
+    ),
     "a continued attempt's first call links to the last delivered one (5.6)": "p5_parent_links",
     "a resumed checkpoint ID is refused (2.6)": "p10_each_refused",
 }

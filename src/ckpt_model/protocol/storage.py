@@ -23,6 +23,8 @@ from typing import Any
 
 import attrs
 
+from ckpt_model.protocol.wire import rollout_key
+
 MANIFEST_NAME = "manifest.json"
 SCHEMA_VERSION = 1
 # Reference 6.1: named after the digest, or the fixed name that older checkpoints used (Gym reads both).
@@ -48,6 +50,8 @@ class Fingerprint:
     records_sha256: str
     record_count: int
     episode_ids: tuple[str, ...]
+    # The (rollout ID, attempt) pair each record names, sorted: what its capture key is derived from (P15).
+    episodes: tuple[tuple[str, int], ...] = ()
 
 
 def participant_dir(checkpoint_dir: Path, kind: str, instance: str) -> Path:
@@ -76,6 +80,7 @@ def read_share(
         records_sha256=checked.manifest["records_sha256"],
         record_count=checked.manifest["record_count"],
         episode_ids=tuple(sorted(_capture_key(record) for record in checked.records)),
+        episodes=tuple(sorted(pair for pair in map(_episode, checked.records) if pair is not None)),
     )
     return described, checked.records
 
@@ -281,9 +286,15 @@ def _lines(data: bytes) -> list[bytes]:
     return lines
 
 
-def _capture_key(record: Any) -> str:
+def _episode(record: Any) -> tuple[str, int] | None:
+    """The (rollout ID, attempt) pair a record's `episode_id` names, if it names one."""
     episode = record.get("episode_id") if isinstance(record, dict) else None
     if not isinstance(episode, dict) or not isinstance(episode.get("rollout_id"), str):
-        return "?"
+        return None
     attempt = episode.get("attempt", 0)
-    return episode["rollout_id"] if attempt == 0 else f"{episode['rollout_id']}-a{attempt}"
+    return (episode["rollout_id"], attempt) if isinstance(attempt, int) and not isinstance(attempt, bool) else None
+
+
+def _capture_key(record: Any) -> str:
+    pair = _episode(record)
+    return "?" if pair is None else rollout_key(*pair)

@@ -70,6 +70,25 @@ def is_valid_name(value: str) -> bool:
     return bool(_NAME_RE.fullmatch(value))
 
 
+def is_valid_rollout_id(value: str) -> bool:
+    """An `EpisodeId.rollout_id`: a name (`is_valid_name`) that does not end in `-a<N>`, the suffix capture keys
+    reserve for the attempt number (reference 5.1)."""
+    return is_valid_name(value) and _ATTEMPT_SUFFIX_RE.search(value) is None
+
+
+def rollout_key(rollout_id: str, attempt: int) -> str:
+    """The capture key Gym derives from a rollout ID and an attempt, whether or not the ID is valid (a refused
+    name's key, or one a faulty server took in): the bare ID at attempt 0, else `<rollout_id>-a<attempt>`."""
+    return rollout_id if attempt == 0 else f"{rollout_id}-a{attempt}"
+
+
+def split_capture_key(key: str) -> tuple[str, int]:
+    """The rollout ID and attempt a capture key names: a trailing `-a<N>` (N without a leading zero) is the
+    attempt, anything else is attempt 0 (`x-a0` and `x-a01` are rollout IDs at attempt 0)."""
+    match = _ATTEMPT_SUFFIX_RE.search(key)
+    return (key, 0) if match is None else (key[: match.start()], int(match.group(1)))
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

@@ -441,6 +441,7 @@ FAULT_SCENARIOS: dict[str, str] = {
     "environment_resume_deletes_records_sometimes": "checkpoint_without_crash__parks_then_resumes",
     "second_worker_delivers_held": "token_lineage__held_reply_on_a_second_worker_is_not_exported",
     "agent_restore_drops_tool_results": "crash_after_prepare__continues_from_boundary",
+    "legacy_keys_skip_reservation": "rejected_rollout_ids__refused_and_change_nothing",
     "store_error_is_internal": "failed_write__retried_in_the_same_process_stores_the_first_export",
     "store_failed_write_leaves_manifest": "failed_write__retried_in_the_same_process_stores_the_first_export",
     "failed_write_abandons_checkpoint": "failed_write__retried_in_the_same_process_stores_the_first_export",

@@ -279,11 +279,25 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         calls={"r0": (0, 1), "r1": (0,), "r0-a1": (0, 1)},
     ),
+    # Rollout IDs at the edges of Gym's rules (reference 5.1): one that ends in `-a0` runs as any other; a /run
+    # naming the capture key of its next attempt (the reserved `-a<N>`), and one with a leading dash, are refused
+    # and change nothing (P15).
+    "rejected_rollout_ids__refused_and_change_nothing": Scenario(
+        steps(
+            ("dispatch", {"rollout_id": "x.y_z-a0"}),
+            ("run_rejected_id", {"rollout_id": "x", "reserved_of": 0}),
+            ("run_rejected_id", {"rollout_id": "-x", "reserved_of": None}),
+            ("release", FIRST),
+            ("release", FIRST),
+        ),
+        calls={"x0.y_z-a0": (0, 1)},
+    ),
 }
 
 # The same scenarios' calls on the counter topology: a counter row makes three calls (1, 3 and 5 messages), so an
 # attempt that finishes makes one more than a weather episode, and one released twice is still running.
 COUNTER_CALLS: dict[str, Facts] = {
+    "rejected_rollout_ids__refused_and_change_nothing": {"x0.y_z-a0": (0, 1, 2)},
     "crash_after_prepare__continues_from_boundary": {"r0": (0, 1), "r0-a1": (1, 2)},
     "checkpoint_at_first_call__restored_from_the_start": {"r0": (0,), "r0-a1": (0, 1, 2)},
     "checkpoint_without_crash__parks_then_resumes": {"r0": (0, 1, 2)},

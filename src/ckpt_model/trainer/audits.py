@@ -41,6 +41,7 @@ from ckpt_model.properties.fencing import (
     p10_reply_phase,
 )
 from ckpt_model.properties.identifiers import (
+    p15_capture_keys_unique,
     p15_manifest_names_share,
     p15_restore_names_source,
     p15_restored_next_attempts,
@@ -144,7 +145,11 @@ class Audits:
         read: Mapping[str, Any],
     ) -> None:
         """P1: each member's commit reply and records on disk name exactly what the model says it writes. With
-        token capture the policy model writes the scoped attempts with ledger rows or a cut (P5 judged them)."""
+        token capture the policy model writes the scoped attempts with ledger rows or a cut (P5 judged them). P15:
+        across every member's records, no capture key names two (rollout ID, attempt) pairs."""
+        members = list(members)
+        pairs = [pair for member in members for pair in read[member.name].episodes]
+        p15_capture_keys_unique(f"the records of {checkpoint_id}", pairs)
         for member in members:
             expected = (
                 self.ledgers.exported_keys(checkpoint_id)

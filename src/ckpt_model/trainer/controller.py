@@ -197,6 +197,12 @@ class Controller:
         self.runs.refused_closed[attempt.run] = attempt.key
         self.runs.send(attempt)
 
+    def run_rejected(self, attempt: Attempt) -> None:
+        """Send a `/run` whose rollout ID Gym's rules reject: it must be refused and start nothing (P15). Not placed:
+        the placement names capture keys, and a rejected name has none."""
+        self.runs.rejected[attempt.run] = (attempt.rollout, attempt.attempt)
+        self.runs.send(attempt)
+
     def late_run(self, attempt: Attempt) -> RunOutcome:
         """A late `/run` of a retired attempt, in this thread."""
         return self.runs.post(attempt)

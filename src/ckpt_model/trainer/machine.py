@@ -42,6 +42,7 @@ from ckpt_model.trainer.nemeses.storage import Storage
 from ckpt_model.trainer.nemeses.unreachable import Unreachable
 from ckpt_model.trainer.pipeline import PICK, WORKER, choose
 from ckpt_model.trainer.quiescence import SETTLE_TIMEOUT_S, Quiescence
+from ckpt_model.trainer.rollout_ids import ROLLOUT_IDS
 
 
 class CheckpointMachine(
@@ -90,10 +91,12 @@ class CheckpointMachine(
         family=ROLLOUTS,
         needs=(checkable.GATE,),
         worker=WORKER,
+        rollout_id=ROLLOUT_IDS,
     )
-    def dispatch(self, worker: int = 0) -> None:
-        """A new rollout starts and stops at its first model call; its calls are served by policy worker `worker`."""
-        self._dispatch(restart=False, worker=worker)
+    def dispatch(self, worker: int = 0, rollout_id: str | None = None) -> None:
+        """A new rollout starts and stops at its first model call; its calls are served by policy worker `worker`.
+        Its rollout ID is `rollout_id` numbered apart (`rollout_names`; None: `r<seq>`)."""
+        self._dispatch(restart=False, worker=worker, drawn=rollout_id)
 
     @action(
         lambda self: self.harness.backend is not None and self.model.can_dispatch_restart(),
@@ -101,13 +104,14 @@ class CheckpointMachine(
         needs=(checkable.GATE, checkable.RESTART_ENVIRONMENT),
         applies=goals.with_restart_environment,
         worker=WORKER,
+        rollout_id=ROLLOUT_IDS,
     )
-    def dispatch_restart(self, worker: int = 0) -> None:
+    def dispatch_restart(self, worker: int = 0, rollout_id: str | None = None) -> None:
         """A new rollout on the restart environment (topology `mixed`): a restart, never exported."""
-        self._dispatch(restart=True, worker=worker)
+        self._dispatch(restart=True, worker=worker, drawn=rollout_id)
 
-    def _dispatch(self, restart: bool, worker: int) -> None:
-        model, rollout = self.model.dispatch(restart=restart)
+    def _dispatch(self, restart: bool, worker: int, drawn: str | None) -> None:
+        model, rollout = self.model.dispatch(restart=restart, drawn=drawn)
         placed = self.controller.run(model.current()[rollout], worker)
         self._advance(model, f"dispatch{'_restart' if restart else ''}() -> {rollout}{placed}")
 

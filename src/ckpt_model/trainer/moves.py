@@ -172,6 +172,12 @@ def run_while_open(machine: CheckpointMachine) -> Iterator[Outcome]:
     yield {}, _opened_first(machine.model).refused_dispatch()[0]
 
 
+def run_rejected_id(machine: CheckpointMachine) -> Iterator[Outcome]:
+    """Refused whatever name it sends: only the `/run` number and the count of such runs change, which the abstract
+    state leaves out, so one name stands for them all."""
+    yield {"rollout_id": "x-a1", "reserved_of": None}, machine.model.rejected_dispatch("x-a1")[0]
+
+
 def remove_ledgers_while_open(machine: CheckpointMachine) -> Iterator[Outcome]:
     model = _opened_first(machine.model)
     yield {}, model.having_tried(ledger_removal_in=model.opened)
@@ -405,6 +411,7 @@ MOVES: Mapping[str, Move] = {
         forget,
         late_run,
         run_while_open,
+        run_rejected_id,
         remove_ledgers_while_open,
         late_call,
         retry,

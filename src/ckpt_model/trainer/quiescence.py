@@ -53,7 +53,13 @@ from ckpt_model.properties.fencing import (
     p10_status_agrees,
     status_mismatches,
 )
-from ckpt_model.properties.identifiers import p15_capture_keys, p15_run_names_episode, p15_status_names_participant
+from ckpt_model.properties.identifiers import (
+    p15_capture_keys,
+    p15_rejected_id_refused,
+    p15_rejected_ids_called_nothing,
+    p15_run_names_episode,
+    p15_status_names_participant,
+)
 from ckpt_model.properties.state import p7_refused
 from ckpt_model.properties.verification import p11_preparing
 from ckpt_model.trainer.runs import RunPool
@@ -183,6 +189,8 @@ class Quiescence:
     def _pending(self, model: Model, expected: Expectation, observation: Observation) -> list[str]:
         """What has not arrived yet; raises at once on what no amount of waiting can fix."""
         p10_refused_runs_made_no_calls(self.runs.refused_closed.values(), observation.calls)
+        owners = {a.key: (a.rollout, a.attempt) for a in model.attempts}
+        p15_rejected_ids_called_nothing(self.runs.rejected.values(), owners, expected.calls, observation.calls)
         pending = [f"call of {key}" for key in p4_calls(expected.calls, observation.calls)]
         pending += [f"{key} waiting at the backend" for key in expected.waiting if key not in observation.waiting]
         pending += [f"{key} released" for key in observation.waiting if key not in expected.waiting]
@@ -231,6 +239,13 @@ class Quiescence:
                 pending.append(f"{key} {REFUSAL_PENDING} while a checkpoint is open")
             else:
                 p10_admission_refused(key, outcome.status_code, outcome.body)
+        for run, (rollout_id, number) in sorted(runs.rejected.items()):
+            outcome = runs.outcomes.get(run)
+            if outcome is None:
+                pending.append(f"{rollout_id!r} {REFUSAL_PENDING} of its rollout ID")
+            else:
+                sent = self.harness.spec.traits.run_body(rollout_id, number)
+                p15_rejected_id_refused(rollout_id, number, sent, outcome.status_code, outcome.body)
         return pending
 
     def _timed_out(self, model: Model, expected: Expectation, violation: type[PropertyViolation] | None) -> None:

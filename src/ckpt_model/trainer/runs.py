@@ -55,6 +55,8 @@ class RunPool:
         # (sent while a checkpoint was open); each mapped to its capture key, for messages.
         self.refused_stale: dict[int, str] = {}
         self.refused_closed: dict[int, str] = {}
+        # `/run`s whose rollout ID Gym's rules reject, each mapped to the rollout ID and attempt it named (P15).
+        self.rejected: dict[int, tuple[str, int]] = {}
 
     def post(self, attempt: Attempt) -> RunOutcome:
         """One `/run`, in the caller's thread."""

@@ -18,10 +18,13 @@ from ckpt_model.properties.identifiers import (
     P15Violation,
     p15_admission_names_attempt,
     p15_capture_keys,
+    p15_capture_keys_unique,
     p15_forgotten_echoed,
     p15_ledger_identifiers,
     p15_manifest_names_share,
     p15_model_call_ids_unique,
+    p15_rejected_id_refused,
+    p15_rejected_ids_called_nothing,
     p15_restore_names_source,
     p15_restored_next_attempts,
     p15_retired_echoed,
@@ -189,3 +192,43 @@ def test_an_active_checkpoint_holds_a_lease() -> None:
     for bad in (None, True, "5"):
         with pytest.raises(P10Violation, match="holds a lease"):
             p10_lease_held("agent", {**STATUS, "phase": "prepared", "lease_expires_at": bad})
+
+
+def test_no_capture_key_names_two_attempts() -> None:
+    """`x-a1` at attempt 0 and `x` at attempt 1 share key `x-a1` (nemo-gym 0.7.0's legacy path); `x-a0` and `x`
+    do not, nor does one pair seen twice."""
+    p15_capture_keys_unique("records", [("x", 0), ("x", 1), ("x-a0", 0), ("x-a0", 1), ("x", 1), ("x-a01", 2)])
+    with pytest.raises(P15Violation, match=r"(?s)capture key 'x-a1' names one attempt.*'x' at attempt 1 and 'x-a1'"):
+        p15_capture_keys_unique("records", [("x", 0), ("x", 1), ("x-a1", 0)])
+    with pytest.raises(P15Violation, match="'r-a1-a1'"):
+        p15_capture_keys_unique("the backend's calls", [("r-a1", 1), ("r-a1-a1", 0), ("r", 2)])
+
+
+NATIVE_SENT = {"episode_id": {"rollout_id": "-x", "attempt": 0}, "task": {}}
+LEGACY_SENT = {"_ng_rollout_id": "x-a1", "_ng_attempt_index": 0}
+VALIDATION_422 = {"detail": [{"loc": ["body", "episode_id", "rollout_id"], "msg": "Value error"}]}
+
+
+def test_a_rejected_rollout_id_is_refused_with_the_protocols_error() -> None:
+    p15_rejected_id_refused("-x", 0, NATIVE_SENT, 422, VALIDATION_422)
+    p15_rejected_id_refused("x-a1", 0, LEGACY_SENT, 400, {"error": {"code": "invalid_rollout_id", "detail": "no"}})
+    p15_rejected_id_refused("", 0, LEGACY_SENT, 400, {"error": {"code": "rollout_id_required", "detail": "no"}})
+    with pytest.raises(P15Violation, match="422 naming rollout_id"):
+        p15_rejected_id_refused("-x", 0, NATIVE_SENT, 422, {"detail": [{"loc": ["body", "task"]}]})
+    with pytest.raises(P15Violation, match="HTTP 200"):
+        p15_rejected_id_refused("-x", 0, NATIVE_SENT, 200, {"result": {}})
+    with pytest.raises(P15Violation, match=r"(?s)400 invalid_rollout_id.*HTTP 409"):
+        p15_rejected_id_refused("x-a1", 0, LEGACY_SENT, 409, {"error": {"code": "checkpoint_error", "detail": "dup"}})
+    with pytest.raises(P15Violation, match="HTTP None"):
+        p15_rejected_id_refused("x-a1", 0, LEGACY_SENT, None, None)
+
+
+def test_a_rejected_rollout_id_calls_nothing() -> None:
+    owners = {"x": ("x", 0), "x-a1": ("x", 1)}
+    expected = {"x": (2, 4), "x-a1": (4,)}
+    # Calls the model's own attempts make, some still to come, are theirs.
+    p15_rejected_ids_called_nothing([("x-a1", 0), ("-y", 0)], owners, expected, {"x": (2,), "x-a1": (4,)})
+    with pytest.raises(P15Violation, match=r"'x-a1' names one attempt in the backend's calls"):
+        p15_rejected_ids_called_nothing([("x-a1", 0)], owners, expected, {"x-a1": (4, 2)})
+    with pytest.raises(P15Violation, match=r"rejected rollout ID 'y-a1' is refused and calls nothing"):
+        p15_rejected_ids_called_nothing([("y-a1", 0)], owners, expected, {"y-a1": (2,)})

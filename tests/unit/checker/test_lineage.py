@@ -99,6 +99,14 @@ def test_a_retire_retires_every_covered_attempt() -> None:
     assert next_key("r0-a1") == "r0-a2"
 
 
+def test_the_next_key_of_a_rollout_id_that_looks_like_an_attempt_is_its_own() -> None:
+    """`x-a0`, `x-a01` and `x-a1b` are rollout IDs at attempt 0 (reference 5.1), not attempts of `x`."""
+    assert next_key("x-a0") == "x-a0-a1"
+    assert next_key("x-a01") == "x-a01-a1"
+    assert next_key("x-a1b") == "x-a1b-a1"
+    assert next_key("x-a0-a2") == "x-a0-a3"
+
+
 def test_calls_of_an_attempt_nobody_runs_are_strays() -> None:
     lineage = Lineage().learn([call(0, "r9", "r9.0", None)])
     with pytest.raises(P5Violation, match="runs none"):

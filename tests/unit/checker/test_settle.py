@@ -76,6 +76,7 @@ class Runs:
     outcomes: dict[int, Any] = {}
     refused_stale: dict[int, str] = {}
     refused_closed: dict[int, str] = {}
+    rejected: dict[int, tuple[str, int]] = {}
 
 
 def dispatched() -> Model:

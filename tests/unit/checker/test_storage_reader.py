@@ -91,6 +91,15 @@ def test_fingerprint_describes_a_valid_directory(tmp_path: Path) -> None:
     assert found.record_count == 2
     assert found.manifest_sha256 == _sha256(_manifest_path(directory).read_bytes())
     assert found.episode_ids == ("r0", "r1-a2")
+    assert found.episodes == (("r0", 0), ("r1", 2))
+
+
+def test_the_pairs_records_name_are_read_as_written(tmp_path: Path) -> None:
+    """`x-a1` at attempt 0 and `x` at attempt 1 have one capture key, and stay two pairs (P15 tells them apart)."""
+    records = [{"episode_id": {"rollout_id": "x-a1", "attempt": 0}}, {"episode_id": {"rollout_id": "x", "attempt": 1}}]
+    found = fingerprint(_participant(tmp_path, _jsonl(records)), KIND, INSTANCE, checkpoint_id=CHECKPOINT_ID)
+    assert found.episode_ids == ("x-a1", "x-a1")
+    assert found.episodes == (("x", 1), ("x-a1", 0))
 
 
 def test_read_records_returns_the_records_in_file_order(tmp_path: Path) -> None:

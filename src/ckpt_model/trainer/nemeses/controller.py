@@ -6,15 +6,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from hypothesis import strategies as st
+
 from ckpt_model.model.contract import Attempt
 from ckpt_model.model.spec import DeploymentSpec
 from ckpt_model.properties.fencing import P10Violation, p10_ledger_removal_refused, p10_retry_answered
+from ckpt_model.properties.identifiers import P15Violation
 from ckpt_model.properties.state import P7Violation, p7_callee_refused, p7_refused
 from ckpt_model.steps import checkable
 from ckpt_model.steps.families import Family
 from ckpt_model.steps.steplog import action
 from ckpt_model.trainer.controller import QUIET_PREPARE_DEADLINE_S
 from ckpt_model.trainer.pipeline import PICK, MachineBase, choose
+from ckpt_model.trainer.rollout_ids import REJECTED_ROLLOUT_IDS, rejection_reason
 
 # A quiet controller's prepare that missed its deadline is tried again with twice the deadline, up to this (where
 # the lease is waited out in real time: a real Gym's clocks are not the checker's).
@@ -80,6 +84,24 @@ class MisbehavingController(MachineBase):
         model, attempt = self.model.refused_dispatch()
         self.controller.run_refused(attempt)
         self._advance(model, f"run_while_open() -> {attempt.rollout} refused", violation=P10Violation)
+
+    @action(
+        lambda self: self.harness.backend is not None and self.model.may_send_rejected_id(),
+        family=CONTROLLER,
+        needs=(checkable.GATE,),
+        judges=("P15",),
+        rollout_id=REJECTED_ROLLOUT_IDS,
+        reserved_of=st.none() | PICK,
+    )
+    def run_rejected_id(self, rollout_id: str, reserved_of: int | None = None) -> None:
+        """A `/run` naming a rollout ID Gym's rules reject is refused with the protocol's error and changes nothing
+        anywhere (P15). With `reserved_of`, the name is the capture key the next attempt of a rollout the model holds
+        would have (`Model.reserved_name_of`): on a legacy row's `_ng_rollout_id`, the pair that shares a key where
+        the reservation is skipped."""
+        name = rollout_id if reserved_of is None else self.model.reserved_name_of(reserved_of)
+        model, attempt = self.model.rejected_dispatch(name)
+        self.controller.run_rejected(attempt)
+        self._advance(model, f"run_rejected_id({name!r}): {rejection_reason(name)}", violation=P15Violation)
 
     @action(
         lambda self: self.ledgers.enabled and (self.model.may_remove_ledgers_while_open() or self._may_checkpoint()),
