@@ -78,7 +78,7 @@ def abstract(model: Model) -> AbstractState:
         _marks(model.retired_marks, names),
         model.fresh,
         tuple(sorted(names.key(key) for key in model.restored_pending_reported)),
-        tuple(sorted((r.kind, r.marks == model.retired_marks) for r in model.restarted)),
+        tuple(sorted((r.kind, _marks(r.marks, names)) for r in model.restarted)),
         tuple(names.rollout(rollout) for rollout in model.late_runs()),
         tuple(sorted(_attempt(a, names) for a in model.retired_attempts)),
     )
