@@ -202,10 +202,12 @@ def time_passes(machine: CheckpointMachine) -> Iterator[Outcome]:
 
 def skewed_clock(machine: CheckpointMachine) -> Iterator[Outcome]:
     """Ahead, the skewed participant lapses first and refuses the commit; behind, it outholds the others, whose
-    leases lapse: either way the controller resumes and the checkpoint is incomplete."""
+    leases lapse: either way the controller resumes and the checkpoint is incomplete. On a slow machine the prepare
+    missed its deadline first and was resumed (the rule records that it did not reach its situation)."""
     prepared = machine.model.having_tried(clock_skew=True).prepare()[0]
     for behind in (False, True):
         yield {"victim": 0, "behind": behind}, prepared.commit_failed()
+        yield {"victim": 0, "behind": behind}, prepared.resume()
 
 
 # -- crashes ------------------------------------------------------------------------------------------------
@@ -352,7 +354,11 @@ def paused_prepare(machine: CheckpointMachine) -> Iterator[Outcome]:
 
 
 def paused_lease(machine: CheckpointMachine) -> Iterator[Outcome]:
-    yield {"victim": 0}, machine.model.having_tried(pause_lapse=True).prepare()[0].commit_failed()
+    """The frozen participant's lease lapses and it refuses the commit: resumed, incomplete; on a slow machine the
+    prepare missed its deadline first and was resumed."""
+    prepared = machine.model.having_tried(pause_lapse=True).prepare()[0]
+    yield {"victim": 0}, prepared.commit_failed()
+    yield {"victim": 0}, prepared.resume()
 
 
 def _one_sided(machine: CheckpointMachine, retried_commit_whole: bool) -> Iterator[Outcome]:
