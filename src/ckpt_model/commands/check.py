@@ -270,7 +270,7 @@ def checked(args: argparse.Namespace) -> tuple[int, list[str]]:
                     searched=searched,
                     round_began=lambda began: progress.say(round_line(began)),
                     controller=controller,
-                    aim_paths=getattr(args, "aim", False),
+                    tours=getattr(args, "aim", False),
                 )
             finally:
                 progress.now_doing("stopping the deployment")  # not a measuring that ended: it takes seconds

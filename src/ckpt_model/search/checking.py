@@ -60,15 +60,15 @@ def search(
     searched: Any = None,
     round_began: Callable[[RoundStat], None] | None = None,
     controller: ControllerMachine = TRAINER,
-    aim_paths: bool = False,
+    tours: bool = False,
 ) -> None:
     """Run `controller`'s machine on `harness` with `chosen` (and the families' `weights`); on a failure, call
     `searched()` (if given), then measure each failure's rate and (with `minimise`) make it 1-minimal, and re-raise
     what the run raised. `chosen` is used as given: `without_shrink` is the caller's choice (the CLI keeps
     Hypothesis's shrink with `--no-minimise`). With `rounds` and `max_time_s`, the search runs in rounds, each after
     the first aimed at what the ones before it left unreached (`ckpt_model.search.aim`), and tells `round_began` of
-    each. With `aim_paths`, every round's examples open with paths to the model's transitions no example took yet
-    (`ckpt_model.search.paths`)."""
+    each. With `tours` (`check --aim`), every round's examples walk tours to the model's transitions no example took
+    yet (`ckpt_model.search.paths`)."""
     from hypothesis.stateful import run_state_machine_as_test
 
     deadlines = aim.round_deadlines(max_time_s) if rounds and max_time_s is not None else [max_time_s]
@@ -79,7 +79,7 @@ def search(
             continue  # the round before ran past this one's end (an example outlasted it)
         aimed = _aim_after(harness, stats, weights, controller.machine_type) if index else None
         focus = aimed.focus if aimed else None
-        if aim_paths and controller is TRAINER:
+        if tours and controller is TRAINER:
             focus = attrs.evolve(focus or Focus(), guide=aim_guide(harness, stats))
         if len(deadlines) > 1:
             began = _round_began(stats, index, aimed, focus.guide.size if focus and focus.guide else 0)

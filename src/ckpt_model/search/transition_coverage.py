@@ -5,7 +5,8 @@ A run keeps each drawn rule's abstract transition (`ckpt_model.steps.steplog`, b
 (`ckpt_model.search.explore`): per depth, how many of the transitions that leave a state first reached at that
 depth - 1 the run took; per family, how many it left; and every transition the run took from an explored state
 that the explorer did not predict (`unmodelled`: the move table, `ckpt_model.trainer.moves`, disagrees with the
-rule's body, a checker bug the stack's tests require none of).
+rule's body, or the abstraction, `ckpt_model.model.abstract`, merged states the rule tells apart: a checker bug the
+nightly's contract runs require none of).
 
 Exploring to depth 5 takes a few seconds, so the explored transitions of each deployment and depth are kept in
 `.ckpt-model/explored/` (or `$CKPT_MODEL_EXPLORED`), named by a digest of the checker's model, rules and moves
@@ -14,6 +15,7 @@ source: a changed checker explores again.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -92,8 +94,8 @@ class TransitionCoverage:
             lines.append(f"  never taken, by family: {'; '.join(left)}")
         if self.unmodelled:
             lines.append(
-                f"  {len(self.unmodelled)} taken that the explorer did not predict (a checker bug: "
-                f"ckpt_model.trainer.moves disagrees with the rule): {', '.join(r for _, r, _ in self.unmodelled[:5])}"
+                f"  {len(self.unmodelled)} taken that the explorer did not predict (a checker bug: its move table or "
+                f"abstraction disagrees with the rule): {', '.join(r for _, r, _ in self.unmodelled[:5])}"
             )
         return lines
 
@@ -177,7 +179,9 @@ def _write(path: Path, document: dict[str, Any]) -> None:
         return
 
 
+@functools.cache
 def _sources_digest() -> str:
+    """A digest of the checker's sources that decide what is explored, read once per process."""
     package = Path(ckpt_model.__file__).parent
     digest = hashlib.blake2b(digest_size=10)
     for source in sorted(path for part in SOURCES for path in (package / part).rglob("*.py")):

@@ -115,7 +115,7 @@ class FamilyDraw(RuleStrategy):
             raise InvalidDefinition(
                 f"No progress can be made from state {self.machine!r}: no rule's precondition holds (rules: {names})"
             )
-        followed = self._on_the_path(data, valid)
+        followed = self._on_the_tour(data, valid)
         if followed is not None:
             return followed
         on_offer = self.on_offer(valid)
@@ -134,7 +134,7 @@ class FamilyDraw(RuleStrategy):
         }
         return rule, arguments
 
-    def _on_the_path(self, data: Any, valid: Sequence[Any]) -> tuple[Any, dict[str, Any]] | None:
+    def _on_the_tour(self, data: Any, valid: Sequence[Any]) -> tuple[Any, dict[str, Any]] | None:
         """The next call of the example's aimed tour, while it has one and its rule is enabled. The tour is drawn at
         the first step (an index past the last: none), so a stored example replays the same one."""
         guide = self.focus.guide

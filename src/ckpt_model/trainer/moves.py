@@ -11,7 +11,7 @@ system decides and the checker observes (how many participants published an inco
 attempts a killed worker held), each outcome is yielded with the same arguments.
 
 The rule bodies are the truth; this table mirrors them. A run's transition coverage (`ckpt_model.steps.transitions`)
-counts every executed step that this table did not predict, and the stack's tests require none.
+counts every executed step that this table did not predict, and the nightly's contract runs require none.
 """
 
 from __future__ import annotations
