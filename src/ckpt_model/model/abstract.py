@@ -75,7 +75,7 @@ def abstract(model: Model) -> AbstractState:
         tuple(_checkpoint(checkpoint, names) for checkpoint in model.incomplete),
         bool(model.resumed),
         _last_restored(model, names),
-        _marks(model.retired_marks, names),
+        _retire_marks(model, names),
         model.fresh,
         tuple(sorted(names.key(key) for key in model.restored_pending_reported)),
         tuple(sorted((r.kind, _marks(r.marks, names)) for r in model.restarted)),
@@ -126,6 +126,28 @@ def _checkpoint(checkpoint: Checkpoint, names: _Names) -> tuple[Any, ...]:
         tuple(_attempt(a, names) for a in checkpoint.snapshot if a.status in _CONTINUABLE),
         tuple(sorted(names.key(key) for key in checkpoint.exported)),
     )
+
+
+def _retire_marks(model: Model, names: _Names) -> tuple[tuple[str, int], ...]:
+    """The retire marks, renamed. The rollouts the state holds only by their marks, or by a retired attempt, are
+    named first, before any is met in the marks (which are kept sorted by the real names): the retired attempts in
+    the order they were retired, then the rest by what their marks hold. Two rollouts that tie there are
+    interchangeable, so the state is the same whichever is named first, and no renaming of the rollouts changes
+    the abstract state."""
+    for attempt in model.retired_attempts:
+        names.rollout(attempt.rollout)
+    marked = {rollout for rollout, _ in model.retired_marks}
+    for restarted in model.restarted:
+        marked |= {rollout for rollout, _ in restarted.marks}
+    marks = dict(model.retired_marks)
+
+    def held(rollout: str) -> tuple[Any, ...]:
+        kept_by = sorted((r.kind, dict(r.marks).get(rollout, -1)) for r in model.restarted)
+        return (marks.get(rollout, -1), tuple(kept_by))
+
+    for rollout in sorted((r for r in marked if r not in names.rollouts), key=held):
+        names.rollout(rollout)
+    return _marks(model.retired_marks, names)
 
 
 def _marks(marks: tuple[tuple[str, int], ...], names: _Names) -> tuple[tuple[str, int], ...]:

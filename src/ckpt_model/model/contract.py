@@ -259,8 +259,17 @@ class Model:
     def with_status(self, *statuses: Status) -> list[Attempt]:
         return [a for a in self.current().values() if a.status in statuses]
 
+    def rollouts_with_status(self, *statuses: Status) -> list[str]:
+        """The rollouts whose latest attempt has one of `statuses`, in the order the model holds them (first
+        dispatched first): the order a rule's `pick` counts in. It is the abstraction's order too
+        (`ckpt_model.model.abstract`), whatever the rollouts are named: drawn rollout IDs sort apart from the
+        order they were dispatched in, and a pick by name would choose a different rollout in two models the
+        abstraction counts as one state."""
+        return [a.rollout for a in self.with_status(*statuses)]
+
     def waiting(self) -> list[str]:
-        return sorted(a.rollout for a in self.current().values() if a.waiting)
+        """Rollouts with a model call held at the gate, in the order the model holds them (as a pick counts)."""
+        return [a.rollout for a in self.current().values() if a.waiting]
 
     def releasable(self) -> list[str]:
         """Waiting calls a release may let go. A judge call is not released while a checkpoint is open: when
@@ -272,7 +281,7 @@ class Model:
         """Rollouts whose policy calls can all be released now, up to their verification step (slow topology)."""
         if self.checkpoint_open or VERIFY not in self.script:
             return []
-        return sorted(a.rollout for a in self.current().values() if a.waiting and not a.verifying)
+        return [a.rollout for a in self.current().values() if a.waiting and not a.verifying]
 
     def blockers(self) -> list[str]:
         """Capture keys that keep a prepare from becoming ready: attempts in a `wait` verification step."""
@@ -280,8 +289,19 @@ class Model:
             return []
         return sorted(a.key for a in self.current().values() if a.verifying)
 
+    def blocking_rollouts(self) -> list[str]:
+        """The rollouts of the blockers, in the order the model holds them: the order the controller retires
+        them in (as a pick counts: `rollouts_with_status`)."""
+        if self.verify_mode != "wait":
+            return []
+        return [a.rollout for a in self.current().values() if a.verifying]
+
     def live(self) -> list[Attempt]:
         return self.with_status("running", "pending", "dead")
+
+    def live_rollouts(self) -> list[str]:
+        """The live rollouts in the order the model holds them (as a pick counts: `rollouts_with_status`)."""
+        return [a.rollout for a in self.live()]
 
     def scope(self) -> list[Attempt]:
         """What a commit continues: every unfinished dispatched attempt (running), plus restored-pending ones,
@@ -410,8 +430,9 @@ class Model:
         return bool(self.resumed) and self.tried.late_calls_for != self.resumed
 
     def late_runs(self) -> list[str]:
-        """Retired rollouts whose late `/run` must be refused now."""
-        return sorted(a.rollout for a in self.retired_attempts if self.refuses_late_run(a.rollout, a.attempt))
+        """Retired rollouts whose late `/run` must be refused now, in the order they were retired (as a pick
+        counts, whatever their names)."""
+        return [a.rollout for a in self.retired_attempts if self.refuses_late_run(a.rollout, a.attempt)]
 
     def retired_attempt(self, rollout: str) -> Attempt:
         return next(a for a in self.retired_attempts if a.rollout == rollout)
@@ -496,7 +517,7 @@ class Model:
         latest = self.current()
         if not latest:
             return capture_key("x", 1)
-        attempt = latest[sorted(latest)[pick % len(latest)]]
+        attempt = list(latest.values())[pick % len(latest)]
         return capture_key(attempt.rollout, attempt.attempt + 1)
 
     def issue_id(self, operation: str) -> tuple[Model, str]:

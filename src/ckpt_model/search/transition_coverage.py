@@ -6,7 +6,7 @@ A run keeps each drawn rule's abstract transition (`ckpt_model.steps.steplog`, b
 depth - 1 the run took; per family, how many it left; and every transition the run took from an explored state
 that the explorer did not predict (`unmodelled`: the move table, `ckpt_model.trainer.moves`, disagrees with the
 rule's body, or the abstraction, `ckpt_model.model.abstract`, merged states the rule tells apart: a checker bug the
-nightly's contract runs require none of).
+contract runs of the test suite require none of).
 
 Exploring to depth 5 takes a few seconds, so the explored transitions of each deployment and depth are kept in
 `.ckpt-model/explored/` (or `$CKPT_MODEL_EXPLORED`), named by a digest of the checker's model, rules and moves

@@ -175,14 +175,14 @@ class CheckpointMachine(
     )
     def prepare_blocked(self) -> None:
         """A short prepare meets `wait` verifications, blocked by exactly them (P11); resume, retire them, again."""
-        blockers = self.model.blockers()
+        blockers, blocking = self.model.blockers(), self.model.blocking_rollouts()
         model, checkpoint_id = self.model.prepare_blocked()
         outcome = self.controller.prepare_short(checkpoint_id)
         self.audits.blocked(self.model, checkpoint_id, blockers, outcome)
         self.controller.resume(checkpoint_id)
         self._advance(model, f"prepare_blocked() -> {checkpoint_id} blocked by {blockers}; resume({checkpoint_id})")
-        for key in blockers:
-            self._retire(self.model.attempt(key).rollout, again=True)
+        for rollout in blocking:
+            self._retire(rollout, again=True)
 
     @action(
         lambda self: self.model.can_prepare_blocked(),
@@ -295,7 +295,7 @@ class CheckpointMachine(
     )
     def start_replacement(self, pick: int, worker: int = 0) -> None:
         """Send a restored rollout's next attempt with the same task: it continues from its boundary."""
-        rollout = choose(sorted(a.rollout for a in self.model.with_status("pending")), pick)
+        rollout = choose(self.model.rollouts_with_status("pending"), pick)
         self._start(self.model.start_replacement(rollout), rollout, "start_replacement", worker, continues=True)
 
     @action(
@@ -307,7 +307,7 @@ class CheckpointMachine(
     )
     def start_over(self, pick: int, worker: int = 0) -> None:
         """Start a rollout lost in a crash over from its input as attempt + 1."""
-        rollout = choose(sorted(a.rollout for a in self.model.with_status("dead")), pick)
+        rollout = choose(self.model.rollouts_with_status("dead"), pick)
         self._start(self.model.start_over(rollout), rollout, "start_over", worker)
 
     def _start(self, model: Model, rollout: str, rule_name: str, worker: int, continues: bool = False) -> None:
@@ -329,7 +329,7 @@ class CheckpointMachine(
     def retire(self, pick: int, again: bool, worker: int = 0) -> None:
         """Retire a rollout's attempt everywhere; then start it over as attempt + 1 (on policy worker `worker`), or
         give it up."""
-        self._retire(choose(sorted(a.rollout for a in self.model.live()), pick), again, worker)
+        self._retire(choose(self.model.live_rollouts(), pick), again, worker)
 
     def _retire(self, rollout: str, again: bool, worker: int = 0) -> None:
         attempt = self.model.current()[rollout]

@@ -10,8 +10,9 @@ model's next value depends on (which rollout, retry or give up, resume after or 
 system decides and the checker observes (how many participants published an incomplete checkpoint's shares, which
 attempts a killed worker held), each outcome is yielded with the same arguments.
 
-The rule bodies are the truth; this table mirrors them. A run's transition coverage (`ckpt_model.steps.transitions`)
-counts every executed step that this table did not predict, and the nightly's contract runs require none.
+The rule bodies are the truth; this table mirrors them. A run's transition coverage
+(`ckpt_model.search.transition_coverage`) counts every executed step that this table did not predict, and the
+contract runs of the test suite require none.
 """
 
 from __future__ import annotations
@@ -88,10 +89,9 @@ def prepare(machine: CheckpointMachine) -> Iterator[Outcome]:
 
 def prepare_blocked(machine: CheckpointMachine) -> Iterator[Outcome]:
     model = machine.model
-    blockers = model.blockers()
     after = model.prepare_blocked()[0]
-    for key in blockers:
-        after = _retired(after, model.attempt(key).rollout, again=True)
+    for rollout in model.blocking_rollouts():
+        after = _retired(after, rollout, again=True)
     yield {}, after
 
 
@@ -134,19 +134,19 @@ def recover_again(machine: CheckpointMachine) -> Iterator[Outcome]:
 
 def start_replacement(machine: CheckpointMachine) -> Iterator[Outcome]:
     model = machine.model
-    for pick, rollout in enumerate(sorted(a.rollout for a in model.with_status("pending"))):
+    for pick, rollout in enumerate(model.rollouts_with_status("pending")):
         yield {"pick": pick, "worker": 0}, model.start_replacement(rollout)
 
 
 def start_over(machine: CheckpointMachine) -> Iterator[Outcome]:
     model = machine.model
-    for pick, rollout in enumerate(sorted(a.rollout for a in model.with_status("dead"))):
+    for pick, rollout in enumerate(model.rollouts_with_status("dead")):
         yield {"pick": pick, "worker": 0}, model.start_over(rollout)
 
 
 def retire(machine: CheckpointMachine) -> Iterator[Outcome]:
     model = machine.model
-    for pick, rollout in enumerate(sorted(a.rollout for a in model.live())):
+    for pick, rollout in enumerate(model.live_rollouts()):
         for again in (False, True):
             yield {"pick": pick, "again": again, "worker": 0}, _retired(model, rollout, again)
 
@@ -164,7 +164,7 @@ def late_run(machine: CheckpointMachine) -> Iterator[Outcome]:
     if model.late_runs():
         yield {"pick": 0}, model
         return
-    for pick, rollout in enumerate(sorted(a.rollout for a in model.live())):
+    for pick, rollout in enumerate(model.live_rollouts()):
         yield {"pick": pick}, _retired(model, rollout, again=False)
 
 
