@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 import attrs
 
+from ckpt_model.model.checkpoint_names import checkpoint_name, restore_name
 from ckpt_model.model.rollout_names import rollout_name
 from ckpt_model.model.topologies import TOPOLOGIES
 
@@ -205,6 +206,8 @@ class Tried:
     pause_lapse: bool = False
     # `/run`s sent with a rollout ID Gym's rules reject (a few per example).
     rejected_ids: int = 0
+    # Control calls sent with a checkpoint ID Gym's rules reject (a few per example).
+    rejected_checkpoint_ids: int = 0
 
 
 @attrs.frozen
@@ -218,6 +221,10 @@ class Model:
     phase: Phase = "idle"
     open_checkpoint: str | None = None
     checkpoint_seq: int = 0
+    # The stem the example's checkpoints are named with since a rule drew it (`checkpoint_names`; None: `c<seq>`).
+    checkpoint_stem: str | None = None
+    # Each restore's ID and the checkpoint it named, in order.
+    restores: tuple[tuple[str, str], ...] = ()
     rollout_seq: int = 0
     committed: tuple[Checkpoint, ...] = ()
     # Checkpoints whose commit a crash cut short: some participants' shares are on disk, the controller never
@@ -403,6 +410,11 @@ class Model:
         and a rule drawn over and over crowds out the rest."""
         return not self.checkpoint_open and self.tried.rejected_ids < REJECTED_IDS_MAX
 
+    def may_send_rejected_checkpoint_id(self) -> bool:
+        """A control call with a rejected checkpoint ID, in any phase, a few times an example: each changes nothing,
+        and a rule drawn over and over crowds out the rest."""
+        return self.tried.rejected_checkpoint_ids < REJECTED_IDS_MAX
+
     def may_remove_ledgers_while_open(self) -> bool:
         return self.checkpoint_open and self.tried.ledger_removal_in != self.open_checkpoint
 
@@ -418,15 +430,20 @@ class Model:
 
     def restore_id(self, checkpoint_id: str) -> str:
         """The ID the next restore of `checkpoint_id` runs under."""
-        return f"{checkpoint_id}-restore{self.checkpoint_seq + 1}"
+        return restore_name(checkpoint_id, self.checkpoint_seq + 1)
+
+    def next_checkpoint_id(self) -> str:
+        """The ID the next checkpoint is prepared under (`checkpoint_names`)."""
+        return checkpoint_name(self.checkpoint_stem, self.checkpoint_seq + 1)
 
     def last_restored(self) -> int | None:
         """The place in `committed` of the checkpoint the latest restore since the processes started named (done,
         refused or died in), while it is still committed: what a second restore of the same checkpoint picks."""
+        restored_by = dict(self.restores)
         for resumed in reversed(self.resumed):
-            restored, is_restore, _ = resumed.rpartition("-restore")
-            if is_restore:
+            if resumed in restored_by:
                 ids = [c.checkpoint_id for c in self.committed]
+                restored = restored_by[resumed]
                 return ids.index(restored) if restored in ids else None
         return None
 
@@ -534,10 +551,13 @@ class Model:
             return self._replace(attrs.evolve(attempt, held=True))
         return self._deliver(attempt)
 
-    def prepare(self) -> tuple[Model, str]:
-        checkpoint_id = f"c{self.checkpoint_seq + 1}"
+    def prepare(self, drawn: str | None = None) -> tuple[Model, str]:
+        """A new checkpoint is prepared everywhere. Its ID is the next of the sequence, named with `drawn` (which
+        names the example's later checkpoints too) or else the stem drawn last (`checkpoint_names`)."""
+        named = self if drawn is None else attrs.evolve(self, checkpoint_stem=drawn)
+        checkpoint_id = named.next_checkpoint_id()
         model = attrs.evolve(
-            self, phase="prepared", open_checkpoint=checkpoint_id, checkpoint_seq=self.checkpoint_seq + 1
+            named, phase="prepared", open_checkpoint=checkpoint_id, checkpoint_seq=self.checkpoint_seq + 1
         )
         return model, checkpoint_id
 
@@ -561,7 +581,7 @@ class Model:
     def prepare_blocked(self) -> tuple[Model, str]:
         """A prepare that ran out of its deadline on blockers, and the controller's resume of it: the ID is used
         up and remembered as resumed; nothing else changes (the controller retires the blockers next)."""
-        checkpoint_id = f"c{self.checkpoint_seq + 1}"
+        checkpoint_id = self.next_checkpoint_id()
         model = attrs.evolve(self, checkpoint_seq=self.checkpoint_seq + 1, resumed=(*self.resumed, checkpoint_id))
         return model, checkpoint_id
 
@@ -675,6 +695,7 @@ class Model:
             fresh=False,
             checkpoint_seq=self.checkpoint_seq + 1,
             resumed=(*self.resumed, restore_id),
+            restores=(*self.restores, (restore_id, checkpoint_id)),
             restored_pending_reported=tuple(sorted(a.key for a in pending)),
         )
         return model, restore_id
@@ -689,7 +710,11 @@ class Model:
         checkpoint = self.checkpoint(checkpoint_id, incomplete)
         restore_id = self.restore_id(checkpoint_id)
         model = attrs.evolve(
-            self, fresh=False, checkpoint_seq=self.checkpoint_seq + 1, resumed=(*self.resumed, restore_id)
+            self,
+            fresh=False,
+            checkpoint_seq=self.checkpoint_seq + 1,
+            resumed=(*self.resumed, restore_id),
+            restores=(*self.restores, (restore_id, checkpoint_id)),
         )
         for exported in (a for a in checkpoint.snapshot if a.key in checkpoint.exported):
             burned = exported.attempt + 1

@@ -28,6 +28,7 @@ from ckpt_model.steps.swarm import Swarm, swarms
 from ckpt_model.trainer import twin
 from ckpt_model.trainer.audits import Audits
 from ckpt_model.trainer.callees import Callees
+from ckpt_model.trainer.checkpoint_ids import CHECKPOINT_STEMS
 from ckpt_model.trainer.controller import HUNG_CUT_PREPARE_DEADLINE_S, Controller, episodes_of, run_pool
 from ckpt_model.trainer.kills import Nemesis
 from ckpt_model.trainer.ledger_watch import LedgerWatch
@@ -137,10 +138,12 @@ class CheckpointMachine(
 
     # -- checkpoints ------------------------------------------------------------------------------------------
 
-    @action(lambda self: self._may_checkpoint(), family=CHECKPOINTS)
-    def prepare(self) -> None:
-        """Prepare a new checkpoint: everything is at a boundary, so every stage becomes prepared (P10)."""
-        model, checkpoint_id = self.model.prepare()
+    @action(lambda self: self._may_checkpoint(), family=CHECKPOINTS, checkpoint_id=CHECKPOINT_STEMS)
+    def prepare(self, checkpoint_id: str | None = None) -> None:
+        """Prepare a new checkpoint: everything is at a boundary, so every stage becomes prepared (P10). Its ID,
+        and the example's next ones, are named with `checkpoint_id` numbered apart (`checkpoint_names`; None: the
+        stem drawn last, else `c<seq>`)."""
+        model, checkpoint_id = self.model.prepare(checkpoint_id)
         judge = self._judge_prepare(checkpoint_id)
         self._refused_past_deadline("prepare", checkpoint_id)
         outcome = self.controller.prepare(checkpoint_id)
@@ -276,10 +279,12 @@ class CheckpointMachine(
         mechanisms=("hold_one", "then_resume"),
         then_resume=st.booleans(),
         hold_one=st.booleans(),
+        checkpoint_id=CHECKPOINT_STEMS,
     )
-    def checkpoint(self, then_resume: bool, hold_one: bool = False) -> None:
-        """Prepare and commit, then resume or not; `hold_one` holds a reply across the commit (Gym's scenario 8)."""
-        self.prepare()
+    def checkpoint(self, then_resume: bool, hold_one: bool = False, checkpoint_id: str | None = None) -> None:
+        """Prepare and commit, then resume or not; `hold_one` holds a reply across the commit (Gym's scenario 8).
+        `checkpoint_id` names the checkpoint as `prepare`'s does."""
+        self.prepare(checkpoint_id)
         if hold_one and self.model.releasable():
             self.release(0)
         self.commit()
