@@ -25,6 +25,7 @@ import attrs
 from ckpt_model.model.checkpoint_names import checkpoint_name, restore_name
 from ckpt_model.model.rollout_names import rollout_name
 from ckpt_model.model.topologies import TOPOLOGIES
+from ckpt_model.protocol.gym_tasks import TaskName
 
 Topology = Literal["native", "legacy", "counter", "slow", "mixed"]
 VerifyMode = Literal["wait", "replay"]
@@ -76,6 +77,9 @@ class Attempt:
     continued: bool = False
     # Run on the mixed topology's restart environment: reported in `restarts`, never exported, started over.
     restart: bool = False
+    # The task its native `/run` names, drawn when the rollout was dispatched and kept by every later attempt (None:
+    # the topology's own task name; a legacy row names none).
+    task: TaskName | None = None
     # Which `/run` carries it (numbered by the model as they are sent; -1: not sent yet). Restoring a checkpoint
     # again reuses capture keys, so an outcome belongs to a `/run`, not to a key.
     run: int = -1
@@ -524,12 +528,21 @@ class Model:
         """The same model, with a misbehaving controller's path marked as run (`Tried`)."""
         return attrs.evolve(self, tried=attrs.evolve(self.tried, **tried))
 
-    def dispatch(self, restart: bool = False, drawn: str | None = None) -> tuple[Model, str]:
+    def dispatch(
+        self, restart: bool = False, drawn: str | None = None, task: TaskName | None = None
+    ) -> tuple[Model, str]:
         """A new rollout starts as attempt 0 (on the restart environment: a restart) and stops at its first model
-        call. Its name is its rollout ID on the wire: `drawn` numbered apart (`rollout_names`), else `r<seq>`."""
+        call. Its name is its rollout ID on the wire: `drawn` numbered apart (`rollout_names`), else `r<seq>`; its
+        native `/run` names `task` (None: the topology's own), as every later attempt of it does."""
         rollout = rollout_name(drawn, self.rollout_seq)
         attempt = Attempt(
-            rollout=rollout, attempt=0, status="running", script=self.script, run=self.runs_sent, restart=restart
+            rollout=rollout,
+            attempt=0,
+            status="running",
+            script=self.script,
+            run=self.runs_sent,
+            restart=restart,
+            task=task,
         )
         model = attrs.evolve(
             self,
@@ -686,6 +699,7 @@ class Model:
                 script=a.script,
                 start_call=a.boundary,
                 continued=True,
+                task=a.task,
             )
             for a in continued
         ]
@@ -721,7 +735,9 @@ class Model:
             # None: a restore of an earlier checkpoint abandoned the rollout since; only the marks remain of it.
             latest = model.current().get(exported.rollout)
             if latest is not None and latest.status == "dead" and latest.attempt < burned:
-                never_run = Attempt(rollout=exported.rollout, attempt=burned, status="dead", script=model.script)
+                never_run = Attempt(
+                    rollout=exported.rollout, attempt=burned, status="dead", script=model.script, task=latest.task
+                )
                 model = attrs.evolve(model, attempts=(*model.attempts, never_run))
             restarted = tuple(
                 attrs.evolve(r, marks=_marked(r.marks, exported.rollout, burned)) for r in model.restarted
@@ -760,6 +776,7 @@ class Model:
             script=self.script,
             run=self.runs_sent,
             restart=attempt.restart,
+            task=attempt.task,
         )
         model = attrs.evolve(self, attempts=(*self.attempts, fresh_attempt), fresh=False, runs_sent=self.runs_sent + 1)
         return model._send(fresh_attempt)

@@ -192,8 +192,11 @@ def error_body(code: str, detail: str) -> dict[str, Any]:
 
 
 class TaskId(_Strict):
-    taskset: str
-    task_id: str
+    """A task's name (nemo-gym 0.7.0's `TaskId`): both parts non-empty, `taskset` by convention
+    `<environment>:<taskset>`."""
+
+    taskset: str = Field(min_length=1)
+    task_id: str = Field(min_length=1)
 
 
 class Task(_Strict):

@@ -794,7 +794,7 @@ def run_pool(harness: Harness, history: History) -> RunPool:
         return harness.restart_run_url if attempt.restart else harness.run_url
 
     def body(attempt: Attempt) -> dict[str, Any]:
-        return harness.spec.traits.run_body(attempt.rollout, attempt.attempt)
+        return harness.spec.traits.run_body(attempt.rollout, attempt.attempt, attempt.task)
 
     return RunPool(harness.run_http, url, body, history)
 

@@ -18,6 +18,7 @@ from ckpt_model.errors import CoordinationError
 from ckpt_model.interrupts import interrupt_prevails
 from ckpt_model.model.contract import Model
 from ckpt_model.properties.state import P7Violation
+from ckpt_model.protocol.gym_tasks import TaskName
 from ckpt_model.protocol.history import History
 from ckpt_model.results.stats import SearchStats
 from ckpt_model.steps import checkable, draw, goals
@@ -44,6 +45,7 @@ from ckpt_model.trainer.nemeses.unreachable import Unreachable
 from ckpt_model.trainer.pipeline import PICK, WORKER, choose
 from ckpt_model.trainer.quiescence import SETTLE_TIMEOUT_S, Quiescence
 from ckpt_model.trainer.rollout_ids import ROLLOUT_IDS
+from ckpt_model.trainer.task_names import TASK_NAMES
 
 
 class CheckpointMachine(
@@ -93,11 +95,13 @@ class CheckpointMachine(
         needs=(checkable.GATE,),
         worker=WORKER,
         rollout_id=ROLLOUT_IDS,
+        task=TASK_NAMES,
     )
-    def dispatch(self, worker: int = 0, rollout_id: str | None = None) -> None:
+    def dispatch(self, worker: int = 0, rollout_id: str | None = None, task: TaskName | None = None) -> None:
         """A new rollout starts and stops at its first model call; its calls are served by policy worker `worker`.
-        Its rollout ID is `rollout_id` numbered apart (`rollout_names`; None: `r<seq>`)."""
-        self._dispatch(restart=False, worker=worker, drawn=rollout_id)
+        Its rollout ID is `rollout_id` numbered apart (`rollout_names`; None: `r<seq>`); its native `/run` names
+        `task` (`task_names`; None: the weather task's own name)."""
+        self._dispatch(restart=False, worker=worker, drawn=rollout_id, task=task)
 
     @action(
         lambda self: self.harness.backend is not None and self.model.can_dispatch_restart(),
@@ -106,13 +110,16 @@ class CheckpointMachine(
         applies=goals.with_restart_environment,
         worker=WORKER,
         rollout_id=ROLLOUT_IDS,
+        task=TASK_NAMES,
     )
-    def dispatch_restart(self, worker: int = 0, rollout_id: str | None = None) -> None:
+    def dispatch_restart(self, worker: int = 0, rollout_id: str | None = None, task: TaskName | None = None) -> None:
         """A new rollout on the restart environment (topology `mixed`): a restart, never exported."""
-        self._dispatch(restart=True, worker=worker, drawn=rollout_id)
+        self._dispatch(restart=True, worker=worker, drawn=rollout_id, task=task)
 
-    def _dispatch(self, restart: bool, worker: int, drawn: str | None) -> None:
-        model, rollout = self.model.dispatch(restart=restart, drawn=drawn)
+    def _dispatch(self, restart: bool, worker: int, drawn: str | None, task: TaskName | None) -> None:
+        # A regression file gives the pair back as a JSON list.
+        named = None if task is None else (task[0], task[1])
+        model, rollout = self.model.dispatch(restart=restart, drawn=drawn, task=named)
         placed = self.controller.run(model.current()[rollout], worker)
         self._advance(model, f"dispatch{'_restart' if restart else ''}() -> {rollout}{placed}")
 
