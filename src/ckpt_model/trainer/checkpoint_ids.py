@@ -5,7 +5,7 @@ each apart: `ckpt_model.model.checkpoint_names`): stems with dots, dashes and un
 rollout ID may not end in and a checkpoint ID may), `.`, `_`, `-` or doubled ones, and stems of exactly
 `CHECKPOINT_ID_MAX_CHARS` characters, which the model trims to exactly that length once numbered.
 `REJECTED_CHECKPOINT_IDS` draws IDs the rules refuse: empty, one character too long, a leading `-`, `.` or `_`,
-characters outside the alphabet, a trailing newline.
+characters outside the alphabet, whitespace before or after a valid ID (a trailing newline among them).
 """
 
 from __future__ import annotations
@@ -47,7 +47,14 @@ _OUTSIDE = st.builds(
     st.sampled_from(["/", " ", ":", "é", "+", "@", "%2F", "\t"]),
 )
 _LEADING = st.builds(lambda first, lead: f"{first}{lead}", st.sampled_from(["-", ".", "_"]), st.sampled_from(_LEADS))
-REJECTED_CHECKPOINT_IDS = st.one_of(_TOO_LONG, _OUTSIDE, _LEADING, st.sampled_from(["", "c1\n", "..", "-"]))
+# Whitespace around a valid ID: refused as sent, whatever a lenient server would make of it once stripped.
+_PADDED = st.builds(
+    lambda lead, pad, before: f"{pad}{lead}1" if before else f"{lead}1{pad}",
+    st.sampled_from(_LEADS),
+    st.sampled_from([" ", "\n", "\t", "\r\n"]),
+    st.booleans(),
+)
+REJECTED_CHECKPOINT_IDS = st.one_of(_TOO_LONG, _OUTSIDE, _LEADING, _PADDED, st.sampled_from(["", "..", "-"]))
 
 
 def rejection_reason(checkpoint_id: str) -> str:
