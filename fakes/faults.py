@@ -397,6 +397,14 @@ CATALOGUE: tuple[Fault, ...] = (
         topology="legacy",
     ),
     Fault(
+        "agent_strips_checkpoint_ids",
+        "agent",
+        "P15",
+        "an agent that strips the whitespace around a control body's checkpoint_id before validating it, so"
+        " 'c1\\n' or ' c1' is taken as c1 instead of refused with 422: a prepare, a resume or any other call acts on,"
+        " or is refused as, a checkpoint the controller never named",
+    ),
+    Fault(
         "store_error_is_internal",
         "every participant",
         "P16",

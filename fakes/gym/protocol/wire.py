@@ -234,10 +234,13 @@ def task_digest(task: Any) -> str:
 
 
 class TaskId(BaseModel):
+    """nemo-gym 0.7.0's `TaskId`: `taskset` (by convention `<environment>:<taskset>`) and `task_id`, both non-empty;
+    nothing else is set on either, so any other string is a task's name."""
+
     model_config = ConfigDict(extra="forbid")
 
-    taskset: str
-    task_id: str
+    taskset: str = Field(min_length=1)
+    task_id: str = Field(min_length=1)
 
 
 class Task(BaseModel):

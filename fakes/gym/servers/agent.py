@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict
 from fakes.gym.config import ServerConfig
 from fakes.gym.control.participant import PrepareReport, ServerPlane
 from fakes.gym.control.retired import covers
+from fakes.gym.faults.stripped_ids import STRIPS_CHECKPOINT_IDS, StripsCheckpointIds
 from fakes.gym.protocol.errors import (
     ActivationOutOfOrderError,
     AdmissionClosedError,
@@ -563,6 +564,8 @@ def build_parts(config: ServerConfig, plane: ServerPlane) -> tuple[FastAPI, Agen
     legacy = LegacyEpisodes(core)
     app = FastAPI(lifespan=lifespan_with_client(lambda c: setattr(core, "client", c)))
     app.add_middleware(RolloutPrefixMiddleware)
+    if STRIPS_CHECKPOINT_IDS in config.faults:
+        app.add_middleware(StripsCheckpointIds)
     install_error_handlers(app)
 
     @app.post("/v1/agent_sessions")

@@ -22,8 +22,10 @@ from typing import Any, Literal
 
 import attrs
 
+from ckpt_model.model.checkpoint_names import checkpoint_name, restore_name
 from ckpt_model.model.rollout_names import rollout_name
 from ckpt_model.model.topologies import TOPOLOGIES
+from ckpt_model.protocol.gym_tasks import TaskName
 
 Topology = Literal["native", "legacy", "counter", "slow", "mixed"]
 VerifyMode = Literal["wait", "replay"]
@@ -75,6 +77,9 @@ class Attempt:
     continued: bool = False
     # Run on the mixed topology's restart environment: reported in `restarts`, never exported, started over.
     restart: bool = False
+    # The task its native `/run` names, drawn when the rollout was dispatched and kept by every later attempt (None:
+    # the topology's own task name; a legacy row names none).
+    task: TaskName | None = None
     # Which `/run` carries it (numbered by the model as they are sent; -1: not sent yet). Restoring a checkpoint
     # again reuses capture keys, so an outcome belongs to a `/run`, not to a key.
     run: int = -1
@@ -205,6 +210,8 @@ class Tried:
     pause_lapse: bool = False
     # `/run`s sent with a rollout ID Gym's rules reject (a few per example).
     rejected_ids: int = 0
+    # Control calls sent with a checkpoint ID Gym's rules reject (a few per example).
+    rejected_checkpoint_ids: int = 0
 
 
 @attrs.frozen
@@ -218,6 +225,10 @@ class Model:
     phase: Phase = "idle"
     open_checkpoint: str | None = None
     checkpoint_seq: int = 0
+    # The stem the example's checkpoints are named with since a rule drew it (`checkpoint_names`; None: `c<seq>`).
+    checkpoint_stem: str | None = None
+    # Each restore's ID and the checkpoint it named, in order.
+    restores: tuple[tuple[str, str], ...] = ()
     rollout_seq: int = 0
     committed: tuple[Checkpoint, ...] = ()
     # Checkpoints whose commit a crash cut short: some participants' shares are on disk, the controller never
@@ -423,6 +434,11 @@ class Model:
         and a rule drawn over and over crowds out the rest."""
         return not self.checkpoint_open and self.tried.rejected_ids < REJECTED_IDS_MAX
 
+    def may_send_rejected_checkpoint_id(self) -> bool:
+        """A control call with a rejected checkpoint ID, in any phase, a few times an example: each changes nothing,
+        and a rule drawn over and over crowds out the rest."""
+        return self.tried.rejected_checkpoint_ids < REJECTED_IDS_MAX
+
     def may_remove_ledgers_while_open(self) -> bool:
         return self.checkpoint_open and self.tried.ledger_removal_in != self.open_checkpoint
 
@@ -439,15 +455,20 @@ class Model:
 
     def restore_id(self, checkpoint_id: str) -> str:
         """The ID the next restore of `checkpoint_id` runs under."""
-        return f"{checkpoint_id}-restore{self.checkpoint_seq + 1}"
+        return restore_name(checkpoint_id, self.checkpoint_seq + 1)
+
+    def next_checkpoint_id(self) -> str:
+        """The ID the next checkpoint is prepared under (`checkpoint_names`)."""
+        return checkpoint_name(self.checkpoint_stem, self.checkpoint_seq + 1)
 
     def last_restored(self) -> int | None:
         """The place in `committed` of the checkpoint the latest restore since the processes started named (done,
         refused or died in), while it is still committed: what a second restore of the same checkpoint picks."""
+        restored_by = dict(self.restores)
         for resumed in reversed(self.resumed):
-            restored, is_restore, _ = resumed.rpartition("-restore")
-            if is_restore:
+            if resumed in restored_by:
                 ids = [c.checkpoint_id for c in self.committed]
+                restored = restored_by[resumed]
                 return ids.index(restored) if restored in ids else None
         return None
 
@@ -528,12 +549,21 @@ class Model:
         """The same model, with a misbehaving controller's path marked as run (`Tried`)."""
         return attrs.evolve(self, tried=attrs.evolve(self.tried, **tried))
 
-    def dispatch(self, restart: bool = False, drawn: str | None = None) -> tuple[Model, str]:
+    def dispatch(
+        self, restart: bool = False, drawn: str | None = None, task: TaskName | None = None
+    ) -> tuple[Model, str]:
         """A new rollout starts as attempt 0 (on the restart environment: a restart) and stops at its first model
-        call. Its name is its rollout ID on the wire: `drawn` numbered apart (`rollout_names`), else `r<seq>`."""
+        call. Its name is its rollout ID on the wire: `drawn` numbered apart (`rollout_names`), else `r<seq>`; its
+        native `/run` names `task` (None: the topology's own), as every later attempt of it does."""
         rollout = rollout_name(drawn, self.rollout_seq)
         attempt = Attempt(
-            rollout=rollout, attempt=0, status="running", script=self.script, run=self.runs_sent, restart=restart
+            rollout=rollout,
+            attempt=0,
+            status="running",
+            script=self.script,
+            run=self.runs_sent,
+            restart=restart,
+            task=task,
         )
         model = attrs.evolve(
             self,
@@ -555,10 +585,13 @@ class Model:
             return self._replace(attrs.evolve(attempt, held=True))
         return self._deliver(attempt)
 
-    def prepare(self) -> tuple[Model, str]:
-        checkpoint_id = f"c{self.checkpoint_seq + 1}"
+    def prepare(self, drawn: str | None = None) -> tuple[Model, str]:
+        """A new checkpoint is prepared everywhere. Its ID is the next of the sequence, named with `drawn` (which
+        names the example's later checkpoints too) or else the stem drawn last (`checkpoint_names`)."""
+        named = self if drawn is None else attrs.evolve(self, checkpoint_stem=drawn)
+        checkpoint_id = named.next_checkpoint_id()
         model = attrs.evolve(
-            self, phase="prepared", open_checkpoint=checkpoint_id, checkpoint_seq=self.checkpoint_seq + 1
+            named, phase="prepared", open_checkpoint=checkpoint_id, checkpoint_seq=self.checkpoint_seq + 1
         )
         return model, checkpoint_id
 
@@ -582,7 +615,7 @@ class Model:
     def prepare_blocked(self) -> tuple[Model, str]:
         """A prepare that ran out of its deadline on blockers, and the controller's resume of it: the ID is used
         up and remembered as resumed; nothing else changes (the controller retires the blockers next)."""
-        checkpoint_id = f"c{self.checkpoint_seq + 1}"
+        checkpoint_id = self.next_checkpoint_id()
         model = attrs.evolve(self, checkpoint_seq=self.checkpoint_seq + 1, resumed=(*self.resumed, checkpoint_id))
         return model, checkpoint_id
 
@@ -687,6 +720,7 @@ class Model:
                 script=a.script,
                 start_call=a.boundary,
                 continued=True,
+                task=a.task,
             )
             for a in continued
         ]
@@ -696,6 +730,7 @@ class Model:
             fresh=False,
             checkpoint_seq=self.checkpoint_seq + 1,
             resumed=(*self.resumed, restore_id),
+            restores=(*self.restores, (restore_id, checkpoint_id)),
             restored_pending_reported=tuple(sorted(a.key for a in pending)),
         )
         return model, restore_id
@@ -710,14 +745,20 @@ class Model:
         checkpoint = self.checkpoint(checkpoint_id, incomplete)
         restore_id = self.restore_id(checkpoint_id)
         model = attrs.evolve(
-            self, fresh=False, checkpoint_seq=self.checkpoint_seq + 1, resumed=(*self.resumed, restore_id)
+            self,
+            fresh=False,
+            checkpoint_seq=self.checkpoint_seq + 1,
+            resumed=(*self.resumed, restore_id),
+            restores=(*self.restores, (restore_id, checkpoint_id)),
         )
         for exported in (a for a in checkpoint.snapshot if a.key in checkpoint.exported):
             burned = exported.attempt + 1
             # None: a restore of an earlier checkpoint abandoned the rollout since; only the marks remain of it.
             latest = model.current().get(exported.rollout)
             if latest is not None and latest.status == "dead" and latest.attempt < burned:
-                never_run = Attempt(rollout=exported.rollout, attempt=burned, status="dead", script=model.script)
+                never_run = Attempt(
+                    rollout=exported.rollout, attempt=burned, status="dead", script=model.script, task=latest.task
+                )
                 model = attrs.evolve(model, attempts=(*model.attempts, never_run))
             restarted = tuple(
                 attrs.evolve(r, marks=_marked(r.marks, exported.rollout, burned)) for r in model.restarted
@@ -756,6 +797,7 @@ class Model:
             script=self.script,
             run=self.runs_sent,
             restart=attempt.restart,
+            task=attempt.task,
         )
         model = attrs.evolve(self, attempts=(*self.attempts, fresh_attempt), fresh=False, runs_sent=self.runs_sent + 1)
         return model._send(fresh_attempt)

@@ -3,8 +3,8 @@
 What the trainer takes from a rollout is its `/run` reply (the reward, the tool calls and outputs its loop saw, the
 response it trains on) and, with token capture, its capture-ledger chain (the calls it trains on, each with its
 tokens). Two runs of the same task and script must give the same outcome byte for byte, except for what names the
-run: rollout IDs, attempt numbers, capture keys, model call IDs, session IDs and timestamps. `normalised` replaces
-exactly those; everything else, a wrong ID included, stays as the system sent it. Pure: no I/O.
+run: rollout IDs, attempt numbers, capture keys, the task's name, model call IDs, session IDs and timestamps.
+`normalised` replaces exactly those; everything else, a wrong ID included, stays as the system sent it. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 
 import attrs
 
+from ckpt_model.protocol.gym_tasks import TaskName, task_id_wire
 from ckpt_model.protocol.ledger import LedgerRow
 
 KEY = "<key>"
@@ -23,6 +24,7 @@ ROLLOUT = "<rollout>"
 ATTEMPT = "<attempt>"
 SESSION = "<session>"
 TIMESTAMP = "<timestamp>"
+TASK = "<task>"
 # Fields whose value is the run's rollout ID or attempt number, when it is the run's own (a capture key and a rollout
 # ID are the same string at attempt 0, so elsewhere that string reads as the key).
 ROLLOUT_FIELDS = frozenset({"rollout_id", "_ng_rollout_id"})
@@ -36,11 +38,13 @@ _NAME_EDGE = "A-Za-z0-9_"
 
 @attrs.frozen
 class Identity:
-    """What names one run: its rollout ID, its attempt number and capture key."""
+    """What names one run: its rollout ID, its attempt number and capture key, and the name of its task (None: the
+    topology's own)."""
 
     rollout: str
     attempt: int
     key: str
+    task: TaskName | None = None
 
     def aliases(self) -> dict[str, str]:
         """Each name of the run and what it reads as once normalised (the capture key wins over the rollout ID
@@ -49,8 +53,9 @@ class Identity:
 
 
 def normalised(value: Any, identity: Identity) -> Any:
-    """`value` with the run's own names replaced: its rollout ID and attempt number in their fields, its capture key
-    and rollout ID wherever they stand alone in any other string, and every session ID and timestamp field."""
+    """`value` with the run's own names replaced: its rollout ID and attempt number in their fields, its task's
+    name in a `task_id` field, its capture key and rollout ID wherever they stand alone in any other string, and
+    every session ID and timestamp field."""
     return _normalised(value, identity, _substitution(identity.aliases()))
 
 
@@ -63,6 +68,8 @@ def _normalised(value: Any, identity: Identity, substitute: Any, field: str | No
         return ROLLOUT
     if field in ATTEMPT_FIELDS and value == identity.attempt and not isinstance(value, bool):
         return ATTEMPT
+    if field == "task_id" and value == task_id_wire(identity.task):
+        return TASK
     if isinstance(value, str):
         return substitute(value)
     if isinstance(value, Mapping):

@@ -8,7 +8,7 @@ row here, not a new branch wherever a name used to be compared.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import attrs
 
@@ -16,6 +16,7 @@ from ckpt_model.protocol.gym_tasks import (
     COUNTER_SCRIPT,
     WEATHER_SCRIPT,
     Script,
+    TaskName,
     counter_reward,
     counter_run_body,
     counter_state,
@@ -25,7 +26,12 @@ from ckpt_model.protocol.gym_tasks import (
 )
 
 EpisodeOwner = Literal["environment", "agent"]
-RunBody = Callable[[str, int], dict[str, Any]]
+
+
+class RunBody(Protocol):
+    """The `/run` body of a topology's task: (rollout ID, attempt, the task's name or None for its own) -> body."""
+
+    def __call__(self, rollout_id: str, attempt: int, task: TaskName | None = None) -> dict[str, Any]: ...
 
 
 @attrs.frozen
@@ -37,7 +43,7 @@ class Topology:
     episode_owner: EpisodeOwner
     # The policy's tool calls, pinned on the backend at the start of every example.
     script: Script
-    # The `/run` body of the task: (rollout ID, attempt) -> body.
+    # The `/run` body of the task: (rollout ID, attempt, task name) -> body.
     run_body: RunBody
     # The reward an uninterrupted episode earns under a pinned script, computed from the task (P3).
     reward: Callable[[Script], float]

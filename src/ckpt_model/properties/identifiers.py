@@ -1,7 +1,7 @@
 """P15 identifiers: every reply names what it answers (its participant, checkpoint, attempts and task) with capture
-keys, a restore continues each record as its next attempt, a model call ID is never reused, a rollout ID Gym's rules
-reject is refused and changes nothing, and no capture key names two attempts (docs/fields.md lists the fields and
-the invariant each check holds).
+keys, a restore continues each record as its next attempt, a model call ID is never reused, a rollout ID or a
+checkpoint ID Gym's rules reject is refused and changes nothing, and no capture key names two attempts
+(docs/fields.md lists the fields and the invariant each check holds).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ckpt_model.errors import PropertyViolation
+from ckpt_model.errors import ParticipantFailure, PropertyViolation
 from ckpt_model.model.contract import ScriptCall
 from ckpt_model.properties.evidence import error_code, shortened
 from ckpt_model.protocol.storage import Fingerprint
@@ -24,7 +24,7 @@ class P15Violation(PropertyViolation):
     title = (
         "identifiers: every reply names what it answers (its participant, checkpoint, attempts and task) with "
         "capture keys, a restore continues each record as its next attempt, a model call ID is never reused, a "
-        "rejected rollout ID is refused and changes nothing, and no capture key names two attempts"
+        "rejected rollout or checkpoint ID is refused and changes nothing, and no capture key names two attempts"
     )
 
 
@@ -258,4 +258,51 @@ def p15_rejected_ids_called_nothing(
             rollout=key,
             expected=f"the /run of rejected rollout ID {rollout_id!r} is refused and calls nothing",
             observed=f"backend calls {list(got)} under {key!r}, where the model's attempts make {list(want)}",
+        )
+
+
+# What a participant's status shows of its control state: a control call it refused must leave each as it was.
+CONTROL_STATE_FIELDS = ("phase", "checkpoint_id", "lease_expires_at", "accepting", "restored_pending")
+
+
+def p15_rejected_checkpoint_id_refused(operation: str, checkpoint_id: str, outcomes: Mapping[str, Any]) -> None:
+    """A control call whose `checkpoint_id` Gym's rules reject (1-128 characters of `^[A-Za-z0-9][A-Za-z0-9._-]*$`)
+    fails body validation on every participant: FastAPI's 422, its `detail` naming `checkpoint_id` (reference
+    2.2)."""
+    wrong = {name: _shown(outcome) for name, outcome in outcomes.items() if not _refused_naming_id(outcome)}
+    if wrong:
+        raise P15Violation(
+            rollout=None,
+            expected=f"{operation} naming checkpoint ID {checkpoint_id!r}, which Gym's rules reject, is refused by "
+            "every participant with FastAPI's 422 naming checkpoint_id",
+            observed=f"answered {wrong}",
+        )
+
+
+def _refused_naming_id(outcome: Any) -> bool:
+    return isinstance(outcome, ParticipantFailure) and outcome.http_status == 422 and "checkpoint_id" in outcome.detail
+
+
+def _shown(outcome: Any) -> str:
+    return outcome.describe() if isinstance(outcome, ParticipantFailure) else f"HTTP 200: {shortened(outcome)}"
+
+
+def p15_rejected_checkpoint_id_changed_nothing(
+    operation: str, checkpoint_id: str, before: Mapping[str, Mapping[str, Any]], after: Mapping[str, Mapping[str, Any]]
+) -> None:
+    """A control call with a rejected checkpoint ID changes nothing on any participant: its status shows the same
+    phase, active checkpoint ID, lease, admission and restored-pending episodes after it as before
+    (`CONTROL_STATE_FIELDS`)."""
+    changed = {}
+    for name, was in before.items():
+        now = after.get(name, {})
+        moved = {field: (was.get(field), now.get(field)) for field in CONTROL_STATE_FIELDS}
+        moved = {field: values for field, values in moved.items() if values[0] != values[1]}
+        if moved:
+            changed[name] = ", ".join(f"{field} {old!r} -> {new!r}" for field, (old, new) in moved.items())
+    if changed:
+        raise P15Violation(
+            rollout=None,
+            expected=f"{operation} naming rejected checkpoint ID {checkpoint_id!r} changes nothing on any participant",
+            observed=f"their status changed: {changed}",
         )

@@ -229,7 +229,7 @@ FIELDS: dict[str, Body] = {
             "episode_id": Compared("p15_run_names_episode", "the attempt sent (native)"),
             "episode_id.rollout_id": Compared("p15_run_names_episode"),
             "episode_id.attempt": Compared("p15_run_names_episode"),
-            "task_id": Compared("p15_run_names_episode", "the task sent (native)"),
+            "task_id": Compared("p15_run_names_episode", "the task name sent (native; drawn by `dispatch`)"),
             "task_id.taskset": Compared("p15_run_names_episode"),
             "task_id.task_id": Compared("p15_run_names_episode"),
             "result": Compared("p3_reply_complete"),
@@ -382,6 +382,11 @@ IDENTIFIERS: dict[str, str] = {
     ),
     "no capture key names two (rollout ID, attempt) pairs, in the backend's calls or across a commit's records (5.1)": (
         "p15_capture_keys_unique"
+    ),
+    "a control call naming a checkpoint ID the rules reject is refused by every participant with 422 naming "
+    "`checkpoint_id` (2.2)": "p15_rejected_checkpoint_id_refused",
+    "such a call changes no participant's phase, checkpoint ID, lease, admission or restored-pending episodes": (
+        "p15_rejected_checkpoint_id_changed_nothing"
     ),
     "a continued attempt's first call links to the last delivered one (5.6)": "p5_parent_links",
     "a resumed checkpoint ID is refused (2.6)": "p10_each_refused",

@@ -28,10 +28,23 @@ DEVELOPER_MESSAGE = {"role": "developer", "content": "You are a helpful assistan
 USER_MESSAGE = {"role": "user", "content": "What is the weather in SF?"}
 
 
-def weather_task() -> dict[str, Any]:
-    """`task` of a native `/run`: taskset `example_single_tool_call:e2e`, task `weather-sf`."""
+# A task's name, `(taskset, task_id)`: the `task.task_id` of a native `/run`, which its reply echoes.
+TaskName = tuple[str, str]
+WEATHER_TASK: TaskName = ("example_single_tool_call:e2e", "weather-sf")
+
+
+def task_id_wire(task: TaskName | None) -> dict[str, str]:
+    """`task.task_id` of a native `/run` naming `task` (None: the weather task's own name)."""
+    taskset, task_id = task or WEATHER_TASK
+    return {"taskset": taskset, "task_id": task_id}
+
+
+def weather_task(task: TaskName | None = None) -> dict[str, Any]:
+    """`task` of a native `/run`: the weather episode, named `task` (None: taskset `example_single_tool_call:e2e`,
+    task `weather-sf`). The protocol sets only that both names are non-empty; the episode is the same whatever
+    its name."""
     return {
-        "task_id": {"taskset": "example_single_tool_call:e2e", "task_id": "weather-sf"},
+        "task_id": task_id_wire(task),
         "task_input": {
             "responses_create_params": {"input": [DEVELOPER_MESSAGE, USER_MESSAGE], "tools": [WEATHER_TOOL]},
             "task_data": {},
@@ -39,12 +52,13 @@ def weather_task() -> dict[str, Any]:
     }
 
 
-def native_run_body(rollout_id: str, attempt: int) -> dict[str, Any]:
-    return {"episode_id": {"rollout_id": rollout_id, "attempt": attempt}, "task": weather_task()}
+def native_run_body(rollout_id: str, attempt: int, task: TaskName | None = None) -> dict[str, Any]:
+    return {"episode_id": {"rollout_id": rollout_id, "attempt": attempt}, "task": weather_task(task)}
 
 
-def legacy_run_body(rollout_id: str, attempt: int) -> dict[str, Any]:
-    """A legacy `/run` row: the agent holds the episode, keyed by the logical rollout."""
+def legacy_run_body(rollout_id: str, attempt: int, task: TaskName | None = None) -> dict[str, Any]:
+    """A legacy `/run` row: the agent holds the episode, keyed by the logical rollout. A row names no task
+    (`task` is left out)."""
     return {
         "responses_create_params": {"input": [USER_MESSAGE], "tools": [WEATHER_TOOL]},
         "_ng_rollout_id": rollout_id,
@@ -76,8 +90,9 @@ GET_COUNTER_TOOL: dict[str, Any] = {
 COUNTER_USER_MESSAGE = {"role": "user", "content": "Add 1, then add 2 to the counter."}
 
 
-def counter_run_body(rollout_id: str, attempt: int) -> dict[str, Any]:
-    """A legacy `/run` row of Gym's counter example: the seed sets 3, verification expects 6."""
+def counter_run_body(rollout_id: str, attempt: int, task: TaskName | None = None) -> dict[str, Any]:
+    """A legacy `/run` row of Gym's counter example: the seed sets 3, verification expects 6 (it names no task:
+    `task` is left out)."""
     return {
         "responses_create_params": {"input": [COUNTER_USER_MESSAGE], "tools": [INCREMENT_TOOL, GET_COUNTER_TOOL]},
         "initial_count": COUNTER_INITIAL,

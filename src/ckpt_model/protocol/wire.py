@@ -28,6 +28,7 @@ RETIRE_ORDER: tuple[tuple[str, ...], ...] = (("environment",), ("agent",), ("mod
 PHASES: tuple[str, ...] = ("idle", "preparing", "prepared", "committed", "restored")
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+CHECKPOINT_ID_MAX_CHARS = 128
 _NAME_RE = re.compile(NAME_PATTERN)
 # `\Z`, not `$`: `$` also matches before a trailing newline, and "r-a1\n" must not read as attempt 1.
 _ATTEMPT_SUFFIX_RE = re.compile(r"-a([1-9][0-9]*)\Z")
@@ -68,6 +69,11 @@ def is_valid_name(value: str) -> bool:
     """A checkpoint ID, instance or kind name: starts alphanumeric, then `[A-Za-z0-9._-]`."""
     # fullmatch: with `match`, `$` would also accept a trailing newline ("r1\n").
     return bool(_NAME_RE.fullmatch(value))
+
+
+def is_valid_checkpoint_id(value: str) -> bool:
+    """A `checkpoint_id` of a control request: a name (`is_valid_name`) of at most 128 characters (reference 2.2)."""
+    return is_valid_name(value) and len(value) <= CHECKPOINT_ID_MAX_CHARS
 
 
 def is_valid_rollout_id(value: str) -> bool:
@@ -133,7 +139,7 @@ def capture_key(rollout_id: str, attempt: int) -> str:
 
 
 class CheckpointRequest(_Strict):
-    checkpoint_id: str = Field(min_length=1, max_length=128, pattern=NAME_PATTERN)
+    checkpoint_id: str = Field(min_length=1, max_length=CHECKPOINT_ID_MAX_CHARS, pattern=NAME_PATTERN)
     deadline_ts: float
 
     @field_validator("deadline_ts")
@@ -186,8 +192,11 @@ def error_body(code: str, detail: str) -> dict[str, Any]:
 
 
 class TaskId(_Strict):
-    taskset: str
-    task_id: str
+    """A task's name (nemo-gym 0.7.0's `TaskId`): both parts non-empty, `taskset` by convention
+    `<environment>:<taskset>`."""
+
+    taskset: str = Field(min_length=1)
+    task_id: str = Field(min_length=1)
 
 
 class Task(_Strict):

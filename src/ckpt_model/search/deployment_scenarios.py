@@ -442,6 +442,7 @@ FAULT_SCENARIOS: dict[str, str] = {
     "second_worker_delivers_held": "token_lineage__held_reply_on_a_second_worker_is_not_exported",
     "agent_restore_drops_tool_results": "crash_after_prepare__continues_from_boundary",
     "legacy_keys_skip_reservation": "rejected_rollout_ids__refused_and_change_nothing",
+    "agent_strips_checkpoint_ids": "checkpoint_ids_at_the_edges__restored_and_rejected_ids_refused",
     "store_error_is_internal": "failed_write__retried_in_the_same_process_stores_the_first_export",
     "store_failed_write_leaves_manifest": "failed_write__retried_in_the_same_process_stores_the_first_export",
     "failed_write_abandons_checkpoint": "failed_write__retried_in_the_same_process_stores_the_first_export",

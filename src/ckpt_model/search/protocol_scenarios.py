@@ -292,12 +292,30 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         calls={"x0.y_z-a0": (0, 1)},
     ),
+    # Checkpoint IDs at the edges of Gym's rules (reference 2.2): a checkpoint of exactly 128 characters ending in
+    # `-a1.` is committed and restored (its restore ID trimmed to 128); while it is open, and after the restore, a
+    # resume and a prepare naming rejected IDs are refused with 422 and change nothing (P15).
+    "checkpoint_ids_at_the_edges__restored_and_rejected_ids_refused": Scenario(
+        steps(
+            "dispatch",
+            ("prepare", {"checkpoint_id": "ck." + "x" * 121 + "-a1."}),
+            "commit",
+            ("control_rejected_id", {"operation": "resume", "checkpoint_id": "ck1\n"}),
+            ("control_rejected_id", {"operation": "commit", "checkpoint_id": "c" * 129}),
+            "crash",
+            ("restore", FIRST),
+            ("control_rejected_id", {"operation": "prepare", "checkpoint_id": "-ck"}),
+            ("start_replacement", FIRST),
+        ),
+        calls={"r0": (0,), "r0-a1": (0, 1)},
+    ),
 }
 
 # The same scenarios' calls on the counter topology: a counter row makes three calls (1, 3 and 5 messages), so an
 # attempt that finishes makes one more than a weather episode, and one released twice is still running.
 COUNTER_CALLS: dict[str, Facts] = {
     "rejected_rollout_ids__refused_and_change_nothing": {"x0.y_z-a0": (0, 1, 2)},
+    "checkpoint_ids_at_the_edges__restored_and_rejected_ids_refused": {"r0": (0,), "r0-a1": (0, 1, 2)},
     "crash_after_prepare__continues_from_boundary": {"r0": (0, 1), "r0-a1": (1, 2)},
     "checkpoint_at_first_call__restored_from_the_start": {"r0": (0,), "r0-a1": (0, 1, 2)},
     "checkpoint_without_crash__parks_then_resumes": {"r0": (0, 1, 2)},

@@ -315,7 +315,7 @@ class Audits:
             rows = self.replied_rows.get(attempt.run)
             chain = ledger_chain(rows, staged) if rows is not None and twin.chain is not None else None
             expected = twin if chain is not None else Outcome(twin.body)
-            identity = Identity(attempt.rollout, attempt.attempt, attempt.key)
+            identity = Identity(attempt.rollout, attempt.attempt, attempt.key, attempt.task)
             completed = Outcome(normalised(outcome.body, identity), chain)
             p14_resumed_equals_uninterrupted(attempt.key, expected, completed)
 

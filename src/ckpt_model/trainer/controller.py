@@ -51,6 +51,8 @@ from ckpt_model.trainer.runs import RunOutcome, RunPool
 
 # Far ahead, so a lease (deadline + grace) never lapses between two steps of an example, even on a loaded machine.
 CONTROL_DEADLINE_S = 60.0
+# The ID a body is built with before a rejected one replaces it (`Controller.probe_rejected_id`).
+PLACEHOLDER_CHECKPOINT_ID = "probe"
 # A prepare the model knows will not become ready waits this long for its blockers, then reports them.
 BLOCKED_PREPARE_DEADLINE_S = 0.25
 # The quiet controller's prepare: short, so its lease lapses soon after (deadline + the harness's lease grace); a
@@ -537,15 +539,27 @@ class Controller:
     def probe(self, operation: str, checkpoint_id: str, names: list[str] | None = None) -> dict[str, Any]:
         """Send `operation` naming `checkpoint_id` to every participant (or those `names`) on its own, with
         arguments that name nothing real; return each one's answer, refusals included."""
-        probe_dir = str(self.directory(f"probe-{checkpoint_id}"))
+        arguments = self._naming_nothing(operation, f"probe-{checkpoint_id}")
+        return self._probe(operation, operation, checkpoint_id, names, self.body(operation, checkpoint_id, **arguments))
+
+    def probe_rejected_id(self, operation: str, checkpoint_id: str) -> dict[str, Any]:
+        """Send `operation` naming `checkpoint_id`, which Gym's rules reject, to every participant on its own, with
+        arguments that name nothing real; each one's answer, refusals included. The body is the valid one with
+        only its `checkpoint_id` replaced: the checker's own schema would refuse to build it."""
+        arguments = self._naming_nothing(operation, "probe-rejected-id")
+        body = {**self.body(operation, PLACEHOLDER_CHECKPOINT_ID, **arguments), "checkpoint_id": checkpoint_id}
+        return self._probe(f"{operation} with a rejected ID", operation, checkpoint_id, None, body)
+
+    def _naming_nothing(self, operation: str, directory: str) -> dict[str, Any]:
+        """Arguments of `operation` that name nothing real (a checkpoint directory named `directory`)."""
+        probe_dir = str(self.directory(directory))
         naming_nothing: dict[str, dict[str, Any]] = {
             "commit": {"checkpoint_dir": probe_dir},
             "restore": {"checkpoint_dir": probe_dir},
             "retire": {"episode_ids": (EpisodeId(rollout_id="probe", attempt=0),)},
             "forget": {"rollout_ids": ("probe",)},
         }
-        arguments = naming_nothing.get(operation, {})
-        return self._probe(operation, operation, checkpoint_id, names, self.body(operation, checkpoint_id, **arguments))
+        return naming_nothing.get(operation, {})
 
     def probe_past_deadline(self, operation: str, checkpoint_id: str, **arguments: Any) -> dict[str, Any]:
         """`operation` naming `checkpoint_id` with `arguments`, sent to every participant on its own with a
@@ -780,7 +794,7 @@ def run_pool(harness: Harness, history: History) -> RunPool:
         return harness.restart_run_url if attempt.restart else harness.run_url
 
     def body(attempt: Attempt) -> dict[str, Any]:
-        return harness.spec.traits.run_body(attempt.rollout, attempt.attempt)
+        return harness.spec.traits.run_body(attempt.rollout, attempt.attempt, attempt.task)
 
     return RunPool(harness.run_http, url, body, history)
 

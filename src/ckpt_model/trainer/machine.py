@@ -18,6 +18,7 @@ from ckpt_model.errors import CoordinationError
 from ckpt_model.interrupts import interrupt_prevails
 from ckpt_model.model.contract import Model
 from ckpt_model.properties.state import P7Violation
+from ckpt_model.protocol.gym_tasks import TaskName
 from ckpt_model.protocol.history import History
 from ckpt_model.results.stats import SearchStats
 from ckpt_model.steps import checkable, draw, goals
@@ -28,6 +29,7 @@ from ckpt_model.steps.swarm import Swarm, swarms
 from ckpt_model.trainer import twin
 from ckpt_model.trainer.audits import Audits
 from ckpt_model.trainer.callees import Callees
+from ckpt_model.trainer.checkpoint_ids import CHECKPOINT_STEMS
 from ckpt_model.trainer.controller import HUNG_CUT_PREPARE_DEADLINE_S, Controller, episodes_of, run_pool
 from ckpt_model.trainer.kills import Nemesis
 from ckpt_model.trainer.ledger_watch import LedgerWatch
@@ -43,6 +45,7 @@ from ckpt_model.trainer.nemeses.unreachable import Unreachable
 from ckpt_model.trainer.pipeline import PICK, WORKER, choose
 from ckpt_model.trainer.quiescence import SETTLE_TIMEOUT_S, Quiescence
 from ckpt_model.trainer.rollout_ids import ROLLOUT_IDS
+from ckpt_model.trainer.task_names import TASK_NAMES
 
 
 class CheckpointMachine(
@@ -92,11 +95,13 @@ class CheckpointMachine(
         needs=(checkable.GATE,),
         worker=WORKER,
         rollout_id=ROLLOUT_IDS,
+        task=TASK_NAMES,
     )
-    def dispatch(self, worker: int = 0, rollout_id: str | None = None) -> None:
+    def dispatch(self, worker: int = 0, rollout_id: str | None = None, task: TaskName | None = None) -> None:
         """A new rollout starts and stops at its first model call; its calls are served by policy worker `worker`.
-        Its rollout ID is `rollout_id` numbered apart (`rollout_names`; None: `r<seq>`)."""
-        self._dispatch(restart=False, worker=worker, drawn=rollout_id)
+        Its rollout ID is `rollout_id` numbered apart (`rollout_names`; None: `r<seq>`); its native `/run` names
+        `task` (`task_names`; None: the weather task's own name)."""
+        self._dispatch(restart=False, worker=worker, drawn=rollout_id, task=task)
 
     @action(
         lambda self: self.harness.backend is not None and self.model.can_dispatch_restart(),
@@ -105,13 +110,16 @@ class CheckpointMachine(
         applies=goals.with_restart_environment,
         worker=WORKER,
         rollout_id=ROLLOUT_IDS,
+        task=TASK_NAMES,
     )
-    def dispatch_restart(self, worker: int = 0, rollout_id: str | None = None) -> None:
+    def dispatch_restart(self, worker: int = 0, rollout_id: str | None = None, task: TaskName | None = None) -> None:
         """A new rollout on the restart environment (topology `mixed`): a restart, never exported."""
-        self._dispatch(restart=True, worker=worker, drawn=rollout_id)
+        self._dispatch(restart=True, worker=worker, drawn=rollout_id, task=task)
 
-    def _dispatch(self, restart: bool, worker: int, drawn: str | None) -> None:
-        model, rollout = self.model.dispatch(restart=restart, drawn=drawn)
+    def _dispatch(self, restart: bool, worker: int, drawn: str | None, task: TaskName | None) -> None:
+        # A regression file gives the pair back as a JSON list.
+        named = None if task is None else (task[0], task[1])
+        model, rollout = self.model.dispatch(restart=restart, drawn=drawn, task=named)
         placed = self.controller.run(model.current()[rollout], worker)
         self._advance(model, f"dispatch{'_restart' if restart else ''}() -> {rollout}{placed}")
 
@@ -137,10 +145,12 @@ class CheckpointMachine(
 
     # -- checkpoints ------------------------------------------------------------------------------------------
 
-    @action(lambda self: self._may_checkpoint(), family=CHECKPOINTS)
-    def prepare(self) -> None:
-        """Prepare a new checkpoint: everything is at a boundary, so every stage becomes prepared (P10)."""
-        model, checkpoint_id = self.model.prepare()
+    @action(lambda self: self._may_checkpoint(), family=CHECKPOINTS, checkpoint_id=CHECKPOINT_STEMS)
+    def prepare(self, checkpoint_id: str | None = None) -> None:
+        """Prepare a new checkpoint: everything is at a boundary, so every stage becomes prepared (P10). Its ID,
+        and the example's next ones, are named with `checkpoint_id` numbered apart (`checkpoint_names`; None: the
+        stem drawn last, else `c<seq>`)."""
+        model, checkpoint_id = self.model.prepare(checkpoint_id)
         judge = self._judge_prepare(checkpoint_id)
         self._refused_past_deadline("prepare", checkpoint_id)
         outcome = self.controller.prepare(checkpoint_id)
@@ -276,10 +286,12 @@ class CheckpointMachine(
         mechanisms=("hold_one", "then_resume"),
         then_resume=st.booleans(),
         hold_one=st.booleans(),
+        checkpoint_id=CHECKPOINT_STEMS,
     )
-    def checkpoint(self, then_resume: bool, hold_one: bool = False) -> None:
-        """Prepare and commit, then resume or not; `hold_one` holds a reply across the commit (Gym's scenario 8)."""
-        self.prepare()
+    def checkpoint(self, then_resume: bool, hold_one: bool = False, checkpoint_id: str | None = None) -> None:
+        """Prepare and commit, then resume or not; `hold_one` holds a reply across the commit (Gym's scenario 8).
+        `checkpoint_id` names the checkpoint as `prepare`'s does."""
+        self.prepare(checkpoint_id)
         if hold_one and self.model.releasable():
             self.release(0)
         self.commit()

@@ -178,6 +178,14 @@ def run_rejected_id(machine: CheckpointMachine) -> Iterator[Outcome]:
     yield {"rollout_id": "x-a1", "reserved_of": None}, machine.model.rejected_dispatch("x-a1")[0]
 
 
+def control_rejected_id(machine: CheckpointMachine) -> Iterator[Outcome]:
+    """Refused whatever it sends: only the count of such calls changes, which the abstract state leaves out, so one
+    call stands for them all."""
+    model = machine.model
+    tried = model.having_tried(rejected_checkpoint_ids=model.tried.rejected_checkpoint_ids + 1)
+    yield {"operation": "prepare", "checkpoint_id": ""}, tried
+
+
 def remove_ledgers_while_open(machine: CheckpointMachine) -> Iterator[Outcome]:
     model = _opened_first(machine.model)
     yield {}, model.having_tried(ledger_removal_in=model.opened)
@@ -418,6 +426,7 @@ MOVES: Mapping[str, Move] = {
         late_run,
         run_while_open,
         run_rejected_id,
+        control_rejected_id,
         remove_ledgers_while_open,
         late_call,
         retry,

@@ -215,7 +215,7 @@ class Quiescence:
                     pending.append(f"{attempt.key} reply")
                 else:
                     p3_reply_complete(attempt.key, outcome.status_code, outcome.body, self.reward)
-                    sent = self.harness.spec.traits.run_body(attempt.rollout, attempt.attempt)
+                    sent = self.harness.spec.traits.run_body(attempt.rollout, attempt.attempt, attempt.task)
                     p15_run_names_episode(attempt.key, sent, outcome.body)
             elif attempt.status == "running" and outcome is not None and attempt.run not in runs.refused_stale:
                 p3_still_running(

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from ckpt_model.errors import ParticipantFailure
 from ckpt_model.properties.fencing import (
     P10Violation,
     p10_lease_held,
@@ -23,6 +24,8 @@ from ckpt_model.properties.identifiers import (
     p15_ledger_identifiers,
     p15_manifest_names_share,
     p15_model_call_ids_unique,
+    p15_rejected_checkpoint_id_changed_nothing,
+    p15_rejected_checkpoint_id_refused,
     p15_rejected_id_refused,
     p15_rejected_ids_called_nothing,
     p15_restore_names_source,
@@ -232,3 +235,32 @@ def test_a_rejected_rollout_id_calls_nothing() -> None:
         p15_rejected_ids_called_nothing([("x-a1", 0)], owners, expected, {"x-a1": (4, 2)})
     with pytest.raises(P15Violation, match=r"rejected rollout ID 'y-a1' is refused and calls nothing"):
         p15_rejected_ids_called_nothing([("y-a1", 0)], owners, expected, {"y-a1": (2,)})
+
+
+def _refused(name: str, status: int = 422, detail: str = "body.checkpoint_id: String should match pattern") -> Any:
+    return ParticipantFailure(participant=name, http_status=status, code=None, detail=detail)
+
+
+def test_a_rejected_checkpoint_id_is_refused_with_a_422_naming_it() -> None:
+    p15_rejected_checkpoint_id_refused("prepare", "-c", {"agent": _refused("agent"), "env": _refused("env")})
+    accepted = {"agent": _refused("agent"), "env": {"phase": "preparing", "report": {}}}
+    with pytest.raises(P15Violation, match=r"env.*HTTP 200"):
+        p15_rejected_checkpoint_id_refused("prepare", "-c", accepted)
+    other_field = {"env": _refused("env", detail="body.deadline_ts: Field required")}
+    with pytest.raises(P15Violation, match="deadline_ts"):
+        p15_rejected_checkpoint_id_refused("resume", "", other_field)
+    refused_by_route = {"env": ParticipantFailure("env", 409, "invalid_phase", "checkpoint_id 'c/y' is not active")}
+    with pytest.raises(P15Violation, match="409 invalid_phase"):
+        p15_rejected_checkpoint_id_refused("commit", "c/y", refused_by_route)
+
+
+def test_a_rejected_checkpoint_id_changes_no_status() -> None:
+    idle = {"phase": "idle", "checkpoint_id": None, "lease_expires_at": None, "accepting": True, "report": {"a": 1}}
+    # The report is not control state: episodes move on their own.
+    p15_rejected_checkpoint_id_changed_nothing("resume", "c1\n", {"agent": idle}, {"agent": {**idle, "report": {}}})
+    prepared = {**idle, "phase": "preparing", "checkpoint_id": "c1", "accepting": False}
+    with pytest.raises(P15Violation, match=r"agent.*phase 'idle' -> 'preparing'.*accepting True -> False"):
+        p15_rejected_checkpoint_id_changed_nothing("prepare", "c1\n", {"agent": idle}, {"agent": prepared})
+    resumed = {**prepared, "phase": "idle", "checkpoint_id": None, "accepting": True}
+    with pytest.raises(P15Violation, match="checkpoint_id 'c1' -> None"):
+        p15_rejected_checkpoint_id_changed_nothing("resume", "-c1", {"agent": prepared}, {"agent": resumed})

@@ -13,6 +13,7 @@ from ckpt_model.model.outcome import (
     KEY,
     ROLLOUT,
     SESSION,
+    TASK,
     TIMESTAMP,
     Identity,
     Outcome,
@@ -53,6 +54,17 @@ def test_only_the_runs_own_names_are_replaced() -> None:
     # Another rollout's key, a longer name containing the run's, and a wrong attempt number all stay.
     value = {"note": "r0-a2 r10 r0-a1", "attempt": 2, "rollout_id": "r1"}
     assert normalised(value, RESUMED) == {"note": f"{ROLLOUT}-a2 r10 {KEY}", "attempt": 2, "rollout_id": "r1"}
+
+
+def test_the_runs_own_task_name_is_replaced_in_its_field_only() -> None:
+    """A reply echoes the task its `/run` named: the run's own name reads as the twin's (the weather task's), and
+    any other name, or the name outside a `task_id` field, stays as sent."""
+    drawn = Identity("r0", 0, "r0", task=("ünï-env:天気", "task 1"))
+    named = {"taskset": "ünï-env:天気", "task_id": "task 1"}
+    weather = {"taskset": "example_single_tool_call:e2e", "task_id": "weather-sf"}
+    assert normalised({"task_id": named}, drawn) == normalised({"task_id": weather}, TWIN) == {"task_id": TASK}
+    assert normalised({"task_id": weather}, drawn) == {"task_id": weather}
+    assert normalised({"echo": named}, drawn) == {"echo": named}
 
 
 def test_session_ids_and_timestamps_are_replaced_by_field() -> None:

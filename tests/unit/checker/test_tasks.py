@@ -1,10 +1,17 @@
 """The rewards and resources states the checker computes from a task and the script it pins (P3, P6), read from
-the topology table as the checker reads them."""
+the topology table as the checker reads them; the task names a rollout's `/run`s carry (P15's echo, P14)."""
 
 from __future__ import annotations
 
+import pytest
+from hypothesis import given, settings
+
+from ckpt_model.model.abstract import abstract
+from ckpt_model.model.contract import Model
 from ckpt_model.model.topologies import TOPOLOGIES
 from ckpt_model.protocol.gym_tasks import COUNTER_SCRIPT, WEATHER_SCRIPT, counter_after, counter_run_body
+from ckpt_model.protocol.wire import EpisodeRequest, TaskId
+from ckpt_model.trainer.task_names import TASK_NAMES
 
 
 def script_for(topology: str) -> tuple:
@@ -55,3 +62,33 @@ def test_a_counter_row_is_a_legacy_row_with_its_counts() -> None:
         "increment_counter",
         "get_counter_value",
     ]
+
+
+def test_every_attempt_of_a_rollout_names_the_task_it_was_dispatched_with() -> None:
+    """The task drawn at dispatch is what each later `/run` of the rollout names (a start over, a restored
+    continuation, a burned attempt), so the echo P15 compares is against what was sent; the abstract state leaves
+    it out."""
+    task = ("env.v1:set.a", "天気/サンフランシスコ")
+    model, rollout = Model(topology="native").dispatch(task=task)
+    assert abstract(model) == abstract(Model(topology="native").dispatch()[0])
+    committed = model.prepare()[0].commit()[0].resume()
+    restored = committed.crash().restore(committed.committed[0].checkpoint_id)[0]
+    assert restored.current()[rollout].task == task
+    assert restored.retire(rollout).start_over(rollout).current()[rollout].task == task
+    failed = committed.crash().failed_restore(committed.committed[0].checkpoint_id)[0]
+    assert {a.task for a in failed.attempts} == {task}
+    body = TOPOLOGIES["native"].run_body(rollout, 1, task)
+    assert body["task"]["task_id"] == {"taskset": "env.v1:set.a", "task_id": "天気/サンフランシスコ"}
+    assert "task" not in TOPOLOGIES["legacy"].run_body(rollout, 1, task)
+
+
+@settings(max_examples=200, database=None, derandomize=True)
+@given(TASK_NAMES)
+def test_drawn_task_names_are_non_empty_and_the_wire_takes_them(task: tuple[str, str]) -> None:
+    EpisodeRequest.model_validate(TOPOLOGIES["native"].run_body("r0", 0, task))
+
+
+def test_an_empty_task_name_is_refused_by_the_wire() -> None:
+    for taskset, task_id in (("", "weather-sf"), ("example_single_tool_call:e2e", "")):
+        with pytest.raises(ValueError, match="at least 1 character"):
+            TaskId(taskset=taskset, task_id=task_id)

@@ -11,11 +11,17 @@ from hypothesis import strategies as st
 from ckpt_model.model.contract import Attempt
 from ckpt_model.model.spec import DeploymentSpec
 from ckpt_model.properties.fencing import P10Violation, p10_ledger_removal_refused, p10_retry_answered
-from ckpt_model.properties.identifiers import P15Violation
+from ckpt_model.properties.identifiers import (
+    P15Violation,
+    p15_rejected_checkpoint_id_changed_nothing,
+    p15_rejected_checkpoint_id_refused,
+)
 from ckpt_model.properties.state import P7Violation, p7_callee_refused, p7_refused
 from ckpt_model.steps import checkable
 from ckpt_model.steps.families import Family
 from ckpt_model.steps.steplog import action
+from ckpt_model.trainer import checkpoint_ids
+from ckpt_model.trainer.checkpoint_ids import CONTROL_OPERATIONS, REJECTED_CHECKPOINT_IDS
 from ckpt_model.trainer.controller import QUIET_PREPARE_DEADLINE_S
 from ckpt_model.trainer.pipeline import PICK, MachineBase, choose
 from ckpt_model.trainer.rollout_ids import REJECTED_ROLLOUT_IDS, rejection_reason
@@ -102,6 +108,27 @@ class MisbehavingController(MachineBase):
         model, attempt = self.model.rejected_dispatch(name)
         self.controller.run_rejected(attempt)
         self._advance(model, f"run_rejected_id({name!r}): {rejection_reason(name)}", violation=P15Violation)
+
+    @action(
+        lambda self: self.model.may_send_rejected_checkpoint_id(),
+        family=CONTROLLER,
+        judges=("P15",),
+        operation=st.sampled_from(CONTROL_OPERATIONS),
+        checkpoint_id=REJECTED_CHECKPOINT_IDS,
+    )
+    def control_rejected_id(self, operation: str, checkpoint_id: str) -> None:
+        """A control call (`operation`, any of the seven) naming a checkpoint ID Gym's rules reject, sent to every
+        participant, is refused by each with FastAPI's 422 naming `checkpoint_id`, and every participant's status
+        shows the same control state after it as before (P15). The model does not change."""
+        control = self.controller.control
+        before = control.status_all()
+        outcomes = self.controller.probe_rejected_id(operation, checkpoint_id)
+        after = control.status_all()
+        p15_rejected_checkpoint_id_refused(operation, checkpoint_id, outcomes)
+        p15_rejected_checkpoint_id_changed_nothing(operation, checkpoint_id, before, after)
+        model = self.model.having_tried(rejected_checkpoint_ids=self.model.tried.rejected_checkpoint_ids + 1)
+        reason = checkpoint_ids.rejection_reason(checkpoint_id)
+        self._advance(model, f"control_rejected_id({operation} {checkpoint_id!r}): {reason}", violation=P15Violation)
 
     @action(
         lambda self: self.ledgers.enabled and (self.model.may_remove_ledgers_while_open() or self._may_checkpoint()),
