@@ -28,6 +28,13 @@ def checkpoint_name(stem: str | None, seq: int) -> str:
     return name
 
 
+def probe_name(purpose: str, checkpoint_id: str) -> str:
+    """A checkpoint ID of the checker's own for a probe beside `checkpoint_id` (`skew-<checkpoint>`): the
+    checkpoint's part trimmed at its end when the whole would pass 128 characters, which keeps the model's number
+    near its start, so two checkpoints' probes stay apart."""
+    return f"{purpose}-{checkpoint_id}"[:CHECKPOINT_ID_MAX_CHARS]
+
+
 def restore_name(checkpoint_id: str, seq: int) -> str:
     """The ID a restore of `checkpoint_id` runs under, the `seq`-th of the example's checkpoint sequence."""
     suffix = f"{RESTORE_MARK}{seq}"

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ckpt_model.model.abstract import abstract
-from ckpt_model.model.checkpoint_names import checkpoint_name, restore_name
+from ckpt_model.model.checkpoint_names import checkpoint_name, probe_name, restore_name
 from ckpt_model.model.contract import Model
 from ckpt_model.protocol.wire import CHECKPOINT_ID_MAX_CHARS, CheckpointRequest, is_valid_checkpoint_id
 from ckpt_model.trainer.checkpoint_ids import CHECKPOINT_STEMS, REJECTED_CHECKPOINT_IDS, rejection_reason
@@ -33,6 +33,17 @@ def test_a_restore_id_stays_within_128_characters_and_apart() -> None:
     restores = {restore_name(long, seq) for seq in (2, 3, 10)}
     assert len(restores) == 3
     assert all(len(name) == CHECKPOINT_ID_MAX_CHARS and is_valid_checkpoint_id(name) for name in restores)
+
+
+def test_a_probe_beside_a_128_character_checkpoint_stays_valid_and_apart() -> None:
+    """The skewed clock's probe (`skew-<checkpoint>`) of a checkpoint named with a long stem: once a checker bug
+    (a 133-character ID its own schema refused to build)."""
+    first, second = checkpoint_name("z." + "x" * 200, 4), checkpoint_name("z." + "x" * 200, 5)
+    probes = [probe_name("skew", first), probe_name("skew", second)]
+
+    assert all(len(probe) == CHECKPOINT_ID_MAX_CHARS and is_valid_checkpoint_id(probe) for probe in probes)
+    assert probes[0] != probes[1]
+    assert probe_name("skew", "c1") == "skew-c1"
 
 
 @settings(max_examples=300, database=None, derandomize=True)

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from ckpt_model.deployments.observe import poll
 from ckpt_model.errors import ControlCallFailed, CoordinationError, HarnessError
+from ckpt_model.model.checkpoint_names import probe_name
 from ckpt_model.model.contract import Model
 from ckpt_model.model.spec import DeploymentSpec
 from ckpt_model.properties.clocks import p18_lapsed_first, p18_refused_on_its_clock, p18_stale_commit_refused
@@ -136,7 +137,9 @@ class Clocks(MachineBase):
 
     def _lapses_first(self, name: str, model: Model, checkpoint_id: str) -> tuple[Model, str]:
         others = [m.name for m in self.controller.members() if m.name != name]
-        within_skew = self.controller.probe_deadline_ahead("prepare", f"skew-{checkpoint_id}", SKEW_AHEAD_S / 2, [name])
+        within_skew = self.controller.probe_deadline_ahead(
+            "prepare", probe_name("skew", checkpoint_id), SKEW_AHEAD_S / 2, [name]
+        )
         p18_refused_on_its_clock("a prepare due in half its skew", name, SKEW_AHEAD_S, within_skew[name])
         deadline_ts = self.harness.clocks.now() + SKEW_AHEAD_S + self.harness.clocks.room(SKEWED_PREPARE_MARGIN_S)
         try:
