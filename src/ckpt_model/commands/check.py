@@ -324,9 +324,21 @@ def time_lines(harness: Harness, machine_type: type, *, real_gym: bool) -> list[
 
     needs = {need for declared in declarations(machine_type).values() for need in declared.needs}
     lines = [time_line(harness)] if needs & {checkable.LEASE_LAPSES, checkable.JUMP_CLOCKS} else []
-    if checkable.SKEW_CLOCKS in needs and not real_gym and not harness.clocks.can_skew_clocks:
+    if not real_gym and not harness.clocks.can_skew_clocks and skews_here(machine_type, harness.spec):
         lines.append(f"  note: {CLOCKS_NOTE}")
     return lines
+
+
+def skews_here(machine_type: type, spec: DeploymentSpec) -> bool:
+    """Whether a rule that skews a clock applies to the deployment `spec` describes: one whose time can pass
+    (`--time-jumps`) never skews one, whatever is installed, so the note's advice would not help there."""
+    from ckpt_model.steps import checkable
+    from ckpt_model.steps.steplog import declarations
+
+    return any(
+        checkable.SKEW_CLOCKS in declared.needs and declared.applies(spec)
+        for declared in declarations(machine_type).values()
+    )
 
 
 def passed_lines(harness: Harness, controller: ControllerMachine, stats: Any, spec: DeploymentSpec) -> list[str]:

@@ -7,9 +7,11 @@ from __future__ import annotations
 from hypothesis import settings
 
 from ckpt_model.cli import build_parser
-from ckpt_model.commands.check import UNTIL_THE_TIME_LIMIT, asked_note, examples_line
+from ckpt_model.commands.check import UNTIL_THE_TIME_LIMIT, asked_note, examples_line, skews_here
+from ckpt_model.model.spec import DeploymentSpec
 from ckpt_model.results.stats import SearchStats
 from ckpt_model.search.checking import statistics_line
+from ckpt_model.trainer.machine import CheckpointMachine
 
 
 def test_the_banner_says_the_valid_examples_and_the_steps_drawn_asked_for() -> None:
@@ -52,3 +54,11 @@ def test_the_statistics_count_the_steps_drawn_apart_from_the_model_steps_they_ma
         "statistics: 1 examples finished, 14 steps drawn, 17 model steps (with the rules a drawn one played and the "
         "teardowns' drains), 1 crashes (0 inside an operation), 0.50 examples/s, 118 ms/model step"
     )
+
+
+def test_the_note_on_skewed_clocks_is_said_only_where_a_skewing_rule_applies() -> None:
+    """A deployment whose time can pass never skews a clock whatever is installed: the note's advice (install
+    faketime) would mislead there (it once said so on slow/replay+jumps with faketime installed)."""
+    assert skews_here(CheckpointMachine, DeploymentSpec("slow", "replay"))
+    assert skews_here(CheckpointMachine, DeploymentSpec("native"))
+    assert not skews_here(CheckpointMachine, DeploymentSpec("slow", "replay", time_jumps=True))
