@@ -612,11 +612,11 @@ def test_explore_prints_each_depth_and_checks_the_invariants(tmp_path: Path) -> 
 
     assert result.returncode == 0, result.stdout + result.stderr
     assert "exploring the contract model of native: to depth 3, at most 3 rollouts live" in result.stdout
-    assert re.search(r"^\s+3\s+157\s+491\s+[\d.]+$", result.stdout, re.MULTILINE), result.stdout
-    assert "177 states, 538 transitions in " in result.stdout
+    assert re.search(r"^\s+3\s+157\s+509\s+[\d.]+$", result.stdout, re.MULTILINE), result.stdout
+    assert "177 states, 558 transitions in " in result.stdout
     assert "PASSED: every invariant held on every state reached" in result.stdout
     written = json.loads((tmp_path / "explored.json").read_text())
-    assert (written["states"], written["transitions"], written["violations"]) == (177, 538, [])
+    assert (written["states"], written["transitions"], written["violations"]) == (177, 558, [])
     assert "drain_reaches_a_clean_end" in written["invariants"]
 
 

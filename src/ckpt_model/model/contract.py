@@ -705,28 +705,31 @@ class Model:
         """Roll the controller back to the checkpoint's snapshot; exported attempts continue as attempt + 1."""
         checkpoint = self.checkpoint(checkpoint_id)
         restore_id = self.restore_id(checkpoint_id)
-        continued = [a for a in checkpoint.snapshot if a.key in checkpoint.exported]
-        # A restart running then is not in the checkpoint: it died in the crash and starts over.
-        kept = [
-            attrs.evolve(a, status="dead", held=False) if a.status == "running" else a
-            for a in checkpoint.snapshot
-            if a.key not in checkpoint.exported
-        ]
-        pending = [
-            Attempt(
-                rollout=a.rollout,
-                attempt=a.attempt + 1,
-                status="pending",
-                script=a.script,
-                start_call=a.boundary,
-                continued=True,
-                task=a.task,
+        # Each continued attempt comes back as its next one, pending; the rest as they were, but a restart running
+        # then is not in the checkpoint: it died in the crash and starts over. The rollouts keep the order they were
+        # dispatched in (the snapshot's), which a rule's pick counts in (`rollouts_with_status`).
+        restored = [
+            (
+                Attempt(
+                    rollout=a.rollout,
+                    attempt=a.attempt + 1,
+                    status="pending",
+                    script=a.script,
+                    start_call=a.boundary,
+                    continued=True,
+                    task=a.task,
+                )
+                if a.key in checkpoint.exported
+                else attrs.evolve(a, status="dead", held=False)
+                if a.status == "running"
+                else a
             )
-            for a in continued
+            for a in checkpoint.snapshot
         ]
+        pending = [a for a, was in zip(restored, checkpoint.snapshot, strict=True) if was.key in checkpoint.exported]
         model = attrs.evolve(
             self,
-            attempts=(*kept, *pending),
+            attempts=tuple(restored),
             fresh=False,
             checkpoint_seq=self.checkpoint_seq + 1,
             resumed=(*self.resumed, restore_id),
