@@ -26,6 +26,7 @@ from ckpt_model.model.checkpoint_names import checkpoint_name, restore_name
 from ckpt_model.model.rollout_names import rollout_name
 from ckpt_model.model.topologies import TOPOLOGIES
 from ckpt_model.protocol.gym_tasks import TaskName
+from ckpt_model.protocol.wire import rollout_key
 
 Topology = Literal["native", "legacy", "counter", "slow", "mixed"]
 VerifyMode = Literal["wait", "replay"]
@@ -54,7 +55,8 @@ REJECTED_IDS_MAX = 3
 
 
 def capture_key(rollout: str, attempt: int) -> str:
-    return rollout if attempt == 0 else f"{rollout}-a{attempt}"
+    """The capture key of `attempt` of `rollout` (Gym's derivation: `ckpt_model.protocol.wire.rollout_key`)."""
+    return rollout_key(rollout, attempt)
 
 
 @attrs.frozen
@@ -296,9 +298,8 @@ class Model:
 
     def blockers(self) -> list[str]:
         """Capture keys that keep a prepare from becoming ready: attempts in a `wait` verification step."""
-        if self.verify_mode != "wait":
-            return []
-        return sorted(a.key for a in self.current().values() if a.verifying)
+        current = self.current()
+        return sorted(current[rollout].key for rollout in self.blocking_rollouts())
 
     def blocking_rollouts(self) -> list[str]:
         """The rollouts of the blockers, in the order the model holds them: the order the controller retires

@@ -118,14 +118,12 @@ class EpisodeId(_Strict):
 
     @property
     def capture_key(self) -> str:
-        return self.rollout_id if self.attempt == 0 else f"{self.rollout_id}-a{self.attempt}"
+        return rollout_key(self.rollout_id, self.attempt)
 
     @classmethod
     def from_capture_key(cls, key: str) -> EpisodeId:
-        match = _ATTEMPT_SUFFIX_RE.search(key)
-        if match is None:
-            return cls(rollout_id=key, attempt=0)
-        return cls(rollout_id=key[: match.start()], attempt=int(match.group(1)))
+        rollout_id, attempt = split_capture_key(key)
+        return cls(rollout_id=rollout_id, attempt=attempt)
 
     def next_attempt(self) -> EpisodeId:
         return EpisodeId(rollout_id=self.rollout_id, attempt=self.attempt + 1)

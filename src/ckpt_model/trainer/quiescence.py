@@ -189,8 +189,9 @@ class Quiescence:
     def _pending(self, model: Model, expected: Expectation, observation: Observation) -> list[str]:
         """What has not arrived yet; raises at once on what no amount of waiting can fix."""
         p10_refused_runs_made_no_calls(self.runs.refused_closed.values(), observation.calls)
-        owners = {a.key: (a.rollout, a.attempt) for a in model.attempts}
-        p15_rejected_ids_called_nothing(self.runs.rejected.values(), owners, expected.calls, observation.calls)
+        if self.runs.rejected:
+            owners = {a.key: (a.rollout, a.attempt) for a in model.attempts}
+            p15_rejected_ids_called_nothing(self.runs.rejected.values(), owners, expected.calls, observation.calls)
         pending = [f"call of {key}" for key in p4_calls(expected.calls, observation.calls)]
         pending += [f"{key} waiting at the backend" for key in expected.waiting if key not in observation.waiting]
         pending += [f"{key} released" for key in observation.waiting if key not in expected.waiting]
